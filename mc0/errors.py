@@ -1,0 +1,115 @@
+"""The mc0 error hierarchy: one root, data as attributes, a matching builtin.
+
+Contract: every exception mc0 raises is an :class:`Error`.  Each subclass also
+inherits the builtin a caller would naturally catch (``Timeout`` is a
+``TimeoutError``, ``ConfigError`` a ``ValueError`` ...).  Faults reported by the
+broker arrive as :class:`RemoteError` subclasses, one per wire status code; the
+mapping from code to class lives in :mod:`mc0.protocol` beside the codes.
+This module imports nothing from mc0.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Root of every error mc0 raises."""
+
+
+class ProtocolError(Error, ValueError):
+    """A frame sequence that breaks the grammar (raised by ``protocol.decode``).
+
+    ``code`` is the wire status the broker answers with, ``request_id`` the
+    command's ``ID`` when it could be read (so the ERROR can carry it).
+    """
+
+    def __init__(self, code: int, reason: str, request_id: str | None = None) -> None:
+        super().__init__(f"{code} {reason}")
+        self.code = code
+        self.reason = reason
+        self.request_id = request_id
+
+
+class ConfigError(Error, ValueError):
+    """A bad configuration value; ``where`` names the file and key."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class KeyFileError(Error, OSError):
+    """A key file that is missing, malformed, of the wrong kind or too readable."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class Timeout(Error, TimeoutError):
+    """An operation did not finish within its timeout (``seconds``)."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"{what}: no answer within {seconds:g}s")
+        self.what = what
+        self.seconds = seconds
+
+
+class AuthFailed(Error, PermissionError):
+    """The broker refused this client's credentials during the handshake."""
+
+
+class ClosedError(Error, ConnectionError):
+    """The client was closed (locally, or by the broker disconnecting it)."""
+
+
+class RemoteError(Error):
+    """The broker (or a worker) answered ERROR; ``code`` and ``reason`` as sent."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{code} {reason}")
+        self.code = code
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[int, str]]:
+        return (type(self), (self.code, self.reason))
+
+
+class BadRequest(RemoteError, ValueError):
+    """400: the command was malformed or invalid."""
+
+
+class NotConnected(RemoteError, ConnectionError):
+    """401: the broker does not know this peer (no CONNECT, or it restarted)."""
+
+
+class Forbidden(RemoteError, PermissionError):
+    """403: the identity may not do this."""
+
+
+class TooLarge(RemoteError, ValueError):
+    """413: a size limit (frames, bytes, headers, topic) was exceeded."""
+
+
+class OverLimit(RemoteError):
+    """429: a count limit was exceeded, or the peer consumed too slowly."""
+
+
+class UnsupportedVersion(RemoteError):
+    """505: the broker does not speak the requested protocol version."""
+
+
+class InvalidTopic(Error, ValueError):
+    """A topic or pattern that breaks the topic rules.
+
+    ``oversize`` is true when only a size rule (bytes or token count) was
+    broken, which the broker answers with 413 rather than 400.
+    """
+
+    def __init__(self, topic: str, reason: str, *, oversize: bool = False) -> None:
+        shown = topic if len(topic) <= 80 else topic[:77] + "..."
+        super().__init__(f"invalid topic {shown!r}: {reason}")
+        self.topic = topic
+        self.reason = reason
+        self.oversize = oversize

@@ -1,0 +1,344 @@
+"""The mc0 wire protocol: every verb, header, status code and limit, in one place.
+
+Grammar (frames after the ROUTER routing id; ``""`` is an empty frame)::
+
+    message    = VERB *(KEY VALUE) [ "" 1*POSITIONAL ]
+    VERB       = one of Verb, ASCII
+    KEY        = non-empty ASCII: a reserved Header, or a user header "X-..."
+    VALUE      = UTF-8 text, may be empty
+    POSITIONAL = opaque bytes (patterns for SUB/UNSUB, body frames for PUT/MESSAGE)
+
+Headers are read in pairs; an empty frame where a *key* is expected starts
+the positional part (so an empty header *value* is legal).  A key with no
+value, a repeated key, a reserved key the verb does not take and any other
+non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
+
+Peer -> broker::
+
+    CONNECT    VERSION v TTL ms [ID id]            -> OK ID id TTL ms
+    DISCONNECT [ID id]
+    NOOP       [ID id]                             (heartbeat)
+    PING       ID x                                -> PONG ID x        (1.0)
+    SUB        [ID id] "" pattern...
+    UNSUB      [ID id] "" pattern...
+    PUT        TOPIC t [ID id] [X-...] "" body...
+
+Broker -> peer::
+
+    OK         ID id [TTL ms]
+    ERROR      [ID id] CODE nnn MESSAGE text
+    MESSAGE    TOPIC t SENDER who [X-...] "" body...  (0.x peers: no SENDER)
+    NOOP
+    PONG       ID x
+    DISCONNECT
+
+A command carrying ``ID`` is answered ``OK``/``ERROR`` with that ID; without
+``ID`` nothing comes back unless something exceptional happened, which always
+gets an ``ERROR``.  Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed
+verbs only); ``1.0`` is the full protocol.
+
+Status codes: see :class:`Status`.  Limits: see :class:`Limits`.
+docs/PROTOCOL.md is the prose version of this docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum, IntEnum, StrEnum
+from typing import NamedTuple
+
+from . import errors
+from .errors import ProtocolError
+from .topics import DEFAULT_MAX_TOPIC_BYTES, DEFAULT_MAX_TOPIC_TOKENS
+
+
+class Verb(StrEnum):
+    CONNECT = "CONNECT"
+    DISCONNECT = "DISCONNECT"
+    NOOP = "NOOP"
+    PING = "PING"
+    PONG = "PONG"
+    SUB = "SUB"
+    UNSUB = "UNSUB"
+    PUT = "PUT"
+    MESSAGE = "MESSAGE"
+    OK = "OK"
+    ERROR = "ERROR"
+
+
+class Header(StrEnum):
+    ID = "ID"
+    VERSION = "VERSION"
+    TTL = "TTL"
+    TOPIC = "TOPIC"
+    SENDER = "SENDER"
+    CODE = "CODE"
+    MESSAGE = "MESSAGE"
+
+
+USER_HEADER_PREFIX = "X-"
+
+
+class Status(IntEnum):
+    BAD_REQUEST = 400  # malformed or invalid
+    NOT_CONNECTED = 401  # no CONNECT yet, or the broker does not know the peer
+    FORBIDDEN = 403
+    TOO_LARGE = 413
+    OVER_LIMIT = 429  # a count limit, or a consumer too slow
+    UNSUPPORTED_VERSION = 505
+
+
+REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
+    Status.BAD_REQUEST: errors.BadRequest,
+    Status.NOT_CONNECTED: errors.NotConnected,
+    Status.FORBIDDEN: errors.Forbidden,
+    Status.TOO_LARGE: errors.TooLarge,
+    Status.OVER_LIMIT: errors.OverLimit,
+    Status.UNSUPPORTED_VERSION: errors.UnsupportedVersion,
+}
+
+
+def remote_error(code: int, reason: str) -> errors.RemoteError:
+    """The RemoteError subclass for a wire status code (base class if unknown)."""
+    return REMOTE_ERRORS.get(code, errors.RemoteError)(code, reason)
+
+
+SEED_VERSIONS = frozenset({"0.1", "0.2", "0.3"})
+FULL_VERSION = "1.0"
+VERSIONS = SEED_VERSIONS | {FULL_VERSION}
+
+ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
+RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-message limits, enforced by ``decode`` before any other work."""
+
+    max_frames: int = 1024
+    max_frame_bytes: int = 16 * 1024 * 1024  # ZMQ_MAXMSGSIZE: libzmq drops the peer beyond it
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_headers: int = 32
+    max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES
+    max_topic_tokens: int = DEFAULT_MAX_TOPIC_TOKENS
+    max_subscriptions: int = 10_000  # per peer
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Side(Enum):
+    PEER = "peer"
+    BROKER = "broker"
+
+
+class Payload(Enum):
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """What one verb may carry, and who may send it."""
+
+    senders: frozenset[Side]
+    required: frozenset[Header] = frozenset()
+    optional: frozenset[Header] = frozenset()
+    user_headers: bool = False
+    payload: Payload = Payload.NONE
+    seed: bool = True  # part of the seed protocol 0.x
+
+
+_PEER = frozenset({Side.PEER})
+_BROKER = frozenset({Side.BROKER})
+_EITHER = _PEER | _BROKER
+_ID = frozenset({Header.ID})
+
+GRAMMAR: dict[Verb, Grammar] = {
+    Verb.CONNECT: Grammar(_PEER, frozenset({Header.VERSION, Header.TTL}), _ID),
+    Verb.DISCONNECT: Grammar(_EITHER, optional=_ID),
+    Verb.NOOP: Grammar(_EITHER, optional=_ID),
+    Verb.PING: Grammar(_PEER, _ID, seed=False),
+    Verb.PONG: Grammar(_BROKER, _ID, seed=False),
+    Verb.SUB: Grammar(_PEER, optional=_ID, payload=Payload.REQUIRED),
+    Verb.UNSUB: Grammar(_PEER, optional=_ID, payload=Payload.REQUIRED),
+    Verb.PUT: Grammar(_PEER, frozenset({Header.TOPIC}), _ID, True, Payload.REQUIRED),
+    Verb.MESSAGE: Grammar(_BROKER, frozenset({Header.TOPIC}), frozenset({Header.SENDER}), True, Payload.REQUIRED),
+    Verb.OK: Grammar(_BROKER, _ID, frozenset({Header.TTL})),
+    Verb.ERROR: Grammar(_BROKER, frozenset({Header.CODE, Header.MESSAGE}), _ID),
+}
+
+_VERBS: dict[bytes, Verb] = {v.value.encode(): v for v in Verb}
+_HEADERS: dict[bytes, Header] = {h.value.encode(): h for h in Header}
+_USER_PREFIX_B = USER_HEADER_PREFIX.encode()
+
+
+class Command(NamedTuple):
+    """One decoded message: verb, headers (reserved and ``X-``), positional frames."""
+
+    verb: Verb
+    headers: dict[str, str]
+    payload: Sequence[bytes]
+
+    @property
+    def id(self) -> str | None:
+        return self.headers.get(Header.ID)
+
+    def user_headers(self) -> dict[str, str]:
+        return {k: v for k, v in self.headers.items() if k.startswith(USER_HEADER_PREFIX)}
+
+
+def _snippet(frame: bytes, limit: int = 40) -> str:
+    return repr(frame[:limit]) + ("..." if len(frame) > limit else "")
+
+
+def find_id(frames: Sequence[bytes], max_headers: int) -> str | None:
+    """Best-effort read of the ID header without validating anything else.
+
+    Used so that a command rejected before parsing (too large, bad verb) is
+    still answered with its ID; bounded by ``max_headers`` pairs.
+    """
+    i = 1
+    end = min(len(frames), 1 + 2 * max_headers)
+    while i + 1 < end and frames[i]:
+        if frames[i] == b"ID":
+            try:
+                return bytes(frames[i + 1]).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        i += 2
+    return None
+
+
+def decode(frames: Sequence[bytes], *, sender: Side, limits: Limits = DEFAULT_LIMITS) -> Command:
+    """Frames -> Command, or ProtocolError(code, reason, request_id).
+
+    Order: frame count, byte total, verb, headers, grammar.  Topic and pattern
+    contents are validated by the receiver (it needs their tokens).
+    """
+    if not frames:
+        raise ProtocolError(Status.BAD_REQUEST, "empty message")
+    if len(frames) > limits.max_frames:
+        raise ProtocolError(
+            Status.TOO_LARGE,
+            f"{len(frames)} frames, the limit is {limits.max_frames}",
+            find_id(frames, limits.max_headers),
+        )
+    total = sum(map(len, frames))
+    if total > limits.max_message_bytes:
+        raise ProtocolError(
+            Status.TOO_LARGE,
+            f"{total} bytes, the limit is {limits.max_message_bytes}",
+            find_id(frames, limits.max_headers),
+        )
+    verb = _VERBS.get(bytes(frames[0]))
+    if verb is None:
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"unknown verb {_snippet(frames[0])}", find_id(frames, limits.max_headers)
+        )
+    grammar = GRAMMAR[verb]
+    headers: dict[str, str] = {}
+    n = len(frames)
+    i = 1
+    request_id: str | None = None
+    while i < n:
+        key_frame = frames[i]
+        if not key_frame:  # start of the positional part
+            i += 1
+            break
+        if i + 1 >= n:
+            raise ProtocolError(Status.BAD_REQUEST, f"header {_snippet(key_frame)} has no value", request_id)
+        if len(headers) >= limits.max_headers:
+            raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers", request_id)
+        key_bytes = bytes(key_frame)
+        reserved = _HEADERS.get(key_bytes)
+        if reserved is not None:
+            key: str = reserved
+            if reserved not in grammar.required and reserved not in grammar.optional:
+                raise ProtocolError(Status.BAD_REQUEST, f"{verb} does not take header {key}", request_id)
+        elif key_bytes.startswith(_USER_PREFIX_B) and key_bytes.isascii() and len(key_bytes) > 2:
+            if not grammar.user_headers:
+                raise ProtocolError(Status.BAD_REQUEST, f"{verb} does not take user headers", request_id)
+            key = key_bytes.decode("ascii")
+        else:
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown header {_snippet(key_frame)}", request_id)
+        if key in headers:
+            raise ProtocolError(Status.BAD_REQUEST, f"header {key} repeated", request_id)
+        try:
+            value = bytes(frames[i + 1]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(Status.BAD_REQUEST, f"header {key} is not UTF-8", request_id) from None
+        headers[key] = value
+        if reserved is Header.ID:
+            request_id = value
+        i += 2
+    else:
+        i = n
+    payload = frames[i:]
+    if sender not in grammar.senders:
+        raise ProtocolError(Status.BAD_REQUEST, f"{verb} is not sent by a {sender.value}", request_id)
+    for needed in grammar.required:
+        if needed not in headers:
+            raise ProtocolError(Status.BAD_REQUEST, f"{verb} needs header {needed}", request_id)
+    if payload:
+        if grammar.payload is Payload.NONE:
+            raise ProtocolError(Status.BAD_REQUEST, f"{verb} takes no positional frames", request_id)
+    elif grammar.payload is Payload.REQUIRED:
+        raise ProtocolError(Status.BAD_REQUEST, f"{verb} needs positional frames after an empty frame", request_id)
+    return Command(verb, headers, payload)
+
+
+def encode(verb: Verb, headers: Mapping[str, str] | None = None, payload: Sequence[bytes] = ()) -> list[bytes]:
+    """Command parts -> frames (the inverse of ``decode``)."""
+    frames = [verb.value.encode()]
+    if headers:
+        for key, value in headers.items():
+            frames.append(key.encode("ascii"))
+            frames.append(value.encode("utf-8"))
+    if payload:
+        frames.append(b"")
+        frames.extend(payload)
+    return frames
+
+
+def parse_int(command: Command, header: Header, *, minimum: int = 0) -> int:
+    """A header's value as a decimal integer >= minimum, else ProtocolError 400."""
+    text = command.headers[header]
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ProtocolError(Status.BAD_REQUEST, f"{header} must be a decimal integer, got {text[:20]!r}", command.id)
+    value = int(text)
+    if value < minimum:
+        raise ProtocolError(Status.BAD_REQUEST, f"{header} must be at least {minimum}, got {value}", command.id)
+    return value
+
+
+# ---------------------------------------------------------------- builders
+# Small, allocation-light constructors for the messages each side sends.
+
+
+def ok(request_id: str, *, ttl_ms: int | None = None) -> list[bytes]:
+    if ttl_ms is None:
+        return [b"OK", b"ID", request_id.encode()]
+    return [b"OK", b"ID", request_id.encode(), b"TTL", str(ttl_ms).encode()]
+
+
+def error(code: int, reason: str, request_id: str | None = None) -> list[bytes]:
+    head = [b"ERROR"] if request_id is None else [b"ERROR", b"ID", request_id.encode()]
+    return [*head, b"CODE", str(int(code)).encode(), b"MESSAGE", reason.encode()]
+
+
+def message(topic: bytes, sender: bytes | None, user_headers: Sequence[bytes], body: Sequence[bytes]) -> list[bytes]:
+    """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER."""
+    frames = [b"MESSAGE", b"TOPIC", topic]
+    if sender is not None:
+        frames += (b"SENDER", sender)
+    frames += user_headers
+    frames.append(b"")
+    frames += body
+    return frames
+
+
+NOOP_FRAMES: tuple[bytes, ...] = (b"NOOP",)
+DISCONNECT_FRAMES: tuple[bytes, ...] = (b"DISCONNECT",)

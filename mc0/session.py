@@ -1,0 +1,275 @@
+"""ClientSession: the client side of the protocol with no sockets and no clock.
+
+Contract: the shells (:mod:`mc0.aio`, :mod:`mc0.client`) feed it received
+frames and the time, send the frames it returns, and act on the events it
+reports.  It owns everything a client must get right by itself:
+
+* request ids, and which answer belongs to the CONNECT in flight;
+* heartbeats (NOOP after TTL of silence on our side) and broker liveness
+  (``liveness x TTL`` without hearing from it -> CONNECT again);
+* healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker it CONNECTs
+  again and, once accepted, re-sends SUB for every pattern it holds;
+* routing each MESSAGE to the local patterns that match it (a local trie),
+  so overlapping subscriptions of one client each see the message once;
+* local validation of what the user asks to send (misuse raises here).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from . import protocol as P
+from .errors import InvalidTopic, ProtocolError, RemoteError
+from .message import Message
+from .protocol import Command, Header, Limits, Side, Status, Verb
+from .topics import split_pattern, split_topic
+from .trie import TopicTrie
+
+log = logging.getLogger("mc0.client")
+
+Frames = list[bytes]
+# Patterns per SUB sent while healing (keeps each message well under max_frames).
+RESUBSCRIBE_CHUNK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """OK / ERROR / PONG carrying the ID of a command we sent."""
+
+    request_id: str
+    command: Command
+
+    def error(self) -> RemoteError | None:
+        if self.command.verb is Verb.ERROR:
+            return answer_error(self.command)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    message: Message
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Something exceptional the broker reported without an ID."""
+
+    error: RemoteError
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    ttl_ms: int
+    healed: bool  # True when this was a reconnect
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRefused:
+    error: RemoteError
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnecting:
+    reason: str
+
+
+Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting
+
+
+def answer_error(command: Command) -> RemoteError:
+    code_text = command.headers.get(Header.CODE, "")
+    code = int(code_text) if code_text.isdigit() else 0
+    return P.remote_error(code, command.headers.get(Header.MESSAGE, ""))
+
+
+class ClientSession:
+    def __init__(
+        self,
+        *,
+        ttl_ms: int = 5_000,
+        liveness: int = 3,
+        limits: Limits = P.DEFAULT_LIMITS,
+        version: str = P.FULL_VERSION,
+    ) -> None:
+        if ttl_ms < 1:
+            raise ValueError("ttl_ms must be at least 1")
+        self.requested_ttl_ms = ttl_ms
+        self.ttl = ttl_ms / 1000.0
+        self.liveness = liveness
+        self.limits = limits
+        self.version = version
+        self.connected = False
+        self.ever_connected = False
+        self.last_sent = 0.0
+        self.last_recv = 0.0
+        self._connect_id: str | None = None
+        self._connect_sent = 0.0
+        self._seq = 0
+        self._pattern_refs: dict[str, int] = {}
+        self._routes: TopicTrie[str] = TopicTrie()
+        self.malformed = 0
+
+    # ------------------------------------------------------------ ids and state
+    def new_id(self) -> str:
+        self._seq += 1
+        return str(self._seq)
+
+    @property
+    def patterns(self) -> list[str]:
+        return list(self._pattern_refs)
+
+    def connect(self, now: float) -> Frames:
+        """CONNECT frames; a new call supersedes an earlier CONNECT in flight."""
+        self.connected = False
+        self._connect_id = self.new_id()
+        self._connect_sent = now
+        self.last_recv = now
+        return P.encode(
+            Verb.CONNECT,
+            {Header.VERSION: self.version, Header.TTL: str(self.requested_ttl_ms), Header.ID: self._connect_id},
+        )
+
+    def sent(self, now: float) -> None:
+        """The shell sent something at ``now`` (heartbeats are skipped while busy)."""
+        self.last_sent = now
+
+    # ------------------------------------------------------------ building commands
+    def publish(
+        self,
+        topic: str,
+        body: bytes | Sequence[bytes],
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> Frames:
+        """PUT frames, validated locally (bad input raises, nothing is sent)."""
+        limits = self.limits
+        split_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
+        parts = [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
+        if not parts:
+            raise ProtocolError(Status.BAD_REQUEST, "a message needs at least one body frame")
+        fields: dict[str, str] = {Header.TOPIC: topic}
+        if request_id is not None:
+            fields[Header.ID] = request_id
+        if headers:
+            for key, value in headers.items():
+                if not (key.startswith(P.USER_HEADER_PREFIX) and key.isascii() and len(key) > 2):
+                    raise ProtocolError(Status.BAD_REQUEST, f"user header {key!r} must be ASCII and start with X-")
+                fields[key] = value
+        if len(fields) > limits.max_headers:
+            raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers")
+        frames = P.encode(Verb.PUT, fields, parts)  # type: ignore[arg-type]
+        if len(frames) > limits.max_frames:
+            raise ProtocolError(Status.TOO_LARGE, f"{len(frames)} frames, the limit is {limits.max_frames}")
+        size = sum(map(len, frames))
+        if size > limits.max_message_bytes:
+            raise ProtocolError(Status.TOO_LARGE, f"{size} bytes, the limit is {limits.max_message_bytes}")
+        return frames
+
+    def add_pattern(self, pattern: str, request_id: str | None = None) -> Frames | None:
+        """Count a local subscription; SUB frames when the broker must be told."""
+        tokens = split_pattern(pattern, max_bytes=self.limits.max_topic_bytes, max_tokens=self.limits.max_topic_tokens)
+        refs = self._pattern_refs.get(pattern, 0)
+        self._pattern_refs[pattern] = refs + 1
+        if refs:
+            return None
+        self._routes.insert(tokens, pattern)
+        return P.encode(Verb.SUB, {Header.ID: request_id} if request_id else None, [pattern.encode()])
+
+    def drop_pattern(self, pattern: str) -> Frames | None:
+        """Release one local subscription; UNSUB frames when it was the last."""
+        refs = self._pattern_refs.get(pattern, 0)
+        if refs == 0:
+            return None
+        if refs > 1:
+            self._pattern_refs[pattern] = refs - 1
+            return None
+        del self._pattern_refs[pattern]
+        self._routes.remove(split_pattern(pattern, max_bytes=1 << 30, max_tokens=1 << 30), pattern)
+        return P.encode(Verb.UNSUB, None, [pattern.encode()])
+
+    def ping(self, request_id: str) -> Frames:
+        return P.encode(Verb.PING, {Header.ID: request_id})
+
+    def disconnect(self) -> Frames:
+        self.connected = False
+        return list(P.DISCONNECT_FRAMES)
+
+    # ------------------------------------------------------------ input
+    def receive(self, frames: Sequence[bytes], now: float) -> tuple[list[Event], list[Frames]]:
+        """Broker frames -> (events for the shell, frames to send now)."""
+        self.last_recv = now
+        try:
+            command = P.decode(frames, sender=Side.BROKER, limits=self.limits)
+        except ProtocolError as exc:
+            self.malformed += 1
+            log.warning("malformed message from broker dropped: %s", exc)
+            return [], []
+        verb = command.verb
+        if verb is Verb.MESSAGE:
+            return [self._delivery(command)], []
+        if verb is Verb.NOOP:
+            return [], []
+        request_id = command.id
+        if request_id is not None and request_id == self._connect_id:
+            return self._connect_answer(command)
+        if verb is Verb.ERROR:
+            error = answer_error(command)
+            if error.code == Status.NOT_CONNECTED:
+                events: list[Event] = [Reconnecting(f"broker does not know us: {error.reason}")]
+                if request_id is not None:
+                    events.append(Answer(request_id, command))
+                return events, [self.connect(now)]
+            if request_id is None:
+                return [Fault(error)], []
+        if verb is Verb.DISCONNECT:
+            return [Reconnecting("broker sent DISCONNECT")], [self.connect(now)]
+        if request_id is not None:
+            return [Answer(request_id, command)], []
+        return [], []  # pragma: no cover - decode guarantees an ID for OK/PONG
+
+    def _connect_answer(self, command: Command) -> tuple[list[Event], list[Frames]]:
+        self._connect_id = None
+        if command.verb is not Verb.OK:
+            return [ConnectRefused(answer_error(command))], []
+        ttl_text = command.headers.get(Header.TTL, "")
+        ttl_ms = int(ttl_text) if ttl_text.isdigit() and int(ttl_text) > 0 else self.requested_ttl_ms
+        self.ttl = ttl_ms / 1000.0
+        healed = self.ever_connected
+        self.connected = self.ever_connected = True
+        patterns = [p.encode() for p in self._pattern_refs]
+        resubscribe = [
+            P.encode(Verb.SUB, None, patterns[i : i + RESUBSCRIBE_CHUNK])
+            for i in range(0, len(patterns), RESUBSCRIBE_CHUNK)
+        ]
+        return [Connected(ttl_ms, healed)], resubscribe
+
+    def _delivery(self, command: Command) -> Delivery:
+        headers = command.headers
+        topic = headers[Header.TOPIC]
+        try:
+            tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
+        except InvalidTopic:
+            tokens = ()
+        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        message = Message(topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user)
+        return Delivery(message, self._routes.match(tokens) if tokens else ())
+
+    # ------------------------------------------------------------ time
+    def tick(self, now: float) -> tuple[list[Event], list[Frames]]:
+        """Heartbeat or heal, depending on how long each side has been quiet."""
+        silent_for = now - self.last_recv
+        if silent_for >= self.ttl * self.liveness:
+            reason = "broker silent" if self.connected else "no answer to CONNECT"
+            return [Reconnecting(f"{reason} for {silent_for:.1f}s")], [self.connect(now)]
+        if self.connected and now - self.last_sent >= self.ttl:
+            return [], [list(P.NOOP_FRAMES)]
+        return [], []
+
+    def next_deadline(self) -> float:
+        heal = self.last_recv + self.ttl * self.liveness
+        if not self.connected:
+            return heal
+        return min(heal, self.last_sent + self.ttl)

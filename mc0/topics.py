@@ -1,0 +1,94 @@
+"""Topic and subscription-pattern rules (NATS subject semantics).
+
+Contract:
+
+* A topic is dot-separated tokens of UTF-8: no empty token, no whitespace.
+* A pattern may use ``*`` (exactly one token) and ``>`` (one or more trailing
+  tokens, last position only).  They are wildcards only as whole tokens:
+  ``a*`` is an ordinary literal token.
+* Published topics must be literal (no ``*`` or ``>`` token).
+* Size rules (UTF-8 bytes, token count) are checked before anything else, so
+  an absurd input (say 10,000 tokens) is rejected in O(length) with no
+  recursion.
+
+Violations raise :class:`mc0.errors.InvalidTopic`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidTopic
+
+SEPARATOR = "."
+SINGLE = "*"  # matches exactly one token
+TAIL = ">"  # matches one or more trailing tokens
+
+DEFAULT_MAX_TOPIC_BYTES = 1024
+DEFAULT_MAX_TOPIC_TOKENS = 32
+
+_WHITESPACE = re.compile(r"\s")
+
+
+def _split(text: str, max_bytes: int, max_tokens: int) -> list[str]:
+    if not text:
+        raise InvalidTopic(text, "empty")
+    # Cheap size checks first: character count bounds byte count from below.
+    if len(text) > max_bytes or len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise InvalidTopic(text, f"longer than {max_bytes} UTF-8 bytes", oversize=True)
+    if text.count(SEPARATOR) >= max_tokens:
+        raise InvalidTopic(text, f"more than {max_tokens} tokens", oversize=True)
+    if _WHITESPACE.search(text):
+        raise InvalidTopic(text, "contains whitespace")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidTopic(text, "not valid UTF-8") from None
+    tokens = text.split(SEPARATOR)
+    if "" in tokens:
+        raise InvalidTopic(text, "empty token")
+    return tokens
+
+
+def split_topic(
+    topic: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
+    max_tokens: int = DEFAULT_MAX_TOPIC_TOKENS,
+) -> tuple[str, ...]:
+    """Validate a literal (publishable) topic and return its tokens."""
+    tokens = _split(topic, max_bytes, max_tokens)
+    if SINGLE in tokens or TAIL in tokens:
+        raise InvalidTopic(topic, "wildcards are not allowed in a published topic")
+    return tuple(tokens)
+
+
+def split_pattern(
+    pattern: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
+    max_tokens: int = DEFAULT_MAX_TOPIC_TOKENS,
+) -> tuple[str, ...]:
+    """Validate a subscription pattern and return its tokens."""
+    tokens = _split(pattern, max_bytes, max_tokens)
+    if TAIL in tokens[:-1]:
+        raise InvalidTopic(pattern, f"{TAIL!r} may only be the last token")
+    return tuple(tokens)
+
+
+def is_literal(tokens: tuple[str, ...]) -> bool:
+    """True when the tokens contain no wildcard."""
+    return SINGLE not in tokens and TAIL not in tokens
+
+
+def pattern_matches(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
+    """Whether a (validated) pattern matches a (validated) literal topic."""
+    last = len(pattern) - 1
+    for i, want in enumerate(pattern):
+        if want == TAIL and i == last:
+            return len(topic) > i
+        if i >= len(topic):
+            return False
+        if want != SINGLE and want != topic[i]:
+            return False
+    return len(topic) == len(pattern)
