@@ -46,19 +46,23 @@ _CLOSED = object()
 
 
 class Subscription:
-    """Messages matching one pattern, in arrival order.
+    """Messages matching any of its patterns, each once, in arrival order.
 
     Holds at most ``max_pending`` undelivered messages; beyond that new ones
     are dropped and counted in ``dropped`` (and logged), never silently.
     """
 
-    def __init__(self, client: Client, pattern: str, max_pending: int) -> None:
+    def __init__(self, client: Client, patterns: tuple[str, ...], max_pending: int) -> None:
         self.client = client
-        self.pattern = pattern
+        self.patterns = patterns
         self.max_pending = max_pending
         self.dropped = 0
         self.closed = False
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+
+    @property
+    def pattern(self) -> str:
+        return self.patterns[0]
 
     def _offer(self, message: Message) -> None:
         if self._queue.qsize() >= self.max_pending:
@@ -81,14 +85,14 @@ class Subscription:
     async def next(self, timeout: float | None = None) -> Message:
         """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed."""
         if self.closed and self._queue.empty():
-            raise ClosedError(f"subscription {self.pattern!r} is closed")
+            raise ClosedError(f"subscription {self.patterns!r} is closed")
         try:
             item = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
-            raise Timeout(f"next message on {self.pattern!r}", timeout or 0.0) from None
+            raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0) from None
         if item is _CLOSED:
             self._queue.put_nowait(_CLOSED)  # later callers see the end too
-            raise ClosedError(f"subscription {self.pattern!r} is closed")
+            raise ClosedError(f"subscription {self.patterns!r} is closed")
         assert isinstance(item, Message)
         return item
 
@@ -236,39 +240,50 @@ class Client:
         self._send_nowait(self.session.publish(topic, body, headers))
 
     async def subscribe(
-        self, pattern: str, *, max_pending: int = DEFAULT_MAX_PENDING, timeout: float | None = None
+        self, *patterns: str, max_pending: int = DEFAULT_MAX_PENDING, timeout: float | None = None
     ) -> Subscription:
-        """Subscribe to a pattern; returns once the broker has confirmed it."""
+        """Subscribe to one or more patterns; returns once the broker confirmed them.
+
+        A message matching several of the patterns is delivered once.
+        """
         self._check_open()
-        sub = Subscription(self, pattern, max_pending)
-        request_id = self.session.new_id()
-        frames = self.session.add_pattern(pattern, request_id)
-        self._subscriptions.setdefault(pattern, []).append(sub)
-        if frames is not None:
-            try:
-                await self._call(request_id, frames, timeout, f"subscribe to {pattern!r}")
-            except BaseException:
-                await self.unsubscribe(sub)
-                raise
+        if not patterns:
+            raise ValueError("subscribe needs at least one pattern")
+        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending)
+        added: list[str] = []
+        try:
+            for pattern in sub.patterns:
+                request_id = self.session.new_id()
+                frames = self.session.add_pattern(pattern, request_id)
+                added.append(pattern)
+                self._subscriptions.setdefault(pattern, []).append(sub)
+                if frames is not None:
+                    await self._call(request_id, frames, timeout, f"subscribe to {pattern!r}")
+        except BaseException:
+            await self._release(sub, added)
+            raise
         return sub
 
     async def unsubscribe(self, subscription: Subscription | str) -> None:
-        """End a subscription (or every subscription to a pattern)."""
+        """End a subscription (or every subscription that includes a pattern)."""
         if isinstance(subscription, str):
             for sub in list(self._subscriptions.get(subscription, ())):
                 await self.unsubscribe(sub)
             return
-        subs = self._subscriptions.get(subscription.pattern, [])
-        if subscription not in subs:
-            subscription._end()
-            return
-        subs.remove(subscription)
-        if not subs:
-            del self._subscriptions[subscription.pattern]
-        subscription._end()
-        frames = self.session.drop_pattern(subscription.pattern)
-        if frames is not None and not self._closed:
-            await self._send(frames)
+        await self._release(subscription, subscription.patterns)
+
+    async def _release(self, sub: Subscription, patterns: Sequence[str]) -> None:
+        sub._end()
+        for pattern in patterns:
+            holders = self._subscriptions.get(pattern, [])
+            if sub not in holders:
+                continue
+            holders.remove(sub)
+            if not holders:
+                del self._subscriptions[pattern]
+            frames = self.session.drop_pattern(pattern)
+            if frames is not None and not self._closed:
+                await self._send(frames)
 
     async def ping(self, *, timeout: float | None = None) -> float:
         """Round trip to the broker in seconds."""
@@ -339,8 +354,12 @@ class Client:
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, Delivery):
-            for pattern in event.patterns:
-                for sub in self._subscriptions.get(pattern, ()):
+            if len(event.patterns) == 1:
+                for sub in self._subscriptions.get(event.patterns[0], ()):
+                    sub._offer(event.message)
+            else:
+                interested = {id(s): s for p in event.patterns for s in self._subscriptions.get(p, ())}
+                for sub in interested.values():
                     sub._offer(event.message)
         elif isinstance(event, Answer):
             future = self._pending.get(event.request_id)

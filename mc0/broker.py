@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable
 from types import FrameType, TracebackType
+from typing import Any
 
 import zmq
 
@@ -114,7 +115,7 @@ class Broker:
         try:
             while not self._stopping.is_set():
                 wait_ms = max(0.0, (core.next_deadline() - time.monotonic()) * 1000.0)
-                ready = dict(poller.poll(min(wait_ms, 1000.0)))
+                ready = dict(poller.poll(int(min(wait_ms, 1000.0)) + 1))
                 if sock in ready:
                     now = time.monotonic()
                     for _ in range(RECV_BATCH):
@@ -156,7 +157,7 @@ class Broker:
             except zmq.ZMQError:
                 pass
 
-    def _install_signals(self) -> dict[int, object]:
+    def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
 

@@ -66,6 +66,10 @@ class Subscription:
         return self._inner.pattern
 
     @property
+    def patterns(self) -> tuple[str, ...]:
+        return self._inner.patterns
+
+    @property
     def dropped(self) -> int:
         return self._inner.dropped
 
@@ -162,9 +166,9 @@ class Client:
         _background_loop().call_soon_threadsafe(self._aio._send_nowait, frames)
 
     def subscribe(
-        self, pattern: str, *, max_pending: int = aio.DEFAULT_MAX_PENDING, timeout: float | None = None
+        self, *patterns: str, max_pending: int = aio.DEFAULT_MAX_PENDING, timeout: float | None = None
     ) -> Subscription:
-        return Subscription(_run(self._aio.subscribe(pattern, max_pending=max_pending, timeout=timeout)))
+        return Subscription(_run(self._aio.subscribe(*patterns, max_pending=max_pending, timeout=timeout)))
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
         target = subscription if isinstance(subscription, str) else subscription._inner

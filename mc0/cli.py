@@ -1,0 +1,210 @@
+"""The ``mc0`` command line (click).
+
+Contract: every command takes its endpoint and settings from options, then
+``MC0_*`` environment variables, then the config file (``--config`` /
+``MC0_CONFIG``), then the embedded defaults.  Any mc0 error ends the command
+with one line on stderr (``mc0: error: ...``) and exit status 1; usage errors
+exit 2 (click's convention).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from . import config as cfg
+from .client import Client
+from .errors import Error
+from .message import Message
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    @wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except Error as exc:
+            click.echo(f"mc0: error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+    return wrapper
+
+
+def _load_config(path: str | None) -> cfg.Config:
+    return cfg.load_default(path)
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    envvar=cfg.ENV_CONFIG,
+    type=click.Path(dir_okay=False),
+    help="TOML config file (default: $MC0_CONFIG, else the embedded defaults).",
+)
+endpoint_option = click.option(
+    "--endpoint",
+    envvar=cfg.ENV_ENDPOINT,
+    help="Broker endpoint (default: $MC0_ENDPOINT, config, tcp://127.0.0.1:61616).",
+)
+timeout_option = click.option("--timeout", type=float, default=None, help="Seconds to wait for the broker.")
+
+
+def _client(config_path: str | None, endpoint: str | None, timeout: float | None) -> Client:
+    config = _load_config(config_path)
+    return Client(endpoint, timeout=timeout, config=config.client)
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(package_name="mc0")
+def main(verbose: int) -> None:
+    """mc0: a secure pub/sub + RPC message bus over ZeroMQ."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.option("--bind", "binds", multiple=True, help="Endpoint to bind (repeatable; tcp://127.0.0.1:* picks a port).")
+@config_option
+@_one_line_errors
+def broker(binds: tuple[str, ...], config_path: str | None) -> None:
+    """Run the broker until SIGINT/SIGTERM."""
+    from .broker import Broker
+
+    config = _load_config(config_path)
+    broker_config = config.broker
+    if binds:
+        broker_config = dataclasses.replace(broker_config, bind=binds)
+    server = Broker(broker_config)
+    try:
+        endpoints = server.bind()
+    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint ...
+        raise Error(f"cannot bind {', '.join(broker_config.bind)}: {exc}") from None
+    click.echo(f"mc0 broker listening on {' '.join(endpoints)}")
+    sys.stdout.flush()
+    server.run()
+
+
+def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--header")
+        headers[key] = value
+    return headers
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("body", required=False)
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
+@click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
+@endpoint_option
+@config_option
+@timeout_option
+@_one_line_errors
+def pub(
+    topic: str,
+    body: str | None,
+    header_pairs: tuple[str, ...],
+    confirm: bool,
+    count: int,
+    endpoint: str | None,
+    config_path: str | None,
+    timeout: float | None,
+) -> None:
+    """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC."""
+    data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
+    headers = _parse_headers(header_pairs)
+    with _client(config_path, endpoint, timeout) as client:
+        for _ in range(count):
+            client.publish(topic, data, headers=headers, confirm=confirm)
+        if not confirm:
+            client.ping()  # everything before it has reached the broker
+
+
+def _message_line(message: Message, as_json: bool) -> str:
+    if as_json:
+        record: dict[str, Any] = {"topic": message.topic, "sender": message.sender, "headers": message.headers}
+        try:
+            record["body"] = message.body.decode("utf-8")
+        except UnicodeDecodeError:
+            record["body_base64"] = base64.b64encode(message.body).decode()
+        return json.dumps(record, ensure_ascii=False)
+    return f"{message.topic} {message.body.decode('utf-8', 'backslashreplace')}"
+
+
+@main.command()
+@click.argument("patterns", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
+@click.option(
+    "--wait", type=float, default=None, help="Exit with status 1 if no message arrives for this many seconds."
+)
+@endpoint_option
+@config_option
+@timeout_option
+@_one_line_errors
+def sub(
+    patterns: tuple[str, ...],
+    as_json: bool,
+    count: int | None,
+    wait: float | None,
+    endpoint: str | None,
+    config_path: str | None,
+    timeout: float | None,
+) -> None:
+    """Print one line per message matching any PATTERN."""
+    with _client(config_path, endpoint, timeout) as client, client.subscribe(*patterns) as subscription:
+        seen = 0
+        while count is None or seen < count:
+            message = subscription.next(wait)
+            click.echo(_message_line(message, as_json))
+            sys.stdout.flush()
+            seen += 1
+
+
+@main.command()
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
+@endpoint_option
+@config_option
+@timeout_option
+@_one_line_errors
+def ping(count: int, endpoint: str | None, config_path: str | None, timeout: float | None) -> None:
+    """Measure round trips to the broker."""
+    with _client(config_path, endpoint, timeout) as client:
+        times = []
+        for _ in range(count):
+            rtt = client.ping()
+            times.append(rtt)
+            click.echo(f"PONG from {client.endpoint}: {rtt * 1000:.3f} ms")
+        if count > 1:
+            times.sort()
+            click.echo(f"{count} pings: min {times[0] * 1000:.3f} ms, median {times[len(times) // 2] * 1000:.3f} ms")
+
+
+@main.command()
+@_one_line_errors
+def demo() -> None:
+    """Run the end-to-end demo: broker, subscriber, publisher, ping (exits 0)."""
+    from .demo import run_demo
+
+    started = time.monotonic()
+    run_demo(click.echo)
+    click.echo(f"demo finished in {time.monotonic() - started:.1f}s")

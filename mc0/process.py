@@ -1,0 +1,128 @@
+"""BrokerProcess: run ``mc0 broker`` as a child process and learn its endpoint.
+
+Contract: ``start()`` launches ``python -m mc0 broker`` with the given
+arguments and returns once the broker printed its ``listening on`` line
+(``Timeout`` otherwise, with the child's stderr in the message); ``stop()``
+sends SIGTERM and returns the exit status; ``kill()`` is SIGKILL.  Used by
+the demo, the tests and the benchmarks, so all three run the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+from .errors import Error, Timeout
+
+READY_PREFIX = "mc0 broker listening on "
+
+
+class BrokerProcess:
+    def __init__(
+        self,
+        *args: str,
+        bind: Sequence[str] = ("tcp://127.0.0.1:*",),
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        start_timeout: float = 15.0,
+    ) -> None:
+        self.args = list(args)
+        self.bind = list(bind)
+        self.env = env
+        self.cwd = cwd
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen[str] | None = None
+        self.endpoints: list[str] = []
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[0]
+
+    def start(self) -> BrokerProcess:
+        command = [sys.executable, "-m", "mc0", *self.args[:1], "broker", *self.args[1:]]
+        for endpoint in self.bind:
+            command += ["--bind", endpoint]
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.cwd
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + self.start_timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                line = self.proc.stdout.readline()
+                if line.startswith(READY_PREFIX):
+                    self.endpoints = line[len(READY_PREFIX) :].split()
+                    return self
+                if not line:  # the child exited
+                    break
+        stderr = self._stderr_after_kill()
+        raise Timeout(f"broker start ({' '.join(command)}): {stderr.strip()[-500:]}", self.start_timeout)
+
+    def _stderr_after_kill(self) -> str:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.kill()
+        _, stderr = self.proc.communicate(timeout=5)
+        return stderr or ""
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait, return the exit status (SIGKILL if it does not stop)."""
+        if self.proc is None:
+            return 0
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise Error(f"broker pid {self.proc.pid} ignored SIGTERM for {timeout}s") from None
+        finally:
+            self._close_pipes()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._close_pipes()
+
+    def stderr_text(self) -> str:
+        """The child's stderr so far (only after it exited)."""
+        if self.proc is None or self.proc.stderr is None or self.proc.poll() is None:
+            return ""
+        return self.proc.stderr.read()
+
+    def _close_pipes(self) -> None:
+        assert self.proc is not None
+        for pipe in (self.proc.stdout,):
+            if pipe is not None:
+                pipe.close()
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            except Error:
+                pass
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
