@@ -1,0 +1,147 @@
+"""Shared fixtures: real broker processes, raw DEALER peers, sync/async client variants."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from mc0.process import BrokerProcess
+
+
+class RawPeer:
+    """A bare DEALER socket speaking frames, for wire-level tests."""
+
+    def __init__(self, endpoint: str, context: zmq.Context[Any], routing_id: bytes | None = None) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.socket.setsockopt(zmq.ROUTING_ID, routing_id)
+        self.socket.connect(endpoint)
+
+    def send(self, *frames: bytes | str) -> None:
+        self.socket.send_multipart([f.encode() if isinstance(f, str) else f for f in frames])
+
+    def recv(self, timeout: float = 5.0) -> list[bytes]:
+        if not self.socket.poll(int(timeout * 1000)):
+            raise AssertionError(f"no message within {timeout}s")
+        return self.socket.recv_multipart()
+
+    def recv_skipping_noop(self, timeout: float = 5.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            frames = self.recv(max(0.01, deadline - time.monotonic()))
+            if frames != [b"NOOP"]:
+                return frames
+
+    def nothing(self, timeout: float = 0.3) -> bool:
+        """True if no non-NOOP message arrives within timeout."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.socket.poll(int(left * 1000) + 1):
+                return True
+            if self.socket.recv_multipart() != [b"NOOP"]:
+                return False
+        return True
+
+    def connect(self, version: str = "1.0", ttl: int = 5000) -> list[bytes]:
+        self.send("CONNECT", "VERSION", version, "TTL", str(ttl), "ID", "c")
+        return self.recv()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def headers_of(frames: list[bytes]) -> dict[str, str]:
+    """Header dict of a received message (frames after the verb, up to the empty frame)."""
+    out = {}
+    i = 1
+    while i + 1 < len(frames) and frames[i]:
+        out[frames[i].decode()] = frames[i + 1].decode()
+        i += 2
+    return out
+
+
+def payload_of(frames: list[bytes]) -> list[bytes]:
+    i = 1
+    while i < len(frames) and frames[i]:
+        i += 2
+    return frames[i + 1 :]
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "mc0.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context[Any]]:
+    context: zmq.Context[Any] = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def broker() -> Iterator[BrokerProcess]:
+    with BrokerProcess() as process:
+        yield process
+
+
+@pytest.fixture
+def raw(broker: BrokerProcess, zctx: zmq.Context[Any]) -> Iterator[Any]:
+    """Factory of raw peers on the broker."""
+    peers: list[RawPeer] = []
+
+    def make(routing_id: bytes | None = None, connect: bool = True) -> RawPeer:
+        peer = RawPeer(broker.endpoint, zctx, routing_id)
+        peers.append(peer)
+        if connect:
+            reply = peer.connect()
+            assert reply[0] == b"OK", reply
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+class SyncRunner:
+    """Runs a test body against the sync API: ``await run(x)`` just returns x."""
+
+    name = "sync"
+
+    def __init__(self) -> None:
+        import mc0
+
+        self.Client = mc0.Client
+
+    async def __call__(self, value: Any) -> Any:
+        return value
+
+
+class AsyncRunner:
+    """Runs the same body against mc0.aio: ``await run(coro)`` awaits it."""
+
+    name = "async"
+
+    def __init__(self) -> None:
+        import mc0.aio
+
+        self.Client = mc0.aio.Client
+
+    async def __call__(self, value: Any) -> Any:
+        if asyncio.iscoroutine(value):
+            return await value
+        return value
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> SyncRunner | AsyncRunner:
+    """One test body, both client APIs (names mirror each other)."""
+    return SyncRunner() if request.param == "sync" else AsyncRunner()

@@ -1,0 +1,171 @@
+"""BrokerCore without sockets or sleeps: time is an argument."""
+
+from __future__ import annotations
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.core import BrokerCore, CoreSettings
+from mc0.protocol import Limits
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+def connect(core: BrokerCore, rid: bytes, now: float = 0.0, ttl: int = 1000, version: str = "1.0", who: str = "anonymous"):
+    return core.handle(rid, f("CONNECT", "VERSION", version, "TTL", str(ttl), "ID", "c"), now, who)
+
+
+def test_connect_clamps_ttl_and_answers_with_it() -> None:
+    core = BrokerCore(CoreSettings(min_ttl_ms=200, max_ttl_ms=2000))
+    assert connect(core, b"a", ttl=1) == [(b"a", f("OK", "ID", "c", "TTL", "200"))]
+    assert connect(core, b"b", ttl=99999) == [(b"b", f("OK", "ID", "c", "TTL", "2000"))]
+    assert connect(core, b"c", ttl=500) == [(b"c", f("OK", "ID", "c", "TTL", "500"))]
+
+
+def test_commands_before_connect_get_401() -> None:
+    core = BrokerCore()
+    assert core.handle(b"a", f("NOOP", "ID", "1"), 0.0) == [(b"a", P.error(401, "not connected: send CONNECT first", "1"))]
+    assert core.handle(b"a", f("PUT", "TOPIC", "t", "", "x"), 0.0)[0][1][:3] == f("ERROR", "CODE", "401")
+
+
+def test_heartbeat_noop_after_ttl_and_expiry_removes_subscriptions() -> None:
+    core = BrokerCore(CoreSettings(liveness=3))
+    connect(core, b"a", now=0.0, ttl=1000)
+    connect(core, b"p", now=0.0, ttl=1000)
+    core.handle(b"a", f("SUB", "", "x.>"), 0.0)
+    assert len(core.subscriptions) == 1
+    assert core.tick(0.5) == []
+    out = core.tick(1.0)
+    assert (b"a", P.NOOP_FRAMES) in out and (b"p", P.NOOP_FRAMES) in out
+    core.handle(b"p", f("NOOP"), 2.5)  # p stays alive, a stays silent
+    core.tick(2.9)
+    assert b"a" in core.sessions
+    core.tick(3.0)
+    assert b"a" not in core.sessions and b"p" in core.sessions
+    assert len(core.subscriptions) == 0
+    assert core.handle(b"p", f("PUT", "TOPIC", "x.y", "", "b"), 3.1) == []
+
+
+def test_put_fans_out_once_per_peer_with_sender_and_user_headers() -> None:
+    core = BrokerCore()
+    for rid in (b"s1", b"s2", b"pub"):
+        connect(core, rid)
+    core.handle(b"s1", f("SUB", "", "a.>", "a.*", "*.b"), 0.0)
+    core.handle(b"s2", f("SUB", "", "z"), 0.0)
+    out = core.handle(b"pub", f("PUT", "TOPIC", "a.b", "X-Trace", "1", "ID", "9", "", "body", "more"), 0.0, "anonymous")
+    assert out == [
+        (b"s1", f("MESSAGE", "TOPIC", "a.b", "SENDER", "anonymous", "X-Trace", "1", "", "body", "more")),
+        (b"pub", f("OK", "ID", "9")),
+    ]
+
+
+def test_seed_peers_get_the_seed_message_shape_and_only_seed_verbs() -> None:
+    core = BrokerCore()
+    connect(core, b"old", version="0.1")
+    connect(core, b"new")
+    core.handle(b"old", f("SUB", "", "t"), 0.0)
+    core.handle(b"new", f("SUB", "", "t"), 0.0)
+    out = dict(core.handle(b"new", f("PUT", "TOPIC", "t", "", "x"), 0.0))
+    assert out[b"old"] == f("MESSAGE", "TOPIC", "t", "", "x")
+    assert out[b"new"] == f("MESSAGE", "TOPIC", "t", "SENDER", "anonymous", "", "x")
+    ((_, frames),) = core.handle(b"old", f("PING", "ID", "1"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "1", "CODE", "400")
+
+
+def test_unsupported_version_is_505() -> None:
+    core = BrokerCore()
+    ((_, frames),) = connect(core, b"a", version="2.0")
+    assert frames[:5] == f("ERROR", "ID", "c", "CODE", "505")
+    assert b"a" not in core.sessions
+
+
+def test_sub_is_all_or_nothing_and_limited() -> None:
+    core = BrokerCore(CoreSettings(limits=Limits(max_subscriptions=2)))
+    connect(core, b"a")
+    ((_, bad),) = core.handle(b"a", f("SUB", "ID", "1", "", "ok.1", "bad..pattern"), 0.0)
+    assert bad[:5] == f("ERROR", "ID", "1", "CODE", "400")
+    assert len(core.subscriptions) == 0
+    ((_, over),) = core.handle(b"a", f("SUB", "ID", "2", "", "a", "b", "c"), 0.0)
+    assert over[:5] == f("ERROR", "ID", "2", "CODE", "429")
+    assert core.handle(b"a", f("SUB", "ID", "3", "", "a", "b", "a"), 0.0) == [(b"a", f("OK", "ID", "3"))]
+    assert len(core.subscriptions) == 2
+
+
+def test_identity_mismatch_on_a_known_routing_id_gets_nothing() -> None:
+    core = BrokerCore()
+    connect(core, b"victim", who="alice")
+    core.handle(b"victim", f("SUB", "", "secret"), 0.0, "alice")
+    ((_, frames),) = core.handle(b"victim", f("UNSUB", "ID", "1", "", "secret"), 0.0, "mallory")
+    assert frames[:5] == f("ERROR", "ID", "1", "CODE", "401")
+    ((_, frames),) = connect(core, b"victim", who="mallory")
+    assert frames[:5] == f("ERROR", "ID", "c", "CODE", "401")
+    assert core.sessions[b"victim"].identity == "alice"
+    assert len(core.subscriptions) == 1
+
+
+def test_slow_consumer_is_told_429_and_forgotten_after_a_drop_episode() -> None:
+    core = BrokerCore(CoreSettings(slow_consumer_ms=2000))
+    connect(core, b"slow")
+    core.handle(b"slow", f("SUB", "", "t"), 0.0)
+    for i in range(20):
+        assert core.send_failed(b"slow", i * 0.1, unreachable=False) == []
+    out = core.send_failed(b"slow", 2.0, unreachable=False)
+    assert out[0][1][:3] == f("ERROR", "CODE", "429")
+    assert out[1] == (b"slow", P.DISCONNECT_FRAMES)
+    assert b"slow" not in core.sessions and len(core.subscriptions) == 0
+    assert core.counters["dropped"] == 21
+
+
+def test_drops_separated_by_quiet_gaps_do_not_evict() -> None:
+    core = BrokerCore(CoreSettings(slow_consumer_ms=2000))
+    connect(core, b"bursty")
+    for i in range(10):
+        assert core.send_failed(b"bursty", i * 1.5, unreachable=False) == []
+    assert b"bursty" in core.sessions
+
+
+def test_unreachable_peer_is_forgotten() -> None:
+    core = BrokerCore()
+    connect(core, b"gone")
+    core.handle(b"gone", f("SUB", "", "t"), 0.0)
+    core.send_failed(b"gone", 0.0, unreachable=True)
+    assert b"gone" not in core.sessions and len(core.subscriptions) == 0
+
+
+def test_reserved_topics_are_forbidden_and_put_needs_a_literal_topic() -> None:
+    core = BrokerCore()
+    connect(core, b"a")
+    ((_, frames),) = core.handle(b"a", f("PUT", "TOPIC", "mc0.sys.peer", "ID", "1", "", "x"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "1", "CODE", "403")
+    ((_, frames),) = core.handle(b"a", f("PUT", "TOPIC", "a.*", "ID", "2", "", "x"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "2", "CODE", "400")
+    ((_, frames),) = core.handle(b"a", f("PUT", "TOPIC", ".".join(["t"] * 40), "ID", "3", "", "x"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "3", "CODE", "413")
+
+
+def test_reconnect_starts_a_fresh_session_and_disconnect_forgets() -> None:
+    core = BrokerCore()
+    connect(core, b"a")
+    core.handle(b"a", f("SUB", "", "t"), 0.0)
+    connect(core, b"a", now=1.0)
+    assert len(core.subscriptions) == 0
+    assert core.handle(b"a", f("DISCONNECT", "ID", "d"), 1.0) == [(b"a", f("OK", "ID", "d"))]
+    assert b"a" not in core.sessions
+
+
+def test_shutdown_disconnects_everyone() -> None:
+    core = BrokerCore()
+    connect(core, b"a")
+    connect(core, b"b")
+    assert sorted(core.shutdown()) == [(b"a", P.DISCONNECT_FRAMES), (b"b", P.DISCONNECT_FRAMES)]
+    assert core.sessions == {}
+
+
+@pytest.mark.parametrize("garbage", [[b""], [b"\xff" * 10], [b"PUT"] * 2000, [b"SUB", b"", b"\xfe"]])
+def test_garbage_never_raises(garbage: list[bytes]) -> None:
+    core = BrokerCore()
+    connect(core, b"a")
+    ((rid, frames),) = core.handle(b"a", garbage, 0.0)
+    assert rid == b"a" and frames[0] == b"ERROR"

@@ -1,0 +1,107 @@
+"""ClientSession without sockets: healing, resubscription, heartbeats, local validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from mc0 import errors
+from mc0 import protocol as P
+from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Delivery, Fault, Reconnecting
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+def connected(ttl_ms: int = 1000) -> ClientSession:
+    session = ClientSession(ttl_ms=ttl_ms)
+    frames = session.connect(0.0)
+    events, _ = session.receive(f("OK", "ID", frames[-1].decode(), "TTL", str(ttl_ms)), 0.0)
+    assert events == [Connected(ttl_ms, healed=False)]
+    return session
+
+
+def test_connect_uses_the_ttl_the_broker_grants() -> None:
+    session = ClientSession(ttl_ms=50)
+    frames = session.connect(0.0)
+    assert frames[:5] == f("CONNECT", "VERSION", "1.0", "TTL", "50")
+    session.receive(f("OK", "ID", frames[-1].decode(), "TTL", "200"), 0.0)
+    assert session.ttl == 0.2
+
+
+def test_401_heals_by_reconnecting_then_resubscribing_every_pattern() -> None:
+    session = connected()
+    session.add_pattern("a.>")
+    session.add_pattern("b")
+    session.add_pattern("b")  # second local holder: no second SUB
+    events, replies = session.receive(f("ERROR", "CODE", "401", "MESSAGE", "who?"), 1.0)
+    assert isinstance(events[0], Reconnecting)
+    assert replies[0][0] == b"CONNECT"
+    connect_id = replies[0][-1].decode()
+    events, replies = session.receive(f("OK", "ID", connect_id, "TTL", "1000"), 1.1)
+    assert events == [Connected(1000, healed=True)]
+    assert replies == [f("SUB", "", "a.>", "b")]
+
+
+def test_broker_disconnect_also_heals() -> None:
+    session = connected()
+    events, replies = session.receive(f("DISCONNECT"), 1.0)
+    assert isinstance(events[0], Reconnecting) and replies[0][0] == b"CONNECT"
+    assert not session.connected
+
+
+def test_heartbeat_after_ttl_of_our_silence_and_heal_after_broker_silence() -> None:
+    session = connected(ttl_ms=1000)
+    session.sent(0.0)
+    assert session.tick(0.5) == ([], [])
+    assert session.tick(1.0) == ([], [f("NOOP")])
+    session.sent(1.0)
+    session.receive(f("NOOP"), 1.0)
+    events, frames = session.tick(4.0)  # 3 x TTL without hearing the broker
+    assert isinstance(events[0], Reconnecting) and frames[0][0] == b"CONNECT"
+
+
+def test_refused_connect_reports_the_remote_error() -> None:
+    session = ClientSession()
+    frames = session.connect(0.0)
+    events, _ = session.receive(f("ERROR", "ID", frames[-1].decode(), "CODE", "505", "MESSAGE", "no"), 0.0)
+    assert isinstance(events[0], ConnectRefused)
+    assert isinstance(events[0].error, errors.UnsupportedVersion)
+
+
+def test_messages_route_to_every_matching_local_pattern_once() -> None:
+    session = connected()
+    session.add_pattern("a.*")
+    session.add_pattern("a.>")
+    session.add_pattern("z")
+    events, _ = session.receive(P.message(b"a.b", b"alice", [b"X-K", b"v"], [b"x"]), 1.0)
+    (delivery,) = events
+    assert isinstance(delivery, Delivery)
+    assert sorted(delivery.patterns) == ["a.*", "a.>"]
+    assert delivery.message.sender == "alice" and delivery.message.headers == {"X-K": "v"}
+
+
+def test_answers_and_faults() -> None:
+    session = connected()
+    (answer,), _ = session.receive(f("ERROR", "ID", "9", "CODE", "403", "MESSAGE", "no"), 1.0)
+    assert isinstance(answer, Answer) and isinstance(answer.error(), errors.Forbidden)
+    (fault,), _ = session.receive(f("ERROR", "CODE", "429", "MESSAGE", "slow"), 1.0)
+    assert isinstance(fault, Fault) and isinstance(fault.error, errors.OverLimit)
+    assert session.receive(f("GARBAGE"), 1.0) == ([], [])
+    assert session.malformed == 1
+
+
+@pytest.mark.parametrize(
+    ("topic", "body", "headers", "error"),
+    [
+        ("a.*", b"x", None, errors.InvalidTopic),
+        ("", b"x", None, errors.InvalidTopic),
+        ("a", [], None, errors.ProtocolError),
+        ("a", b"x", {"Trace": "1"}, errors.ProtocolError),
+        ("a", b"x" * (8 * 1024 * 1024 + 1), None, errors.ProtocolError),
+        ("a", [b"x"] * 2000, None, errors.ProtocolError),
+    ],
+)
+def test_publish_misuse_raises_locally(topic: str, body: object, headers: dict[str, str] | None, error: type) -> None:
+    with pytest.raises(error):
+        ClientSession().publish(topic, body, headers)  # type: ignore[arg-type]
