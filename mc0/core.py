@@ -148,8 +148,7 @@ class BrokerCore:
             session.last_sent = now
             return [(session.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
         if verb is Verb.CONNECT:
-            self._forget(session, "reconnected")
-            return self._connect(session.routing_id, session.identity, command, now)
+            return self._connect(session.routing_id, session.identity, command, now, replacing=session)
         if verb is Verb.DISCONNECT:
             self._forget(session, "disconnected")
             return [(session.routing_id, P.ok(command.id))] if command.id is not None else []
@@ -162,7 +161,10 @@ class BrokerCore:
         return [(session.routing_id, P.ok(command.id))]
 
     # ------------------------------------------------------------ verbs
-    def _connect(self, routing_id: bytes, identity: str, command: Command, now: float) -> list[Out]:
+    def _connect(
+        self, routing_id: bytes, identity: str, command: Command, now: float, replacing: Session | None = None
+    ) -> list[Out]:
+        """Open a session; a repeated CONNECT replaces the old one only once it is valid."""
         version = command.headers[Header.VERSION]
         if version not in P.VERSIONS:
             raise ProtocolError(
@@ -172,6 +174,8 @@ class BrokerCore:
             )
         asked = P.parse_int(command, Header.TTL, minimum=1)
         ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
+        if replacing is not None:
+            self._forget(replacing, "reconnected")
         session = Session(routing_id, identity, version, ttl_ms / 1000.0, now)
         self.sessions[routing_id] = session
         self.counters["connects"] += 1

@@ -27,12 +27,17 @@ class BrokerProcess:
     def __init__(
         self,
         *args: str,
+        config: str | None = None,
+        verbose: int = 0,
         bind: Sequence[str] = ("tcp://127.0.0.1:*",),
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         start_timeout: float = 15.0,
     ) -> None:
         self.args = list(args)
+        if config is not None:
+            self.args += ["--config", config]
+        self.verbose = verbose
         self.bind = list(bind)
         self.env = env
         self.cwd = cwd
@@ -45,7 +50,7 @@ class BrokerProcess:
         return self.endpoints[0]
 
     def start(self) -> BrokerProcess:
-        command = [sys.executable, "-m", "mc0", *self.args[:1], "broker", *self.args[1:]]
+        command = [sys.executable, "-m", "mc0", *(["-v"] * self.verbose), "broker", *self.args]
         for endpoint in self.bind:
             command += ["--bind", endpoint]
         env = dict(os.environ if self.env is None else self.env)

@@ -169,3 +169,14 @@ def test_garbage_never_raises(garbage: list[bytes]) -> None:
     connect(core, b"a")
     ((rid, frames),) = core.handle(b"a", garbage, 0.0)
     assert rid == b"a" and frames[0] == b"ERROR"
+
+
+def test_an_invalid_repeat_connect_leaves_the_session_alone() -> None:
+    core = BrokerCore()
+    connect(core, b"a")
+    core.handle(b"a", f("SUB", "", "t"), 0.0)
+    ((_, frames),) = core.handle(b"a", f("CONNECT", "VERSION", "1.0", "TTL", "soon", "ID", "x"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "x", "CODE", "400")
+    ((_, frames),) = connect(core, b"a", version="7.0")
+    assert frames[:5] == f("ERROR", "ID", "c", "CODE", "505")
+    assert b"a" in core.sessions and len(core.subscriptions) == 1

@@ -1,0 +1,255 @@
+"""The wire protocol against a real broker process, with raw DEALER peers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from mc0.process import BrokerProcess
+
+from .conftest import RawPeer, headers_of, payload_of, write_config
+
+
+def code_of(frames: list[bytes]) -> int:
+    assert frames[0] == b"ERROR", frames
+    return int(headers_of(frames)["CODE"])
+
+
+def test_connect_gets_ok_with_the_clamped_ttl(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
+    config = write_config(tmp_path, "[broker]\nmin_ttl_ms = 200\nmax_ttl_ms = 3000\n")
+    with BrokerProcess(config=config) as broker:
+        peer = RawPeer(broker.endpoint, zctx)
+        assert peer.connect(ttl=10) == [b"OK", b"ID", b"c", b"TTL", b"200"]
+        assert peer.connect(ttl=999999) == [b"OK", b"ID", b"c", b"TTL", b"3000"]
+        assert peer.connect(ttl=1234) == [b"OK", b"ID", b"c", b"TTL", b"1234"]
+        peer.close()
+
+
+def test_sub_put_message_with_wildcards_once_per_peer(raw: Any) -> None:
+    sub, other, pub = raw(), raw(), raw()
+    sub.send("SUB", "ID", "s", "", "orders.>", "orders.*", "*.eu")
+    assert sub.recv() == [b"OK", b"ID", b"s"]
+    other.send("SUB", "ID", "s", "", "billing.*")
+    assert other.recv() == [b"OK", b"ID", b"s"]
+    pub.send("PUT", "TOPIC", "orders.eu", "X-Trace", "abc", "ID", "p1", "", "hello", "world")
+    assert pub.recv() == [b"OK", b"ID", b"p1"]
+    frames = sub.recv_skipping_noop()
+    assert frames[0] == b"MESSAGE"
+    assert headers_of(frames) == {"TOPIC": "orders.eu", "SENDER": "anonymous", "X-Trace": "abc"}
+    assert payload_of(frames) == [b"hello", b"world"]
+    assert sub.nothing(0.3), "a peer with three matching patterns got the message more than once"
+    assert other.nothing(0.1)
+    pub.send("PUT", "TOPIC", "billing.q1", "", "x")
+    assert headers_of(other.recv_skipping_noop())["TOPIC"] == "billing.q1"
+
+
+def test_unsub_stops_delivery(raw: Any) -> None:
+    sub, pub = raw(), raw()
+    sub.send("SUB", "ID", "1", "", "a.*", "b")
+    sub.recv()
+    sub.send("UNSUB", "ID", "2", "", "a.*", "never-subscribed")
+    assert sub.recv() == [b"OK", b"ID", b"2"]
+    pub.send("PUT", "TOPIC", "a.x", "", "gone")
+    pub.send("PUT", "TOPIC", "b", "ID", "3", "", "kept")
+    pub.recv()
+    assert payload_of(sub.recv_skipping_noop()) == [b"kept"]
+
+
+def test_id_gets_ok_and_no_id_gets_nothing(raw: Any) -> None:
+    peer = raw()
+    peer.send("NOOP", "ID", "n1")
+    assert peer.recv() == [b"OK", b"ID", b"n1"]
+    peer.send("NOOP")
+    peer.send("SUB", "", "x")
+    peer.send("PUT", "TOPIC", "y", "", "z")
+    assert peer.nothing(0.3)
+
+
+def test_ping_pong(raw: Any) -> None:
+    peer = raw()
+    peer.send("PING", "ID", "echo-me")
+    assert peer.recv() == [b"PONG", b"ID", b"echo-me"]
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        (["PUT", "TOPIC", "a..b", "ID", "1", "", "x"], 400),
+        (["PUT", "TOPIC", "mc0.sys.rpc", "ID", "1", "", "x"], 403),
+        (["PUT", "TOPIC", "t", "ID", "1", "", "x" * 70_000], 413),
+        (["SUB", "ID", "1", "", *[f"p{i}" for i in range(6)]], 429),
+    ],
+)
+def test_status_codes_from_bad_input(tmp_path: Path, zctx: zmq.Context[Any], frames: list[str], code: int) -> None:
+    config = write_config(
+        tmp_path, "[broker.limits]\nmax_message_bytes = 65536\nmax_frame_bytes = 131072\nmax_subscriptions = 5\n"
+    )
+    with BrokerProcess(config=config) as broker:
+        peer = RawPeer(broker.endpoint, zctx)
+        peer.connect()
+        peer.send(*frames)
+        reply = peer.recv()
+        assert code_of(reply) == code
+        assert headers_of(reply)["ID"] == "1"
+        peer.close()
+
+
+def test_401_before_connect_and_505_for_unknown_version(broker: BrokerProcess, zctx: zmq.Context[Any]) -> None:
+    peer = RawPeer(broker.endpoint, zctx)
+    peer.send("SUB", "ID", "early", "", "x")
+    assert code_of(peer.recv()) == 401
+    peer.send("CONNECT", "VERSION", "9.9", "TTL", "1000", "ID", "v")
+    reply = peer.recv()
+    assert code_of(reply) == 505 and headers_of(reply)["ID"] == "v"
+    peer.close()
+
+
+MALFORMED = [
+    [],
+    [b""],
+    [b"HELLO"],
+    [b"put", b"TOPIC", b"t", b"", b"x"],
+    [b"PUT"],
+    [b"PUT", b"TOPIC"],
+    [b"PUT", b"TOPIC", b"t"],
+    [b"PUT", b"TOPIC", b"t", b""],
+    [b"PUT", b"TOPIC", b"a.*", b"", b"x"],
+    [b"PUT", b"TOPIC", b"", b"", b"x"],
+    [b"PUT", b"TOPIC", b"a b", b"", b"x"],
+    [b"PUT", b"TOPIC", b"\xff\xfe", b"", b"x"],
+    [b"PUT", b"TOPIC", b"t", b"SENDER", b"root", b"", b"x"],
+    [b"PUT", b"TOPIC", b"t", b"TOPIC", b"u", b"", b"x"],
+    [b"PUT", b"TOPIC", b"t", b"Bogus", b"1", b"", b"x"],
+    [b"PUT", b"TOPIC", ".".join(["t"] * 10_000).encode(), b"", b"x"],
+    [b"SUB"],
+    [b"SUB", b"", b"a.>.b"],
+    [b"SUB", b"", b"\xff"],
+    [b"UNSUB", b"", b""],
+    [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"soon"],
+    [b"CONNECT", b"VERSION", b"1.0"],
+    [b"PING"],
+    [b"NOOP", b"", b"payload"],
+    [b"MESSAGE", b"TOPIC", b"t", b"", b"forged"],
+    [b"OK", b"ID", b"1"],
+    [b"\x00" * 100],
+    [b"PUT", b"X-A", b"1"] * 50,
+    [b"PUT", b"TOPIC", b"t", b"", b"x"] + [b"y"] * 5000,
+]
+
+
+def test_twenty_plus_malformed_messages_then_ping_still_answers(raw: Any) -> None:
+    peer = raw()
+    answered = 0
+    for frames in MALFORMED:
+        if not frames:
+            continue  # zmq cannot send a zero-frame message
+        peer.send(*frames)
+        reply = peer.recv_skipping_noop()
+        assert reply[0] == b"ERROR", (frames[:3], reply)
+        assert code_of(reply) in (400, 413), (frames[:3], reply)
+        answered += 1
+    assert answered >= 20
+    peer.send("PING", "ID", "alive")
+    assert peer.recv_skipping_noop() == [b"PONG", b"ID", b"alive"]
+
+
+def test_frame_beyond_maxmsgsize_drops_only_that_peer(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
+    config = write_config(tmp_path, "[broker.limits]\nmax_message_bytes = 65536\nmax_frame_bytes = 131072\n")
+    with BrokerProcess(config=config) as broker:
+        rogue, good = RawPeer(broker.endpoint, zctx), RawPeer(broker.endpoint, zctx)
+        rogue.connect()
+        good.connect()
+        rogue.send("PUT", "TOPIC", "t", "ID", "big", "", b"x" * 300_000)
+        good.send("PING", "ID", "after")
+        assert good.recv_skipping_noop() == [b"PONG", b"ID", b"after"]
+        assert rogue.nothing(0.3)  # libzmq cut the connection; nothing was processed
+        rogue.close()
+        good.close()
+
+
+def test_heartbeats_flow_and_a_silent_peer_expires(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
+    config = write_config(tmp_path, "[broker]\nmin_ttl_ms = 50\nliveness = 3\n")
+    with BrokerProcess(config=config) as broker:
+        silent, pub = RawPeer(broker.endpoint, zctx), RawPeer(broker.endpoint, zctx)
+        assert silent.connect(ttl=100)[:3] == [b"OK", b"ID", b"c"]
+        pub.connect(ttl=5000)
+        silent.send("SUB", "ID", "s", "", "news")
+        assert silent.recv() == [b"OK", b"ID", b"s"]
+        assert silent.recv(1.0) == [b"NOOP"]  # the broker heartbeats an idle peer after TTL
+        time.sleep(0.6)  # > liveness x TTL of silence from the peer
+        pub.send("PUT", "TOPIC", "news", "ID", "p", "", "x")
+        assert pub.recv_skipping_noop() == [b"OK", b"ID", b"p"]
+        assert silent.nothing(0.3), "an expired peer still got a message"
+        silent.send("NOOP", "ID", "back")
+        assert code_of(silent.recv_skipping_noop()) == 401
+        silent.close()
+        pub.close()
+
+
+def test_slow_subscriber_does_not_stall_a_fast_one_and_is_evicted(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
+    config = write_config(tmp_path, "[broker]\nsend_hwm = 200\nslow_consumer_ms = 300\n")
+    with BrokerProcess(config=config) as broker:
+        slow, fast, pub = (RawPeer(broker.endpoint, zctx) for _ in range(3))
+        slow.socket.setsockopt(zmq.RCVHWM, 10)
+        for peer in (slow, fast, pub):
+            peer.connect()
+        for peer in (slow, fast):
+            peer.send("SUB", "ID", "s", "", "flood")
+            assert peer.recv() == [b"OK", b"ID", b"s"]
+        count, body = 3000, b"x" * 20_000
+        received = [0]
+
+        def drain_fast() -> None:
+            deadline = time.monotonic() + 30
+            while received[0] < count and time.monotonic() < deadline:
+                if fast.socket.poll(200):
+                    received[0] += fast.socket.recv_multipart()[0] == b"MESSAGE"
+
+        reader = threading.Thread(target=drain_fast)
+        reader.start()
+        for i in range(count):
+            confirm = i % 50 == 49
+            pub.send("PUT", "TOPIC", "flood", *(("ID", str(i)) if confirm else ()), "", body)
+            if confirm:  # pace the publisher by the broker, not by the slow peer
+                assert pub.recv_skipping_noop() == [b"OK", b"ID", str(i).encode()]
+                time.sleep(0.02)  # spread the flood over > slow_consumer_ms
+        reader.join(35)
+        assert received[0] == count, "the fast subscriber lost messages or was stalled"
+        # The slow one was dropped by the broker: once it drains what was queued, its NOOP gets 401.
+        slow_messages = 0
+        while slow.socket.poll(1000) and slow_messages <= count:
+            slow_messages += slow.socket.recv_multipart()[0] == b"MESSAGE"
+        slow.send("NOOP", "ID", "still-there?")
+        verdict = code_of(slow.recv_skipping_noop())
+        assert verdict == 401
+        assert slow_messages < count
+        for peer in (slow, fast, pub):
+            peer.close()
+
+
+def test_seed_client_speaks_protocol_0_1(raw: Any) -> None:
+    old = raw(connect=False)
+    old.send("CONNECT", "VERSION", "0.1", "TTL", "1000")  # the seed's own example; no ID, so no answer
+    old.send("SUB", "", "topic1")
+    old.send("NOOP", "ID", "sync")
+    assert old.recv() == [b"OK", b"ID", b"sync"]
+    pub = raw()
+    pub.send("PUT", "TOPIC", "topic1", "ID", "1", "", "body")
+    pub.recv()
+    assert old.recv_skipping_noop() == [b"MESSAGE", b"TOPIC", b"topic1", b"", b"body"]
+    old.send("PING", "ID", "p")
+    assert code_of(old.recv_skipping_noop()) == 400
+
+
+def test_sigterm_disconnects_peers_and_exits_zero(zctx: zmq.Context[Any]) -> None:
+    broker = BrokerProcess().start()
+    peer = RawPeer(broker.endpoint, zctx)
+    peer.connect()
+    assert broker.stop() == 0
+    assert peer.recv_skipping_noop(5) == [b"DISCONNECT"]
+    peer.close()
