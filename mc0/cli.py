@@ -3,8 +3,8 @@
 Contract: every command takes its endpoint and settings from options, then
 ``MC0_*`` environment variables, then the config file (``--config`` /
 ``MC0_CONFIG``), then the embedded defaults.  Any mc0 error ends the command
-with one line on stderr (``mc0: error: ...``) and exit status 1; usage errors
-exit 2 (click's convention).
+with one line on stderr (``mc0: error: ...``) and exit status 1; usage
+errors are one such line too, with exit status 2.
 """
 
 from __future__ import annotations
@@ -68,16 +68,28 @@ def _client(config_path: str | None, endpoint: str | None, timeout: float | None
     return Client(endpoint, timeout=timeout, config=config.client)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: usage errors too are one line (``mc0: error: ...``, exit 2)."""
+    try:
+        status = cli.main(args=argv, prog_name="mc0", standalone_mode=False)
+    except click.ClickException as exc:
+        click.echo(f"mc0: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)
+
+
 @click.group()
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.version_option(package_name="mc0")
-def main(verbose: int) -> None:
+def cli(verbose: int) -> None:
     """mc0: a secure pub/sub + RPC message bus over ZeroMQ."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-@main.command()
+@cli.command()
 @click.option("--bind", "binds", multiple=True, help="Endpoint to bind (repeatable; tcp://127.0.0.1:* picks a port).")
 @config_option
 @_one_line_errors
@@ -109,7 +121,7 @@ def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
     return headers
 
 
-@main.command()
+@cli.command()
 @click.argument("topic")
 @click.argument("body", required=False)
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
@@ -150,7 +162,7 @@ def _message_line(message: Message, as_json: bool) -> str:
     return f"{message.topic} {message.body.decode('utf-8', 'backslashreplace')}"
 
 
-@main.command()
+@cli.command()
 @click.argument("patterns", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
@@ -180,7 +192,7 @@ def sub(
             seen += 1
 
 
-@main.command()
+@cli.command()
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
 @endpoint_option
 @config_option
@@ -199,7 +211,7 @@ def ping(count: int, endpoint: str | None, config_path: str | None, timeout: flo
             click.echo(f"{count} pings: min {times[0] * 1000:.3f} ms, median {times[len(times) // 2] * 1000:.3f} ms")
 
 
-@main.command()
+@cli.command()
 @_one_line_errors
 def demo() -> None:
     """Run the end-to-end demo: broker, subscriber, publisher, ping (exits 0)."""

@@ -13,7 +13,9 @@ def f(*parts: str | bytes) -> list[bytes]:
     return [p.encode() if isinstance(p, str) else p for p in parts]
 
 
-def connect(core: BrokerCore, rid: bytes, now: float = 0.0, ttl: int = 1000, version: str = "1.0", who: str = "anonymous"):
+def connect(
+    core: BrokerCore, rid: bytes, now: float = 0.0, ttl: int = 1000, version: str = "1.0", who: str = "anonymous"
+):
     return core.handle(rid, f("CONNECT", "VERSION", version, "TTL", str(ttl), "ID", "c"), now, who)
 
 
@@ -26,7 +28,9 @@ def test_connect_clamps_ttl_and_answers_with_it() -> None:
 
 def test_commands_before_connect_get_401() -> None:
     core = BrokerCore()
-    assert core.handle(b"a", f("NOOP", "ID", "1"), 0.0) == [(b"a", P.error(401, "not connected: send CONNECT first", "1"))]
+    assert core.handle(b"a", f("NOOP", "ID", "1"), 0.0) == [
+        (b"a", P.error(401, "not connected: send CONNECT first", "1"))
+    ]
     assert core.handle(b"a", f("PUT", "TOPIC", "t", "", "x"), 0.0)[0][1][:3] == f("ERROR", "CODE", "401")
 
 

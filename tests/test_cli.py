@@ -1,0 +1,147 @@
+"""The mc0 command line, run as real processes against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mc0.process import BrokerProcess
+
+from .conftest import write_config
+
+
+def mc0(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 30):
+    return subprocess.run(
+        [sys.executable, "-m", "mc0", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def start_sub(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mc0", "sub", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def publish_until_exit(sub: subprocess.Popen[str], *pub_args: str, stdin: str | None = None, env=None) -> str:
+    """Publish one message at a time until the subscriber exits (it may join late); bounded."""
+    try:
+        for _ in range(100):
+            result = mc0("pub", *pub_args, stdin=stdin, env=env)
+            assert result.returncode == 0, result.stderr
+            try:
+                sub.wait(0.2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        out, err = sub.communicate(timeout=20)
+    finally:
+        sub.kill()
+    assert sub.returncode == 0, err
+    return out
+
+
+def test_pub_and_sub_round_trip_with_json_stdin_and_headers(broker: BrokerProcess) -> None:
+    sub = start_sub("cli.>", "--json", "--count", "1", "--wait", "20", "--endpoint", broker.endpoint)
+    out = publish_until_exit(sub, "cli.data", "-", "-H", "X-Run=7", "--endpoint", broker.endpoint, stdin="from stdin")
+    (line,) = out.splitlines()
+    assert json.loads(line) == {
+        "topic": "cli.data",
+        "sender": "anonymous",
+        "headers": {"X-Run": "7"},
+        "body": "from stdin",
+    }
+
+
+def test_endpoint_from_the_environment_and_sub_count(broker: BrokerProcess) -> None:
+    env = {"MC0_ENDPOINT": broker.endpoint}
+    sub = start_sub("n", "other", "--count", "3", "--wait", "20", env=env)
+    out = publish_until_exit(sub, "n", "hi", "--confirm", env=env)
+    assert out.splitlines() == ["n hi"] * 3
+
+
+def test_ping_prints_round_trips(broker: BrokerProcess) -> None:
+    result = mc0("ping", "--count", "3", "--endpoint", broker.endpoint)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("PONG from") == 3 and "median" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["pub", "bad..topic", "x"], "invalid topic 'bad..topic': empty token"),
+        (["pub", "mc0.sys.x", "x", "--confirm"], "403 topics mc0.sys.> are the broker's own"),
+        (["pub", "t", "x", "-H", "NoEquals"], "is not KEY=VALUE"),
+        (["pub", "t", "x", "-H", "Trace=1"], "must be ASCII and start with X-"),
+        (["sub", "a.>.b", "--count", "1"], "may only be the last token"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_and_nonzero(broker: BrokerProcess, args: list[str], needle: str) -> None:
+    result = mc0(*args, "--endpoint", broker.endpoint)
+    assert result.returncode != 0
+    assert needle in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mc0: error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_broker_is_a_timeout_error() -> None:
+    result = mc0("ping", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "0.3")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "mc0: error: connect to tcp://127.0.0.1:1: no answer within 0.3s"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[broker]\nbogus = 1\n", "broker.bogus: unknown key"),
+        ("[broker.limits]\nmax_frames = -1\n", "broker.limits.max_frames: must be at least 1, got -1"),
+        ("[broker]\nsend_hwm = 'lots'\n", "broker.send_hwm: must be an integer"),
+        ("[broker\n", "not valid TOML"),
+        ("[broker]\nmin_ttl_ms = 500\nmax_ttl_ms = 100\n", "broker.min_ttl_ms: 500 exceeds max_ttl_ms 100"),
+    ],
+)
+def test_bad_config_names_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    config = write_config(tmp_path, text)
+    result = mc0("broker", "--config", config, timeout=15)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"mc0: error: {config}: ") and message in line
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    result = mc0("ping", "--config", str(tmp_path / "nope.toml"))
+    assert result.returncode == 1 and "nope.toml: cannot read" in result.stderr
+
+
+def test_bind_failure_is_one_line(broker: BrokerProcess) -> None:
+    result = mc0("broker", "--bind", broker.endpoint, timeout=15)
+    assert result.returncode == 1
+    assert "cannot bind" in result.stderr and "Address already in use" in result.stderr
+
+
+def test_sample_config_loads_and_is_the_defaults() -> None:
+    from mc0 import config
+
+    sample = Path(__file__).parent.parent / "etc" / "mc0.toml"
+    assert config.load(sample) == config.Config()
+
+
+def test_demo_runs_end_to_end_and_exits_zero() -> None:
+    result = mc0("demo", timeout=60)
+    assert result.returncode == 0, result.stderr
+    for step in ("broker listening on", "subscriber got demo.orders.created", "ERROR 403", "broker exited 0"):
+        assert step in result.stdout
