@@ -253,3 +253,18 @@ def test_sigterm_disconnects_peers_and_exits_zero(zctx: zmq.Context[Any]) -> Non
     assert broker.stop() == 0
     assert peer.recv_skipping_noop(5) == [b"DISCONNECT"]
     peer.close()
+
+
+def test_large_bodies_fan_out_intact_to_every_subscriber(raw: Any) -> None:
+    subs = [raw() for _ in range(4)]
+    for peer in subs:
+        peer.send("SUB", "ID", "s", "", "big")
+        assert peer.recv() == [b"OK", b"ID", b"s"]
+    body = bytes(range(256)) * 400  # 100 KiB: sent as shared frames
+    pub = raw()
+    for i in range(3):
+        pub.send("PUT", "TOPIC", "big", "ID", str(i), "", body, b"tail")
+        assert pub.recv() == [b"OK", b"ID", str(i).encode()]
+    for peer in subs:
+        for _ in range(3):
+            assert payload_of(peer.recv_skipping_noop()) == [body, b"tail"]
