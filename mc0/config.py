@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 from .core import CoreSettings
 from .errors import ConfigError
-from .protocol import Limits
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"  # the port of the original mc0d
 
@@ -49,14 +48,8 @@ class Config:
 
 C = TypeVar("C")
 
-# Bounds for fields of classes defined elsewhere (pure modules stay free of config concerns).
-_MINIMUMS: dict[str, int] = {
-    "min_ttl_ms": 1,
-    "max_ttl_ms": 1,
-    "liveness": 1,
-    "slow_consumer_ms": 0,
-    **{f.name: 1 for f in dataclasses.fields(Limits)},
-}
+# Integer settings must be at least 1 unless listed here (pure modules stay free of config concerns).
+_MINIMUMS: dict[str, int] = {"slow_consumer_ms": 0}
 
 
 def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
@@ -75,7 +68,7 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         elif kind is int:
             if not isinstance(raw, int) or isinstance(raw, bool):
                 raise ConfigError(path, f"must be an integer, got {raw!r}")
-            minimum = known[key].metadata.get("min", _MINIMUMS.get(key, 0))
+            minimum = known[key].metadata.get("min", _MINIMUMS.get(key, 1))
             if raw < minimum:
                 raise ConfigError(path, f"must be at least {minimum}, got {raw}")
             values[key] = raw

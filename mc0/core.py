@@ -4,22 +4,35 @@ Contract: ``handle(routing_id, frames, now, identity)`` and ``tick(now)`` map
 input to a list of ``(routing_id, frames)`` to send; the shell
 (:mod:`mc0.broker`) performs those sends and reports failures back through
 ``send_failed``.  ``now`` is monotonic seconds supplied by the shell, so every
-timing rule (heartbeats, expiry, slow consumers) is testable without sleeps.
+timing rule (heartbeats, expiry, deadlines, slow consumers) is testable
+without sleeps.
 
 A peer's input can never raise out of ``handle``: every malformed message is
-answered with ERROR (or dropped, for peers that asked nothing) and counted.
+answered with ERROR (or, for MDP peers, which have no error reply, dropped)
+and counted.
+
+Pub/sub: sessions, a topic trie of subscriber sessions, one MESSAGE built per
+PUT.  RPC: services with an LRU list of workers that have spare capacity and
+a bounded FIFO queue; every REQUEST ends in exactly one terminal message to
+its client (FINAL, or ERROR 499/500/502/503/504); requests whose worker dies
+before anything was forwarded are re-queued at the front, up to
+``max_attempts`` dispatches.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import json
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from . import mdp
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError
-from .protocol import Command, Header, Limits, Side, Status, Verb
+from .protocol import Command, Dialect, Header, Limits, Side, Status, Verb
 from .topics import split_pattern, split_topic
 from .trie import TopicTrie
 
@@ -33,6 +46,10 @@ MIN_SWEEP_INTERVAL = 0.05
 # Drops to a peer separated by less than this belong to one "queue stays full" episode.
 DROP_EPISODE_GAP = 1.0
 TOPIC_CACHE_SIZE = 4096
+LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
+
+BROKER_SERVICE = "mc0.broker"
+MMI_SERVICE = "mmi.service"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +63,26 @@ class CoreSettings:
     # A peer whose sends keep failing at HWM for this long is told 429 and
     # forgotten; 0 keeps it (drops are still counted).
     slow_consumer_ms: int = 5_000
+    request_timeout_ms: int = 30_000  # when a REQUEST has no TIMEOUT
+    max_request_timeout_ms: int = 600_000  # TIMEOUT is clamped to this
+    max_queue: int = 10_000  # queued requests per service (429 beyond)
+    max_requests: int = 10_000  # outstanding requests per client (429 beyond)
+    max_attempts: int = 3  # dispatches of one request before 502
+    max_capacity: int = 1_000  # CAPACITY a worker may claim
+    mdp_ttl_ms: int = 2_500  # heartbeat interval for MDP/0.2 workers (majortomo's default)
 
 
 class Session:
-    """One connected peer, as the broker sees it."""
+    """One connected peer, as the broker sees it (client, subscriber and/or worker)."""
 
     __slots__ = (
         "routing_id",
         "identity",
         "sender",
+        "name",
         "legacy",
         "version",
+        "dialect",
         "ttl",
         "last_recv",
         "last_sent",
@@ -65,14 +91,23 @@ class Session:
         "drop_episode_start",
         "last_drop",
         "delivered",
+        "services",
+        "capacity",
+        "jobs",
+        "requests",
+        "served",
     )
 
-    def __init__(self, routing_id: bytes, identity: str, version: str, ttl: float, now: float) -> None:
+    def __init__(
+        self, routing_id: bytes, identity: str, version: str, ttl: float, now: float, dialect: Dialect
+    ) -> None:
         self.routing_id = routing_id
         self.identity = identity
         self.sender = identity.encode()
+        self.name = f"{identity}@{routing_id.hex()}"  # WORKER header in scatter replies
         self.version = version
         self.legacy = version in P.SEED_VERSIONS
+        self.dialect = dialect
         self.ttl = ttl
         self.last_recv = now
         self.last_sent = now
@@ -81,9 +116,99 @@ class Session:
         self.drop_episode_start = 0.0
         self.last_drop = -1e18
         self.delivered = 0
+        self.services: tuple[str, ...] = ()  # served, once READY
+        self.capacity = 0
+        self.jobs: dict[str, Job] = {}  # bid -> request held as a worker
+        self.requests: dict[str, Job | Scatter] = {}  # rid -> request made as a client
+        self.served = 0
 
     def __repr__(self) -> str:
-        return f"<Session {self.routing_id.hex()} {self.identity} v{self.version}>"
+        return f"<Session {self.name} {self.dialect.name} v{self.version}>"
+
+
+class Job:
+    """One request to one worker (a plain REQUEST, or one leg of a scatter)."""
+
+    __slots__ = (
+        "bid",
+        "client",
+        "rid",
+        "service",
+        "user",
+        "body",
+        "created",
+        "deadline",
+        "attempts",
+        "worker",
+        "forwarded",
+        "done",
+        "parent",
+        "size",
+    )
+
+    def __init__(
+        self,
+        bid: str,
+        client: Session,
+        rid: str,
+        service: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        deadline: float,
+        parent: Scatter | None = None,
+    ) -> None:
+        self.bid = bid
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.body = body
+        self.created = now
+        self.deadline = deadline
+        self.attempts = 0
+        self.worker: Session | None = None
+        self.forwarded = False  # a PARTIAL reached the client: no retry after this
+        self.done = False
+        self.parent = parent
+        self.size = sum(map(len, body))
+
+
+class Scatter:
+    """A REQUEST ... ALL 1: one Job per worker, then FINAL COUNT n MISSING m."""
+
+    __slots__ = ("client", "rid", "service", "user", "deadline", "legs", "total", "answered", "done", "created")
+
+    def __init__(self, client: Session, rid: str, service: str, user: dict[str, str], now: float, deadline: float):
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.created = now
+        self.deadline = deadline
+        self.legs: dict[str, Job] = {}  # bid -> leg still outstanding
+        self.total = 0
+        self.answered = 0
+        self.done = False
+
+
+class Service:
+    __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.workers: dict[Session, None] = {}
+        # Workers with spare capacity, least recently used first.
+        self.ready: dict[Session, None] = {}
+        self.queue: deque[Job] = deque()
+        self.requests = 0
+        self.served = 0
+        self.errors = 0
+        self.timeouts = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+
+    def in_flight(self) -> int:
+        return sum(1 for w in self.workers for j in w.jobs.values() if j.service == self.name)
 
 
 class BrokerCore:
@@ -91,22 +216,25 @@ class BrokerCore:
         self.settings = settings or CoreSettings()
         self.sessions: dict[bytes, Session] = {}
         self.subscriptions: TopicTrie[Session] = TopicTrie()
+        self.services: dict[str, Service] = {}
         self.counters: Counter[str] = Counter()
         self._topics: dict[str, tuple[str, ...]] = {}
         self._next_sweep = 0.0
+        self._deadlines: list[tuple[float, int, Job | Scatter]] = []
+        self._seq = itertools.count(1)
 
-    # ------------------------------------------------------------ input
+    # ================================================================ input
     def handle(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str = P.ANONYMOUS) -> list[Out]:
         """One message from a peer -> what to send."""
         self.counters["received"] += 1
+        if frames and mdp.is_mdp(frames):
+            return self._handle_mdp(routing_id, frames, now, identity)
         session = self.sessions.get(routing_id)
+        routing_known = False
         if session is not None and session.identity != identity:
             # Another key reusing this routing id: it gets nothing of the session.
             self.counters["identity_mismatch"] += 1
-            session = None
-            routing_known = True
-        else:
-            routing_known = False
+            session, routing_known = None, True
         if session is not None:
             session.last_recv = now
         try:
@@ -117,6 +245,8 @@ class BrokerCore:
                 if command.verb is Verb.DISCONNECT:
                     return [(routing_id, P.ok(command.id))] if command.id is not None else []
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
+            if session.dialect is not P.MC0_DIALECT:
+                raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
             return self._dispatch(session, command, now)
         except ProtocolError as exc:
             return self._reject(routing_id, session, frames, exc, now)
@@ -134,24 +264,34 @@ class BrokerCore:
 
     def _dispatch(self, session: Session, command: Command, now: float) -> list[Out]:
         verb = command.verb
-        if session.legacy and not P.GRAMMAR[verb].seed:
+        if session.legacy and not P.PEER_GRAMMAR[verb].seed:
             raise ProtocolError(Status.BAD_REQUEST, f"{verb} is not part of protocol {session.version}", command.id)
         if verb is Verb.PUT:
             return self._put(session, command, now)
+        if verb is Verb.REQUEST:
+            return self._request_command(session, command, now)
+        if verb is Verb.PARTIAL or verb is Verb.FINAL or verb is Verb.ERROR:
+            return self._worker_reply_command(session, command, now)
         if verb is Verb.NOOP:
             return self._answer(session, command, now)
         if verb is Verb.SUB:
             return self._subscribe(session, command, now)
         if verb is Verb.UNSUB:
             return self._unsubscribe(session, command, now)
+        if verb is Verb.READY:
+            return self._ready_command(session, command, now)
+        if verb is Verb.CANCEL:
+            return self._cancel(session, command.headers[Header.ID], now)
         if verb is Verb.PING:
             session.last_sent = now
             return [(session.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
         if verb is Verb.CONNECT:
             return self._connect(session.routing_id, session.identity, command, now, replacing=session)
         if verb is Verb.DISCONNECT:
-            self._forget(session, "disconnected")
-            return [(session.routing_id, P.ok(command.id))] if command.id is not None else []
+            out = self._forget(session, "disconnected", now)
+            if command.id is not None:
+                out.append((session.routing_id, P.ok(command.id)))
+            return out
         raise AssertionError(f"decode admitted {verb} from a peer")  # pragma: no cover
 
     def _answer(self, session: Session, command: Command, now: float) -> list[Out]:
@@ -160,7 +300,7 @@ class BrokerCore:
         session.last_sent = now
         return [(session.routing_id, P.ok(command.id))]
 
-    # ------------------------------------------------------------ verbs
+    # ================================================================ sessions
     def _connect(
         self, routing_id: bytes, identity: str, command: Command, now: float, replacing: Session | None = None
     ) -> list[Out]:
@@ -174,17 +314,62 @@ class BrokerCore:
             )
         asked = P.parse_int(command, Header.TTL, minimum=1)
         ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
+        out: list[Out] = []
         if replacing is not None:
-            self._forget(replacing, "reconnected")
-        session = Session(routing_id, identity, version, ttl_ms / 1000.0, now)
-        self.sessions[routing_id] = session
-        self.counters["connects"] += 1
+            out = self._forget(replacing, "reconnected", now)
+        self._open(Session(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT), now)
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", routing_id.hex(), identity, version, ttl_ms)
-        self._next_sweep = min(self._next_sweep, now + session.ttl)
-        if command.id is None:
-            return []
-        return [(routing_id, P.ok(command.id, ttl_ms=ttl_ms))]
+        if command.id is not None:
+            out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms)))
+        return out
 
+    def _open(self, session: Session, now: float) -> None:
+        self.sessions[session.routing_id] = session
+        self.counters["connects"] += 1
+        self._next_sweep = min(self._next_sweep, now + session.ttl)
+
+    def _forget(self, session: Session, why: str, now: float) -> list[Out]:
+        """Drop a session and everything it held; returns what that means for others."""
+        if self.sessions.get(session.routing_id) is session:
+            del self.sessions[session.routing_id]
+        for tokens in session.patterns.values():
+            self.subscriptions.remove(tokens, session)
+        session.patterns.clear()
+        self.counters[f"forgotten_{why}"] += 1
+        log.info("peer %s %s", session.name, why)
+        out: list[Out] = []
+        # As a client: its requests are dropped; their workers are told to stop.
+        for request in list(session.requests.values()):
+            out += self._abandon(request, now)
+        session.requests.clear()
+        # As a worker: its requests go back to the front of their queues, or fail.
+        for name in session.services:
+            service = self.services.get(name)
+            if service is not None:
+                service.workers.pop(session, None)
+                service.ready.pop(session, None)
+        held = list(session.jobs.values())
+        session.jobs.clear()
+        session.services = ()
+        touched: dict[str, None] = {}
+        for job in held:
+            job.worker = None
+            if job.parent is not None:
+                out += self._scatter_leg_done(job, None, now)
+            elif job.forwarded or job.attempts >= self.settings.max_attempts:
+                why_lost = "after replies were forwarded" if job.forwarded else f"after {job.attempts} attempts"
+                out += self._terminate_error(job, Status.WORKER_LOST, f"worker lost {why_lost}", now)
+            else:
+                self.counters["requests_requeued"] += 1
+                self._service(job.service).queue.appendleft(job)
+                touched[job.service] = None
+        for name in touched:
+            out += self._pump(self._service(name), now)
+        for name in list(self.services):
+            self._drop_if_idle(name)
+        return out
+
+    # ================================================================ pub/sub
     def _topic_tokens(self, topic: str, command: Command) -> tuple[str, ...]:
         tokens = self._topics.get(topic)
         if tokens is None:
@@ -192,7 +377,7 @@ class BrokerCore:
             try:
                 tokens = split_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
             except InvalidTopic as exc:
-                raise _topic_error(exc, command) from None
+                raise _topic_error(exc, command.id) from None
             if len(self._topics) >= TOPIC_CACHE_SIZE:
                 self._topics.clear()
             self._topics[topic] = tokens
@@ -242,7 +427,7 @@ class BrokerCore:
             try:
                 tokens = split_pattern(pattern, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
             except InvalidTopic as exc:
-                raise _topic_error(exc, command) from None
+                raise _topic_error(exc, command.id) from None
             result.append((pattern, tokens))
         return result
 
@@ -268,39 +453,491 @@ class BrokerCore:
                 self.subscriptions.remove(tokens, session)
         return self._answer(session, command, now)
 
-    # ------------------------------------------------------------ time and failures
-    def _forget(self, session: Session, why: str) -> None:
-        if self.sessions.get(session.routing_id) is session:
-            del self.sessions[session.routing_id]
-        for tokens in session.patterns.values():
-            self.subscriptions.remove(tokens, session)
-        session.patterns.clear()
-        self.counters[f"forgotten_{why}"] += 1
-        log.info("peer %s (%s) %s", session.routing_id.hex(), session.identity, why)
+    # ================================================================ RPC: workers
+    def _service(self, name: str) -> Service:
+        service = self.services.get(name)
+        if service is None:
+            service = self.services[name] = Service(name)
+        return service
 
-    def tick(self, now: float) -> list[Out]:
-        """Heartbeats and expiry; call at ``next_deadline()`` or later."""
-        if now < self._next_sweep:
-            return []
+    def _drop_if_idle(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is not None and not service.workers and not service.queue:
+            del self.services[name]
+
+    def _service_name(self, raw: str | bytes, request_id: str | None) -> str:
+        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens)
+        except InvalidTopic as exc:
+            raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
+        return name
+
+    def _ready_command(self, session: Session, command: Command, now: float) -> list[Out]:
+        capacity = 1
+        if Header.CAPACITY in command.headers:
+            capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
+            if capacity > self.settings.max_capacity:
+                raise ProtocolError(
+                    Status.BAD_REQUEST, f"CAPACITY {capacity} exceeds {self.settings.max_capacity}", command.id
+                )
+        names = [self._service_name(bytes(f), command.id) for f in command.payload]
+        for name in names:
+            if name in (BROKER_SERVICE, MMI_SERVICE):
+                raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", command.id)
+        out = self._ready(session, tuple(dict.fromkeys(names)), capacity, now)
+        return out + self._answer(session, command, now)
+
+    def _ready(self, worker: Session, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
+        """Register (or re-register) a worker for services with a capacity."""
+        for old in worker.services:
+            if old not in names and old in self.services:
+                self.services[old].workers.pop(worker, None)
+                self.services[old].ready.pop(worker, None)
+                self._drop_if_idle(old)
+        worker.services = names
+        worker.capacity = capacity
         out: list[Out] = []
+        for name in names:
+            service = self._service(name)
+            service.workers[worker] = None
+            if len(worker.jobs) < capacity and worker not in service.ready:
+                # Never used is least recently used: a new worker goes first.
+                service.ready = {worker: None, **service.ready}
+            log.info("worker %s serves %s (capacity %d)", worker.name, name, capacity)
+        for name in names:
+            out += self._pump(self.services[name], now)
+        return out
+
+    def _assign(self, worker: Session, job: Job, now: float) -> Out:
+        job.worker = worker
+        job.attempts += 1
+        worker.jobs[job.bid] = job
+        full = len(worker.jobs) >= worker.capacity
+        for name in worker.services:
+            ready = self.services[name].ready
+            ready.pop(worker, None)
+            if not full:
+                ready[worker] = None  # now the most recently used
+        remaining = max(1, round((job.deadline - now) * 1000))
+        worker.last_sent = now
+        frames = worker.dialect.to_worker(job.bid, job.service, job.client.identity, remaining, job.user, job.body)
+        return (worker.routing_id, frames)
+
+    def _pump(self, service: Service, now: float) -> list[Out]:
+        """Dispatch queued requests while some worker has spare capacity."""
+        out: list[Out] = []
+        queue, ready = service.queue, service.ready
+        while queue and ready:
+            job = queue.popleft()
+            if job.done:
+                continue
+            out.append(self._assign(next(iter(ready)), job, now))
+        return out
+
+    def _release(self, worker: Session, job: Job, now: float) -> list[Out]:
+        """A worker finished (or lost) a job: free its slot and give it more work."""
+        worker.jobs.pop(job.bid, None)
+        job.worker = None
+        if self.sessions.get(worker.routing_id) is not worker or len(worker.jobs) >= worker.capacity:
+            return []
+        heads: list[tuple[float, Service]] = []
+        for name in worker.services:
+            service = self.services[name]
+            if worker not in service.ready:
+                service.ready[worker] = None
+            if service.queue:
+                heads.append((service.queue[0].created, service))
+        out: list[Out] = []
+        for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
+            out += self._pump(service, now)
+        return out
+
+    # ================================================================ RPC: requests
+    def _request_command(self, client: Session, command: Command, now: float) -> list[Out]:
+        headers = command.headers
+        rid = headers[Header.ID]
+        name = self._service_name(headers[Header.SERVICE], rid)
+        timeout_ms = self.settings.request_timeout_ms
+        if Header.TIMEOUT in headers:
+            timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
+        scatter = False
+        if Header.ALL in headers:
+            if headers[Header.ALL] not in ("0", "1"):
+                raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
+            scatter = headers[Header.ALL] == "1"
+        return self._request(client, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
+
+    def _request(
+        self,
+        client: Session,
+        name: str,
+        rid: str,
+        timeout_ms: int,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+    ) -> list[Out]:
+        if rid in client.requests:
+            raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
+        if len(client.requests) >= self.settings.max_requests:
+            raise ProtocolError(Status.OVER_LIMIT, f"{len(client.requests)} requests outstanding, the limit", rid)
+        timeout_ms = min(timeout_ms, self.settings.max_request_timeout_ms)
+        deadline = now + timeout_ms / 1000.0
+        self.counters["requests"] += 1
+        client.last_sent = now
+        if name == BROKER_SERVICE or name == MMI_SERVICE:
+            return self._builtin(client, name, rid, user, body)
+        service = self.services.get(name)
+        if service is None or not service.workers:
+            self.counters["no_worker"] += 1
+            return [(client.routing_id, client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}"))]
+        service.requests += 1
+        if scatter:
+            return self._scatter(client, service, rid, user, body, now, deadline)
+        if len(service.queue) >= self.settings.max_queue and not service.ready:
+            service.requests -= 1
+            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
+        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline)
+        client.requests[rid] = job
+        heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
+        service.queue.append(job)
+        return self._pump(service, now)
+
+    def _scatter(
+        self,
+        client: Session,
+        service: Service,
+        rid: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        deadline: float,
+    ) -> list[Out]:
+        """Every worker of the service gets its own leg at once, regardless of capacity."""
+        gather = Scatter(client, rid, service.name, user, now, deadline)
+        client.requests[rid] = gather
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), gather))
+        out: list[Out] = []
+        for worker in list(service.workers):
+            leg = Job(str(next(self._seq)), client, rid, service.name, user, body, now, deadline, parent=gather)
+            gather.legs[leg.bid] = leg
+            gather.total += 1
+            out.append(self._assign(worker, leg, now))
+        return out
+
+    def _cancel(self, client: Session, rid: str, now: float) -> list[Out]:
+        """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
+        request = client.requests.pop(rid, None)
+        if request is None:
+            self.counters["cancel_unknown"] += 1
+            return []
+        self.counters["cancelled"] += 1
+        out = self._abandon(request, now)
+        client.last_sent = now
+        out.append((client.routing_id, client.dialect.error(rid, request.service, Status.CANCELLED, "cancelled")))
+        return out
+
+    def _abandon(self, request: Job | Scatter, now: float) -> list[Out]:
+        """Stop a request without answering its client (the caller does that, if anyone)."""
+        request.done = True
+        legs = list(request.legs.values()) if isinstance(request, Scatter) else [request]
+        out: list[Out] = []
+        for job in legs:
+            job.done = True
+            worker = job.worker
+            if worker is not None:
+                notice = worker.dialect.cancel(job.bid)
+                if notice is not None:
+                    out.append((worker.routing_id, notice))
+                out += self._release(worker, job, now)
+        return out
+
+    # ================================================================ RPC: replies
+    def _worker_reply_command(self, worker: Session, command: Command, now: float) -> list[Out]:
+        bid = command.headers[Header.ID]
+        if command.verb is Verb.ERROR:
+            code_text = command.headers[Header.CODE]
+            code = int(code_text) if code_text.isdigit() and 100 <= int(code_text) <= 599 else Status.HANDLER_FAILED
+            return self._worker_reply(worker, Verb.ERROR, bid, {}, (), now, code, command.headers[Header.MESSAGE])
+        return self._worker_reply(worker, command.verb, bid, command.user_headers(), command.payload, now)
+
+    def _worker_reply(
+        self,
+        worker: Session,
+        verb: Verb,
+        bid: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        code: int = 0,
+        reason: str = "",
+    ) -> list[Out]:
+        job = worker.jobs.get(bid)
+        if job is None:
+            # Late (after deadline/cancel), forged, or never given to this worker.
+            self.counters["replies_dropped"] += 1
+            return []
+        user = user or job.user  # the request's X- headers unless the worker set its own
+        client = job.client
+        client.last_sent = now
+        if job.parent is not None:
+            return self._scatter_reply(job, verb, user, body, now, code, reason)
+        if verb is Verb.PARTIAL:
+            job.forwarded = True
+            return [(client.routing_id, client.dialect.partial(job.rid, job.service, {}, user, body))]
+        client.requests.pop(job.rid, None)
+        job.done = True
+        service = self.services.get(job.service)
+        worker.served += 1
+        if service is not None:
+            service.latencies.append(now - job.created)
+            if verb is Verb.FINAL:
+                service.served += 1
+            else:
+                service.errors += 1
+        if verb is Verb.FINAL:
+            frames = client.dialect.final(job.rid, job.service, {}, user, body)
+        else:
+            frames = client.dialect.error(job.rid, job.service, code, reason)
+        return [(client.routing_id, frames), *self._release(worker, job, now)]
+
+    def _scatter_reply(
+        self, job: Job, verb: Verb, user: dict[str, str], body: Sequence[bytes], now: float, code: int, reason: str
+    ) -> list[Out]:
+        worker = job.worker
+        assert worker is not None and job.parent is not None
+        fields: dict[str, str] = {Header.WORKER: worker.name}
+        if verb is Verb.ERROR:
+            fields[Header.CODE] = str(code)
+            fields[Header.MESSAGE] = reason
+        client = job.client
+        out: list[Out] = [(client.routing_id, client.dialect.partial(job.rid, job.service, fields, user, body))]
+        if verb is Verb.PARTIAL:
+            return out
+        worker.served += 1
+        out += self._release(worker, job, now)
+        out += self._scatter_leg_done(job, verb, now)
+        return out
+
+    def _scatter_leg_done(self, job: Job, verb: Verb | None, now: float) -> list[Out]:
+        """A leg finished (``verb``) or its worker vanished (None)."""
+        gather = job.parent
+        assert gather is not None
+        job.done = True
+        gather.legs.pop(job.bid, None)
+        if verb is not None:
+            gather.answered += 1
+        if gather.legs or gather.done:
+            return []
+        return self._scatter_final(gather, now)
+
+    def _scatter_final(self, gather: Scatter, now: float) -> list[Out]:
+        gather.done = True
+        client = gather.client
+        client.requests.pop(gather.rid, None)
+        out = self._abandon(gather, now)  # legs still out: cancelled, counted missing
+        missing = gather.total - gather.answered
+        fields: dict[str, str] = {Header.COUNT: str(gather.answered), Header.MISSING: str(missing)}
+        service = self.services.get(gather.service)
+        if service is not None:
+            service.served += 1
+            service.latencies.append(now - gather.created)
+        out.append((client.routing_id, client.dialect.final(gather.rid, gather.service, fields, gather.user, ())))
+        return out
+
+    def _terminate_error(self, job: Job, code: int, reason: str, now: float) -> list[Out]:
+        job.done = True
+        client = job.client
+        if client.requests.get(job.rid) is job:
+            del client.requests[job.rid]
+        service = self.services.get(job.service)
+        if service is not None:
+            service.errors += 1
+            if code == Status.DEADLINE:
+                service.timeouts += 1
+        self.counters[f"requests_failed_{code}"] += 1
+        if self.sessions.get(client.routing_id) is not client:
+            return []
+        client.last_sent = now
+        return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason))]
+
+    # ================================================================ built-in services
+    def _builtin(self, client: Session, name: str, rid: str, user: dict[str, str], body: Sequence[bytes]) -> list[Out]:
+        text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
+        if name == MMI_SERVICE:
+            known = text in self.services and bool(self.services[text].workers)
+            answer = b"200" if known or text in (BROKER_SERVICE, MMI_SERVICE) else b"404"
+            return [(client.routing_id, client.dialect.final(rid, name, {}, user, [answer]))]
+        op = text
+        if text.startswith("{"):
+            try:
+                op = str(json.loads(text).get("op", ""))
+            except (ValueError, AttributeError):
+                op = ""
+        report = self.report(op)
+        if report is None:
+            reason = f"unknown op {op[:40]!r}; ops: stats, services, topics, peers"
+            return [(client.routing_id, client.dialect.error(rid, name, Status.BAD_REQUEST, reason))]
+        data = json.dumps(report, sort_keys=True).encode()
+        return [(client.routing_id, client.dialect.final(rid, name, {}, user, [data]))]
+
+    def report(self, op: str) -> object | None:
+        """The data behind ``mc0.broker`` ops (None for an unknown op)."""
+        if op == "services":
+            return {name: self._service_report(s) for name, s in sorted(self.services.items())}
+        if op == "topics":
+            return {
+                ".".join(pattern): len(values)
+                for pattern, values in sorted(self.subscriptions.patterns(), key=lambda pv: pv[0])
+            }
+        if op == "peers":
+            return [
+                {
+                    "name": s.name,
+                    "identity": s.identity,
+                    "protocol": s.version,
+                    "kind": s.dialect.name,
+                    "ttl_ms": round(s.ttl * 1000),
+                    "subscriptions": len(s.patterns),
+                    "delivered": s.delivered,
+                    "dropped": s.drops,
+                    "services": list(s.services),
+                    "capacity": s.capacity,
+                    "in_flight": len(s.jobs),
+                    "served": s.served,
+                    "requests_outstanding": len(s.requests),
+                }
+                for s in self.sessions.values()
+            ]
+        if op == "stats":
+            return {
+                "peers": len(self.sessions),
+                "subscriptions": len(self.subscriptions),
+                "services": len(self.services),
+                "queued": sum(len(s.queue) for s in self.services.values()),
+                "in_flight": sum(len(s.jobs) for s in self.sessions.values()),
+                "counters": dict(sorted(self.counters.items())),
+            }
+        return None
+
+    @staticmethod
+    def _service_report(service: Service) -> dict[str, object]:
+        latencies = sorted(service.latencies)
+
+        def pct(q: float) -> float | None:
+            if not latencies:
+                return None
+            return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
+
+        return {
+            "workers": len(service.workers),
+            "idle": len(service.ready),
+            "queued": sum(1 for j in service.queue if not j.done),
+            "in_flight": service.in_flight(),
+            "requests": service.requests,
+            "served": service.served,
+            "errors": service.errors,
+            "timeouts": service.timeouts,
+            "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
+        }
+
+    def stats(self) -> dict[str, object]:
+        report = self.report("stats")
+        assert isinstance(report, dict)
+        return report
+
+    # ================================================================ MDP/0.2
+    def _handle_mdp(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str) -> list[Out]:
+        try:
+            command = mdp.decode(frames)
+        except ProtocolError as exc:
+            self.counters["mdp_malformed"] += 1
+            log.debug("MDP peer %s: %s", routing_id.hex(), exc.reason)
+            return []
+        session = self.sessions.get(routing_id)
+        dialect = mdp.DIALECTS[(command.role, command.envelope)]
+        if session is not None and (session.identity != identity or session.dialect is not dialect):
+            self.counters["mdp_mismatch"] += 1
+            return []
+        if session is None:
+            if command.command == mdp.DISCONNECT:
+                return []
+            if command.role == mdp.WORKER and command.command != mdp.READY:
+                # MDP: a worker the broker does not know is told to reconnect.
+                disconnect = dialect.disconnect()
+                return [(routing_id, disconnect)] if disconnect is not None else []
+            session = Session(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect)
+            self._open(session, now)
+        session.last_recv = now
+        try:
+            if command.role == mdp.CLIENT:
+                assert command.service is not None
+                name = self._service_name(command.service, None)
+                rid = f"mdp{next(self._seq)}"
+                timeout = self.settings.request_timeout_ms
+                return self._request(session, name, rid, timeout, False, {}, command.body, now)
+            if command.command == mdp.READY:
+                assert command.service is not None
+                return self._ready(session, (self._service_name(command.service, None),), 1, now)
+            if command.command == mdp.HEARTBEAT:
+                return []
+            if command.command == mdp.DISCONNECT:
+                return self._forget(session, "disconnected", now)
+            assert command.token is not None
+            verb = Verb.FINAL if command.command == mdp.FINAL else Verb.PARTIAL
+            return self._worker_reply(session, verb, command.token, {}, command.body, now)
+        except ProtocolError as exc:
+            self.counters["mdp_rejected"] += 1
+            if command.role == mdp.CLIENT:
+                return [(routing_id, session.dialect.error(None, command.service or "", exc.code, exc.reason))]
+            return []
+
+    # ================================================================ time and failures
+    def tick(self, now: float) -> list[Out]:
+        """Deadlines, heartbeats and expiry; call at ``next_deadline()`` or later."""
+        out: list[Out] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(deadlines)
+            if not request.done:
+                out += self._expire_request(request, now)
+        if now < self._next_sweep:
+            return out
         liveness = self.settings.liveness
         earliest = now + 1.0
         for session in list(self.sessions.values()):
             expires = session.last_recv + session.ttl * liveness
             if now >= expires:
-                self._forget(session, "expired")
-                continue
+                if session.dialect.heartbeats or not session.requests:
+                    out += self._forget(session, "expired", now)
+                    continue
+                expires = now + session.ttl  # an MDP client waiting for replies
             beat = session.last_sent + session.ttl
             if now >= beat:
-                out.append((session.routing_id, P.NOOP_FRAMES))
+                frames = session.dialect.heartbeat()
+                if frames is not None:
+                    out.append((session.routing_id, frames))
                 session.last_sent = now
                 beat = now + session.ttl
             earliest = min(earliest, expires, beat)
         self._next_sweep = max(earliest, now + MIN_SWEEP_INTERVAL)
         return out
 
+    def _expire_request(self, request: Job | Scatter, now: float) -> list[Out]:
+        if isinstance(request, Scatter):
+            return self._scatter_final(request, now)
+        out = self._abandon(request, now)  # the worker, if any, is told CANCEL
+        self.counters["deadline_expired"] += 1
+        ms = round((request.deadline - request.created) * 1000)
+        out += self._terminate_error(request, Status.DEADLINE, f"deadline of {ms} ms passed", now)
+        return out
+
     def next_deadline(self) -> float:
         """When ``tick`` next has work (monotonic seconds)."""
+        if self._deadlines:
+            return min(self._next_sweep, self._deadlines[0][0])
         return self._next_sweep
 
     def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:
@@ -309,8 +946,7 @@ class BrokerCore:
         if session is None:
             return []
         if unreachable:
-            self._forget(session, "unreachable")
-            return []
+            return self._forget(session, "unreachable", now)
         self.counters["dropped"] += 1
         session.drops += 1
         if now - session.last_drop > DROP_EPISODE_GAP:
@@ -318,32 +954,26 @@ class BrokerCore:
         session.last_drop = now
         limit = self.settings.slow_consumer_ms
         if limit and now - session.drop_episode_start >= limit / 1000.0:
-            log.warning(
-                "peer %s (%s) too slow: %d messages dropped; disconnecting",
-                routing_id.hex(),
-                session.identity,
-                session.drops,
-            )
-            self._forget(session, "too_slow")
+            log.warning("peer %s too slow: %d messages dropped; disconnecting", session.name, session.drops)
+            out = self._forget(session, "too_slow", now)
             reason = f"consumer too slow: {session.drops} messages dropped; disconnected"
-            return [(routing_id, P.error(Status.OVER_LIMIT, reason)), (routing_id, P.DISCONNECT_FRAMES)]
+            out.append((routing_id, P.error(Status.OVER_LIMIT, reason)))
+            out.append((routing_id, P.DISCONNECT_FRAMES))
+            return out
         return []
 
     def shutdown(self) -> list[Out]:
-        """DISCONNECT every peer and forget them all."""
-        out: list[Out] = [(rid, P.DISCONNECT_FRAMES) for rid in self.sessions]
+        """DISCONNECT every peer (that has a way to be told) and forget them all."""
+        out: list[Out] = []
         for session in list(self.sessions.values()):
-            self._forget(session, "broker_shutdown")
+            frames = session.dialect.disconnect()
+            if frames is not None:
+                out.append((session.routing_id, frames))
+        for session in list(self.sessions.values()):
+            self._forget(session, "broker_shutdown", 0.0)
         return out
 
-    def stats(self) -> dict[str, object]:
-        return {
-            "peers": len(self.sessions),
-            "subscriptions": len(self.subscriptions),
-            "counters": dict(self.counters),
-        }
 
-
-def _topic_error(exc: InvalidTopic, command: Command) -> ProtocolError:
+def _topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
     code = Status.TOO_LARGE if exc.oversize else Status.BAD_REQUEST
-    return ProtocolError(code, str(exc), command.id)
+    return ProtocolError(code, str(exc), request_id)

@@ -92,8 +92,32 @@ class TooLarge(RemoteError, ValueError):
     """413: a size limit (frames, bytes, headers, topic) was exceeded."""
 
 
+class Conflict(RemoteError):
+    """409: a request id reused while that request is still outstanding."""
+
+
 class OverLimit(RemoteError):
     """429: a count limit was exceeded, or the peer consumed too slowly."""
+
+
+class Cancelled(RemoteError):
+    """499: the request was cancelled by its client."""
+
+
+class HandlerFailed(RemoteError):
+    """500: the worker's handler raised; ``reason`` is its message."""
+
+
+class WorkerLost(RemoteError, ConnectionError):
+    """502: the worker died after replies were forwarded (or attempts ran out)."""
+
+
+class NoResponders(RemoteError):
+    """503: no worker serves the service (answered at once)."""
+
+
+class DeadlineExceeded(RemoteError, TimeoutError):
+    """504: the request's deadline passed before its worker finished."""
 
 
 class UnsupportedVersion(RemoteError):

@@ -22,6 +22,12 @@ Peer -> broker::
     SUB        [ID id] "" pattern...
     UNSUB      [ID id] "" pattern...
     PUT        TOPIC t [ID id] [X-...] "" body...
+    READY      [ID id] [CAPACITY n] "" service...  (1.0, a worker)
+    REQUEST    SERVICE s ID rid [TIMEOUT ms] [ALL 1] [X-...] ["" body...]
+    CANCEL     ID rid
+    PARTIAL    ID bid [X-...] ["" body...]         (worker -> broker)
+    FINAL      ID bid [X-...] ["" body...]
+    ERROR      ID bid CODE c MESSAGE m             (a handler failure)
 
 Broker -> peer::
 
@@ -31,11 +37,17 @@ Broker -> peer::
     NOOP
     PONG       ID x
     DISCONNECT
+    REQUEST    SERVICE s ID bid CALLER who TIMEOUT ms [X-...] ["" body...]   (to a worker)
+    CANCEL     ID bid                                                     (to a worker)
+    PARTIAL    ID rid [WORKER w [CODE c MESSAGE m]] [X-...] ["" body...]  (to a client)
+    FINAL      ID rid [COUNT n MISSING m] [X-...] ["" body...]
 
 A command carrying ``ID`` is answered ``OK``/``ERROR`` with that ID; without
 ``ID`` nothing comes back unless something exceptional happened, which always
-gets an ``ERROR``.  Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed
-verbs only); ``1.0`` is the full protocol.
+gets an ``ERROR``.  A REQUEST's ID names the request instead: it is answered
+by zero or more PARTIAL and exactly one terminal FINAL or ERROR with that ID.
+Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed verbs only);
+``1.0`` is the full protocol.
 
 Status codes: see :class:`Status`.  Limits: see :class:`Limits`.
 docs/PROTOCOL.md is the prose version of this docstring.
@@ -46,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum, StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from . import errors
 from .errors import ProtocolError
@@ -65,6 +77,11 @@ class Verb(StrEnum):
     MESSAGE = "MESSAGE"
     OK = "OK"
     ERROR = "ERROR"
+    READY = "READY"
+    REQUEST = "REQUEST"
+    PARTIAL = "PARTIAL"
+    FINAL = "FINAL"
+    CANCEL = "CANCEL"
 
 
 class Header(StrEnum):
@@ -75,6 +92,14 @@ class Header(StrEnum):
     SENDER = "SENDER"
     CODE = "CODE"
     MESSAGE = "MESSAGE"
+    CAPACITY = "CAPACITY"
+    SERVICE = "SERVICE"
+    TIMEOUT = "TIMEOUT"
+    CALLER = "CALLER"
+    ALL = "ALL"
+    WORKER = "WORKER"
+    COUNT = "COUNT"
+    MISSING = "MISSING"
 
 
 USER_HEADER_PREFIX = "X-"
@@ -85,7 +110,13 @@ class Status(IntEnum):
     NOT_CONNECTED = 401  # no CONNECT yet, or the broker does not know the peer
     FORBIDDEN = 403
     TOO_LARGE = 413
+    CONFLICT = 409  # a request id reused while outstanding
     OVER_LIMIT = 429  # a count limit, or a consumer too slow
+    CANCELLED = 499  # the client cancelled the request
+    HANDLER_FAILED = 500  # the worker's handler raised
+    WORKER_LOST = 502  # worker gone after replies were forwarded, or attempts exhausted
+    NO_WORKER = 503  # nobody serves the service (answered at once)
+    DEADLINE = 504  # the request's deadline passed
     UNSUPPORTED_VERSION = 505
 
 
@@ -94,7 +125,13 @@ REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
     Status.NOT_CONNECTED: errors.NotConnected,
     Status.FORBIDDEN: errors.Forbidden,
     Status.TOO_LARGE: errors.TooLarge,
+    Status.CONFLICT: errors.Conflict,
     Status.OVER_LIMIT: errors.OverLimit,
+    Status.CANCELLED: errors.Cancelled,
+    Status.HANDLER_FAILED: errors.HandlerFailed,
+    Status.WORKER_LOST: errors.WorkerLost,
+    Status.NO_WORKER: errors.NoResponders,
+    Status.DEADLINE: errors.DeadlineExceeded,
     Status.UNSUPPORTED_VERSION: errors.UnsupportedVersion,
 }
 
@@ -141,9 +178,8 @@ class Payload(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Grammar:
-    """What one verb may carry, and who may send it."""
+    """What one verb may carry when one side sends it."""
 
-    senders: frozenset[Side]
     required: frozenset[Header] = frozenset()
     optional: frozenset[Header] = frozenset()
     user_headers: bool = False
@@ -151,24 +187,48 @@ class Grammar:
     seed: bool = True  # part of the seed protocol 0.x
 
 
-_PEER = frozenset({Side.PEER})
-_BROKER = frozenset({Side.BROKER})
-_EITHER = _PEER | _BROKER
-_ID = frozenset({Header.ID})
+def _h(*headers: Header) -> frozenset[Header]:
+    return frozenset(headers)
 
-GRAMMAR: dict[Verb, Grammar] = {
-    Verb.CONNECT: Grammar(_PEER, frozenset({Header.VERSION, Header.TTL}), _ID),
-    Verb.DISCONNECT: Grammar(_EITHER, optional=_ID),
-    Verb.NOOP: Grammar(_EITHER, optional=_ID),
-    Verb.PING: Grammar(_PEER, _ID, seed=False),
-    Verb.PONG: Grammar(_BROKER, _ID, seed=False),
-    Verb.SUB: Grammar(_PEER, optional=_ID, payload=Payload.REQUIRED),
-    Verb.UNSUB: Grammar(_PEER, optional=_ID, payload=Payload.REQUIRED),
-    Verb.PUT: Grammar(_PEER, frozenset({Header.TOPIC}), _ID, True, Payload.REQUIRED),
-    Verb.MESSAGE: Grammar(_BROKER, frozenset({Header.TOPIC}), frozenset({Header.SENDER}), True, Payload.REQUIRED),
-    Verb.OK: Grammar(_BROKER, _ID, frozenset({Header.TTL})),
-    Verb.ERROR: Grammar(_BROKER, frozenset({Header.CODE, Header.MESSAGE}), _ID),
+
+_ID = _h(Header.ID)
+
+# What a peer may send to the broker.
+PEER_GRAMMAR: dict[Verb, Grammar] = {
+    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _ID),
+    Verb.DISCONNECT: Grammar(optional=_ID),
+    Verb.NOOP: Grammar(optional=_ID),
+    Verb.PING: Grammar(_ID, seed=False),
+    Verb.SUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
+    Verb.UNSUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
+    Verb.PUT: Grammar(_h(Header.TOPIC), _ID, True, Payload.REQUIRED),
+    Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.REQUIRED, seed=False),
+    Verb.REQUEST: Grammar(
+        _h(Header.SERVICE, Header.ID), _h(Header.TIMEOUT, Header.ALL), True, Payload.OPTIONAL, seed=False
+    ),
+    Verb.CANCEL: Grammar(_ID, seed=False),
+    Verb.PARTIAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
+    Verb.FINAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
+    Verb.ERROR: Grammar(_h(Header.ID, Header.CODE, Header.MESSAGE), seed=False),
 }
+
+# What the broker may send to a peer.
+BROKER_GRAMMAR: dict[Verb, Grammar] = {
+    Verb.OK: Grammar(_ID, _h(Header.TTL)),
+    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _ID),
+    Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER), True, Payload.REQUIRED),
+    Verb.NOOP: Grammar(),
+    Verb.PONG: Grammar(_ID, seed=False),
+    Verb.DISCONNECT: Grammar(),
+    Verb.REQUEST: Grammar(
+        _h(Header.SERVICE, Header.ID, Header.CALLER, Header.TIMEOUT), frozenset(), True, Payload.OPTIONAL
+    ),
+    Verb.CANCEL: Grammar(_ID),
+    Verb.PARTIAL: Grammar(_ID, _h(Header.WORKER, Header.CODE, Header.MESSAGE), True, Payload.OPTIONAL),
+    Verb.FINAL: Grammar(_ID, _h(Header.COUNT, Header.MISSING), True, Payload.OPTIONAL),
+}
+
+GRAMMAR: dict[Side, dict[Verb, Grammar]] = {Side.PEER: PEER_GRAMMAR, Side.BROKER: BROKER_GRAMMAR}
 
 _VERBS: dict[bytes, Verb] = {v.value.encode(): v for v in Verb}
 _HEADERS: dict[bytes, Header] = {h.value.encode(): h for h in Header}
@@ -238,7 +298,9 @@ def decode(frames: Sequence[bytes], *, sender: Side, limits: Limits = DEFAULT_LI
         raise ProtocolError(
             Status.BAD_REQUEST, f"unknown verb {_snippet(frames[0])}", find_id(frames, limits.max_headers)
         )
-    grammar = GRAMMAR[verb]
+    grammar = GRAMMAR[sender].get(verb)
+    if grammar is None:
+        raise ProtocolError(Status.BAD_REQUEST, f"{verb} is not sent by a {sender.value}", find_id(frames, 8))
     headers: dict[str, str] = {}
     n = len(frames)
     i = 1
@@ -277,8 +339,6 @@ def decode(frames: Sequence[bytes], *, sender: Side, limits: Limits = DEFAULT_LI
     else:
         i = n
     payload = frames[i:]
-    if sender not in grammar.senders:
-        raise ProtocolError(Status.BAD_REQUEST, f"{verb} is not sent by a {sender.value}", request_id)
     for needed in grammar.required:
         if needed not in headers:
             raise ProtocolError(Status.BAD_REQUEST, f"{verb} needs header {needed}", request_id)
@@ -342,3 +402,104 @@ def message(topic: bytes, sender: bytes | None, user_headers: Sequence[bytes], b
 
 NOOP_FRAMES: tuple[bytes, ...] = (b"NOOP",)
 DISCONNECT_FRAMES: tuple[bytes, ...] = (b"DISCONNECT",)
+
+
+# ---------------------------------------------------------------- RPC builders
+
+MAX_SERVICE_BYTES = 255
+
+
+def request_to_worker(
+    bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+) -> list[bytes]:
+    frames = [b"REQUEST", b"SERVICE", service.encode(), b"ID", bid.encode(), b"CALLER", caller.encode()]
+    frames += (b"TIMEOUT", str(timeout_ms).encode())
+    for key, value in user.items():
+        frames += (key.encode(), value.encode())
+    if body:
+        frames.append(b"")
+        frames += body
+    return frames
+
+
+def reply(
+    verb: Verb, request_id: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+) -> list[bytes]:
+    """PARTIAL/FINAL frames: ID, then reserved ``fields``, then user headers, then the body."""
+    frames = [verb.value.encode(), b"ID", request_id.encode()]
+    for key, value in fields.items():
+        frames += (key.encode(), value.encode())
+    for key, value in user.items():
+        frames += (key.encode(), value.encode())
+    if body:
+        frames.append(b"")
+        frames += body
+    return frames
+
+
+def cancel(request_id: str) -> list[bytes]:
+    return [b"CANCEL", b"ID", request_id.encode()]
+
+
+class Mc0Dialect:
+    """Renders broker -> peer RPC traffic as mc0 frames (the MDP adapter has its own)."""
+
+    name = "mc0"
+    heartbeats = True
+
+    def to_worker(
+        self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return request_to_worker(bid, service, caller, timeout_ms, user, body)
+
+    def cancel(self, bid: str) -> list[bytes] | None:
+        return cancel(bid)
+
+    def partial(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return reply(Verb.PARTIAL, rid, fields, user, body)
+
+    def final(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return reply(Verb.FINAL, rid, fields, user, body)
+
+    def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
+        return error(code, reason, rid)
+
+    def heartbeat(self) -> Sequence[bytes] | None:
+        return NOOP_FRAMES
+
+    def disconnect(self) -> Sequence[bytes] | None:
+        return DISCONNECT_FRAMES
+
+
+MC0_DIALECT = Mc0Dialect()
+
+
+class Dialect(Protocol):
+    """How the broker renders RPC traffic and heartbeats for one kind of peer."""
+
+    name: str
+    heartbeats: bool
+
+    def to_worker(
+        self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def cancel(self, bid: str) -> list[bytes] | None: ...
+
+    def partial(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def final(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]: ...
+
+    def heartbeat(self) -> Sequence[bytes] | None: ...
+
+    def disconnect(self) -> Sequence[bytes] | None: ...

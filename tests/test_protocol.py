@@ -116,4 +116,4 @@ def test_errors_inherit_matching_builtins() -> None:
 
 
 def test_grammar_covers_every_verb() -> None:
-    assert set(P.GRAMMAR) == set(Verb)
+    assert set(P.PEER_GRAMMAR) | set(P.BROKER_GRAMMAR) == set(Verb)
