@@ -1,21 +1,27 @@
 """mc0: a secure pub/sub + RPC message bus over ZeroMQ.
 
-Public names: the sync :class:`Client` (``mc0.aio.Client`` is its asyncio
-twin), :class:`Message`, :class:`Broker`, and the error hierarchy rooted at
-:class:`Error`.
+Public names: the sync :class:`Client` and :class:`Worker` (``mc0.aio``
+has their asyncio twins under the same names), the values :class:`Message`,
+:class:`Reply` and :class:`Request`, :class:`Broker`, and the error hierarchy
+rooted at :class:`Error`.
 """
 
 from .broker import Broker, BrokerThread
-from .client import Client, Subscription
+from .client import Client, ReplyStream, Subscription, Worker
 from .errors import (
     AuthFailed,
     BadRequest,
+    Cancelled,
     ClosedError,
     ConfigError,
+    Conflict,
+    DeadlineExceeded,
     Error,
     Forbidden,
+    HandlerFailed,
     InvalidTopic,
     KeyFileError,
+    NoResponders,
     NotConnected,
     OverLimit,
     ProtocolError,
@@ -23,8 +29,9 @@ from .errors import (
     Timeout,
     TooLarge,
     UnsupportedVersion,
+    WorkerLost,
 )
-from .message import Message
+from .message import Message, Reply, Request
 
 __version__ = "0.1.0"
 
@@ -33,20 +40,30 @@ __all__ = [
     "BadRequest",
     "Broker",
     "BrokerThread",
+    "Cancelled",
     "Client",
     "ClosedError",
     "ConfigError",
+    "Conflict",
+    "DeadlineExceeded",
     "Error",
     "Forbidden",
+    "HandlerFailed",
     "InvalidTopic",
     "KeyFileError",
     "Message",
+    "NoResponders",
     "NotConnected",
     "OverLimit",
     "ProtocolError",
     "RemoteError",
+    "Reply",
+    "ReplyStream",
+    "Request",
     "Subscription",
     "Timeout",
     "TooLarge",
     "UnsupportedVersion",
+    "Worker",
+    "WorkerLost",
 ]

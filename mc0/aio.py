@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from . import protocol as P
 from .config import ClientConfig
-from .errors import ClosedError, Timeout
-from .message import Message
-from .protocol import Command, Limits
+from .errors import ClosedError, NotConnected, Timeout
+from .message import Message, Reply, Request
+from .protocol import Command, Header, Limits, Status, Verb
 from .session import (
     Answer,
+    CancelWork,
     ClientSession,
     Connected,
     ConnectRefused,
@@ -36,13 +40,16 @@ from .session import (
     Fault,
     Frames,
     Reconnecting,
+    Work,
     answer_error,
 )
 
 log = logging.getLogger("mc0.client")
 
 DEFAULT_MAX_PENDING = 10_000
+DEFAULT_REQUEST_TIMEOUT = 30.0
 _CLOSED = object()
+H = TypeVar("H", bound=Callable[..., Any])
 
 
 class Subscription:
@@ -116,8 +123,87 @@ class Subscription:
         await self.close()
 
 
+class ReplyStream:
+    """The replies to one request: PARTIALs, then the FINAL (async iterator).
+
+    For a plain request the FINAL is the last item (``final`` holds it too).
+    For a scatter the items are the per-worker replies (``worker`` set,
+    ``error`` set if that worker failed) and the FINAL's ``COUNT`` and
+    ``MISSING`` land in ``count`` and ``missing`` when iteration ends.
+    An ERROR ends the stream by raising the matching ``RemoteError``; no
+    terminal within the timeout (plus a grace) raises ``Timeout`` and CANCELs.
+    ``close()`` CANCELs a request still running.
+    """
+
+    def __init__(self, client: Client, request_id: str, service: str, scatter: bool, wait: float) -> None:
+        self.client = client
+        self.request_id = request_id
+        self.service = service
+        self.scatter = scatter
+        self.final: Reply | None = None
+        self.count: int | None = None
+        self.missing: int | None = None
+        self.done = False
+        self._queue: asyncio.Queue[Command | BaseException] = asyncio.Queue()
+        self._wait = wait
+        self._deadline = time.monotonic() + wait
+
+    def _feed(self, item: Command | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def _finish(self) -> None:
+        self.done = True
+        self.client._streams.pop(self.request_id, None)
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> Reply:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            item = await asyncio.wait_for(self._queue.get(), max(0.0, self._deadline - time.monotonic()))
+        except TimeoutError:
+            await self.close()
+            raise Timeout(f"request to {self.service!r}", self._wait) from None
+        if isinstance(item, BaseException):
+            self._finish()
+            raise item
+        headers = item.headers
+        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        parts = tuple(bytes(p) for p in item.payload)
+        if item.verb is Verb.PARTIAL:
+            error = None
+            if Header.CODE in headers:
+                error = answer_error(item)
+            return Reply(parts, user, final=False, worker=headers.get(Header.WORKER), error=error)
+        self._finish()
+        if item.verb is Verb.ERROR:
+            raise answer_error(item)
+        self.final = Reply(parts, user, final=True)
+        if self.scatter:
+            self.count = int(headers.get(Header.COUNT, "0"))
+            self.missing = int(headers.get(Header.MISSING, "0"))
+            raise StopAsyncIteration
+        return self.final
+
+    async def close(self) -> None:
+        """CANCEL the request if it has not ended (idempotent)."""
+        if self.done:
+            return
+        self._finish()
+        if self.client.connected:
+            await self.client._send(self.client.session.cancel(self.request_id))
+
+    async def __aenter__(self) -> ReplyStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class Client:
-    """Publish, subscribe and ping over one DEALER connection to the broker."""
+    """Publish, subscribe, ping and make requests over one DEALER connection."""
 
     def __init__(
         self,
@@ -133,6 +219,7 @@ class Client:
         config = config or ClientConfig()
         self.endpoint = endpoint or config.endpoint
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
+        self.request_timeout = config.request_timeout_ms / 1000.0
         ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
         self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits)
         self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
@@ -141,6 +228,7 @@ class Client:
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}
+        self._streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._connected: asyncio.Future[int] | None = None
         self._closed = False
@@ -192,10 +280,7 @@ class Client:
                 await task
             except asyncio.CancelledError:
                 pass
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(ClosedError("client closed"))
-        self._pending.clear()
+        self._fail_pending(ClosedError("client closed"))
         for subs in self._subscriptions.values():
             for sub in subs:
                 sub._end()
@@ -292,9 +377,88 @@ class Client:
         await self._call(request_id, self.session.ping(request_id), timeout, "ping")
         return time.perf_counter() - started
 
+    async def stream(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ReplyStream:
+        """Send a REQUEST; iterate the returned stream for PARTIALs then the FINAL."""
+        return await self._start(service, body, timeout, headers, scatter=False)
+
+    async def request(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """Send a REQUEST and return its FINAL (PARTIALs are skipped); ERROR raises."""
+        stream = await self._start(service, body, timeout, headers, scatter=False)
+        async for _ in stream:
+            pass
+        assert stream.final is not None
+        return stream.final
+
+    async def scatter(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ReplyStream:
+        """Send the request to every worker of the service; iterate per-worker replies."""
+        return await self._start(service, body, timeout, headers, scatter=True)
+
+    def submit(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> asyncio.Task[Reply]:
+        """``request`` as a task, for many requests at once (``asyncio.gather``)."""
+        return asyncio.ensure_future(self.request(service, body, timeout=timeout, headers=headers))
+
+    async def _start(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes],
+        timeout: float | None,
+        headers: Mapping[str, str] | None,
+        scatter: bool,
+    ) -> ReplyStream:
+        self._check_open()
+        seconds = self.request_timeout if timeout is None else timeout
+        request_id = self.session.new_id()
+        frames = self.session.request(service, body, request_id, max(1, round(seconds * 1000)), headers, scatter)  # type: ignore[arg-type]
+        # The broker enforces the deadline and always answers; the grace covers its answer's trip.
+        stream = ReplyStream(self, request_id, service, scatter, seconds + max(1.0, 2 * self.session.ttl))
+        self._streams[request_id] = stream
+        try:
+            await self._send(frames)
+        except BaseException:
+            stream._finish()
+            raise
+        return stream
+
     @property
     def connected(self) -> bool:
         return self.session.connected and not self._closed
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for stream in list(self._streams.values()):
+            stream._feed(error)
+        self._streams.clear()
 
     # ------------------------------------------------------------ plumbing
     def _check_open(self) -> None:
@@ -362,6 +526,10 @@ class Client:
                 for sub in interested.values():
                     sub._offer(event.message)
         elif isinstance(event, Answer):
+            stream = self._streams.get(event.request_id)
+            if stream is not None:
+                stream._feed(event.command)
+                return
             future = self._pending.get(event.request_id)
             if future is not None and not future.done():
                 future.set_result(event.command)
@@ -382,3 +550,157 @@ class Client:
             log.warning("broker reported: %s", event.error)
         elif isinstance(event, Reconnecting):
             log.info("reconnecting to %s: %s", self.endpoint, event.reason)
+            # The broker forgets a session on reconnect: whatever we were waiting for is lost.
+            self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
+
+
+Handler = Callable[[Request], Any]
+
+
+class Worker(Client):
+    """A client that also serves requests: ``@worker.service("name")`` handlers.
+
+    A handler gets a :class:`mc0.Request` and returns the FINAL body (bytes,
+    str, a sequence of frames, None, or a :class:`mc0.Reply` to set headers),
+    or yields PARTIAL chunks (a generator; its ``return`` value is the FINAL).
+    Coroutine functions and async generators run on the event loop; plain
+    functions and generators run in a pool of ``capacity`` threads.  An
+    exception becomes ERROR 500 with its message.  A handler still running at
+    the deadline, or when the client CANCELs, is cancelled where the runtime
+    allows (async handlers at their next await; sync generators between
+    chunks; a plain sync function runs on but its result is dropped).
+    """
+
+    def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
+        super().__init__(endpoint, **options)
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.handled = 0
+        self.failed = 0
+        self._handlers: dict[str, Handler] = {}
+        self._work: dict[str, asyncio.Task[None]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._stop: asyncio.Event | None = None
+
+    def service(self, name: str) -> Callable[[H], H]:
+        """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
+
+        def register(handler: H) -> H:
+            self.add_service(name, handler)
+            return handler
+
+        return register
+
+    def add_service(self, name: str, handler: Handler) -> None:
+        if self._socket is not None:
+            raise RuntimeError("register services before connect()")
+        self.session.serve([*self._handlers, name], self.capacity)  # validates the name
+        self._handlers[name] = handler
+
+    async def connect(self) -> Worker:
+        if not self._handlers:
+            raise ValueError("a worker needs at least one service")
+        if self._socket is not None:
+            return self
+        self.session.services = ()  # READY goes out below, confirmed, not with the CONNECT's answer
+        await super().connect()
+        request_id = self.session.new_id()
+        frames = self.session.serve(list(self._handlers), self.capacity)
+        assert frames is not None
+        frames = [*frames[:1], b"ID", request_id.encode(), *frames[1:]]
+        await self._call(request_id, frames, None, "register services")
+        return self
+
+    async def run(self) -> None:
+        """Serve until ``stop()`` or ``close()``."""
+        await self.connect()
+        self._stop = self._stop or asyncio.Event()
+        await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        self._stop.set()
+
+    async def close(self) -> None:
+        for task in list(self._work.values()):
+            task.cancel()
+        await super().close()
+        if self._stop is not None:
+            self._stop.set()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, Work):
+            task = asyncio.get_running_loop().create_task(self._serve(event), name=f"mc0-work-{event.bid}")
+            self._work[event.bid] = task
+        elif isinstance(event, CancelWork):
+            running = self._work.pop(event.bid, None)
+            if running is not None:
+                running.cancel()
+        else:
+            super()._on_event(event)
+
+    async def _serve(self, work: Work) -> None:
+        handler = self._handlers.get(work.service)
+        try:
+            if handler is None:
+                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
+                return
+            request = Request(
+                work.bid, work.service, work.parts, work.headers, work.caller, time.monotonic() + work.timeout_ms / 1000
+            )
+            async with asyncio.timeout(work.timeout_ms / 1000.0):
+                await self._run_handler(handler, request)
+            self.handled += 1
+        except (TimeoutError, asyncio.CancelledError):
+            pass  # the broker already answered the client (504 or 499)
+        except Exception as exc:  # a handler failure is an answer, not a crash
+            self.failed += 1
+            log.debug("handler for %s failed", work.service, exc_info=True)
+            if self.connected:
+                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._work.pop(work.bid, None)
+
+    async def _reply(self, verb: Verb, bid: str, result: object) -> None:
+        if isinstance(result, Reply):
+            frames = self.session.reply(verb, bid, result.parts, result.headers or None)
+        else:
+            frames = self.session.reply(verb, bid, result)  # type: ignore[arg-type]
+        await self._send(frames)
+
+    async def _run_handler(self, handler: Handler, request: Request) -> None:
+        bid = request.id
+        if inspect.isasyncgenfunction(handler):
+            async for chunk in handler(request):
+                await self._reply(Verb.PARTIAL, bid, chunk)
+            await self._reply(Verb.FINAL, bid, None)
+            return
+        if inspect.iscoroutinefunction(handler):
+            await self._reply(Verb.FINAL, bid, await handler(request))
+            return
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
+        if inspect.isgeneratorfunction(handler):
+            generator = handler(request)
+            while True:
+                finished, value = await loop.run_in_executor(self._executor, _step, generator)
+                if finished:
+                    await self._reply(Verb.FINAL, bid, value)
+                    return
+                await self._reply(Verb.PARTIAL, bid, value)
+        result = await loop.run_in_executor(self._executor, handler, request)
+        if inspect.isawaitable(result):
+            result = await result
+        await self._reply(Verb.FINAL, bid, result)
+
+
+def _step(generator: Any) -> tuple[bool, object]:
+    try:
+        return False, next(generator)
+    except StopIteration as stop:
+        return True, stop.value

@@ -22,9 +22,9 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from . import config as cfg
-from .client import Client
+from .client import Client, Worker
 from .errors import Error
-from .message import Message
+from .message import Message, Reply
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -209,6 +209,189 @@ def ping(count: int, endpoint: str | None, config_path: str | None, timeout: flo
         if count > 1:
             times.sort()
             click.echo(f"{count} pings: min {times[0] * 1000:.3f} ms, median {times[len(times) // 2] * 1000:.3f} ms")
+
+
+def _body_text(data: bytes) -> str:
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _reply_record(reply: Reply) -> dict[str, Any]:
+    record: dict[str, Any] = {"final": reply.final, "headers": reply.headers}
+    if reply.worker is not None:
+        record["worker"] = reply.worker
+    if reply.error is not None:
+        record["error"] = str(reply.error)
+    try:
+        record["body"] = reply.body.decode("utf-8")
+    except UnicodeDecodeError:
+        record["body_base64"] = base64.b64encode(reply.body).decode()
+    return record
+
+
+@cli.command()
+@click.argument("service")
+@click.argument("body", required=False)
+@click.option("--all", "scatter", is_flag=True, help="Scatter-gather: ask every worker of the service.")
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per reply.")
+@click.option("--timeout", type=float, default=None, help="Request deadline in seconds (default 30).")
+@endpoint_option
+@config_option
+@_one_line_errors
+def call(
+    service: str,
+    body: str | None,
+    scatter: bool,
+    header_pairs: tuple[str, ...],
+    as_json: bool,
+    timeout: float | None,
+    endpoint: str | None,
+    config_path: str | None,
+) -> None:
+    """Call SERVICE with BODY (stdin when '-'; empty when absent); print replies as they come."""
+    data = sys.stdin.buffer.read() if body == "-" else (body or "").encode()
+    headers = _parse_headers(header_pairs)
+    with _client(config_path, endpoint, None) as client:
+        if scatter:
+            with client.scatter(service, data, timeout=timeout, headers=headers) as stream:
+                for reply in stream:
+                    if as_json:
+                        click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
+                    elif reply.error is not None:
+                        click.echo(f"{reply.worker}: error {reply.error}")
+                    else:
+                        click.echo(f"{reply.worker}: {_body_text(reply.body)}")
+                click.echo(f"{stream.count} answered, {stream.missing} missing", err=True)
+            return
+        with client.stream(service, data, timeout=timeout, headers=headers) as stream:
+            for reply in stream:
+                if as_json:
+                    click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
+                elif reply.parts or not reply.final:
+                    click.echo(_body_text(reply.body))
+                sys.stdout.flush()
+
+
+def _import_handler(spec: str) -> Any:
+    import importlib
+    import os
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(f"{spec!r} is not MODULE:FUNCTION", param_hint="HANDLER")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise Error(f"cannot import {module_name}: {exc}") from None
+    handler = getattr(module, attribute, None)
+    if not callable(handler):
+        raise Error(f"{module_name} has no callable {attribute!r}")
+    return handler
+
+
+@cli.command()
+@click.argument("handler_spec", metavar="MODULE:FUNCTION")
+@click.option("--service", "services", multiple=True, required=True, help="Service name to serve (repeatable).")
+@click.option("--capacity", type=click.IntRange(min=1), default=1, show_default=True, help="Requests held at once.")
+@click.option("--ttl", type=float, default=None, help="Heartbeat interval in seconds (default from config).")
+@endpoint_option
+@config_option
+@timeout_option
+@_one_line_errors
+def serve(
+    handler_spec: str,
+    services: tuple[str, ...],
+    capacity: int,
+    ttl: float | None,
+    endpoint: str | None,
+    config_path: str | None,
+    timeout: float | None,
+) -> None:
+    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
+    handler = _import_handler(handler_spec)
+    config = _load_config(config_path)
+    worker = Worker(endpoint, capacity=capacity, ttl=ttl, timeout=timeout, config=config.client)
+    for name in services:
+        worker.service(name)(handler)
+    with worker:
+        click.echo(f"mc0 worker serving {' '.join(services)} on {worker.endpoint}")
+        sys.stdout.flush()
+        worker.run()
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the raw reports as JSON.")
+@endpoint_option
+@config_option
+@timeout_option
+@_one_line_errors
+def stats(as_json: bool, endpoint: str | None, config_path: str | None, timeout: float | None) -> None:
+    """Show the broker's services, workers, queues, topics and peers."""
+    from .core import BROKER_SERVICE
+
+    with _client(config_path, endpoint, timeout) as client:
+        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
+        reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+    if as_json:
+        click.echo(json.dumps(reports, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    overview = reports["stats"]
+    console.print(
+        f"[bold]broker[/bold] {client.endpoint}: {overview['peers']} peers, {overview['subscriptions']} "
+        f"subscriptions, {overview['services']} services, {overview['queued']} queued, "
+        f"{overview['in_flight']} in flight"
+    )
+    table = Table(title="services")
+    for column in (
+        "service",
+        "workers",
+        "idle",
+        "queued",
+        "in flight",
+        "served",
+        "errors",
+        "timeouts",
+        "p50 ms",
+        "p99 ms",
+    ):
+        table.add_column(column, justify="left" if column == "service" else "right")
+    for name, row in reports["services"].items():
+        latency = row["latency_ms"]
+        table.add_row(
+            name,
+            *(str(row[k]) for k in ("workers", "idle", "queued", "in_flight", "served", "errors", "timeouts")),
+            str(latency["p50"] if latency["p50"] is not None else "-"),
+            str(latency["p99"] if latency["p99"] is not None else "-"),
+        )
+    console.print(table)
+    topics = Table(title="subscriptions")
+    topics.add_column("pattern")
+    topics.add_column("subscribers", justify="right")
+    for pattern, count in reports["topics"].items():
+        topics.add_row(pattern, str(count))
+    console.print(topics)
+    peers = Table(title="peers")
+    for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
+        peers.add_column(column)
+    for peer in reports["peers"]:
+        peers.add_row(
+            peer["name"],
+            peer["kind"],
+            peer["protocol"],
+            str(peer["subscriptions"]),
+            str(peer["delivered"]),
+            str(peer["dropped"]),
+            ",".join(peer["services"]),
+            str(peer["in_flight"]),
+            str(peer["served"]),
+        )
+    console.print(peers)
 
 
 @cli.command()

@@ -11,16 +11,17 @@ message arrives or the subscription is closed.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from . import aio
 from .config import ClientConfig
 from .errors import ClosedError
-from .message import Message
+from .message import Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
 
 R = TypeVar("R")
@@ -100,6 +101,43 @@ class Subscription:
         self.close()
 
 
+class ReplyStream:
+    """Sync view of :class:`mc0.aio.ReplyStream`: iterate PARTIALs then the FINAL."""
+
+    def __init__(self, inner: aio.ReplyStream) -> None:
+        self._inner = inner
+
+    @property
+    def final(self) -> Reply | None:
+        return self._inner.final
+
+    @property
+    def count(self) -> int | None:
+        return self._inner.count
+
+    @property
+    def missing(self) -> int | None:
+        return self._inner.missing
+
+    def __iter__(self) -> Iterator[Reply]:
+        return self
+
+    def __next__(self) -> Reply:
+        try:
+            return _run(self._inner.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        _run(self._inner.close())
+
+    def __enter__(self) -> ReplyStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Client:
     """Blocking client; see :class:`mc0.aio.Client` for the semantics."""
 
@@ -113,7 +151,10 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         config: ClientConfig | None = None,
     ) -> None:
-        self._aio = aio.Client(endpoint, ttl=ttl, timeout=timeout, liveness=liveness, limits=limits, config=config)
+        self._aio = self._make(endpoint, ttl=ttl, timeout=timeout, liveness=liveness, limits=limits, config=config)
+
+    def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
+        return aio.Client(endpoint, **options)
 
     @property
     def endpoint(self) -> str:
@@ -176,3 +217,95 @@ class Client:
 
     def ping(self, *, timeout: float | None = None) -> float:
         return _run(self._aio.ping(timeout=timeout))
+
+    def request(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        return _run(self._aio.request(service, body, timeout=timeout, headers=headers))
+
+    def stream(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ReplyStream:
+        return ReplyStream(_run(self._aio.stream(service, body, timeout=timeout, headers=headers)))
+
+    def scatter(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> ReplyStream:
+        return ReplyStream(_run(self._aio.scatter(service, body, timeout=timeout, headers=headers)))
+
+    def submit(
+        self,
+        service: str,
+        body: bytes | str | Sequence[bytes] = b"",
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Future[Reply]:
+        """``request`` without waiting: a ``concurrent.futures.Future`` (many at once)."""
+        self._aio._check_open()
+        coro = self._aio.request(service, body, timeout=timeout, headers=headers)
+        return asyncio.run_coroutine_threadsafe(coro, _background_loop())
+
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class Worker(Client):
+    """Blocking worker; see :class:`mc0.aio.Worker`. Handlers may be sync or async."""
+
+    _aio: aio.Worker
+
+    def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
+        self._capacity = capacity
+        super().__init__(endpoint, **options)
+
+    def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
+        return aio.Worker(endpoint, capacity=self._capacity, **options)
+
+    @property
+    def handled(self) -> int:
+        return self._aio.handled
+
+    def service(self, name: str) -> Callable[[H], H]:
+        return self._aio.service(name)
+
+    def connect(self) -> Worker:
+        _run(self._aio.connect())
+        return self
+
+    def __enter__(self) -> Worker:
+        return self.connect()
+
+    def run(self) -> None:
+        """Serve until ``stop()``, SIGINT or SIGTERM (signals only from the main thread)."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                self.stop()
+
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _run(self._aio.run())
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def stop(self) -> None:
+        """Make ``run()`` return (any thread, or a signal handler)."""
+        _background_loop().call_soon_threadsafe(self._aio.stop)

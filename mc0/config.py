@@ -38,6 +38,7 @@ class ClientConfig:
     endpoint: str = DEFAULT_ENDPOINT
     ttl_ms: int = field(default=5_000, metadata={"min": 1})
     timeout_ms: int = field(default=5_000, metadata={"min": 1})
+    request_timeout_ms: int = field(default=30_000, metadata={"min": 1})
 
 
 @dataclass(frozen=True, slots=True)

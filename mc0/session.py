@@ -76,7 +76,24 @@ class Reconnecting:
     reason: str
 
 
-Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A REQUEST the broker gave us as a worker."""
+
+    bid: str
+    service: str
+    caller: str
+    timeout_ms: int
+    headers: dict[str, str]
+    parts: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWork:
+    bid: str
+
+
+Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
 
 
 def answer_error(command: Command) -> RemoteError:
@@ -111,6 +128,8 @@ class ClientSession:
         self._pattern_refs: dict[str, int] = {}
         self._routes: TopicTrie[str] = TopicTrie()
         self.malformed = 0
+        self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
+        self.capacity = 1
 
     # ------------------------------------------------------------ ids and state
     def new_id(self) -> str:
@@ -147,26 +166,81 @@ class ClientSession:
         """PUT frames, validated locally (bad input raises, nothing is sent)."""
         limits = self.limits
         split_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
-        parts = [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
+        parts = _parts(body)
         if not parts:
             raise ProtocolError(Status.BAD_REQUEST, "a message needs at least one body frame")
         fields: dict[str, str] = {Header.TOPIC: topic}
         if request_id is not None:
             fields[Header.ID] = request_id
+        self._user_fields(fields, headers)
+        if len(fields) > limits.max_headers:
+            raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers")
+        return self._checked(P.encode(Verb.PUT, fields, parts))
+
+    def _user_fields(self, fields: dict[str, str], headers: Mapping[str, str] | None) -> None:
         if headers:
             for key, value in headers.items():
                 if not (key.startswith(P.USER_HEADER_PREFIX) and key.isascii() and len(key) > 2):
                     raise ProtocolError(Status.BAD_REQUEST, f"user header {key!r} must be ASCII and start with X-")
                 fields[key] = value
-        if len(fields) > limits.max_headers:
-            raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers")
-        frames = P.encode(Verb.PUT, fields, parts)  # type: ignore[arg-type]
+
+    def _checked(self, frames: Frames) -> Frames:
+        limits = self.limits
         if len(frames) > limits.max_frames:
             raise ProtocolError(Status.TOO_LARGE, f"{len(frames)} frames, the limit is {limits.max_frames}")
         size = sum(map(len, frames))
         if size > limits.max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{size} bytes, the limit is {limits.max_message_bytes}")
         return frames
+
+    def request(
+        self,
+        service: str,
+        body: bytes | Sequence[bytes],
+        request_id: str,
+        timeout_ms: int,
+        headers: Mapping[str, str] | None = None,
+        scatter: bool = False,
+    ) -> Frames:
+        """REQUEST frames, validated locally."""
+        split_topic(service, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.limits.max_topic_tokens)
+        if timeout_ms < 1:
+            raise ValueError("timeout must be positive")
+        fields: dict[str, str] = {Header.SERVICE: service, Header.ID: request_id, Header.TIMEOUT: str(timeout_ms)}
+        if scatter:
+            fields[Header.ALL] = "1"
+        self._user_fields(fields, headers)
+        parts = _parts(body)
+        return self._checked(P.encode(Verb.REQUEST, fields, parts))
+
+    def cancel(self, request_id: str) -> Frames:
+        return P.cancel(request_id)
+
+    def serve(self, services: Sequence[str], capacity: int) -> Frames | None:
+        """Record what we serve; READY frames to send now if connected."""
+        for name in services:
+            split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.limits.max_topic_tokens)
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.services = tuple(dict.fromkeys(services))
+        self.capacity = capacity
+        return self._ready() if self.connected else None
+
+    def _ready(self) -> Frames | None:
+        if not self.services:
+            return None
+        return P.encode(Verb.READY, {Header.CAPACITY: str(self.capacity)}, [s.encode() for s in self.services])
+
+    def reply(
+        self, verb: Verb, bid: str, body: bytes | Sequence[bytes], headers: Mapping[str, str] | None = None
+    ) -> Frames:
+        """PARTIAL or FINAL frames for a request we were given."""
+        fields: dict[str, str] = {Header.ID: bid}
+        self._user_fields(fields, headers)
+        return self._checked(P.encode(verb, fields, _parts(body)))
+
+    def fail(self, bid: str, code: int, message: str) -> Frames:
+        return P.encode(Verb.ERROR, {Header.ID: bid, Header.CODE: str(code), Header.MESSAGE: message[:2000]})
 
     def add_pattern(self, pattern: str, request_id: str | None = None) -> Frames | None:
         """Count a local subscription; SUB frames when the broker must be told."""
@@ -210,6 +284,10 @@ class ClientSession:
         verb = command.verb
         if verb is Verb.MESSAGE:
             return [self._delivery(command)], []
+        if verb is Verb.REQUEST:
+            return [self._work(command)], []
+        if verb is Verb.CANCEL:
+            return [CancelWork(command.headers[Header.ID])], []
         if verb is Verb.NOOP:
             return [], []
         request_id = command.id
@@ -244,7 +322,23 @@ class ClientSession:
             P.encode(Verb.SUB, None, patterns[i : i + RESUBSCRIBE_CHUNK])
             for i in range(0, len(patterns), RESUBSCRIBE_CHUNK)
         ]
+        ready = self._ready()
+        if ready is not None:
+            resubscribe.append(ready)
         return [Connected(ttl_ms, healed)], resubscribe
+
+    def _work(self, command: Command) -> Work:
+        headers = command.headers
+        timeout_text = headers[Header.TIMEOUT]
+        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        return Work(
+            headers[Header.ID],
+            headers[Header.SERVICE],
+            headers[Header.CALLER],
+            int(timeout_text) if timeout_text.isdigit() else 0,
+            user,
+            tuple(bytes(p) for p in command.payload),
+        )
 
     def _delivery(self, command: Command) -> Delivery:
         headers = command.headers
@@ -273,3 +367,13 @@ class ClientSession:
         if not self.connected:
             return heal
         return min(heal, self.last_sent + self.ttl)
+
+
+def _parts(body: bytes | str | Sequence[bytes] | None) -> list[bytes]:
+    if body is None:
+        return []
+    if isinstance(body, str):
+        return [body.encode()]
+    if isinstance(body, bytes | bytearray | memoryview):
+        return [bytes(body)]
+    return [bytes(p) for p in body]
