@@ -132,7 +132,8 @@ class ReplyStream:
     ``MISSING`` land in ``count`` and ``missing`` when iteration ends.
     An ERROR ends the stream by raising the matching ``RemoteError``; no
     terminal within the timeout (plus a grace) raises ``Timeout`` and CANCELs.
-    ``close()`` CANCELs a request still running.
+    ``cancel()`` asks the broker to cancel (the stream ends with 499);
+    ``close()`` cancels and stops listening at once.
     """
 
     def __init__(self, client: Client, request_id: str, service: str, scatter: bool, wait: float) -> None:
@@ -187,8 +188,13 @@ class ReplyStream:
             raise StopAsyncIteration
         return self.final
 
+    async def cancel(self) -> None:
+        """Send CANCEL; the stream then ends with the broker's ``Cancelled`` (499)."""
+        if not self.done:
+            await self.client._send(self.client.session.cancel(self.request_id))
+
     async def close(self) -> None:
-        """CANCEL the request if it has not ended (idempotent)."""
+        """CANCEL the request if it has not ended, and stop listening (idempotent)."""
         if self.done:
             return
         self._finish()

@@ -34,6 +34,7 @@ LINGER_MS = 500
 # Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
 # (4x at 64 KiB, 10 subscribers) and loses below.
 SHARE_FRAMES_FROM = 4096
+MAX_FOLLOW_UP_ROUNDS = 64
 
 
 class Broker:
@@ -140,9 +141,25 @@ class Broker:
             log.info("broker stopped")
 
     def _send(self, out: Iterable[Out], now: float) -> None:
+        """Send what the core returned; a failed send may make the core return more.
+
+        A vanished peer (EHOSTUNREACH) or a full queue (EAGAIN) is reported to
+        the core, whose answer (a re-dispatched request, a 429 notice) is sent
+        in turn.  Follow-ups are bounded so a cascade cannot spin forever.
+        """
         sock = self._socket
         assert sock is not None
-        failed: list[Out] = []
+        pending: list[Iterable[Out]] = [out]
+        rounds = 0
+        while pending and rounds < MAX_FOLLOW_UP_ROUNDS:
+            rounds += 1
+            follow_up: list[Out] = []
+            for batch in pending:
+                follow_up += self._send_batch(sock, batch, now)
+            pending = [follow_up] if follow_up else []
+
+    def _send_batch(self, sock: zmq.Socket[bytes], out: Iterable[Out], now: float) -> list[Out]:
+        follow_up: list[Out] = []
         last: Sequence[bytes] | None = None
         shared: list[zmq.Frame] | None = None
         for routing_id, frames in out:
@@ -161,17 +178,12 @@ class Broker:
                 else:
                     sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
-                failed += self.core.send_failed(routing_id, now, unreachable=False)
+                follow_up += self.core.send_failed(routing_id, now, unreachable=False)
             except zmq.ZMQError as exc:
                 if exc.errno != errno.EHOSTUNREACH:
                     raise
-                self.core.send_failed(routing_id, now, unreachable=True)
-        for routing_id, frames in failed:  # best effort: the 429 notice to a peer we drop
-            try:
-                sock.send(routing_id, zmq.SNDMORE | zmq.NOBLOCK)
-                sock.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+                follow_up += self.core.send_failed(routing_id, now, unreachable=True)
+        return follow_up
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

@@ -128,6 +128,9 @@ class ReplyStream:
         except StopAsyncIteration:
             raise StopIteration from None
 
+    def cancel(self) -> None:
+        _run(self._inner.cancel())
+
     def close(self) -> None:
         _run(self._inner.close())
 

@@ -241,9 +241,13 @@ def test_builtin_broker_service_and_mmi() -> None:
     net = Net()
     net.worker("w", "echo", capacity=2)
     net.connect("c")
-    services = json.loads(only(net.send("c", "REQUEST", "SERVICE", "mc0.broker", "ID", "1", "", "services"), "c").payload[0])
+    services = json.loads(
+        only(net.send("c", "REQUEST", "SERVICE", "mc0.broker", "ID", "1", "", "services"), "c").payload[0]
+    )
     assert services["echo"]["workers"] == 1 and services["echo"]["idle"] == 1
-    stats = json.loads(only(net.send("c", "REQUEST", "SERVICE", "mc0.broker", "ID", "2", "", '{"op": "stats"}'), "c").payload[0])
+    stats = json.loads(
+        only(net.send("c", "REQUEST", "SERVICE", "mc0.broker", "ID", "2", "", '{"op": "stats"}'), "c").payload[0]
+    )
     assert stats["peers"] == 2
     assert only(net.send("c", "REQUEST", "SERVICE", "mc0.broker", "ID", "3", "", "bogus"), "c").headers["CODE"] == "400"
     mmi = only(net.send("c", "REQUEST", "SERVICE", "mmi.service", "ID", "4", "", "echo"), "c")
@@ -273,7 +277,9 @@ def test_mdp_client_and_worker_share_a_service_with_mc0_peers() -> None:
     assert core.handle(b"bad", [b"", mdp.WORKER, b"\x09"], 0.0) == []
     assert core.counters["mdp_malformed"] == 1
     # A worker the broker does not know gets DISCONNECT.
-    assert core.handle(b"ghost", [b"", mdp.WORKER, mdp.HEARTBEAT], 0.0) == [(b"ghost", [b"", mdp.WORKER, mdp.DISCONNECT])]
+    assert core.handle(b"ghost", [b"", mdp.WORKER, mdp.HEARTBEAT], 0.0) == [
+        (b"ghost", [b"", mdp.WORKER, mdp.DISCONNECT])
+    ]
 
 
 def test_bad_rpc_input_is_answered_and_changes_nothing() -> None:
