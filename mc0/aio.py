@@ -26,7 +26,7 @@ import zmq.asyncio
 
 from . import protocol as P
 from .config import ClientConfig
-from .errors import ClosedError, NotConnected, Timeout
+from .errors import ClosedError, Error, NotConnected, Timeout
 from .message import Message, Reply, Request
 from .protocol import Command, Header, Limits, Status, Verb
 from .session import (
@@ -238,6 +238,7 @@ class Client:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._connected: asyncio.Future[int] | None = None
         self._closed = False
+        self._closing = False
 
     # ------------------------------------------------------------ lifecycle
     async def connect(self) -> Client:
@@ -269,16 +270,23 @@ class Client:
         return self
 
     async def close(self) -> None:
-        """Say DISCONNECT, stop the tasks, fail what is pending (idempotent)."""
-        if self._closed:
+        """Say DISCONNECT (confirmed, briefly), stop the tasks, fail what is pending (idempotent).
+
+        Waiting for the broker's OK means that once ``close()`` returns the
+        broker has forgotten us: no request is dispatched to a closed worker.
+        """
+        if self._closed or self._closing:
             return
-        self._closed = True
+        self._closing = True
         sock = self._socket
         if sock is not None and self.session.connected:
+            request_id = self.session.new_id()
             try:
-                sock.send_multipart(self.session.disconnect(), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+                await self._call(request_id, self.session.disconnect(request_id), min(1.0, self.timeout), "disconnect")
+            except (Error, OSError, zmq.ZMQError):
+                pass  # the broker is gone or slow: it will expire us
+        self.session.connected = False
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

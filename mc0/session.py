@@ -267,9 +267,9 @@ class ClientSession:
     def ping(self, request_id: str) -> Frames:
         return P.encode(Verb.PING, {Header.ID: request_id})
 
-    def disconnect(self) -> Frames:
-        self.connected = False
-        return list(P.DISCONNECT_FRAMES)
+    def disconnect(self, request_id: str | None = None) -> Frames:
+        """DISCONNECT frames (with an ID when the caller wants the broker's OK)."""
+        return P.encode(Verb.DISCONNECT, {Header.ID: request_id} if request_id else None)
 
     # ------------------------------------------------------------ input
     def receive(self, frames: Sequence[bytes], now: float) -> tuple[list[Event], list[Frames]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,64 @@ def test_demo_runs_end_to_end_and_exits_zero() -> None:
     assert result.returncode == 0, result.stderr
     for step in ("broker listening on", "subscriber got demo.orders.created", "ERROR 403", "broker exited 0"):
         assert step in result.stdout
+
+
+def test_serve_call_stream_scatter_and_stats(broker: BrokerProcess) -> None:
+    root = Path(__file__).parent.parent
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mc0",
+            "serve",
+            "tests.handlers:whoami",
+            "--service",
+            "who",
+            "--endpoint",
+            broker.endpoint,
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline().startswith("mc0 worker serving who")
+        result = mc0("call", "who", "--endpoint", broker.endpoint)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == str(worker.pid)
+        result = mc0("call", "who", "--all", "--json", "--endpoint", broker.endpoint)
+        assert result.returncode == 0, result.stderr
+        (line,) = result.stdout.splitlines()
+        assert json.loads(line)["body"] == str(worker.pid) and "1 answered, 0 missing" in result.stderr
+        result = mc0("stats", "--json", "--endpoint", broker.endpoint)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["services"]["who"]["workers"] == 1 and report["services"]["who"]["served"] == 2
+        table = mc0("stats", "--endpoint", broker.endpoint)
+        assert table.returncode == 0 and "services" in table.stdout and "who" in table.stdout
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0  # a clean stop on SIGTERM
+        result = mc0("call", "who", "--endpoint", broker.endpoint)
+        assert result.returncode == 1 and result.stderr.strip() == "mc0: error: 503 no worker for who"
+    finally:
+        worker.kill()
+        worker.communicate(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "nocolon", "--service", "x"], "is not MODULE:FUNCTION"),
+        (["serve", "no_such_module_xyz:f", "--service", "x"], "cannot import no_such_module_xyz"),
+        (["serve", "json:nothing_here", "--service", "x"], "json has no callable 'nothing_here'"),
+        (["serve", "json:dumps", "--service", "bad..name"], "invalid topic 'bad..name'"),
+        (["call", "bad..svc"], "invalid topic 'bad..svc'"),
+    ],
+)
+def test_serve_and_call_misuse_is_one_line(broker: BrokerProcess, args: list[str], needle: str) -> None:
+    result = mc0(*args, "--endpoint", broker.endpoint)
+    assert result.returncode != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mc0: error: ") and needle in line
