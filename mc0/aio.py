@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import logging
+import operator
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,12 +26,15 @@ from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
+from . import keys as keyfiles
 from . import protocol as P
-from .config import ClientConfig
-from .errors import ClosedError, Error, NotConnected, Timeout
+from .config import ENV_BROKER_KEY, ENV_KEY, ClientConfig
+from .errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
 from .message import Message, Reply, Request
 from .protocol import Command, Header, Limits, Status, Verb
+from .security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
 from .session import (
     Answer,
     CancelWork,
@@ -45,6 +51,7 @@ from .session import (
 )
 
 log = logging.getLogger("mc0.client")
+_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
 
 DEFAULT_MAX_PENDING = 10_000
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -221,8 +228,18 @@ class Client:
         limits: Limits = P.DEFAULT_LIMITS,
         config: ClientConfig | None = None,
         context: zmq.asyncio.Context | None = None,
+        key: str | os.PathLike[str] | keyfiles.KeyPair | None = None,
+        broker_key: str | os.PathLike[str] | bytes | keyfiles.KeyPair | None = None,
     ) -> None:
+        """``key``: this client's secret key (a NAME.key_secret path or a KeyPair);
+        ``broker_key``: the broker's public key (a NAME.key path, Z85 bytes or a KeyPair).
+        Each falls back to ``MC0_KEY`` / ``MC0_BROKER_KEY``, then the config; with
+        neither the client speaks without CURVE.  Files are read by ``connect()``.
+        """
         config = config or ClientConfig()
+        self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
+        self._broker_key_spec = broker_key or os.environ.get(ENV_BROKER_KEY) or config.broker_key or None
+        self.identity: str | None = None  # our key's name, once connected with CURVE
         self.endpoint = endpoint or config.endpoint
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
         self.request_timeout = config.request_timeout_ms / 1000.0
@@ -232,6 +249,7 @@ class Client:
         self.reconnects = 0
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}
         self._streams: dict[str, ReplyStream] = {}
@@ -247,9 +265,13 @@ class Client:
             raise ClosedError("client is closed")
         if self._socket is not None:
             return self
+        curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
         context = self._context or zmq.asyncio.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            configure_client(sock, *curve)
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         sock.connect(self.endpoint)
         self._socket = sock
         loop = asyncio.get_running_loop()
@@ -257,6 +279,7 @@ class Client:
         self._tasks = [
             loop.create_task(self._read(), name="mc0-reader"),
             loop.create_task(self._beat(), name="mc0-heartbeat"),
+            loop.create_task(self._watch(), name="mc0-monitor"),
         ]
         try:
             await self._send(self.session.connect(time.monotonic()))
@@ -268,6 +291,44 @@ class Client:
             await self.close()
             raise
         return self
+
+    def _curve_keys(self) -> tuple[keyfiles.KeyPair, bytes] | None:
+        key, broker = self._key_spec, self._broker_key_spec
+        if key is None and broker is None:
+            return None
+        if key is None or broker is None:
+            missing = "key (--key / MC0_KEY)" if key is None else "broker_key (--broker-key / MC0_BROKER_KEY)"
+            raise ConfigError(
+                "client", f"CURVE needs this client's secret key and the broker's public key; no {missing}"
+            )
+        own = key if isinstance(key, keyfiles.KeyPair) else keyfiles.load_secret(key)
+        if isinstance(broker, keyfiles.KeyPair):
+            server = broker.public
+        elif isinstance(broker, bytes):
+            server = broker
+        else:
+            server = keyfiles.load_public(broker).public
+        self.identity = own.name
+        return own, server
+
+    async def _watch(self) -> None:
+        """Handshake failures from the socket monitor become AuthFailed (promptly, not a hang)."""
+        monitor = self._monitor
+        assert monitor is not None
+        while True:
+            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+            reason = HANDSHAKE_FAILURES.get(int(event["event"]))
+            if reason is None:
+                continue
+            if self.identity is None:
+                reason = NO_KEY_FAILURE
+            error = AuthFailed(f"{self.endpoint}: {reason}")
+            if self._connected is not None and not self._connected.done():
+                self._connected.set_exception(error)
+            else:
+                self.faults.append(error)
+                log.warning("%s", error)
+                self._fail_pending(error)
 
     async def close(self) -> None:
         """Say DISCONNECT (confirmed, briefly), stop the tasks, fail what is pending (idempotent).
@@ -302,6 +363,10 @@ class Client:
         if self._connected is not None and not self._connected.done():
             self._connected.set_exception(ClosedError("client closed"))
             self._connected.exception()  # mark retrieved
+        if self._monitor is not None:
+            if sock is not None:
+                sock.disable_monitor()
+            self._monitor.close(linger=0)
         if sock is not None:
             sock.close(linger=100)
 

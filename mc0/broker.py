@@ -1,15 +1,20 @@
 """Broker: the ROUTER socket and poller loop around :class:`mc0.core.BrokerCore`.
 
-Contract: the constructor does no I/O; ``bind()`` opens the socket and
-returns the real endpoints (``tcp://127.0.0.1:*`` picks a free port);
-``run()`` loops until ``stop()`` (thread-safe, also wired to SIGINT/SIGTERM
-when run in the main thread), then DISCONNECTs every peer and closes.
-All protocol decisions are the core's; this file only reads the clock,
+Contract: the constructor does no I/O; ``bind()`` loads (or on first start
+creates) the broker's CURVE keypair, loads the allowed-keys folder, starts
+the ZAP handler *before* binding, and returns the real endpoints
+(``tcp://127.0.0.1:*`` picks a free port); ``run()`` loops until ``stop()``
+(thread-safe, also wired to SIGINT/SIGTERM when run in the main thread), then
+DISCONNECTs every peer and closes.  SIGHUP, or any change in the allowed
+folder (checked every ``reload_ms``), reloads keys and permissions: revoked
+identities are cut off at once.  All protocol decisions are the core's; this
+file only reads the clock and the authenticated identity of each message,
 receives in batches and performs the sends the core returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import signal
@@ -17,13 +22,18 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from types import FrameType, TracebackType
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import zmq
 
-from .config import BrokerConfig
+from . import keys as keyfiles
+from .config import Config, load
 from .core import BrokerCore, Out
+from .errors import ConfigError
+from .protocol import ANONYMOUS
+from .security import AllowedKeys, ZapHandler, configure_server
 
 log = logging.getLogger("mc0.broker")
 
@@ -38,29 +48,65 @@ MAX_FOLLOW_UP_ROUNDS = 64
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig | None = None, *, context: zmq.Context[zmq.Socket[bytes]] | None = None):
-        self.config = config or BrokerConfig()
-        self.core = BrokerCore(self.config)
-        self._context = context
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        config_path: str | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.config_path = config_path  # re-read for permissions on reload
+        self.core = BrokerCore(self.config.broker, self.config.permissions)
+        self._given_context = context
+        self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
-        self._wake_r, self._wake_w = (None, None)  # type: tuple[socket.socket | None, socket.socket | None]
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
         self._stopping = threading.Event()
+        self._reload_asked = False
         self._closed = False
+        self.allowed: AllowedKeys | None = None
+        self.zap: ZapHandler | None = None
+        self.public_key: bytes | None = None
         self.endpoints: list[str] = []
 
     # ------------------------------------------------------------ lifecycle
+    def _broker_keys(self) -> keyfiles.KeyPair:
+        security = self.config.security
+        path = keyfiles.resolve(security.broker_key, security.keys_dir, keyfiles.SECRET_SUFFIX)
+        if not path.exists() and path.parent == Path(security.keys_dir) and path.name.endswith(keyfiles.SECRET_SUFFIX):
+            name = path.name[: -len(keyfiles.SECRET_SUFFIX)]
+            keyfiles.create(security.keys_dir, name)
+            log.warning("created the broker keypair %s (clients need %s%s)", path, name, keyfiles.PUBLIC_SUFFIX)
+        return keyfiles.load_secret(path)
+
     def bind(self) -> list[str]:
-        """Create the ROUTER socket and bind every configured endpoint."""
+        """Set up security, create the ROUTER socket and bind every configured endpoint."""
         if self._socket is not None:
             return self.endpoints
-        context = self._context or zmq.Context.instance()
-        sock = context.socket(zmq.ROUTER)
-        cfg = self.config
+        cfg = self.config.broker
+        security = self.config.security
+        if security.curve:
+            broker_keys = self._broker_keys()  # KeyFileError names the file
+            self.public_key = broker_keys.public
+            self.allowed = AllowedKeys(security.allowed_dir)
+            self.allowed.load(strict=True)
+        # A private context: the ZAP endpoint is per context, so brokers in one process stay apart.
+        self._context = self._given_context or zmq.Context()
+        if security.curve:
+            self.zap = ZapHandler(self._context, self.allowed)  # type: ignore[arg-type]
+            self.zap.start()  # before bind: no handshake can happen without it
+        else:
+            log.warning("CURVE is OFF (--insecure): anyone who reaches the port is admitted as %r", ANONYMOUS)
+        sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # HWM and gone peers raise instead of dropping silently
         sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
         sock.setsockopt(zmq.RCVHWM, max(cfg.send_hwm, 1000))
         sock.setsockopt(zmq.MAXMSGSIZE, cfg.limits.max_frame_bytes)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
+        if security.curve:
+            configure_server(sock, broker_keys)
         try:
             for endpoint in cfg.bind:
                 sock.bind(endpoint)
@@ -68,6 +114,7 @@ class Broker:
         except zmq.ZMQError:
             sock.close(linger=0)
             self.endpoints.clear()
+            self._release_context()
             raise
         self._socket = sock
         self._wake_r, self._wake_w = socket.socketpair()
@@ -75,17 +122,32 @@ class Broker:
         self._wake_w.setblocking(False)
         return self.endpoints
 
-    def stop(self) -> None:
-        """Ask ``run`` to finish (any thread, or a signal handler)."""
-        self._stopping.set()
+    def _wake(self) -> None:
         if self._wake_w is not None:
             try:
                 self._wake_w.send(b"x")
             except OSError:
                 pass
 
+    def stop(self) -> None:
+        """Ask ``run`` to finish (any thread, or a signal handler)."""
+        self._stopping.set()
+        self._wake()
+
+    def reload(self) -> None:
+        """Ask ``run`` to re-read keys and permissions now (any thread, or SIGHUP)."""
+        self._reload_asked = True
+        self._wake()
+
+    def _release_context(self) -> None:
+        if self.zap is not None:
+            self.zap.stop()
+        if self._context is not None and self._given_context is None:
+            self._context.term()
+        self._context = None
+
     def close(self) -> None:
-        """Release the socket (idempotent)."""
+        """Release sockets and the context (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -94,6 +156,7 @@ class Broker:
         for s in (self._wake_r, self._wake_w):
             if s is not None:
                 s.close()
+        self._release_context()
 
     def __enter__(self) -> Broker:
         self.bind()
@@ -113,24 +176,30 @@ class Broker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        zap = self.zap
+        if zap is not None:
+            assert zap.zap_socket is not None
+            poller.register(zap.zap_socket, zmq.POLLIN)
         core = self.core
-        handle = core.handle
-        recv = sock.recv_multipart
+        reload_every = self.config.security.reload_ms / 1000.0
+        next_reload = time.monotonic() + reload_every
         try:
             while not self._stopping.is_set():
-                wait_ms = max(0.0, (core.next_deadline() - time.monotonic()) * 1000.0)
+                deadline = core.next_deadline()
+                if self.allowed is not None:
+                    deadline = min(deadline, next_reload)
+                wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
                 ready = dict(poller.poll(int(min(wait_ms, 1000.0)) + 1))
+                if self._wake_r in ready:
+                    self._drain_wake()
+                if zap is not None and zap.zap_socket in ready:
+                    zap.handle()
                 if sock in ready:
-                    now = time.monotonic()
-                    for _ in range(RECV_BATCH):
-                        try:
-                            frames = recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        out = handle(frames[0], frames[1:], now)
-                        if out:
-                            self._send(out, now)
+                    self._receive(sock, time.monotonic())
                 now = time.monotonic()
+                if self._reload_asked or (self.allowed is not None and now >= next_reload):
+                    self._reload(now)
+                    next_reload = now + reload_every
                 if now >= core.next_deadline():
                     self._send(core.tick(now), now)
             self._send(core.shutdown(), time.monotonic())
@@ -139,6 +208,65 @@ class Broker:
                 signal.signal(signum, handler)
             self.close()
             log.info("broker stopped")
+
+    def _drain_wake(self) -> None:
+        assert self._wake_r is not None
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except OSError:
+            pass
+
+    def _receive(self, sock: zmq.Socket[bytes], now: float) -> None:
+        handle = self.core.handle
+        if self.zap is None:
+            recv = sock.recv_multipart
+            for _ in range(RECV_BATCH):
+                try:
+                    frames = recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                out = handle(frames[0], frames[1:], now, ANONYMOUS)
+                if out:
+                    self._send(out, now)
+            return
+        for _ in range(RECV_BATCH):
+            # The identity is read from each message (CURVE's User-Id), never
+            # from the routing id, which a peer chooses.
+            try:
+                first = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            rest = sock.recv_multipart(zmq.NOBLOCK) if sock.getsockopt(zmq.RCVMORE) else []
+            try:
+                identity = str(first.get("User-Id")) or ANONYMOUS
+            except zmq.ZMQError:
+                identity = ANONYMOUS
+            out = handle(first.bytes, rest, now, identity)
+            if out:
+                self._send(out, now)
+
+    def _reload(self, now: float) -> None:
+        """Re-read the allowed folder (and the config's permissions); apply the difference."""
+        asked, self._reload_asked = self._reload_asked, False
+        out: list[Out] = []
+        if self.allowed is not None and (asked or self.allowed.changed()):
+            revoked = self.allowed.load(strict=False)
+            self.core.allow(self.allowed.identities)
+            if revoked:
+                log.warning("keys revoked: %s", ", ".join(sorted(revoked)))
+                out += self.core.revoke(revoked, now)
+            asked = True
+        if asked and self.config_path:
+            try:
+                fresh = load(self.config_path)
+            except ConfigError as exc:
+                log.error("permissions not reloaded: %s", exc)
+            else:
+                self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
+                out += self.core.set_permissions(fresh.permissions, now)
+        if out:
+            self._send(out, now)
 
     def _send(self, out: Iterable[Out], now: float) -> None:
         """Send what the core returned; a failed send may make the core return more.
@@ -189,17 +317,23 @@ class Broker:
         if threading.current_thread() is not threading.main_thread():
             return {}
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
+        def on_stop(signum: int, frame: FrameType | None) -> None:
             log.info("signal %d: shutting down", signum)
             self.stop()
 
-        return {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            log.info("SIGHUP: reloading keys and permissions")
+            self.reload()
+
+        previous: dict[int, Any] = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+        return previous
 
 
 class BrokerThread:
-    """A broker running in a background thread (for embedding and the demo)."""
+    """A broker running in a background thread (for embedding)."""
 
-    def __init__(self, config: BrokerConfig | None = None) -> None:
+    def __init__(self, config: Config | None = None) -> None:
         self.broker = Broker(config)
         self._thread: threading.Thread | None = None
 
@@ -220,7 +354,8 @@ class BrokerThread:
         self.start()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+__all__ = ["Broker", "BrokerThread"]

@@ -13,15 +13,18 @@ import base64
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import click
 
 from . import config as cfg
+from . import keys as keyfiles
 from .client import Client, Worker
 from .errors import Error
 from .message import Message, Reply
@@ -63,9 +66,28 @@ endpoint_option = click.option(
 timeout_option = click.option("--timeout", type=float, default=None, help="Seconds to wait for the broker.")
 
 
-def _client(config_path: str | None, endpoint: str | None, timeout: float | None) -> Client:
+def key_options(func: Callable[P, R]) -> Callable[P, R]:
+    """--key / --broker-key (env MC0_KEY / MC0_BROKER_KEY, then the config's [client])."""
+    func = click.option(
+        "--broker-key",
+        envvar=cfg.ENV_BROKER_KEY,
+        type=click.Path(dir_okay=False),
+        help="The broker's public key file (NAME.key).",
+    )(func)
+    return click.option(
+        "--key", envvar=cfg.ENV_KEY, type=click.Path(dir_okay=False), help="This client's secret key (NAME.key_secret)."
+    )(func)
+
+
+def _client(
+    config_path: str | None,
+    endpoint: str | None,
+    timeout: float | None,
+    key: str | None = None,
+    broker_key: str | None = None,
+) -> Client:
     config = _load_config(config_path)
-    return Client(endpoint, timeout=timeout, config=config.client)
+    return Client(endpoint, timeout=timeout, config=config.client, key=key, broker_key=broker_key)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,21 +113,27 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @click.option("--bind", "binds", multiple=True, help="Endpoint to bind (repeatable; tcp://127.0.0.1:* picks a port).")
+@click.option("--insecure", is_flag=True, help="Run without CURVE (local development only): everyone is 'anonymous'.")
 @config_option
 @_one_line_errors
-def broker(binds: tuple[str, ...], config_path: str | None) -> None:
-    """Run the broker until SIGINT/SIGTERM."""
+def broker(binds: tuple[str, ...], insecure: bool, config_path: str | None) -> None:
+    """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
     from .broker import Broker
 
     config = _load_config(config_path)
-    broker_config = config.broker
     if binds:
-        broker_config = dataclasses.replace(broker_config, bind=binds)
-    server = Broker(broker_config)
+        config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, bind=binds))
+    if insecure:
+        config = dataclasses.replace(config, security=dataclasses.replace(config.security, curve=False))
+    server = Broker(config, config_path=config_path or os.environ.get(cfg.ENV_CONFIG))
     try:
         endpoints = server.bind()
+    except Error:
+        raise
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint ...
-        raise Error(f"cannot bind {', '.join(broker_config.bind)}: {exc}") from None
+        raise Error(f"cannot bind {', '.join(config.broker.bind)}: {exc}") from None
+    if server.public_key is not None:
+        click.echo(f"mc0 broker public key {server.public_key.decode()}")
     click.echo(f"mc0 broker listening on {' '.join(endpoints)}")
     sys.stdout.flush()
     server.run()
@@ -130,6 +158,7 @@ def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @endpoint_option
 @config_option
 @timeout_option
+@key_options
 @_one_line_errors
 def pub(
     topic: str,
@@ -140,11 +169,13 @@ def pub(
     endpoint: str | None,
     config_path: str | None,
     timeout: float | None,
+    key: str | None,
+    broker_key: str | None,
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
-    with _client(config_path, endpoint, timeout) as client:
+    with _client(config_path, endpoint, timeout, key, broker_key) as client:
         for _ in range(count):
             client.publish(topic, data, headers=headers, confirm=confirm)
         if not confirm:
@@ -172,6 +203,7 @@ def _message_line(message: Message, as_json: bool) -> str:
 @endpoint_option
 @config_option
 @timeout_option
+@key_options
 @_one_line_errors
 def sub(
     patterns: tuple[str, ...],
@@ -181,9 +213,14 @@ def sub(
     endpoint: str | None,
     config_path: str | None,
     timeout: float | None,
+    key: str | None,
+    broker_key: str | None,
 ) -> None:
     """Print one line per message matching any PATTERN."""
-    with _client(config_path, endpoint, timeout) as client, client.subscribe(*patterns) as subscription:
+    with (
+        _client(config_path, endpoint, timeout, key, broker_key) as client,
+        client.subscribe(*patterns) as subscription,
+    ):
         seen = 0
         while count is None or seen < count:
             message = subscription.next(wait)
@@ -197,10 +234,18 @@ def sub(
 @endpoint_option
 @config_option
 @timeout_option
+@key_options
 @_one_line_errors
-def ping(count: int, endpoint: str | None, config_path: str | None, timeout: float | None) -> None:
+def ping(
+    count: int,
+    endpoint: str | None,
+    config_path: str | None,
+    timeout: float | None,
+    key: str | None,
+    broker_key: str | None,
+) -> None:
     """Measure round trips to the broker."""
-    with _client(config_path, endpoint, timeout) as client:
+    with _client(config_path, endpoint, timeout, key, broker_key) as client:
         times = []
         for _ in range(count):
             rtt = client.ping()
@@ -237,6 +282,7 @@ def _reply_record(reply: Reply) -> dict[str, Any]:
 @click.option("--timeout", type=float, default=None, help="Request deadline in seconds (default 30).")
 @endpoint_option
 @config_option
+@key_options
 @_one_line_errors
 def call(
     service: str,
@@ -247,11 +293,13 @@ def call(
     timeout: float | None,
     endpoint: str | None,
     config_path: str | None,
+    key: str | None,
+    broker_key: str | None,
 ) -> None:
     """Call SERVICE with BODY (stdin when '-'; empty when absent); print replies as they come."""
     data = sys.stdin.buffer.read() if body == "-" else (body or "").encode()
     headers = _parse_headers(header_pairs)
-    with _client(config_path, endpoint, None) as client:
+    with _client(config_path, endpoint, None, key, broker_key) as client:
         if scatter:
             with client.scatter(service, data, timeout=timeout, headers=headers) as stream:
                 for reply in stream:
@@ -299,6 +347,7 @@ def _import_handler(spec: str) -> Any:
 @endpoint_option
 @config_option
 @timeout_option
+@key_options
 @_one_line_errors
 def serve(
     handler_spec: str,
@@ -308,11 +357,15 @@ def serve(
     endpoint: str | None,
     config_path: str | None,
     timeout: float | None,
+    key: str | None,
+    broker_key: str | None,
 ) -> None:
     """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
     handler = _import_handler(handler_spec)
     config = _load_config(config_path)
-    worker = Worker(endpoint, capacity=capacity, ttl=ttl, timeout=timeout, config=config.client)
+    worker = Worker(
+        endpoint, capacity=capacity, ttl=ttl, timeout=timeout, config=config.client, key=key, broker_key=broker_key
+    )
     for name in services:
         worker.service(name)(handler)
     with worker:
@@ -326,12 +379,20 @@ def serve(
 @endpoint_option
 @config_option
 @timeout_option
+@key_options
 @_one_line_errors
-def stats(as_json: bool, endpoint: str | None, config_path: str | None, timeout: float | None) -> None:
+def stats(
+    as_json: bool,
+    endpoint: str | None,
+    config_path: str | None,
+    timeout: float | None,
+    key: str | None,
+    broker_key: str | None,
+) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
     from .core import BROKER_SERVICE
 
-    with _client(config_path, endpoint, timeout) as client:
+    with _client(config_path, endpoint, timeout, key, broker_key) as client:
         reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
         reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
     if as_json:
@@ -392,6 +453,124 @@ def stats(as_json: bool, endpoint: str | None, config_path: str | None, timeout:
             str(peer["served"]),
         )
     console.print(peers)
+
+
+@cli.group()
+def keys() -> None:
+    """Create, list, allow and revoke CURVE keys."""
+
+
+dir_option = click.option("--dir", "keys_dir", default=None, help="Key folder (default: [security] keys_dir, 'keys').")
+allowed_option = click.option(
+    "--allowed", "allowed_dir", default=None, help="The broker's allowed folder (default: [security] allowed_dir)."
+)
+
+
+def _folders(config_path: str | None, keys_dir: str | None, allowed_dir: str | None) -> tuple[Path, Path, Path]:
+    security = _load_config(config_path).security
+    allowed = Path(allowed_dir or security.allowed_dir)
+    return Path(keys_dir or security.keys_dir), allowed, allowed.parent / "revoked"
+
+
+@keys.command("new")
+@click.argument("name")
+@dir_option
+@click.option("--passphrase", is_flag=True, help="Seal the secret key (prompts, or uses MC0_PASSPHRASE).")
+@click.option("--force", is_flag=True, help="Overwrite an existing keypair.")
+@config_option
+@_one_line_errors
+def keys_new(name: str, keys_dir: str | None, passphrase: bool, force: bool, config_path: str | None) -> None:
+    """Create NAME.key and NAME.key_secret (mode 0600)."""
+    folder, _, _ = _folders(config_path, keys_dir, None)
+    secret: str | None = None
+    if passphrase:
+        secret = os.environ.get(keyfiles.ENV_PASSPHRASE) or click.prompt(
+            "passphrase", hide_input=True, confirmation_prompt=True
+        )
+    public_path, secret_path = keyfiles.create(folder, name, passphrase=secret, force=force)
+    pair = keyfiles.load_public(public_path)
+    click.echo(f"{public_path}  {pair.fingerprint}")
+    click.echo(f"{secret_path}  (secret, mode 0600{', sealed' if secret else ''}; never share or commit it)")
+
+
+@keys.command("list")
+@dir_option
+@allowed_option
+@config_option
+@_one_line_errors
+def keys_list(keys_dir: str | None, allowed_dir: str | None, config_path: str | None) -> None:
+    """List keys with fingerprint and whether the broker allows them."""
+    from rich.console import Console
+    from rich.table import Table
+
+    folder, allowed, revoked = _folders(config_path, keys_dir, allowed_dir)
+    rows: dict[str, dict[str, str]] = {}
+    for where, status in ((folder, "-"), (revoked, "revoked"), (allowed, "allowed")):
+        for path in sorted(where.glob(f"*{keyfiles.PUBLIC_SUFFIX}")) if where.is_dir() else []:
+            name = path.name[: -len(keyfiles.PUBLIC_SUFFIX)]
+            try:
+                fingerprint = keyfiles.load_public(path).fingerprint
+            except Error as exc:
+                fingerprint = f"unreadable: {exc}"
+            row = rows.setdefault(name, {"fingerprint": fingerprint, "status": "-", "secret": "no"})
+            if status != "-":
+                row["status"] = status
+            if where == folder and (folder / f"{name}{keyfiles.SECRET_SUFFIX}").exists():
+                row["secret"] = "yes"
+    table = Table(title=f"keys in {folder} (allowed: {allowed})")
+    for column in ("name", "fingerprint", "status", "secret here"):
+        table.add_column(column)
+    for name, row in sorted(rows.items()):
+        table.add_row(name, row["fingerprint"], row["status"], row["secret"])
+    Console().print(table)
+
+
+@keys.command("show")
+@click.argument("name")
+@dir_option
+@config_option
+@_one_line_errors
+def keys_show(name: str, keys_dir: str | None, config_path: str | None) -> None:
+    """Print NAME's public key (Z85)."""
+    folder, _, _ = _folders(config_path, keys_dir, None)
+    click.echo(keyfiles.load_public(keyfiles.resolve(name, folder, keyfiles.PUBLIC_SUFFIX)).public.decode())
+
+
+@keys.command("allow")
+@click.argument("key")
+@dir_option
+@allowed_option
+@config_option
+@_one_line_errors
+def keys_allow(key: str, keys_dir: str | None, allowed_dir: str | None, config_path: str | None) -> None:
+    """Admit KEY (a NAME.key file, or NAME in the key folder) to the broker."""
+    folder, allowed, revoked = _folders(config_path, keys_dir, allowed_dir)
+    source = keyfiles.resolve(key, folder, keyfiles.PUBLIC_SUFFIX)
+    pair = keyfiles.load_public(source)  # refuses secrets and malformed files
+    name = keyfiles.check_name(source.name.split(keyfiles.PUBLIC_SUFFIX)[0])
+    allowed.mkdir(parents=True, exist_ok=True)
+    target = allowed / f"{name}{keyfiles.PUBLIC_SUFFIX}"
+    staging = allowed / f".{name}.tmp"
+    staging.write_bytes(source.read_bytes())
+    staging.replace(target)  # atomic: the broker never reads half a file
+    (revoked / target.name).unlink(missing_ok=True)
+    click.echo(f"allowed {name} ({pair.fingerprint}) in {allowed}")
+
+
+@keys.command("revoke")
+@click.argument("name")
+@allowed_option
+@config_option
+@_one_line_errors
+def keys_revoke(name: str, allowed_dir: str | None, config_path: str | None) -> None:
+    """Withdraw NAME: a running broker cuts it off within a second."""
+    _, allowed, revoked = _folders(config_path, None, allowed_dir)
+    source = allowed / f"{keyfiles.check_name(name)}{keyfiles.PUBLIC_SUFFIX}"
+    if not source.exists():
+        raise Error(f"{source}: {name} is not allowed")
+    revoked.mkdir(parents=True, exist_ok=True)
+    source.replace(revoked / source.name)
+    click.echo(f"revoked {name} (moved to {revoked})")
 
 
 @cli.command()

@@ -11,6 +11,7 @@ message arrives or the subscription is closed.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from . import aio
 from .config import ClientConfig
 from .errors import ClosedError
+from .keys import KeyPair
 from .message import Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
 
@@ -153,8 +155,19 @@ class Client:
         liveness: int = 3,
         limits: Limits = DEFAULT_LIMITS,
         config: ClientConfig | None = None,
+        key: str | os.PathLike[str] | KeyPair | None = None,
+        broker_key: str | os.PathLike[str] | bytes | KeyPair | None = None,
     ) -> None:
-        self._aio = self._make(endpoint, ttl=ttl, timeout=timeout, liveness=liveness, limits=limits, config=config)
+        self._aio = self._make(
+            endpoint,
+            ttl=ttl,
+            timeout=timeout,
+            liveness=liveness,
+            limits=limits,
+            config=config,
+            key=key,
+            broker_key=broker_key,
+        )
 
     def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
         return aio.Client(endpoint, **options)
@@ -166,6 +179,10 @@ class Client:
     @property
     def connected(self) -> bool:
         return self._aio.connected
+
+    @property
+    def identity(self) -> str | None:
+        return self._aio.identity
 
     @property
     def reconnects(self) -> int:

@@ -18,11 +18,14 @@ from typing import Any, TypeVar
 
 from .core import CoreSettings
 from .errors import ConfigError
+from .permissions import Permissions
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"  # the port of the original mc0d
 
 ENV_ENDPOINT = "MC0_ENDPOINT"
 ENV_CONFIG = "MC0_CONFIG"
+ENV_KEY = "MC0_KEY"
+ENV_BROKER_KEY = "MC0_BROKER_KEY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +37,36 @@ class BrokerConfig(CoreSettings):
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """The broker's CURVE setup (``curve = false`` is ``mc0 broker --insecure``)."""
+
+    curve: bool = True
+    keys_dir: str = "keys"
+    allowed_dir: str = "keys/allowed"
+    # NAME of a keypair in keys_dir (created on first start if absent), or a path to NAME.key_secret.
+    broker_key: str = "broker"
+    # How often the allowed folder is checked for changes (revocation takes effect within this).
+    reload_ms: int = field(default=500, metadata={"min": 10})
+
+
+@dataclass(frozen=True, slots=True)
 class ClientConfig:
     endpoint: str = DEFAULT_ENDPOINT
     ttl_ms: int = field(default=5_000, metadata={"min": 1})
     timeout_ms: int = field(default=5_000, metadata={"min": 1})
     request_timeout_ms: int = field(default=30_000, metadata={"min": 1})
+    # This client's secret key (NAME.key_secret path) and the broker's public key
+    # (NAME.key path); both empty = no CURVE. Overridden by MC0_KEY / MC0_BROKER_KEY.
+    key: str = field(default="", metadata={"empty": True})
+    broker_key: str = field(default="", metadata={"empty": True})
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    permissions: Permissions = field(default_factory=Permissions)
 
 
 C = TypeVar("C")
@@ -62,7 +84,15 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         if key not in known:
             raise ConfigError(path, f"unknown key (known: {', '.join(sorted(known))})")
         kind = hints[key]
-        if dataclasses.is_dataclass(kind):
+        if kind is Permissions:
+            if not isinstance(raw, dict):
+                raise ConfigError(path, "must be a table")
+            values[key] = Permissions.from_table(raw, path)
+        elif kind is bool:
+            if not isinstance(raw, bool):
+                raise ConfigError(path, f"must be true or false, got {raw!r}")
+            values[key] = raw
+        elif dataclasses.is_dataclass(kind):
             if not isinstance(raw, dict):
                 raise ConfigError(path, "must be a table")
             values[key] = _build(kind, raw, path)  # type: ignore[arg-type]
@@ -74,7 +104,7 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
                 raise ConfigError(path, f"must be at least {minimum}, got {raw}")
             values[key] = raw
         elif kind is str:
-            if not isinstance(raw, str) or not raw:
+            if not isinstance(raw, str) or not (raw or known[key].metadata.get("empty")):
                 raise ConfigError(path, f"must be a non-empty string, got {raw!r}")
             values[key] = raw
         elif kind == tuple[str, ...]:

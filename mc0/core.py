@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from . import mdp
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError
+from .permissions import ALLOW_ALL, Grants, Permissions
 from .protocol import Command, Dialect, Header, Limits, Side, Status, Verb
 from .topics import split_pattern, split_topic
 from .trie import TopicTrie
@@ -96,6 +97,7 @@ class Session:
         "jobs",
         "requests",
         "served",
+        "grants",
     )
 
     def __init__(
@@ -121,6 +123,7 @@ class Session:
         self.jobs: dict[str, Job] = {}  # bid -> request held as a worker
         self.requests: dict[str, Job | Scatter] = {}  # rid -> request made as a client
         self.served = 0
+        self.grants: Grants = ALLOW_ALL
 
     def __repr__(self) -> str:
         return f"<Session {self.name} {self.dialect.name} v{self.version}>"
@@ -212,8 +215,10 @@ class Service:
 
 
 class BrokerCore:
-    def __init__(self, settings: CoreSettings | None = None) -> None:
+    def __init__(self, settings: CoreSettings | None = None, permissions: Permissions | None = None) -> None:
         self.settings = settings or CoreSettings()
+        self.permissions = permissions or Permissions()
+        self.revoked: set[str] = set()  # identities whose every message is dropped
         self.sessions: dict[bytes, Session] = {}
         self.subscriptions: TopicTrie[Session] = TopicTrie()
         self.services: dict[str, Service] = {}
@@ -227,6 +232,9 @@ class BrokerCore:
     def handle(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str = P.ANONYMOUS) -> list[Out]:
         """One message from a peer -> what to send."""
         self.counters["received"] += 1
+        if identity in self.revoked:
+            self.counters["revoked_dropped"] += 1
+            return []
         if frames and mdp.is_mdp(frames):
             return self._handle_mdp(routing_id, frames, now, identity)
         session = self.sessions.get(routing_id)
@@ -324,6 +332,7 @@ class BrokerCore:
         return out
 
     def _open(self, session: Session, now: float) -> None:
+        session.grants = self.permissions.grants(session.identity)
         self.sessions[session.routing_id] = session
         self.counters["connects"] += 1
         self._next_sweep = min(self._next_sweep, now + session.ttl)
@@ -389,6 +398,8 @@ class BrokerCore:
         tokens = self._topic_tokens(topic, command)
         if topic.startswith(P.RESERVED_TOPIC_PREFIX):
             raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
+        if not session.grants.may_publish(tokens):
+            raise ProtocolError(Status.FORBIDDEN, f"{session.identity} may not publish to {topic}", command.id)
         self.counters["published"] += 1
         targets = self.subscriptions.match(tokens)
         out: list[Out] = []
@@ -402,6 +413,8 @@ class BrokerCore:
             frames = P.message(topic_b, session.sender, user, command.payload)
             seed_frames: list[bytes] | None = None
             for target in targets:
+                if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+                    continue  # a wildcard overlapping a denied topic: never delivered
                 if target.legacy:
                     if seed_frames is None:
                         seed_frames = P.message(topic_b, None, user, command.payload)
@@ -433,6 +446,9 @@ class BrokerCore:
 
     def _subscribe(self, session: Session, command: Command, now: float) -> list[Out]:
         patterns = self._patterns(command)  # all validated before any change
+        for pattern, tokens in patterns:
+            if not session.grants.may_subscribe(tokens):
+                raise ProtocolError(Status.FORBIDDEN, f"{session.identity} may not subscribe to {pattern}", command.id)
         new = {p: t for p, t in patterns if p not in session.patterns}
         limit = self.settings.limits.max_subscriptions
         if len(session.patterns) + len(new) > limit:
@@ -467,11 +483,14 @@ class BrokerCore:
 
     def _service_name(self, raw: str | bytes, request_id: str | None) -> str:
         name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        self._service_tokens(name, request_id)
+        return name
+
+    def _service_tokens(self, name: str, request_id: str | None) -> tuple[str, ...]:
         try:
-            split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens)
+            return split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens)
         except InvalidTopic as exc:
             raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
-        return name
 
     def _ready_command(self, session: Session, command: Command, now: float) -> list[Out]:
         capacity = 1
@@ -483,10 +502,15 @@ class BrokerCore:
                 )
         names = [self._service_name(bytes(f), command.id) for f in command.payload]
         for name in names:
-            if name in (BROKER_SERVICE, MMI_SERVICE):
-                raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", command.id)
+            self._check_serve(session, name, command.id)
         out = self._ready(session, tuple(dict.fromkeys(names)), capacity, now)
         return out + self._answer(session, command, now)
+
+    def _check_serve(self, session: Session, name: str, request_id: str | None) -> None:
+        if name in (BROKER_SERVICE, MMI_SERVICE):
+            raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", request_id)
+        if not session.grants.may_serve(self._service_tokens(name, request_id)):
+            raise ProtocolError(Status.FORBIDDEN, f"{session.identity} may not serve {name}", request_id)
 
     def _ready(self, worker: Session, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
         """Register (or re-register) a worker for services with a capacity."""
@@ -581,6 +605,8 @@ class BrokerCore:
     ) -> list[Out]:
         if rid in client.requests:
             raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
+        if not client.grants.may_call(self._service_tokens(name, rid)):
+            raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         if len(client.requests) >= self.settings.max_requests:
             raise ProtocolError(Status.OVER_LIMIT, f"{len(client.requests)} requests outstanding, the limit", rid)
         timeout_ms = min(timeout_ms, self.settings.max_request_timeout_ms)
@@ -880,7 +906,9 @@ class BrokerCore:
                 return self._request(session, name, rid, timeout, False, {}, command.body, now)
             if command.command == mdp.READY:
                 assert command.service is not None
-                return self._ready(session, (self._service_name(command.service, None),), 1, now)
+                name = self._service_name(command.service, None)
+                self._check_serve(session, name, None)
+                return self._ready(session, (name,), 1, now)
             if command.command == mdp.HEARTBEAT:
                 return []
             if command.command == mdp.DISCONNECT:
@@ -961,6 +989,42 @@ class BrokerCore:
             out.append((routing_id, P.DISCONNECT_FRAMES))
             return out
         return []
+
+    # ================================================================ security changes
+    def revoke(self, identities: set[str], now: float) -> list[Out]:
+        """Keys withdrawn: their sessions get 401 and are forgotten; later messages are dropped."""
+        self.revoked |= identities
+        out: list[Out] = []
+        for session in [s for s in self.sessions.values() if s.identity in identities]:
+            log.warning("identity %s revoked: dropping %s", session.identity, session.name)
+            out += self._forget(session, "revoked", now)
+            out.append((session.routing_id, session.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")))
+        return out
+
+    def allow(self, identities: set[str]) -> None:
+        """Keys (re)admitted: stop dropping their messages."""
+        self.revoked -= identities
+
+    def set_permissions(self, permissions: Permissions, now: float) -> list[Out]:
+        """New policy: recompute grants; withdraw subscriptions and services it no longer allows."""
+        self.permissions = permissions
+        out: list[Out] = []
+        for session in list(self.sessions.values()):
+            grants = session.grants = permissions.grants(session.identity)
+            for pattern, tokens in list(session.patterns.items()):
+                if not grants.may_subscribe(tokens):
+                    del session.patterns[pattern]
+                    self.subscriptions.remove(tokens, session)
+                    reason = f"subscription {pattern} withdrawn by policy"
+                    out.append((session.routing_id, session.dialect.error(None, "", Status.FORBIDDEN, reason)))
+            if session.services:
+                kept = tuple(n for n in session.services if grants.may_serve(self._service_tokens(n, None)))
+                if kept != session.services:
+                    dropped = ", ".join(n for n in session.services if n not in kept)
+                    out += self._ready(session, kept, session.capacity, now)
+                    reason = f"serving {dropped} withdrawn by policy"
+                    out.append((session.routing_id, session.dialect.error(None, "", Status.FORBIDDEN, reason)))
+        return out
 
     def shutdown(self) -> list[Out]:
         """DISCONNECT every peer (that has a way to be told) and forget them all."""

@@ -1,10 +1,14 @@
 """The end-to-end demo behind ``mc0 demo`` and the README's first command.
 
-Contract: starts a real broker process on a free loopback port, then a
-subscriber, a publisher, a worker and a client (library objects), shows
-wildcard delivery with the broker-stamped SENDER, a confirmed publish, an RPC
-call, a streamed reply, the broker's own stats service, a ping and a rejected
-bad input, and stops the broker with SIGTERM.  Prints each step; raises
+Contract: with CURVE on, on the embedded defaults: creates the demo's keys
+on first run (``var/demo/keys``: the broker's, and alice's, bob's and a
+stranger's, only alice and bob allowed) and a config with per-identity
+permissions, starts a real broker process on a free loopback port, then a
+subscriber, publishers, a worker and clients (library objects).  It shows
+wildcard delivery with the authenticated SENDER, a permission refusal, RPC
+answered differently per CALLER, a streamed reply, the broker's stats
+service, an unknown key refused at the handshake, a 503, a ping and a bad
+input, and stops the broker with SIGTERM.  Prints each step; raises
 :class:`mc0.Error` (exit 1 from the CLI) if anything does not happen as shown.
 """
 
@@ -12,15 +16,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+from . import keys
 from .client import Client, Worker
-from .errors import Error, Forbidden, NoResponders
+from .errors import AuthFailed, Error, Forbidden, NoResponders
 from .message import Request
 from .process import BrokerProcess
 
+DEMO_DIR = Path("var/demo")
+
+DEMO_CONFIG = """# Written by `mc0 demo`: the demo broker's config (CURVE on, keys in {keys}).
+[security]
+keys_dir = "{keys}"
+allowed_dir = "{keys}/allowed"
+
+# alice may do everything; bob may read orders but not publish them.
+[permissions.identity.bob]
+publish = ["demo.billing.>"]
+"""
+
 
 def _greet(request: Request) -> bytes:
-    return f"hello {request.body.decode()}, you are {request.caller}".encode()
+    if request.caller == "alice":
+        return f"welcome back, alice: {request.body.decode()}".encode()
+    return f"hello {request.caller}, you asked {request.body.decode()!r}".encode()
 
 
 def _count(request: Request) -> Iterator[bytes]:
@@ -29,56 +49,93 @@ def _count(request: Request) -> Iterator[bytes]:
     return b"counted"  # type: ignore[return-value]
 
 
-def run_demo(say: Callable[[str], None]) -> None:
-    say("1. starting a broker process on a free loopback port ...")
-    with BrokerProcess() as broker:
+def prepare(folder: Path, say: Callable[[str], None]) -> Path:
+    """Keys and config for the demo, created once and reused."""
+    key_dir = folder / "keys"
+    allowed = key_dir / "allowed"
+    for name in ("alice", "bob", "stranger"):
+        if not (key_dir / f"{name}{keys.SECRET_SUFFIX}").exists():
+            keys.create(key_dir, name, force=True)
+            say(f"   created keypair {key_dir / name}.key / .key_secret (secret mode 0600)")
+    allowed.mkdir(parents=True, exist_ok=True)
+    for name in ("alice", "bob"):
+        (allowed / f"{name}{keys.PUBLIC_SUFFIX}").write_bytes((key_dir / f"{name}{keys.PUBLIC_SUFFIX}").read_bytes())
+    config = folder / "mc0.toml"
+    config.write_text(DEMO_CONFIG.format(keys=key_dir.resolve()))
+    return config
+
+
+def run_demo(say: Callable[[str], None], folder: Path = DEMO_DIR) -> None:
+    say(f"1. keys and config in {folder} (created on first run; only alice and bob are allowed)")
+    config = prepare(folder, say)
+    key_dir = folder / "keys"
+
+    broker_key = key_dir / f"broker{keys.PUBLIC_SUFFIX}"
+
+    def key_of(name: str) -> Path:
+        return key_dir / f"{name}{keys.SECRET_SUFFIX}"
+
+    say("2. starting a broker process with CURVE on a free loopback port ...")
+    with BrokerProcess(config=str(config)) as broker:
         endpoint = broker.endpoint
-        say(f"   broker listening on {endpoint}")
-        with Client(endpoint) as subscriber, Client(endpoint) as publisher:
-            say("2. subscriber: SUB 'demo.orders.>' and 'demo.*.audit'")
-            subscription = subscriber.subscribe("demo.orders.>", "demo.*.audit")
-            say("3. publisher: PUT three messages (the last one confirmed by the broker)")
-            publisher.publish("demo.orders.created", b'{"order": 1}', headers={"X-Trace": "t-1"})
-            publisher.publish("demo.billing.audit", b"invoice 42 checked")
-            publisher.publish("demo.orders.audit", b"matches both patterns, arrives once", confirm=True)
-            publisher.publish("demo.other", b"nobody listens here")
-            for topic in ["demo.orders.created", "demo.billing.audit", "demo.orders.audit"]:
+        say(f"   broker listening on {endpoint}, public key {(broker.public_key or b'?').decode()}")
+        alice = Client(endpoint, key=key_of("alice"), broker_key=broker_key)
+        bob = Client(endpoint, key=key_of("bob"), broker_key=broker_key)
+        with alice, bob:
+            say("3. bob subscribes to 'demo.orders.>' and 'demo.*.audit'")
+            subscription = bob.subscribe("demo.orders.>", "demo.*.audit")
+            say("4. alice publishes; the broker stamps her authenticated identity as SENDER")
+            alice.publish("demo.orders.created", b'{"order": 1}', headers={"X-Trace": "t-1"})
+            alice.publish("demo.orders.audit", b"matches both of bob's patterns, arrives once", confirm=True)
+            for topic in ["demo.orders.created", "demo.orders.audit"]:
                 message = subscription.next(timeout=5)
                 body = message.body.decode()
-                say(f"   subscriber got {message.topic} from {message.sender}: {body} {message.headers}")
-                if message.topic != topic:
-                    raise Error(f"demo: expected {topic}, got {message.topic}")
+                say(f"   bob got {message.topic} from {message.sender}: {body} {message.headers}")
+                if (message.topic, message.sender) != (topic, "alice"):
+                    raise Error(f"demo: expected {topic} from alice, got {message.topic} from {message.sender}")
+            say("5. bob may not publish orders (permissions in the demo config)")
+            try:
+                bob.publish("demo.orders.forged", b"x", confirm=True)
+                raise Error("demo: bob published an order")
+            except Forbidden as exc:
+                say(f"   broker answered ERROR {exc.code}: {exc.reason}")
 
-            say("4. worker: READY for services 'demo.greet' and 'demo.count'")
-            worker = Worker(endpoint, capacity=2)
+            say("6. a worker (as alice) serves 'demo.greet' and 'demo.count'")
+            worker = Worker(endpoint, capacity=2, key=key_of("alice"), broker_key=broker_key)
             worker.service("demo.greet")(_greet)
             worker.service("demo.count")(_count)
             with worker:
-                say("5. client: REQUEST demo.greet (RPC through the broker)")
-                reply = publisher.request("demo.greet", b"demo user", timeout=5)
-                say(f"   FINAL: {reply.body.decode()}")
-                say("6. client: REQUEST demo.count, a streamed reply (PARTIALs then FINAL)")
-                for part in publisher.stream("demo.count", b"3", timeout=5):
-                    kind = "FINAL  " if part.final else "PARTIAL"
-                    say(f"   {kind} {part.body.decode()}")
-                say("7. the broker's own service mc0.broker answers 'services'")
-                services = json.loads(publisher.request("mc0.broker", b"services", timeout=5).body)
+                say("7. RPC: the worker answers differently per authenticated CALLER")
+                for client in (alice, bob):
+                    reply = client.request("demo.greet", b"how are you?", timeout=5)
+                    say(f"   {client.identity} got FINAL: {reply.body.decode()}")
+                say("8. a streamed reply: PARTIALs then the FINAL")
+                for part in bob.stream("demo.count", b"3", timeout=5):
+                    say(f"   {'FINAL  ' if part.final else 'PARTIAL'} {part.body.decode()}")
+                say("9. the broker's own service mc0.broker answers 'services'")
+                services = json.loads(alice.request("mc0.broker", b"services", timeout=5).body)
                 for name, row in services.items():
                     say(f"   {name}: {row['workers']} worker(s), served {row['served']}")
-            say("8. with the worker gone, a request gets 503 at once")
+            say("10. with the worker gone, a request gets 503 at once")
             try:
-                publisher.request("demo.greet", b"anyone?", timeout=5)
+                alice.request("demo.greet", b"anyone?", timeout=5)
                 raise Error("demo: a request without workers was answered")
             except NoResponders as exc:
                 say(f"   broker answered ERROR {exc.code}: {exc.reason}")
-            say(f"9. ping: {publisher.ping() * 1000:.2f} ms round trip")
-            say("10. bad input gets a clear answer: PUT to the broker's own topic space")
+            say("11. a key the broker does not know is refused at the CURVE handshake")
             try:
-                publisher.publish("mc0.sys.fake", b"x", confirm=True)
+                Client(endpoint, timeout=5, key=key_of("stranger"), broker_key=broker_key).connect()
+                raise Error("demo: the stranger got in")
+            except AuthFailed as exc:
+                say(f"   AuthFailed: {exc}")
+            say(f"12. ping: {alice.ping() * 1000:.2f} ms round trip")
+            say("13. bad input gets a clear answer: PUT to the broker's own topic space")
+            try:
+                alice.publish("mc0.sys.fake", b"x", confirm=True)
                 raise Error("demo: the broker accepted a PUT to mc0.sys.*")
             except Forbidden as exc:
                 say(f"   broker answered ERROR {exc.code}: {exc.reason}")
-        say("11. stopping the broker with SIGTERM")
+        say("14. stopping the broker with SIGTERM")
         status = broker.stop()
         if status != 0:
             raise Error(f"demo: broker exited with status {status}")

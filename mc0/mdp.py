@@ -155,7 +155,8 @@ class MdpWorkerDialect:
     final = partial
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
-        raise AssertionError("an MDP worker sends no requests")  # pragma: no cover
+        # MDP gives a worker no error message: being refused is being disconnected.
+        return [*self._head, DISCONNECT]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return [*self._head, HEARTBEAT]

@@ -10,17 +10,20 @@ the demo, the tests and the benchmarks, so all three run the real thing.
 from __future__ import annotations
 
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from .errors import Error, Timeout
 
 READY_PREFIX = "mc0 broker listening on "
+KEY_PREFIX = "mc0 broker public key "
 
 
 class BrokerProcess:
@@ -28,6 +31,7 @@ class BrokerProcess:
         self,
         *args: str,
         config: str | None = None,
+        insecure: bool = False,
         verbose: int = 0,
         bind: Sequence[str] = ("tcp://127.0.0.1:*",),
         env: dict[str, str] | None = None,
@@ -37,6 +41,8 @@ class BrokerProcess:
         self.args = list(args)
         if config is not None:
             self.args += ["--config", config]
+        if insecure:
+            self.args.append("--insecure")
         self.verbose = verbose
         self.bind = list(bind)
         self.env = env
@@ -44,6 +50,7 @@ class BrokerProcess:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[str] | None = None
         self.endpoints: list[str] = []
+        self.public_key: bytes | None = None
 
     @property
     def endpoint(self) -> str:
@@ -59,18 +66,23 @@ class BrokerProcess:
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.cwd
         )
         assert self.proc.stdout is not None
+        # A thread reads stdout line by line (select() on a buffered pipe misses
+        # lines already read ahead) and keeps draining it after start.
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_pump_lines, args=(self.proc.stdout, lines), daemon=True).start()
         deadline = time.monotonic() + self.start_timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                line = self.proc.stdout.readline()
-                if line.startswith(READY_PREFIX):
-                    self.endpoints = line[len(READY_PREFIX) :].split()
-                    return self
-                if not line:  # the child exited
-                    break
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line.startswith(KEY_PREFIX):
+                self.public_key = line[len(KEY_PREFIX) :].strip().encode()
+            elif line.startswith(READY_PREFIX):
+                self.endpoints = line[len(READY_PREFIX) :].split()
+                return self
+            elif not line:  # the child exited
+                break
         stderr = self._stderr_after_kill()
         raise Timeout(f"broker start ({' '.join(command)}): {stderr.strip()[-500:]}", self.start_timeout)
 
@@ -113,10 +125,7 @@ class BrokerProcess:
         return self.proc.stderr.read()
 
     def _close_pipes(self) -> None:
-        assert self.proc is not None
-        for pipe in (self.proc.stdout,):
-            if pipe is not None:
-                pipe.close()
+        pass  # stdout belongs to the reader thread, which ends at EOF
 
     def __enter__(self) -> BrokerProcess:
         return self.start()
@@ -131,3 +140,9 @@ class BrokerProcess:
                 pass
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+def _pump_lines(stream: Any, lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put("")

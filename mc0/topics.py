@@ -92,3 +92,18 @@ def pattern_matches(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
         if want != SINGLE and want != topic[i]:
             return False
     return len(topic) == len(pattern)
+
+
+def pattern_covers(outer: tuple[str, ...], inner: tuple[str, ...]) -> bool:
+    """Whether every topic ``inner`` matches is also matched by ``outer``."""
+    for i, want in enumerate(outer):
+        if want == TAIL:
+            return i < len(inner)
+        if i >= len(inner):
+            return False
+        have = inner[i]
+        if have == TAIL:
+            return False  # inner reaches deeper than outer can
+        if want != SINGLE and want != have:
+            return False  # a literal covers only the same literal (not '*')
+    return len(inner) == len(outer)

@@ -89,8 +89,72 @@ def zctx() -> Iterator[zmq.Context[Any]]:
 
 @pytest.fixture
 def broker() -> Iterator[BrokerProcess]:
-    with BrokerProcess() as process:
+    """A broker without CURVE (wire-level tests); see ``curve`` for the secure one."""
+    with BrokerProcess(insecure=True) as process:
         yield process
+
+
+class CurveSetup:
+    """Real keys in a temp folder: a broker keypair, allowed identities, one stranger."""
+
+    def __init__(self, root: Path, identities: tuple[str, ...] = ("alice", "bob", "carol"), extra: str = "") -> None:
+        from mc0 import keys
+
+        self.root = root
+        self.keys_dir = root / "keys"
+        self.allowed_dir = self.keys_dir / "allowed"
+        for name in (*identities, "mallory"):
+            keys.create(self.keys_dir, name)
+        self.allowed_dir.mkdir(parents=True)
+        for name in identities:  # mallory has a key the broker does not know
+            (self.allowed_dir / f"{name}.key").write_bytes((self.keys_dir / f"{name}.key").read_bytes())
+        self.config = root / "mc0.toml"
+        self.config.write_text(
+            f'[security]\nkeys_dir = "{self.keys_dir}"\nallowed_dir = "{self.allowed_dir}"\nreload_ms = 100\n'
+            f"[broker]\nmin_ttl_ms = 50\n{extra}"
+        )
+        self.broker_key = self.keys_dir / "broker.key"  # created by the broker on first start
+
+    def secret(self, name: str) -> Path:
+        return self.keys_dir / f"{name}.key_secret"
+
+    def client_options(self, name: str = "alice") -> dict[str, Any]:
+        return {"key": str(self.secret(name)), "broker_key": str(self.broker_key)}
+
+    def start(self) -> BrokerProcess:
+        return BrokerProcess(config=str(self.config)).start()
+
+
+@pytest.fixture
+def curve(tmp_path: Path) -> Iterator[tuple[CurveSetup, BrokerProcess]]:
+    setup = CurveSetup(tmp_path)
+    broker = setup.start()
+    try:
+        yield setup, broker
+    finally:
+        broker.__exit__(None, None, None)
+
+
+class Bus:
+    """A running broker plus the client options that reach it (CURVE on or off)."""
+
+    def __init__(self, broker: BrokerProcess, options: dict[str, Any], sender: str) -> None:
+        self.broker = broker
+        self.endpoint = broker.endpoint
+        self.options = options
+        self.sender = sender  # the identity the broker stamps on our messages
+
+
+@pytest.fixture(params=["plain", "curve"])
+def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bus]:
+    """One test body on a broker without CURVE and on one with CURVE and real keys."""
+    if request.param == "plain":
+        with BrokerProcess(insecure=True) as broker:
+            yield Bus(broker, {}, "anonymous")
+        return
+    setup = CurveSetup(tmp_path)
+    with setup.start() as broker:
+        yield Bus(broker, setup.client_options("alice"), "alice")
 
 
 @pytest.fixture

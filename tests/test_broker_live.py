@@ -22,7 +22,7 @@ def code_of(frames: list[bytes]) -> int:
 
 def test_connect_gets_ok_with_the_clamped_ttl(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
     config = write_config(tmp_path, "[broker]\nmin_ttl_ms = 200\nmax_ttl_ms = 3000\n")
-    with BrokerProcess(config=config) as broker:
+    with BrokerProcess(config=config, insecure=True) as broker:
         peer = RawPeer(broker.endpoint, zctx)
         assert peer.connect(ttl=10) == [b"OK", b"ID", b"c", b"TTL", b"200"]
         assert peer.connect(ttl=999999) == [b"OK", b"ID", b"c", b"TTL", b"3000"]
@@ -89,7 +89,7 @@ def test_status_codes_from_bad_input(tmp_path: Path, zctx: zmq.Context[Any], fra
     config = write_config(
         tmp_path, "[broker.limits]\nmax_message_bytes = 65536\nmax_frame_bytes = 131072\nmax_subscriptions = 5\n"
     )
-    with BrokerProcess(config=config) as broker:
+    with BrokerProcess(config=config, insecure=True) as broker:
         peer = RawPeer(broker.endpoint, zctx)
         peer.connect()
         peer.send(*frames)
@@ -160,7 +160,7 @@ def test_twenty_plus_malformed_messages_then_ping_still_answers(raw: Any) -> Non
 
 def test_frame_beyond_maxmsgsize_drops_only_that_peer(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
     config = write_config(tmp_path, "[broker.limits]\nmax_message_bytes = 65536\nmax_frame_bytes = 131072\n")
-    with BrokerProcess(config=config) as broker:
+    with BrokerProcess(config=config, insecure=True) as broker:
         rogue, good = RawPeer(broker.endpoint, zctx), RawPeer(broker.endpoint, zctx)
         rogue.connect()
         good.connect()
@@ -174,7 +174,7 @@ def test_frame_beyond_maxmsgsize_drops_only_that_peer(tmp_path: Path, zctx: zmq.
 
 def test_heartbeats_flow_and_a_silent_peer_expires(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
     config = write_config(tmp_path, "[broker]\nmin_ttl_ms = 50\nliveness = 3\n")
-    with BrokerProcess(config=config) as broker:
+    with BrokerProcess(config=config, insecure=True) as broker:
         silent, pub = RawPeer(broker.endpoint, zctx), RawPeer(broker.endpoint, zctx)
         assert silent.connect(ttl=100)[:3] == [b"OK", b"ID", b"c"]
         pub.connect(ttl=5000)
@@ -193,7 +193,7 @@ def test_heartbeats_flow_and_a_silent_peer_expires(tmp_path: Path, zctx: zmq.Con
 
 def test_slow_subscriber_does_not_stall_a_fast_one_and_is_evicted(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
     config = write_config(tmp_path, "[broker]\nsend_hwm = 200\nslow_consumer_ms = 300\n")
-    with BrokerProcess(config=config) as broker:
+    with BrokerProcess(config=config, insecure=True) as broker:
         slow, fast, pub = (RawPeer(broker.endpoint, zctx) for _ in range(3))
         slow.socket.setsockopt(zmq.RCVHWM, 10)
         for peer in (slow, fast, pub):
@@ -247,7 +247,7 @@ def test_seed_client_speaks_protocol_0_1(raw: Any) -> None:
 
 
 def test_sigterm_disconnects_peers_and_exits_zero(zctx: zmq.Context[Any]) -> None:
-    broker = BrokerProcess().start()
+    broker = BrokerProcess(insecure=True).start()
     peer = RawPeer(broker.endpoint, zctx)
     peer.connect()
     assert broker.stop() == 0

@@ -141,11 +141,25 @@ def test_sample_config_loads_and_is_the_defaults() -> None:
     assert config.load(sample) == config.Config()
 
 
-def test_demo_runs_end_to_end_and_exits_zero() -> None:
-    result = mc0("demo", timeout=60)
-    assert result.returncode == 0, result.stderr
-    for step in ("broker listening on", "subscriber got demo.orders.created", "ERROR 403", "broker exited 0"):
-        assert step in result.stdout
+def test_demo_runs_end_to_end_with_curve_and_exits_zero(tmp_path: Path) -> None:
+    for run in ("first run creates keys", "second run reuses them"):
+        result = subprocess.run(
+            [sys.executable, "-m", "mc0", "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, (run, result.stderr)
+        for step in (
+            "broker listening on",
+            "bob got demo.orders.created from alice",
+            "ERROR 403: bob may not publish",
+            "alice got FINAL: welcome back, alice",
+            "bob got FINAL: hello bob",
+            "AuthFailed",
+            "broker exited 0",
+        ):
+            assert step in result.stdout, (run, step)
+    secrets = sorted((tmp_path / "var" / "demo" / "keys").glob("*.key_secret"))
+    assert [p.name for p in secrets] == [f"{n}.key_secret" for n in ("alice", "bob", "broker", "stranger")]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets)
 
 
 def test_serve_call_stream_scatter_and_stats(broker: BrokerProcess) -> None:

@@ -11,18 +11,20 @@ import pytest
 import mc0
 from mc0.process import BrokerProcess
 
+from .conftest import Bus
+
 pytestmark = pytest.mark.asyncio
 
 
-async def test_publish_subscribe_with_wildcards_headers_and_sender(api: Any, broker: BrokerProcess) -> None:
-    sub = await api(api.Client(broker.endpoint).connect())
-    pub = await api(api.Client(broker.endpoint).connect())
+async def test_publish_subscribe_with_wildcards_headers_and_sender(api: Any, bus: Bus) -> None:
+    sub = await api(api.Client(bus.endpoint, **bus.options).connect())
+    pub = await api(api.Client(bus.endpoint, **bus.options).connect())
     stream = await api(sub.subscribe("metrics.*.cpu", "metrics.>"))
     await api(pub.publish("metrics.web1.cpu", b"0.93", headers={"X-Unit": "ratio"}))
     await api(pub.publish("metrics.web1.mem", [b"part1", b"part2"], confirm=True))
     first = await api(stream.next(timeout=5))
     second = await api(stream.next(timeout=5))
-    assert first == mc0.Message("metrics.web1.cpu", (b"0.93",), "anonymous", {"X-Unit": "ratio"})
+    assert first == mc0.Message("metrics.web1.cpu", (b"0.93",), bus.sender, {"X-Unit": "ratio"})
     assert second.body == b"part1part2" and second.parts == (b"part1", b"part2")
     with pytest.raises(mc0.Timeout):
         await api(stream.next(timeout=0.3))  # matched by two patterns, delivered once
@@ -32,8 +34,8 @@ async def test_publish_subscribe_with_wildcards_headers_and_sender(api: Any, bro
     await api(sub.close())  # idempotent
 
 
-async def test_two_subscriptions_of_one_client_each_get_the_message(api: Any, broker: BrokerProcess) -> None:
-    client = await api(api.Client(broker.endpoint).connect())
+async def test_two_subscriptions_of_one_client_each_get_the_message(api: Any, bus: Bus) -> None:
+    client = await api(api.Client(bus.endpoint, **bus.options).connect())
     a = await api(client.subscribe("x.*"))
     b = await api(client.subscribe("x.y"))
     await api(client.publish("x.y", b"1", confirm=True))
@@ -47,8 +49,8 @@ async def test_two_subscriptions_of_one_client_each_get_the_message(api: Any, br
     await api(client.close())
 
 
-async def test_unsubscribe_by_pattern_ends_iteration(api: Any, broker: BrokerProcess) -> None:
-    client = await api(api.Client(broker.endpoint).connect())
+async def test_unsubscribe_by_pattern_ends_iteration(api: Any, bus: Bus) -> None:
+    client = await api(api.Client(bus.endpoint, **bus.options).connect())
     sub = await api(client.subscribe("t"))
     await api(client.publish("t", b"last", confirm=True))
     await api(client.unsubscribe("t"))
@@ -63,8 +65,8 @@ async def test_unsubscribe_by_pattern_ends_iteration(api: Any, broker: BrokerPro
     await api(client.close())
 
 
-async def test_confirmed_publish_raises_the_broker_error(api: Any, broker: BrokerProcess) -> None:
-    client = await api(api.Client(broker.endpoint).connect())
+async def test_confirmed_publish_raises_the_broker_error(api: Any, bus: Bus) -> None:
+    client = await api(api.Client(bus.endpoint, **bus.options).connect())
     with pytest.raises(mc0.Forbidden) as info:
         await api(client.publish("mc0.sys.x", b"no", confirm=True))
     assert info.value.code == 403
@@ -73,8 +75,8 @@ async def test_confirmed_publish_raises_the_broker_error(api: Any, broker: Broke
     await api(client.close())
 
 
-async def test_ping_measures_a_round_trip(api: Any, broker: BrokerProcess) -> None:
-    client = await api(api.Client(broker.endpoint).connect())
+async def test_ping_measures_a_round_trip(api: Any, bus: Bus) -> None:
+    client = await api(api.Client(bus.endpoint, **bus.options).connect())
     assert 0 < await api(client.ping()) < 1
     await api(client.close())
 
@@ -88,28 +90,28 @@ async def test_connect_times_out_without_a_broker(api: Any) -> None:
         await api(client.publish("t", b"x"))
 
 
-async def test_context_managers_close(api: Any, broker: BrokerProcess) -> None:
+async def test_context_managers_close(api: Any, bus: Bus) -> None:
     if api.name == "sync":
-        with api.Client(broker.endpoint) as client, client.subscribe("cm") as sub:
+        with api.Client(bus.endpoint, **bus.options) as client, client.subscribe("cm") as sub:
             client.publish("cm", b"x", confirm=True)
             assert sub.next(timeout=5).body == b"x"
         assert sub.closed and not client.connected
     else:
-        async with api.Client(broker.endpoint) as client, await client.subscribe("cm") as sub:
+        async with api.Client(bus.endpoint, **bus.options) as client, await client.subscribe("cm") as sub:
             await client.publish("cm", b"x", confirm=True)
             assert (await sub.next(timeout=5)).body == b"x"
         assert sub.closed and not client.connected
 
 
 async def test_broker_restart_heals_subscriptions_without_user_code(api: Any) -> None:
-    first = BrokerProcess().start()
+    first = BrokerProcess(insecure=True).start()
     endpoint = first.endpoint
     assert re.match(r"tcp://127\.0\.0\.1:\d+$", endpoint)
     try:
         sub = await api(api.Client(endpoint, ttl=0.2, timeout=3).connect())
         stream = await api(sub.subscribe("heal.>"))
         first.kill()  # a crash: no DISCONNECT
-        with BrokerProcess(bind=(endpoint,)) as second:
+        with BrokerProcess(bind=(endpoint,), insecure=True) as second:
             pub = await api(api.Client(second.endpoint, timeout=3).connect())
             message = None
             for attempt in range(50):  # bounded: 50 x 0.1 s
@@ -129,12 +131,12 @@ async def test_broker_restart_heals_subscriptions_without_user_code(api: Any) ->
 
 
 async def test_broker_shutdown_disconnect_then_return_heals(api: Any) -> None:
-    first = BrokerProcess().start()
+    first = BrokerProcess(insecure=True).start()
     endpoint = first.endpoint
     sub = await api(api.Client(endpoint, ttl=0.2, timeout=3).connect())
     stream = await api(sub.subscribe("again"))
     assert first.stop() == 0  # clean: the broker sends DISCONNECT
-    with BrokerProcess(bind=(endpoint,)) as second:
+    with BrokerProcess(bind=(endpoint,), insecure=True) as second:
         pub = await api(api.Client(second.endpoint, timeout=3).connect())
         got = None
         for _ in range(50):

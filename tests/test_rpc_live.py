@@ -58,7 +58,7 @@ def fast_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker that notices a dead worker within ~0.3 s (TTL 100 ms, liveness 3)."""
     config = tmp_path / "mc0.toml"
     config.write_text("[broker]\nmin_ttl_ms = 50\n")
-    with BrokerProcess(config=str(config)) as broker:
+    with BrokerProcess(config=str(config), insecure=True) as broker:
         yield broker
 
 
@@ -260,11 +260,11 @@ async def test_handler_exception_is_500(api: Any, broker: BrokerProcess) -> None
 
 @pytest.mark.asyncio
 async def test_worker_heals_after_broker_restart(api: Any) -> None:
-    first = BrokerProcess().start()
+    first = BrokerProcess(insecure=True).start()
     endpoint = first.endpoint
     worker = await start_worker(api, endpoint, {"svc": lambda r: b"alive"}, ttl=0.2, timeout=3)
     first.kill()
-    with BrokerProcess(bind=(endpoint,)) as second:
+    with BrokerProcess(bind=(endpoint,), insecure=True) as second:
         client = await api(api.Client(second.endpoint, timeout=3).connect())
         reply = None
         for _ in range(50):  # bounded: the worker re-registers within about one TTL

@@ -1,0 +1,151 @@
+"""Per-identity permissions: what each identity may publish, subscribe, call, serve.
+
+Contract: ``Permissions.from_table(toml_table, where)`` builds the policy
+from the config's ``[permissions]`` table (errors name the key);
+``grants(identity)`` returns the compiled :class:`Grants` the broker core
+consults.  Rules, NATS style:
+
+* each of ``publish``, ``subscribe``, ``call``, ``serve`` is a list of topic
+  (or service) patterns; an identity's own list replaces the default's, a
+  missing one inherits it; the default allows everything (``[">"]``) unless
+  configured otherwise (authentication is the first gate);
+* ``deny`` lists (the default's and the identity's together) win over
+  allows;
+* a SUB pattern must lie wholly inside an allowed pattern and not wholly
+  inside a denied one; a wildcard that merely overlaps a denied topic is
+  accepted, and the broker never delivers the denied topics to it (checked
+  at delivery, as NATS does).
+
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, InvalidTopic
+from .topics import pattern_covers, pattern_matches, split_pattern
+
+ACTIONS = ("publish", "subscribe", "call", "serve")
+ALL: tuple[str, ...] = (">",)
+_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """Allow and deny pattern lists for one identity (None = inherit the default)."""
+
+    allow: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
+    deny: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _tokens(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    return tuple(split_pattern(p, max_bytes=1024, max_tokens=64) for p in patterns)
+
+
+class Grants:
+    """One identity's compiled rules."""
+
+    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe")
+
+    def __init__(self, allow: Mapping[str, Sequence[str]], deny: Mapping[str, Sequence[str]]) -> None:
+        self._allow = {action: _tokens(allow.get(action, ())) for action in ACTIONS}
+        self._deny = {action: _tokens(deny.get(action, ())) for action in ACTIONS}
+        self.deny_subscribe = self._deny["subscribe"]  # non-empty: the broker filters deliveries
+        self._publish_cache: dict[tuple[str, ...], bool] = {}
+
+    def _literal(self, action: str, tokens: tuple[str, ...]) -> bool:
+        if any(pattern_matches(d, tokens) for d in self._deny[action]):
+            return False
+        return any(pattern_matches(a, tokens) for a in self._allow[action])
+
+    def may_publish(self, topic: tuple[str, ...]) -> bool:
+        verdict = self._publish_cache.get(topic)
+        if verdict is None:
+            if len(self._publish_cache) >= _CACHE_SIZE:
+                self._publish_cache.clear()
+            verdict = self._publish_cache[topic] = self._literal("publish", topic)
+        return verdict
+
+    def may_subscribe(self, pattern: tuple[str, ...]) -> bool:
+        if any(pattern_covers(d, pattern) for d in self.deny_subscribe):
+            return False
+        return any(pattern_covers(a, pattern) for a in self._allow["subscribe"])
+
+    def delivers(self, topic: tuple[str, ...]) -> bool:
+        """False when a subscribe-deny pattern matches this topic."""
+        return not any(pattern_matches(d, topic) for d in self.deny_subscribe)
+
+    def may_call(self, service: tuple[str, ...]) -> bool:
+        return self._literal("call", service)
+
+    def may_serve(self, service: tuple[str, ...]) -> bool:
+        return self._literal("serve", service)
+
+
+ALLOW_ALL = Grants(dict.fromkeys(ACTIONS, ALL), {})
+
+
+@dataclass(frozen=True)
+class Permissions:
+    default: Rules = field(default_factory=Rules)
+    identities: Mapping[str, Rules] = field(default_factory=dict)
+
+    def grants(self, identity: str) -> Grants:
+        own = self.identities.get(identity, Rules())
+        allow = {}
+        deny = {}
+        for action in ACTIONS:
+            chosen = own.allow.get(action)
+            if chosen is None:
+                chosen = self.default.allow.get(action)
+            allow[action] = ALL if chosen is None else chosen
+            deny[action] = (*self.default.deny.get(action, ()), *own.deny.get(action, ()))
+        if not any(deny.values()) and all(a == ALL for a in allow.values()):
+            return ALLOW_ALL
+        return Grants(allow, deny)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], where: str = "permissions") -> Permissions:
+        unknown = set(table) - {"default", "identity"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key (known: default, identity)")
+        default = _rules(table.get("default", {}), f"{where}.default")
+        identities_table = table.get("identity", {})
+        if not isinstance(identities_table, Mapping):
+            raise ConfigError(f"{where}.identity", "must be a table of identities")
+        identities = {name: _rules(rules, f"{where}.identity.{name}") for name, rules in identities_table.items()}
+        return cls(default, identities)
+
+
+def _pattern_list(raw: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise ConfigError(where, f"must be a list of patterns, got {raw!r}")
+    for pattern in raw:
+        try:
+            split_pattern(pattern, max_bytes=1024, max_tokens=64)
+        except InvalidTopic as exc:
+            raise ConfigError(where, str(exc)) from None
+    return tuple(raw)
+
+
+def _rules(table: Any, where: str) -> Rules:
+    if not isinstance(table, Mapping):
+        raise ConfigError(where, "must be a table")
+    allow: dict[str, tuple[str, ...] | None] = {}
+    deny: dict[str, tuple[str, ...]] = {}
+    for key, raw in table.items():
+        if key == "deny":
+            if not isinstance(raw, Mapping):
+                raise ConfigError(f"{where}.deny", "must be a table")
+            for action, patterns in raw.items():
+                if action not in ACTIONS:
+                    raise ConfigError(f"{where}.deny.{action}", f"unknown key (known: {', '.join(ACTIONS)})")
+                deny[action] = _pattern_list(patterns, f"{where}.deny.{action}")
+        elif key in ACTIONS:
+            allow[key] = _pattern_list(raw, f"{where}.{key}")
+        else:
+            raise ConfigError(f"{where}.{key}", f"unknown key (known: {', '.join(ACTIONS)}, deny)")
+    return Rules(allow, deny)
