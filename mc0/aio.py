@@ -76,7 +76,7 @@ class Subscription:
 
     @property
     def pattern(self) -> str:
-        return self.patterns[0]
+        return self.patterns[0] if self.patterns else ""
 
     def _offer(self, message: Message) -> None:
         if self._queue.qsize() >= self.max_pending:
@@ -627,6 +627,11 @@ class Client:
         elif isinstance(event, Fault):
             self.faults.append(event.error)
             log.warning("broker reported: %s", event.error)
+            if event.withdrawn is not None:
+                for sub in self._subscriptions.pop(event.withdrawn, []):
+                    sub.patterns = tuple(p for p in sub.patterns if p != event.withdrawn)
+                    if not sub.patterns:
+                        sub._end()
         elif isinstance(event, Reconnecting):
             log.info("reconnecting to %s: %s", self.endpoint, event.reason)
             # The broker forgets a session on reconnect: whatever we were waiting for is lost.

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 import zmq
+import zmq.utils.monitor
 
 from . import keys as keyfiles
 from .config import Config, load
@@ -57,10 +58,13 @@ class Broker:
     ) -> None:
         self.config = config or Config()
         self.config_path = config_path  # re-read for permissions on reload
-        self.core = BrokerCore(self.config.broker, self.config.permissions)
+        self.core = BrokerCore(
+            self.config.broker, self.config.permissions, generated_ids_only=self.config.security.curve
+        )
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._stopping = threading.Event()
@@ -117,6 +121,8 @@ class Broker:
             self._release_context()
             raise
         self._socket = sock
+        # Connection closes, so a vanished peer's session goes at once (not after liveness x TTL).
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -151,6 +157,10 @@ class Broker:
         if self._closed:
             return
         self._closed = True
+        if self._monitor is not None:
+            if self._socket is not None:
+                self._socket.disable_monitor()
+            self._monitor.close(linger=0)
         if self._socket is not None:
             self._socket.close()
         for s in (self._wake_r, self._wake_w):
@@ -176,6 +186,9 @@ class Broker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        monitor = self._monitor
+        assert monitor is not None
+        poller.register(monitor, zmq.POLLIN)
         zap = self.zap
         if zap is not None:
             assert zap.zap_socket is not None
@@ -196,6 +209,8 @@ class Broker:
                     zap.handle()
                 if sock in ready:
                     self._receive(sock, time.monotonic())
+                if monitor in ready:
+                    self._connections_closed(monitor, time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._reload(now)
@@ -219,32 +234,37 @@ class Broker:
 
     def _receive(self, sock: zmq.Socket[bytes], now: float) -> None:
         handle = self.core.handle
-        if self.zap is None:
-            recv = sock.recv_multipart
-            for _ in range(RECV_BATCH):
-                try:
-                    frames = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    return
-                out = handle(frames[0], frames[1:], now, ANONYMOUS)
-                if out:
-                    self._send(out, now)
-            return
+        curve = self.zap is not None
         for _ in range(RECV_BATCH):
-            # The identity is read from each message (CURVE's User-Id), never
-            # from the routing id, which a peer chooses.
+            # The routing id frame is received as a zmq.Frame to read, from the
+            # message itself, the connection it came on and (under CURVE) the
+            # authenticated identity: never trusted from the routing id, which
+            # a peer chooses.
             try:
                 first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            rest = sock.recv_multipart(zmq.NOBLOCK) if sock.getsockopt(zmq.RCVMORE) else []
-            try:
-                identity = str(first.get("User-Id")) or ANONYMOUS
-            except zmq.ZMQError:
-                identity = ANONYMOUS
-            out = handle(first.bytes, rest, now, identity)
+            rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
+            identity = ANONYMOUS
+            if curve:
+                try:
+                    identity = str(first.get("User-Id")) or ANONYMOUS
+                except zmq.ZMQError:
+                    pass
+            out = handle(first.bytes, rest, now, identity, int(first.get(zmq.SRCFD)))
             if out:
                 self._send(out, now)
+
+    def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
+        while True:
+            try:
+                event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                out = self.core.connection_closed(int(event["value"]), now)
+                if out:
+                    self._send(out, now)
 
     def _reload(self, now: float) -> None:
         """Re-read the allowed folder (and the config's permissions); apply the difference."""

@@ -98,15 +98,27 @@ class Session:
         "requests",
         "served",
         "grants",
+        "fd",
     )
 
+    _serials = itertools.count(1)
+
     def __init__(
-        self, routing_id: bytes, identity: str, version: str, ttl: float, now: float, dialect: Dialect
+        self,
+        routing_id: bytes,
+        identity: str,
+        version: str,
+        ttl: float,
+        now: float,
+        dialect: Dialect,
+        fd: int | None = None,
     ) -> None:
         self.routing_id = routing_id
         self.identity = identity
         self.sender = identity.encode()
-        self.name = f"{identity}@{routing_id.hex()}"  # WORKER header in scatter replies
+        # Shown to others (WORKER header, stats): never the routing id, which could help a squatter.
+        self.name = f"{identity}#{next(Session._serials)}"
+        self.fd = fd  # the connection it arrived on (ZMQ_SRCFD), when the shell knows it
         self.version = version
         self.legacy = version in P.SEED_VERSIONS
         self.dialect = dialect
@@ -214,10 +226,24 @@ class Service:
         return sum(1 for w in self.workers for j in w.jobs.values() if j.service == self.name)
 
 
+def _generated_routing_id(routing_id: bytes) -> bool:
+    """libzmq's own routing ids are 5 bytes starting with a zero byte."""
+    return len(routing_id) == 5 and routing_id[0] == 0
+
+
 class BrokerCore:
-    def __init__(self, settings: CoreSettings | None = None, permissions: Permissions | None = None) -> None:
+    def __init__(
+        self,
+        settings: CoreSettings | None = None,
+        permissions: Permissions | None = None,
+        *,
+        generated_ids_only: bool = False,
+    ) -> None:
+        """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id."""
         self.settings = settings or CoreSettings()
         self.permissions = permissions or Permissions()
+        self.generated_ids_only = generated_ids_only
+        self._by_fd: dict[int, bytes] = {}
         self.revoked: set[str] = set()  # identities whose every message is dropped
         self.sessions: dict[bytes, Session] = {}
         self.subscriptions: TopicTrie[Session] = TopicTrie()
@@ -229,35 +255,57 @@ class BrokerCore:
         self._seq = itertools.count(1)
 
     # ================================================================ input
-    def handle(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str = P.ANONYMOUS) -> list[Out]:
-        """One message from a peer -> what to send."""
+    def handle(
+        self,
+        routing_id: bytes,
+        frames: Sequence[bytes],
+        now: float,
+        identity: str = P.ANONYMOUS,
+        fd: int | None = None,
+    ) -> list[Out]:
+        """One message from a peer -> what to send.
+
+        ``identity`` is the authenticated identity of *this message* and ``fd``
+        the connection it came on.  A routing id is only a name a peer chose:
+        when either differs from its session's, the connection behind that
+        routing id changed hands, and the stale session is forgotten before
+        anything else (nothing of it reaches the newcomer).
+        """
         self.counters["received"] += 1
         if identity in self.revoked:
             self.counters["revoked_dropped"] += 1
             return []
-        if frames and mdp.is_mdp(frames):
-            return self._handle_mdp(routing_id, frames, now, identity)
+        out: list[Out] = []
         session = self.sessions.get(routing_id)
-        routing_known = False
-        if session is not None and session.identity != identity:
-            # Another key reusing this routing id: it gets nothing of the session.
-            self.counters["identity_mismatch"] += 1
-            session, routing_known = None, True
+        if session is not None and (session.identity != identity or (fd is not None and session.fd != fd)):
+            self.counters["routing_id_changed_hands"] += 1
+            out = self._forget(session, "replaced", now)
+            session = None
+        if frames and mdp.is_mdp(frames):
+            return out + self._handle_mdp(routing_id, frames, now, identity, fd)
         if session is not None:
             session.last_recv = now
         try:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if session is None:
-                if command.verb is Verb.CONNECT and not routing_known:
-                    return self._connect(routing_id, identity, command, now)
+                if command.verb is Verb.CONNECT:
+                    return out + self._connect(routing_id, identity, command, now, fd=fd)
                 if command.verb is Verb.DISCONNECT:
-                    return [(routing_id, P.ok(command.id))] if command.id is not None else []
+                    return out + ([(routing_id, P.ok(command.id))] if command.id is not None else [])
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
             if session.dialect is not P.MC0_DIALECT:
                 raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
             return self._dispatch(session, command, now)
         except ProtocolError as exc:
-            return self._reject(routing_id, session, frames, exc, now)
+            return out + self._reject(routing_id, session, frames, exc, now)
+
+    def connection_closed(self, fd: int, now: float) -> list[Out]:
+        """The shell saw connection ``fd`` close: its session goes at once."""
+        routing_id = self._by_fd.pop(fd, None)
+        session = self.sessions.get(routing_id) if routing_id is not None else None
+        if session is None or session.fd != fd:
+            return []
+        return self._forget(session, "closed", now)
 
     def _reject(
         self, routing_id: bytes, session: Session | None, frames: Sequence[bytes], exc: ProtocolError, now: float
@@ -310,9 +358,21 @@ class BrokerCore:
 
     # ================================================================ sessions
     def _connect(
-        self, routing_id: bytes, identity: str, command: Command, now: float, replacing: Session | None = None
+        self,
+        routing_id: bytes,
+        identity: str,
+        command: Command,
+        now: float,
+        replacing: Session | None = None,
+        fd: int | None = None,
     ) -> list[Out]:
         """Open a session; a repeated CONNECT replaces the old one only once it is valid."""
+        if self.generated_ids_only and not _generated_routing_id(routing_id):
+            raise ProtocolError(
+                Status.BAD_REQUEST,
+                "under CURVE a peer may not choose its routing id (unset ZMQ_ROUTING_ID)",
+                command.id,
+            )
         version = command.headers[Header.VERSION]
         if version not in P.VERSIONS:
             raise ProtocolError(
@@ -325,7 +385,9 @@ class BrokerCore:
         out: list[Out] = []
         if replacing is not None:
             out = self._forget(replacing, "reconnected", now)
-        self._open(Session(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT), now)
+        if replacing is not None:
+            fd = replacing.fd
+        self._open(Session(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT, fd), now)
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", routing_id.hex(), identity, version, ttl_ms)
         if command.id is not None:
             out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms)))
@@ -334,6 +396,8 @@ class BrokerCore:
     def _open(self, session: Session, now: float) -> None:
         session.grants = self.permissions.grants(session.identity)
         self.sessions[session.routing_id] = session
+        if session.fd is not None:
+            self._by_fd[session.fd] = session.routing_id
         self.counters["connects"] += 1
         self._next_sweep = min(self._next_sweep, now + session.ttl)
 
@@ -341,6 +405,8 @@ class BrokerCore:
         """Drop a session and everything it held; returns what that means for others."""
         if self.sessions.get(session.routing_id) is session:
             del self.sessions[session.routing_id]
+            if session.fd is not None and self._by_fd.get(session.fd) == session.routing_id:
+                del self._by_fd[session.fd]
         for tokens in session.patterns.values():
             self.subscriptions.remove(tokens, session)
         session.patterns.clear()
@@ -875,7 +941,9 @@ class BrokerCore:
         return report
 
     # ================================================================ MDP/0.2
-    def _handle_mdp(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str) -> list[Out]:
+    def _handle_mdp(
+        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
+    ) -> list[Out]:
         try:
             command = mdp.decode(frames)
         except ProtocolError as exc:
@@ -884,17 +952,20 @@ class BrokerCore:
             return []
         session = self.sessions.get(routing_id)
         dialect = mdp.DIALECTS[(command.role, command.envelope)]
-        if session is not None and (session.identity != identity or session.dialect is not dialect):
+        if session is not None and session.dialect is not dialect:
             self.counters["mdp_mismatch"] += 1
             return []
         if session is None:
             if command.command == mdp.DISCONNECT:
                 return []
+            if self.generated_ids_only and not _generated_routing_id(routing_id):
+                self.counters["mdp_chosen_routing_id"] += 1
+                return []
             if command.role == mdp.WORKER and command.command != mdp.READY:
                 # MDP: a worker the broker does not know is told to reconnect.
                 disconnect = dialect.disconnect()
                 return [(routing_id, disconnect)] if disconnect is not None else []
-            session = Session(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect)
+            session = Session(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
             self._open(session, now)
         session.last_recv = now
         try:
@@ -1016,7 +1087,7 @@ class BrokerCore:
                     del session.patterns[pattern]
                     self.subscriptions.remove(tokens, session)
                     reason = f"subscription {pattern} withdrawn by policy"
-                    out.append((session.routing_id, session.dialect.error(None, "", Status.FORBIDDEN, reason)))
+                    out.append((session.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern)))
             if session.services:
                 kept = tuple(n for n in session.services if grants.may_serve(self._service_tokens(n, None)))
                 if kept != session.services:

@@ -32,7 +32,7 @@ Peer -> broker::
 Broker -> peer::
 
     OK         ID id [TTL ms]
-    ERROR      [ID id] CODE nnn MESSAGE text
+    ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern]   (TOPIC: a subscription withdrawn)
     MESSAGE    TOPIC t SENDER who [X-...] "" body...  (0.x peers: no SENDER)
     NOOP
     PONG       ID x
@@ -215,7 +215,7 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
 # What the broker may send to a peer.
 BROKER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.OK: Grammar(_ID, _h(Header.TTL)),
-    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _ID),
+    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC)),
     Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER), True, Payload.REQUIRED),
     Verb.NOOP: Grammar(),
     Verb.PONG: Grammar(_ID, seed=False),
@@ -384,9 +384,12 @@ def ok(request_id: str, *, ttl_ms: int | None = None) -> list[bytes]:
     return [b"OK", b"ID", request_id.encode(), b"TTL", str(ttl_ms).encode()]
 
 
-def error(code: int, reason: str, request_id: str | None = None) -> list[bytes]:
+def error(code: int, reason: str, request_id: str | None = None, *, topic: str | None = None) -> list[bytes]:
     head = [b"ERROR"] if request_id is None else [b"ERROR", b"ID", request_id.encode()]
-    return [*head, b"CODE", str(int(code)).encode(), b"MESSAGE", reason.encode()]
+    frames = [*head, b"CODE", str(int(code)).encode(), b"MESSAGE", reason.encode()]
+    if topic is not None:
+        frames += (b"TOPIC", topic.encode())
+    return frames
 
 
 def message(topic: bytes, sender: bytes | None, user_headers: Sequence[bytes], body: Sequence[bytes]) -> list[bytes]:

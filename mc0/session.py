@@ -55,9 +55,14 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """Something exceptional the broker reported without an ID."""
+    """Something exceptional the broker reported without an ID.
+
+    ``withdrawn`` names a subscription pattern the broker dropped (policy
+    change); the session has already forgotten it.
+    """
 
     error: RemoteError
+    withdrawn: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,9 +304,15 @@ class ClientSession:
                 events: list[Event] = [Reconnecting(f"broker does not know us: {error.reason}")]
                 if request_id is not None:
                     events.append(Answer(request_id, command))
+                else:
+                    events.insert(0, Fault(error))  # volunteered (e.g. "key revoked"): worth recording
                 return events, [self.connect(now)]
             if request_id is None:
-                return [Fault(error)], []
+                withdrawn = command.headers.get(Header.TOPIC)
+                if withdrawn is not None and withdrawn in self._pattern_refs:
+                    self._pattern_refs[withdrawn] = 1
+                    self.drop_pattern(withdrawn)  # the broker already forgot it: no UNSUB needed
+                return [Fault(error, withdrawn)], []
         if verb is Verb.DISCONNECT:
             return [Reconnecting("broker sent DISCONNECT")], [self.connect(now)]
         if request_id is not None:

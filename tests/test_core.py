@@ -97,16 +97,40 @@ def test_sub_is_all_or_nothing_and_limited() -> None:
     assert len(core.subscriptions) == 2
 
 
-def test_identity_mismatch_on_a_known_routing_id_gets_nothing() -> None:
+def test_a_routing_id_that_changed_hands_gets_nothing_of_the_old_session() -> None:
     core = BrokerCore()
     connect(core, b"victim", who="alice")
     core.handle(b"victim", f("SUB", "", "secret"), 0.0, "alice")
     ((_, frames),) = core.handle(b"victim", f("UNSUB", "ID", "1", "", "secret"), 0.0, "mallory")
     assert frames[:5] == f("ERROR", "ID", "1", "CODE", "401")
+    assert b"victim" not in core.sessions and len(core.subscriptions) == 0  # alice's session is gone
+    connect(core, b"pub")
+    assert core.handle(b"pub", f("PUT", "TOPIC", "secret", "", "x"), 0.0) == []
     ((_, frames),) = connect(core, b"victim", who="mallory")
-    assert frames[:5] == f("ERROR", "ID", "c", "CODE", "401")
-    assert core.sessions[b"victim"].identity == "alice"
+    assert frames[:3] == f("OK", "ID", "c")  # mallory may hold the name, with an empty session of her own
+    assert core.sessions[b"victim"].identity == "mallory" and not core.sessions[b"victim"].patterns
+
+
+def test_a_new_connection_on_a_routing_id_replaces_the_session_and_a_closed_one_goes_at_once() -> None:
+    core = BrokerCore()
+    core.handle(b"r", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0, "alice", fd=7)
+    core.handle(b"r", f("SUB", "", "t"), 0.0, "alice", fd=7)
+    ((_, frames),) = core.handle(b"r", f("NOOP", "ID", "n"), 0.0, "alice", fd=9)  # same name, other connection
+    assert frames[:5] == f("ERROR", "ID", "n", "CODE", "401")
+    assert len(core.subscriptions) == 0
+    core.handle(b"r", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0, "alice", fd=9)
+    core.handle(b"r", f("SUB", "", "t"), 0.0, "alice", fd=9)
+    assert core.connection_closed(7, 0.0) == []  # an old fd: nothing of the new session goes
     assert len(core.subscriptions) == 1
+    core.connection_closed(9, 0.0)
+    assert b"r" not in core.sessions and len(core.subscriptions) == 0
+
+
+def test_under_curve_peers_may_not_choose_their_routing_id() -> None:
+    core = BrokerCore(generated_ids_only=True)
+    ((_, frames),) = connect(core, b"chosen-name", who="alice")
+    assert frames[:5] == f("ERROR", "ID", "c", "CODE", "400")
+    assert connect(core, b"\x00\x01\x02\x03\x04", who="alice")[0][1][0] == b"OK"
 
 
 def test_slow_consumer_is_told_429_and_forgotten_after_a_drop_episode() -> None:

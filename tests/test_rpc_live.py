@@ -361,7 +361,7 @@ def test_scatter_over_three_workers_with_one_frozen(fast_broker: BrokerProcess) 
             assert (stream.count, stream.missing) == (2, 1)
             pids = {int(r.body) for r in replies}
             assert pids == {w.proc.pid for w in workers} - {frozen.proc.pid}
-            assert all(r.worker and r.worker.startswith("anonymous@") for r in replies)
+            assert all(r.worker and r.worker.startswith("anonymous#") for r in replies)
     finally:
         frozen.signal(signal.SIGCONT)
         for worker in workers:

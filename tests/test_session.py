@@ -35,7 +35,7 @@ def test_401_heals_by_reconnecting_then_resubscribing_every_pattern() -> None:
     session.add_pattern("b")
     session.add_pattern("b")  # second local holder: no second SUB
     events, replies = session.receive(f("ERROR", "CODE", "401", "MESSAGE", "who?"), 1.0)
-    assert isinstance(events[0], Reconnecting)
+    assert isinstance(events[0], Fault) and isinstance(events[1], Reconnecting)
     assert replies[0][0] == b"CONNECT"
     connect_id = replies[0][-1].decode()
     events, replies = session.receive(f("OK", "ID", connect_id, "TTL", "1000"), 1.1)
