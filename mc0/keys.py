@@ -88,8 +88,8 @@ def _render(name: str, public: bytes, secret_line: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _seal(secret: bytes, passphrase: str) -> str:
-    salt = utils.random(pwhash.argon2id.SALTBYTES)
+def _box(passphrase: str, salt: bytes) -> box.SecretBox:
+    """The SecretBox for a passphrase: Argon2id, interactive limits (~0.1 s, 64 MiB)."""
     key = pwhash.argon2id.kdf(
         box.SecretBox.KEY_SIZE,
         passphrase.encode(),
@@ -97,7 +97,12 @@ def _seal(secret: bytes, passphrase: str) -> str:
         opslimit=pwhash.argon2id.OPSLIMIT_INTERACTIVE,
         memlimit=pwhash.argon2id.MEMLIMIT_INTERACTIVE,
     )
-    sealed = box.SecretBox(key).encrypt(secret)
+    return box.SecretBox(key)
+
+
+def _seal(secret: bytes, passphrase: str) -> str:
+    salt = utils.random(pwhash.argon2id.SALTBYTES)
+    sealed = _box(passphrase, salt).encrypt(secret)
     return base64.b64encode(salt + bytes(sealed)).decode()
 
 
@@ -107,15 +112,8 @@ def _unseal(path: Path, sealed_b64: str, passphrase: str) -> bytes:
     except ValueError:
         raise KeyFileError(str(path), "sealed-secret-key is not base64") from None
     salt, sealed = raw[: pwhash.argon2id.SALTBYTES], raw[pwhash.argon2id.SALTBYTES :]
-    key = pwhash.argon2id.kdf(
-        box.SecretBox.KEY_SIZE,
-        passphrase.encode(),
-        salt,
-        opslimit=pwhash.argon2id.OPSLIMIT_INTERACTIVE,
-        memlimit=pwhash.argon2id.MEMLIMIT_INTERACTIVE,
-    )
     try:
-        return bytes(box.SecretBox(key).decrypt(sealed))
+        return bytes(_box(passphrase, salt).decrypt(sealed))
     except exceptions.CryptoError:
         raise KeyFileError(str(path), "wrong passphrase") from None
 

@@ -352,15 +352,7 @@ def decode(frames: Sequence[bytes], *, sender: Side, limits: Limits = DEFAULT_LI
 
 def encode(verb: Verb, headers: Mapping[str, str] | None = None, payload: Sequence[bytes] = ()) -> list[bytes]:
     """Command parts -> frames (the inverse of ``decode``)."""
-    frames = [verb.value.encode()]
-    if headers:
-        for key, value in headers.items():
-            frames.append(key.encode("ascii"))
-            frames.append(value.encode("utf-8"))
-    if payload:
-        frames.append(b"")
-        frames.extend(payload)
-    return frames
+    return _finish([verb.value.encode()], headers or {}, body=payload)
 
 
 def parse_int(command: Command, header: Header, *, minimum: int = 0) -> int:
@@ -412,32 +404,30 @@ DISCONNECT_FRAMES: tuple[bytes, ...] = (b"DISCONNECT",)
 MAX_SERVICE_BYTES = 255
 
 
+def _finish(frames: list[bytes], *headers: Mapping[str, str], body: Sequence[bytes]) -> list[bytes]:
+    """Append header pairs, then (if any) the empty frame and the body."""
+    for mapping in headers:
+        for key, value in mapping.items():
+            frames += (key.encode(), value.encode())
+    if body:
+        frames.append(b"")
+        frames += body
+    return frames
+
+
 def request_to_worker(
     bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
 ) -> list[bytes]:
     frames = [b"REQUEST", b"SERVICE", service.encode(), b"ID", bid.encode(), b"CALLER", caller.encode()]
     frames += (b"TIMEOUT", str(timeout_ms).encode())
-    for key, value in user.items():
-        frames += (key.encode(), value.encode())
-    if body:
-        frames.append(b"")
-        frames += body
-    return frames
+    return _finish(frames, user, body=body)
 
 
 def reply(
     verb: Verb, request_id: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
 ) -> list[bytes]:
     """PARTIAL/FINAL frames: ID, then reserved ``fields``, then user headers, then the body."""
-    frames = [verb.value.encode(), b"ID", request_id.encode()]
-    for key, value in fields.items():
-        frames += (key.encode(), value.encode())
-    for key, value in user.items():
-        frames += (key.encode(), value.encode())
-    if body:
-        frames.append(b"")
-        frames += body
-    return frames
+    return _finish([verb.value.encode(), b"ID", request_id.encode()], fields, user, body=body)
 
 
 def cancel(request_id: str) -> list[bytes]:
