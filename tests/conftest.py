@@ -80,6 +80,13 @@ def write_config(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def _isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test (and every process it starts) works in its own folder, never in the checkout:
+    a CURVE broker creates keys/ where it runs."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def zctx() -> Iterator[zmq.Context[Any]]:
     context: zmq.Context[Any] = zmq.Context()

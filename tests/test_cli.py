@@ -117,7 +117,7 @@ def test_unreachable_broker_is_a_timeout_error() -> None:
 )
 def test_bad_config_names_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     config = write_config(tmp_path, text)
-    result = mc0("broker", "--config", config, timeout=15)
+    result = mc0("broker", "--insecure", "--config", config, timeout=15)
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"mc0: error: {config}: ") and message in line
@@ -129,7 +129,7 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_bind_failure_is_one_line(broker: BrokerProcess) -> None:
-    result = mc0("broker", "--bind", broker.endpoint, timeout=15)
+    result = mc0("broker", "--insecure", "--bind", broker.endpoint, timeout=15)
     assert result.returncode == 1
     assert "cannot bind" in result.stderr and "Address already in use" in result.stderr
 
