@@ -573,6 +573,16 @@ def keys_revoke(name: str, allowed_dir: str | None, config_path: str | None) -> 
     click.echo(f"revoked {name} (moved to {revoked})")
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`)."""
+    from .bench import main as bench_main
+
+    args = ["--help" if a == "--help-bench" else a for a in ctx.args]
+    sys.exit(bench_main(args))
+
+
 @cli.command()
 @_one_line_errors
 def demo() -> None:
