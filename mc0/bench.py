@@ -165,9 +165,11 @@ def raw_broker_main(port: int) -> None:
         peer, verb = frames[0], frames[1]
         if verb == b"PUT":
             topic = frames[3]
-            message = [b"MESSAGE", b"TOPIC", topic, b"", *frames[5:]]
+            message = [b"MESSAGE", b"TOPIC", topic, *frames[frames.index(b"", 4) :]]
             for subscriber in subscribers.get(topic, ()):
                 router.send_multipart([subscriber, *message])
+            if frames[4] == b"ID":
+                router.send_multipart([peer, b"OK", b"ID", frames[5]])
         elif verb == b"REQUEST":
             worker = workers[turn % len(workers)]
             turn += 1
@@ -285,24 +287,41 @@ def zmq_subscribers(endpoint: str, n: int, flavour: str, curve: Any, ready: Any,
     results.put((count, max(last - first, 1e-9)))
 
 
+PACE = 500  # a confirmed PUT every PACE messages: the broker, not the publisher, sets the pace
+
+
 def zmq_publisher(endpoint: str, flavour: str, size: int, seconds: float, curve: Any, go: Any) -> None:
     context: zmq.Context[Any] = zmq.Context()
-    if flavour == "proxy":
+    body = b"x" * size
+    if flavour == "proxy":  # a PUB socket gets no acknowledgements: libzmq's HWM paces it
         sock = context.socket(zmq.PUB)
-        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.connect(endpoint)
-        frames = [b"bench", b"x" * size]
-    else:
-        sock = dealer(context, endpoint, curve)
-        if flavour == "mc0":
-            mc0_connect(sock)
-        frames = [b"PUT", b"TOPIC", b"bench", b"", b"x" * size]
+        go.wait(30)
+        time.sleep(0.2)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(PACE):
+                sock.send_multipart([b"bench", body])
+        time.sleep(0.5)
+        sock.close(linger=5000)
+        return
+    sock = dealer(context, endpoint, curve)
+    if flavour == "mc0":
+        mc0_connect(sock)
+    frames = [b"PUT", b"TOPIC", b"bench", b"", body]
     go.wait(30)
     time.sleep(0.2)
     end = time.monotonic() + seconds
+    batch = 0
     while time.monotonic() < end:
-        for _ in range(200):
+        for _ in range(PACE - 1):
             sock.send_multipart(frames)
+        batch += 1
+        sock.send_multipart([b"PUT", b"TOPIC", b"bench", b"ID", str(batch).encode(), b"", body])
+        while sock.poll(10_000):
+            if sock.recv_multipart()[0] == b"OK":
+                break
     time.sleep(0.5)
     sock.close(linger=5000)
 
@@ -351,9 +370,9 @@ def nats_publisher(url: str, size: int, seconds: float, go: Any) -> None:
         payload = b"x" * size
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            for _ in range(200):
+            for _ in range(PACE):
                 await nc.publish("bench", payload)
-            await nc.flush()
+            await nc.flush()  # a round trip to the server: the same pacing as the zmq publishers
         await nc.close()
 
     asyncio.run(body())
@@ -677,8 +696,10 @@ def run_scenario(spec: dict[str, Any], options: Options, curve: Any, say: Callab
             continue
         keys = curve if system == "mc0+curve" else None  # the load speaks CURVE only to that row
         try:
-            with system_endpoint(system, curve) as endpoint:
-                for _ in range(runs):
+            for _ in range(runs):
+                # A fresh broker per run: the baselines keep routing to the previous run's
+                # (killed) workers until their heartbeats expire.
+                with system_endpoint(system, curve) as endpoint:
                     if spec["kind"] == "pubsub":
                         rate = pubsub_once(system, endpoint, spec["subs"], spec["size"], seconds, keys)
                         if spec["unit"] == "MB/s":

@@ -250,6 +250,7 @@ class BrokerCore:
         self.services: dict[str, Service] = {}
         self.counters: Counter[str] = Counter()
         self._topics: dict[str, tuple[str, ...]] = {}
+        self._service_names: dict[str, tuple[str, ...]] = {}
         self._next_sweep = 0.0
         self._deadlines: list[tuple[float, int, Job | Scatter]] = []
         self._seq = itertools.count(1)
@@ -553,10 +554,18 @@ class BrokerCore:
         return name
 
     def _service_tokens(self, name: str, request_id: str | None) -> tuple[str, ...]:
-        try:
-            return split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens)
-        except InvalidTopic as exc:
-            raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
+        tokens = self._service_names.get(name)  # validated once, not per request
+        if tokens is None:
+            try:
+                tokens = split_topic(
+                    name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens
+                )
+            except InvalidTopic as exc:
+                raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
+            if len(self._service_names) >= TOPIC_CACHE_SIZE:
+                self._service_names.clear()
+            self._service_names[name] = tokens
+        return tokens
 
     def _ready_command(self, session: Session, command: Command, now: float) -> list[Out]:
         capacity = 1
@@ -647,7 +656,7 @@ class BrokerCore:
     def _request_command(self, client: Session, command: Command, now: float) -> list[Out]:
         headers = command.headers
         rid = headers[Header.ID]
-        name = self._service_name(headers[Header.SERVICE], rid)
+        name = headers[Header.SERVICE]
         timeout_ms = self.settings.request_timeout_ms
         if Header.TIMEOUT in headers:
             timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
@@ -671,7 +680,8 @@ class BrokerCore:
     ) -> list[Out]:
         if rid in client.requests:
             raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
-        if not client.grants.may_call(self._service_tokens(name, rid)):
+        tokens = self._service_tokens(name, rid)
+        if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         if len(client.requests) >= self.settings.max_requests:
             raise ProtocolError(Status.OVER_LIMIT, f"{len(client.requests)} requests outstanding, the limit", rid)

@@ -48,20 +48,26 @@ def _tokens(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 class Grants:
     """One identity's compiled rules."""
 
-    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe")
+    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe", "unrestricted")
 
     def __init__(self, allow: Mapping[str, Sequence[str]], deny: Mapping[str, Sequence[str]]) -> None:
         self._allow = {action: _tokens(allow.get(action, ())) for action in ACTIONS}
         self._deny = {action: _tokens(deny.get(action, ())) for action in ACTIONS}
+        # Everything allowed, nothing denied: the hot path answers without matching.
+        self.unrestricted = not any(self._deny.values()) and all(a == ((">",),) for a in self._allow.values())
         self.deny_subscribe = self._deny["subscribe"]  # non-empty: the broker filters deliveries
         self._publish_cache: dict[tuple[str, ...], bool] = {}
 
     def _literal(self, action: str, tokens: tuple[str, ...]) -> bool:
+        if self.unrestricted:
+            return True
         if any(pattern_matches(d, tokens) for d in self._deny[action]):
             return False
         return any(pattern_matches(a, tokens) for a in self._allow[action])
 
     def may_publish(self, topic: tuple[str, ...]) -> bool:
+        if self.unrestricted:
+            return True
         verdict = self._publish_cache.get(topic)
         if verdict is None:
             if len(self._publish_cache) >= _CACHE_SIZE:

@@ -221,3 +221,37 @@ def test_serve_and_call_misuse_is_one_line(broker: BrokerProcess, args: list[str
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("mc0: error: ") and needle in line
+
+
+def test_keys_commands_new_list_show_allow_revoke(tmp_path: Path) -> None:
+    folder = ["--dir", str(tmp_path / "k"), "--allowed", str(tmp_path / "k" / "allowed")]
+    created = mc0("keys", "new", "alice", "--dir", str(tmp_path / "k"))
+    assert created.returncode == 0, created.stderr
+    assert "SHA256:" in created.stdout and "mode 0600" in created.stdout
+    assert (tmp_path / "k" / "alice.key_secret").stat().st_mode & 0o777 == 0o600
+    again = mc0("keys", "new", "alice", "--dir", str(tmp_path / "k"))
+    assert again.returncode == 1 and "exists; use --force" in again.stderr
+    sealed = mc0("keys", "new", "ops", "--passphrase", "--dir", str(tmp_path / "k"), env={"MC0_PASSPHRASE": "pw"})
+    assert sealed.returncode == 0 and "sealed" in sealed.stdout
+    shown = mc0("keys", "show", "alice", "--dir", str(tmp_path / "k"))
+    assert shown.returncode == 0 and len(shown.stdout.strip()) == 40
+    assert mc0("keys", "allow", "alice", *folder).returncode == 0
+    assert (tmp_path / "k" / "allowed" / "alice.key").exists()
+    wrong = mc0("keys", "allow", str(tmp_path / "k" / "alice.key_secret"), *folder)
+    assert wrong.returncode == 1 and "is a secret key file" in wrong.stderr
+    listing = mc0("keys", "list", *folder)
+    assert listing.returncode == 0 and "alice" in listing.stdout and "allowed" in listing.stdout
+    revoked = mc0("keys", "revoke", "alice", "--allowed", str(tmp_path / "k" / "allowed"))
+    assert revoked.returncode == 0 and not (tmp_path / "k" / "allowed" / "alice.key").exists()
+    assert "revoked" in mc0("keys", "list", *folder).stdout
+    missing = mc0("keys", "revoke", "nobody", "--allowed", str(tmp_path / "k" / "allowed"))
+    assert missing.returncode == 1 and "is not allowed" in missing.stderr
+
+
+def test_client_with_half_a_curve_setup_is_a_one_line_error(broker: BrokerProcess, tmp_path: Path) -> None:
+    result = mc0("ping", "--endpoint", broker.endpoint, "--key", str(tmp_path / "nope.key_secret"))
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "CURVE needs" in line and "broker_key" in line
+    result = mc0("ping", "--endpoint", broker.endpoint, "--key", str(tmp_path / "nope.key_secret"), "--broker-key", "x")
+    assert result.returncode == 1 and "nope.key_secret: no such key file" in result.stderr
