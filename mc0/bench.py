@@ -724,7 +724,11 @@ def run_scenario(spec: dict[str, Any], options: Options, curve: Any, say: Callab
 
 def idle_peers_main(endpoint: str, clients: int, workers: int, curve: Any, ready: Any) -> None:
     """Idle clients and workers that heartbeat every TTL (5 s), as real ones would."""
+    from .broker import raise_fd_limit
+
+    raise_fd_limit()
     context: zmq.Context[Any] = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, clients + workers + 64)
     sockets = []
     for i in range(clients + workers):
         sock = dealer(context, endpoint, curve)
@@ -868,7 +872,10 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
                 continue
             rows += run_scenario(spec, options, curve, say)
         if not options.only or "resources" in options.only:
-            rows += resources(options, curve, say)
+            try:
+                rows += resources(options, curve, say)
+            except Exception as exc:  # reported, and the rest of the report survives
+                rows.append(Row("broker resources", "mc0", "-", note=f"failed: {type(exc).__name__}: {exc}"[:200]))
     if not options.only or "trie" in options.only:
         rows += trie_rows(options, say)
     return {
@@ -908,6 +915,25 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(ratio_table)
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables (docs/PERFORMANCE.md embeds one)."""
+    lines = ["| scenario | system | median | min-max | unit | p50 ms | p99 ms |", "|---|---|---:|---|---|---:|---:|"]
+    for row in report["rows"]:
+        if not row["runs"]:
+            lines.append(f"| {row['scenario']} | {row['system']} | – | | {row['unit']} | | | ")
+            continue
+        fmt = "{:,.1f}" if row["unit"] in ("MB", "%", "MB/s") else "{:,.0f}"
+        spread = f"{fmt.format(row['min'])}–{fmt.format(row['max'])}"
+        p50 = f"{row['p50_ms']:.2f}" if "p50_ms" in row else ""
+        p99 = f"{row['p99_ms']:.2f}" if "p99_ms" in row else ""
+        median = fmt.format(row["median"])
+        lines.append(f"| {row['scenario']} | {row['system']} | {median} | {spread} | {row['unit']} | {p50} | {p99} |")
+    lines += ["", "| scenario | mc0 row | vs | ratio |", "|---|---|---|---:|"]
+    for item in report["ratios"]:
+        lines.append(f"| {item['scenario']} | {item['system']} | {item['baseline']} | {item['ratio']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="mc0 beside NATS, Majordomo and the raw ZeroMQ limit")
     parser.add_argument("--runs", type=int, default=3, help="measurements per system (median reported)")
@@ -918,15 +944,19 @@ def main(argv: list[str] | None = None) -> int:
         "--systems", default="", help="comma-separated systems (mc0,mc0+curve,raw,proxy,nats,majortomo)"
     )
     parser.add_argument("--json", dest="json_path", help="write the report here")
+    parser.add_argument("--markdown", dest="markdown_path", help="write the tables as Markdown here")
+    parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
     args = parser.parse_args(argv)
     systems = tuple(s for s in args.systems.split(",") if s)
     options = Options(
         runs=max(1, args.runs), seconds=args.seconds, quick=args.quick, only=tuple(args.only), systems=systems
     )
-    report = run(options)
+    report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(options)
     print_report(report)
-    if args.json_path:
+    if args.json_path and not args.from_json:
         Path(args.json_path).write_text(json.dumps(report, indent=2))
+    if args.markdown_path:
+        Path(args.markdown_path).write_text(markdown(report))
     return 0
 
 

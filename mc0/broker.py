@@ -53,6 +53,21 @@ MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SRCFD = int(zmq.SRCFD)
 
 
+def raise_fd_limit(wanted: int = 65_536) -> int:
+    """Raise this process's open-files soft limit toward the hard limit (one fd per peer)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 class Broker:
     def __init__(
         self,
@@ -94,6 +109,7 @@ class Broker:
         """Set up security, create the ROUTER socket and bind every configured endpoint."""
         if self._socket is not None:
             return self.endpoints
+        raise_fd_limit()  # every peer connection is a file descriptor
         cfg = self.config.broker
         security = self.config.security
         if security.curve:
