@@ -51,6 +51,28 @@ MAX_FOLLOW_UP_ROUNDS = 64
 NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SRCFD = int(zmq.SRCFD)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
+RCVMORE = int(zmq.RCVMORE)
+
+
+def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
+    """The remaining frames of the message being received (pyzmq's recv_multipart, with int flags)."""
+    rest = []
+    recv = sock.recv
+    while sock.getsockopt(RCVMORE):
+        rest.append(recv(NOBLOCK))
+    return rest
+
+
+def _send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any], copy: bool = True) -> None:
+    """Send one routed message. pyzmq's send_multipart computes ``zmq.SNDMORE | flags``
+    per frame, on enum.Flag members: measured at 13% of the broker's time."""
+    send = sock.send
+    send(routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
+    for frame in frames[:-1]:
+        send(frame, MORE_NOBLOCK, copy=copy)
+    send(frames[-1], NOBLOCK, copy=copy)
 
 
 def raise_fd_limit(wanted: int = 65_536) -> int:
@@ -257,15 +279,16 @@ class Broker:
         handle = self.core.handle
         curve = self.zap is not None
         for _ in range(RECV_BATCH):
+            # Ask ZMQ_EVENTS rather than wait for zmq.Again: raising ZMQError builds an
+            # Errno enum, a few microseconds per batch, and batches are small under RPC.
+            if not int(sock.getsockopt(EVENTS)) & POLLIN:
+                return
             # The routing id frame is received as a zmq.Frame to read, from the
             # message itself, the connection it came on and (under CURVE) the
             # authenticated identity: never trusted from the routing id, which
             # a peer chooses.
-            try:
-                first = sock.recv(NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            rest = sock.recv_multipart(NOBLOCK) if first.more else []
+            first = sock.recv(NOBLOCK, copy=False)
+            rest = _recv_rest(sock) if first.more else []
             identity = ANONYMOUS
             if curve:
                 try:
@@ -341,11 +364,10 @@ class Broker:
             else:
                 last, shared = frames, None
             try:
-                sock.send(routing_id, MORE_NOBLOCK)
                 if shared is not None:
-                    sock.send_multipart(shared, NOBLOCK, copy=False)
+                    _send_frames(sock, routing_id, shared, copy=False)
                 else:
-                    sock.send_multipart(frames, NOBLOCK)
+                    _send_frames(sock, routing_id, frames)
             except zmq.Again:
                 follow_up += self.core.send_failed(routing_id, now, unreachable=False)
             except zmq.ZMQError as exc:
