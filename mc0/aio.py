@@ -690,9 +690,8 @@ class Worker(Client):
         self.session.services = ()  # READY goes out below, confirmed, not with the CONNECT's answer
         await super().connect()
         request_id = self.session.new_id()
-        frames = self.session.serve(list(self._handlers), self.capacity)
+        frames = self.session.serve(list(self._handlers), self.capacity, request_id)
         assert frames is not None
-        frames = [*frames[:1], b"ID", request_id.encode(), *frames[1:]]
         await self._call(request_id, frames, None, "register services")
         return self
 

@@ -221,20 +221,23 @@ class ClientSession:
     def cancel(self, request_id: str) -> Frames:
         return P.cancel(request_id)
 
-    def serve(self, services: Sequence[str], capacity: int) -> Frames | None:
-        """Record what we serve; READY frames to send now if connected."""
+    def serve(self, services: Sequence[str], capacity: int, request_id: str | None = None) -> Frames | None:
+        """Record what we serve; READY frames (with ``request_id``, to be confirmed) if connected."""
         for name in services:
             split_topic(name, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.limits.max_topic_tokens)
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.services = tuple(dict.fromkeys(services))
         self.capacity = capacity
-        return self._ready() if self.connected else None
+        return self._ready(request_id) if self.connected else None
 
-    def _ready(self) -> Frames | None:
+    def _ready(self, request_id: str | None = None) -> Frames | None:
         if not self.services:
             return None
-        return P.encode(Verb.READY, {Header.CAPACITY: str(self.capacity)}, [s.encode() for s in self.services])
+        fields: dict[str, str] = {Header.CAPACITY: str(self.capacity)}
+        if request_id is not None:
+            fields[Header.ID] = request_id
+        return P.encode(Verb.READY, fields, [s.encode() for s in self.services])
 
     def reply(
         self, verb: Verb, bid: str, body: bytes | Sequence[bytes], headers: Mapping[str, str] | None = None
