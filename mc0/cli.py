@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -63,7 +64,12 @@ endpoint_option = click.option(
     envvar=cfg.ENV_ENDPOINT,
     help="Broker endpoint (default: $MC0_ENDPOINT, config, tcp://127.0.0.1:61616).",
 )
-timeout_option = click.option("--timeout", type=float, default=None, help="Seconds to wait for the broker.")
+timeout_option = click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds to wait for the broker (call: the request deadline, default 30).",
+)
 
 
 def key_options(func: Callable[P, R]) -> Callable[P, R]:
@@ -79,15 +85,41 @@ def key_options(func: Callable[P, R]) -> Callable[P, R]:
     )(func)
 
 
-def _client(
-    config_path: str | None,
-    endpoint: str | None,
-    timeout: float | None,
-    key: str | None = None,
-    broker_key: str | None = None,
-) -> Client:
-    config = _load_config(config_path)
-    return Client(endpoint, timeout=timeout, config=config.client, key=key, broker_key=broker_key)
+@dataclass(frozen=True)
+class Connection:
+    """Where and how a client command reaches the broker (options > MC0_* > config > defaults)."""
+
+    endpoint: str | None
+    config_path: str | None
+    timeout: float | None
+    key: str | None
+    broker_key: str | None
+
+    def config(self) -> cfg.Config:
+        return _load_config(self.config_path)
+
+    def client(self) -> Client:
+        return Client(
+            self.endpoint, timeout=self.timeout, config=self.config().client, key=self.key, broker_key=self.broker_key
+        )
+
+
+def connection_options(func: Callable[..., R]) -> Callable[..., R]:
+    """--endpoint, --config, --timeout, --key, --broker-key, handed to the command as ``conn``."""
+
+    @wraps(func)
+    def wrapper(
+        *args: Any,
+        endpoint: str | None,
+        config_path: str | None,
+        timeout: float | None,
+        key: str | None,
+        broker_key: str | None,
+        **kwargs: Any,
+    ) -> R:
+        return func(*args, conn=Connection(endpoint, config_path, timeout, key, broker_key), **kwargs)
+
+    return endpoint_option(config_option(timeout_option(key_options(wrapper))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,10 +187,7 @@ def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
 @click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
-@endpoint_option
-@config_option
-@timeout_option
-@key_options
+@connection_options
 @_one_line_errors
 def pub(
     topic: str,
@@ -166,16 +195,12 @@ def pub(
     header_pairs: tuple[str, ...],
     confirm: bool,
     count: int,
-    endpoint: str | None,
-    config_path: str | None,
-    timeout: float | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
-    with _client(config_path, endpoint, timeout, key, broker_key) as client:
+    with conn.client() as client:
         for _ in range(count):
             client.publish(topic, data, headers=headers, confirm=confirm)
         if not confirm:
@@ -200,25 +225,18 @@ def _message_line(message: Message, as_json: bool) -> str:
 @click.option(
     "--wait", type=float, default=None, help="Exit with status 1 if no message arrives for this many seconds."
 )
-@endpoint_option
-@config_option
-@timeout_option
-@key_options
+@connection_options
 @_one_line_errors
 def sub(
     patterns: tuple[str, ...],
     as_json: bool,
     count: int | None,
     wait: float | None,
-    endpoint: str | None,
-    config_path: str | None,
-    timeout: float | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Print one line per message matching any PATTERN."""
     with (
-        _client(config_path, endpoint, timeout, key, broker_key) as client,
+        conn.client() as client,
         client.subscribe(*patterns) as subscription,
     ):
         seen = 0
@@ -231,21 +249,14 @@ def sub(
 
 @cli.command()
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
-@endpoint_option
-@config_option
-@timeout_option
-@key_options
+@connection_options
 @_one_line_errors
 def ping(
     count: int,
-    endpoint: str | None,
-    config_path: str | None,
-    timeout: float | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Measure round trips to the broker."""
-    with _client(config_path, endpoint, timeout, key, broker_key) as client:
+    with conn.client() as client:
         times = []
         for _ in range(count):
             rtt = client.ping()
@@ -279,10 +290,7 @@ def _reply_record(reply: Reply) -> dict[str, Any]:
 @click.option("--all", "scatter", is_flag=True, help="Scatter-gather: ask every worker of the service.")
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per reply.")
-@click.option("--timeout", type=float, default=None, help="Request deadline in seconds (default 30).")
-@endpoint_option
-@config_option
-@key_options
+@connection_options
 @_one_line_errors
 def call(
     service: str,
@@ -290,18 +298,14 @@ def call(
     scatter: bool,
     header_pairs: tuple[str, ...],
     as_json: bool,
-    timeout: float | None,
-    endpoint: str | None,
-    config_path: str | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Call SERVICE with BODY (stdin when '-'; empty when absent); print replies as they come."""
     data = sys.stdin.buffer.read() if body == "-" else (body or "").encode()
     headers = _parse_headers(header_pairs)
-    with _client(config_path, endpoint, None, key, broker_key) as client:
+    with conn.client() as client:
         if scatter:
-            with client.scatter(service, data, timeout=timeout, headers=headers) as stream:
+            with client.scatter(service, data, timeout=conn.timeout, headers=headers) as stream:
                 for reply in stream:
                     if as_json:
                         click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
@@ -311,7 +315,7 @@ def call(
                         click.echo(f"{reply.worker}: {_body_text(reply.body)}")
                 click.echo(f"{stream.count} answered, {stream.missing} missing", err=True)
             return
-        with client.stream(service, data, timeout=timeout, headers=headers) as stream:
+        with client.stream(service, data, timeout=conn.timeout, headers=headers) as stream:
             for reply in stream:
                 if as_json:
                     click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
@@ -344,27 +348,25 @@ def _import_handler(spec: str) -> Any:
 @click.option("--service", "services", multiple=True, required=True, help="Service name to serve (repeatable).")
 @click.option("--capacity", type=click.IntRange(min=1), default=1, show_default=True, help="Requests held at once.")
 @click.option("--ttl", type=float, default=None, help="Heartbeat interval in seconds (default from config).")
-@endpoint_option
-@config_option
-@timeout_option
-@key_options
+@connection_options
 @_one_line_errors
 def serve(
     handler_spec: str,
     services: tuple[str, ...],
     capacity: int,
     ttl: float | None,
-    endpoint: str | None,
-    config_path: str | None,
-    timeout: float | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
     handler = _import_handler(handler_spec)
-    config = _load_config(config_path)
     worker = Worker(
-        endpoint, capacity=capacity, ttl=ttl, timeout=timeout, config=config.client, key=key, broker_key=broker_key
+        conn.endpoint,
+        capacity=capacity,
+        ttl=ttl,
+        timeout=conn.timeout,
+        config=conn.config().client,
+        key=conn.key,
+        broker_key=conn.broker_key,
     )
     for name in services:
         worker.service(name)(handler)
@@ -376,23 +378,16 @@ def serve(
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the raw reports as JSON.")
-@endpoint_option
-@config_option
-@timeout_option
-@key_options
+@connection_options
 @_one_line_errors
 def stats(
     as_json: bool,
-    endpoint: str | None,
-    config_path: str | None,
-    timeout: float | None,
-    key: str | None,
-    broker_key: str | None,
+    conn: Connection,
 ) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
     from .core import BROKER_SERVICE
 
-    with _client(config_path, endpoint, timeout, key, broker_key) as client:
+    with conn.client() as client:
         reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
         reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
     if as_json:
