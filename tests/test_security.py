@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -89,8 +90,10 @@ def test_refused_peers_deliver_nothing_and_the_broker_carries_on(
             peer.send("PUT", "TOPIC", "breach", "", "x")
         host, port = broker.endpoint.rsplit("//", 1)[1].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=2) as raw_tcp:  # not even ZMTP
-            raw_tcp.sendall(b"PUT TOPIC breach\r\n\r\n" + b"\xff" * 4096)
-            raw_tcp.sendall(b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"NULL" + b"\x00" * 16 + b"\x00" * 31)
+            # libzmq may cut this peer off at any point: being reset is the expected outcome.
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                raw_tcp.sendall(b"PUT TOPIC breach\r\n\r\n" + b"\xff" * 4096)
+                raw_tcp.sendall(b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"NULL" + b"\x00" * 16 + b"\x00" * 31)
         with pytest.raises(mc0.Timeout):
             everything.next(timeout=1.0)
         for peer in intruders:
