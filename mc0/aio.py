@@ -397,12 +397,6 @@ class Client:
             request_id, self.session.publish(topic, body, headers, request_id), timeout, f"publish to {topic!r}"
         )
 
-    def publish_nowait(
-        self, topic: str, body: bytes | Sequence[bytes], *, headers: Mapping[str, str] | None = None
-    ) -> None:
-        """Fire-and-forget PUT without awaiting the socket (validated first)."""
-        self._send_nowait(self.session.publish(topic, body, headers))
-
     async def subscribe(
         self, *patterns: str, max_pending: int = DEFAULT_MAX_PENDING, timeout: float | None = None
     ) -> Subscription:

@@ -490,7 +490,7 @@ class BrokerCore:
                     out.append((target.routing_id, frames))
                 target.last_sent = now
                 target.delivered += 1
-            self.counters["delivered"] += len(targets)
+            self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         if command.id is not None:
             session.last_sent = now
             out.append((session.routing_id, P.ok(command.id)))
@@ -944,11 +944,6 @@ class BrokerCore:
             "timeouts": service.timeouts,
             "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
         }
-
-    def stats(self) -> dict[str, object]:
-        report = self.report("stats")
-        assert isinstance(report, dict)
-        return report
 
     # ================================================================ MDP/0.2
     def _handle_mdp(

@@ -208,3 +208,17 @@ def test_an_invalid_repeat_connect_leaves_the_session_alone() -> None:
     ((_, frames),) = connect(core, b"a", version="7.0")
     assert frames[:5] == f("ERROR", "ID", "c", "CODE", "505")
     assert b"a" in core.sessions and len(core.subscriptions) == 1
+
+
+def test_deliveries_denied_at_delivery_are_neither_sent_nor_counted() -> None:
+    from mc0.permissions import Permissions
+
+    policy = Permissions.from_table({"identity": {"bob": {"deny": {"subscribe": ["news.secret"]}}}})
+    core = BrokerCore(permissions=policy)
+    for who in ("alice", "bob", "pub"):
+        connect(core, who.encode(), who=who)
+    for who in ("alice", "bob"):
+        core.handle(who.encode(), f("SUB", "", "news.*"), 0.0, who)
+    out = core.handle(b"pub", f("PUT", "TOPIC", "news.secret", "", "x"), 0.0, "pub")
+    assert [rid for rid, _ in out] == [b"alice"]
+    assert core.counters["delivered"] == 1
