@@ -18,6 +18,7 @@ from .errors import (
     DeadlineExceeded,
     Error,
     Forbidden,
+    Gone,
     HandlerFailed,
     InvalidTopic,
     KeyFileError,
@@ -26,16 +27,22 @@ from .errors import (
     OverLimit,
     ProtocolError,
     RemoteError,
+    StorageFailed,
     Timeout,
     TooLarge,
     UnsupportedVersion,
     WorkerLost,
 )
-from .message import Message, Reply, Request
+from .message import Ack, FetchResult, Message, Record, Reply, Request
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Ack",
+    "FetchResult",
+    "Gone",
+    "Record",
+    "StorageFailed",
     "AuthFailed",
     "BadRequest",
     "Broker",

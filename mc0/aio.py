@@ -15,6 +15,7 @@ import asyncio
 import collections
 import functools
 import inspect
+import json
 import logging
 import operator
 import os
@@ -32,8 +33,8 @@ from . import keys as keyfiles
 from . import protocol as P
 from .config import ENV_BROKER_KEY, ENV_KEY, ClientConfig
 from .errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
-from .message import Message, Reply, Request
-from .protocol import Command, Header, Limits, Status, Verb
+from .message import Ack, FetchResult, Message, Record, Reply, Request
+from .protocol import JOURNAL_SERVICE, Command, Header, Limits, Status, Verb, parse_journal_page
 from .security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
 from .session import (
     Answer,
@@ -386,29 +387,57 @@ class Client:
         *,
         headers: Mapping[str, str] | None = None,
         confirm: bool = False,
+        msgid: str | None = None,
         timeout: float | None = None,
-    ) -> None:
-        """PUT; with ``confirm`` wait for the broker's OK (raise its ERROR)."""
+    ) -> Ack | None:
+        """PUT; with ``confirm`` wait for the broker's OK (raise its ERROR) and return it.
+
+        On a journaled topic the OK comes once the message is written (per the
+        journal's fsync policy) and names its ``seq``; ``msgid`` makes a retry
+        safe: a repeat within the journal's dedup window is acknowledged as a
+        duplicate and not delivered again.
+        """
         if not confirm:
-            await self._send(self.session.publish(topic, body, headers))
-            return
+            await self._send(self.session.publish(topic, body, headers, msgid=msgid))
+            return None
         request_id = self.session.new_id()
-        await self._call(
-            request_id, self.session.publish(topic, body, headers, request_id), timeout, f"publish to {topic!r}"
-        )
+        frames = self.session.publish(topic, body, headers, request_id, msgid)
+        answer = await self._call(request_id, frames, timeout, f"publish to {topic!r}")
+        return ack_of(answer)
 
     async def subscribe(
-        self, *patterns: str, max_pending: int = DEFAULT_MAX_PENDING, timeout: float | None = None
+        self,
+        *patterns: str,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        from_seq: int | None = None,
+        journal: str | None = None,
+        timeout: float | None = None,
     ) -> Subscription:
         """Subscribe to one or more patterns; returns once the broker confirmed them.
 
-        A message matching several of the patterns is delivered once.
+        A message matching several of the patterns is delivered once.  With
+        ``from_seq`` the broker first replays the journaled history from that
+        sequence number (0 = the oldest kept; ``journal`` picks the journal
+        when several keep these topics), then continues live, in order and
+        without gaps or repeats; ``Gone`` if that history was trimmed.
         """
         self._check_open()
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
         sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending)
         added: list[str] = []
+        if from_seq is not None:
+            request_id = self.session.new_id()
+            replay = self.session.replay_patterns(sub.patterns, from_seq, journal, request_id)
+            for pattern in sub.patterns:
+                added.append(pattern)
+                self._subscriptions.setdefault(pattern, []).append(sub)
+            try:
+                await self._call(request_id, replay, timeout, f"subscribe from {from_seq} to {sub.pattern!r}")
+            except BaseException:
+                await self._release(sub, added)
+                raise
+            return sub
         try:
             for pattern in sub.patterns:
                 request_id = self.session.new_id()
@@ -442,6 +471,48 @@ class Client:
             frames = self.session.drop_pattern(pattern)
             if frames is not None and not self._closed:
                 await self._send(frames)
+
+    async def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """Every journal's ``first_seq``, ``next_seq``, size and settings (``mc0.journal info``)."""
+        reply = await self.request(JOURNAL_SERVICE, b'{"op":"info"}', timeout=timeout)
+        info: dict[str, dict[str, Any]] = json.loads(reply.body)
+        return info
+
+    async def fetch(
+        self,
+        journal: str,
+        *,
+        from_seq: int = 0,
+        to_seq: int | None = None,
+        topics: Sequence[str] = (),
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> FetchResult:
+        """Records ``from_seq <= seq < to_seq`` of a journal (0 = the oldest kept).
+
+        One call returns at most the broker's page limits (``max_records`` /
+        ``max_bytes`` lower them); continue from ``next_seq``.  Deterministic:
+        the same arguments give the same records.  ``Gone`` if ``from_seq`` was
+        trimmed by retention; only topics this identity may subscribe to are
+        returned.
+        """
+        query: dict[str, object] = {"op": "fetch", "journal": journal, "from_seq": from_seq, "topics": list(topics)}
+        if to_seq is not None:
+            query["to_seq"] = to_seq
+        if max_records is not None:
+            query["max_records"] = max_records
+        if max_bytes is not None:
+            query["max_bytes"] = max_bytes
+        records: list[Record] = []
+        stream = await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout)
+        async with stream:
+            async for reply in stream:
+                if not reply.final:
+                    records += parse_journal_page(reply.parts)
+        assert stream.final is not None
+        summary = json.loads(stream.final.body)
+        return FetchResult(records, int(summary["next_seq"]), int(summary["first_seq"]), int(summary["end_seq"]))
 
     async def ping(self, *, timeout: float | None = None) -> float:
         """Round trip to the broker in seconds."""
@@ -774,6 +845,15 @@ class Worker(Client):
         if inspect.isawaitable(result):
             result = await result
         await self._reply(Verb.FINAL, bid, result)
+
+
+def ack_of(answer: Command) -> Ack:
+    """The OK to a confirmed publish as an Ack."""
+    headers = answer.headers
+    seq = headers.get(Header.SEQ)
+    return Ack(
+        headers.get(Header.JOURNAL), int(seq) if seq and seq.isdigit() else None, headers.get(Header.DUPLICATE) == "1"
+    )
 
 
 def _step(generator: Any) -> tuple[bool, object]:

@@ -10,6 +10,10 @@ folder (checked every ``reload_ms``), reloads keys and permissions: revoked
 identities are cut off at once.  All protocol decisions are the core's; this
 file only reads the clock and the authenticated identity of each message,
 receives in batches and performs the sends the core returns.
+
+Journals (``[journals.NAME]``) are opened (and recovered) by ``bind()``; after
+every receive batch the loop calls ``core.commit()``, which writes and fsyncs
+the batch's appends once (group commit) and only then returns their OKs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from . import keys as keyfiles
 from .config import Config, load
 from .core import BrokerCore, Out
 from .errors import ConfigError
+from .journal import Journal
 from .protocol import ANONYMOUS
 from .security import AllowedKeys, ZapHandler, configure_server
 
@@ -98,8 +103,13 @@ class Broker:
     ) -> None:
         self.config = config or Config()
         self.config_path = config_path  # re-read for permissions on reload
+        self.journals = [Journal(name, settings) for name, settings in sorted(self.config.journals.items())]
         self.core = BrokerCore(
-            self.config.broker, self.config.permissions, generated_ids_only=self.config.security.curve
+            self.config.broker,
+            self.config.permissions,
+            generated_ids_only=self.config.security.curve,
+            journals=self.journals,
+            wall_offset=time.time() - time.monotonic(),
         )
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
@@ -130,6 +140,9 @@ class Broker:
         if self._socket is not None:
             return self.endpoints
         raise_fd_limit()  # every peer connection is a file descriptor
+        for journal in self.journals:
+            journal.open()  # recovers a torn tail; an unreadable folder raises before any bind
+            log.info("journal %s: %s, seq %d..%d", journal.name, journal.folder, journal.first_seq, journal.next_seq)
         cfg = self.config.broker
         security = self.config.security
         if security.curve:
@@ -207,6 +220,11 @@ class Broker:
         for s in (self._wake_r, self._wake_w):
             if s is not None:
                 s.close()
+        for journal in self.journals:
+            try:
+                journal.close()
+            except OSError as exc:
+                log.error("journal %s: close failed: %s", journal.name, exc)
         self._release_context()
 
     def __enter__(self) -> Broker:
@@ -258,7 +276,13 @@ class Broker:
                     next_reload = now + reload_every
                 if now >= core.next_deadline():
                     self._send(core.tick(now), now)
+                if core.replaying:
+                    self._send_replay(core.replay(now), now)
+                if core.uncommitted:
+                    self._send(core.commit(), now)
             self._send(core.shutdown(), time.monotonic())
+            if core.uncommitted:
+                self._send(core.commit(), time.monotonic())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -373,6 +397,28 @@ class Broker:
                     raise
                 follow_up += self.core.send_failed(routing_id, now, unreachable=True)
         return follow_up
+
+    def _send_replay(self, out: list[tuple[bytes, Sequence[bytes], str, int]], now: float) -> None:
+        """Replayed records: a full queue pauses that subscriber's replay (resent from that record)."""
+        sock = self._socket
+        assert sock is not None
+        blocked: set[bytes] = set()
+        follow_up: list[Out] = []
+        for routing_id, frames, journal, seq in out:
+            if routing_id in blocked:
+                continue
+            try:
+                _send_frames(sock, routing_id, frames)
+            except zmq.Again:
+                blocked.add(routing_id)
+                self.core.replay_blocked(routing_id, journal, seq, now)
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EHOSTUNREACH:
+                    raise
+                blocked.add(routing_id)
+                follow_up += self.core.send_failed(routing_id, now, unreachable=True)
+        if follow_up:
+            self._send(follow_up, now)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

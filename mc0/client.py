@@ -23,7 +23,7 @@ from . import aio
 from .config import ClientConfig
 from .errors import ClosedError
 from .keys import KeyPair
-from .message import Message, Reply
+from .message import Ack, FetchResult, Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
 
 R = TypeVar("R")
@@ -216,20 +216,55 @@ class Client:
         *,
         headers: Mapping[str, str] | None = None,
         confirm: bool = False,
+        msgid: str | None = None,
         timeout: float | None = None,
-    ) -> None:
+    ) -> Ack | None:
         if confirm:
-            _run(self._aio.publish(topic, body, headers=headers, confirm=True, timeout=timeout))
-            return
+            return _run(self._aio.publish(topic, body, headers=headers, confirm=True, msgid=msgid, timeout=timeout))
         # Validate here (misuse raises in the caller), send on the loop without waiting for it.
-        frames = self._aio.session.publish(topic, body, headers)
+        frames = self._aio.session.publish(topic, body, headers, msgid=msgid)
         self._aio._check_open()
         _background_loop().call_soon_threadsafe(self._aio._send_nowait, frames)
+        return None
 
     def subscribe(
-        self, *patterns: str, max_pending: int = aio.DEFAULT_MAX_PENDING, timeout: float | None = None
+        self,
+        *patterns: str,
+        max_pending: int = aio.DEFAULT_MAX_PENDING,
+        from_seq: int | None = None,
+        journal: str | None = None,
+        timeout: float | None = None,
     ) -> Subscription:
-        return Subscription(_run(self._aio.subscribe(*patterns, max_pending=max_pending, timeout=timeout)))
+        inner = self._aio.subscribe(
+            *patterns, max_pending=max_pending, from_seq=from_seq, journal=journal, timeout=timeout
+        )
+        return Subscription(_run(inner))
+
+    def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        return _run(self._aio.journal_info(timeout=timeout))
+
+    def fetch(
+        self,
+        journal: str,
+        *,
+        from_seq: int = 0,
+        to_seq: int | None = None,
+        topics: Sequence[str] = (),
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> FetchResult:
+        return _run(
+            self._aio.fetch(
+                journal,
+                from_seq=from_seq,
+                to_seq=to_seq,
+                topics=topics,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                timeout=timeout,
+            )
+        )
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
         target = subscription if isinstance(subscription, str) else subscription._inner

@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 
 from .core import CoreSettings
 from .errors import ConfigError
+from .journal import JournalSettings
 from .permissions import Permissions
+from .topics import split_pattern
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"  # the port of the original mc0d
 
@@ -67,6 +69,8 @@ class Config:
     client: ClientConfig = field(default_factory=ClientConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     permissions: Permissions = field(default_factory=Permissions)
+    # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.journal).
+    journals: dict[str, JournalSettings] = field(default_factory=dict)
 
 
 C = TypeVar("C")
@@ -92,6 +96,17 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
             if not isinstance(raw, bool):
                 raise ConfigError(path, f"must be true or false, got {raw!r}")
             values[key] = raw
+        elif kind == dict[str, JournalSettings]:
+            if not isinstance(raw, dict):
+                raise ConfigError(path, "must be a table of [journals.NAME] tables")
+            journals = {}
+            for name, sub in raw.items():
+                if not (name.replace("-", "").replace("_", "").isalnum() and name.isascii()):
+                    raise ConfigError(f"{path}.{name}", "a journal name is letters, digits, '-' and '_'")
+                if not isinstance(sub, dict):
+                    raise ConfigError(f"{path}.{name}", "must be a table")
+                journals[name] = _build(JournalSettings, sub, f"{path}.{name}")
+            values[key] = journals
         elif dataclasses.is_dataclass(kind):
             if not isinstance(raw, dict):
                 raise ConfigError(path, "must be a table")
@@ -106,12 +121,21 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         elif kind is str:
             if not isinstance(raw, str) or not (raw or known[key].metadata.get("empty")):
                 raise ConfigError(path, f"must be a non-empty string, got {raw!r}")
+            choices = known[key].metadata.get("choices")
+            if choices and raw not in choices:
+                raise ConfigError(path, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw
         elif kind == tuple[str, ...]:
             if isinstance(raw, str):
                 raw = [raw]
             if not isinstance(raw, list) or not raw or not all(isinstance(v, str) and v for v in raw):
                 raise ConfigError(path, f"must be a non-empty list of strings, got {raw!r}")
+            if key == "topics":
+                for pattern in raw:
+                    try:
+                        split_pattern(pattern)
+                    except ValueError as exc:
+                        raise ConfigError(path, str(exc)) from None
             values[key] = tuple(raw)
         else:  # pragma: no cover - a field type this loader does not know
             raise ConfigError(path, f"unsupported field type {kind}")

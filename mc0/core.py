@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from . import mdp
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError
+from .journal import Journal, Trimmed
+from .message import Record
 from .permissions import ALLOW_ALL, Grants, Permissions
 from .protocol import Command, Dialect, Header, Limits, Side, Status, Verb
-from .topics import split_pattern, split_topic
+from .topics import pattern_covers, pattern_matches, split_pattern, split_topic
 from .trie import TopicTrie
 
 log = logging.getLogger("mc0.broker")
@@ -51,6 +53,24 @@ LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 
 BROKER_SERVICE = "mc0.broker"
 MMI_SERVICE = "mmi.service"
+JOURNAL_SERVICE = P.JOURNAL_SERVICE
+BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
+
+# Telemetry the broker publishes about itself (when someone subscribes or a journal keeps it).
+SYS_RPC_TOPIC = P.RESERVED_TOPIC_PREFIX + "rpc"
+SYS_PEER_TOPIC = P.RESERVED_TOPIC_PREFIX + "peer"
+BROKER_SENDER = "mc0.broker"
+
+# SUB FROM replay: records read per replaying subscription per loop turn, and
+# the pause after its queue filled (it resumes where the send failed).
+REPLAY_PAGE = 256
+REPLAY_BACKOFF = 0.02
+# mc0.journal fetch: one PARTIAL holds at most this; one fetch at most FETCH_MAX_*.
+FETCH_PAGE_RECORDS = 1000
+FETCH_PAGE_BYTES = 1 << 20
+FETCH_MAX_RECORDS = 100_000
+FETCH_MAX_BYTES = 16 << 20
+RETENTION_INTERVAL = 1.0  # seconds between age-retention checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +119,7 @@ class Session:
         "served",
         "grants",
         "fd",
+        "replays",
     )
 
     _serials = itertools.count(1)
@@ -136,6 +157,7 @@ class Session:
         self.requests: dict[str, Job | Scatter] = {}  # rid -> request made as a client
         self.served = 0
         self.grants: Grants = ALLOW_ALL
+        self.replays: dict[str, Replay] = {}  # journal name -> SUB FROM still catching up
 
     def __repr__(self) -> str:
         return f"<Session {self.name} {self.dialect.name} v{self.version}>"
@@ -159,6 +181,7 @@ class Job:
         "done",
         "parent",
         "size",
+        "bytes_out",
     )
 
     def __init__(
@@ -187,6 +210,7 @@ class Job:
         self.done = False
         self.parent = parent
         self.size = sum(map(len, body))
+        self.bytes_out = 0
 
 
 class Scatter:
@@ -205,6 +229,26 @@ class Scatter:
         self.total = 0
         self.answered = 0
         self.done = False
+
+
+class Replay:
+    """A ``SUB FROM seq``: the records still to send from one journal, then live.
+
+    While it runs, live copies of records that it will deliver are held back
+    (the replay reaches them in order), so each record arrives once.
+    """
+
+    __slots__ = ("journal", "patterns", "cursor", "resume_at", "sent")
+
+    def __init__(self, journal: Journal, patterns: list[tuple[str, ...]], cursor: int) -> None:
+        self.journal = journal
+        self.patterns = patterns
+        self.cursor = cursor
+        self.resume_at = 0.0
+        self.sent = 0
+
+    def matches(self, tokens: tuple[str, ...]) -> bool:
+        return any(pattern_matches(p, tokens) for p in self.patterns)
 
 
 class Service:
@@ -238,9 +282,26 @@ class BrokerCore:
         permissions: Permissions | None = None,
         *,
         generated_ids_only: bool = False,
+        journals: Sequence[Journal] = (),
+        wall_offset: float = 0.0,
     ) -> None:
-        """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id."""
+        """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id.
+
+        ``journals`` are opened by the caller; the core appends to them and
+        ``commit()`` makes the appends durable.  ``wall_offset`` turns ``now``
+        (monotonic) into wall-clock time for telemetry records.
+        """
         self.settings = settings or CoreSettings()
+        self.wall_offset = wall_offset
+        self.journals: dict[str, Journal] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        self._journal_routes: TopicTrie[Journal] = TopicTrie()
+        for journal in self.journals.values():
+            for pattern in journal.settings.topics:
+                self._journal_routes.insert(split_pattern(pattern), journal)
+        self._pending_acks: list[tuple[Journal, Out]] = []  # OKs held until their records are written
+        self._replaying: dict[Session, None] = {}
+        self._sys_topics = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
+        self._next_retention = 0.0
         self.permissions = permissions or Permissions()
         self.generated_ids_only = generated_ids_only
         self._by_fd: dict[int, bytes] = {}
@@ -388,19 +449,32 @@ class BrokerCore:
             out = self._forget(replacing, "reconnected", now)
         if replacing is not None:
             fd = replacing.fd
-        self._open(Session(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT, fd), now)
+        out += self._open(Session(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT, fd), now)
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", routing_id.hex(), identity, version, ttl_ms)
         if command.id is not None:
             out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms)))
         return out
 
-    def _open(self, session: Session, now: float) -> None:
+    def _open(self, session: Session, now: float) -> list[Out]:
         session.grants = self.permissions.grants(session.identity)
         self.sessions[session.routing_id] = session
         if session.fd is not None:
             self._by_fd[session.fd] = session.routing_id
         self.counters["connects"] += 1
         self._next_sweep = min(self._next_sweep, now + session.ttl)
+        return self._peer_event("connect", session, "", now)
+
+    def _peer_event(self, event: str, session: Session, reason: str, now: float) -> list[Out]:
+        data: dict[str, object] = {
+            "event": event,
+            "peer": session.name,
+            "identity": session.identity,
+            "kind": session.dialect.name,
+            "protocol": session.version,
+        }
+        if reason:
+            data["reason"] = reason
+        return self._emit(SYS_PEER_TOPIC, data, now)
 
     def _forget(self, session: Session, why: str, now: float) -> list[Out]:
         """Drop a session and everything it held; returns what that means for others."""
@@ -411,6 +485,8 @@ class BrokerCore:
         for tokens in session.patterns.values():
             self.subscriptions.remove(tokens, session)
         session.patterns.clear()
+        session.replays.clear()
+        self._replaying.pop(session, None)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", session.name, why)
         out: list[Out] = []
@@ -443,6 +519,7 @@ class BrokerCore:
             out += self._pump(self._service(name), now)
         for name in list(self.services):
             self._drop_if_idle(name)
+        out += self._peer_event("disconnect", session, why, now)
         return out
 
     # ================================================================ pub/sub
@@ -468,33 +545,292 @@ class BrokerCore:
         if not session.grants.may_publish(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{session.identity} may not publish to {topic}", command.id)
         self.counters["published"] += 1
-        targets = self.subscriptions.match(tokens)
-        out: list[Out] = []
-        if targets:
-            user: list[bytes] = []
-            if len(headers) > 1 + (Header.ID in headers):
-                for key, value in headers.items():
-                    if key.startswith(P.USER_HEADER_PREFIX):
-                        user += (key.encode(), value.encode())
-            topic_b = topic.encode()
-            frames = P.message(topic_b, session.sender, user, command.payload)
-            seed_frames: list[bytes] | None = None
-            for target in targets:
-                if target.grants.deny_subscribe and not target.grants.delivers(tokens):
-                    continue  # a wildcard overlapping a denied topic: never delivered
-                if target.legacy:
-                    if seed_frames is None:
-                        seed_frames = P.message(topic_b, None, user, command.payload)
-                    out.append((target.routing_id, seed_frames))
-                else:
-                    out.append((target.routing_id, frames))
-                target.last_sent = now
-                target.delivered += 1
-            self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
+        journals = self._journal_routes.match(tokens) if self.journals else ()
+        if journals:
+            return self._put_journaled(session, command, topic, tokens, journals, now)
+        out = self._fan_out(topic, tokens, session.sender, headers, command.payload, now)
         if command.id is not None:
             session.last_sent = now
             out.append((session.routing_id, P.ok(command.id)))
         return out
+
+    def _fan_out(
+        self,
+        topic: str,
+        tokens: tuple[str, ...],
+        sender: bytes,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        position: tuple[Journal, int] | None = None,
+        appended: Sequence[Journal] = (),
+    ) -> list[Out]:
+        """One MESSAGE built once, handed to every subscriber that may see it."""
+        targets = self.subscriptions.match(tokens)
+        out: list[Out] = []
+        if not targets:
+            return out
+        user: list[bytes] = []
+        if len(headers) > 1 + (Header.ID in headers):
+            for key, value in headers.items():
+                if key.startswith(P.USER_HEADER_PREFIX):
+                    user += (key.encode(), value.encode())
+        topic_b = topic.encode()
+        where = (position[0].name.encode(), position[1]) if position is not None else None
+        frames = P.message(topic_b, sender, user, body, where)
+        seed_frames: list[bytes] | None = None
+        for target in targets:
+            if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+                continue  # a wildcard overlapping a denied topic: never delivered
+            if target.replays and self._replay_will_deliver(target, appended, tokens):
+                continue
+            if target.legacy:
+                if seed_frames is None:
+                    seed_frames = P.message(topic_b, None, user, body)
+                out.append((target.routing_id, seed_frames))
+            else:
+                out.append((target.routing_id, frames))
+            target.last_sent = now
+            target.delivered += 1
+        self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
+        return out
+
+    @staticmethod
+    def _replay_will_deliver(target: Session, appended: Sequence[Journal], tokens: tuple[str, ...]) -> bool:
+        for journal in appended:
+            replay = target.replays.get(journal.name)
+            if replay is not None and replay.matches(tokens):
+                return True
+        return False
+
+    # ================================================================ journals
+    def _put_journaled(
+        self,
+        session: Session,
+        command: Command,
+        topic: str,
+        tokens: tuple[str, ...],
+        journals: Sequence[Journal],
+        now: float,
+    ) -> list[Out]:
+        """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
+
+        The OK names the first journal (by name) and the record's SEQ there; a
+        repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
+        is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
+        """
+        headers = command.headers
+        primary = journals[0] if len(journals) == 1 else min(journals, key=lambda j: j.name)
+        msgid = headers.get(Header.MSGID)
+        if msgid is not None:
+            earlier = primary.duplicate_of(session.identity, msgid)
+            if earlier is not None:
+                self.counters["duplicates"] += 1
+                if command.id is None:
+                    return []
+                self._hold_ack(
+                    primary, (session.routing_id, P.ok_journaled(command.id, primary.name, earlier, duplicate=True))
+                )
+                return []
+        stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
+        seq = 0
+        for journal in journals:
+            appended = journal.append(topic, session.identity, stored, command.payload)
+            if journal is primary:
+                seq = appended
+        self.counters["journaled"] += 1
+        out = self._fan_out(topic, tokens, session.sender, headers, command.payload, now, (primary, seq), journals)
+        if command.id is not None:
+            session.last_sent = now
+            self._hold_ack(primary, (session.routing_id, P.ok_journaled(command.id, primary.name, seq)))
+        return out
+
+    def _hold_ack(self, journal: Journal, ack: Out) -> None:
+        self._pending_acks.append((journal, ack))
+
+    @property
+    def uncommitted(self) -> bool:
+        """``commit()`` has work: appends to write or OKs to release."""
+        return bool(self._pending_acks) or any(j.pending for j in self.journals.values())
+
+    def commit(self) -> list[Out]:
+        """Write (and fsync, per policy) what was appended; returns the OKs now due.
+
+        A journal that fails to write turns its held OKs into ERROR 507: the
+        publisher learns its message is not stored (and may retry with MSGID).
+        """
+        failed: dict[str, OSError] = {}
+        for journal in self.journals.values():
+            if journal.pending:
+                try:
+                    journal.commit()
+                except OSError as exc:
+                    failed[journal.name] = exc
+                    self.counters["journal_write_failed"] += 1
+                    log.error("journal %s: write failed: %s", journal.name, exc)
+        acks, self._pending_acks = self._pending_acks, []
+        if not failed:
+            return [ack for _, ack in acks]
+        out: list[Out] = []
+        for journal, (routing_id, frames) in acks:
+            failure = failed.get(journal.name)
+            if failure is None:
+                out.append((routing_id, frames))
+            else:
+                request_id = bytes(frames[2]).decode()
+                reason = f"journal {journal.name} could not write: {failure.strerror or failure}"
+                out.append((routing_id, P.error(Status.STORAGE_FAILED, reason, request_id)))
+        return out
+
+    def _journal_for_sub(self, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> Journal:
+        name = command.headers.get(Header.JOURNAL)
+        if name is not None:
+            journal = self.journals.get(name)
+            if journal is None:
+                raise ProtocolError(Status.BAD_REQUEST, f"no journal named {name[:40]!r}", command.id)
+            return journal
+        candidates = [
+            j
+            for j in self.journals.values()
+            if all(any(pattern_covers(split_pattern(jp), t) for jp in j.settings.topics) for _, t in patterns)
+        ]
+        if len(candidates) != 1:
+            which = "no journal keeps" if not candidates else "several journals keep"
+            raise ProtocolError(Status.BAD_REQUEST, f"{which} these topics; name one with JOURNAL", command.id)
+        return candidates[0]
+
+    def _start_replay(self, session: Session, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> Replay:
+        if session.legacy:
+            raise ProtocolError(Status.BAD_REQUEST, "FROM needs protocol 1.0", command.id)
+        from_seq = P.parse_int(command, Header.FROM)
+        journal = self._journal_for_sub(command, patterns)
+        if journal.name in session.replays:
+            raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
+        if from_seq == 0:
+            from_seq = journal.first_seq  # 0 = from the oldest record kept
+        elif from_seq < journal.first_seq:
+            raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), command.id)
+        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.next_seq))
+
+    @property
+    def replaying(self) -> bool:
+        return bool(self._replaying)
+
+    def replay(self, now: float) -> list[tuple[bytes, Sequence[bytes], str, int]]:
+        """One page of every running replay: ``(routing_id, frames, journal, seq)``.
+
+        The shell sends them in order; if a send fails at HWM it calls
+        ``replay_blocked`` with that record, and skips the session's rest.
+        """
+        out: list[tuple[bytes, Sequence[bytes], str, int]] = []
+        for session in list(self._replaying):
+            for name, replay in list(session.replays.items()):
+                if replay.resume_at > now:
+                    continue
+                journal = replay.journal
+                try:
+                    records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
+                except Trimmed as exc:
+                    self._end_replay(session, name)
+                    pattern = ".".join(replay.patterns[0])
+                    out.append((session.routing_id, P.error(Status.GONE, str(exc), topic=pattern), name, 0))
+                    continue
+                for record in records:
+                    tokens = self._record_tokens(record.topic)
+                    if tokens is None or not replay.matches(tokens):
+                        continue
+                    if session.grants.deny_subscribe and not session.grants.delivers(tokens):
+                        continue
+                    out.append((session.routing_id, self._record_message(record, name), name, record.seq))
+                    replay.sent += 1
+                replay.cursor = next_seq
+                # Ends only on a turn with nothing left, so a record whose send
+                # failed in the last page is still resent (see replay_blocked).
+                if not records and next_seq >= journal.next_seq:
+                    self._end_replay(session, name)
+                session.last_sent = now
+        self.counters["replayed"] += len(out)
+        return out
+
+    def replay_blocked(self, routing_id: bytes, journal: str, seq: int, now: float) -> None:
+        """A replayed record could not be queued: resume from it a little later."""
+        session = self.sessions.get(routing_id)
+        if session is None or not seq:
+            return
+        replay = session.replays.get(journal)
+        if replay is None:
+            return
+        replay.cursor = min(replay.cursor, seq)
+        replay.resume_at = now + REPLAY_BACKOFF
+        self.counters["replay_paused"] += 1
+
+    def _end_replay(self, session: Session, name: str) -> None:
+        session.replays.pop(name, None)
+        if not session.replays:
+            self._replaying.pop(session, None)
+
+    def _record_tokens(self, topic: str) -> tuple[str, ...] | None:
+        tokens = self._topics.get(topic)
+        if tokens is None:
+            try:
+                tokens = split_topic(topic)
+            except InvalidTopic:
+                return None
+        return tokens
+
+    @staticmethod
+    def _record_message(record: Record, journal: str) -> list[bytes]:
+        user: list[bytes] = []
+        for key, value in record.headers.items():
+            if key.startswith(P.USER_HEADER_PREFIX):
+                user += (key.encode(), value.encode())
+        return P.message(
+            record.topic.encode(), record.sender.encode(), user, record.parts, (journal.encode(), record.seq)
+        )
+
+    def _emit(self, topic: str, data: dict[str, object], now: float) -> list[Out]:
+        """Publish the broker's own telemetry on a ``mc0.sys.*`` topic (if anyone wants it)."""
+        tokens = self._sys_topics[topic]
+        journals = self._journal_routes.match(tokens) if self.journals else ()
+        if not journals and not self.subscriptions.match(tokens):
+            return []
+        data["ts"] = round(now + self.wall_offset, 6)
+        body = [json.dumps(data, separators=(",", ":")).encode()]
+        self.counters["telemetry"] += 1
+        if not journals:
+            return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now)
+        seq = 0
+        primary = min(journals, key=lambda j: j.name)
+        for journal in journals:
+            appended = journal.append(topic, BROKER_SENDER, {}, body)
+            if journal is primary:
+                seq = appended
+        return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, (primary, seq), journals)
+
+    def _rpc_done(
+        self,
+        service: str,
+        client: Session,
+        worker: Session | None,
+        created: float,
+        status: int,
+        bytes_in: int,
+        bytes_out: int,
+        now: float,
+    ) -> list[Out]:
+        return self._emit(
+            SYS_RPC_TOPIC,
+            {
+                "service": service,
+                "caller": client.identity,
+                "worker": worker.name if worker is not None else None,
+                "latency_ms": round((now - created) * 1000.0, 3),
+                "status": status,
+                "bytes_in": bytes_in,
+                "bytes_out": bytes_out,
+            },
+            now,
+        )
 
     def _patterns(self, command: Command) -> list[tuple[str, tuple[str, ...]]]:
         limits = self.settings.limits
@@ -516,6 +852,7 @@ class BrokerCore:
         for pattern, tokens in patterns:
             if not session.grants.may_subscribe(tokens):
                 raise ProtocolError(Status.FORBIDDEN, f"{session.identity} may not subscribe to {pattern}", command.id)
+        replay = self._start_replay(session, command, patterns) if Header.FROM in command.headers else None
         new = {p: t for p, t in patterns if p not in session.patterns}
         limit = self.settings.limits.max_subscriptions
         if len(session.patterns) + len(new) > limit:
@@ -527,6 +864,10 @@ class BrokerCore:
         for pattern, tokens in new.items():
             session.patterns[pattern] = tokens
             self.subscriptions.insert(tokens, session)
+        if replay is not None:
+            session.replays[replay.journal.name] = replay
+            self._replaying[session] = None
+            self.counters["replays"] += 1
         return self._answer(session, command, now)
 
     def _unsubscribe(self, session: Session, command: Command, now: float) -> list[Out]:
@@ -534,6 +875,11 @@ class BrokerCore:
             tokens = session.patterns.pop(pattern, None)
             if tokens is not None:
                 self.subscriptions.remove(tokens, session)
+                for name, replay in list(session.replays.items()):
+                    if tokens in replay.patterns:
+                        replay.patterns.remove(tokens)
+                        if not replay.patterns:
+                            self._end_replay(session, name)
         return self._answer(session, command, now)
 
     # ================================================================ RPC: workers
@@ -689,12 +1035,14 @@ class BrokerCore:
         deadline = now + timeout_ms / 1000.0
         self.counters["requests"] += 1
         client.last_sent = now
-        if name == BROKER_SERVICE or name == MMI_SERVICE:
+        if name in BUILTIN_SERVICES:
+            # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
             return self._builtin(client, name, rid, user, body)
         service = self.services.get(name)
         if service is None or not service.workers:
             self.counters["no_worker"] += 1
-            return [(client.routing_id, client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}"))]
+            out = [(client.routing_id, client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}"))]
+            return out + self._rpc_done(name, client, None, now, Status.NO_WORKER, sum(map(len, body)), 0, now)
         service.requests += 1
         if scatter:
             return self._scatter(client, service, rid, user, body, now, deadline)
@@ -736,10 +1084,15 @@ class BrokerCore:
             self.counters["cancel_unknown"] += 1
             return []
         self.counters["cancelled"] += 1
+        worker = request.worker if isinstance(request, Job) else None
         out = self._abandon(request, now)
         client.last_sent = now
         out.append((client.routing_id, client.dialect.error(rid, request.service, Status.CANCELLED, "cancelled")))
-        return out
+        size = request.size if isinstance(request, Job) else 0
+        bytes_out = request.bytes_out if isinstance(request, Job) else 0
+        return out + self._rpc_done(
+            request.service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now
+        )
 
     def _abandon(self, request: Job | Scatter, now: float) -> list[Out]:
         """Stop a request without answering its client (the caller does that, if anyone)."""
@@ -788,6 +1141,7 @@ class BrokerCore:
             return self._scatter_reply(job, verb, user, body, now, code, reason)
         if verb is Verb.PARTIAL:
             job.forwarded = True
+            job.bytes_out += sum(map(len, body))
             return [(client.routing_id, client.dialect.partial(job.rid, job.service, {}, user, body))]
         client.requests.pop(job.rid, None)
         job.done = True
@@ -803,7 +1157,10 @@ class BrokerCore:
             frames = client.dialect.final(job.rid, job.service, {}, user, body)
         else:
             frames = client.dialect.error(job.rid, job.service, code, reason)
-        return [(client.routing_id, frames), *self._release(worker, job, now)]
+        out = [(client.routing_id, frames), *self._release(worker, job, now)]
+        status = 200 if verb is Verb.FINAL else code
+        bytes_out = job.bytes_out + sum(map(len, body))
+        return out + self._rpc_done(job.service, client, worker, job.created, status, job.size, bytes_out, now)
 
     def _scatter_reply(
         self, job: Job, verb: Verb, user: dict[str, str], body: Sequence[bytes], now: float, code: int, reason: str
@@ -847,7 +1204,7 @@ class BrokerCore:
             service.served += 1
             service.latencies.append(now - gather.created)
         out.append((client.routing_id, client.dialect.final(gather.rid, gather.service, fields, gather.user, ())))
-        return out
+        return out + self._rpc_done(gather.service, client, None, gather.created, 200, 0, 0, now)
 
     def _terminate_error(self, job: Job, code: int, reason: str, now: float) -> list[Out]:
         job.done = True
@@ -860,10 +1217,11 @@ class BrokerCore:
             if code == Status.DEADLINE:
                 service.timeouts += 1
         self.counters[f"requests_failed_{code}"] += 1
+        telemetry = self._rpc_done(job.service, client, job.worker, job.created, code, job.size, job.bytes_out, now)
         if self.sessions.get(client.routing_id) is not client:
-            return []
+            return telemetry
         client.last_sent = now
-        return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason))]
+        return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason)), *telemetry]
 
     # ================================================================ built-in services
     def _builtin(self, client: Session, name: str, rid: str, user: dict[str, str], body: Sequence[bytes]) -> list[Out]:
@@ -872,6 +1230,11 @@ class BrokerCore:
             known = text in self.services and bool(self.services[text].workers)
             answer = b"200" if known or text in (BROKER_SERVICE, MMI_SERVICE) else b"404"
             return [(client.routing_id, client.dialect.final(rid, name, {}, user, [answer]))]
+        if name == JOURNAL_SERVICE:
+            try:
+                return self._journal_service(client, rid, user, text)
+            except ProtocolError as exc:
+                return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
         op = text
         if text.startswith("{"):
             try:
@@ -884,6 +1247,106 @@ class BrokerCore:
             return [(client.routing_id, client.dialect.error(rid, name, Status.BAD_REQUEST, reason))]
         data = json.dumps(report, sort_keys=True).encode()
         return [(client.routing_id, client.dialect.final(rid, name, {}, user, [data]))]
+
+    def _journal_service(self, client: Session, rid: str, user: dict[str, str], text: str) -> list[Out]:
+        """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
+
+        fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
+        "topics": [pattern...], "max_records": n, "max_bytes": m}``.  Each
+        PARTIAL's body is a JSON list of record metadata (seq, ts, topic,
+        sender, headers, parts = how many body frames follow) then the body
+        frames; the FINAL's JSON says ``next_seq`` (where to continue),
+        ``records`` and the journal's ``first_seq``/``end_seq``.  Only records
+        the caller may subscribe to are returned.  Deterministic; 410 when
+        ``from_seq`` was trimmed.
+        """
+        name = JOURNAL_SERVICE
+        try:
+            query = json.loads(text) if text.startswith("{") else {"op": text}
+        except ValueError:
+            raise ProtocolError(Status.BAD_REQUEST, "body must be JSON or an op name", rid) from None
+        if not isinstance(query, dict):
+            raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
+        op = query.get("op")
+        if op == "info":
+            data = {n: j.info() for n, j in self.journals.items()}
+            return [(client.routing_id, client.dialect.final(rid, name, {}, user, [json.dumps(data).encode()]))]
+        if op != "fetch":
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: info, fetch", rid)
+        journal = self.journals.get(str(query.get("journal", "")))
+        if journal is None:
+            known = ", ".join(self.journals) or "none configured"
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid
+            )
+
+        def integer(key: str, default: int | None, low: int, high: int) -> int | None:
+            value = query.get(key, default)
+            if value is None:
+                return None
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
+            return value
+
+        from_seq = integer("from_seq", 0, 0, 1 << 62) or 0
+        to_seq = integer("to_seq", None, 0, 1 << 62)
+        max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
+        max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
+        raw_topics = query.get("topics") or []
+        if isinstance(raw_topics, str):
+            raw_topics = [raw_topics]
+        if not isinstance(raw_topics, list) or not all(isinstance(t, str) for t in raw_topics):
+            raise ProtocolError(Status.BAD_REQUEST, "topics must be a list of patterns", rid)
+        try:
+            wanted = [split_pattern(t) for t in raw_topics]
+        except InvalidTopic as exc:
+            raise _topic_error(exc, rid) from None
+        grants = client.grants
+        filtered = bool(wanted) or grants is not ALLOW_ALL
+        verdicts: dict[str, bool] = {}
+
+        def match(topic: str) -> bool:
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                tokens = self._record_tokens(topic)
+                verdict = (
+                    tokens is not None
+                    and (not wanted or any(pattern_matches(p, tokens) for p in wanted))
+                    and grants.may_subscribe(tokens)
+                    and grants.delivers(tokens)
+                )
+                if len(verdicts) < TOPIC_CACHE_SIZE:
+                    verdicts[topic] = verdict
+            return verdict
+
+        if from_seq == 0:
+            from_seq = journal.first_seq
+        end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
+        out: list[Out] = []
+        cursor = from_seq
+        count = 0
+        try:
+            while cursor < end and max_records > 0 and max_bytes > 0:
+                records, cursor = journal.read(
+                    cursor,
+                    end,
+                    match if filtered else None,
+                    max_records=min(FETCH_PAGE_RECORDS, max_records),
+                    max_bytes=min(FETCH_PAGE_BYTES, max_bytes),
+                )
+                max_records -= len(records) or 1  # a page that matched nothing still costs
+                max_bytes -= sum(len(p) for r in records for p in r.parts) or 1
+                if records:
+                    count += len(records)
+                    out.append(
+                        (client.routing_id, client.dialect.partial(rid, name, {}, user, P.journal_page(records)))
+                    )
+        except Trimmed as exc:
+            raise ProtocolError(Status.GONE, str(exc), rid) from None
+        summary = {"next_seq": cursor, "records": count, "first_seq": journal.first_seq, "end_seq": journal.next_seq}
+        self.counters["journal_fetches"] += 1
+        out.append((client.routing_id, client.dialect.final(rid, name, {}, user, [json.dumps(summary).encode()])))
+        return out
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -971,7 +1434,9 @@ class BrokerCore:
                 disconnect = dialect.disconnect()
                 return [(routing_id, disconnect)] if disconnect is not None else []
             session = Session(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-            self._open(session, now)
+            opened = self._open(session, now)
+            if opened:
+                return opened + self._handle_mdp(routing_id, frames, now, identity, fd)
         session.last_recv = now
         try:
             if command.role == mdp.CLIENT:
@@ -1002,6 +1467,10 @@ class BrokerCore:
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats and expiry; call at ``next_deadline()`` or later."""
         out: list[Out] = []
+        if self.journals and now >= self._next_retention:
+            self._next_retention = now + RETENTION_INTERVAL
+            for journal in self.journals.values():
+                journal.enforce_retention(now + self.wall_offset)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, _, request = heapq.heappop(deadlines)
@@ -1039,10 +1508,16 @@ class BrokerCore:
         return out
 
     def next_deadline(self) -> float:
-        """When ``tick`` next has work (monotonic seconds)."""
+        """When ``tick`` (or ``replay``) next has work (monotonic seconds)."""
+        earliest = self._next_sweep
         if self._deadlines:
-            return min(self._next_sweep, self._deadlines[0][0])
-        return self._next_sweep
+            earliest = min(earliest, self._deadlines[0][0])
+        if self.journals:
+            earliest = min(earliest, self._next_retention)
+        for session in self._replaying:
+            for replay in session.replays.values():
+                earliest = min(earliest, replay.resume_at)
+        return earliest
 
     def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:
         """The shell could not send to a peer: gone (unreachable) or at HWM."""

@@ -96,6 +96,14 @@ class Conflict(RemoteError):
     """409: a request id reused while that request is still outstanding."""
 
 
+class Gone(RemoteError, LookupError):
+    """410: the journal position asked for was trimmed by retention."""
+
+
+class StorageFailed(RemoteError, OSError):
+    """507: the broker's journal could not write; the message was not acknowledged."""
+
+
 class OverLimit(RemoteError):
     """429: a count limit was exceeded, or the peer consumed too slowly."""
 

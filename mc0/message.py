@@ -1,4 +1,4 @@
-"""Message: what a subscriber receives. Frozen, picklable, comparable."""
+"""Values that cross the API: Message, Record, Ack, FetchResult, Reply, Request. Frozen, picklable, comparable."""
 
 from __future__ import annotations
 
@@ -19,10 +19,52 @@ class Message:
     parts: tuple[bytes, ...]
     sender: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # Set when the topic is journaled: the journal and the record's sequence number there.
+    journal: str | None = None
+    seq: int | None = None
 
     @property
     def body(self) -> bytes:
         return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One journaled PUT: its sequence number in the journal, wall-clock time of
+    the append, topic, the publisher's authenticated identity, the headers as
+    published (``MSGID`` and ``X-`` ones) and the body frames."""
+
+    seq: int
+    ts: float
+    topic: str
+    sender: str
+    headers: dict[str, str] = field(default_factory=dict)
+    parts: tuple[bytes, ...] = ()
+
+    @property
+    def body(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The broker's OK to a confirmed publish.  For a journaled topic: where it
+    was stored (``journal``, ``seq``) and whether it repeated an earlier
+    ``MSGID`` (``duplicate``: stored and delivered once, before)."""
+
+    journal: str | None = None
+    seq: int | None = None
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """One ``fetch`` from a journal: the records, and where to continue (``next_seq``)."""
+
+    records: list[Record]
+    next_seq: int
+    first_seq: int
+    end_seq: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ Peer -> broker::
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
-    SUB        [ID id] "" pattern...
+    SUB        [ID id] [FROM seq [JOURNAL j]] "" pattern...   (FROM: replay, then live)
     UNSUB      [ID id] "" pattern...
-    PUT        TOPIC t [ID id] [X-...] "" body...
+    PUT        TOPIC t [ID id] [MSGID m] [X-...] "" body...
     READY      [ID id] [CAPACITY n] "" service...  (1.0, a worker)
     REQUEST    SERVICE s ID rid [TIMEOUT ms] [ALL 1] [X-...] ["" body...]
     CANCEL     ID rid
@@ -31,9 +31,9 @@ Peer -> broker::
 
 Broker -> peer::
 
-    OK         ID id [TTL ms]
+    OK         ID id [TTL ms] [JOURNAL j SEQ n [DUPLICATE 1]]   (SEQ: a journaled PUT, once written)
     ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern]   (TOPIC: a subscription withdrawn)
-    MESSAGE    TOPIC t SENDER who [X-...] "" body...  (0.x peers: no SENDER)
+    MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [X-...] "" body...  (0.x peers: no SENDER)
     NOOP
     PONG       ID x
     DISCONNECT
@@ -55,6 +55,7 @@ docs/PROTOCOL.md is the prose version of this docstring.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum, StrEnum
@@ -62,6 +63,7 @@ from typing import NamedTuple, Protocol
 
 from . import errors
 from .errors import ProtocolError
+from .message import Record
 from .topics import DEFAULT_MAX_TOPIC_BYTES, DEFAULT_MAX_TOPIC_TOKENS
 
 
@@ -100,6 +102,11 @@ class Header(StrEnum):
     WORKER = "WORKER"
     COUNT = "COUNT"
     MISSING = "MISSING"
+    MSGID = "MSGID"  # publisher's message id: a journal stores it once per dedup window
+    SEQ = "SEQ"  # a journal's sequence number
+    JOURNAL = "JOURNAL"
+    DUPLICATE = "DUPLICATE"
+    FROM = "FROM"  # SUB: replay from this sequence number, then continue live
 
 
 USER_HEADER_PREFIX = "X-"
@@ -111,6 +118,7 @@ class Status(IntEnum):
     FORBIDDEN = 403
     TOO_LARGE = 413
     CONFLICT = 409  # a request id reused while outstanding
+    GONE = 410  # a journal position trimmed by retention
     OVER_LIMIT = 429  # a count limit, or a consumer too slow
     CANCELLED = 499  # the client cancelled the request
     HANDLER_FAILED = 500  # the worker's handler raised
@@ -118,6 +126,7 @@ class Status(IntEnum):
     NO_WORKER = 503  # nobody serves the service (answered at once)
     DEADLINE = 504  # the request's deadline passed
     UNSUPPORTED_VERSION = 505
+    STORAGE_FAILED = 507  # the journal could not write; the message is not acknowledged
 
 
 REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
@@ -126,6 +135,7 @@ REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
     Status.FORBIDDEN: errors.Forbidden,
     Status.TOO_LARGE: errors.TooLarge,
     Status.CONFLICT: errors.Conflict,
+    Status.GONE: errors.Gone,
     Status.OVER_LIMIT: errors.OverLimit,
     Status.CANCELLED: errors.Cancelled,
     Status.HANDLER_FAILED: errors.HandlerFailed,
@@ -133,6 +143,7 @@ REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
     Status.NO_WORKER: errors.NoResponders,
     Status.DEADLINE: errors.DeadlineExceeded,
     Status.UNSUPPORTED_VERSION: errors.UnsupportedVersion,
+    Status.STORAGE_FAILED: errors.StorageFailed,
 }
 
 
@@ -146,6 +157,7 @@ FULL_VERSION = "1.0"
 VERSIONS = SEED_VERSIONS | {FULL_VERSION}
 
 ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
+JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 
 
@@ -199,9 +211,9 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.DISCONNECT: Grammar(optional=_ID),
     Verb.NOOP: Grammar(optional=_ID),
     Verb.PING: Grammar(_ID, seed=False),
-    Verb.SUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
+    Verb.SUB: Grammar(optional=_h(Header.ID, Header.FROM, Header.JOURNAL), payload=Payload.REQUIRED),
     Verb.UNSUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
-    Verb.PUT: Grammar(_h(Header.TOPIC), _ID, True, Payload.REQUIRED),
+    Verb.PUT: Grammar(_h(Header.TOPIC), _h(Header.ID, Header.MSGID), True, Payload.REQUIRED),
     Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.REQUIRED, seed=False),
     Verb.REQUEST: Grammar(
         _h(Header.SERVICE, Header.ID), _h(Header.TIMEOUT, Header.ALL), True, Payload.OPTIONAL, seed=False
@@ -214,9 +226,9 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
 
 # What the broker may send to a peer.
 BROKER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.OK: Grammar(_ID, _h(Header.TTL)),
+    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.JOURNAL, Header.SEQ, Header.DUPLICATE)),
     Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC)),
-    Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER), True, Payload.REQUIRED),
+    Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ), True, Payload.REQUIRED),
     Verb.NOOP: Grammar(),
     Verb.PONG: Grammar(_ID, seed=False),
     Verb.DISCONNECT: Grammar(),
@@ -384,11 +396,29 @@ def error(code: int, reason: str, request_id: str | None = None, *, topic: str |
     return frames
 
 
-def message(topic: bytes, sender: bytes | None, user_headers: Sequence[bytes], body: Sequence[bytes]) -> list[bytes]:
-    """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER."""
+def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = False) -> list[bytes]:
+    frames = [b"OK", b"ID", request_id.encode(), b"JOURNAL", journal.encode(), b"SEQ", str(seq).encode()]
+    if duplicate:
+        frames += (b"DUPLICATE", b"1")
+    return frames
+
+
+def message(
+    topic: bytes,
+    sender: bytes | None,
+    user_headers: Sequence[bytes],
+    body: Sequence[bytes],
+    position: tuple[bytes, int] | None = None,
+) -> list[bytes]:
+    """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER.
+
+    ``position`` is ``(journal, seq)`` for a journaled message (1.0 peers only).
+    """
     frames = [b"MESSAGE", b"TOPIC", topic]
     if sender is not None:
         frames += (b"SENDER", sender)
+        if position is not None:
+            frames += (b"JOURNAL", position[0], b"SEQ", str(position[1]).encode())
     frames += user_headers
     frames.append(b"")
     frames += body
@@ -496,3 +526,45 @@ class Dialect(Protocol):
     def heartbeat(self) -> Sequence[bytes] | None: ...
 
     def disconnect(self) -> Sequence[bytes] | None: ...
+
+
+# ---------------------------------------------------------------- mc0.journal pages
+
+
+def journal_page(records: Sequence[Record]) -> list[bytes]:
+    """A fetch page, two frames: JSON metadata of each record (``parts`` = its
+    body frames' lengths), then every record's body frames concatenated."""
+    meta = [
+        {
+            "seq": r.seq,
+            "ts": r.ts,
+            "topic": r.topic,
+            "sender": r.sender,
+            "headers": r.headers,
+            "parts": [len(p) for p in r.parts],
+        }
+        for r in records
+    ]
+    return [json.dumps(meta, separators=(",", ":")).encode(), b"".join(p for r in records for p in r.parts)]
+
+
+def parse_journal_page(frames: Sequence[bytes]) -> list[Record]:
+    """The inverse of ``journal_page`` (clients use it); ValueError if malformed."""
+    try:
+        meta = json.loads(bytes(frames[0]))
+        blob = memoryview(bytes(frames[1])) if len(frames) > 1 else memoryview(b"")
+        records = []
+        pos = 0
+        for m in meta:
+            parts = []
+            for n in m["parts"]:
+                parts.append(bytes(blob[pos : pos + n]))
+                pos += n
+            records.append(
+                Record(int(m["seq"]), float(m["ts"]), m["topic"], m["sender"], dict(m["headers"]), tuple(parts))
+            )
+    except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed journal page: {exc}") from None
+    if pos != len(blob):
+        raise ValueError("malformed journal page: body length mismatch")
+    return records

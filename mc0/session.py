@@ -167,6 +167,7 @@ class ClientSession:
         body: bytes | Sequence[bytes],
         headers: Mapping[str, str] | None = None,
         request_id: str | None = None,
+        msgid: str | None = None,
     ) -> Frames:
         """PUT frames, validated locally (bad input raises, nothing is sent)."""
         limits = self.limits
@@ -177,6 +178,10 @@ class ClientSession:
         fields: dict[str, str] = {Header.TOPIC: topic}
         if request_id is not None:
             fields[Header.ID] = request_id
+        if msgid is not None:
+            if not msgid:
+                raise ProtocolError(Status.BAD_REQUEST, "msgid must not be empty")
+            fields[Header.MSGID] = msgid
         self._user_fields(fields, headers)
         if len(fields) > limits.max_headers:
             raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers")
@@ -259,6 +264,18 @@ class ClientSession:
             return None
         self._routes.insert(tokens, pattern)
         return P.encode(Verb.SUB, {Header.ID: request_id} if request_id else None, [pattern.encode()])
+
+    def replay_patterns(self, patterns: Sequence[str], from_seq: int, journal: str | None, request_id: str) -> Frames:
+        """Count local subscriptions and build ``SUB FROM``: history for every
+        pattern (even one already subscribed), then live."""
+        if from_seq < 0:
+            raise ProtocolError(Status.BAD_REQUEST, f"from_seq must be >= 0, got {from_seq}")
+        for pattern in patterns:
+            self.add_pattern(pattern)
+        fields: dict[str, str] = {Header.ID: request_id, Header.FROM: str(from_seq)}
+        if journal is not None:
+            fields[Header.JOURNAL] = journal
+        return P.encode(Verb.SUB, fields, [p.encode() for p in patterns])
 
     def drop_pattern(self, pattern: str) -> Frames | None:
         """Release one local subscription; UNSUB frames when it was the last."""
@@ -362,7 +379,16 @@ class ClientSession:
         except InvalidTopic:
             tokens = ()
         user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
-        message = Message(topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user)
+        seq_text = headers.get(Header.SEQ)
+        seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
+        message = Message(
+            topic,
+            tuple(bytes(p) for p in command.payload),
+            headers.get(Header.SENDER),
+            user,
+            headers.get(Header.JOURNAL),
+            seq,
+        )
         return Delivery(message, self._routes.match(tokens) if tokens else ())
 
     # ------------------------------------------------------------ time

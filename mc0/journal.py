@@ -1,0 +1,503 @@
+"""Journal: an append-only, segmented, replayable log of PUTs, one per configured name.
+
+Contract: the constructor does no I/O; ``open()`` scans the folder, checks
+every record's CRC and truncates a torn tail (a crash mid-write), then
+``append`` gives each record the next sequence number (1, 2, ...).  What
+``append`` returns is *written* only after ``commit()`` (the broker commits
+once per receive batch, then sends the OKs): ``never`` writes to the OS,
+``batch`` also fsyncs once per commit, ``always`` writes and fsyncs every
+record as it is appended.  A record written to the OS survives ``kill -9``
+of the broker; ``batch``/``always`` also survive losing the machine.
+
+Reads (``read``) are deterministic: the same ``[from_seq, to_seq)`` and
+filter give the same records until retention trims them, after which
+``read`` raises :class:`Trimmed`.  Retention deletes whole segments, oldest
+first, beyond ``max_bytes`` or older than ``max_age_s``; the active segment
+is never deleted.  ``(sender, MSGID)`` pairs are remembered for
+``dedup_window_s`` (at most ``dedup_max_ids`` of them), so a publisher's
+retry is stored once; the dedup memory is rebuilt from the segments on open.
+
+File format (little endian), one file per segment named by its first seq::
+
+    record  = head payload
+    head    = u32 payload_len, u32 crc32(seq ts payload), u64 seq, f64 ts
+    payload = u16 topic_len, u16 sender_len, u16 n_headers, u16 n_parts,
+              topic, sender, n_headers * (u16 klen, u32 vlen, key, value),
+              n_parts * (u32 len, bytes)
+
+Memory per journal: 8 bytes per retained record (the offset index) plus the
+dedup memory.  Wall-clock time comes from the injected ``clock``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import Error
+from .message import Record
+
+log = logging.getLogger("mc0.journal")
+
+FSYNC_POLICIES = ("always", "batch", "never")
+SEGMENT_SUFFIX = ".seg"
+
+_HEAD = struct.Struct("<IIQd")
+_SEQ_TS = struct.Struct("<Qd")
+_PAYLOAD_HEAD = struct.Struct("<HHHH")
+_HEADER = struct.Struct("<HI")
+_PART = struct.Struct("<I")
+# A length field beyond this is corruption, not a record (the broker's frame limit is far below).
+_MAX_PAYLOAD = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSettings:
+    """One ``[journals.NAME]`` table of the config file."""
+
+    topics: tuple[str, ...] = (">",)  # patterns whose PUTs are journaled
+    folder: str = field(default="", metadata={"empty": True})  # "" = var/journal/NAME
+    segment_bytes: int = field(default=64 * 1024 * 1024, metadata={"min": 4096})
+    max_bytes: int = field(default=1024 * 1024 * 1024, metadata={"min": 0})  # 0 = no size limit
+    max_age_s: int = field(default=7 * 24 * 3600, metadata={"min": 0})  # 0 = no age limit
+    fsync: str = field(default="batch", metadata={"choices": FSYNC_POLICIES})
+    dedup_window_s: int = field(default=120, metadata={"min": 0})  # 0 = no dedup
+    dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
+
+    def path(self, name: str) -> Path:
+        return Path(self.folder or os.path.join("var", "journal", name))
+
+
+class Trimmed(Error, LookupError):
+    """A read started before the first retained record (the wire answer is 410)."""
+
+    def __init__(self, journal: str, asked: int, first: int) -> None:
+        super().__init__(f"journal {journal}: seq {asked} was trimmed by retention; the first kept is {first}")
+        self.journal = journal
+        self.asked = asked
+        self.first = first
+
+
+class JournalCorrupt(Error, OSError):
+    """A segment could not be read back (raised only for unreadable files, not torn tails)."""
+
+
+def encode_record(
+    seq: int, ts: float, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]
+) -> bytes:
+    topic_b = topic.encode()
+    sender_b = sender.encode()
+    chunks: list[bytes] = [_PAYLOAD_HEAD.pack(len(topic_b), len(sender_b), len(headers), len(parts)), topic_b, sender_b]
+    for key, value in headers.items():
+        k = key.encode()
+        v = value.encode()
+        chunks += (_HEADER.pack(len(k), len(v)), k, v)
+    for part in parts:
+        chunks += (_PART.pack(len(part)), bytes(part))
+    payload = b"".join(chunks)
+    seq_ts = _SEQ_TS.pack(seq, ts)
+    crc = zlib.crc32(payload, zlib.crc32(seq_ts))
+    return _HEAD.pack(len(payload), crc, seq, ts) + payload
+
+
+def decode_payload(seq: int, ts: float, data: bytes | memoryview, pos: int, end: int) -> Record:
+    """One record's payload ``data[pos:end]`` -> Record (struct.error / ValueError if malformed)."""
+    topic_len, sender_len, n_headers, n_parts = _PAYLOAD_HEAD.unpack_from(data, pos)
+    pos += _PAYLOAD_HEAD.size
+    topic = bytes(data[pos : pos + topic_len]).decode()
+    pos += topic_len
+    sender = bytes(data[pos : pos + sender_len]).decode()
+    pos += sender_len
+    headers: dict[str, str] = {}
+    for _ in range(n_headers):
+        klen, vlen = _HEADER.unpack_from(data, pos)
+        pos += _HEADER.size
+        headers[bytes(data[pos : pos + klen]).decode()] = bytes(data[pos + klen : pos + klen + vlen]).decode()
+        pos += klen + vlen
+    parts: list[bytes] = []
+    for _ in range(n_parts):
+        (n,) = _PART.unpack_from(data, pos)
+        pos += _PART.size
+        parts.append(bytes(data[pos : pos + n]))
+        pos += n
+    if pos != end:
+        raise ValueError("record payload length mismatch")
+    return Record(seq, ts, topic, sender, headers, tuple(parts))
+
+
+class _Segment:
+    __slots__ = ("first_seq", "path", "offsets", "size", "last_ts", "fd")
+
+    def __init__(self, first_seq: int, path: Path) -> None:
+        self.first_seq = first_seq
+        self.path = path
+        self.offsets = array("Q")  # record i (seq first_seq + i) starts here
+        self.size = 0  # bytes on disk (and in the write buffer, for the active segment)
+        self.last_ts = 0.0
+        self.fd = -1
+
+    @property
+    def next_seq(self) -> int:
+        return self.first_seq + len(self.offsets)
+
+
+class Journal:
+    def __init__(self, name: str, settings: JournalSettings | None = None, *, clock: Callable[[], float] = time.time):
+        self.name = name
+        self.settings = settings or JournalSettings()
+        self.folder = self.settings.path(name)
+        self.clock = clock
+        self._segments: list[_Segment] = []
+        self._firsts: list[int] = []  # first_seq of each segment, for bisect
+        self._buffer = bytearray()  # appended, not yet written to the OS
+        self._buffer_start = 0  # file offset of the buffer's first byte (active segment)
+        self._dirty = False  # written to the OS but not fsynced
+        self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
+        self._opened = False
+        self.counters = {"appended": 0, "duplicates": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
+
+    # ------------------------------------------------------------ lifecycle
+    def open(self) -> Journal:
+        """Create or recover the folder (torn tails are truncated); idempotent."""
+        if self._opened:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        names = sorted(p for p in self.folder.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+        expected: int | None = None
+        for path in names:
+            stem = path.name[: -len(SEGMENT_SUFFIX)]
+            if not stem.isdigit():
+                log.warning("journal %s: ignoring %s (not a segment name)", self.name, path)
+                continue
+            segment = _Segment(int(stem), path)
+            if expected is not None and segment.first_seq != expected:
+                log.error("journal %s: gap before %s (expected seq %d)", self.name, path.name, expected)
+            self._scan(segment)
+            if not segment.offsets and self._segments:
+                path.unlink()  # an empty segment left by a crash right after a roll
+                continue
+            self._segments.append(segment)
+            expected = segment.next_seq
+        if not self._segments:
+            self._segments.append(self._new_segment(1))
+        self._firsts = [s.first_seq for s in self._segments]
+        active = self._segments[-1]
+        active.fd = os.open(active.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        self._buffer_start = active.size
+        self._opened = True
+        self._rebuild_dedup()
+        return self
+
+    def _new_segment(self, first_seq: int) -> _Segment:
+        segment = _Segment(first_seq, self.folder / f"{first_seq:020d}{SEGMENT_SUFFIX}")
+        fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.close(fd)
+        _fsync_dir(self.folder)
+        return segment
+
+    def _scan(self, segment: _Segment) -> None:
+        """Index a segment's records; truncate it at the first torn or corrupt record."""
+        try:
+            data = segment.path.read_bytes()
+        except OSError as exc:
+            raise JournalCorrupt(f"journal {self.name}: cannot read {segment.path}: {exc.strerror}") from None
+        pos = 0
+        seq = segment.first_seq
+        view = memoryview(data)
+        while pos + _HEAD.size <= len(data):
+            length, crc, rec_seq, ts = _HEAD.unpack_from(data, pos)
+            end = pos + _HEAD.size + length
+            if length > _MAX_PAYLOAD or end > len(data) or rec_seq != seq:
+                break
+            if zlib.crc32(view[pos + _HEAD.size : end], zlib.crc32(_SEQ_TS.pack(rec_seq, ts))) != crc:
+                break
+            segment.offsets.append(pos)
+            segment.last_ts = ts
+            seq += 1
+            pos = end
+        if pos < len(data):
+            log.warning(
+                "journal %s: %s: truncating %d bytes after seq %d (torn or corrupt record)",
+                self.name,
+                segment.path.name,
+                len(data) - pos,
+                seq - 1,
+            )
+            self.counters["truncated_bytes"] += len(data) - pos
+            os.truncate(segment.path, pos)
+        segment.size = pos
+
+    def _rebuild_dedup(self) -> None:
+        window = self.settings.dedup_window_s
+        if not window:
+            return
+        horizon = self.clock() - window
+        for segment in self._segments:
+            if segment.last_ts < horizon:
+                continue
+            for record in self._read_segment(segment, segment.first_seq, segment.next_seq, None, 1 << 62):
+                msgid = record.headers.get("MSGID")
+                if msgid is not None and record.ts >= horizon:
+                    self._remember(record.sender, msgid, record.seq, record.ts)
+
+    def close(self) -> None:
+        """Write and fsync what is buffered; close files (idempotent)."""
+        if not self._opened:
+            return
+        try:
+            self.commit(sync=self.settings.fsync != "never")
+        finally:
+            for segment in self._segments:
+                if segment.fd >= 0:
+                    os.close(segment.fd)
+                    segment.fd = -1
+            self._opened = False
+
+    # ------------------------------------------------------------ writing
+    @property
+    def first_seq(self) -> int:
+        return self._segments[0].first_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self._segments[-1].next_seq
+
+    @property
+    def pending(self) -> bool:
+        """Something appended is not yet written (and synced, per the policy)."""
+        return bool(self._buffer) or self._dirty
+
+    def duplicate_of(self, sender: str, msgid: str) -> int | None:
+        """The seq of an earlier record with this ``(sender, MSGID)`` inside the dedup window."""
+        if not self.settings.dedup_window_s:
+            return None
+        self._expire_dedup(self.clock())
+        seen = self._dedup.get((sender, msgid))
+        return seen[0] if seen is not None else None
+
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        """Add a record; returns its seq.  Durable only after ``commit()`` (see the module doc)."""
+        active = self._segments[-1]
+        seq = active.next_seq
+        ts = self.clock()
+        data = encode_record(seq, ts, topic, sender, headers, parts)
+        if active.offsets and active.size + len(data) > self.settings.segment_bytes:
+            active = self._roll(seq)
+        active.offsets.append(active.size)
+        active.size += len(data)
+        active.last_ts = ts
+        self._buffer += data
+        self.counters["appended"] += 1
+        msgid = headers.get("MSGID")
+        if msgid is not None and self.settings.dedup_window_s:
+            self._remember(sender, msgid, seq, ts)
+        if self.settings.fsync == "always":
+            self.commit()
+        return seq
+
+    def commit(self, *, sync: bool | None = None) -> None:
+        """Write the buffer to the OS and fsync per the policy (``sync`` overrides).
+
+        On an OSError the records not written are withdrawn (their seqs are
+        reused) and the error is raised: their publishers must not get OK.
+        """
+        if self._buffer:
+            active = self._segments[-1]
+            try:
+                written = os.write(active.fd, self._buffer)
+                while written < len(self._buffer):
+                    written += os.write(active.fd, memoryview(self._buffer)[written:])
+            except OSError:
+                self._withdraw_buffer(active)
+                raise
+            self._buffer_start += len(self._buffer)
+            self._buffer.clear()
+            self._dirty = True
+        if sync is None:
+            sync = self.settings.fsync != "never"
+        if self._dirty and sync:
+            os.fsync(self._segments[-1].fd)
+            self.counters["fsyncs"] += 1
+        if sync or self.settings.fsync == "never":
+            self._dirty = False
+
+    def _withdraw_buffer(self, active: _Segment) -> None:
+        try:
+            os.ftruncate(active.fd, self._buffer_start)
+        except OSError:
+            pass
+        while active.offsets and active.offsets[-1] >= self._buffer_start:
+            active.offsets.pop()
+        active.size = self._buffer_start
+        self._buffer.clear()
+        last = active.next_seq
+        self._dedup = {k: v for k, v in self._dedup.items() if v[0] < last}
+
+    def _roll(self, first_seq: int) -> _Segment:
+        self.commit(sync=self.settings.fsync != "never")
+        old = self._segments[-1]
+        os.close(old.fd)
+        old.fd = -1
+        segment = self._new_segment(first_seq)
+        segment.fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
+        self._segments.append(segment)
+        self._firsts.append(first_seq)
+        self._buffer_start = 0
+        self.enforce_retention(self.clock())
+        return segment
+
+    def _remember(self, sender: str, msgid: str, seq: int, ts: float) -> None:
+        key = (sender, msgid)
+        self._dedup.pop(key, None)
+        self._dedup[key] = (seq, ts)
+        while len(self._dedup) > self.settings.dedup_max_ids:
+            del self._dedup[next(iter(self._dedup))]
+
+    def _expire_dedup(self, now: float) -> None:
+        horizon = now - self.settings.dedup_window_s
+        dedup = self._dedup
+        while dedup:
+            key = next(iter(dedup))
+            if dedup[key][1] >= horizon:
+                break
+            del dedup[key]
+
+    def enforce_retention(self, now: float) -> int:
+        """Delete whole segments beyond max_bytes / older than max_age_s; returns how many."""
+        settings = self.settings
+        removed = 0
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            total = sum(s.size for s in self._segments)
+            too_big = settings.max_bytes and total > settings.max_bytes
+            too_old = settings.max_age_s and oldest.last_ts < now - settings.max_age_s
+            if not (too_big or too_old):
+                break
+            self._segments.pop(0)
+            self._firsts.pop(0)
+            try:
+                oldest.path.unlink()
+            except FileNotFoundError:
+                pass
+            removed += 1
+            log.info("journal %s: retention removed %s", self.name, oldest.path.name)
+        self.counters["trimmed_segments"] += removed
+        return removed
+
+    # ------------------------------------------------------------ reading
+    def read(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[Record], int]:
+        """Records with ``from_seq <= seq < to_seq`` whose topic passes ``match``.
+
+        Returns ``(records, next_seq)``: where to continue (``to_seq`` or the
+        journal's end once everything in range was read).  Stops after
+        ``max_records`` records scanned or about ``max_bytes`` read (at least
+        one record), so a page is bounded whatever the filter skips.
+        """
+        if from_seq < self.first_seq:
+            raise Trimmed(self.name, from_seq, self.first_seq)
+        end = self.next_seq if to_seq is None else min(to_seq, self.next_seq)
+        if self._buffer:
+            self.commit(sync=False)  # readers see everything appended, synced or not
+        records: list[Record] = []
+        seq = from_seq
+        budget_records = max_records
+        budget_bytes = max_bytes
+        index = max(0, bisect.bisect_right(self._firsts, seq) - 1)
+        while seq < end and budget_records > 0 and budget_bytes > 0 and index < len(self._segments):
+            segment = self._segments[index]
+            seq = max(seq, segment.first_seq)  # a gap left by a corrupt segment
+            stop = min(end, segment.next_seq)
+            if seq < stop:
+                i = seq - segment.first_seq
+                j = min(stop - segment.first_seq, i + budget_records)
+                # Byte budget: the first record whose start is beyond it ends the chunk (at least one record).
+                start_offset = segment.offsets[i]
+                limit = bisect.bisect_right(segment.offsets, start_offset + budget_bytes, i + 1, j)
+                j = max(i + 1, min(j, limit))
+                chunk_end = segment.offsets[j] if j < len(segment.offsets) else segment.size
+                records += self._read_segment(segment, seq, segment.first_seq + j, match, 1 << 62)
+                budget_records -= j - i
+                budget_bytes -= chunk_end - start_offset
+                seq = segment.first_seq + j
+            else:
+                index += 1
+        return records, seq
+
+    def _read_segment(
+        self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None, limit: int
+    ) -> list[Record]:
+        i = from_seq - segment.first_seq
+        j = to_seq - segment.first_seq
+        if i >= j:
+            return []
+        start = segment.offsets[i]
+        stop = segment.offsets[j] if j < len(segment.offsets) else segment.size
+        with open(segment.path, "rb") as f:
+            f.seek(start)
+            data = f.read(stop - start)
+        if len(data) != stop - start:
+            raise JournalCorrupt(f"journal {self.name}: {segment.path.name} is shorter than its index")
+        out: list[Record] = []
+        pos = 0
+        view = memoryview(data)
+        while pos < len(data) and len(out) < limit:
+            length, _crc, seq, ts = _HEAD.unpack_from(data, pos)
+            body_start = pos + _HEAD.size
+            pos = body_start + length
+            if match is not None:
+                (topic_len,) = struct.unpack_from("<H", data, body_start)
+                topic = bytes(view[body_start + _PAYLOAD_HEAD.size : body_start + _PAYLOAD_HEAD.size + topic_len])
+                if not match(topic.decode()):
+                    continue
+            out.append(decode_payload(seq, ts, view, body_start, pos))
+        return out
+
+    def info(self) -> dict[str, object]:
+        return {
+            "first_seq": self.first_seq,
+            "next_seq": self.next_seq,
+            "records": self.next_seq - self.first_seq,
+            "bytes": sum(s.size for s in self._segments),
+            "segments": len(self._segments),
+            "topics": list(self.settings.topics),
+            "fsync": self.settings.fsync,
+            "oldest_ts": self._oldest_ts(),
+            "dedup_ids": len(self._dedup),
+        }
+
+    def _oldest_ts(self) -> float | None:
+        segment = self._segments[0]
+        if not segment.offsets:
+            return None
+        records = self._read_segment(segment, segment.first_seq, segment.first_seq + 1, None, 1)
+        return records[0].ts if records else None
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a created or removed file name durable (POSIX: fsync the directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
