@@ -134,13 +134,14 @@ def decode_payload(seq: int, ts: float, data: bytes | memoryview, pos: int, end:
 
 
 class _Segment:
-    __slots__ = ("first_seq", "path", "offsets", "size", "last_ts", "fd")
+    __slots__ = ("first_seq", "path", "offsets", "size", "first_ts", "last_ts", "fd")
 
     def __init__(self, first_seq: int, path: Path) -> None:
         self.first_seq = first_seq
         self.path = path
         self.offsets = array("Q")  # record i (seq first_seq + i) starts here
         self.size = 0  # bytes on disk (and in the write buffer, for the active segment)
+        self.first_ts: float | None = None
         self.last_ts = 0.0
         self.fd = -1
 
@@ -220,6 +221,8 @@ class Journal:
             if zlib.crc32(view[pos + _HEAD.size : end], zlib.crc32(_SEQ_TS.pack(rec_seq, ts))) != crc:
                 break
             segment.offsets.append(pos)
+            if segment.first_ts is None:
+                segment.first_ts = ts
             segment.last_ts = ts
             seq += 1
             pos = end
@@ -293,6 +296,8 @@ class Journal:
             active = self._roll(seq)
         active.offsets.append(active.size)
         active.size += len(data)
+        if active.first_ts is None:
+            active.first_ts = ts
         active.last_ts = ts
         self._buffer += data
         self.counters["appended"] += 1
@@ -477,16 +482,9 @@ class Journal:
             "segments": len(self._segments),
             "topics": list(self.settings.topics),
             "fsync": self.settings.fsync,
-            "oldest_ts": self._oldest_ts(),
+            "oldest_ts": self._segments[0].first_ts,
             "dedup_ids": len(self._dedup),
         }
-
-    def _oldest_ts(self) -> float | None:
-        segment = self._segments[0]
-        if not segment.offsets:
-            return None
-        records = self._read_segment(segment, segment.first_seq, segment.first_seq + 1, None, 1)
-        return records[0].ts if records else None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,0 +1,393 @@
+"""The journal on real files (a fake wall clock), and the broker core with journals (no sockets)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.config import parse
+from mc0.core import BrokerCore, CoreSettings
+from mc0.errors import ConfigError
+from mc0.journal import Journal, JournalSettings, Trimmed
+
+from .conftest import headers_of, payload_of
+from .test_core import connect, f
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def journal(tmp_path: Path, clock: Clock | None = None, **settings: object) -> Journal:
+    options = {"folder": str(tmp_path / "j"), **settings}
+    return Journal("main", JournalSettings(**options), clock=clock or Clock()).open()  # type: ignore[arg-type]
+
+
+def fill(j: Journal, n: int, topic: str = "a.b", size: int = 10) -> list[int]:
+    seqs = [j.append(topic, "alice", {"X-i": str(i)}, [str(i).encode().ljust(size, b".")]) for i in range(n)]
+    j.commit()
+    return seqs
+
+
+# ------------------------------------------------------------------ the journal itself
+
+
+def test_append_assigns_consecutive_seqs_and_read_returns_exact_ranges(tmp_path: Path) -> None:
+    j = journal(tmp_path)
+    assert (j.first_seq, j.next_seq) == (1, 1)
+    assert fill(j, 10) == list(range(1, 11))
+    records, next_seq = j.read(3, 7)
+    assert [r.seq for r in records] == [3, 4, 5, 6] and next_seq == 7
+    assert records[0].topic == "a.b" and records[0].sender == "alice" and records[0].headers == {"X-i": "2"}
+    assert records[0].body.startswith(b"2.")
+    assert j.read(3, 7) == (records, next_seq)  # deterministic
+    assert j.read(11) == ([], 11)  # at the end
+    assert j.read(50) == ([], 50)  # beyond the end: nothing, continue there
+
+
+def test_read_filters_topics_and_bounds_each_page(tmp_path: Path) -> None:
+    j = journal(tmp_path)
+    for i in range(20):
+        j.append("even" if i % 2 == 0 else "odd", "a", {}, [b"x" * 100])
+    records, next_seq = j.read(1, None, lambda t: t == "odd")
+    assert [r.seq for r in records] == list(range(2, 21, 2)) and next_seq == 21
+    records, next_seq = j.read(1, max_records=5)
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5] and next_seq == 6
+    records, next_seq = j.read(1, max_bytes=300)  # ~124 bytes a record
+    assert 1 <= len(records) <= 3 and next_seq == 1 + len(records)
+    records, _ = j.read(1, max_bytes=1)
+    assert len(records) == 1  # always at least one record
+
+
+def test_segments_roll_and_reads_cross_them(tmp_path: Path) -> None:
+    j = journal(tmp_path, segment_bytes=4096, max_bytes=0)
+    fill(j, 300, size=50)
+    assert j.info()["segments"] > 3
+    records, next_seq = j.read(1, max_records=1000, max_bytes=1 << 30)
+    assert [r.seq for r in records] == list(range(1, 301)) and next_seq == 301
+    j.close()
+    again = journal(tmp_path, segment_bytes=4096, max_bytes=0)
+    assert (again.first_seq, again.next_seq) == (1, 301)
+    assert [r.seq for r in again.read(120, 130)[0]] == list(range(120, 130))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data + b"\x07" * 11, id="torn-head"),
+        pytest.param(lambda data: data[:-5], id="torn-payload"),
+        pytest.param(lambda data: data[:-20] + bytes([data[-20] ^ 0xFF]) + data[-19:], id="flipped-bit"),
+    ],
+)
+def test_reopen_truncates_a_torn_or_corrupt_tail_and_continues(tmp_path: Path, damage: object) -> None:
+    j = journal(tmp_path)
+    fill(j, 5)
+    j.close()
+    segment = next((tmp_path / "j").iterdir())
+    segment.write_bytes(damage(segment.read_bytes()))  # type: ignore[operator]
+    again = journal(tmp_path)
+    kept = again.next_seq - 1
+    assert kept in (4, 5)  # the damaged last record goes; nothing before it
+    assert [r.seq for r in again.read(1)[0]] == list(range(1, kept + 1))
+    assert again.append("a.b", "alice", {}, [b"new"]) == kept + 1
+    again.commit()
+    assert again.read(kept + 1)[0][0].body == b"new"
+
+
+def test_retention_by_bytes_and_age_trims_whole_segments_and_reads_before_raise_trimmed(tmp_path: Path) -> None:
+    clock = Clock()
+    j = journal(tmp_path, clock, segment_bytes=4096, max_bytes=3 * 4096, max_age_s=0)
+    fill(j, 400, size=50)
+    assert j.first_seq > 1
+    assert sum(p.stat().st_size for p in (tmp_path / "j").iterdir()) <= 3 * 4096 + 4096
+    with pytest.raises(Trimmed) as info:
+        j.read(1)
+    assert info.value.first == j.first_seq and isinstance(info.value, LookupError)
+    assert j.read(j.first_seq)[0][0].seq == j.first_seq
+
+    aged = journal(tmp_path / "aged", clock, segment_bytes=4096, max_bytes=0, max_age_s=60)
+    fill(aged, 100, size=50)
+    clock.now += 120
+    fill(aged, 1)
+    assert aged.enforce_retention(clock.now) >= 1
+    assert aged.first_seq > 1 and aged.next_seq == 102
+
+
+def test_dedup_is_per_sender_and_window_and_survives_reopen(tmp_path: Path) -> None:
+    clock = Clock()
+    j = journal(tmp_path, clock, dedup_window_s=60)
+    seq = j.append("t", "alice", {"MSGID": "m1"}, [b"x"])
+    j.commit()
+    assert j.duplicate_of("alice", "m1") == seq
+    assert j.duplicate_of("bob", "m1") is None  # another identity cannot suppress alice's ids
+    j.close()
+    clock.now += 30
+    again = journal(tmp_path, clock, dedup_window_s=60)
+    assert again.duplicate_of("alice", "m1") == seq
+    clock.now += 31
+    assert again.duplicate_of("alice", "m1") is None
+
+
+def test_dedup_memory_is_bounded(tmp_path: Path) -> None:
+    j = journal(tmp_path, dedup_max_ids=10)
+    for i in range(50):
+        j.append("t", "a", {"MSGID": str(i)}, [b"x"])
+    assert j.info()["dedup_ids"] == 10
+    assert j.duplicate_of("a", "49") is not None and j.duplicate_of("a", "0") is None
+
+
+@pytest.mark.parametrize(("policy", "fsyncs"), [("always", 10), ("batch", 1), ("never", 0)])
+def test_fsync_policy(tmp_path: Path, policy: str, fsyncs: int) -> None:
+    j = journal(tmp_path, fsync=policy)
+    for _ in range(10):
+        j.append("t", "a", {}, [b"x"])
+    j.commit()
+    assert j.counters["fsyncs"] == fsyncs
+    assert not j.pending
+
+
+def test_a_write_failure_withdraws_the_unwritten_records(tmp_path: Path) -> None:
+    j = journal(tmp_path)
+    fill(j, 3)
+    j.append("t", "a", {"MSGID": "lost"}, [b"x"])
+    os.close(j._segments[-1].fd)  # the disk goes away under the journal
+    with pytest.raises(OSError):
+        j.commit()
+    assert j.next_seq == 4 and j.duplicate_of("a", "lost") is None
+    j._segments[-1].fd = os.open(j._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+    assert j.append("t", "a", {}, [b"y"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('[journals.main]\nfsync = "sometimes"', "journals.main.fsync"),
+        ("[journals.main]\nsegment_bytes = 10", "journals.main.segment_bytes"),
+        ("[journals.main]\nmax_bytes = -1", "journals.main.max_bytes"),
+        ('[journals.main]\ntopics = ["a..b"]', "journals.main.topics"),
+        ("[journals.main]\ntopics = []", "journals.main.topics"),
+        ("[journals.main]\ncolour = 1", "journals.main.colour"),
+        ('[journals."a/b"]\n', "journals.a/b"),
+        ("journals = 3", "journals"),
+    ],
+)
+def test_bad_journal_config_names_the_key(text: str, where: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text, "mc0.toml")
+    assert info.value.where == f"mc0.toml: {where}"
+
+
+def test_journal_config_loads() -> None:
+    config = parse('[journals.audit]\ntopics = ["orders.>"]\nfsync = "always"\nmax_age_s = 0', "x")
+    assert config.journals["audit"].topics == ("orders.>",) and config.journals["audit"].fsync == "always"
+    assert config.journals["audit"].path("audit") == Path("var/journal/audit")
+
+
+# ------------------------------------------------------------------ the core with journals
+
+
+def core_with(
+    tmp_path: Path, topics: tuple[str, ...] = ("orders.>",), **settings: object
+) -> tuple[BrokerCore, Journal]:
+    j = journal(tmp_path, topics=topics, **settings)
+    core = BrokerCore(CoreSettings(), journals=[j], wall_offset=1000.0)
+    for rid in (b"pub", b"sub"):
+        connect(core, rid, who=rid.decode())
+    return core, j
+
+
+def test_ok_for_a_journaled_put_waits_for_commit_and_names_the_seq(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path)
+    handle(core, b"sub", f("SUB", "", "orders.>"), 0.0)
+    out = handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "p1", "X-k", "v", "", "body"), 0.0)
+    assert [rid for rid, _ in out] == [b"sub"]  # delivered, not yet acknowledged
+    assert headers_of(list(out[0][1]))["SEQ"] == "1" and headers_of(list(out[0][1]))["JOURNAL"] == "main"
+    assert core.uncommitted
+    assert core.commit() == [(b"pub", P.ok_journaled("p1", "main", 1))]
+    assert not core.uncommitted
+    record = j.read(1)[0][0]
+    assert (record.topic, record.sender, record.headers, record.body) == ("orders.1", "pub", {"X-k": "v"}, b"body")
+    # A topic no journal keeps is answered at once, without SEQ.
+    assert handle(core, b"pub", f("PUT", "TOPIC", "other", "ID", "p2", "", "b"), 0.0) == [(b"pub", P.ok("p2"))]
+
+
+def test_a_repeated_msgid_is_acknowledged_duplicate_and_not_delivered_again(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    handle(core, b"sub", f("SUB", "", "orders.>"), 0.0)
+    first = handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "a", "MSGID", "m", "", "x"), 0.0)
+    assert len(first) == 1
+    assert core.commit() == [(b"pub", P.ok_journaled("a", "main", 1))]
+    assert handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "b", "MSGID", "m", "", "x"), 0.1) == []
+    assert core.commit() == [(b"pub", P.ok_journaled("b", "main", 1, duplicate=True))]
+    # Another publisher's message with the same MSGID is its own message.
+    connect(core, b"other", who="other")
+    assert len(handle(core, b"other", f("PUT", "TOPIC", "orders.1", "ID", "c", "MSGID", "m", "", "x"), 0.2)) == 1
+
+
+def test_a_failed_write_answers_507_not_ok(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path)
+    handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "a", "", "x"), 0.0)
+    os.close(j._segments[-1].fd)
+    out = core.commit()
+    assert out[0][0] == b"pub" and out[0][1][:5] == f("ERROR", "ID", "a", "CODE", "507")
+
+
+def test_sub_from_replays_history_then_goes_live_without_repeats(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(5):
+        handle(core, b"pub", f("PUT", "TOPIC", f"orders.{i}", "", str(i)), 0.0)
+    core.commit()
+    assert handle(core, b"sub", f("SUB", "ID", "s", "FROM", "3", "", "orders.>"), 0.0) == [(b"sub", P.ok("s"))]
+    # A live message while the replay runs is held back: the replay delivers it in order.
+    assert handle(core, b"pub", f("PUT", "TOPIC", "orders.9", "", "9"), 0.0) == []
+    replayed = core.replay(0.0)
+    assert [(rid, payload_of(list(fr))[0], seq) for rid, fr, _, seq in replayed] == [
+        (b"sub", b"2", 3),
+        (b"sub", b"3", 4),
+        (b"sub", b"4", 5),
+        (b"sub", b"9", 6),
+    ]
+    assert core.replay(0.0) == [] and not core.replaying  # caught up
+    live = handle(core, b"pub", f("PUT", "TOPIC", "orders.10", "", "10"), 0.0)
+    assert [headers_of(list(fr))["SEQ"] for _, fr in live] == ["7"]
+
+
+def test_a_blocked_replay_resumes_from_the_record_that_did_not_fit(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(3):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
+    handle(core, b"sub", f("SUB", "FROM", "1", "", "orders.>"), 0.0)
+    first = core.replay(0.0)
+    core.replay_blocked(b"sub", "main", first[1][3], 0.0)  # the second record did not fit
+    assert core.replay(0.0) == []  # paused
+    assert [seq for *_, seq in core.replay(1.0)] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        (("SUB", "ID", "s", "FROM", "x", "", "orders.>"), "400"),
+        (("SUB", "ID", "s", "FROM", "1", "", "elsewhere.>"), "400"),  # no journal keeps it
+        (("SUB", "ID", "s", "FROM", "1", "JOURNAL", "nope", "", "orders.>"), "400"),
+        (("SUB", "ID", "s", "FROM", "1", "", ">"), "400"),  # wider than any journal
+    ],
+)
+def test_bad_sub_from_is_refused_and_changes_nothing(tmp_path: Path, frames: tuple[str, ...], code: str) -> None:
+    core, _ = core_with(tmp_path)
+    out = handle(core, b"sub", f(*frames), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", code)
+    assert len(core.subscriptions) == 0 and not core.replaying
+
+
+def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path, segment_bytes=4096, max_bytes=4096)
+    for i in range(200):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", "y" * 50), 0.0)
+    core.commit()
+    assert j.first_seq > 1
+    out = handle(core, b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", "410")
+    assert handle(core, b"sub", f("SUB", "ID", "t", "FROM", "0", "", "orders.>"), 0.0) == [(b"sub", P.ok("t"))]
+    assert core.replay(0.0)[0][3] == j.first_seq  # 0 = from the oldest kept
+
+
+def handle(core: BrokerCore, rid: bytes, frames: list[bytes], now: float) -> list:  # type: ignore[type-arg]
+    """A message from a peer whose authenticated identity is its routing id's text."""
+    return core.handle(rid, frames, now, rid.decode())
+
+
+def fetch(core: BrokerCore, query: dict[str, object], rid: str = "r") -> tuple[list[P.Record], list[bytes]]:
+    out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", rid, "", json.dumps(query)), 0.0)
+    records = []
+    for _, frames in out[:-1]:
+        assert frames[0] == b"PARTIAL"
+        records += P.parse_journal_page(payload_of(list(frames)))
+    return records, list(out[-1][1])
+
+
+def test_journal_service_fetch_pages_filters_and_reports_where_to_continue(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(2500):
+        handle(core, b"pub", f("PUT", "TOPIC", f"orders.{i % 3}", "", str(i)), 0.0)
+    core.commit()
+    records, final = fetch(core, {"op": "fetch", "journal": "main", "from_seq": 1})
+    assert final[0] == b"FINAL" and [r.seq for r in records] == list(range(1, 2501))
+    assert json.loads(payload_of(final)[0]) == {"next_seq": 2501, "records": 2500, "first_seq": 1, "end_seq": 2501}
+    records, final = fetch(
+        core, {"op": "fetch", "journal": "main", "from_seq": 10, "to_seq": 20, "topics": ["orders.1"]}
+    )
+    assert [r.body for r in records] == [str(s - 1).encode() for s in range(10, 20) if (s - 1) % 3 == 1]
+    records, final = fetch(core, {"op": "fetch", "journal": "main", "from_seq": 1, "max_records": 7})
+    assert len(records) == 7 and json.loads(payload_of(final)[0])["next_seq"] == 8
+    info = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "i", "", "info"), 0.0)
+    assert json.loads(payload_of(list(info[0][1]))[0])["main"]["next_seq"] == 2501
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ({"op": "fetch", "journal": "nope"}, "400"),
+        ({"op": "fetch", "journal": "main", "from_seq": -1}, "400"),
+        ({"op": "fetch", "journal": "main", "from_seq": "1"}, "400"),
+        ({"op": "fetch", "journal": "main", "max_records": 0}, "400"),
+        ({"op": "fetch", "journal": "main", "topics": ["a..b"]}, "400"),
+        ({"op": "fetch", "journal": "main", "topics": 5}, "400"),
+        ({"op": "drop"}, "400"),
+        ([1, 2], "400"),
+    ],
+)
+def test_bad_fetch_is_400(tmp_path: Path, query: object, code: str) -> None:
+    core, _ = core_with(tmp_path)
+    out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", json.dumps(query)), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code)
+
+
+def test_fetch_from_trimmed_is_410(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path, segment_bytes=4096, max_bytes=4096)
+    for _ in range(200):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", "y" * 50), 0.0)
+    core.commit()
+    out = handle(
+        core,
+        b"sub",
+        f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", '{"op":"fetch","journal":"main","from_seq":1}'),
+        0.0,
+    )
+    assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", "410")
+
+
+def test_rpc_and_peer_telemetry_are_published_and_journaled(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path, topics=("mc0.sys.>",))
+    handle(core, b"sub", f("SUB", "", "mc0.sys.rpc"), 0.0)
+    connect(core, b"w", who="w")
+    handle(core, b"w", f("READY", "", "echo"), 0.0)
+    out = handle(core, b"pub", f("REQUEST", "SERVICE", "echo", "ID", "q", "", "abc"), 1.0)
+    bid = headers_of(list(out[0][1]))["ID"]
+    out = handle(core, b"w", f("FINAL", "ID", bid, "", "abcdef"), 1.25)
+    telemetry = [fr for rid, fr in out if rid == b"sub"]
+    event = json.loads(payload_of(list(telemetry[0]))[0])
+    assert event == {
+        "service": "echo",
+        "caller": "pub",
+        "worker": event["worker"],
+        "latency_ms": 250.0,
+        "status": 200,
+        "bytes_in": 3,
+        "bytes_out": 6,
+        "ts": 1001.25,
+    }
+    assert event["worker"].startswith("w#")
+    handle(core, b"pub", f("REQUEST", "SERVICE", "nobody", "ID", "q2"), 2.0)
+    core.commit()
+    kept = [json.loads(r.body) for r in j.read(1)[0] if r.topic == "mc0.sys.rpc"]
+    assert [e["status"] for e in kept] == [200, 503]
+    peers = [json.loads(r.body)["event"] for r in j.read(1)[0] if r.topic == "mc0.sys.peer"]
+    assert peers == ["connect", "connect", "connect"]
