@@ -289,7 +289,7 @@ def test_bad_sub_from_is_refused_and_changes_nothing(tmp_path: Path, frames: tup
 
 def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
     core, j = core_with(tmp_path, segment_bytes=4096, max_bytes=4096)
-    for i in range(200):
+    for _ in range(200):
         handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", "y" * 50), 0.0)
     core.commit()
     assert j.first_seq > 1
