@@ -1,0 +1,258 @@
+"""The mc0 data source and sink in real local Spark, against a real broker with a journal.
+
+One Spark session for the whole run (UI off, 127.0.0.1, scratch in a temp
+folder); every test has its own broker, journal folder and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mc0
+from mc0.process import BrokerProcess
+
+from .conftest import CurveSetup, write_config
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+JOURNALS = '[journals.main]\ntopics = ["orders.>", "out.>"]\nsegment_bytes = 65536\n'
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from mc0.spark import make_session
+
+    session = make_session("local[2]", app="mc0-tests", scratch=str(tmp_path_factory.mktemp("spark")))
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def journaled(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with BrokerProcess(config=write_config(tmp_path, JOURNALS), insecure=True) as broker:
+        yield broker
+
+
+def publish(endpoint: str, n: int, start: int = 0, **options: Any) -> list[int]:
+    """n confirmed orders (orders.0 / orders.1 alternating); returns their seqs."""
+    seqs = []
+    with mc0.Client(endpoint, **options) as client:
+        for i in range(start, start + n):
+            ack = client.publish(f"orders.{i % 2}", f"order {i}".encode(), confirm=True, headers={"X-n": str(i)})
+            assert ack is not None and ack.seq is not None
+            seqs.append(ack.seq)
+    return seqs
+
+
+def run_available_now(spark: Any, endpoint: str, checkpoint: Path, output: Path, **options: str) -> None:
+    reader = spark.readStream.format("mc0").option("endpoint", endpoint).option("topics", "orders.>")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load()
+        .select("seq", "body")
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(checkpoint))
+        .option("path", str(output))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120), "the query did not finish"
+    assert query.exception() is None
+
+
+def seqs_in(spark: Any, output: Path) -> list[int]:
+    return sorted(r.seq for r in spark.read.parquet(str(output)).select("seq").collect())
+
+
+def test_batch_read_returns_exactly_the_requested_range(spark: Any, journaled: BrokerProcess) -> None:
+    seqs = publish(journaled.endpoint, 60)
+    df = (
+        spark.read.format("mc0")
+        .option("endpoint", journaled.endpoint)
+        .option("topics", "orders.1")
+        .option("startingOffsets", str(seqs[10]))
+        .option("endingOffsets", f'{{"seq": {seqs[40]}}}')
+        .option("maxRecordsPerPartition", "7")
+        .load()
+    )
+    assert df.schema.simpleString() == (
+        "struct<seq:bigint,ts:timestamp,topic:string,sender:string,headers:map<string,string>,body:binary>"
+    )
+    rows = sorted(df.collect(), key=lambda r: r.seq)
+    expected = [(s, f"order {i}".encode()) for i, s in enumerate(seqs) if 10 <= i < 40 and i % 2 == 1]
+    assert [(r.seq, bytes(r.body)) for r in rows] == expected
+    assert all(r.topic == "orders.1" and r.sender == "anonymous" and r.headers["X-n"] for r in rows)
+    assert df.rdd.getNumPartitions() == 5  # 30 seqs / 7 per partition
+    everything = spark.read.format("mc0").option("endpoint", journaled.endpoint).option("topics", "orders.>").load()
+    assert everything.count() == 60
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("startingOffsets", "soon", "option startingOffsets"),
+        ("maxRecordsPerPartition", "0", "option maxRecordsPerPartition"),
+        ("failOnDataLoss", "maybe", "option failOnDataLoss"),
+        ("journal", "nope", "no journal 'nope'"),
+    ],
+)
+def test_bad_options_fail_with_the_option_named(
+    spark: Any, journaled: BrokerProcess, option: str, value: str, message: str
+) -> None:
+    df = spark.read.format("mc0").option("endpoint", journaled.endpoint).option(option, value).load()
+    with pytest.raises(Exception, match=message):
+        df.count()
+
+
+def test_stream_available_now_with_checkpoint_resumes_exactly_after_more_data(
+    spark: Any, journaled: BrokerProcess, tmp_path: Path
+) -> None:
+    first = publish(journaled.endpoint, 70)
+    checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
+    run_available_now(spark, journaled.endpoint, checkpoint, output, maxRecordsPerTrigger="25")
+    assert seqs_in(spark, output) == first
+    assert len(list((checkpoint / "commits").iterdir())) >= 3  # 70+ seqs at 25 per trigger
+    second = publish(journaled.endpoint, 40, start=70)
+    run_available_now(spark, journaled.endpoint, checkpoint, output, maxRecordsPerTrigger="25")
+    assert seqs_in(spark, output) == first + second
+
+
+def test_latest_start_is_fixed_by_the_first_batch_even_when_it_is_replayed(
+    spark: Any, journaled: BrokerProcess, tmp_path: Path
+) -> None:
+    publish(journaled.endpoint, 20)
+    checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
+    run_available_now(spark, journaled.endpoint, checkpoint, output, startingOffsets="latest")
+    later = publish(journaled.endpoint, 10, start=20)
+    # Forget that batch 0 finished: Spark replays it, calling initialOffset again.
+    for name in os.listdir(checkpoint / "commits"):
+        (checkpoint / "commits" / name).unlink()
+    run_available_now(spark, journaled.endpoint, checkpoint, output, startingOffsets="latest")
+    assert seqs_in(spark, output) == later
+
+
+def test_a_query_killed_mid_batch_then_restarted_yields_every_record_exactly_once(
+    spark: Any, journaled: BrokerProcess, tmp_path: Path
+) -> None:
+    seqs = publish(journaled.endpoint, 400)
+    checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
+    command = [sys.executable, "-m", "tests.spark_stream_job", journaled.endpoint, str(checkpoint), str(output), "40"]
+    log = (tmp_path / "job.log").open("w")
+    job = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=log, stderr=log)
+    killed_in = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None:
+            started = batches(checkpoint / "offsets") - batches(checkpoint / "commits")
+            if started and max(started) >= 2:  # a batch planned and running, not committed
+                killed_in = max(started)
+                os.killpg(job.pid, signal.SIGKILL)  # the driver and its JVM, no shutdown
+                break
+            time.sleep(0.01)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+        log.close()
+    assert killed_in is not None, (
+        "the job ended before it could be killed mid-batch: " + (tmp_path / "job.log").read_text()[-2000:]
+    )
+    assert not (checkpoint / "commits" / str(killed_in)).exists()
+    restarted = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert seqs_in(spark, output) == seqs  # each record once: none lost, none twice
+
+
+def batches(folder: Path) -> set[int]:
+    """Batch ids a checkpoint log folder (offsets/ or commits/) holds so far."""
+    try:
+        return {int(name) for name in os.listdir(folder) if name.isdigit()}
+    except FileNotFoundError:
+        return set()
+
+
+def journal_bodies(endpoint: str, topic: str, **options: Any) -> list[bytes]:
+    with mc0.Client(endpoint, **options) as client:
+        return [r.body for r in client.fetch("main", topics=[topic]).records]
+
+
+def test_sink_batch_write_replayed_publishes_once(spark: Any, journaled: BrokerProcess) -> None:
+    rows = [(f"out.{i % 3}", f"row {i}".encode(), {"X-row": str(i)}) for i in range(120)]
+    df = spark.createDataFrame(rows, "topic string, body binary, headers map<string,string>").repartition(3)
+    df.write.format("mc0").option("endpoint", journaled.endpoint).mode("append").save()
+    df.write.format("mc0").option("endpoint", journaled.endpoint).mode("append").save()  # the same job again
+    stored = journal_bodies(journaled.endpoint, "out.>")
+    assert sorted(stored) == sorted(body for _, body, _ in rows)
+
+
+def test_sink_stream_replayed_batch_publishes_once(spark: Any, journaled: BrokerProcess, tmp_path: Path) -> None:
+    publish(journaled.endpoint, 50)
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("mc0")
+            .option("endpoint", journaled.endpoint)
+            .option("topics", "orders.>")
+            .load()
+            .selectExpr("concat('out.', topic) AS topic", "body")
+            .writeStream.format("mc0")
+            .option("endpoint", journaled.endpoint)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    for name in os.listdir(checkpoint / "commits"):  # as if the query died after publishing
+        (checkpoint / "commits" / name).unlink()
+    run()
+    stored = journal_bodies(journaled.endpoint, "out.>")
+    assert sorted(stored) == sorted(f"order {i}".encode() for i in range(50))
+
+
+def test_source_and_sink_over_curve(spark: Any, tmp_path: Path) -> None:
+    setup = CurveSetup(tmp_path, extra=JOURNALS)
+    with setup.start() as broker:
+        options = setup.client_options("alice")
+        publish(broker.endpoint, 10, **options)
+        df = (
+            spark.read.format("mc0")
+            .option("endpoint", broker.endpoint)
+            .option("key", options["key"])
+            .option("brokerKey", options["broker_key"])
+            .option("topics", "orders.>")
+            .load()
+        )
+        rows = df.collect()
+        assert len(rows) == 10 and {r.sender for r in rows} == {"alice"}
+        df.selectExpr("'out.copy' AS topic", "body").write.format("mc0").option("endpoint", broker.endpoint).option(
+            "key", str(setup.secret("bob"))
+        ).option("brokerKey", options["broker_key"]).mode("append").save()
+        with mc0.Client(broker.endpoint, **options) as client:
+            copies = client.fetch("main", topics=["out.copy"]).records
+        assert len(copies) == 10 and {r.sender for r in copies} == {"bob"}
+        stranger = (
+            spark.read.format("mc0")
+            .option("endpoint", broker.endpoint)
+            .option("key", str(setup.secret("mallory")))
+            .option("brokerKey", options["broker_key"])
+            .option("timeout", "3")
+            .load()
+        )
+        with pytest.raises(Exception, match="AuthFailed|refused|handshake"):
+            stranger.count()
