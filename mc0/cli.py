@@ -579,6 +579,108 @@ def bench(ctx: click.Context) -> None:
 
 
 @cli.command()
+@click.option("--journal", default="main", show_default=True, help="The broker journal to read.")
+@click.option(
+    "--output", default=os.path.join("var", "pipeline"), show_default=True, help="Folder of the Parquet tables."
+)
+@click.option("--checkpoint", default=None, help="Streaming checkpoint folder (default: OUTPUT/_checkpoint).")
+@click.option(
+    "--master",
+    default="local[*]",
+    show_default=True,
+    help="Spark master (local[*], spark://host:7077, yarn, ...; 'submit': leave it to spark-submit).",
+)
+@click.option("--once", is_flag=True, help="Process what the journal holds now, then exit (availableNow).")
+@click.option(
+    "--trigger",
+    "trigger_seconds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Seconds between micro-batches when running continuously.",
+)
+@click.option("--max-records-per-trigger", type=click.IntRange(min=1), default=None, help="Cap each micro-batch.")
+@click.option("--top-senders", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--no-publish", is_flag=True, help="Do not publish the rollups on mc0.rollup.*.")
+@connection_options
+@_one_line_errors
+def pipeline(
+    conn: Connection,
+    journal: str,
+    output: str,
+    checkpoint: str | None,
+    master: str,
+    once: bool,
+    trigger_seconds: int,
+    max_records_per_trigger: int | None,
+    top_senders: int,
+    no_publish: bool,
+) -> None:
+    """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
+    try:
+        from . import pipeline as job
+        from .spark import make_session
+    except ImportError as exc:
+        raise Error(f"the pipeline needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    from rich.console import Console
+
+    client_config = conn.config().client
+    options = job.PipelineOptions(
+        endpoint=conn.endpoint or client_config.endpoint,
+        journal=journal,
+        key=conn.key or client_config.key or None,
+        broker_key=conn.broker_key or client_config.broker_key or None,
+        output=output,
+        checkpoint=checkpoint,
+        once=once,
+        trigger_seconds=trigger_seconds,
+        max_records_per_trigger=max_records_per_trigger,
+        top_senders=top_senders,
+        publish=not no_publish,
+    )
+    console = Console(stderr=True)
+    with console.status(f"starting Spark ({master})") as status:
+        spark = make_session(None if master == "submit" else master, app="mc0-pipeline")
+
+        def progress(event: dict[str, Any]) -> None:
+            rate = event.get("processedRowsPerSecond") or 0.0
+            status.update(
+                f"batch {event.get('batchId')}: {event.get('numInputRows', 0)} records ({rate:,.0f}/s); "
+                f"tables in {output}"
+            )
+
+        status.update("reading the journal")
+        try:
+            totals = job.run(spark, options, progress)
+        finally:
+            spark.stop()
+    click.echo(f"pipeline: {totals['batches']} batches, {totals['events']} events -> {output}")
+
+
+@cli.command()
+@click.option(
+    "--input",
+    "input_dir",
+    default=os.path.join("var", "pipeline"),
+    show_default=True,
+    help="The pipeline's output folder.",
+)
+@click.option(
+    "--output", "output_dir", default=None, help="Where to write report.html and the PNGs (default: INPUT/report)."
+)
+@_one_line_errors
+def report(input_dir: str, output_dir: str | None) -> None:
+    """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
+    try:
+        from .report import build_report
+    except ImportError as exc:
+        raise Error(f"the report needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    written = build_report(input_dir, output_dir or os.path.join(input_dir, "report"))
+    for path in written:
+        click.echo(str(path))
+
+
+@cli.command()
 @_one_line_errors
 def demo() -> None:
     """Run the end-to-end demo: broker, subscriber, publisher, ping (exits 0)."""

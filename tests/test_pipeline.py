@@ -1,0 +1,162 @@
+"""`mc0 pipeline` on a generated workload equals an independent computation over the same journal;
+`mc0 report` draws it.  Real broker with CURVE (three identities), real Spark (its own process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mc0
+from mc0.cli import main as cli_main
+
+from .conftest import CurveSetup
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (what Spark's exact percentile does)."""
+    ordered = sorted(values)
+    rank = q * (len(ordered) - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def minute_key(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+def read_table(folder: Path) -> list[dict[str, Any]]:
+    import pyarrow.dataset as ds
+
+    rows: list[dict[str, Any]] = ds.dataset(str(folder), format="parquet", partitioning="hive").to_table().to_pylist()
+    return rows
+
+
+def generate(endpoint: str, setup: CurveSetup) -> None:
+    def flaky(request: mc0.Request) -> bytes:
+        if request.body == b"fail":
+            raise ValueError("asked to fail")
+        return request.body * 2
+
+    worker = mc0.Worker(endpoint, **setup.client_options("carol"))
+    worker.service("svc")(flaky)
+    worker.connect()
+    try:
+        plan = {"alice": [("orders.new", 30, 10)], "bob": [("orders.new", 20, 100), ("audit.x", 10, 1)]}
+        for who, batches in plan.items():
+            with mc0.Client(endpoint, **setup.client_options(who)) as client:
+                for topic, count, size in batches:
+                    for i in range(count):
+                        client.publish(topic, b"z" * size, confirm=i == count - 1)
+        with mc0.Client(endpoint, **setup.client_options("alice")) as client:
+            for i in range(40):
+                if i % 4 == 0:
+                    with pytest.raises(mc0.HandlerFailed):
+                        client.request("svc", b"fail")
+                else:
+                    client.request("svc", str(i).encode())
+            for _ in range(5):
+                with pytest.raises(mc0.NoResponders):
+                    client.request("missing", b"")
+    finally:
+        worker.close()
+
+
+def test_pipeline_rollups_equal_an_independent_computation_and_report_draws_them(tmp_path: Path) -> None:
+    setup = CurveSetup(tmp_path, extra='[journals.main]\ntopics = [">"]\n')
+    with setup.start() as broker:
+        generate(broker.endpoint, setup)
+        with mc0.Client(broker.endpoint, **setup.client_options("alice")) as client:
+            records = []
+            seq = 0
+            for _ in range(50):
+                page = client.fetch("main", from_seq=seq)
+                records += page.records
+                if page.next_seq >= page.end_seq:
+                    break
+                seq = page.next_seq
+        output = tmp_path / "pipeline"
+        options = setup.client_options("alice")
+        command = [sys.executable, "-m", "mc0", "pipeline", "--once", "--master", "local[2]", "--output", str(output)]
+        command += ["--endpoint", broker.endpoint, "--key", options["key"], "--broker-key", options["broker_key"]]
+        command += ["--max-records-per-trigger", "100"]  # several micro-batches, minutes recomputed across them
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "pipeline:" in done.stdout
+
+        # Independent computation over the records the job read (everything up to the fetch above).
+        workload = [r for r in records if not r.topic.startswith("mc0.rollup.")]
+        topics: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        senders: dict[tuple[str, str], int] = defaultdict(int)
+        calls: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for record in workload:
+            key = minute_key(record.ts)
+            topics[key, record.topic][0] += 1
+            topics[key, record.topic][1] += len(record.body)
+            senders[key, record.sender] += 1
+            if record.topic == "mc0.sys.rpc":
+                calls[key, json.loads(record.body)["service"]].append(json.loads(record.body))
+
+        got_topics = {(r["minute_key"], r["topic"]): [r["messages"], r["bytes"]] for r in read_table(output / "topics")}
+        for name in ("orders.new", "audit.x", "mc0.sys.rpc"):
+            expected = {k: v for k, v in topics.items() if k[1] == name}
+            assert {k: v for k, v in got_topics.items() if k[1] == name} == expected
+        assert sum(v[0] for k, v in got_topics.items() if k[1] == "orders.new") == 50
+
+        got_senders = {(r["minute_key"], r["sender"]): r["messages"] for r in read_table(output / "senders")}
+        for who in ("alice", "bob"):
+            assert {k: v for k, v in got_senders.items() if k[1] == who} == {
+                k: v for k, v in senders.items() if k[1] == who
+            }
+
+        got_rpc = {(r["minute_key"], r["service"]): r for r in read_table(output / "rpc")}
+        assert set(got_rpc) == set(calls)
+        for key, events in calls.items():
+            row = got_rpc[key]
+            latencies = [e["latency_ms"] for e in events]
+            errors = sum(1 for e in events if e["status"] != 200)
+            assert (row["requests"], row["errors"]) == (len(events), errors)
+            assert row["error_rate"] == pytest.approx(errors / len(events))
+            for q, column in ((0.5, "latency_p50_ms"), (0.95, "latency_p95_ms"), (0.99, "latency_p99_ms")):
+                assert row[column] == pytest.approx(percentile(latencies, q)), column
+        assert sum(r["requests"] for k, r in got_rpc.items() if k[1] == "svc") == 40
+        assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "svc") == 10
+        assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "missing") == 5
+
+        # The rollups went back onto the bus.
+        with mc0.Client(broker.endpoint, **setup.client_options("bob")) as client:
+            published = client.fetch("main", topics=["mc0.rollup.>"]).records
+        tables = {r.topic for r in published}
+        assert tables == {"mc0.rollup.topics", "mc0.rollup.senders", "mc0.rollup.rpc"}
+        last_rpc = [json.loads(r.body) for r in published if r.topic == "mc0.rollup.rpc"][-1]
+        assert {row["service"] for row in last_rpc["rows"]} <= {"svc", "missing"}
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report", "--input", str(output)])
+    assert exit_info.value.code == 0
+    report = output / "report"
+    assert (report / "traffic.png").stat().st_size > 10_000 and (report / "rpc.png").stat().st_size > 10_000
+    page = (report / "report.html").read_text()
+    assert "data:image/png;base64," in page and "svc" in page and "alice" in page
+
+
+def test_report_without_tables_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report", "--input", str(tmp_path / "nothing")])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no pipeline tables" in err[0]
