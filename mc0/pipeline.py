@@ -163,7 +163,7 @@ def process_batch(spark: Any, batch: Any, batch_id: int, options: PipelineOption
     events_dir = os.path.join(options.output, "events")
     events = events_of(batch).cache()
     try:
-        count = events.count()
+        count = int(events.count())
         if not count:
             return 0
         events.write.mode("overwrite").parquet(os.path.join(events_dir, f"batch_id={batch_id}"))
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--master" not in args:
         args = ["--master", "submit", *args]
-    return cli_main(["pipeline", *args])
+    cli_main(["pipeline", *args])  # exits with the command's status
+    return 0
 
 
 if __name__ == "__main__":

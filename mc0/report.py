@@ -128,8 +128,8 @@ def _time_axis(ax: Any, minutes: Any) -> None:
 
     low, high = minutes.min(), minutes.max()
     span = max(1, int((high - low) / pd.Timedelta(minutes=1)))
-    ax.xaxis.set_major_locator(mdates.MinuteLocator(interval=max(1, span // 10)))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    ax.xaxis.set_major_locator(mdates.MinuteLocator(interval=max(1, span // 10)))  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
     pad = pd.Timedelta(minutes=2) if low == high else (high - low) * 0.05
     ax.set_xlim(low - pad, high + pad)
 
@@ -140,4 +140,4 @@ def _img(path: Path) -> str:
 
 
 def _html_table(title: str, frame: Any) -> str:
-    return f"<h3>{html.escape(title)}</h3>" + frame.to_html(float_format=lambda v: f"{v:,.3f}")
+    return f"<h3>{html.escape(title)}</h3>" + str(frame.to_html(float_format=lambda v: f"{v:,.3f}"))
