@@ -30,3 +30,19 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
         assert ("RPC sequential", system) in measured
     assert any(r["baseline"] == "raw" for r in report["ratios"])
     assert any(r["scenario"].startswith("trie match") for r in report["rows"])
+
+
+@pytest.mark.timeout(120)
+def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path: Path) -> None:
+    out = tmp_path / "journal.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_journal.py"), "--no-spark", "--runs", "1", "--count", "300",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"plain PUT", "journal fsync=always", "journal fsync=batch", "journal fsync=never"}
+    assert all(r["median"] > 0 and r["baseline"] == "plain PUT" for r in rows.values())
