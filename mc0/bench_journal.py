@@ -85,9 +85,8 @@ def spark_rates(count: int, size: int, runs: int, say: Any) -> dict[str, list[fl
                     started = time.perf_counter()
                     rows = reader.load().count()
                     rates["spark read"].append(rows / (time.perf_counter() - started))
-                    say(
-                        f"run {run + 1}: client {rates['client fetch'][-1]:,.0f} rows/s, spark {rates['spark read'][-1]:,.0f}"
-                    )
+                    client_rate, spark_rate = rates["client fetch"][-1], rates["spark read"][-1]
+                    say(f"run {run + 1}: client {client_rate:,.0f} rows/s, spark {spark_rate:,.0f} rows/s")
                     if rows != count or seen != count:
                         raise RuntimeError(f"read {rows} rows in Spark, {seen} by fetch; published {count}")
             finally:

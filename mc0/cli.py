@@ -210,6 +210,8 @@ def pub(
 def _message_line(message: Message, as_json: bool) -> str:
     if as_json:
         record: dict[str, Any] = {"topic": message.topic, "sender": message.sender, "headers": message.headers}
+        if message.seq is not None:
+            record["journal"], record["seq"] = message.journal, message.seq
         try:
             record["body"] = message.body.decode("utf-8")
         except UnicodeDecodeError:
@@ -225,6 +227,14 @@ def _message_line(message: Message, as_json: bool) -> str:
 @click.option(
     "--wait", type=float, default=None, help="Exit with status 1 if no message arrives for this many seconds."
 )
+@click.option(
+    "--from",
+    "from_seq",
+    type=click.IntRange(min=0),
+    default=None,
+    help="First replay the journaled history from this seq (0 = the oldest kept), then continue live.",
+)
+@click.option("--journal", default=None, help="With --from: the journal to replay (when several keep the topics).")
 @connection_options
 @_one_line_errors
 def sub(
@@ -232,12 +242,14 @@ def sub(
     as_json: bool,
     count: int | None,
     wait: float | None,
+    from_seq: int | None,
+    journal: str | None,
     conn: Connection,
 ) -> None:
     """Print one line per message matching any PATTERN."""
     with (
         conn.client() as client,
-        client.subscribe(*patterns) as subscription,
+        client.subscribe(*patterns, from_seq=from_seq, journal=journal) as subscription,
     ):
         seen = 0
         while count is None or seen < count:

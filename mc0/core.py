@@ -1384,6 +1384,7 @@ class BrokerCore:
                 "queued": sum(len(s.queue) for s in self.services.values()),
                 "in_flight": sum(len(s.jobs) for s in self.sessions.values()),
                 "counters": dict(sorted(self.counters.items())),
+                "journals": {name: journal.info() for name, journal in self.journals.items()},
             }
         return None
 

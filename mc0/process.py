@@ -57,6 +57,9 @@ class BrokerProcess:
         return self.endpoints[0]
 
     def start(self) -> BrokerProcess:
+        """Start the child and wait for its "listening on" line; idempotent while it runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         command = [sys.executable, "-m", "mc0", *(["-v"] * self.verbose), "broker", *self.args]
         for endpoint in self.bind:
             command += ["--bind", endpoint]

@@ -131,6 +131,9 @@ class ClientSession:
         self._connect_sent = 0.0
         self._seq = 0
         self._pattern_refs: dict[str, int] = {}
+        # Patterns subscribed FROM a seq: (journal, next seq to ask for) so that
+        # healing resumes the replay where delivery stopped instead of going live only.
+        self._resume: dict[str, tuple[str | None, int]] = {}
         self._routes: TopicTrie[str] = TopicTrie()
         self.malformed = 0
         self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
@@ -272,7 +275,14 @@ class ClientSession:
             raise ProtocolError(Status.BAD_REQUEST, f"from_seq must be >= 0, got {from_seq}")
         for pattern in patterns:
             self.add_pattern(pattern)
-        fields: dict[str, str] = {Header.ID: request_id, Header.FROM: str(from_seq)}
+            self._resume[pattern] = (journal, from_seq)
+        return self._sub_from(patterns, journal, from_seq, request_id)
+
+    @staticmethod
+    def _sub_from(patterns: Sequence[str], journal: str | None, from_seq: int, request_id: str | None) -> Frames:
+        fields: dict[str, str] = {Header.FROM: str(from_seq)}
+        if request_id is not None:
+            fields[Header.ID] = request_id
         if journal is not None:
             fields[Header.JOURNAL] = journal
         return P.encode(Verb.SUB, fields, [p.encode() for p in patterns])
@@ -286,6 +296,7 @@ class ClientSession:
             self._pattern_refs[pattern] = refs - 1
             return None
         del self._pattern_refs[pattern]
+        self._resume.pop(pattern, None)
         self._routes.remove(split_pattern(pattern, max_bytes=1 << 30, max_tokens=1 << 30), pattern)
         return P.encode(Verb.UNSUB, None, [pattern.encode()])
 
@@ -348,11 +359,16 @@ class ClientSession:
         self.ttl = ttl_ms / 1000.0
         healed = self.ever_connected
         self.connected = self.ever_connected = True
-        patterns = [p.encode() for p in self._pattern_refs]
+        patterns = [p.encode() for p in self._pattern_refs if p not in self._resume]
         resubscribe = [
             P.encode(Verb.SUB, None, patterns[i : i + RESUBSCRIBE_CHUNK])
             for i in range(0, len(patterns), RESUBSCRIBE_CHUNK)
         ]
+        resumed: dict[tuple[str | None, int], list[str]] = {}
+        for pattern, position in self._resume.items():
+            resumed.setdefault(position, []).append(pattern)
+        for (journal, next_seq), group in resumed.items():
+            resubscribe.append(self._sub_from(group, journal, next_seq, None))
         ready = self._ready()
         if ready is not None:
             resubscribe.append(ready)
@@ -381,15 +397,16 @@ class ClientSession:
         user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
         seq_text = headers.get(Header.SEQ)
         seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
+        journal = headers.get(Header.JOURNAL)
         message = Message(
-            topic,
-            tuple(bytes(p) for p in command.payload),
-            headers.get(Header.SENDER),
-            user,
-            headers.get(Header.JOURNAL),
-            seq,
+            topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user, journal, seq
         )
-        return Delivery(message, self._routes.match(tokens) if tokens else ())
+        patterns = self._routes.match(tokens) if tokens else ()
+        if seq is not None and self._resume:
+            for pattern in patterns:
+                if pattern in self._resume:
+                    self._resume[pattern] = (journal, seq + 1)
+        return Delivery(message, patterns)
 
     # ------------------------------------------------------------ time
     def tick(self, now: float) -> tuple[list[Event], list[Frames]]:

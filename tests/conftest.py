@@ -80,6 +80,36 @@ def write_config(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+def _mc0_children() -> list[Any]:
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            command = child.cmdline()
+            if (
+                child.status() != psutil.STATUS_ZOMBIE
+                and "mc0" in command
+                and ("broker" in command or "serve" in command)
+            ):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes() -> Iterator[None]:
+    """A broker or worker process a test started must be gone when the test is."""
+    before = {p.pid for p in _mc0_children()}
+    yield
+    leaked = [p for p in _mc0_children() if p.pid not in before]
+    described = [" ".join(p.cmdline()[-6:]) for p in leaked]
+    for process in leaked:
+        process.kill()
+    assert not leaked, f"left running: {described}"
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test (and every process it starts) works in its own folder, never in the checkout:

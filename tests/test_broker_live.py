@@ -268,3 +268,14 @@ def test_large_bodies_fan_out_intact_to_every_subscriber(raw: Any) -> None:
     for peer in subs:
         for _ in range(3):
             assert payload_of(peer.recv_skipping_noop()) == [body, b"tail"]
+
+
+def test_broker_process_start_is_idempotent_so_with_start_does_not_leak_a_broker() -> None:
+    process = BrokerProcess(insecure=True).start()
+    try:
+        pid = process.proc.pid if process.proc else None
+        with process.start() as same:  # the pattern `with setup.start() as broker` in the fixtures
+            assert same.proc is not None and same.proc.pid == pid
+        assert process.proc is not None and process.proc.poll() is not None
+    finally:
+        process.kill()

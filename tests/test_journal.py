@@ -391,3 +391,14 @@ def test_rpc_and_peer_telemetry_are_published_and_journaled(tmp_path: Path) -> N
     assert [e["status"] for e in kept] == [200, 503]
     peers = [json.loads(r.body)["event"] for r in j.read(1)[0] if r.topic == "mc0.sys.peer"]
     assert peers == ["connect", "connect", "connect"]
+
+
+def test_sample_configs_document_the_journal_defaults() -> None:
+    from mc0 import config
+
+    etc = Path(__file__).parent.parent / "etc"
+    text = (etc / "mc0.toml").read_text()
+    start = text.index("# [journals.main]")
+    example = "\n".join(line[2:].split("  #")[0] for line in text[start:].splitlines() if line.startswith("# "))
+    assert parse(example, "example").journals == {"main": JournalSettings()}
+    assert config.load(etc / "journal.toml").journals["main"].topics == (">",)

@@ -154,3 +154,56 @@ def test_rpc_telemetry_reaches_subscribers_and_the_journal(tmp_path: Path) -> No
                 assert all(r.sender == "mc0.broker" for r in stored)
         finally:
             worker.close()
+
+
+def test_cli_sub_from_replays_the_journal_as_json_lines(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    with BrokerProcess(config=journal_config(tmp_path), insecure=True) as broker, mc0.Client(broker.endpoint) as client:
+        acks = [client.publish("orders.cli", f"o{i}".encode(), confirm=True) for i in range(3)]
+        result = subprocess.run(
+            [sys.executable, "-m", "mc0", "sub", "orders.>", "--from", str(acks[1].seq), "--json", "--count", "2",
+             "--wait", "10", "--endpoint", broker.endpoint],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [(m["seq"], m["journal"], m["body"]) for m in lines] == [
+            (acks[1].seq, "main", "o1"),
+            (acks[2].seq, "main", "o2"),
+        ]
+        bad = subprocess.run(
+            [sys.executable, "-m", "mc0", "sub", "elsewhere", "--from", "1", "--endpoint", broker.endpoint],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no journal keeps" in bad.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_replaying_subscriber_resumes_where_it_stopped_after_a_broker_crash(api: Any, tmp_path: Path) -> None:
+    config = journal_config(tmp_path)
+    first = BrokerProcess(config=config, insecure=True).start()
+    endpoint = first.endpoint
+    try:
+        reader = await api(api.Client(endpoint, ttl=0.2, timeout=3).connect())
+        writer = await api(api.Client(endpoint).connect())
+        for i in range(5):
+            await api(writer.publish("orders.r", str(i).encode(), confirm=True))
+        await api(writer.close())
+        sub = await api(reader.subscribe("orders.>", from_seq=0))
+        bodies = [(await api(sub.next(timeout=5))).body for _ in range(5)]
+        first.kill()  # no DISCONNECT; the journal has what was acknowledged
+        with BrokerProcess(config=config, insecure=True, bind=(endpoint,)) as second:
+            writer = await api(api.Client(second.endpoint).connect())
+            for i in range(5, 15):  # mostly before the reader has noticed the restart
+                await api(writer.publish("orders.r", str(i).encode(), confirm=True))
+            bodies += [(await api(sub.next(timeout=10))).body for _ in range(10)]
+            assert bodies == [str(i).encode() for i in range(15)]  # no gap, no repeat
+            with pytest.raises(mc0.Timeout):
+                await api(sub.next(timeout=0.3))
+            assert reader.reconnects == 1
+            await api(writer.close())
+            await api(reader.close())
+    finally:
+        first.kill()
