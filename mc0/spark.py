@@ -436,7 +436,11 @@ def make_session(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app).config("spark.ui.enabled", str(ui).lower())
+    builder = (
+        SparkSession.builder.appName(app)
+        .config("spark.ui.enabled", str(ui).lower())
+        .config("spark.ui.showConsoleProgress", "false")  # progress is ours to show (mc0 pipeline)
+    )
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
