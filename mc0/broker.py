@@ -35,7 +35,7 @@ import zmq.utils.monitor
 
 from . import keys as keyfiles
 from .config import Config, load
-from .core import BrokerCore, Out
+from .core import BrokerCore, Out, StreamOut
 from .errors import ConfigError
 from .journal import Journal
 from .protocol import ANONYMOUS
@@ -276,8 +276,8 @@ class Broker:
                     next_reload = now + reload_every
                 if now >= core.next_deadline():
                     self._send(core.tick(now), now)
-                if core.replaying:
-                    self._send_replay(core.replay(now), now)
+                if core.streaming:
+                    self._send_stream(core.stream(now), now)
                 if core.uncommitted:
                     self._send(core.commit(), now)
             self._send(core.shutdown(), time.monotonic())
@@ -398,20 +398,27 @@ class Broker:
                 follow_up += self.core.send_failed(routing_id, now, unreachable=True)
         return follow_up
 
-    def _send_replay(self, out: list[tuple[bytes, Sequence[bytes], str, int]], now: float) -> None:
-        """Replayed records: a full queue pauses that subscriber's replay (resent from that record)."""
+    def _send_stream(self, out: list[StreamOut], now: float) -> None:
+        """Replay and fetch pages: one that does not fit pauses its stream, which resends it later.
+
+        Once a send to a peer fails, every later message to that peer in this
+        batch is handed back too, so each stream rewinds to its first unsent
+        message and order is kept.
+        """
         sock = self._socket
         assert sock is not None
         blocked: set[bytes] = set()
         follow_up: list[Out] = []
-        for routing_id, frames, journal, seq in out:
+        for item in out:
+            routing_id = item.routing_id
             if routing_id in blocked:
+                self.core.stream_blocked(item, now)
                 continue
             try:
-                _send_frames(sock, routing_id, frames)
+                _send_frames(sock, routing_id, item.frames)
             except zmq.Again:
                 blocked.add(routing_id)
-                self.core.replay_blocked(routing_id, journal, seq, now)
+                self.core.stream_blocked(item, now)
             except zmq.ZMQError as exc:
                 if exc.errno != errno.EHOSTUNREACH:
                     raise

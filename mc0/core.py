@@ -26,8 +26,9 @@ import itertools
 import json
 import logging
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import mdp
 from . import protocol as P
@@ -120,6 +121,7 @@ class Session:
         "grants",
         "fd",
         "replays",
+        "fetches",
     )
 
     _serials = itertools.count(1)
@@ -158,6 +160,7 @@ class Session:
         self.served = 0
         self.grants: Grants = ALLOW_ALL
         self.replays: dict[str, Replay] = {}  # journal name -> SUB FROM still catching up
+        self.fetches: dict[str, Fetch] = {}  # rid -> mc0.journal fetch still sending pages
 
     def __repr__(self) -> str:
         return f"<Session {self.name} {self.dialect.name} v{self.version}>"
@@ -251,6 +254,58 @@ class Replay:
         return any(pattern_matches(p, tokens) for p in self.patterns)
 
 
+class Fetch:
+    """An ``mc0.journal fetch`` sent one page per loop turn (a large fetch never stalls the broker)."""
+
+    __slots__ = (
+        "rid",
+        "user",
+        "journal",
+        "cursor",
+        "end",
+        "match",
+        "records_left",
+        "bytes_left",
+        "count",
+        "resume_at",
+        "done",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        user: dict[str, str],
+        journal: Journal,
+        cursor: int,
+        end: int,
+        match: Callable[[str], bool] | None,
+        records_left: int,
+        bytes_left: int,
+    ) -> None:
+        self.rid = rid
+        self.user = user
+        self.journal = journal
+        self.cursor = cursor
+        self.end = end
+        self.match = match
+        self.records_left = records_left
+        self.bytes_left = bytes_left
+        self.count = 0
+        self.resume_at = 0.0
+        self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
+
+
+class StreamOut(NamedTuple):
+    """A message of a paced stream (a replay or a fetch) and where that stream resumes if it is not queued."""
+
+    routing_id: bytes
+    frames: Sequence[bytes]
+    kind: str  # "replay" (key = journal name) or "fetch" (key = request id)
+    key: str
+    seq: int  # the stream's cursor to go back to
+    records: int  # records this message carried (fetch accounting)
+
+
 class Service:
     __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
 
@@ -299,7 +354,7 @@ class BrokerCore:
             for pattern in journal.settings.topics:
                 self._journal_routes.insert(split_pattern(pattern), journal)
         self._pending_acks: list[tuple[Journal, Out]] = []  # OKs held until their records are written
-        self._replaying: dict[Session, None] = {}
+        self._streaming: dict[Session, None] = {}  # sessions with replays or fetches under way
         self._sys_topics = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
         self._next_retention = 0.0
         self.permissions = permissions or Permissions()
@@ -486,7 +541,8 @@ class BrokerCore:
             self.subscriptions.remove(tokens, session)
         session.patterns.clear()
         session.replays.clear()
-        self._replaying.pop(session, None)
+        session.fetches.clear()
+        self._streaming.pop(session, None)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", session.name, why)
         out: list[Out] = []
@@ -713,61 +769,122 @@ class BrokerCore:
         return Replay(journal, [t for _, t in patterns], min(from_seq, journal.next_seq))
 
     @property
-    def replaying(self) -> bool:
-        return bool(self._replaying)
+    def streaming(self) -> bool:
+        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
+        return bool(self._streaming)
 
-    def replay(self, now: float) -> list[tuple[bytes, Sequence[bytes], str, int]]:
-        """One page of every running replay: ``(routing_id, frames, journal, seq)``.
+    def stream(self, now: float) -> list[StreamOut]:
+        """One page of every running replay and fetch.
 
-        The shell sends them in order; if a send fails at HWM it calls
-        ``replay_blocked`` with that record, and skips the session's rest.
+        The shell sends them in order and reports each one it could not
+        queue (and each after it for that peer) to ``stream_blocked``, which
+        rewinds that stream; nothing is lost and a slow reader only slows
+        its own streams.
         """
-        out: list[tuple[bytes, Sequence[bytes], str, int]] = []
-        for session in list(self._replaying):
+        out: list[StreamOut] = []
+        for session in list(self._streaming):
+            for rid, fetch in list(session.fetches.items()):
+                if fetch.done:
+                    del session.fetches[rid]
+                elif fetch.resume_at <= now:
+                    out += self._fetch_page(session, fetch)
             for name, replay in list(session.replays.items()):
-                if replay.resume_at > now:
-                    continue
-                journal = replay.journal
-                try:
-                    records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
-                except Trimmed as exc:
-                    self._end_replay(session, name)
-                    pattern = ".".join(replay.patterns[0])
-                    out.append((session.routing_id, P.error(Status.GONE, str(exc), topic=pattern), name, 0))
-                    continue
-                for record in records:
-                    tokens = self._record_tokens(record.topic)
-                    if tokens is None or not replay.matches(tokens):
-                        continue
-                    if session.grants.deny_subscribe and not session.grants.delivers(tokens):
-                        continue
-                    out.append((session.routing_id, self._record_message(record, name), name, record.seq))
-                    replay.sent += 1
-                replay.cursor = next_seq
-                # Ends only on a turn with nothing left, so a record whose send
-                # failed in the last page is still resent (see replay_blocked).
-                if not records and next_seq >= journal.next_seq:
-                    self._end_replay(session, name)
-                session.last_sent = now
-        self.counters["replayed"] += len(out)
+                if replay.resume_at <= now:
+                    out += self._replay_page(session, name, replay)
+            if not session.replays and not session.fetches:
+                self._streaming.pop(session, None)
+            session.last_sent = now
         return out
 
-    def replay_blocked(self, routing_id: bytes, journal: str, seq: int, now: float) -> None:
-        """A replayed record could not be queued: resume from it a little later."""
-        session = self.sessions.get(routing_id)
-        if session is None or not seq:
+    def _replay_page(self, session: Session, name: str, replay: Replay) -> list[StreamOut]:
+        journal = replay.journal
+        rid = session.routing_id
+        try:
+            records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
+        except Trimmed as exc:
+            self._end_replay(session, name)
+            pattern = ".".join(replay.patterns[0])
+            return [StreamOut(rid, P.error(Status.GONE, str(exc), topic=pattern), "error", name, 0, 0)]
+        out = []
+        for record in records:
+            tokens = self._record_tokens(record.topic)
+            if tokens is None or not replay.matches(tokens):
+                continue
+            if session.grants.deny_subscribe and not session.grants.delivers(tokens):
+                continue
+            out.append(StreamOut(rid, self._record_message(record, name), "replay", name, record.seq, 1))
+        replay.sent += len(out)
+        self.counters["replayed"] += len(out)
+        replay.cursor = next_seq
+        # Ends only on a turn with nothing left, so a record whose send
+        # failed in the last page is still resent (see stream_blocked).
+        if not records and next_seq >= journal.next_seq:
+            self._end_replay(session, name)
+        return out
+
+    def _fetch_page(self, session: Session, fetch: Fetch) -> list[StreamOut]:
+        journal = fetch.journal
+        rid = session.routing_id
+        dialect = session.dialect
+        start = fetch.cursor
+        if start < fetch.end and fetch.records_left > 0 and fetch.bytes_left > 0:
+            try:
+                records, fetch.cursor = journal.read(
+                    start,
+                    fetch.end,
+                    fetch.match,
+                    max_records=min(FETCH_PAGE_RECORDS, fetch.records_left),
+                    max_bytes=min(FETCH_PAGE_BYTES, fetch.bytes_left),
+                )
+            except Trimmed as exc:  # retention overtook a slow fetch
+                session.fetches.pop(fetch.rid, None)
+                frames = dialect.error(fetch.rid, JOURNAL_SERVICE, Status.GONE, str(exc))
+                return [StreamOut(rid, frames, "error", fetch.rid, 0, 0)]
+            fetch.records_left -= len(records) or 1  # a page that matched nothing still costs
+            fetch.bytes_left -= sum(len(p) for r in records for p in r.parts) or 1
+            if not records:
+                return []
+            fetch.count += len(records)
+            frames = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
+            return [StreamOut(rid, frames, "fetch", fetch.rid, start, len(records))]
+        summary = {
+            "next_seq": fetch.cursor,
+            "records": fetch.count,
+            "first_seq": journal.first_seq,
+            "end_seq": journal.next_seq,
+        }
+        fetch.done = True
+        frames = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
+        return [StreamOut(rid, frames, "fetch", fetch.rid, fetch.cursor, 0)]
+
+    def stream_blocked(self, blocked: StreamOut, now: float) -> None:
+        """A stream message could not be queued: rewind its stream and pause it briefly."""
+        session = self.sessions.get(blocked.routing_id)
+        if session is None:
             return
-        replay = session.replays.get(journal)
-        if replay is None:
+        if blocked.kind == "replay":
+            replay = session.replays.get(blocked.key)
+            if replay is not None:
+                replay.cursor = min(replay.cursor, blocked.seq)
+                replay.resume_at = now + REPLAY_BACKOFF
+        elif blocked.kind == "fetch":
+            fetch = session.fetches.get(blocked.key)
+            if fetch is not None:
+                if blocked.seq < fetch.cursor or fetch.done:
+                    fetch.cursor = blocked.seq
+                    fetch.count -= blocked.records
+                    fetch.records_left += blocked.records
+                fetch.done = False
+                fetch.resume_at = now + REPLAY_BACKOFF
+        else:
             return
-        replay.cursor = min(replay.cursor, seq)
-        replay.resume_at = now + REPLAY_BACKOFF
-        self.counters["replay_paused"] += 1
+        self._streaming[session] = None
+        self.counters["stream_paused"] += 1
 
     def _end_replay(self, session: Session, name: str) -> None:
         session.replays.pop(name, None)
-        if not session.replays:
-            self._replaying.pop(session, None)
+        if not session.replays and not session.fetches:
+            self._streaming.pop(session, None)
 
     def _record_tokens(self, topic: str) -> tuple[str, ...] | None:
         tokens = self._topics.get(topic)
@@ -866,7 +983,7 @@ class BrokerCore:
             self.subscriptions.insert(tokens, session)
         if replay is not None:
             session.replays[replay.journal.name] = replay
-            self._replaying[session] = None
+            self._streaming[session] = None
             self.counters["replays"] += 1
         return self._answer(session, command, now)
 
@@ -1024,7 +1141,8 @@ class BrokerCore:
         body: Sequence[bytes],
         now: float,
     ) -> list[Out]:
-        if rid in client.requests:
+        fetching = client.fetches.get(rid)
+        if rid in client.requests or (fetching is not None and not fetching.done):
             raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
         tokens = self._service_tokens(name, rid)
         if not client.grants.may_call(tokens):
@@ -1081,6 +1199,9 @@ class BrokerCore:
         """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
         request = client.requests.pop(rid, None)
         if request is None:
+            if client.fetches.pop(rid, None) is not None:
+                client.last_sent = now
+                return [(client.routing_id, client.dialect.error(rid, JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
             self.counters["cancel_unknown"] += 1
             return []
         self.counters["cancelled"] += 1
@@ -1321,32 +1442,14 @@ class BrokerCore:
 
         if from_seq == 0:
             from_seq = journal.first_seq
+        elif from_seq < journal.first_seq:
+            raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), rid)
         end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
-        out: list[Out] = []
-        cursor = from_seq
-        count = 0
-        try:
-            while cursor < end and max_records > 0 and max_bytes > 0:
-                records, cursor = journal.read(
-                    cursor,
-                    end,
-                    match if filtered else None,
-                    max_records=min(FETCH_PAGE_RECORDS, max_records),
-                    max_bytes=min(FETCH_PAGE_BYTES, max_bytes),
-                )
-                max_records -= len(records) or 1  # a page that matched nothing still costs
-                max_bytes -= sum(len(p) for r in records for p in r.parts) or 1
-                if records:
-                    count += len(records)
-                    out.append(
-                        (client.routing_id, client.dialect.partial(rid, name, {}, user, P.journal_page(records)))
-                    )
-        except Trimmed as exc:
-            raise ProtocolError(Status.GONE, str(exc), rid) from None
-        summary = {"next_seq": cursor, "records": count, "first_seq": journal.first_seq, "end_seq": journal.next_seq}
+        fetch = Fetch(rid, user, journal, from_seq, end, match if filtered else None, max_records, max_bytes)
+        client.fetches[rid] = fetch
+        self._streaming[client] = None
         self.counters["journal_fetches"] += 1
-        out.append((client.routing_id, client.dialect.final(rid, name, {}, user, [json.dumps(summary).encode()])))
-        return out
+        return []  # pages follow from stream(), one per loop turn
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -1515,9 +1618,11 @@ class BrokerCore:
             earliest = min(earliest, self._deadlines[0][0])
         if self.journals:
             earliest = min(earliest, self._next_retention)
-        for session in self._replaying:
+        for session in self._streaming:
             for replay in session.replays.values():
                 earliest = min(earliest, replay.resume_at)
+            for fetch in session.fetches.values():
+                earliest = min(earliest, fetch.resume_at)
         return earliest
 
     def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:

@@ -248,14 +248,14 @@ def test_sub_from_replays_history_then_goes_live_without_repeats(tmp_path: Path)
     assert handle(core, b"sub", f("SUB", "ID", "s", "FROM", "3", "", "orders.>"), 0.0) == [(b"sub", P.ok("s"))]
     # A live message while the replay runs is held back: the replay delivers it in order.
     assert handle(core, b"pub", f("PUT", "TOPIC", "orders.9", "", "9"), 0.0) == []
-    replayed = core.replay(0.0)
-    assert [(rid, payload_of(list(fr))[0], seq) for rid, fr, _, seq in replayed] == [
+    replayed = core.stream(0.0)
+    assert [(o.routing_id, payload_of(list(o.frames))[0], o.seq) for o in replayed] == [
         (b"sub", b"2", 3),
         (b"sub", b"3", 4),
         (b"sub", b"4", 5),
         (b"sub", b"9", 6),
     ]
-    assert core.replay(0.0) == [] and not core.replaying  # caught up
+    assert core.stream(0.0) == [] and not core.streaming  # caught up
     live = handle(core, b"pub", f("PUT", "TOPIC", "orders.10", "", "10"), 0.0)
     assert [headers_of(list(fr))["SEQ"] for _, fr in live] == ["7"]
 
@@ -265,10 +265,11 @@ def test_a_blocked_replay_resumes_from_the_record_that_did_not_fit(tmp_path: Pat
     for i in range(3):
         handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
     handle(core, b"sub", f("SUB", "FROM", "1", "", "orders.>"), 0.0)
-    first = core.replay(0.0)
-    core.replay_blocked(b"sub", "main", first[1][3], 0.0)  # the second record did not fit
-    assert core.replay(0.0) == []  # paused
-    assert [seq for *_, seq in core.replay(1.0)] == [2, 3]
+    first = core.stream(0.0)
+    for unsent in first[1:]:  # the second record did not fit; the shell hands back it and the rest
+        core.stream_blocked(unsent, 0.0)
+    assert core.stream(0.0) == []  # paused
+    assert [o.seq for o in core.stream(1.0)] == [2, 3]
 
 
 @pytest.mark.parametrize(
@@ -284,7 +285,7 @@ def test_bad_sub_from_is_refused_and_changes_nothing(tmp_path: Path, frames: tup
     core, _ = core_with(tmp_path)
     out = handle(core, b"sub", f(*frames), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", code)
-    assert len(core.subscriptions) == 0 and not core.replaying
+    assert len(core.subscriptions) == 0 and not core.streaming
 
 
 def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
@@ -296,7 +297,7 @@ def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
     out = handle(core, b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", "410")
     assert handle(core, b"sub", f("SUB", "ID", "t", "FROM", "0", "", "orders.>"), 0.0) == [(b"sub", P.ok("t"))]
-    assert core.replay(0.0)[0][3] == j.first_seq  # 0 = from the oldest kept
+    assert core.stream(0.0)[0].seq == j.first_seq  # 0 = from the oldest kept
 
 
 def handle(core: BrokerCore, rid: bytes, frames: list[bytes], now: float) -> list:  # type: ignore[type-arg]
@@ -305,12 +306,16 @@ def handle(core: BrokerCore, rid: bytes, frames: list[bytes], now: float) -> lis
 
 
 def fetch(core: BrokerCore, query: dict[str, object], rid: str = "r") -> tuple[list[P.Record], list[bytes]]:
-    out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", rid, "", json.dumps(query)), 0.0)
+    """A fetch, then loop turns until its FINAL (bounded): one page per turn."""
+    assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", rid, "", json.dumps(query)), 0.0) == []
     records = []
-    for _, frames in out[:-1]:
-        assert frames[0] == b"PARTIAL"
-        records += P.parse_journal_page(payload_of(list(frames)))
-    return records, list(out[-1][1])
+    for _ in range(1000):
+        for out in core.stream(0.0):
+            if out.frames[0] == b"FINAL":
+                return records, list(out.frames)
+            assert out.frames[0] == b"PARTIAL"
+            records += P.parse_journal_page(payload_of(list(out.frames)))
+    raise AssertionError("no FINAL")
 
 
 def test_journal_service_fetch_pages_filters_and_reports_where_to_continue(tmp_path: Path) -> None:
@@ -348,6 +353,30 @@ def test_bad_fetch_is_400(tmp_path: Path, query: object, code: str) -> None:
     core, _ = core_with(tmp_path)
     out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", json.dumps(query)), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code)
+
+
+def test_a_large_fetch_goes_out_one_page_per_turn_and_a_blocked_page_is_resent(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(3500):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
+    core.commit()
+    query = '{"op":"fetch","journal":"main","from_seq":1}'
+    assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0) == []
+    first = core.stream(0.0)
+    assert [o.frames[0] for o in first] == [b"PARTIAL"]  # one page, not the whole fetch
+    core.stream_blocked(first[0], 0.0)  # it did not fit
+    assert core.stream(0.0) == []
+    seqs: list[int] = []
+    final: list[bytes] = []
+    for turn in range(10):
+        for out in core.stream(1.0 + turn):
+            if out.frames[0] == b"FINAL":
+                final = list(out.frames)
+            else:
+                seqs += [r.seq for r in P.parse_journal_page(payload_of(list(out.frames)))]
+    assert seqs == list(range(1, 3501))
+    assert json.loads(payload_of(final)[0])["records"] == 3500
+    assert not core.streaming
 
 
 def test_fetch_from_trimmed_is_410(tmp_path: Path) -> None:

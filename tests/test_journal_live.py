@@ -207,3 +207,21 @@ async def test_a_replaying_subscriber_resumes_where_it_stopped_after_a_broker_cr
             await api(reader.close())
     finally:
         first.kill()
+
+
+def test_a_replay_larger_than_the_send_queue_pauses_instead_of_dropping(tmp_path: Path) -> None:
+    text = "[broker]\nsend_hwm = 20\nslow_consumer_ms = 500\n" + JOURNAL.format(
+        fsync="never", segment=1 << 20, max_bytes=0
+    )
+    with BrokerProcess(config=write_config(tmp_path, text), insecure=True) as broker:
+        with mc0.Client(broker.endpoint) as client:
+            for i in range(3000):
+                client.publish("orders.bulk", str(i).encode() * 20, confirm=i == 2999)
+            sub = client.subscribe("orders.>", from_seq=0, max_pending=10_000)
+            bodies = [sub.next(timeout=10).body for _ in range(3000)]
+            assert bodies == [str(i).encode() * 20 for i in range(3000)]
+            page = client.fetch("main", topics=["orders.bulk"])  # 3000 records, three pages, same queue
+            assert len(page.records) == 3000 and client.ping() < 1.0
+            stats = json.loads(client.request("mc0.broker", b"stats").body)
+        assert stats["counters"].get("forgotten_too_slow", 0) == 0
+        assert stats["counters"]["stream_paused"] > 0  # the queue did fill: pausing was exercised

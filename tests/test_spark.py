@@ -256,3 +256,18 @@ def test_source_and_sink_over_curve(spark: Any, tmp_path: Path) -> None:
         )
         with pytest.raises(Exception, match="AuthFailed|refused|handshake"):
             stranger.count()
+
+
+def test_fail_on_data_loss_decides_what_a_trimmed_start_does(spark: Any, tmp_path: Path) -> None:
+    text = '[journals.main]\ntopics = ["orders.>"]\nsegment_bytes = 4096\nmax_bytes = 8192\n'
+    with BrokerProcess(config=write_config(tmp_path, text), insecure=True) as broker:
+        seqs = publish(broker.endpoint, 300)
+        with mc0.Client(broker.endpoint) as client:
+            first = client.journal_info()["main"]["first_seq"]
+        assert first > seqs[0]
+        reader = spark.read.format("mc0").option("endpoint", broker.endpoint).option("startingOffsets", "1")
+        with pytest.raises(Exception, match="trimmed"):
+            reader.load().count()
+        kept = sorted(r.seq for r in reader.option("failOnDataLoss", "false").load().select("seq").collect())
+        # Retention also runs every second, so the oldest kept may have moved on since `first`.
+        assert kept[0] >= first and kept == [s for s in seqs if s >= kept[0]]
