@@ -71,6 +71,7 @@ FETCH_PAGE_RECORDS = 1000
 FETCH_PAGE_BYTES = 1 << 20
 FETCH_MAX_RECORDS = 100_000
 FETCH_MAX_BYTES = 16 << 20
+MAX_FETCHES_PER_PEER = 8  # fetches under way at once per peer (each sends a page per loop turn)
 RETENTION_INTERVAL = 1.0  # seconds between age-retention checks
 
 
@@ -1445,6 +1446,9 @@ class BrokerCore:
         elif from_seq < journal.first_seq:
             raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), rid)
         end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
+        running = sum(1 for f in client.fetches.values() if not f.done)
+        if running >= MAX_FETCHES_PER_PEER:
+            raise ProtocolError(Status.OVER_LIMIT, f"{running} fetches under way, the limit per peer", rid)
         fetch = Fetch(rid, user, journal, from_seq, end, match if filtered else None, max_records, max_bytes)
         client.fetches[rid] = fetch
         self._streaming[client] = None

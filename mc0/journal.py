@@ -86,8 +86,8 @@ class Trimmed(Error, LookupError):
         self.first = first
 
 
-class JournalCorrupt(Error, OSError):
-    """A segment could not be read back (raised only for unreadable files, not torn tails)."""
+class JournalError(Error, OSError):
+    """The journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated)."""
 
 
 def encode_record(
@@ -170,6 +170,15 @@ class Journal:
         """Create or recover the folder (torn tails are truncated); idempotent."""
         if self._opened:
             return self
+        try:
+            self._open()
+        except OSError as exc:
+            if isinstance(exc, JournalError):
+                raise
+            raise JournalError(f"journal {self.name}: {self.folder}: {exc.strerror or exc}") from None
+        return self
+
+    def _open(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         names = sorted(p for p in self.folder.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
         expected: int | None = None
@@ -195,7 +204,6 @@ class Journal:
         self._buffer_start = active.size
         self._opened = True
         self._rebuild_dedup()
-        return self
 
     def _new_segment(self, first_seq: int) -> _Segment:
         segment = _Segment(first_seq, self.folder / f"{first_seq:020d}{SEGMENT_SUFFIX}")
@@ -209,7 +217,7 @@ class Journal:
         try:
             data = segment.path.read_bytes()
         except OSError as exc:
-            raise JournalCorrupt(f"journal {self.name}: cannot read {segment.path}: {exc.strerror}") from None
+            raise JournalError(f"journal {self.name}: cannot read {segment.path}: {exc.strerror}") from None
         pos = 0
         seq = segment.first_seq
         view = memoryview(data)
@@ -457,7 +465,7 @@ class Journal:
             f.seek(start)
             data = f.read(stop - start)
         if len(data) != stop - start:
-            raise JournalCorrupt(f"journal {self.name}: {segment.path.name} is shorter than its index")
+            raise JournalError(f"journal {self.name}: {segment.path.name} is shorter than its index")
         out: list[Record] = []
         pos = 0
         view = memoryview(data)

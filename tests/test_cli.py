@@ -255,3 +255,12 @@ def test_client_with_half_a_curve_setup_is_a_one_line_error(broker: BrokerProces
     assert "CURVE needs" in line and "broker_key" in line
     result = mc0("ping", "--endpoint", broker.endpoint, "--key", str(tmp_path / "nope.key_secret"), "--broker-key", "x")
     assert result.returncode == 1 and "nope.key_secret: no such key file" in result.stderr
+
+
+def test_an_unusable_journal_folder_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    config = write_config(tmp_path, f'[journals.main]\nfolder = "{tmp_path / "afile" / "j"}"\n')
+    result = mc0("broker", "--insecure", "--config", config, "--bind", "tcp://127.0.0.1:*", timeout=15)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mc0: error: journal main: ") and "afile" in line and "Not a directory" in line

@@ -379,6 +379,20 @@ def test_a_large_fetch_goes_out_one_page_per_turn_and_a_blocked_page_is_resent(t
     assert not core.streaming
 
 
+def test_fetches_under_way_per_peer_are_bounded(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(10):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
+    query = '{"op":"fetch","journal":"main"}'
+    answers = [
+        handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", str(i), "", query), 0.0) for i in range(9)
+    ]
+    assert answers[:8] == [[]] * 8
+    assert answers[8][0][1][:5] == f("ERROR", "ID", "8", "CODE", "429")
+    handle(core, b"sub", f("CANCEL", "ID", "0"), 0.0)  # a cancelled fetch frees its place
+    assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "9", "", query), 0.0) == []
+
+
 def test_fetch_from_trimmed_is_410(tmp_path: Path) -> None:
     core, j = core_with(tmp_path, segment_bytes=4096, max_bytes=4096)
     for _ in range(200):
