@@ -649,7 +649,9 @@ def pipeline(
         max_records_per_trigger=max_records_per_trigger,
         top_senders=top_senders,
         publish=not no_publish,
+        timeout=conn.timeout,
     )
+    job.check_source(options)  # before paying for a JVM
     console = Console(stderr=True)
     with console.status(f"starting Spark ({master})") as status:
         spark = make_session(None if master == "submit" else master, app="mc0-pipeline")

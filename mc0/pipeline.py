@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class PipelineOptions:
     max_records_per_trigger: int | None = None
     top_senders: int = 10
     publish: bool = True
+    timeout: float | None = None  # seconds per broker call (the source's default: 30)
     extra_source_options: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -68,7 +70,17 @@ class PipelineOptions:
             options["brokerKey"] = self.broker_key
         if self.max_records_per_trigger:
             options["maxRecordsPerTrigger"] = str(self.max_records_per_trigger)
+        if self.timeout is not None:
+            options["timeout"] = str(max(1, round(self.timeout)))
         return options
+
+
+def check_source(options: PipelineOptions) -> None:
+    """Fail here, in one line, rather than as a stack trace from inside the query:
+    a bad option, an unreachable broker, a refused key or an unknown journal."""
+    from mc0.spark import ReadSettings
+
+    ReadSettings.from_options(options.source_options()).head()
 
 
 def events_of(batch: Any) -> Any:
@@ -191,6 +203,9 @@ def run(
     spark: Any, options: PipelineOptions, on_progress: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, int]:
     """Run the streaming job until it ends (``once``) or is interrupted; returns totals."""
+    from mc0.errors import Error
+
+    check_source(options)
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     publisher = Publisher(options) if options.publish else None
@@ -216,13 +231,22 @@ def run(
                 on_progress(dict(query.lastProgress))
         error = query.exception()
         if error is not None:
-            raise RuntimeError(f"the pipeline query failed: {error}")
+            raise Error(f"the pipeline query failed: {_cause(str(error))}")
     except KeyboardInterrupt:
         query.stop()
     finally:
         if publisher is not None:
             publisher.close()
     return totals
+
+
+def _cause(text: str) -> str:
+    """The Python exception line inside a Spark error (the part a person needs), else its first line."""
+    for line in reversed(text.splitlines()):
+        match = re.match(r"^([\w.]+(?:Error|Exception|Timeout|Failed|Gone)): (.+)$", line.strip())
+        if match and not match.group(1).startswith(("org.", "java.", "pyspark.")):
+            return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,3 +160,20 @@ def test_report_without_tables_is_one_clear_error(tmp_path: Path, capsys: pytest
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no pipeline tables" in err[0]
+
+
+def test_pipeline_with_an_unknown_journal_is_one_line_before_spark_starts(tmp_path: Path) -> None:
+    from mc0.process import BrokerProcess
+
+    from .conftest import write_config
+
+    config = write_config(tmp_path, '[journals.main]\ntopics = [">"]\n')
+    with BrokerProcess(config=config, insecure=True) as broker:
+        result = subprocess.run(
+            [sys.executable, "-m", "mc0", "pipeline", "--once", "--journal", "nope", "--endpoint", broker.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "mc0: error: option journal: the broker has no journal 'nope' (journals: main)"
