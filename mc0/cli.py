@@ -187,6 +187,7 @@ def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
 @click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
+@click.option("--msgid", default=None, help="Message id: a journal stores a repeat within its dedup window once.")
 @connection_options
 @_one_line_errors
 def pub(
@@ -195,14 +196,20 @@ def pub(
     header_pairs: tuple[str, ...],
     confirm: bool,
     count: int,
+    msgid: str | None,
     conn: Connection,
 ) -> None:
-    """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC."""
+    """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
+
+    With --confirm, a journaled message prints where it was stored."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
     with conn.client() as client:
         for _ in range(count):
-            client.publish(topic, data, headers=headers, confirm=confirm)
+            ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
+            if ack is not None and ack.seq is not None:
+                repeat = " (duplicate: stored before)" if ack.duplicate else ""
+                click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
         if not confirm:
             client.ping()  # everything before it has reached the broker
 

@@ -173,6 +173,17 @@ def test_cli_sub_from_replays_the_journal_as_json_lines(tmp_path: Path) -> None:
             (acks[1].seq, "main", "o1"),
             (acks[2].seq, "main", "o2"),
         ]
+        stored = subprocess.run(
+            [sys.executable, "-m", "mc0", "pub", "orders.cli", "again", "--confirm", "--msgid", "m1", "--count", "2",
+             "--endpoint", broker.endpoint],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert stored.returncode == 0, stored.stderr
+        first_seq = acks[2].seq + 1
+        assert stored.stdout.splitlines() == [
+            f"main seq {first_seq}",
+            f"main seq {first_seq} (duplicate: stored before)",
+        ]
         bad = subprocess.run(
             [sys.executable, "-m", "mc0", "sub", "elsewhere", "--from", "1", "--endpoint", broker.endpoint],
             capture_output=True, text=True, timeout=30,
