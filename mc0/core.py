@@ -690,11 +690,9 @@ class BrokerCore:
                 )
                 return []
         stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-        seq = 0
-        for journal in journals:
-            appended = journal.append(topic, session.identity, stored, command.payload)
-            if journal is primary:
-                seq = appended
+        seq = self._append(journals, primary, topic, session.identity, stored, command.payload)
+        if seq is None:
+            raise ProtocolError(Status.STORAGE_FAILED, f"journal {primary.name} could not write", command.id)
         self.counters["journaled"] += 1
         out = self._fan_out(topic, tokens, session.sender, headers, command.payload, now, (primary, seq), journals)
         if command.id is not None:
@@ -802,10 +800,11 @@ class BrokerCore:
         rid = session.routing_id
         try:
             records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
-        except Trimmed as exc:
+        except (Trimmed, OSError) as exc:  # retention, or a segment gone or unreadable
             self._end_replay(session, name)
+            code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
-            return [StreamOut(rid, P.error(Status.GONE, str(exc), topic=pattern), "error", name, 0, 0)]
+            return [StreamOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
         out = []
         for record in records:
             tokens = self._record_tokens(record.topic)
@@ -837,9 +836,10 @@ class BrokerCore:
                     max_records=min(FETCH_PAGE_RECORDS, fetch.records_left),
                     max_bytes=min(FETCH_PAGE_BYTES, fetch.bytes_left),
                 )
-            except Trimmed as exc:  # retention overtook a slow fetch
+            except (Trimmed, OSError) as exc:  # retention overtook a slow fetch, or a segment unreadable
                 session.fetches.pop(fetch.rid, None)
-                frames = dialect.error(fetch.rid, JOURNAL_SERVICE, Status.GONE, str(exc))
+                code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
+                frames = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
                 return [StreamOut(rid, frames, "error", fetch.rid, 0, 0)]
             fetch.records_left -= len(records) or 1  # a page that matched nothing still costs
             fetch.bytes_left -= sum(len(p) for r in records for p in r.parts) or 1
@@ -917,13 +917,34 @@ class BrokerCore:
         self.counters["telemetry"] += 1
         if not journals:
             return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now)
-        seq = 0
         primary = min(journals, key=lambda j: j.name)
+        seq = self._append(journals, primary, topic, BROKER_SENDER, {}, body)
+        if seq is None:
+            return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now)
+        return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, (primary, seq), journals)
+
+    def _append(
+        self,
+        journals: Sequence[Journal],
+        primary: Journal,
+        topic: str,
+        sender: str,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+    ) -> int | None:
+        """Append to each journal; the primary's seq, or None if it could not write (fsync=always,
+        or a segment roll, write at once; a disk error must not take the broker down)."""
+        seq: int | None = None
         for journal in journals:
-            appended = journal.append(topic, BROKER_SENDER, {}, body)
+            try:
+                appended = journal.append(topic, sender, headers, body)
+            except OSError as exc:
+                self.counters["journal_write_failed"] += 1
+                log.error("journal %s: write failed: %s", journal.name, exc)
+                continue
             if journal is primary:
                 seq = appended
-        return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, (primary, seq), journals)
+        return seq
 
     def _rpc_done(
         self,

@@ -163,7 +163,7 @@ class Journal:
         self._dirty = False  # written to the OS but not fsynced
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
         self._opened = False
-        self.counters = {"appended": 0, "duplicates": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
+        self.counters = {"appended": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
 
     # ------------------------------------------------------------ lifecycle
     def open(self) -> Journal:

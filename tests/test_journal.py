@@ -445,3 +445,24 @@ def test_sample_configs_document_the_journal_defaults() -> None:
     example = "\n".join(line[2:].split("  #")[0] for line in text[start:].splitlines() if line.startswith("# "))
     assert parse(example, "example").journals == {"main": JournalSettings()}
     assert config.load(etc / "journal.toml").journals["main"].topics == (">",)
+
+
+def test_a_disk_error_while_appending_with_fsync_always_is_507_and_the_core_carries_on(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path, fsync="always")
+    os.close(j._segments[-1].fd)  # the disk goes away under the journal
+    out = handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "a", "", "x"), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "a", "CODE", "507")
+    assert j.next_seq == 1  # nothing half-written is kept
+    assert handle(core, b"pub", f("PING", "ID", "p"), 0.0) == [(b"pub", f("PONG", "ID", "p"))]
+
+
+def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path)
+    for i in range(3):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
+    core.commit()
+    handle(core, b"sub", f("SUB", "FROM", "1", "", "orders.>"), 0.0)
+    for segment in (tmp_path / "j").iterdir():
+        segment.write_bytes(b"")  # someone truncated the files behind the broker's back
+    (out,) = core.stream(0.0)
+    assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.streaming
