@@ -521,6 +521,8 @@ class BrokerCore:
         return self._peer_event("connect", session, "", now)
 
     def _peer_event(self, event: str, session: Session, reason: str, now: float) -> list[Out]:
+        if not self._wanted(SYS_PEER_TOPIC):
+            return []
         data: dict[str, object] = {
             "event": event,
             "peer": session.name,
@@ -906,12 +908,15 @@ class BrokerCore:
             record.topic.encode(), record.sender.encode(), user, record.parts, (journal.encode(), record.seq)
         )
 
+    def _wanted(self, topic: str) -> bool:
+        """Someone subscribes to, or a journal keeps, this telemetry topic (two cached trie lookups)."""
+        tokens = self._sys_topics[topic]
+        return bool(self.subscriptions.match(tokens)) or bool(self.journals and self._journal_routes.match(tokens))
+
     def _emit(self, topic: str, data: dict[str, object], now: float) -> list[Out]:
-        """Publish the broker's own telemetry on a ``mc0.sys.*`` topic (if anyone wants it)."""
+        """Publish the broker's own telemetry on a ``mc0.sys.*`` topic; callers check ``_wanted`` first."""
         tokens = self._sys_topics[topic]
         journals = self._journal_routes.match(tokens) if self.journals else ()
-        if not journals and not self.subscriptions.match(tokens):
-            return []
         data["ts"] = round(now + self.wall_offset, 6)
         body = [json.dumps(data, separators=(",", ":")).encode()]
         self.counters["telemetry"] += 1
@@ -957,6 +962,8 @@ class BrokerCore:
         bytes_out: int,
         now: float,
     ) -> list[Out]:
+        if not self._wanted(SYS_RPC_TOPIC):  # the common case: one dict lookup per finished request
+            return []
         return self._emit(
             SYS_RPC_TOPIC,
             {
