@@ -234,3 +234,28 @@ def test_a_replay_larger_than_the_send_queue_pauses_instead_of_dropping(tmp_path
             stats = json.loads(client.request("mc0.broker", b"stats").body)
         assert stats["counters"].get("forgotten_too_slow", 0) == 0
         assert stats["counters"]["stream_paused"] > 0  # the queue did fill: pausing was exercised
+
+
+def test_history_reads_obey_permissions(tmp_path: Path) -> None:
+    policy = (
+        JOURNAL.format(fsync="batch", segment=1 << 20, max_bytes=0)
+        + '[permissions.identity.bob.deny]\nsubscribe = ["orders.secret.>"]\n'
+        + '[permissions.identity.carol]\ncall = ["svc.>"]\n'
+    )
+    setup = CurveSetup(tmp_path, extra=policy)
+    with setup.start() as broker:
+        with mc0.Client(broker.endpoint, **setup.client_options("alice")) as alice:
+            alice.publish("orders.open.1", b"open", confirm=True)
+            alice.publish("orders.secret.1", b"secret", confirm=True)
+        with mc0.Client(broker.endpoint, **setup.client_options("bob")) as bob:
+            seen = [r.topic for r in bob.fetch("main", topics=["orders.>"]).records]
+            assert seen == ["orders.open.1"]  # the denied topic is filtered out of history
+            with pytest.raises(mc0.Forbidden):
+                bob.subscribe("orders.secret.>", from_seq=0)
+            replay = bob.subscribe("orders.>", from_seq=0)
+            assert replay.next(timeout=5).topic == "orders.open.1"
+            with pytest.raises(mc0.Timeout):
+                replay.next(timeout=0.3)
+        with mc0.Client(broker.endpoint, **setup.client_options("carol")) as carol:
+            with pytest.raises(mc0.Forbidden):
+                carol.fetch("main")  # no call permission on mc0.journal
