@@ -198,6 +198,8 @@ def _record_batch(records: list[Any]) -> Any:
 def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
     """Fetch ``[start, end)`` page by page as Arrow batches; runs on an executor."""
     seq = partition.start
+    if seq >= partition.end:
+        return  # an empty range (a batch read of an empty journal): no connection needed
     with settings.connection.client() as client:
         while seq < partition.end:
             try:

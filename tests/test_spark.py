@@ -97,6 +97,8 @@ def test_batch_read_returns_exactly_the_requested_range(spark: Any, journaled: B
     assert df.rdd.getNumPartitions() == 5  # 30 seqs / 7 per partition
     everything = spark.read.format("mc0").option("endpoint", journaled.endpoint).option("topics", "orders.>").load()
     assert everything.count() == 60
+    empty = spark.read.format("mc0").option("endpoint", journaled.endpoint).option("startingOffsets", "latest").load()
+    assert empty.count() == 0
 
 
 @pytest.mark.parametrize(
