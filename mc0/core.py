@@ -58,8 +58,8 @@ JOURNAL_SERVICE = P.JOURNAL_SERVICE
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
 
 # Telemetry the broker publishes about itself (when someone subscribes or a journal keeps it).
-SYS_RPC_TOPIC = P.RESERVED_TOPIC_PREFIX + "rpc"
-SYS_PEER_TOPIC = P.RESERVED_TOPIC_PREFIX + "peer"
+SYS_RPC_TOPIC = P.SYS_RPC_TOPIC
+SYS_PEER_TOPIC = P.SYS_PEER_TOPIC
 BROKER_SENDER = "mc0.broker"
 
 # SUB FROM replay: records read per replaying subscription per loop turn, and
@@ -242,14 +242,13 @@ class Replay:
     (the replay reaches them in order), so each record arrives once.
     """
 
-    __slots__ = ("journal", "patterns", "cursor", "resume_at", "sent")
+    __slots__ = ("journal", "patterns", "cursor", "resume_at")
 
     def __init__(self, journal: Journal, patterns: list[tuple[str, ...]], cursor: int) -> None:
         self.journal = journal
         self.patterns = patterns
         self.cursor = cursor
         self.resume_at = 0.0
-        self.sent = 0
 
     def matches(self, tokens: tuple[str, ...]) -> bool:
         return any(pattern_matches(p, tokens) for p in self.patterns)
@@ -354,7 +353,8 @@ class BrokerCore:
         for journal in self.journals.values():
             for pattern in journal.settings.topics:
                 self._journal_routes.insert(split_pattern(pattern), journal)
-        self._pending_acks: list[tuple[Journal, Out]] = []  # OKs held until their records are written
+        # OKs held until their records are written: (journal, peer, request id, OK frames).
+        self._pending_acks: list[tuple[Journal, bytes, str, list[bytes]]] = []
         self._streaming: dict[Session, None] = {}  # sessions with replays or fetches under way
         self._sys_topics = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
         self._next_retention = 0.0
@@ -687,9 +687,8 @@ class BrokerCore:
                 self.counters["duplicates"] += 1
                 if command.id is None:
                     return []
-                self._hold_ack(
-                    primary, (session.routing_id, P.ok_journaled(command.id, primary.name, earlier, duplicate=True))
-                )
+                ok = P.ok_journaled(command.id, primary.name, earlier, duplicate=True)
+                self._pending_acks.append((primary, session.routing_id, command.id, ok))
                 return []
         stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
         seq = self._append(journals, primary, topic, session.identity, stored, command.payload)
@@ -699,11 +698,9 @@ class BrokerCore:
         out = self._fan_out(topic, tokens, session.sender, headers, command.payload, now, (primary, seq), journals)
         if command.id is not None:
             session.last_sent = now
-            self._hold_ack(primary, (session.routing_id, P.ok_journaled(command.id, primary.name, seq)))
+            ok = P.ok_journaled(command.id, primary.name, seq)
+            self._pending_acks.append((primary, session.routing_id, command.id, ok))
         return out
-
-    def _hold_ack(self, journal: Journal, ack: Out) -> None:
-        self._pending_acks.append((journal, ack))
 
     @property
     def uncommitted(self) -> bool:
@@ -726,15 +723,12 @@ class BrokerCore:
                     self.counters["journal_write_failed"] += 1
                     log.error("journal %s: write failed: %s", journal.name, exc)
         acks, self._pending_acks = self._pending_acks, []
-        if not failed:
-            return [ack for _, ack in acks]
         out: list[Out] = []
-        for journal, (routing_id, frames) in acks:
+        for journal, routing_id, request_id, ok in acks:
             failure = failed.get(journal.name)
             if failure is None:
-                out.append((routing_id, frames))
+                out.append((routing_id, ok))
             else:
-                request_id = bytes(frames[2]).decode()
                 reason = f"journal {journal.name} could not write: {failure.strerror or failure}"
                 out.append((routing_id, P.error(Status.STORAGE_FAILED, reason, request_id)))
         return out
@@ -815,7 +809,6 @@ class BrokerCore:
             if session.grants.deny_subscribe and not session.grants.delivers(tokens):
                 continue
             out.append(StreamOut(rid, self._record_message(record, name), "replay", name, record.seq, 1))
-        replay.sent += len(out)
         self.counters["replayed"] += len(out)
         replay.cursor = next_seq
         # Ends only on a turn with nothing left, so a record whose send

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .errors import Error
 from .message import Record
+from .protocol import Header
 
 log = logging.getLogger("mc0.journal")
 
@@ -254,8 +255,8 @@ class Journal:
         for segment in self._segments:
             if segment.last_ts < horizon:
                 continue
-            for record in self._read_segment(segment, segment.first_seq, segment.next_seq, None, 1 << 62):
-                msgid = record.headers.get("MSGID")
+            for record in self._read_segment(segment, segment.first_seq, segment.next_seq, None):
+                msgid = record.headers.get(Header.MSGID)
                 if msgid is not None and record.ts >= horizon:
                     self._remember(record.sender, msgid, record.seq, record.ts)
 
@@ -309,7 +310,7 @@ class Journal:
         active.last_ts = ts
         self._buffer += data
         self.counters["appended"] += 1
-        msgid = headers.get("MSGID")
+        msgid = headers.get(Header.MSGID)
         if msgid is not None and self.settings.dedup_window_s:
             self._remember(sender, msgid, seq, ts)
         if self.settings.fsync == "always":
@@ -444,7 +445,7 @@ class Journal:
                 limit = bisect.bisect_right(segment.offsets, start_offset + budget_bytes, i + 1, j)
                 j = max(i + 1, min(j, limit))
                 chunk_end = segment.offsets[j] if j < len(segment.offsets) else segment.size
-                records += self._read_segment(segment, seq, segment.first_seq + j, match, 1 << 62)
+                records += self._read_segment(segment, seq, segment.first_seq + j, match)
                 budget_records -= j - i
                 budget_bytes -= chunk_end - start_offset
                 seq = segment.first_seq + j
@@ -453,7 +454,7 @@ class Journal:
         return records, seq
 
     def _read_segment(
-        self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None, limit: int
+        self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None
     ) -> list[Record]:
         i = from_seq - segment.first_seq
         j = to_seq - segment.first_seq
@@ -469,7 +470,7 @@ class Journal:
         out: list[Record] = []
         pos = 0
         view = memoryview(data)
-        while pos < len(data) and len(out) < limit:
+        while pos < len(data):
             length, _crc, seq, ts = _HEAD.unpack_from(data, pos)
             body_start = pos + _HEAD.size
             pos = body_start + length

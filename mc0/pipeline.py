@@ -31,8 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mc0.protocol import SYS_RPC_TOPIC
+
 ROLLUP_PREFIX = "mc0.rollup."
-RPC_TOPIC = "mc0.sys.rpc"
+RPC_TOPIC = SYS_RPC_TOPIC
 TABLES = ("topics", "senders", "rpc")
 PERCENTILES = (0.5, 0.95, 0.99)
 RPC_SCHEMA = (

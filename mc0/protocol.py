@@ -159,6 +159,8 @@ VERSIONS = SEED_VERSIONS | {FULL_VERSION}
 ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
 JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
+SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request
+SYS_PEER_TOPIC = RESERVED_TOPIC_PREFIX + "peer"  # connects and disconnects
 
 
 @dataclass(frozen=True, slots=True)

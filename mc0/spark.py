@@ -320,8 +320,16 @@ async def _publish_rows(
     from .aio import Client
 
     published = duplicates = 0
+    pending: list[asyncio.Task[Any]] = []
+
+    async def drain() -> None:
+        nonlocal published, duplicates
+        acks = await asyncio.gather(*pending)
+        pending.clear()
+        published += len(acks)
+        duplicates += sum(1 for ack in acks if ack is not None and ack.duplicate)
+
     async with Client(connection.endpoint, **connection.client_options()) as client:
-        pending: list[asyncio.Task[Any]] = []
         for index, row in enumerate(rows):
             fields = row.asDict() if hasattr(row, "asDict") else dict(row)
             topic = fields.get("topic")
@@ -334,13 +342,8 @@ async def _publish_rows(
                 asyncio.ensure_future(client.publish(topic, body, headers=headers, confirm=True, msgid=msgid))
             )
             if len(pending) >= window:
-                for ack in await asyncio.gather(*pending):
-                    published += 1
-                    duplicates += bool(ack is not None and ack.duplicate)
-                pending.clear()
-        for ack in await asyncio.gather(*pending):
-            published += 1
-            duplicates += bool(ack is not None and ack.duplicate)
+                await drain()
+        await drain()
     return Published(partition, published, duplicates)
 
 
@@ -353,30 +356,30 @@ def _task_identity() -> tuple[int, str | None]:
     return context.partitionId(), context.getLocalProperty(BATCH_ID_PROPERTY)
 
 
-class Mc0Writer(DataSourceWriter):
+class _RowPublisher:
+    """What the batch and the streaming sink share: options, and publishing one task's rows."""
+
     def __init__(self, options: Mapping[str, str]) -> None:
         self.connection = Connection.from_options(options)
         self.prefix = str(options.get("msgidPrefix", "spark"))
         self.window = _int_option(options, "window", 256) or 256
 
+    def _publish(self, iterator: Iterator[Any], batch: str, partition: int) -> Published:
+        return asyncio.run(_publish_rows(self.connection, iterator, self.prefix, batch, partition, self.window))
+
+
+class Mc0Writer(_RowPublisher, DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> Published:
         partition, batch = _task_identity()
-        return asyncio.run(
-            _publish_rows(self.connection, iterator, self.prefix, batch or "batch", partition, self.window)
-        )
+        return self._publish(iterator, batch or "batch", partition)
 
 
-class Mc0StreamWriter(DataSourceStreamWriter):
-    def __init__(self, options: Mapping[str, str]) -> None:
-        self.connection = Connection.from_options(options)
-        self.prefix = str(options.get("msgidPrefix", "spark"))
-        self.window = _int_option(options, "window", 256) or 256
-
+class Mc0StreamWriter(_RowPublisher, DataSourceStreamWriter):
     def write(self, iterator: Iterator[Any]) -> Published:
         partition, batch = _task_identity()
         if batch is None:  # without it, rows of different micro-batches would share MSGIDs
             raise RuntimeError(f"Spark did not set {BATCH_ID_PROPERTY} on this streaming task")
-        return asyncio.run(_publish_rows(self.connection, iterator, self.prefix, batch, partition, self.window))
+        return self._publish(iterator, batch, partition)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every row was acknowledged by the broker before its task ended; nothing left to do."""
