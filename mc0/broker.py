@@ -280,7 +280,8 @@ class Broker:
                     self._send_stream(core.stream(now), now)
                 if core.uncommitted:
                     self._send(core.commit(), now)
-            self._send(core.shutdown(), time.monotonic())
+            now = time.monotonic()
+            self._send(core.shutdown(now), now)
             if core.uncommitted:
                 self._send(core.commit(), time.monotonic())
         finally:

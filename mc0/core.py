@@ -1708,7 +1708,7 @@ class BrokerCore:
                     out.append((session.routing_id, session.dialect.error(None, "", Status.FORBIDDEN, reason)))
         return out
 
-    def shutdown(self) -> list[Out]:
+    def shutdown(self, now: float) -> list[Out]:
         """DISCONNECT every peer (that has a way to be told) and forget them all."""
         out: list[Out] = []
         for session in list(self.sessions.values()):
@@ -1716,7 +1716,7 @@ class BrokerCore:
             if frames is not None:
                 out.append((session.routing_id, frames))
         for session in list(self.sessions.values()):
-            self._forget(session, "broker_shutdown", 0.0)
+            self._forget(session, "broker_shutdown", now)
         return out
 
 

@@ -187,7 +187,7 @@ def test_shutdown_disconnects_everyone() -> None:
     core = BrokerCore()
     connect(core, b"a")
     connect(core, b"b")
-    assert sorted(core.shutdown()) == [(b"a", P.DISCONNECT_FRAMES), (b"b", P.DISCONNECT_FRAMES)]
+    assert sorted(core.shutdown(0.0)) == [(b"a", P.DISCONNECT_FRAMES), (b"b", P.DISCONNECT_FRAMES)]
     assert core.sessions == {}
 
 

@@ -466,3 +466,11 @@ def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path)
         segment.write_bytes(b"")  # someone truncated the files behind the broker's back
     (out,) = core.stream(0.0)
     assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.streaming
+
+
+def test_disconnect_records_at_shutdown_carry_the_shutdown_time(tmp_path: Path) -> None:
+    core, j = core_with(tmp_path, topics=("mc0.sys.>",))
+    core.shutdown(5.0)
+    core.commit()
+    events = [json.loads(r.body) for r in j.read(1)[0] if json.loads(r.body)["event"] == "disconnect"]
+    assert len(events) == 2 and all(e["ts"] == 1005.0 and e["reason"] == "broker_shutdown" for e in events)
