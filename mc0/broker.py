@@ -266,10 +266,10 @@ class Broker:
                     self._drain_wake()
                 if zap is not None and zap.zap_socket in ready:
                     zap.handle()
+                if monitor in ready:  # closes first: see _receive
+                    self._connections_closed(monitor, time.monotonic())
                 if sock in ready:
                     self._receive(sock, time.monotonic())
-                if monitor in ready:
-                    self._connections_closed(monitor, time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._reload(now)
@@ -300,6 +300,9 @@ class Broker:
 
     def _receive(self, sock: zmq.Socket[bytes], now: float) -> None:
         handle = self.core.handle
+        sessions = self.core.sessions
+        monitor = self._monitor
+        assert monitor is not None
         curve = self.zap is not None
         for _ in range(RECV_BATCH):
             # The routing id frame is received as a zmq.Frame to read, from the
@@ -318,7 +321,14 @@ class Broker:
                     identity = str(first.get("User-Id")) or ANONYMOUS
                 except zmq.ZMQError:
                     pass
-            out = handle(first.bytes, rest, now, identity, first.get(SRCFD))
+            routing_id = first.bytes
+            if routing_id not in sessions:
+                # A new connection may reuse the fd number of one that just closed, and the
+                # core forgets sessions by fd: apply closes already reported (the monitor has
+                # them before the new connection's first message can arrive) before it binds
+                # this one, or that late close would end the new session.
+                self._connections_closed(monitor, now)
+            out = handle(routing_id, rest, now, identity, first.get(SRCFD))
             if out:
                 self._send(out, now)
 

@@ -279,3 +279,39 @@ def test_broker_process_start_is_idempotent_so_with_start_does_not_leak_a_broker
         assert process.proc is not None and process.proc.poll() is not None
     finally:
         process.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_new_connection_on_the_fd_of_a_killed_one_is_not_ended_by_that_close(broker: BrokerProcess) -> None:
+    """libzmq reuses a closed connection's fd number; the close, reported late, must not end the new session."""
+    import subprocess
+    import sys
+
+    import mc0
+
+    child = "import mc0,sys,time; c=mc0.Client(sys.argv[1]).connect(); print('up', flush=True); time.sleep(60)"
+    reset = 0
+    for _ in range(15):
+        kids = [
+            subprocess.Popen([sys.executable, "-c", child, broker.endpoint], stdout=subprocess.PIPE, text=True)
+            for _ in range(4)
+        ]
+        try:
+            for kid in kids:
+                assert kid.stdout is not None and kid.stdout.readline() == "up\n"
+        finally:
+            for kid in kids:
+                kid.kill()  # no DISCONNECT: the broker learns of it from the socket monitor
+        with mc0.Client(broker.endpoint) as client:
+            for _ in range(5):
+                try:
+                    client.ping(timeout=2)
+                except mc0.NotConnected:
+                    reset += 1
+                time.sleep(0.02)
+            reset += client.reconnects
+        for kid in kids:
+            kid.wait(10)
+            assert kid.stdout is not None
+            kid.stdout.close()
+    assert reset == 0
