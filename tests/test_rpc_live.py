@@ -390,15 +390,16 @@ def test_majortomo_client_calls_an_mc0_worker(broker: BrokerProcess) -> None:
 def test_mc0_client_calls_a_majortomo_worker(broker: BrokerProcess) -> None:
     from majortomo import Worker as MdpWorker
 
-    def serve(stop: threading.Event) -> None:
+    def serve(requests: int) -> None:
+        # Exactly as many requests as the test makes: a stop flag raced the last one (the
+        # worker could leave before it came, and the request then waited out its deadline).
         with MdpWorker(broker.endpoint, b"reverse") as mdp_worker:
-            while not stop.is_set():
+            for _ in range(requests):
                 client_token, frames = mdp_worker.wait_for_request()
                 mdp_worker.send_reply_partial(client_token, [b"working"])
                 mdp_worker.send_reply_final(client_token, [frames[0][::-1]])
 
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(stop,), daemon=True)
+    thread = threading.Thread(target=serve, args=(2,), daemon=True)
     thread.start()
     with mc0.Client(broker.endpoint) as client:
         replies: list[mc0.Reply] = []
@@ -410,7 +411,6 @@ def test_mc0_client_calls_a_majortomo_worker(broker: BrokerProcess) -> None:
             except mc0.NoResponders:
                 time.sleep(0.1)
         assert [(r.body, r.final) for r in replies] == [(b"working", False), (b"hello", True)]
-        stop.set()
-        # unblock the worker thread's wait with one last request
-        client.request("reverse", b"x", timeout=5)
+        assert client.request("reverse", b"xy", timeout=5).body == b"yx"  # the worker's second and last
     thread.join(5)
+    assert not thread.is_alive()
