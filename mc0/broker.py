@@ -268,7 +268,7 @@ class Broker:
                     zap.handle()
                 if monitor in ready:  # closes first: see _receive
                     self._connections_closed(monitor, time.monotonic())
-                if sock in ready:
+                if sock in ready or core.closing:
                     self._receive(sock, time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
@@ -313,6 +313,10 @@ class Broker:
             try:
                 first = sock.recv(NOBLOCK, copy=False)
             except zmq.Again:
+                # Read empty: whatever a connection reported closed sent before it
+                # closed has been handled, so its session can go now.
+                if self.core.closing:
+                    self._send(self.core.forget_closed(now, drained=True), now)
                 return
             rest = _recv_rest(sock) if first.more else []
             identity = ANONYMOUS
@@ -324,24 +328,29 @@ class Broker:
             routing_id = first.bytes
             if routing_id not in sessions:
                 # A new connection may reuse the fd number of one that just closed, and the
-                # core forgets sessions by fd: apply closes already reported (the monitor has
-                # them before the new connection's first message can arrive) before it binds
-                # this one, or that late close would end the new session.
+                # monitor names closes by fd: read the closes already reported (libzmq reports
+                # a close before it frees the fd) so that they unbind the old connection
+                # before this one binds, or a late close would end the new session.
                 self._connections_closed(monitor, now)
             out = handle(routing_id, rest, now, identity, first.get(SRCFD))
             if out:
                 self._send(out, now)
+        if self.core.closing:  # a full batch, not read empty: only overdue closes
+            self._send(self.core.forget_closed(now, drained=False), now)
 
     def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
+        """Report the closes the monitor has; the core forgets them once the socket reads empty.
+
+        libzmq queues a connection's last messages before it reports the close,
+        so reading the socket empty after this has handled all of them.
+        """
         while True:
             try:
                 event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             if event["event"] == zmq.EVENT_DISCONNECTED:
-                out = self.core.connection_closed(int(event["value"]), now)
-                if out:
-                    self._send(out, now)
+                self.core.connection_closed(int(event["value"]), now)
 
     def _reload(self, now: float) -> None:
         """Re-read the allowed folder (and the config's permissions); apply the difference."""

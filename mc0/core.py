@@ -49,6 +49,9 @@ Out = tuple[bytes, Sequence[bytes]]
 MIN_SWEEP_INTERVAL = 0.05
 # Drops to a peer separated by less than this belong to one "queue stays full" episode.
 DROP_EPISODE_GAP = 1.0
+# A closed connection's session waits for the shell to read its socket empty,
+# at most this long (a socket under constant load never reads empty).
+CLOSE_WAIT_LIMIT = 0.5
 TOPIC_CACHE_SIZE = 4096
 LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 
@@ -361,6 +364,7 @@ class BrokerCore:
         self.permissions = permissions or Permissions()
         self.generated_ids_only = generated_ids_only
         self._by_fd: dict[int, bytes] = {}
+        self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
         self.sessions: dict[bytes, Session] = {}
         self.subscriptions: TopicTrie[Session] = TopicTrie()
@@ -417,13 +421,40 @@ class BrokerCore:
         except ProtocolError as exc:
             return out + self._reject(routing_id, session, frames, exc, now)
 
-    def connection_closed(self, fd: int, now: float) -> list[Out]:
-        """The shell saw connection ``fd`` close: its session goes at once."""
+    def connection_closed(self, fd: int, now: float) -> None:
+        """The shell saw connection ``fd`` close; its session goes at ``forget_closed``.
+
+        What that connection sent before it closed may still wait in the
+        shell's socket queue (a worker's FINAL, then its DISCONNECT), so the
+        session stays until the shell has read the queue empty.  The fd is
+        unbound at once: a new connection may reuse the number before then.
+        """
         routing_id = self._by_fd.pop(fd, None)
-        session = self.sessions.get(routing_id) if routing_id is not None else None
-        if session is None or session.fd != fd:
-            return []
-        return self._forget(session, "closed", now)
+        if routing_id is not None:
+            self._closing[routing_id] = (fd, now)
+
+    @property
+    def closing(self) -> bool:
+        """Closes are waiting for the shell to read its socket empty."""
+        return bool(self._closing)
+
+    def forget_closed(self, now: float, *, drained: bool) -> list[Out]:
+        """Forget the sessions of closed connections.
+
+        ``drained``: the shell read its socket empty after those closes were
+        reported, so all they sent has been handled.  Otherwise (a socket that
+        never reads empty under load) only closes older than
+        ``CLOSE_WAIT_LIMIT`` go: fair queueing has read their last messages by then.
+        """
+        out: list[Out] = []
+        for routing_id, (fd, reported) in list(self._closing.items()):
+            if not drained and now - reported < CLOSE_WAIT_LIMIT:
+                continue
+            del self._closing[routing_id]
+            session = self.sessions.get(routing_id)
+            if session is not None and session.fd == fd:
+                out += self._forget(session, "closed", now)
+        return out
 
     def _reject(
         self, routing_id: bytes, session: Session | None, frames: Sequence[bytes], exc: ProtocolError, now: float
@@ -514,7 +545,7 @@ class BrokerCore:
     def _open(self, session: Session, now: float) -> list[Out]:
         session.grants = self.permissions.grants(session.identity)
         self.sessions[session.routing_id] = session
-        if session.fd is not None:
+        if session.fd is not None and session.routing_id not in self._closing:
             self._by_fd[session.fd] = session.routing_id
         self.counters["connects"] += 1
         self._next_sweep = min(self._next_sweep, now + session.ttl)

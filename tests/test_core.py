@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mc0 import protocol as P
-from mc0.core import BrokerCore, CoreSettings
+from mc0.core import CLOSE_WAIT_LIMIT, BrokerCore, CoreSettings
 from mc0.protocol import Limits
 
 
@@ -120,10 +120,35 @@ def test_a_new_connection_on_a_routing_id_replaces_the_session_and_a_closed_one_
     assert len(core.subscriptions) == 0
     core.handle(b"r", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0, "alice", fd=9)
     core.handle(b"r", f("SUB", "", "t"), 0.0, "alice", fd=9)
-    assert core.connection_closed(7, 0.0) == []  # an old fd: nothing of the new session goes
+    core.connection_closed(7, 0.0)
+    assert core.forget_closed(0.0, drained=True) == []  # an old fd: nothing of the new session goes
     assert len(core.subscriptions) == 1
     core.connection_closed(9, 0.0)
+    core.forget_closed(0.0, drained=True)
     assert b"r" not in core.sessions and len(core.subscriptions) == 0
+
+
+def test_what_a_closed_connection_sent_is_handled_before_its_session_goes() -> None:
+    # libzmq reports a close while the connection's last messages may still wait
+    # in the ROUTER queue: a worker's FINAL must still reach its caller.
+    core = BrokerCore()
+    core.handle(b"w", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0, fd=5)
+    core.handle(b"w", f("READY", "", "svc"), 0.0, fd=5)
+    core.handle(b"c", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0, fd=6)
+    ((_, job),) = core.handle(b"c", f("REQUEST", "SERVICE", "svc", "ID", "r", "", "x"), 0.0, fd=6)
+    core.connection_closed(5, 0.1)
+    assert core.closing and b"w" in core.sessions
+    # The fd number is free at once: a new connection on it binds without being closed later.
+    core.handle(b"n", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.1, fd=5)
+    ((to, final),) = core.handle(b"w", f("FINAL", "ID", job[job.index(b"ID") + 1], "", "done"), 0.1, fd=5)
+    assert to == b"c" and final[:3] == f("FINAL", "ID", "r") and final[-1] == b"done"
+    assert core.forget_closed(0.1 + CLOSE_WAIT_LIMIT / 2, drained=False) == []  # not read empty, not overdue
+    assert b"w" in core.sessions
+    core.forget_closed(0.2, drained=True)
+    assert b"w" not in core.sessions and b"n" in core.sessions and not core.closing
+    core.connection_closed(5, 0.3)
+    core.forget_closed(0.3 + CLOSE_WAIT_LIMIT, drained=False)  # overdue under constant load
+    assert b"n" not in core.sessions
 
 
 def test_under_curve_peers_may_not_choose_their_routing_id() -> None:

@@ -302,6 +302,23 @@ def test_duplicate_request_id_is_409_and_forged_final_is_dropped(raw: Any) -> No
     assert final[0] == b"FINAL" and payload_of(final) == [b"real"]
 
 
+def test_a_worker_that_answers_and_closes_at_once_still_has_its_final_delivered(raw: Any) -> None:
+    # libzmq reports the close while the FINAL may still wait in the broker's queue:
+    # the session must outlive what its connection sent (once seen as a 504 under load).
+    client = raw()
+    for round_no in range(30):
+        worker = raw()
+        worker.send("READY", "ID", "r", "", "svc")
+        assert worker.recv() == [b"OK", b"ID", b"r"]
+        client.send("REQUEST", "SERVICE", "svc", "ID", f"q{round_no}", "TIMEOUT", "3000", "", "body")
+        job = worker.recv_skipping_noop()
+        worker.send("FINAL", "ID", headers_of(job)["ID"], "", f"answer {round_no}")
+        worker.socket.close(linger=1000)  # no DISCONNECT: gone right after its answer
+        final = client.recv_skipping_noop()
+        assert final[0] == b"FINAL" and headers_of(final)["ID"] == f"q{round_no}", final
+        assert payload_of(final) == [f"answer {round_no}".encode()]
+
+
 # ------------------------------------------------------------------ dying and frozen workers
 
 
