@@ -660,11 +660,8 @@ class BrokerCore:
         out: list[Out] = []
         if not targets:
             return out
-        user: list[bytes] = []
-        if len(headers) > 1 + (Header.ID in headers):
-            for key, value in headers.items():
-                if key.startswith(P.USER_HEADER_PREFIX):
-                    user += (key.encode(), value.encode())
+        # Most PUTs carry TOPIC (and ID) only: skip the scan for X- headers then.
+        user = P.user_header_frames(headers) if len(headers) > 1 + (Header.ID in headers) else []
         topic_b = topic.encode()
         where = (position[0].name.encode(), position[1]) if position is not None else None
         frames = P.message(topic_b, sender, user, body, where)
@@ -710,7 +707,7 @@ class BrokerCore:
         is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
         """
         headers = command.headers
-        primary = journals[0] if len(journals) == 1 else min(journals, key=lambda j: j.name)
+        primary = _primary(journals)
         msgid = headers.get(Header.MSGID)
         if msgid is not None:
             earlier = primary.duplicate_of(session.identity, msgid)
@@ -788,10 +785,7 @@ class BrokerCore:
         journal = self._journal_for_sub(command, patterns)
         if journal.name in session.replays:
             raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
-        if from_seq == 0:
-            from_seq = journal.first_seq  # 0 = from the oldest record kept
-        elif from_seq < journal.first_seq:
-            raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), command.id)
+        from_seq = _start_seq(journal, from_seq, command.id)
         return Replay(journal, [t for _, t in patterns], min(from_seq, journal.next_seq))
 
     @property
@@ -924,10 +918,7 @@ class BrokerCore:
 
     @staticmethod
     def _record_message(record: Record, journal: str) -> list[bytes]:
-        user: list[bytes] = []
-        for key, value in record.headers.items():
-            if key.startswith(P.USER_HEADER_PREFIX):
-                user += (key.encode(), value.encode())
+        user = P.user_header_frames(record.headers)
         return P.message(
             record.topic.encode(), record.sender.encode(), user, record.parts, (journal.encode(), record.seq)
         )
@@ -944,13 +935,14 @@ class BrokerCore:
         data["ts"] = round(now + self.wall_offset, 6)
         body = [json.dumps(data, separators=(",", ":")).encode()]
         self.counters["telemetry"] += 1
-        if not journals:
-            return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now)
-        primary = min(journals, key=lambda j: j.name)
-        seq = self._append(journals, primary, topic, BROKER_SENDER, {}, body)
-        if seq is None:
-            return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now)
-        return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, (primary, seq), journals)
+        position: tuple[Journal, int] | None = None
+        if journals:
+            primary = _primary(journals)
+            seq = self._append(journals, primary, topic, BROKER_SENDER, {}, body)
+            if seq is not None:
+                position = (primary, seq)
+        appended = journals if position is not None else ()
+        return self._fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, position, appended)
 
     def _append(
         self,
@@ -1493,10 +1485,7 @@ class BrokerCore:
                     verdicts[topic] = verdict
             return verdict
 
-        if from_seq == 0:
-            from_seq = journal.first_seq
-        elif from_seq < journal.first_seq:
-            raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), rid)
+        from_seq = _start_seq(journal, from_seq, rid)
         end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
         running = sum(1 for f in client.fetches.values() if not f.done)
         if running >= MAX_FETCHES_PER_PEER:
@@ -1668,7 +1657,7 @@ class BrokerCore:
         return out
 
     def next_deadline(self) -> float:
-        """When ``tick`` (or ``replay``) next has work (monotonic seconds)."""
+        """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
         earliest = self._next_sweep
         if self._deadlines:
             earliest = min(earliest, self._deadlines[0][0])
@@ -1754,3 +1743,17 @@ class BrokerCore:
 def _topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
     code = Status.TOO_LARGE if exc.oversize else Status.BAD_REQUEST
     return ProtocolError(code, str(exc), request_id)
+
+
+def _primary(journals: Sequence[Journal]) -> Journal:
+    """The journal an OK or MESSAGE names when a topic is kept by several: the first by name."""
+    return journals[0] if len(journals) == 1 else min(journals, key=lambda j: j.name)
+
+
+def _start_seq(journal: Journal, from_seq: int, request_id: str | None) -> int:
+    """Where a replay or fetch from ``from_seq`` starts (0 = the oldest kept); 410 if trimmed."""
+    if from_seq == 0:
+        return journal.first_seq
+    if from_seq < journal.first_seq:
+        raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), request_id)
+    return from_seq

@@ -405,6 +405,15 @@ def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = F
     return frames
 
 
+def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:
+    """The ``X-`` headers of ``headers`` as flat key, value frames (for ``message``)."""
+    frames: list[bytes] = []
+    for key, value in headers.items():
+        if key.startswith(USER_HEADER_PREFIX):
+            frames += (key.encode(), value.encode())
+    return frames
+
+
 def message(
     topic: bytes,
     sender: bytes | None,
