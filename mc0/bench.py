@@ -42,6 +42,37 @@ import zmq
 
 from . import keys as keyfiles
 from .process import BrokerProcess
+from .protocol import Header, Verb
+
+# mc0 frames, spelled by protocol.py: the load generators and the raw baseline
+# speak them over bare sockets, so that only the broker differs between rows.
+CONNECT, OK, PUT, SUB, MESSAGE, NOOP, READY, REQUEST, FINAL = (
+    verb.value.encode()
+    for verb in (
+        Verb.CONNECT,
+        Verb.OK,
+        Verb.PUT,
+        Verb.SUB,
+        Verb.MESSAGE,
+        Verb.NOOP,
+        Verb.READY,
+        Verb.REQUEST,
+        Verb.FINAL,
+    )
+)
+ID, VERSION, TTL, TOPIC, CAPACITY, SERVICE, TIMEOUT, ALL = (
+    header.value.encode()
+    for header in (
+        Header.ID,
+        Header.VERSION,
+        Header.TTL,
+        Header.TOPIC,
+        Header.CAPACITY,
+        Header.SERVICE,
+        Header.TIMEOUT,
+        Header.ALL,
+    )
+)
 
 CTX = multiprocessing.get_context("spawn")
 BODY = 100
@@ -127,11 +158,11 @@ def dealer(context: zmq.Context[Any], endpoint: str, curve: dict[str, Any] | Non
 
 
 def mc0_connect(sock: zmq.Socket[Any]) -> None:
-    sock.send_multipart([b"CONNECT", b"VERSION", b"1.0", b"TTL", b"60000", b"ID", b"c"])
+    sock.send_multipart([CONNECT, VERSION, b"1.0", TTL, b"60000", ID, b"c"])
     if not sock.poll(10_000):
         raise RuntimeError("no answer to CONNECT")
     reply = sock.recv_multipart()
-    if reply[0] != b"OK":
+    if reply[0] != OK:
         raise RuntimeError(f"CONNECT refused: {reply}")
 
 
@@ -163,31 +194,31 @@ def raw_broker_main(port: int) -> None:
     while True:
         frames = router.recv_multipart()
         peer, verb = frames[0], frames[1]
-        if verb == b"PUT":
+        if verb == PUT:
             topic = frames[3]
-            message = [b"MESSAGE", b"TOPIC", topic, *frames[frames.index(b"", 4) :]]
+            message = [MESSAGE, TOPIC, topic, *frames[frames.index(b"", 4) :]]
             for subscriber in subscribers.get(topic, ()):
                 router.send_multipart([subscriber, *message])
-            if frames[4] == b"ID":
-                router.send_multipart([peer, b"OK", b"ID", frames[5]])
-        elif verb == b"REQUEST":
+            if frames[4] == ID:
+                router.send_multipart([peer, OK, ID, frames[5]])
+        elif verb == REQUEST:
             worker = workers[turn % len(workers)]
             turn += 1
             rid = frames[5]
             token = bytes([len(peer)]) + peer + rid  # routing ids may hold any byte: length-prefixed
-            router.send_multipart([worker, b"REQUEST", b"ID", token, *frames[frames.index(b"", 2) :]])
-        elif verb == b"FINAL":
+            router.send_multipart([worker, REQUEST, ID, token, *frames[frames.index(b"", 2) :]])
+        elif verb == FINAL:
             token = frames[3]
             size = token[0]
-            router.send_multipart([token[1 : 1 + size], b"FINAL", b"ID", token[1 + size :], *frames[4:]])
-        elif verb == b"SUB":
+            router.send_multipart([token[1 : 1 + size], FINAL, ID, token[1 + size :], *frames[4:]])
+        elif verb == SUB:
             for topic in frames[frames.index(b"", 2) + 1 :]:
                 subscribers.setdefault(topic, []).append(peer)
-        elif verb == b"READY":
+        elif verb == READY:
             workers.append(peer)
-            router.send_multipart([peer, b"OK", b"ID", b"r"])
-        elif verb == b"CONNECT":
-            router.send_multipart([peer, b"OK", b"ID", b"c"])
+            router.send_multipart([peer, OK, ID, b"r"])
+        elif verb == CONNECT:
+            router.send_multipart([peer, OK, ID, b"c"])
 
 
 def proxy_main(port_in: int, port_out: int) -> None:
@@ -257,7 +288,7 @@ def zmq_subscribers(endpoint: str, n: int, flavour: str, curve: Any, ready: Any,
             sock = dealer(context, endpoint, curve)
             if flavour == "mc0":
                 mc0_connect(sock)
-            sock.send_multipart([b"SUB", b"ID", b"s", b"", b"bench"])
+            sock.send_multipart([SUB, ID, b"s", b"", b"bench"])
             if flavour == "mc0":
                 sock.poll(10_000) and sock.recv_multipart()
         sockets.append(sock)
@@ -309,7 +340,7 @@ def zmq_publisher(endpoint: str, flavour: str, size: int, seconds: float, curve:
     sock = dealer(context, endpoint, curve)
     if flavour == "mc0":
         mc0_connect(sock)
-    frames = [b"PUT", b"TOPIC", b"bench", b"", body]
+    frames = [PUT, TOPIC, b"bench", b"", body]
     go.wait(30)
     time.sleep(0.2)
     end = time.monotonic() + seconds
@@ -318,9 +349,9 @@ def zmq_publisher(endpoint: str, flavour: str, size: int, seconds: float, curve:
         for _ in range(PACE - 1):
             sock.send_multipart(frames)
         batch += 1
-        sock.send_multipart([b"PUT", b"TOPIC", b"bench", b"ID", str(batch).encode(), b"", body])
+        sock.send_multipart([PUT, TOPIC, b"bench", ID, str(batch).encode(), b"", body])
         while sock.poll(10_000):
-            if sock.recv_multipart()[0] == b"OK":
+            if sock.recv_multipart()[0] == OK:
                 break
     time.sleep(0.5)
     sock.close(linger=5000)
@@ -389,7 +420,7 @@ def zmq_workers(endpoint: str, n: int, flavour: str, curve: Any, ready: Any) -> 
         sock = dealer(context, endpoint, curve)
         if flavour == "mc0":
             mc0_connect(sock)
-        sock.send_multipart([b"READY", b"ID", b"r", b"CAPACITY", b"1000", b"", b"bench"])
+        sock.send_multipart([READY, ID, b"r", CAPACITY, b"1000", b"", b"bench"])
         sock.poll(10_000) and sock.recv_multipart()
         sockets.append(sock)
     ready.set()
@@ -403,10 +434,10 @@ def zmq_workers(endpoint: str, n: int, flavour: str, curve: Any, ready: Any) -> 
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if frames[0] != b"REQUEST":
+                if frames[0] != REQUEST:
                     continue
-                rid = frames[frames.index(b"ID") + 1]
-                sock.send_multipart([b"FINAL", b"ID", rid, b"", frames[-1]])
+                rid = frames[frames.index(ID) + 1]
+                sock.send_multipart([FINAL, ID, rid, b"", frames[-1]])
 
 
 def zmq_rpc_client(
@@ -417,7 +448,7 @@ def zmq_rpc_client(
     if flavour == "mc0":
         mc0_connect(sock)
     body = b"x" * BODY
-    extra = [b"ALL", b"1"] if scatter else []
+    extra = [ALL, b"1"] if scatter else []
     sent: dict[bytes, float] = {}
     latencies: list[float] = []
     seq = 0
@@ -427,7 +458,7 @@ def zmq_rpc_client(
         seq += 1
         rid = str(seq).encode()
         sent[rid] = time.perf_counter()
-        sock.send_multipart([b"REQUEST", b"SERVICE", b"bench", b"ID", rid, b"TIMEOUT", b"30000", *extra, b"", body])
+        sock.send_multipart([REQUEST, SERVICE, b"bench", ID, rid, TIMEOUT, b"30000", *extra, b"", body])
 
     started = time.perf_counter()
     end = time.monotonic() + seconds
@@ -437,7 +468,7 @@ def zmq_rpc_client(
         if not sock.poll(10_000):
             break
         frames = sock.recv_multipart()
-        if frames[0] != b"FINAL":
+        if frames[0] != FINAL:
             continue
         rid = frames[2]
         latencies.append(time.perf_counter() - sent.pop(rid))
@@ -732,9 +763,9 @@ def idle_peers_main(endpoint: str, clients: int, workers: int, curve: Any, ready
     sockets = []
     for i in range(clients + workers):
         sock = dealer(context, endpoint, curve)
-        sock.send_multipart([b"CONNECT", b"VERSION", b"1.0", b"TTL", b"5000", b"ID", b"c"])
+        sock.send_multipart([CONNECT, VERSION, b"1.0", TTL, b"5000", ID, b"c"])
         if i >= clients:
-            sock.send_multipart([b"READY", b"", b"idle.service"])
+            sock.send_multipart([READY, b"", b"idle.service"])
         sockets.append(sock)
     for sock in sockets:
         sock.poll(30_000) and sock.recv_multipart()
@@ -742,7 +773,7 @@ def idle_peers_main(endpoint: str, clients: int, workers: int, curve: Any, ready
     while True:
         time.sleep(5.0)
         for sock in sockets:
-            sock.send_multipart([b"NOOP"])
+            sock.send_multipart([NOOP])
             while sock.poll(0):
                 sock.recv_multipart()
 
