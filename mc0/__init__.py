@@ -6,7 +6,8 @@ has their asyncio twins under the same names), the values :class:`Message`,
 rooted at :class:`Error`.
 """
 
-from .broker import Broker, BrokerThread
+from typing import TYPE_CHECKING, Any
+
 from .client import Client, ReplyStream, Subscription, Worker
 from .errors import (
     AuthFailed,
@@ -35,7 +36,20 @@ from .errors import (
 )
 from .message import Ack, FetchResult, Message, Record, Reply, Request
 
+if TYPE_CHECKING:
+    from .broker import Broker, BrokerThread
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The broker loads on first use: a client process never imports it.
+    if name in ("Broker", "BrokerThread"):
+        from . import broker
+
+        return getattr(broker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Ack",

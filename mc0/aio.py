@@ -31,7 +31,6 @@ import zmq.utils.monitor
 
 from . import keys as keyfiles
 from . import protocol as P
-from .config import ENV_BROKER_KEY, ENV_KEY, ClientConfig
 from .errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
 from .message import Ack, FetchResult, Message, Record, Reply, Request
 from .protocol import JOURNAL_SERVICE, Command, Header, Limits, Status, Verb, parse_journal_page
@@ -50,6 +49,7 @@ from .session import (
     Work,
     answer_error,
 )
+from .settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
 
 log = logging.getLogger("mc0.client")
 _HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)

@@ -404,7 +404,7 @@ def stats(
     conn: Connection,
 ) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
-    from .core import BROKER_SERVICE
+    from .protocol import BROKER_SERVICE
 
     with conn.client() as client:
         reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
@@ -590,11 +590,16 @@ def keys_revoke(name: str, allowed_dir: str | None, config_path: str | None) -> 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`)."""
-    from .bench import main as bench_main
+    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`).
 
+    The harness lives in the source checkout (benchmarks/, run by scripts/bench.py), not in the package."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+    if not script.is_file():
+        raise Error(f"mc0 bench runs {script} from a source checkout of mc0; it is not there")
     args = ["--help" if a == "--help-bench" else a for a in ctx.args]
-    sys.exit(bench_main(args))
+    sys.exit(subprocess.call([sys.executable, str(script), *args]))
 
 
 @cli.command()
@@ -637,8 +642,8 @@ def pipeline(
 ) -> None:
     """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
     try:
-        from . import pipeline as job
         from .spark import make_session
+        from .spark import pipeline as job
     except ImportError as exc:
         raise Error(f"the pipeline needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
     from rich.console import Console
@@ -693,7 +698,7 @@ def pipeline(
 def report(input_dir: str, output_dir: str | None) -> None:
     """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
     try:
-        from .report import build_report
+        from .spark.report import build_report
     except ImportError as exc:
         raise Error(f"the report needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
     written = build_report(input_dir, output_dir or os.path.join(input_dir, "report"))

@@ -20,11 +20,11 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from . import aio
-from .config import ClientConfig
 from .errors import ClosedError
 from .keys import KeyPair
 from .message import Ack, FetchResult, Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
+from .settings import ClientConfig
 
 R = TypeVar("R")
 

@@ -1,9 +1,10 @@
-"""Configuration: TOML (stdlib ``tomllib``) -> frozen dataclasses.
+"""Configuration: TOML (stdlib ``tomllib``) -> the frozen dataclasses of :mod:`mc0.settings`.
 
 Contract: ``load(path)`` returns a :class:`Config` or raises
 :class:`mc0.errors.ConfigError` naming the file and the dotted key (unknown
 keys, wrong types and out-of-range values are all errors).  ``Config()`` is the
 embedded defaults.  Field bounds live in each field's ``metadata["min"]``.
+The settings classes are re-exported here for existing imports.
 """
 
 from __future__ import annotations
@@ -12,71 +13,44 @@ import dataclasses
 import os
 import tomllib
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .core import CoreSettings
 from .errors import ConfigError
-from .journal import JournalSettings
 from .permissions import Permissions
+from .settings import (
+    DEFAULT_ENDPOINT,
+    ENV_BROKER_KEY,
+    ENV_CONFIG,
+    ENV_ENDPOINT,
+    ENV_KEY,
+    BrokerConfig,
+    ClientConfig,
+    Config,
+    CoreSettings,
+    JournalSettings,
+    SecurityConfig,
+)
 from .topics import split_pattern
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"  # the port of the original mc0d
-
-ENV_ENDPOINT = "MC0_ENDPOINT"
-ENV_CONFIG = "MC0_CONFIG"
-ENV_KEY = "MC0_KEY"
-ENV_BROKER_KEY = "MC0_BROKER_KEY"
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerConfig(CoreSettings):
-    bind: tuple[str, ...] = (DEFAULT_ENDPOINT,)
-    # Outgoing queue per peer (ZMQ_SNDHWM); beyond it sends to that peer are
-    # dropped and counted (see CoreSettings.slow_consumer_ms).
-    send_hwm: int = field(default=10_000, metadata={"min": 1})
-
-
-@dataclass(frozen=True, slots=True)
-class SecurityConfig:
-    """The broker's CURVE setup (``curve = false`` is ``mc0 broker --insecure``)."""
-
-    curve: bool = True
-    keys_dir: str = "keys"
-    allowed_dir: str = "keys/allowed"
-    # NAME of a keypair in keys_dir (created on first start if absent), or a path to NAME.key_secret.
-    broker_key: str = "broker"
-    # How often the allowed folder is checked for changes (revocation takes effect within this).
-    reload_ms: int = field(default=500, metadata={"min": 10})
-
-
-@dataclass(frozen=True, slots=True)
-class ClientConfig:
-    endpoint: str = DEFAULT_ENDPOINT
-    ttl_ms: int = field(default=5_000, metadata={"min": 1})
-    timeout_ms: int = field(default=5_000, metadata={"min": 1})
-    request_timeout_ms: int = field(default=30_000, metadata={"min": 1})
-    # This client's secret key (NAME.key_secret path) and the broker's public key
-    # (NAME.key path); both empty = no CURVE. Overridden by MC0_KEY / MC0_BROKER_KEY.
-    key: str = field(default="", metadata={"empty": True})
-    broker_key: str = field(default="", metadata={"empty": True})
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    broker: BrokerConfig = field(default_factory=BrokerConfig)
-    client: ClientConfig = field(default_factory=ClientConfig)
-    security: SecurityConfig = field(default_factory=SecurityConfig)
-    permissions: Permissions = field(default_factory=Permissions)
-    # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.journal).
-    journals: dict[str, JournalSettings] = field(default_factory=dict)
-
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "ENV_BROKER_KEY",
+    "ENV_CONFIG",
+    "ENV_ENDPOINT",
+    "ENV_KEY",
+    "BrokerConfig",
+    "ClientConfig",
+    "Config",
+    "CoreSettings",
+    "JournalSettings",
+    "SecurityConfig",
+    "load",
+    "load_default",
+    "parse",
+]
 
 C = TypeVar("C")
-
-# Integer settings must be at least 1 unless listed here (pure modules stay free of config concerns).
-_MINIMUMS: dict[str, int] = {"slow_consumer_ms": 0}
 
 
 def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
@@ -114,7 +88,7 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         elif kind is int:
             if not isinstance(raw, int) or isinstance(raw, bool):
                 raise ConfigError(path, f"must be an integer, got {raw!r}")
-            minimum = known[key].metadata.get("min", _MINIMUMS.get(key, 1))
+            minimum = known[key].metadata.get("min", 1)  # integers are at least 1 unless a field says
             if raw < minimum:
                 raise ConfigError(path, f"must be at least {minimum}, got {raw}")
             values[key] = raw

@@ -157,6 +157,8 @@ FULL_VERSION = "1.0"
 VERSIONS = SEED_VERSIONS | {FULL_VERSION}
 
 ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
+BROKER_SERVICE = "mc0.broker"  # built-in: stats / services / topics / peers reports
+MMI_SERVICE = "mmi.service"  # built-in: Majordomo's MMI (is a service served? 200 / 404)
 JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request

@@ -7,8 +7,11 @@ python scripts/bench.py --only RPC --runs 5 --json out.json
 """
 
 import sys
+from pathlib import Path
 
-from mc0.bench import main
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: benchmarks/ is not installed
+
+from benchmarks.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,8 +6,11 @@ python scripts/bench_journal.py --no-spark --runs 1  # the append rates only
 """
 
 import sys
+from pathlib import Path
 
-from mc0.bench_journal import main
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: benchmarks/ is not installed
+
+from benchmarks.journal import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

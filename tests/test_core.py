@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mc0 import protocol as P
-from mc0.core import CLOSE_WAIT_LIMIT, BrokerCore, CoreSettings
+from mc0.broker.core import CLOSE_WAIT_LIMIT, BrokerCore, CoreSettings
 from mc0.protocol import Limits
 
 
@@ -108,7 +108,7 @@ def test_a_routing_id_that_changed_hands_gets_nothing_of_the_old_session() -> No
     assert core.handle(b"pub", f("PUT", "TOPIC", "secret", "", "x"), 0.0) == []
     ((_, frames),) = connect(core, b"victim", who="mallory")
     assert frames[:3] == f("OK", "ID", "c")  # mallory may hold the name, with an empty session of her own
-    assert core.sessions[b"victim"].identity == "mallory" and not core.sessions[b"victim"].patterns
+    assert core.sessions[b"victim"].identity == "mallory" and not core.pubsub.patterns_of(core.sessions[b"victim"])
 
 
 def test_a_new_connection_on_a_routing_id_replaces_the_session_and_a_closed_one_goes_at_once() -> None:

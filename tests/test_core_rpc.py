@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from mc0 import mdp
 from mc0 import protocol as P
-from mc0.core import BrokerCore, CoreSettings
+from mc0.broker import mdp
+from mc0.broker.core import BrokerCore, CoreSettings
 from mc0.protocol import Side
 
 
@@ -299,4 +299,4 @@ def test_bad_rpc_input_is_answered_and_changes_nothing() -> None:
     for frames, code in cases:
         assert only(net.send("c", *frames), "c").headers["CODE"] == code, frames
     assert set(net.core.services) == {"s"}
-    assert net.core.sessions[b"c"].requests == {}
+    assert not net.core.rpc.has_requests(net.core.sessions[b"c"])

@@ -1,4 +1,7 @@
-"""The journal on real files (a fake wall clock), and the broker core with journals (no sockets)."""
+"""The journal on real files (a fake wall clock), and the broker core with journals (no sockets).
+
+The core's tests use the in-memory store (the core only sees the JournalStore
+port); those about disk failures under the core use the real files."""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from mc0 import protocol as P
+from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.journal import Journal, JournalSettings, Trimmed
+from mc0.broker.store import JournalStore, MemoryStore
 from mc0.config import parse
-from mc0.core import BrokerCore, CoreSettings
 from mc0.errors import ConfigError
-from mc0.journal import Journal, JournalSettings, Trimmed
 
 from .conftest import headers_of, payload_of
 from .test_core import connect, f
@@ -195,9 +199,14 @@ def test_journal_config_loads() -> None:
 
 
 def core_with(
-    tmp_path: Path, topics: tuple[str, ...] = ("orders.>",), **settings: object
-) -> tuple[BrokerCore, Journal]:
-    j = journal(tmp_path, topics=topics, **settings)
+    tmp_path: Path, topics: tuple[str, ...] = ("orders.>",), *, files: bool = False, **settings: object
+) -> tuple[BrokerCore, JournalStore]:
+    """A core with one journal: in memory, or (``files``) the real store on disk."""
+    j: JournalStore
+    if files:
+        j = journal(tmp_path, topics=topics, **settings)
+    else:
+        j = MemoryStore("main", JournalSettings(topics=topics, **settings))  # type: ignore[arg-type]
     core = BrokerCore(CoreSettings(), journals=[j], wall_offset=1000.0)
     for rid in (b"pub", b"sub"):
         connect(core, rid, who=rid.decode())
@@ -233,7 +242,8 @@ def test_a_repeated_msgid_is_acknowledged_duplicate_and_not_delivered_again(tmp_
 
 
 def test_a_failed_write_answers_507_not_ok(tmp_path: Path) -> None:
-    core, j = core_with(tmp_path)
+    core, j = core_with(tmp_path, files=True)
+    assert isinstance(j, Journal)
     handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "a", "", "x"), 0.0)
     os.close(j._segments[-1].fd)
     out = core.commit()
@@ -448,7 +458,8 @@ def test_sample_configs_document_the_journal_defaults() -> None:
 
 
 def test_a_disk_error_while_appending_with_fsync_always_is_507_and_the_core_carries_on(tmp_path: Path) -> None:
-    core, j = core_with(tmp_path, fsync="always")
+    core, j = core_with(tmp_path, files=True, fsync="always")
+    assert isinstance(j, Journal)
     os.close(j._segments[-1].fd)  # the disk goes away under the journal
     out = handle(core, b"pub", f("PUT", "TOPIC", "orders.1", "ID", "a", "", "x"), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "a", "CODE", "507")
@@ -457,7 +468,7 @@ def test_a_disk_error_while_appending_with_fsync_always_is_507_and_the_core_carr
 
 
 def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path) -> None:
-    core, j = core_with(tmp_path)
+    core, j = core_with(tmp_path, files=True)
     for i in range(3):
         handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
     core.commit()

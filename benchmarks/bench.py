@@ -40,9 +40,9 @@ from typing import Any
 
 import zmq
 
-from . import keys as keyfiles
-from .process import BrokerProcess
-from .protocol import Header, Verb
+from mc0 import keys as keyfiles
+from mc0.process import BrokerProcess
+from mc0.protocol import Header, Verb
 
 # mc0 frames, spelled by protocol.py: the load generators and the raw baseline
 # speak them over bare sockets, so that only the broker differs between rows.
@@ -755,7 +755,7 @@ def run_scenario(spec: dict[str, Any], options: Options, curve: Any, say: Callab
 
 def idle_peers_main(endpoint: str, clients: int, workers: int, curve: Any, ready: Any) -> None:
     """Idle clients and workers that heartbeat every TTL (5 s), as real ones would."""
-    from .broker import raise_fd_limit
+    from mc0.broker.server import raise_fd_limit
 
     raise_fd_limit()
     context: zmq.Context[Any] = zmq.Context()
@@ -823,8 +823,8 @@ def resources(options: Options, curve: Any, say: Callable[[str], None]) -> list[
 
 
 def trie_rows(options: Options, say: Callable[[str], None]) -> list[Row]:
-    from .topics import pattern_matches
-    from .trie import TopicTrie
+    from mc0.topics import pattern_matches
+    from mc0.trie import TopicTrie
 
     rng = random.Random(7)
     words = [f"w{i}" for i in range(40)]

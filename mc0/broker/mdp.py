@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import ProtocolError
-from .protocol import Dialect, Status
+from ..errors import ProtocolError
+from ..protocol import Dialect, Status
 
 CLIENT = b"MDPC02"
 WORKER = b"MDPW02"

@@ -1,6 +1,8 @@
-"""Journal: an append-only, segmented, replayable log of PUTs, one per configured name.
+"""Journal: the file-backed journal store, an append-only, segmented, replayable log of PUTs.
 
-Contract: the constructor does no I/O; ``open()`` scans the folder, checks
+Implements :class:`mc0.broker.store.JournalStore`; the broker shell opens,
+owns and closes it, the core only appends, commits and reads through that
+port.  Contract: the constructor does no I/O; ``open()`` scans the folder, checks
 every record's CRC and truncates a torn tail (a crash mid-write), then
 ``append`` gives each record the next sequence number (1, 2, ...).  What
 ``append`` returns is *written* only after ``commit()`` (the broker commits
@@ -39,16 +41,18 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import Error
-from .message import Record
-from .protocol import Header
+from ..errors import Error
+from ..message import Record
+from ..protocol import Header
+from ..settings import FSYNC_POLICIES, JournalSettings
+from .store import Trimmed
+
+__all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalSettings", "Trimmed"]
 
 log = logging.getLogger("mc0.journal")
 
-FSYNC_POLICIES = ("always", "batch", "never")
 SEGMENT_SUFFIX = ".seg"
 
 _HEAD = struct.Struct("<IIQd")
@@ -58,33 +62,6 @@ _HEADER = struct.Struct("<HI")
 _PART = struct.Struct("<I")
 # A length field beyond this is corruption, not a record (the broker's frame limit is far below).
 _MAX_PAYLOAD = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class JournalSettings:
-    """One ``[journals.NAME]`` table of the config file."""
-
-    topics: tuple[str, ...] = (">",)  # patterns whose PUTs are journaled
-    folder: str = field(default="", metadata={"empty": True})  # "" = var/journal/NAME
-    segment_bytes: int = field(default=64 * 1024 * 1024, metadata={"min": 4096})
-    max_bytes: int = field(default=1024 * 1024 * 1024, metadata={"min": 0})  # 0 = no size limit
-    max_age_s: int = field(default=7 * 24 * 3600, metadata={"min": 0})  # 0 = no age limit
-    fsync: str = field(default="batch", metadata={"choices": FSYNC_POLICIES})
-    dedup_window_s: int = field(default=120, metadata={"min": 0})  # 0 = no dedup
-    dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
-
-    def path(self, name: str) -> Path:
-        return Path(self.folder or os.path.join("var", "journal", name))
-
-
-class Trimmed(Error, LookupError):
-    """A read started before the first retained record (the wire answer is 410)."""
-
-    def __init__(self, journal: str, asked: int, first: int) -> None:
-        super().__init__(f"journal {journal}: seq {asked} was trimmed by retention; the first kept is {first}")
-        self.journal = journal
-        self.asked = asked
-        self.first = first
 
 
 class JournalError(Error, OSError):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .process import BrokerProcess
+from mc0.process import BrokerProcess
 
 POLICIES = ("always", "batch", "never")
 
@@ -34,7 +34,7 @@ def _config(folder: Path, fsync: str | None) -> str:
 
 async def _publish(endpoint: str, count: int, size: int, window: int) -> float:
     """Confirmed PUTs with ``window`` in flight; returns messages per second."""
-    from .aio import Client
+    from mc0.aio import Client
 
     body = b"x" * size
     async with Client(endpoint, timeout=30) as client:
@@ -60,8 +60,8 @@ def put_rates(count: int, size: int, window: int, runs: int, say: Any) -> dict[s
 
 def spark_rates(count: int, size: int, runs: int, say: Any) -> dict[str, list[float]]:
     """Rows/s of spark.read.format('mc0') over ``count`` records vs the client's own fetch loop."""
-    from .client import Client
-    from .spark import make_session
+    from mc0.client import Client
+    from mc0.spark import make_session
 
     rates: dict[str, list[float]] = {"client fetch": [], "spark read": []}
     with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp:

@@ -1,4 +1,4 @@
-"""Broker: the ROUTER socket and poller loop around :class:`mc0.core.BrokerCore`.
+"""Broker: the ROUTER socket and poller loop around :class:`mc0.broker.core.BrokerCore`.
 
 Contract: the constructor does no I/O; ``bind()`` loads (or on first start
 creates) the broker's CURVE keypair, loads the allowed-keys folder, starts
@@ -33,13 +33,14 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from . import keys as keyfiles
-from .config import Config, load
-from .core import BrokerCore, Out, StreamOut
-from .errors import ConfigError
+from .. import keys as keyfiles
+from ..config import Config, load
+from ..errors import ConfigError
+from ..protocol import ANONYMOUS
+from ..security import AllowedKeys, ZapHandler, configure_server
+from .core import BrokerCore, Out
 from .journal import Journal
-from .protocol import ANONYMOUS
-from .security import AllowedKeys, ZapHandler, configure_server
+from .streams import StreamOut
 
 log = logging.getLogger("mc0.broker")
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import Error
+from ..errors import Error
 
 MAX_TOPIC_LINES = 8
 

@@ -18,7 +18,7 @@ and, per micro-batch (``foreachBatch``):
 With the source's checkpoint this is exactly-once: a batch that ran halfway
 is replayed with the same records and overwrites what it wrote.  Minutes are
 UTC.  Records on ``mc0.rollup.*`` are not counted (the job would otherwise
-feed itself).  Runs under ``mc0 pipeline`` or ``spark-submit`` (this file).
+feed itself).  Runs under ``mc0 pipeline``, or ``spark-submit`` of :mod:`mc0.spark.submit`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mc0.protocol import SYS_RPC_TOPIC
+from ..protocol import SYS_RPC_TOPIC
 
 ROLLUP_PREFIX = "mc0.rollup."
 RPC_TOPIC = SYS_RPC_TOPIC
@@ -80,7 +79,7 @@ class PipelineOptions:
 def check_source(options: PipelineOptions) -> None:
     """Fail here, in one line, rather than as a stack trace from inside the query:
     a bad option, an unreachable broker, a refused key or an unknown journal."""
-    from mc0.spark import ReadSettings
+    from .options import ReadSettings
 
     ReadSettings.from_options(options.source_options()).head()
 
@@ -152,7 +151,7 @@ class Publisher:
 
     def publish(self, table: str, minute_key: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
         if self._client is None:
-            from mc0.client import Client
+            from ..client import Client
 
             extra: dict[str, Any] = {}
             if self.options.key:
@@ -205,7 +204,7 @@ def run(
     spark: Any, options: PipelineOptions, on_progress: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, int]:
     """Run the streaming job until it ends (``once``) or is interrupted; returns totals."""
-    from mc0.errors import Error
+    from ..errors import Error
 
     check_source(options)
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
@@ -249,19 +248,3 @@ def _cause(text: str) -> str:
         if match and not match.group(1).startswith(("org.", "java.", "pyspark.")):
             return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
     return text.strip().splitlines()[0] if text.strip() else "unknown error"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``spark-submit .../mc0/pipeline.py [mc0 pipeline options]``:
-    the master comes from spark-submit unless ``--master`` is given."""
-    from mc0.cli import main as cli_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--master" not in args:
-        args = ["--master", "submit", *args]
-    cli_main(["pipeline", *args])  # exits with the command's status
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

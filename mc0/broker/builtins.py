@@ -1,0 +1,182 @@
+"""The broker's own services: ``mc0.broker`` (reports), ``mmi.service`` (MDP's MMI) and ``mc0.journal``.
+
+Contract: ``answer(client, name, rid, user, body)`` answers one admitted
+request to a built-in service, rendered in the client's dialect: a report
+as JSON, ``200``/``404`` for MMI, a journal's ``info``, or a ``fetch``
+started on the streams room (its pages follow from ``Streams.stream``).  A
+malformed body is an ERROR answer, never an exception.  Reads every room,
+changes none but the streams room's fetches.  No sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+from ..errors import InvalidTopic, ProtocolError
+from ..permissions import ALLOW_ALL
+from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
+from ..topics import pattern_matches, split_pattern
+from .peers import Out, Peer, PeerTable
+from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
+from .rpc import Rpc
+from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams
+
+BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
+RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
+REPORT_OPS = ("stats", "services", "topics", "peers")
+
+
+class Builtins:
+    def __init__(self, peers: PeerTable, pubsub: PubSub, rpc: Rpc, streams: Streams, counters: Counter[str]) -> None:
+        self.peers = peers
+        self.pubsub = pubsub
+        self.rpc = rpc
+        self.streams = streams
+        self.counters = counters
+
+    def answer(self, client: Peer, name: str, rid: str, user: dict[str, str], body: Sequence[bytes]) -> list[Out]:
+        text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
+        dialect = client.dialect
+        if name == MMI_SERVICE:
+            service = self.rpc.services.get(text)
+            known = service is not None and bool(service.workers)
+            answer = b"200" if known or text in RESERVED_SERVICES else b"404"
+            return [(client.routing_id, dialect.final(rid, name, {}, user, [answer]))]
+        if name == JOURNAL_SERVICE:
+            try:
+                return self._journal(client, rid, user, text)
+            except ProtocolError as exc:
+                return [(client.routing_id, dialect.error(rid, name, exc.code, exc.reason))]
+        op = text
+        if text.startswith("{"):
+            try:
+                op = str(json.loads(text).get("op", ""))
+            except (ValueError, AttributeError):
+                op = ""
+        report = self.report(op)
+        if report is None:
+            reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}"
+            return [(client.routing_id, dialect.error(rid, name, Status.BAD_REQUEST, reason))]
+        data = json.dumps(report, sort_keys=True).encode()
+        return [(client.routing_id, dialect.final(rid, name, {}, user, [data]))]
+
+    def _journal(self, client: Peer, rid: str, user: dict[str, str], text: str) -> list[Out]:
+        """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
+
+        fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
+        "topics": [pattern...], "max_records": n, "max_bytes": m}``.  Each
+        PARTIAL's body is a JSON list of record metadata (seq, ts, topic,
+        sender, headers, parts = how many body frames follow) then the body
+        frames; the FINAL's JSON says ``next_seq`` (where to continue),
+        ``records`` and the journal's ``first_seq``/``end_seq``.  Only records
+        the caller may subscribe to are returned.  Deterministic; 410 when
+        ``from_seq`` was trimmed.
+        """
+        journals = self.streams.journals
+        try:
+            query = json.loads(text) if text.startswith("{") else {"op": text}
+        except ValueError:
+            raise ProtocolError(Status.BAD_REQUEST, "body must be JSON or an op name", rid) from None
+        if not isinstance(query, dict):
+            raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
+        op = query.get("op")
+        if op == "info":
+            data = {n: j.info() for n, j in journals.items()}
+            final = client.dialect.final(rid, JOURNAL_SERVICE, {}, user, [json.dumps(data).encode()])
+            return [(client.routing_id, final)]
+        if op != "fetch":
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: info, fetch", rid)
+        journal = journals.get(str(query.get("journal", "")))
+        if journal is None:
+            known = ", ".join(journals) or "none configured"
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid
+            )
+
+        def integer(key: str, default: int | None, low: int, high: int) -> int | None:
+            value = query.get(key, default)
+            if value is None:
+                return None
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
+            return value
+
+        from_seq = integer("from_seq", 0, 0, 1 << 62) or 0
+        to_seq = integer("to_seq", None, 0, 1 << 62)
+        max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
+        max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
+        raw_topics = query.get("topics") or []
+        if isinstance(raw_topics, str):
+            raw_topics = [raw_topics]
+        if not isinstance(raw_topics, list) or not all(isinstance(t, str) for t in raw_topics):
+            raise ProtocolError(Status.BAD_REQUEST, "topics must be a list of patterns", rid)
+        try:
+            wanted = [split_pattern(t) for t in raw_topics]
+        except InvalidTopic as exc:
+            raise topic_error(exc, rid) from None
+        grants = client.grants
+        filtered = bool(wanted) or grants is not ALLOW_ALL
+        verdicts: dict[str, bool] = {}
+        tokens_of = self.pubsub.tokens_of
+
+        def match(topic: str) -> bool:
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                tokens = tokens_of(topic)
+                verdict = (
+                    tokens is not None
+                    and (not wanted or any(pattern_matches(p, tokens) for p in wanted))
+                    and grants.may_subscribe(tokens)
+                    and grants.delivers(tokens)
+                )
+                if len(verdicts) < TOPIC_CACHE_SIZE:
+                    verdicts[topic] = verdict
+            return verdict
+
+        self.streams.start_fetch(
+            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes
+        )
+        return []  # pages follow from stream(), one per loop turn
+
+    def report(self, op: str) -> object | None:
+        """The data behind ``mc0.broker`` ops (None for an unknown op)."""
+        rpc = self.rpc
+        if op == "services":
+            return {name: rpc.service_report(s) for name, s in sorted(rpc.services.items())}
+        if op == "topics":
+            return self.pubsub.report()
+        if op == "peers":
+            rows = []
+            for peer in self.peers.by_id.values():
+                state = rpc.worker_state(peer)
+                rows.append(
+                    {
+                        "name": peer.name,
+                        "identity": peer.identity,
+                        "protocol": peer.version,
+                        "kind": peer.dialect.name,
+                        "ttl_ms": round(peer.ttl * 1000),
+                        "subscriptions": self.pubsub.count_of(peer),
+                        "delivered": peer.delivered,
+                        "dropped": peer.drops,
+                        "services": list(state.services) if state else [],
+                        "capacity": state.capacity if state else 0,
+                        "in_flight": len(state.jobs) if state else 0,
+                        "served": state.served if state else 0,
+                        "requests_outstanding": len(rpc.requests.get(peer, ())),
+                    }
+                )
+            return rows
+        if op == "stats":
+            return {
+                "peers": len(self.peers),
+                "subscriptions": len(self.pubsub.subscriptions),
+                "services": len(rpc.services),
+                "queued": sum(len(s.queue) for s in rpc.services.values()),
+                "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
+                "counters": dict(sorted(self.counters.items())),
+                "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
+            }
+        return None

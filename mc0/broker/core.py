@@ -1,0 +1,635 @@
+"""BrokerCore: the dispatcher that owns the verb table and ties the broker's rooms together.
+
+Contract: ``handle(routing_id, frames, now, identity, fd)`` and ``tick(now)``
+map input to a list of ``(routing_id, frames)`` to send; the shell
+(:mod:`mc0.broker.server`) performs those sends and reports failures back
+through ``send_failed``.  ``now`` is monotonic seconds supplied by the
+shell, so every timing rule (heartbeats, expiry, deadlines, slow consumers)
+is testable without sleeps.  No sockets, no clock, no disk: journals are
+reached through the :class:`~mc0.broker.store.JournalStore` port.
+
+A peer's input can never raise out of ``handle``: every malformed message is
+answered with ERROR (or, for MDP peers, which have no error reply, dropped)
+and counted.
+
+The rooms, each owning one kind of state: :mod:`.peers` (connections,
+liveness), :mod:`.pubsub` (subscriptions, fan-out), :mod:`.rpc` (services,
+workers, requests, through the :mod:`.jobs` state machine), :mod:`.streams`
+(journal appends, replays, fetches), :mod:`.builtins` (the broker's own
+services) and :mod:`.telemetry` (records about the broker itself, which
+this dispatcher publishes).  Forgetting a peer is the one operation that
+crosses every room; it is here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from .. import protocol as P
+from ..errors import ProtocolError
+from ..permissions import Permissions
+from ..protocol import BROKER_SERVICE, MMI_SERVICE, Command, Header, Side, Status, Verb
+from ..settings import CoreSettings
+from ..topics import split_topic
+from ..trie import TopicTrie
+from . import mdp, telemetry
+from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from .peers import CLOSE_WAIT_LIMIT, Out, Peer, PeerTable, generated_routing_id
+from .pubsub import PubSub
+from .rpc import Rpc, Service
+from .store import JournalStore
+from .streams import StreamOut, Streams, primary
+from .telemetry import BROKER_SENDER, PeerEvent, TelemetryRecord
+
+__all__ = [
+    "BROKER_SERVICE",
+    "CLOSE_WAIT_LIMIT",
+    "MMI_SERVICE",
+    "BrokerCore",
+    "CoreSettings",
+    "Out",
+    "Peer",
+    "StreamOut",
+]
+
+log = logging.getLogger("mc0.broker")
+
+Handler = Callable[[Peer, Command, float], list[Out]]
+
+
+class BrokerCore:
+    def __init__(
+        self,
+        settings: CoreSettings | None = None,
+        permissions: Permissions | None = None,
+        *,
+        generated_ids_only: bool = False,
+        journals: Sequence[JournalStore] = (),
+        wall_offset: float = 0.0,
+    ) -> None:
+        """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id.
+
+        ``journals`` are opened by the caller (the shell owns them); the core
+        appends to them and ``commit()`` makes the appends durable, through the
+        :class:`JournalStore` port.  ``wall_offset`` turns ``now`` (monotonic)
+        into wall-clock time for telemetry records and retention.
+        """
+        self.settings = settings or CoreSettings()
+        self.permissions = permissions or Permissions()
+        self.generated_ids_only = generated_ids_only
+        self.wall_offset = wall_offset
+        self.counters: Counter[str] = Counter()
+        self.peers = PeerTable()
+        self.pubsub = PubSub(self.settings.limits, self.counters)
+        self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
+        self.rpc = Rpc(
+            self.settings,
+            self.counters,
+            is_current=self.peers.is_current,
+            wants_telemetry=lambda: self._wanted(P.SYS_RPC_TOPIC),
+        )
+        self.builtins = Builtins(self.peers, self.pubsub, self.rpc, self.streams, self.counters)
+        self._sys_topics = {t: split_topic(t) for t in (P.SYS_RPC_TOPIC, P.SYS_PEER_TOPIC)}
+        # The verb table: what a connected mc0 peer's command does.
+        self._verbs: dict[Verb, Handler] = {
+            Verb.PUT: self._put,
+            Verb.REQUEST: self._request,
+            Verb.PARTIAL: self._worker_reply,
+            Verb.FINAL: self._worker_reply,
+            Verb.ERROR: self._worker_reply,
+            Verb.NOOP: self._answer,
+            Verb.SUB: self._subscribe,
+            Verb.UNSUB: self._unsubscribe,
+            Verb.READY: self._ready,
+            Verb.CANCEL: self._cancel,
+            Verb.PING: self._ping,
+            Verb.CONNECT: self._reconnect,
+            Verb.DISCONNECT: self._disconnect,
+        }
+
+    # ------------------------------------------------------------ views the shell and reports use
+    @property
+    def sessions(self) -> dict[bytes, Peer]:
+        """Every known peer by routing id."""
+        return self.peers.by_id
+
+    @property
+    def subscriptions(self) -> TopicTrie[Peer]:
+        return self.pubsub.subscriptions
+
+    @property
+    def services(self) -> dict[str, Service]:
+        return self.rpc.services
+
+    @property
+    def journals(self) -> dict[str, JournalStore]:
+        return self.streams.journals
+
+    @property
+    def revoked(self) -> set[str]:
+        return self.peers.revoked
+
+    def report(self, op: str) -> object | None:
+        """The data behind ``mc0.broker`` ops (None for an unknown op)."""
+        return self.builtins.report(op)
+
+    # ================================================================ input
+    def handle(
+        self,
+        routing_id: bytes,
+        frames: Sequence[bytes],
+        now: float,
+        identity: str = P.ANONYMOUS,
+        fd: int | None = None,
+    ) -> list[Out]:
+        """One message from a peer -> what to send.
+
+        ``identity`` is the authenticated identity of *this message* and ``fd``
+        the connection it came on.  A routing id is only a name a peer chose:
+        when either differs from its peer's, the connection behind that
+        routing id changed hands, and the stale peer is forgotten before
+        anything else (nothing of it reaches the newcomer).
+        """
+        self.counters["received"] += 1
+        if identity in self.peers.revoked:
+            self.counters["revoked_dropped"] += 1
+            return []
+        out: list[Out] = []
+        peer = self.peers.get(routing_id)
+        if peer is not None and self.peers.stale(peer, identity, fd):
+            self.counters["routing_id_changed_hands"] += 1
+            out = self._forget(peer, "replaced", now)
+            peer = None
+        if frames and mdp.is_mdp(frames):
+            return out + self._handle_mdp(routing_id, frames, now, identity, fd)
+        if peer is not None:
+            peer.last_recv = now
+        try:
+            command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
+            if peer is None:
+                if command.verb is Verb.CONNECT:
+                    return out + self._connect(routing_id, identity, command, now, fd=fd)
+                if command.verb is Verb.DISCONNECT:
+                    return out + ([(routing_id, P.ok(command.id))] if command.id is not None else [])
+                raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
+            if peer.dialect is not P.MC0_DIALECT:
+                raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
+            if peer.legacy and not P.PEER_GRAMMAR[command.verb].seed:
+                raise ProtocolError(
+                    Status.BAD_REQUEST, f"{command.verb} is not part of protocol {peer.version}", command.id
+                )
+            out += self._verbs[command.verb](peer, command, now)
+        except ProtocolError as exc:
+            out += self._reject(routing_id, peer, frames, exc, now)
+        if self.rpc.finished:
+            out += self._publish_finished(now)
+        return out
+
+    def _reject(
+        self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
+    ) -> list[Out]:
+        self.counters[f"rejected_{exc.code}"] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            shown = " ".join(repr(bytes(f[:32])) for f in frames[:4])
+            who = peer.name if peer is not None else "an unconnected peer"
+            log.debug("%s: %s %s | %s", who, exc.code, exc.reason, shown)
+        if peer is not None:
+            peer.last_sent = now
+        return [(routing_id, P.error(exc.code, exc.reason, exc.request_id))]
+
+    def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        if command.id is None:
+            return []
+        peer.last_sent = now
+        return [(peer.routing_id, P.ok(command.id))]
+
+    def _ping(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        peer.last_sent = now
+        return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
+
+    # ================================================================ connections
+    def _connect(
+        self,
+        routing_id: bytes,
+        identity: str,
+        command: Command,
+        now: float,
+        replacing: Peer | None = None,
+        fd: int | None = None,
+    ) -> list[Out]:
+        """Open a session; a repeated CONNECT replaces the old one only once it is valid."""
+        if self.generated_ids_only and not generated_routing_id(routing_id):
+            raise ProtocolError(
+                Status.BAD_REQUEST,
+                "under CURVE a peer may not choose its routing id (unset ZMQ_ROUTING_ID)",
+                command.id,
+            )
+        version = command.headers[Header.VERSION]
+        if version not in P.VERSIONS:
+            raise ProtocolError(
+                Status.UNSUPPORTED_VERSION,
+                f"version {version[:16]!r} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
+                command.id,
+            )
+        asked = P.parse_int(command, Header.TTL, minimum=1)
+        ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
+        out: list[Out] = []
+        if replacing is not None:
+            out = self._forget(replacing, "reconnected", now)
+            fd = replacing.fd
+        peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT, fd)
+        out += self._open(peer, now)
+        log.info("peer %s connected as %s (protocol %s, ttl %d ms)", peer.name, identity, version, ttl_ms)
+        if command.id is not None:
+            out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms)))
+        return out
+
+    def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer)
+
+    def _disconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        out = self._forget(peer, "disconnected", now)
+        if command.id is not None:
+            out.append((peer.routing_id, P.ok(command.id)))
+        return out
+
+    def _open(self, peer: Peer, now: float) -> list[Out]:
+        peer.grants = self.permissions.grants(peer.identity)
+        self.peers.add(peer, now)
+        self.counters["connects"] += 1
+        return self._peer_event("connect", peer, "", now)
+
+    def _forget(self, peer: Peer, why: str, now: float) -> list[Out]:
+        """Drop a peer and everything it held, in every room; returns what that means for others."""
+        self.peers.remove(peer)
+        self.pubsub.drop_peer(peer)
+        self.streams.drop_peer(peer)
+        self.counters[f"forgotten_{why}"] += 1
+        log.info("peer %s %s", peer.name, why)
+        out = self.rpc.drop_peer(peer, now)
+        out += self._peer_event("disconnect", peer, why, now)
+        return out
+
+    def connection_closed(self, fd: int, now: float) -> None:
+        """The shell saw connection ``fd`` close; its peer goes at ``forget_closed``.
+
+        What that connection sent before it closed may still wait in the
+        shell's socket queue (a worker's FINAL, then its DISCONNECT), so the
+        peer stays until the shell has read the queue empty.  The fd is
+        unbound at once: a new connection may reuse the number before then.
+        """
+        self.peers.connection_closed(fd, now)
+
+    @property
+    def closing(self) -> bool:
+        """Closes are waiting for the shell to read its socket empty."""
+        return self.peers.closing
+
+    def forget_closed(self, now: float, *, drained: bool) -> list[Out]:
+        """Forget the peers of closed connections.
+
+        ``drained``: the shell read its socket empty after those closes were
+        reported, so all they sent has been handled.  Otherwise (a socket that
+        never reads empty under load) only closes older than
+        ``CLOSE_WAIT_LIMIT`` go: fair queueing has read their last messages by then.
+        """
+        out: list[Out] = []
+        for peer in self.peers.closed_peers(now, drained=drained):
+            out += self._forget(peer, "closed", now)
+        return self._with_finished(out, now)
+
+    # ================================================================ pub/sub
+    def _put(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        headers = command.headers
+        topic = headers[Header.TOPIC]
+        tokens = self.pubsub.topic_tokens(topic, command.id)
+        if topic.startswith(P.RESERVED_TOPIC_PREFIX):
+            raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
+        if not peer.grants.may_publish(tokens):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
+        self.counters["published"] += 1
+        journals = self.streams.routes(tokens)
+        if journals:
+            return self._put_journaled(peer, command, topic, tokens, journals, now)
+        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now)
+        if command.id is not None:
+            peer.last_sent = now
+            out.append((peer.routing_id, P.ok(command.id)))
+        return out
+
+    def _put_journaled(
+        self,
+        peer: Peer,
+        command: Command,
+        topic: str,
+        tokens: tuple[str, ...],
+        journals: Sequence[JournalStore],
+        now: float,
+    ) -> list[Out]:
+        """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
+
+        The OK names the first journal (by name) and the record's SEQ there; a
+        repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
+        is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
+        """
+        headers = command.headers
+        first = primary(journals)
+        msgid = headers.get(Header.MSGID)
+        if msgid is not None:
+            earlier = first.duplicate_of(peer.identity, msgid)
+            if earlier is not None:
+                self.counters["duplicates"] += 1
+                if command.id is not None:
+                    ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
+                    self.streams.hold_ok(first, peer.routing_id, command.id, ok)
+                return []
+        stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
+        seq = self.streams.append(journals, first, topic, peer.identity, stored, command.payload)
+        if seq is None:
+            raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
+        self.counters["journaled"] += 1
+        held = self.streams.held_back(journals, tokens)
+        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held)
+        if command.id is not None:
+            peer.last_sent = now
+            self.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
+        return out
+
+    def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        patterns = self.pubsub.parse_patterns(command)  # all validated before any change
+        new = self.pubsub.check_subscribe(peer, patterns, command.id)
+        replay = self.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
+        self.pubsub.add(peer, new)
+        if replay is not None:
+            self.streams.start_replay(peer, replay)
+        return self._answer(peer, command, now)
+
+    def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        removed = self.pubsub.remove(peer, self.pubsub.parse_patterns(command))
+        self.streams.unsubscribed(peer, removed)
+        return self._answer(peer, command, now)
+
+    # ================================================================ RPC
+    def _ready(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        capacity = 1
+        if Header.CAPACITY in command.headers:
+            capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
+            self.rpc.check_capacity(capacity, command.id)
+        names = [self.rpc.service_name(bytes(f), command.id) for f in command.payload]
+        for name in names:
+            self.rpc.check_serve(peer, name, command.id, RESERVED_SERVICES)
+        out = self.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
+        return out + self._answer(peer, command, now)
+
+    def _request(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        headers = command.headers
+        rid = headers[Header.ID]
+        timeout_ms = self.settings.request_timeout_ms
+        if Header.TIMEOUT in headers:
+            timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
+        scatter = False
+        if Header.ALL in headers:
+            if headers[Header.ALL] not in ("0", "1"):
+                raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
+            scatter = headers[Header.ALL] == "1"
+        name = headers[Header.SERVICE]
+        return self._call(peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
+
+    def _call(
+        self,
+        client: Peer,
+        name: str,
+        rid: str,
+        timeout_ms: int,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+    ) -> list[Out]:
+        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=self.streams.fetch_running(client, rid))
+        self.counters["requests"] += 1
+        client.last_sent = now
+        if name in BUILTIN_SERVICES:
+            # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
+            return self.builtins.answer(client, name, rid, user, body)
+        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now)
+
+    def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
+        rid = command.headers[Header.ID]
+        out = self.rpc.cancel(peer, rid, now)
+        if out is not None:
+            return out
+        if self.streams.cancel_fetch(peer, rid):
+            peer.last_sent = now
+            return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
+        self.counters["cancel_unknown"] += 1
+        return []
+
+    def _worker_reply(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        bid = command.headers[Header.ID]
+        if command.verb is Verb.ERROR:
+            code_text = command.headers[Header.CODE]
+            code = int(code_text) if code_text.isdigit() and 100 <= int(code_text) <= 599 else Status.HANDLER_FAILED
+            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, command.headers[Header.MESSAGE])
+        return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
+
+    # ================================================================ MDP/0.2
+    def _handle_mdp(
+        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
+    ) -> list[Out]:
+        try:
+            command = mdp.decode(frames)
+        except ProtocolError as exc:
+            self.counters["mdp_malformed"] += 1
+            log.debug("an MDP peer: %s", exc.reason)
+            return []
+        peer = self.peers.get(routing_id)
+        dialect = mdp.DIALECTS[(command.role, command.envelope)]
+        if peer is not None and peer.dialect is not dialect:
+            self.counters["mdp_mismatch"] += 1
+            return []
+        if peer is None:
+            if command.command == mdp.DISCONNECT:
+                return []
+            if self.generated_ids_only and not generated_routing_id(routing_id):
+                self.counters["mdp_chosen_routing_id"] += 1
+                return []
+            if command.role == mdp.WORKER and command.command != mdp.READY:
+                # MDP: a worker the broker does not know is told to reconnect.
+                disconnect = dialect.disconnect()
+                return [(routing_id, disconnect)] if disconnect is not None else []
+            peer = Peer(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
+            opened = self._open(peer, now)
+            if opened:
+                return opened + self._handle_mdp(routing_id, frames, now, identity, fd)
+        peer.last_recv = now
+        out: list[Out] = []
+        try:
+            if command.role == mdp.CLIENT:
+                assert command.service is not None
+                name = self.rpc.service_name(command.service, None)
+                rid = f"mdp{self.rpc.next_id()}"
+                out = self._call(peer, name, rid, self.settings.request_timeout_ms, False, {}, command.body, now)
+            elif command.command == mdp.READY:
+                assert command.service is not None
+                name = self.rpc.service_name(command.service, None)
+                self.rpc.check_serve(peer, name, None, RESERVED_SERVICES)
+                out = self.rpc.ready(peer, (name,), 1, now)
+            elif command.command == mdp.DISCONNECT:
+                out = self._forget(peer, "disconnected", now)
+            elif command.command != mdp.HEARTBEAT:
+                assert command.token is not None
+                verb = Verb.FINAL if command.command == mdp.FINAL else Verb.PARTIAL
+                out = self.rpc.reply(peer, verb, command.token, {}, command.body, now)
+        except ProtocolError as exc:
+            self.counters["mdp_rejected"] += 1
+            if command.role == mdp.CLIENT:
+                out = [(routing_id, peer.dialect.error(None, command.service or "", exc.code, exc.reason))]
+        return self._with_finished(out, now)
+
+    # ================================================================ journals
+    @property
+    def uncommitted(self) -> bool:
+        """``commit()`` has work: appends to write or OKs to release."""
+        return self.streams.uncommitted
+
+    def commit(self) -> list[Out]:
+        """Commit the journals' appends (one write and, per policy, one fsync each); the OKs now due."""
+        return self.streams.commit()
+
+    @property
+    def streaming(self) -> bool:
+        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
+        return self.streams.streaming
+
+    def stream(self, now: float) -> list[StreamOut]:
+        """One page of every running replay and fetch (see :meth:`Streams.stream`)."""
+        return self.streams.stream(now)
+
+    def stream_blocked(self, blocked: StreamOut, now: float) -> None:
+        """A stream message could not be queued: rewind its stream and pause it briefly."""
+        peer = self.peers.get(blocked.routing_id)
+        if peer is not None:
+            self.streams.stream_blocked(blocked, peer, now)
+
+    # ================================================================ telemetry
+    def _wanted(self, topic: str) -> bool:
+        """Someone subscribes to, or a journal keeps, this telemetry topic (two cached trie lookups)."""
+        tokens = self._sys_topics[topic]
+        return self.pubsub.wanted(tokens) or bool(self.streams.routes(tokens))
+
+    def _peer_event(self, event: str, peer: Peer, reason: str, now: float) -> list[Out]:
+        if not self._wanted(P.SYS_PEER_TOPIC):
+            return []
+        record = PeerEvent(event, peer.name, peer.identity, peer.dialect.name, peer.version, reason)
+        return self._publish(record, now)
+
+    def _publish_finished(self, now: float) -> list[Out]:
+        out: list[Out] = []
+        finished, self.rpc.finished = self.rpc.finished, []
+        for record in finished:
+            out += self._publish(record, now)
+        return out
+
+    def _with_finished(self, out: list[Out], now: float) -> list[Out]:
+        if self.rpc.finished:
+            out += self._publish_finished(now)
+        return out
+
+    def _publish(self, record: TelemetryRecord, now: float) -> list[Out]:
+        """Publish the broker's own telemetry on its ``mc0.sys.*`` topic (callers check ``_wanted`` first)."""
+        topic = record.topic
+        tokens = self._sys_topics[topic]
+        journals = self.streams.routes(tokens)
+        body = telemetry.body(record, now + self.wall_offset)
+        self.counters["telemetry"] += 1
+        position: tuple[str, int] | None = None
+        held = None
+        if journals:
+            first = primary(journals)
+            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body)
+            if seq is not None:
+                position = (first.name, seq)
+                held = self.streams.held_back(journals, tokens)
+        return self.pubsub.fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, position, held)
+
+    # ================================================================ time and failures
+    def tick(self, now: float) -> list[Out]:
+        """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
+        self.streams.enforce_retention(now)
+        out = self.rpc.expire(now)
+        if now >= self.peers.next_sweep:
+            liveness = self.settings.liveness
+            for peer in self.peers.expired(now, liveness, self.rpc.has_requests):
+                out += self._forget(peer, "expired", now)
+            out += self.peers.heartbeats(now, liveness)
+        return self._with_finished(out, now)
+
+    def next_deadline(self) -> float:
+        """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
+        earliest = self.peers.next_sweep
+        deadline = self.rpc.next_deadline()
+        if deadline is not None:
+            earliest = min(earliest, deadline)
+        return self.streams.next_deadline(earliest)
+
+    def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:
+        """The shell could not send to a peer: gone (unreachable) or at HWM."""
+        peer = self.peers.get(routing_id)
+        if peer is None:
+            return []
+        if unreachable:
+            return self._with_finished(self._forget(peer, "unreachable", now), now)
+        self.counters["dropped"] += 1
+        if not self.peers.dropped(peer, now, self.settings.slow_consumer_ms):
+            return []
+        log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
+        out = self._forget(peer, "too_slow", now)
+        reason = f"consumer too slow: {peer.drops} messages dropped; disconnected"
+        out.append((routing_id, P.error(Status.OVER_LIMIT, reason)))
+        out.append((routing_id, P.DISCONNECT_FRAMES))
+        return self._with_finished(out, now)
+
+    # ================================================================ security changes
+    def revoke(self, identities: set[str], now: float) -> list[Out]:
+        """Keys withdrawn: their peers get 401 and are forgotten; later messages are dropped."""
+        self.peers.revoked |= identities
+        out: list[Out] = []
+        for peer in [p for p in self.peers.by_id.values() if p.identity in identities]:
+            log.warning("identity %s revoked: dropping %s", peer.identity, peer.name)
+            out += self._forget(peer, "revoked", now)
+            out.append((peer.routing_id, peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")))
+        return self._with_finished(out, now)
+
+    def allow(self, identities: set[str]) -> None:
+        """Keys (re)admitted: stop dropping their messages."""
+        self.peers.revoked -= identities
+
+    def set_permissions(self, permissions: Permissions, now: float) -> list[Out]:
+        """New policy: recompute grants; withdraw subscriptions and services it no longer allows."""
+        self.permissions = permissions
+        out: list[Out] = []
+        for peer in list(self.peers.by_id.values()):
+            grants = peer.grants = permissions.grants(peer.identity)
+            out += self.pubsub.withdraw_denied(peer, grants)
+            sent, dropped = self.rpc.withdraw_denied(peer, grants, now)
+            if dropped:
+                out += sent
+                reason = f"serving {dropped} withdrawn by policy"
+                out.append((peer.routing_id, peer.dialect.error(None, "", Status.FORBIDDEN, reason)))
+        return self._with_finished(out, now)
+
+    def shutdown(self, now: float) -> list[Out]:
+        """DISCONNECT every peer (that has a way to be told) and forget them all."""
+        out: list[Out] = []
+        for peer in list(self.peers.by_id.values()):
+            frames = peer.dialect.disconnect()
+            if frames is not None:
+                out.append((peer.routing_id, frames))
+        for peer in list(self.peers.by_id.values()):
+            self._forget(peer, "broker_shutdown", now)
+        self._with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
+        return out

@@ -1,0 +1,203 @@
+"""Peers: the broker's view of each connection, and the table that finds them.
+
+Contract: owns :class:`Peer` (identity, protocol version, dialect, liveness
+clocks, delivery and drop counters) and :class:`PeerTable` (routing id ->
+peer, the connection-fd bindings that let a reported close find its peer,
+closes waiting for the socket to read empty, revoked identities, the
+heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
+the dispatcher (:mod:`mc0.broker.core`) carries the decisions out across
+the other rooms.  Subscriptions, services, requests and streams are kept
+by their own rooms, keyed by :class:`Peer`.  No sockets, no clock: ``now``
+is passed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from .. import protocol as P
+from ..permissions import ALLOW_ALL, Grants
+from ..protocol import Dialect
+
+# What the core asks the shell to send: (routing id, frames).
+Out = tuple[bytes, Sequence[bytes]]
+
+# The sweep for heartbeats/expiry runs at the earliest deadline found by the
+# previous sweep, but never more often than this (it is O(peers)).
+MIN_SWEEP_INTERVAL = 0.05
+# Drops to a peer separated by less than this belong to one "queue stays full" episode.
+DROP_EPISODE_GAP = 1.0
+# A closed connection's peer waits for the shell to read its socket empty,
+# at most this long (a socket under constant load never reads empty).
+CLOSE_WAIT_LIMIT = 0.5
+
+
+class Peer:
+    """One connected peer as the broker sees it (client, subscriber and/or worker)."""
+
+    __slots__ = (
+        "routing_id",
+        "identity",
+        "sender",
+        "name",
+        "legacy",
+        "version",
+        "dialect",
+        "ttl",
+        "last_recv",
+        "last_sent",
+        "drops",
+        "drop_episode_start",
+        "last_drop",
+        "delivered",
+        "grants",
+        "fd",
+    )
+
+    _serials = itertools.count(1)
+
+    def __init__(
+        self,
+        routing_id: bytes,
+        identity: str,
+        version: str,
+        ttl: float,
+        now: float,
+        dialect: Dialect,
+        fd: int | None = None,
+    ) -> None:
+        self.routing_id = routing_id
+        self.identity = identity
+        self.sender = identity.encode()
+        # Shown to others (WORKER header, stats): never the routing id, which could help a squatter.
+        self.name = f"{identity}#{next(Peer._serials)}"
+        self.fd = fd  # the connection it arrived on (ZMQ_SRCFD), when the shell knows it
+        self.version = version
+        self.legacy = version in P.SEED_VERSIONS
+        self.dialect = dialect
+        self.ttl = ttl
+        self.last_recv = now
+        self.last_sent = now
+        self.drops = 0
+        self.drop_episode_start = 0.0
+        self.last_drop = -1e18
+        self.delivered = 0
+        self.grants: Grants = ALLOW_ALL
+
+    def __repr__(self) -> str:
+        return f"<Peer {self.name} {self.dialect.name} v{self.version}>"
+
+
+def generated_routing_id(routing_id: bytes) -> bool:
+    """libzmq's own routing ids are 5 bytes starting with a zero byte."""
+    return len(routing_id) == 5 and routing_id[0] == 0
+
+
+class PeerTable:
+    """Every known peer by routing id, and what connection each came on."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[bytes, Peer] = {}
+        self._by_fd: dict[int, bytes] = {}
+        self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
+        self.revoked: set[str] = set()  # identities whose every message is dropped
+        self.next_sweep = 0.0
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def get(self, routing_id: bytes) -> Peer | None:
+        return self.by_id.get(routing_id)
+
+    def is_current(self, peer: Peer) -> bool:
+        """``peer`` is still the one known under its routing id (not forgotten or replaced)."""
+        return self.by_id.get(peer.routing_id) is peer
+
+    def stale(self, peer: Peer, identity: str, fd: int | None) -> bool:
+        """A message under ``peer``'s routing id came from someone else: the id changed hands."""
+        return peer.identity != identity or (fd is not None and peer.fd != fd)
+
+    def add(self, peer: Peer, now: float) -> None:
+        self.by_id[peer.routing_id] = peer
+        if peer.fd is not None and peer.routing_id not in self._closing:
+            self._by_fd[peer.fd] = peer.routing_id
+        self.next_sweep = min(self.next_sweep, now + peer.ttl)
+
+    def remove(self, peer: Peer) -> bool:
+        """Forget ``peer`` if it is still the current one; True if it was."""
+        if self.by_id.get(peer.routing_id) is not peer:
+            return False
+        del self.by_id[peer.routing_id]
+        if peer.fd is not None and self._by_fd.get(peer.fd) == peer.routing_id:
+            del self._by_fd[peer.fd]
+        return True
+
+    # ------------------------------------------------------------ closed connections
+    def connection_closed(self, fd: int, now: float) -> None:
+        """Connection ``fd`` closed: unbind the number now (libzmq may reuse it), forget the peer later."""
+        routing_id = self._by_fd.pop(fd, None)
+        if routing_id is not None:
+            self._closing[routing_id] = (fd, now)
+
+    @property
+    def closing(self) -> bool:
+        return bool(self._closing)
+
+    def closed_peers(self, now: float, *, drained: bool) -> list[Peer]:
+        """Peers whose connection closed and whose last messages have been handled.
+
+        ``drained``: the shell read its socket empty since; otherwise only
+        closes older than ``CLOSE_WAIT_LIMIT`` qualify.
+        """
+        gone: list[Peer] = []
+        for routing_id, (fd, reported) in list(self._closing.items()):
+            if not drained and now - reported < CLOSE_WAIT_LIMIT:
+                continue
+            del self._closing[routing_id]
+            peer = self.by_id.get(routing_id)
+            if peer is not None and peer.fd == fd:
+                gone.append(peer)
+        return gone
+
+    # ------------------------------------------------------------ liveness
+    def expired(self, now: float, liveness: int, busy: Callable[[Peer], bool]) -> list[Peer]:
+        """Peers not heard from for ``liveness`` x TTL; call when ``now >= next_sweep``.
+
+        A peer whose dialect takes no heartbeats (an MDP client) is kept
+        past its liveness while ``busy(peer)`` (it waits for replies).
+        """
+        return [
+            peer
+            for peer in self.by_id.values()
+            if now >= peer.last_recv + peer.ttl * liveness and (peer.dialect.heartbeats or not busy(peer))
+        ]
+
+    def heartbeats(self, now: float, liveness: int) -> list[Out]:
+        """Heartbeats due to the remaining peers; sets ``next_sweep`` to the earliest next deadline."""
+        beats: list[Out] = []
+        earliest = now + 1.0
+        for peer in self.by_id.values():
+            expires = peer.last_recv + peer.ttl * liveness
+            if now >= expires:
+                expires = now + peer.ttl  # kept while busy (see expired)
+            beat = peer.last_sent + peer.ttl
+            if now >= beat:
+                frames = peer.dialect.heartbeat()
+                if frames is not None:
+                    beats.append((peer.routing_id, frames))
+                peer.last_sent = now
+                beat = now + peer.ttl
+            earliest = min(earliest, expires, beat)
+        self.next_sweep = max(earliest, now + MIN_SWEEP_INTERVAL)
+        return beats
+
+    @staticmethod
+    def dropped(peer: Peer, now: float, slow_consumer_ms: int) -> bool:
+        """Count a message that could not be queued for ``peer``; True once it is a slow consumer
+        (its sends kept failing for ``slow_consumer_ms``; 0 never evicts)."""
+        peer.drops += 1
+        if now - peer.last_drop > DROP_EPISODE_GAP:
+            peer.drop_episode_start = now
+        peer.last_drop = now
+        return bool(slow_consumer_ms) and now - peer.drop_episode_start >= slow_consumer_ms / 1000.0

@@ -1,0 +1,655 @@
+"""RPC: services, their workers and queues, and every request's way to its one terminal reply.
+
+Contract: owns the services (workers, the LRU list of those with spare
+capacity, a bounded FIFO queue), each worker's held jobs and each client's
+outstanding requests, and the deadline heap.  Every change of a request's
+state goes through :mod:`mc0.broker.jobs` (one transition table), so each
+REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
+499/500/502/503/504.  Requests whose worker dies before anything was
+forwarded go back to the front of their queue, up to ``max_attempts``
+dispatches.  Finished requests are described as :class:`RpcDone` records in
+``finished`` (when ``wants_telemetry()``), which the dispatcher publishes.
+Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+
+from ..errors import InvalidTopic, ProtocolError
+from ..permissions import Grants
+from ..protocol import MAX_SERVICE_BYTES, Header, Status, Verb
+from ..settings import CoreSettings
+from ..topics import split_topic
+from .jobs import Action, GatherEvent, GatherState, JobEvent, JobState, gather_transition, job_transition
+from .peers import Out, Peer
+from .telemetry import RpcDone
+
+log = logging.getLogger("mc0.broker")
+
+LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
+SERVICE_CACHE_SIZE = 4096
+
+
+class Job:
+    """One request to one worker (a plain REQUEST, or one leg of a scatter)."""
+
+    __slots__ = (
+        "bid",
+        "client",
+        "rid",
+        "service",
+        "user",
+        "body",
+        "created",
+        "deadline",
+        "attempts",
+        "worker",
+        "state",
+        "parent",
+        "size",
+        "bytes_out",
+    )
+
+    def __init__(
+        self,
+        bid: str,
+        client: Peer,
+        rid: str,
+        service: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        deadline: float,
+        parent: Scatter | None = None,
+    ) -> None:
+        self.bid = bid
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.body = body
+        self.created = now
+        self.deadline = deadline
+        self.attempts = 0
+        self.worker: Peer | None = None
+        self.state = JobState.QUEUED
+        self.parent = parent
+        self.size = sum(map(len, body))
+        self.bytes_out = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state is JobState.DONE
+
+
+class Scatter:
+    """A REQUEST ... ALL 1: one Job leg per worker, then FINAL COUNT n MISSING m."""
+
+    __slots__ = ("client", "rid", "service", "user", "deadline", "legs", "total", "answered", "state", "created")
+
+    def __init__(self, client: Peer, rid: str, service: str, user: dict[str, str], now: float, deadline: float):
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.created = now
+        self.deadline = deadline
+        self.legs: dict[str, Job] = {}  # bid -> leg still outstanding
+        self.total = 0
+        self.answered = 0
+        self.state = GatherState.OPEN
+
+    @property
+    def done(self) -> bool:
+        return self.state is GatherState.DONE
+
+
+Request = Job | Scatter
+
+
+class WorkerState:
+    """What a peer serves and holds as a worker."""
+
+    __slots__ = ("services", "capacity", "jobs", "served")
+
+    def __init__(self) -> None:
+        self.services: tuple[str, ...] = ()
+        self.capacity = 0
+        self.jobs: dict[str, Job] = {}  # bid -> request held
+        self.served = 0
+
+
+class Service:
+    __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.workers: dict[Peer, None] = {}
+        # Workers with spare capacity, least recently used first.
+        self.ready: dict[Peer, None] = {}
+        self.queue: deque[Job] = deque()
+        self.requests = 0
+        self.served = 0
+        self.errors = 0
+        self.timeouts = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+
+
+class Rpc:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        counters: Counter[str],
+        *,
+        is_current: Callable[[Peer], bool],
+        wants_telemetry: Callable[[], bool],
+    ) -> None:
+        self.settings = settings
+        self.counters = counters
+        self.services: dict[str, Service] = {}
+        self.workers: dict[Peer, WorkerState] = {}
+        self.requests: dict[Peer, dict[str, Request]] = {}
+        self.finished: list[RpcDone] = []
+        self._is_current = is_current
+        self._wants_telemetry = wants_telemetry
+        self._service_names: dict[str, tuple[str, ...]] = {}
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._seq = itertools.count(1)
+
+    def next_id(self) -> int:
+        return next(self._seq)
+
+    # ================================================================ names and permissions
+    def service_name(self, raw: str | bytes, request_id: str | None) -> str:
+        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        self.service_tokens(name, request_id)
+        return name
+
+    def service_tokens(self, name: str, request_id: str | None) -> tuple[str, ...]:
+        tokens = self._service_names.get(name)  # validated once, not per request
+        if tokens is None:
+            try:
+                tokens = split_topic(
+                    name, max_bytes=MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens
+                )
+            except InvalidTopic as exc:
+                raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
+            if len(self._service_names) >= SERVICE_CACHE_SIZE:
+                self._service_names.clear()
+            self._service_names[name] = tokens
+        return tokens
+
+    def check_serve(self, peer: Peer, name: str, request_id: str | None, reserved: frozenset[str]) -> None:
+        if name in reserved:
+            raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", request_id)
+        if not peer.grants.may_serve(self.service_tokens(name, request_id)):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not serve {name}", request_id)
+
+    def check_capacity(self, capacity: int, request_id: str | None) -> None:
+        if capacity > self.settings.max_capacity:
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"CAPACITY {capacity} exceeds {self.settings.max_capacity}", request_id
+            )
+
+    # ================================================================ workers
+    def _service(self, name: str) -> Service:
+        service = self.services.get(name)
+        if service is None:
+            service = self.services[name] = Service(name)
+        return service
+
+    def _drop_if_idle(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is not None and not service.workers and not service.queue:
+            del self.services[name]
+
+    def ready(self, worker: Peer, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
+        """Register (or re-register) a worker for services with a capacity."""
+        state = self.workers.get(worker)
+        if state is None:
+            state = self.workers[worker] = WorkerState()
+        for old in state.services:
+            if old not in names and old in self.services:
+                self.services[old].workers.pop(worker, None)
+                self.services[old].ready.pop(worker, None)
+                self._drop_if_idle(old)
+        state.services = names
+        state.capacity = capacity
+        out: list[Out] = []
+        for name in names:
+            service = self._service(name)
+            service.workers[worker] = None
+            if len(state.jobs) < capacity and worker not in service.ready:
+                # Never used is least recently used: a new worker goes first.
+                service.ready = {worker: None, **service.ready}
+            log.info("worker %s serves %s (capacity %d)", worker.name, name, capacity)
+        for name in names:
+            out += self._pump(self.services[name], now)
+        return out
+
+    def withdraw_denied(self, peer: Peer, grants: Grants, now: float) -> tuple[list[Out], str]:
+        """A new policy: stop ``peer`` serving what it may no longer serve; returns what, if anything."""
+        state = self.workers.get(peer)
+        if state is None or not state.services:
+            return [], ""
+        kept = tuple(n for n in state.services if grants.may_serve(self.service_tokens(n, None)))
+        if kept == state.services:
+            return [], ""
+        dropped = ", ".join(n for n in state.services if n not in kept)
+        return self.ready(peer, kept, state.capacity, now), dropped
+
+    def _assign(self, worker: Peer, job: Job, now: float) -> Out:
+        job_transition_into(job, JobEvent.DISPATCH)
+        state = self.workers[worker]
+        job.worker = worker
+        job.attempts += 1
+        state.jobs[job.bid] = job
+        full = len(state.jobs) >= state.capacity
+        for name in state.services:
+            ready = self.services[name].ready
+            ready.pop(worker, None)
+            if not full:
+                ready[worker] = None  # now the most recently used
+        remaining = max(1, round((job.deadline - now) * 1000))
+        worker.last_sent = now
+        frames = worker.dialect.to_worker(job.bid, job.service, job.client.identity, remaining, job.user, job.body)
+        return (worker.routing_id, frames)
+
+    def _pump(self, service: Service, now: float) -> list[Out]:
+        """Dispatch queued requests while some worker has spare capacity."""
+        out: list[Out] = []
+        queue, ready = service.queue, service.ready
+        while queue and ready:
+            job = queue.popleft()
+            if job.state is not JobState.QUEUED:
+                continue  # ended while it waited (deadline, cancel, client gone)
+            out.append(self._assign(next(iter(ready)), job, now))
+        return out
+
+    def _release(self, worker: Peer, job: Job, now: float) -> list[Out]:
+        """A worker finished (or lost) a job: free its slot and give it more work."""
+        state = self.workers.get(worker)
+        job.worker = None
+        if state is None:
+            return []
+        state.jobs.pop(job.bid, None)
+        if not self._is_current(worker) or len(state.jobs) >= state.capacity:
+            return []
+        heads: list[tuple[float, Service]] = []
+        for name in state.services:
+            service = self.services[name]
+            if worker not in service.ready:
+                service.ready[worker] = None
+            if service.queue:
+                heads.append((service.queue[0].created, service))
+        out: list[Out] = []
+        for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
+            out += self._pump(service, now)
+        return out
+
+    # ================================================================ requests
+    def admit(self, client: Peer, name: str, rid: str, timeout_ms: int, now: float, *, busy: bool) -> float:
+        """Check a REQUEST before anything changes; returns its deadline.
+
+        ``busy``: the client has another exchange under this id (a fetch stream).
+        """
+        if busy or rid in self.requests.get(client, ()):
+            raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
+        tokens = self.service_tokens(name, rid)
+        if not client.grants.may_call(tokens):
+            raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
+        outstanding = len(self.requests.get(client, ()))
+        if outstanding >= self.settings.max_requests:
+            raise ProtocolError(Status.OVER_LIMIT, f"{outstanding} requests outstanding, the limit", rid)
+        return now + min(timeout_ms, self.settings.max_request_timeout_ms) / 1000.0
+
+    def submit(
+        self,
+        client: Peer,
+        name: str,
+        rid: str,
+        deadline: float,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+    ) -> list[Out]:
+        """Queue an admitted request (or answer 503 at once when nobody serves ``name``)."""
+        service = self.services.get(name)
+        if service is None or not service.workers:
+            self.counters["no_worker"] += 1
+            self._finished(name, client, None, now, Status.NO_WORKER, sum(map(len, body)), 0, now)
+            return [(client.routing_id, client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}"))]
+        if scatter:
+            service.requests += 1
+            return self._scatter(client, service, rid, user, body, now, deadline)
+        if len(service.queue) >= self.settings.max_queue and not service.ready:
+            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
+        service.requests += 1
+        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline)
+        self.requests.setdefault(client, {})[rid] = job
+        heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
+        service.queue.append(job)
+        return self._pump(service, now)
+
+    def _scatter(
+        self,
+        client: Peer,
+        service: Service,
+        rid: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        deadline: float,
+    ) -> list[Out]:
+        """Every worker of the service gets its own leg at once, regardless of capacity."""
+        gather = Scatter(client, rid, service.name, user, now, deadline)
+        self.requests.setdefault(client, {})[rid] = gather
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), gather))
+        out: list[Out] = []
+        for worker in list(service.workers):
+            leg = Job(str(next(self._seq)), client, rid, service.name, user, body, now, deadline, parent=gather)
+            gather.legs[leg.bid] = leg
+            gather.total += 1
+            out.append(self._assign(worker, leg, now))
+        return out
+
+    def cancel(self, client: Peer, rid: str, now: float) -> list[Out] | None:
+        """CANCEL ID rid: 499 to the client, CANCEL to the worker; None if no such request."""
+        request = self.requests.get(client, {}).get(rid)
+        if request is None:
+            return None
+        self.counters["cancelled"] += 1
+        if isinstance(request, Scatter):
+            _, action = gather_transition(request.state, GatherEvent.CANCEL)
+            request.state = GatherState.DONE
+            worker = None
+            size = bytes_out = 0
+        else:
+            worker = request.worker
+            action = job_transition_into(request, JobEvent.CANCEL)
+            size, bytes_out = request.size, request.bytes_out
+        assert action is Action.FAIL_CANCELLED
+        self._forget_request(client, rid)
+        out = self._stop_work(request, now)
+        client.last_sent = now
+        out.append((client.routing_id, client.dialect.error(rid, request.service, Status.CANCELLED, "cancelled")))
+        self._finished(request.service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now)
+        return out
+
+    def _forget_request(self, client: Peer, rid: str) -> None:
+        held = self.requests.get(client)
+        if held is not None:
+            held.pop(rid, None)
+            if not held:
+                del self.requests[client]
+
+    def _stop_work(self, request: Request, now: float) -> list[Out]:
+        """Tell each worker still holding (a leg of) ``request`` to stop, and free its slot."""
+        legs = list(request.legs.values()) if isinstance(request, Scatter) else [request]
+        out: list[Out] = []
+        for job in legs:
+            if job.state is not JobState.DONE:
+                job_transition_into(job, JobEvent.CLIENT_GONE)
+            worker = job.worker
+            if worker is not None:
+                notice = worker.dialect.cancel(job.bid)
+                if notice is not None:
+                    out.append((worker.routing_id, notice))
+                out += self._release(worker, job, now)
+        return out
+
+    # ================================================================ replies
+    def reply(
+        self,
+        worker: Peer,
+        verb: Verb,
+        bid: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        code: int = 0,
+        reason: str = "",
+    ) -> list[Out]:
+        """PARTIAL / FINAL / ERROR ID bid from a worker, for a job it holds (anything else is dropped)."""
+        state = self.workers.get(worker)
+        job = state.jobs.get(bid) if state is not None else None
+        if job is None or state is None:
+            # Late (after deadline/cancel), forged, or never given to this worker.
+            self.counters["replies_dropped"] += 1
+            return []
+        user = user or job.user  # the request's X- headers unless the worker set its own
+        client = job.client
+        client.last_sent = now
+        event = (
+            JobEvent.PARTIAL
+            if verb is Verb.PARTIAL
+            else JobEvent.FINAL
+            if verb is Verb.FINAL
+            else JobEvent.WORKER_ERROR
+        )
+        action = job_transition_into(job, event)
+        if job.parent is not None:
+            return self._leg_reply(state, job, action, user, body, now, code, reason)
+        if action is Action.FORWARD:
+            job.bytes_out += sum(map(len, body))
+            return [(client.routing_id, client.dialect.partial(job.rid, job.service, {}, user, body))]
+        self._forget_request(client, job.rid)
+        service = self.services.get(job.service)
+        state.served += 1
+        if service is not None:
+            service.latencies.append(now - job.created)
+            if action is Action.REPLY_FINAL:
+                service.served += 1
+            else:
+                service.errors += 1
+        if action is Action.REPLY_FINAL:
+            frames = client.dialect.final(job.rid, job.service, {}, user, body)
+        else:
+            frames = client.dialect.error(job.rid, job.service, code, reason)
+        out = [(client.routing_id, frames), *self._release(worker, job, now)]
+        status = 200 if action is Action.REPLY_FINAL else code
+        bytes_out = job.bytes_out + sum(map(len, body))
+        self._finished(job.service, client, worker, job.created, status, job.size, bytes_out, now)
+        return out
+
+    def _leg_reply(
+        self,
+        state: WorkerState,
+        job: Job,
+        action: Action,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        code: int,
+        reason: str,
+    ) -> list[Out]:
+        worker = job.worker
+        assert worker is not None
+        fields: dict[str, str] = {Header.WORKER: worker.name}
+        if action is Action.REPLY_ERROR:
+            fields[Header.CODE] = str(code)
+            fields[Header.MESSAGE] = reason
+        client = job.client
+        out: list[Out] = [(client.routing_id, client.dialect.partial(job.rid, job.service, fields, user, body))]
+        if action is Action.FORWARD:
+            return out
+        state.served += 1
+        out += self._release(worker, job, now)
+        out += self._leg_done(job, answered=True, now=now)
+        return out
+
+    def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
+        """A scatter leg finished (``answered``) or lost its worker."""
+        gather = job.parent
+        assert gather is not None
+        gather.legs.pop(job.bid, None)
+        if answered:
+            gather.answered += 1
+        event = GatherEvent.LEG_DONE if gather.legs else GatherEvent.LAST_LEG_DONE
+        gather.state, action = gather_transition(gather.state, event)
+        return self._summary(gather, now) if action is Action.SUMMARY else []
+
+    def _summary(self, gather: Scatter, now: float) -> list[Out]:
+        client = gather.client
+        self._forget_request(client, gather.rid)
+        out = self._stop_work(gather, now)  # legs still out: cancelled, counted missing
+        missing = gather.total - gather.answered
+        fields: dict[str, str] = {Header.COUNT: str(gather.answered), Header.MISSING: str(missing)}
+        service = self.services.get(gather.service)
+        if service is not None:
+            service.served += 1
+            service.latencies.append(now - gather.created)
+        out.append((client.routing_id, client.dialect.final(gather.rid, gather.service, fields, gather.user, ())))
+        self._finished(gather.service, client, None, gather.created, 200, 0, 0, now)
+        return out
+
+    def _fail(self, job: Job, code: int, reason: str, now: float) -> list[Out]:
+        """The terminal ERROR for a job the broker gave up on (502, 504)."""
+        client = job.client
+        held = self.requests.get(client)
+        if held is not None and held.get(job.rid) is job:
+            self._forget_request(client, job.rid)
+        service = self.services.get(job.service)
+        if service is not None:
+            service.errors += 1
+            if code == Status.DEADLINE:
+                service.timeouts += 1
+        self.counters[f"requests_failed_{code}"] += 1
+        self._finished(job.service, client, job.worker, job.created, code, job.size, job.bytes_out, now)
+        if not self._is_current(client):
+            return []
+        client.last_sent = now
+        return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason))]
+
+    # ================================================================ peers going away, time
+    def drop_peer(self, peer: Peer, now: float) -> list[Out]:
+        """``peer`` is gone: its requests are dropped (workers told to stop); its jobs requeued or failed."""
+        out: list[Out] = []
+        for request in list(self.requests.pop(peer, {}).values()):
+            if isinstance(request, Scatter):
+                request.state, _ = gather_transition(request.state, GatherEvent.CLIENT_GONE)
+            out += self._stop_work(request, now)
+        state = self.workers.pop(peer, None)
+        if state is None:
+            return out
+        for name in state.services:
+            service = self.services.get(name)
+            if service is not None:
+                service.workers.pop(peer, None)
+                service.ready.pop(peer, None)
+        held = list(state.jobs.values())
+        state.jobs.clear()
+        touched: dict[str, None] = {}
+        for job in held:
+            job.worker = None
+            if job.parent is not None:
+                job_transition_into(job, JobEvent.WORKER_LOST_LAST)
+                out += self._leg_done(job, answered=False, now=now)
+                continue
+            streaming = job.state is JobState.STREAMING
+            retry = job.attempts < self.settings.max_attempts
+            action = job_transition_into(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
+            if action is Action.REQUEUE:
+                self.counters["requests_requeued"] += 1
+                self._service(job.service).queue.appendleft(job)
+                touched[job.service] = None
+            else:
+                why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
+                out += self._fail(job, Status.WORKER_LOST, f"worker lost {why}", now)
+        for name in touched:
+            out += self._pump(self._service(name), now)
+        for name in list(self.services):
+            self._drop_if_idle(name)
+        return out
+
+    def expire(self, now: float) -> list[Out]:
+        """Requests whose deadline passed: 504 (a scatter: its FINAL with what arrived)."""
+        out: list[Out] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(deadlines)
+            if request.done:
+                continue
+            if isinstance(request, Scatter):
+                request.state, action = gather_transition(request.state, GatherEvent.DEADLINE)
+                out += self._summary(request, now)
+                continue
+            action = job_transition_into(request, JobEvent.DEADLINE)
+            assert action is Action.FAIL_DEADLINE
+            out += self._stop_work(request, now)  # the worker, if any, is told CANCEL
+            self.counters["deadline_expired"] += 1
+            ms = round((request.deadline - request.created) * 1000)
+            out += self._fail(request, Status.DEADLINE, f"deadline of {ms} ms passed", now)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # ================================================================ telemetry and reports
+    def _finished(
+        self,
+        service: str,
+        client: Peer,
+        worker: Peer | None,
+        created: float,
+        status: int,
+        bytes_in: int,
+        bytes_out: int,
+        now: float,
+    ) -> None:
+        if self._wants_telemetry():  # the common case: one cached lookup per finished request
+            self.finished.append(
+                RpcDone(
+                    service,
+                    client.identity,
+                    worker.name if worker is not None else None,
+                    round((now - created) * 1000.0, 3),
+                    status,
+                    bytes_in,
+                    bytes_out,
+                )
+            )
+
+    def has_requests(self, peer: Peer) -> bool:
+        return bool(self.requests.get(peer))
+
+    def worker_state(self, peer: Peer) -> WorkerState | None:
+        return self.workers.get(peer)
+
+    def in_flight(self, service: Service) -> int:
+        return sum(1 for w in service.workers for j in self.workers[w].jobs.values() if j.service == service.name)
+
+    def service_report(self, service: Service) -> dict[str, object]:
+        latencies = sorted(service.latencies)
+
+        def pct(q: float) -> float | None:
+            if not latencies:
+                return None
+            return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
+
+        return {
+            "workers": len(service.workers),
+            "idle": len(service.ready),
+            "queued": sum(1 for j in service.queue if not j.done),
+            "in_flight": self.in_flight(service),
+            "requests": service.requests,
+            "served": service.served,
+            "errors": service.errors,
+            "timeouts": service.timeouts,
+            "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
+        }
+
+
+_REPLY_EVENTS = {Verb.PARTIAL: JobEvent.PARTIAL, Verb.FINAL: JobEvent.FINAL, Verb.ERROR: JobEvent.WORKER_ERROR}
+
+
+def job_transition_into(job: Job, event: JobEvent) -> Action:
+    """Apply ``event`` to ``job`` through the transition table; the action to carry out."""
+    job.state, action = job_transition(job.state, event)
+    return action

@@ -1,0 +1,196 @@
+"""The journal port: what the broker core needs from a journal, and an in-memory one.
+
+Contract: :class:`JournalStore` is the whole interface between the core and
+storage.  ``append`` gives a record the next sequence number (1, 2, ...) and
+is durable only after ``commit`` (which may fsync); ``read`` is deterministic
+for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
+raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
+size/age.  Disk errors surface as ``OSError`` from ``append``/``commit``/
+``read``; the core turns them into ERROR 507, never into a crash.
+
+The real store is :class:`mc0.broker.journal.Journal` (segment files, CRC
+recovery, fsync policies), opened and closed by the shell; the core only
+ever sees this protocol.  :class:`MemoryStore` keeps records in a list: the
+core's tests use it, so they touch no disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Protocol
+
+from ..errors import Error
+from ..message import Record
+from ..protocol import Header
+from ..settings import JournalSettings
+
+
+class Trimmed(Error, LookupError):
+    """A read started before the first retained record (the wire answer is 410)."""
+
+    def __init__(self, journal: str, asked: int, first: int) -> None:
+        super().__init__(f"journal {journal}: seq {asked} was trimmed by retention; the first kept is {first}")
+        self.journal = journal
+        self.asked = asked
+        self.first = first
+
+
+class JournalStore(Hashable, Protocol):
+    name: str
+    settings: JournalSettings
+
+    @property
+    def first_seq(self) -> int: ...
+
+    @property
+    def next_seq(self) -> int: ...
+
+    @property
+    def pending(self) -> bool:
+        """Something appended is not yet committed."""
+        ...
+
+    def duplicate_of(self, sender: str, msgid: str) -> int | None: ...
+
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int: ...
+
+    def commit(self) -> None: ...
+
+    def enforce_retention(self, now: float) -> int: ...
+
+    def read(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[Record], int]: ...
+
+    def info(self) -> dict[str, object]: ...
+
+
+class MemoryStore:
+    """A :class:`JournalStore` in a list: same sequence, dedup, read and retention rules, no files.
+
+    ``fail_writes`` makes ``commit`` raise (as a full disk would), so the
+    core's 507 path is testable without one.
+    """
+
+    def __init__(
+        self, name: str, settings: JournalSettings | None = None, *, clock: Callable[[], float] = lambda: 0.0
+    ) -> None:
+        self.name = name
+        self.settings = settings or JournalSettings()
+        self.clock = clock
+        self.records: list[Record] = []
+        self._first = 1
+        self._uncommitted = 0  # records at the end not yet committed
+        self._size = 0  # body bytes kept
+        self._dedup: dict[tuple[str, str], tuple[int, float]] = {}
+        self.fail_writes = False
+        self.commits = 0
+
+    @property
+    def first_seq(self) -> int:
+        return self._first
+
+    @property
+    def next_seq(self) -> int:
+        return self._first + len(self.records)
+
+    @property
+    def pending(self) -> bool:
+        return self._uncommitted > 0
+
+    def duplicate_of(self, sender: str, msgid: str) -> int | None:
+        window = self.settings.dedup_window_s
+        if not window:
+            return None
+        seen = self._dedup.get((sender, msgid))
+        if seen is None or seen[1] < self.clock() - window:
+            return None
+        return seen[0]
+
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        seq = self.next_seq
+        ts = self.clock()
+        record = Record(seq, ts, topic, sender, dict(headers), tuple(bytes(p) for p in parts))
+        self.records.append(record)
+        self._size += sum(map(len, record.parts))
+        self._uncommitted += 1
+        msgid = headers.get(Header.MSGID)
+        if msgid is not None and self.settings.dedup_window_s:
+            self._dedup[sender, msgid] = (seq, ts)
+            while len(self._dedup) > self.settings.dedup_max_ids:
+                del self._dedup[next(iter(self._dedup))]
+        if self.settings.max_bytes and self._size > self.settings.max_bytes:
+            self.enforce_retention(ts)  # as the file store does when a segment rolls
+        return seq
+
+    def commit(self) -> None:
+        if self.fail_writes and self._uncommitted:
+            withdrawn = self.records[-self._uncommitted :]
+            del self.records[-self._uncommitted :]
+            self._size -= sum(len(p) for r in withdrawn for p in r.parts)
+            self._uncommitted = 0
+            gone = {r.seq for r in withdrawn}
+            self._dedup = {k: v for k, v in self._dedup.items() if v[0] not in gone}
+            raise OSError(28, "No space left on device")
+        self._uncommitted = 0
+        self.commits += 1
+
+    def enforce_retention(self, now: float) -> int:
+        settings = self.settings
+        removed = 0
+        while len(self.records) > 1:  # never the newest (the file store never deletes its active segment)
+            oldest = self.records[0]
+            too_big = settings.max_bytes and self._size > settings.max_bytes
+            too_old = settings.max_age_s and oldest.ts < now - settings.max_age_s
+            if not (too_big or too_old):
+                break
+            del self.records[0]
+            self._size -= sum(map(len, oldest.parts))
+            self._first += 1
+            removed += 1
+        self._uncommitted = min(self._uncommitted, len(self.records))
+        return removed
+
+    def read(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[Record], int]:
+        if from_seq < self._first:
+            raise Trimmed(self.name, from_seq, self._first)
+        end = self.next_seq if to_seq is None else min(to_seq, self.next_seq)
+        out: list[Record] = []
+        seq = from_seq
+        spent = 0
+        scanned = 0
+        while seq < end and scanned < max_records and (spent < max_bytes or scanned == 0):
+            record = self.records[seq - self._first]
+            scanned += 1
+            spent += sum(len(p) for p in record.parts)
+            seq += 1
+            if match is None or match(record.topic):
+                out.append(record)
+        return out, seq
+
+    def info(self) -> dict[str, object]:
+        return {
+            "first_seq": self.first_seq,
+            "next_seq": self.next_seq,
+            "records": len(self.records),
+            "bytes": self._size,
+            "segments": 1,
+            "topics": list(self.settings.topics),
+            "fsync": self.settings.fsync,
+            "oldest_ts": self.records[0].ts if self.records else None,
+            "dedup_ids": len(self._dedup),
+        }

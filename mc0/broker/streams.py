@@ -1,0 +1,457 @@
+"""Streams: journal appends with held OKs, ``SUB FROM`` replays and ``mc0.journal`` fetches.
+
+Contract: owns which journal keeps which topics, the OKs held until their
+records are committed, and every running replay and fetch.  Storage is
+reached only through the :class:`~mc0.broker.store.JournalStore` port.
+``commit()`` makes the batch's appends durable through the port (one write
+and, per policy, one fsync per batch: a group commit) and returns the OKs
+now due, or ERROR 507 for a journal that failed.  Replays and fetches are
+*paced*: ``stream(now)`` returns one page of each, and the shell hands back
+what it could not queue (``stream_blocked``), which rewinds that stream, so
+a slow reader slows only its own streams and nothing is lost.  No sockets,
+no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from .. import protocol as P
+from ..errors import ProtocolError
+from ..message import Record
+from ..protocol import JOURNAL_SERVICE, Command, Header, Status
+from ..topics import pattern_covers, pattern_matches, split_pattern
+from ..trie import TopicTrie
+from .peers import Out, Peer
+from .store import JournalStore, Trimmed
+
+log = logging.getLogger("mc0.broker")
+
+# SUB FROM replay: records read per replaying subscription per loop turn, and
+# the pause after its queue filled (it resumes where the send failed).
+REPLAY_PAGE = 256
+REPLAY_BACKOFF = 0.02
+# mc0.journal fetch: one PARTIAL holds at most this; one fetch at most FETCH_MAX_*.
+FETCH_PAGE_RECORDS = 1000
+FETCH_PAGE_BYTES = 1 << 20
+FETCH_MAX_RECORDS = 100_000
+FETCH_MAX_BYTES = 16 << 20
+MAX_FETCHES_PER_PEER = 8  # fetches under way at once per peer (each sends a page per loop turn)
+RETENTION_INTERVAL = 1.0  # seconds between age-retention checks
+
+
+class Replay:
+    """A ``SUB FROM seq``: the records still to send from one journal, then live.
+
+    While it runs, live copies of records that it will deliver are held back
+    (the replay reaches them in order), so each record arrives once.
+    """
+
+    __slots__ = ("journal", "patterns", "cursor", "resume_at")
+
+    def __init__(self, journal: JournalStore, patterns: list[tuple[str, ...]], cursor: int) -> None:
+        self.journal = journal
+        self.patterns = patterns
+        self.cursor = cursor
+        self.resume_at = 0.0
+
+    def matches(self, tokens: tuple[str, ...]) -> bool:
+        return any(pattern_matches(p, tokens) for p in self.patterns)
+
+
+class Fetch:
+    """An ``mc0.journal fetch`` sent one page per loop turn (a large fetch never stalls the broker)."""
+
+    __slots__ = (
+        "rid",
+        "user",
+        "journal",
+        "cursor",
+        "end",
+        "match",
+        "records_left",
+        "bytes_left",
+        "count",
+        "resume_at",
+        "done",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        user: dict[str, str],
+        journal: JournalStore,
+        cursor: int,
+        end: int,
+        match: Callable[[str], bool] | None,
+        records_left: int,
+        bytes_left: int,
+    ) -> None:
+        self.rid = rid
+        self.user = user
+        self.journal = journal
+        self.cursor = cursor
+        self.end = end
+        self.match = match
+        self.records_left = records_left
+        self.bytes_left = bytes_left
+        self.count = 0
+        self.resume_at = 0.0
+        self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
+
+
+class StreamOut(NamedTuple):
+    """A message of a paced stream (a replay or a fetch) and where that stream resumes if it is not queued."""
+
+    routing_id: bytes
+    frames: Sequence[bytes]
+    kind: str  # "replay" (key = journal name), "fetch" (key = request id) or "error" (the stream ended)
+    key: str
+    seq: int  # the stream's cursor to go back to
+    records: int  # records this message carried (fetch accounting)
+
+
+def primary(journals: Sequence[JournalStore]) -> JournalStore:
+    """The journal an OK or MESSAGE names when a topic is kept by several: the first by name."""
+    return journals[0] if len(journals) == 1 else min(journals, key=lambda j: j.name)
+
+
+def start_seq(journal: JournalStore, from_seq: int, request_id: str | None) -> int:
+    """Where a replay or fetch from ``from_seq`` starts (0 = the oldest kept); 410 if trimmed."""
+    if from_seq == 0:
+        return journal.first_seq
+    if from_seq < journal.first_seq:
+        raise ProtocolError(Status.GONE, str(Trimmed(journal.name, from_seq, journal.first_seq)), request_id)
+    return from_seq
+
+
+class Streams:
+    def __init__(
+        self,
+        journals: Sequence[JournalStore],
+        counters: Counter[str],
+        *,
+        tokens_of: Callable[[str], tuple[str, ...] | None],
+        wall_offset: float = 0.0,
+    ) -> None:
+        self.counters = counters
+        self.wall_offset = wall_offset
+        self.journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        self._routes: TopicTrie[JournalStore] = TopicTrie()
+        for journal in self.journals.values():
+            for pattern in journal.settings.topics:
+                self._routes.insert(split_pattern(pattern), journal)
+        self._tokens_of = tokens_of
+        # OKs held until their records are written: (journal, peer, request id, OK frames).
+        self._pending_acks: list[tuple[JournalStore, bytes, str, list[bytes]]] = []
+        self._replays: dict[Peer, dict[str, Replay]] = {}  # journal name -> SUB FROM still catching up
+        self._fetches: dict[Peer, dict[str, Fetch]] = {}  # request id -> fetch still sending pages
+        self._next_retention = 0.0
+
+    # ------------------------------------------------------------ appends
+    def routes(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
+        """The journals that keep this topic (a cached trie lookup)."""
+        return self._routes.match(tokens) if self.journals else ()
+
+    def append(
+        self,
+        journals: Sequence[JournalStore],
+        first: JournalStore,
+        topic: str,
+        sender: str,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+    ) -> int | None:
+        """Append to each journal; the primary's seq, or None if it could not write (fsync=always,
+        or a segment roll, write at once; a disk error must not take the broker down)."""
+        seq: int | None = None
+        for journal in journals:
+            try:
+                appended = journal.append(topic, sender, headers, body)
+            except OSError as exc:
+                self.counters["journal_write_failed"] += 1
+                log.error("journal %s: write failed: %s", journal.name, exc)
+                continue
+            if journal is first:
+                seq = appended
+        return seq
+
+    def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:
+        """Send ``frames`` (an OK) once ``journal``'s appends so far are committed."""
+        self._pending_acks.append((journal, routing_id, request_id, frames))
+
+    @property
+    def uncommitted(self) -> bool:
+        """``commit()`` has work: appends to write or OKs to release."""
+        return bool(self._pending_acks) or any(j.pending for j in self.journals.values())
+
+    def commit(self) -> list[Out]:
+        """Commit what was appended (through the port); returns the OKs now due.
+
+        A journal that fails to write turns its held OKs into ERROR 507: the
+        publisher learns its message is not stored (and may retry with MSGID).
+        """
+        failed: dict[str, OSError] = {}
+        for journal in self.journals.values():
+            if journal.pending:
+                try:
+                    journal.commit()
+                except OSError as exc:
+                    failed[journal.name] = exc
+                    self.counters["journal_write_failed"] += 1
+                    log.error("journal %s: write failed: %s", journal.name, exc)
+        acks, self._pending_acks = self._pending_acks, []
+        out: list[Out] = []
+        for journal, routing_id, request_id, ok in acks:
+            failure = failed.get(journal.name)
+            if failure is None:
+                out.append((routing_id, ok))
+            else:
+                reason = f"journal {journal.name} could not write: {failure.strerror or failure}"
+                out.append((routing_id, P.error(Status.STORAGE_FAILED, reason, request_id)))
+        return out
+
+    def enforce_retention(self, now: float) -> None:
+        """Age retention through the port, at most every ``RETENTION_INTERVAL``."""
+        if self.journals and now >= self._next_retention:
+            self._next_retention = now + RETENTION_INTERVAL
+            for journal in self.journals.values():
+                journal.enforce_retention(now + self.wall_offset)
+
+    # ------------------------------------------------------------ replays
+    def held_back(self, appended: Sequence[JournalStore], tokens: tuple[str, ...]) -> set[Peer] | None:
+        """Peers whose running replay will deliver this just-appended record (their live copy waits)."""
+        if not self._replays or not appended:
+            return None
+        held: set[Peer] = set()
+        for peer, replays in self._replays.items():
+            for journal in appended:
+                replay = replays.get(journal.name)
+                if replay is not None and replay.matches(tokens):
+                    held.add(peer)
+                    break
+        return held
+
+    def _journal_for_sub(self, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> JournalStore:
+        name = command.headers.get(Header.JOURNAL)
+        if name is not None:
+            journal = self.journals.get(name)
+            if journal is None:
+                raise ProtocolError(Status.BAD_REQUEST, f"no journal named {name[:40]!r}", command.id)
+            return journal
+        candidates = [
+            j
+            for j in self.journals.values()
+            if all(any(pattern_covers(split_pattern(jp), t) for jp in j.settings.topics) for _, t in patterns)
+        ]
+        if len(candidates) != 1:
+            which = "no journal keeps" if not candidates else "several journals keep"
+            raise ProtocolError(Status.BAD_REQUEST, f"{which} these topics; name one with JOURNAL", command.id)
+        return candidates[0]
+
+    def plan_replay(self, peer: Peer, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> Replay:
+        """Check a ``SUB FROM`` before anything changes; the replay to start."""
+        if peer.legacy:
+            raise ProtocolError(Status.BAD_REQUEST, "FROM needs protocol 1.0", command.id)
+        from_seq = P.parse_int(command, Header.FROM)
+        journal = self._journal_for_sub(command, patterns)
+        if journal.name in self._replays.get(peer, ()):
+            raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
+        from_seq = start_seq(journal, from_seq, command.id)
+        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.next_seq))
+
+    def start_replay(self, peer: Peer, replay: Replay) -> None:
+        self._replays.setdefault(peer, {})[replay.journal.name] = replay
+        self.counters["replays"] += 1
+
+    def unsubscribed(self, peer: Peer, removed: Sequence[tuple[str, ...]]) -> None:
+        """Patterns ``peer`` dropped no longer replay; a replay left with none ends."""
+        replays = self._replays.get(peer)
+        if not replays:
+            return
+        for tokens in removed:
+            for name, replay in list(replays.items()):
+                if tokens in replay.patterns:
+                    replay.patterns.remove(tokens)
+                    if not replay.patterns:
+                        self._end_replay(peer, name)
+
+    def _end_replay(self, peer: Peer, name: str) -> None:
+        replays = self._replays.get(peer)
+        if replays is not None:
+            replays.pop(name, None)
+            if not replays:
+                del self._replays[peer]
+
+    # ------------------------------------------------------------ fetches
+    def fetch_running(self, peer: Peer, rid: str) -> bool:
+        fetch = self._fetches.get(peer, {}).get(rid)
+        return fetch is not None and not fetch.done
+
+    def start_fetch(
+        self,
+        peer: Peer,
+        rid: str,
+        user: dict[str, str],
+        journal: JournalStore,
+        from_seq: int,
+        to_seq: int | None,
+        match: Callable[[str], bool] | None,
+        max_records: int,
+        max_bytes: int,
+    ) -> None:
+        """Check and start a fetch; its pages follow from ``stream()``, one per loop turn."""
+        from_seq = start_seq(journal, from_seq, rid)
+        end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
+        fetches = self._fetches.get(peer, {})
+        running = sum(1 for f in fetches.values() if not f.done)
+        if running >= MAX_FETCHES_PER_PEER:
+            raise ProtocolError(Status.OVER_LIMIT, f"{running} fetches under way, the limit per peer", rid)
+        self._fetches.setdefault(peer, {})[rid] = Fetch(
+            rid, user, journal, from_seq, end, match, max_records, max_bytes
+        )
+        self.counters["journal_fetches"] += 1
+
+    def cancel_fetch(self, peer: Peer, rid: str) -> bool:
+        fetches = self._fetches.get(peer)
+        if fetches is None or fetches.pop(rid, None) is None:
+            return False
+        if not fetches:
+            del self._fetches[peer]
+        return True
+
+    def drop_peer(self, peer: Peer) -> None:
+        self._replays.pop(peer, None)
+        self._fetches.pop(peer, None)
+
+    # ------------------------------------------------------------ pacing
+    @property
+    def streaming(self) -> bool:
+        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
+        return bool(self._replays) or bool(self._fetches)
+
+    def stream(self, now: float) -> list[StreamOut]:
+        """One page of every running replay and fetch.
+
+        The shell sends them in order and reports each one it could not
+        queue (and each after it for that peer) to ``stream_blocked``, which
+        rewinds that stream; nothing is lost and a slow reader only slows
+        its own streams.
+        """
+        out: list[StreamOut] = []
+        for peer in list({**self._fetches, **self._replays}):
+            fetches = self._fetches.get(peer, {})
+            for rid, fetch in list(fetches.items()):
+                if fetch.done:
+                    self.cancel_fetch(peer, rid)
+                elif fetch.resume_at <= now:
+                    out += self._fetch_page(peer, fetch)
+            for name, replay in list(self._replays.get(peer, {}).items()):
+                if replay.resume_at <= now:
+                    out += self._replay_page(peer, name, replay)
+            peer.last_sent = now
+        return out
+
+    def _replay_page(self, peer: Peer, name: str, replay: Replay) -> list[StreamOut]:
+        journal = replay.journal
+        rid = peer.routing_id
+        try:
+            records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
+        except (Trimmed, OSError) as exc:  # retention, or a segment gone or unreadable
+            self._end_replay(peer, name)
+            code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
+            pattern = ".".join(replay.patterns[0])
+            return [StreamOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
+        out = []
+        for record in records:
+            tokens = self._tokens_of(record.topic)
+            if tokens is None or not replay.matches(tokens):
+                continue
+            if peer.grants.deny_subscribe and not peer.grants.delivers(tokens):
+                continue
+            out.append(StreamOut(rid, record_message(record, name), "replay", name, record.seq, 1))
+        self.counters["replayed"] += len(out)
+        replay.cursor = next_seq
+        # Ends only on a turn with nothing left, so a record whose send
+        # failed in the last page is still resent (see stream_blocked).
+        if not records and next_seq >= journal.next_seq:
+            self._end_replay(peer, name)
+        return out
+
+    def _fetch_page(self, peer: Peer, fetch: Fetch) -> list[StreamOut]:
+        journal = fetch.journal
+        rid = peer.routing_id
+        dialect = peer.dialect
+        start = fetch.cursor
+        if start < fetch.end and fetch.records_left > 0 and fetch.bytes_left > 0:
+            try:
+                records, fetch.cursor = journal.read(
+                    start,
+                    fetch.end,
+                    fetch.match,
+                    max_records=min(FETCH_PAGE_RECORDS, fetch.records_left),
+                    max_bytes=min(FETCH_PAGE_BYTES, fetch.bytes_left),
+                )
+            except (Trimmed, OSError) as exc:  # retention overtook a slow fetch, or a segment unreadable
+                self.cancel_fetch(peer, fetch.rid)
+                code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
+                frames = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
+                return [StreamOut(rid, frames, "error", fetch.rid, 0, 0)]
+            fetch.records_left -= len(records) or 1  # a page that matched nothing still costs
+            fetch.bytes_left -= sum(len(p) for r in records for p in r.parts) or 1
+            if not records:
+                return []
+            fetch.count += len(records)
+            frames = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
+            return [StreamOut(rid, frames, "fetch", fetch.rid, start, len(records))]
+        summary = {
+            "next_seq": fetch.cursor,
+            "records": fetch.count,
+            "first_seq": journal.first_seq,
+            "end_seq": journal.next_seq,
+        }
+        fetch.done = True
+        frames = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
+        return [StreamOut(rid, frames, "fetch", fetch.rid, fetch.cursor, 0)]
+
+    def stream_blocked(self, blocked: StreamOut, peer: Peer, now: float) -> None:
+        """A stream message could not be queued: rewind its stream and pause it briefly."""
+        if blocked.kind == "replay":
+            replay = self._replays.get(peer, {}).get(blocked.key)
+            if replay is not None:
+                replay.cursor = min(replay.cursor, blocked.seq)
+                replay.resume_at = now + REPLAY_BACKOFF
+        elif blocked.kind == "fetch":
+            fetch = self._fetches.get(peer, {}).get(blocked.key)
+            if fetch is not None:
+                if blocked.seq < fetch.cursor or fetch.done:
+                    fetch.cursor = blocked.seq
+                    fetch.count -= blocked.records
+                    fetch.records_left += blocked.records
+                fetch.done = False
+                fetch.resume_at = now + REPLAY_BACKOFF
+        else:
+            return
+        self.counters["stream_paused"] += 1
+
+    def next_deadline(self, earliest: float) -> float:
+        """``earliest``, or sooner when retention or a paused stream is due."""
+        if self.journals:
+            earliest = min(earliest, self._next_retention)
+        for replays in self._replays.values():
+            for replay in replays.values():
+                earliest = min(earliest, replay.resume_at)
+        for fetches in self._fetches.values():
+            for fetch in fetches.values():
+                earliest = min(earliest, fetch.resume_at)
+        return earliest
+
+
+def record_message(record: Record, journal: str) -> list[bytes]:
+    """A journal record as the MESSAGE a 1.0 subscriber gets live (with JOURNAL and SEQ)."""
+    user = P.user_header_frames(record.headers)
+    return P.message(record.topic.encode(), record.sender.encode(), user, record.parts, (journal.encode(), record.seq))

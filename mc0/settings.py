@@ -1,0 +1,107 @@
+"""Settings: the frozen dataclasses every part of mc0 is configured with.
+
+Contract: a leaf.  This module imports nothing of the broker or the
+clients (only the wire limits and the permission policy, both pure), so
+``mc0.config`` (the TOML loader), the broker rooms and the clients can all
+depend on it without depending on each other.  ``Config()`` is the embedded
+defaults; field bounds live in each field's ``metadata`` (``min``, ``empty``,
+``choices``), read by the loader.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .permissions import Permissions
+from .protocol import Limits
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"  # the port of the original mc0d
+
+ENV_ENDPOINT = "MC0_ENDPOINT"
+ENV_CONFIG = "MC0_CONFIG"
+ENV_KEY = "MC0_KEY"
+ENV_BROKER_KEY = "MC0_BROKER_KEY"
+
+FSYNC_POLICIES = ("always", "batch", "never")
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """The broker-core knobs (the config file's ``[broker]`` tables map onto these)."""
+
+    limits: Limits = field(default_factory=Limits)
+    min_ttl_ms: int = 100
+    max_ttl_ms: int = 60_000
+    liveness: int = 3
+    # A peer whose sends keep failing at HWM for this long is told 429 and
+    # forgotten; 0 keeps it (drops are still counted).
+    slow_consumer_ms: int = field(default=5_000, metadata={"min": 0})
+    request_timeout_ms: int = 30_000  # when a REQUEST has no TIMEOUT
+    max_request_timeout_ms: int = 600_000  # TIMEOUT is clamped to this
+    max_queue: int = 10_000  # queued requests per service (429 beyond)
+    max_requests: int = 10_000  # outstanding requests per client (429 beyond)
+    max_attempts: int = 3  # dispatches of one request before 502
+    max_capacity: int = 1_000  # CAPACITY a worker may claim
+    mdp_ttl_ms: int = 2_500  # heartbeat interval for MDP/0.2 workers (majortomo's default)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig(CoreSettings):
+    bind: tuple[str, ...] = (DEFAULT_ENDPOINT,)
+    # Outgoing queue per peer (ZMQ_SNDHWM); beyond it sends to that peer are
+    # dropped and counted (see CoreSettings.slow_consumer_ms).
+    send_hwm: int = field(default=10_000, metadata={"min": 1})
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """The broker's CURVE setup (``curve = false`` is ``mc0 broker --insecure``)."""
+
+    curve: bool = True
+    keys_dir: str = "keys"
+    allowed_dir: str = "keys/allowed"
+    # NAME of a keypair in keys_dir (created on first start if absent), or a path to NAME.key_secret.
+    broker_key: str = "broker"
+    # How often the allowed folder is checked for changes (revocation takes effect within this).
+    reload_ms: int = field(default=500, metadata={"min": 10})
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    endpoint: str = DEFAULT_ENDPOINT
+    ttl_ms: int = field(default=5_000, metadata={"min": 1})
+    timeout_ms: int = field(default=5_000, metadata={"min": 1})
+    request_timeout_ms: int = field(default=30_000, metadata={"min": 1})
+    # This client's secret key (NAME.key_secret path) and the broker's public key
+    # (NAME.key path); both empty = no CURVE. Overridden by MC0_KEY / MC0_BROKER_KEY.
+    key: str = field(default="", metadata={"empty": True})
+    broker_key: str = field(default="", metadata={"empty": True})
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSettings:
+    """One ``[journals.NAME]`` table of the config file."""
+
+    topics: tuple[str, ...] = (">",)  # patterns whose PUTs are journaled
+    folder: str = field(default="", metadata={"empty": True})  # "" = var/journal/NAME
+    segment_bytes: int = field(default=64 * 1024 * 1024, metadata={"min": 4096})
+    max_bytes: int = field(default=1024 * 1024 * 1024, metadata={"min": 0})  # 0 = no size limit
+    max_age_s: int = field(default=7 * 24 * 3600, metadata={"min": 0})  # 0 = no age limit
+    fsync: str = field(default="batch", metadata={"choices": FSYNC_POLICIES})
+    dedup_window_s: int = field(default=120, metadata={"min": 0})  # 0 = no dedup
+    dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
+
+    def path(self, name: str) -> Path:
+        return Path(self.folder or os.path.join("var", "journal", name))
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    permissions: Permissions = field(default_factory=Permissions)
+    # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.broker.journal).
+    journals: dict[str, JournalSettings] = field(default_factory=dict)

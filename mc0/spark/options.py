@@ -1,0 +1,123 @@
+"""Options of the ``mc0`` data source and sink, and how an executor reaches the broker.
+
+Contract: pure parsing of Spark's string options into :class:`ReadSettings`
+and :class:`Connection` (picklable: an executor opens its own client); a bad
+option is a ``ConfigError`` naming it.  Imports no pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+SOURCE_NAME = "mc0"
+SCHEMA = "seq long, ts timestamp, topic string, sender string, headers map<string,string>, body binary"
+DEFAULT_JOURNAL = "main"
+DEFAULT_PARTITION_RECORDS = 10_000
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's micro-batch engine on every task
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ConfigError(f"option {name}", f"must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"option {name}", f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = str(options.get(name, default)).lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(f"option {name}", f"must be true or false, got {raw!r}")
+    return raw == "true"
+
+
+def parse_offset(raw: str, name: str) -> int:
+    """``earliest`` -> 0, ``latest`` -> -1, ``n`` or ``{"seq": n}`` -> n (>= 1)."""
+    text = raw.strip()
+    if text == "earliest":
+        return 0
+    if text == "latest":
+        return -1
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ConfigError(f"option {name}", f'must be earliest, latest, a seq or {{"seq": n}}, got {raw!r}') from None
+    if isinstance(value, dict):
+        value = value.get("seq")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"option {name}", f"a seq must be an integer >= 1, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What an executor needs to reach the broker (picklable; no sockets)."""
+
+    endpoint: str | None
+    key: str | None
+    broker_key: str | None
+    timeout: float
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> Connection:
+        timeout = _int_option(options, "timeout", 30) or 30
+        return cls(options.get("endpoint"), options.get("key"), options.get("brokerKey"), float(timeout))
+
+    def client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"timeout": self.timeout}
+        if self.key:
+            options["key"] = self.key
+        if self.broker_key:
+            options["broker_key"] = self.broker_key
+        return options
+
+    def client(self) -> Any:
+        from ..client import Client
+
+        return Client(self.endpoint, **self.client_options()).connect()
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    connection: Connection
+    journal: str
+    topics: tuple[str, ...]
+    starting: int
+    ending: int
+    max_per_trigger: int | None
+    max_per_partition: int
+    fail_on_data_loss: bool
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ReadSettings:
+        topics = tuple(t.strip() for t in str(options.get("topics", "")).split(",") if t.strip())
+        return cls(
+            Connection.from_options(options),
+            str(options.get("journal", DEFAULT_JOURNAL)),
+            topics,
+            parse_offset(str(options.get("startingOffsets", "earliest")), "startingOffsets"),
+            parse_offset(str(options.get("endingOffsets", "latest")), "endingOffsets"),
+            _int_option(options, "maxRecordsPerTrigger", None),
+            _int_option(options, "maxRecordsPerPartition", DEFAULT_PARTITION_RECORDS) or DEFAULT_PARTITION_RECORDS,
+            _bool_option(options, "failOnDataLoss", True),
+        )
+
+    def head(self) -> tuple[int, int]:
+        """``(first_seq, next_seq)`` of the journal now (ConfigError if there is no such journal)."""
+        with self.connection.client() as client:
+            info = client.journal_info(timeout=self.connection.timeout)
+        if self.journal not in info:
+            known = ", ".join(sorted(info)) or "none"
+            raise ConfigError("option journal", f"the broker has no journal {self.journal!r} (journals: {known})")
+        journal = info[self.journal]
+        return int(journal["first_seq"]), int(journal["next_seq"])
