@@ -197,7 +197,7 @@ class Client:
         return self
 
     def close(self) -> None:
-        if self._aio._closed:
+        if self._aio.closed:
             return
         _run(self._aio.close())
 
@@ -221,10 +221,8 @@ class Client:
     ) -> Ack | None:
         if confirm:
             return _run(self._aio.publish(topic, body, headers=headers, confirm=True, msgid=msgid, timeout=timeout))
-        # Validate here (misuse raises in the caller), send on the loop without waiting for it.
-        frames = self._aio.session.publish(topic, body, headers, msgid=msgid)
-        self._aio._check_open()
-        _background_loop().call_soon_threadsafe(self._aio._send_nowait, frames)
+        # Validated here (misuse raises in the caller), sent on the loop without waiting for it.
+        self._aio.publish_nowait(topic, body, headers=headers, msgid=msgid)
         return None
 
     def subscribe(
@@ -312,7 +310,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Future[Reply]:
         """``request`` without waiting: a ``concurrent.futures.Future`` (many at once)."""
-        self._aio._check_open()
+        self._aio.ensure_open()
         coro = self._aio.request(service, body, timeout=timeout, headers=headers)
         return asyncio.run_coroutine_threadsafe(coro, _background_loop())
 

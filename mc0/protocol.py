@@ -263,7 +263,13 @@ class Command(NamedTuple):
         return self.headers.get(Header.ID)
 
     def user_headers(self) -> dict[str, str]:
+        """The ``X-`` headers (the one place they are told apart from reserved ones)."""
         return {k: v for k, v in self.headers.items() if k.startswith(USER_HEADER_PREFIX)}
+
+
+def is_user_header(key: str) -> bool:
+    """A key a sender may use for its own header: ``X-`` and at least one more ASCII character."""
+    return key.startswith(USER_HEADER_PREFIX) and key.isascii() and len(key) > len(USER_HEADER_PREFIX)
 
 
 def _snippet(frame: bytes, limit: int = 40) -> str:
@@ -411,7 +417,7 @@ def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:
     """The ``X-`` headers of ``headers`` as flat key, value frames (for ``message``)."""
     frames: list[bytes] = []
     for key, value in headers.items():
-        if key.startswith(USER_HEADER_PREFIX):
+        if key.startswith(USER_HEADER_PREFIX):  # as Command.user_headers, without building a dict
             frames += (key.encode(), value.encode())
     return frames
 

@@ -193,7 +193,7 @@ class ClientSession:
     def _user_fields(self, fields: dict[str, str], headers: Mapping[str, str] | None) -> None:
         if headers:
             for key, value in headers.items():
-                if not (key.startswith(P.USER_HEADER_PREFIX) and key.isascii() and len(key) > 2):
+                if not P.is_user_header(key):
                     raise ProtocolError(Status.BAD_REQUEST, f"user header {key!r} must be ASCII and start with X-")
                 fields[key] = value
 
@@ -377,7 +377,7 @@ class ClientSession:
     def _work(self, command: Command) -> Work:
         headers = command.headers
         timeout_text = headers[Header.TIMEOUT]
-        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        user = command.user_headers()
         return Work(
             headers[Header.ID],
             headers[Header.SERVICE],
@@ -394,7 +394,7 @@ class ClientSession:
             tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
         except InvalidTopic:
             tokens = ()
-        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        user = command.user_headers()
         seq_text = headers.get(Header.SEQ)
         seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
         journal = headers.get(Header.JOURNAL)

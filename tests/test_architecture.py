@@ -25,20 +25,30 @@ LAYERS: list[list[str]] = [
         "mc0.broker.peers",
         "mc0.broker.telemetry",
         "mc0.broker.store",
+    ],
+    [
+        "mc0.aio.streams",
+        "mc0.broker.pubsub",
+        "mc0.broker.rpc",
+        "mc0.broker.streams",
+        "mc0.broker.journal",
         "mc0.broker.mdp",
     ],
-    ["mc0.aio", "mc0.broker.pubsub", "mc0.broker.rpc", "mc0.broker.streams", "mc0.broker.journal"],
-    ["mc0.client", "mc0.broker.builtins", "mc0.process"],
+    ["mc0.aio.client", "mc0.broker.builtins", "mc0.process"],
+    ["mc0.aio.worker"],
+    ["mc0.aio"],
+    ["mc0.client"],
     ["mc0.broker.core", "mc0.spark.options"],
     ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.demo"],
     ["mc0.broker", "mc0.spark.source", "mc0.spark.pipeline"],
-    ["mc0", "mc0.spark"],
+    ["mc0", "mc0.spark", "mc0.cli.base"],
+    ["mc0.cli.bus", "mc0.cli.keys", "mc0.cli.ops"],
     ["mc0.cli"],
     ["mc0.__main__", "mc0.spark.submit"],
 ]
 LAYER = {module: i for i, layer in enumerate(LAYERS) for module in layer}
 
-CLIENT_SIDE = ("mc0.client", "mc0.aio", "mc0.session")
+CLIENT_SIDE = ("mc0.client", "mc0.aio", "mc0.aio.client", "mc0.aio.worker", "mc0.aio.streams", "mc0.session")
 # The sans-I/O rooms: no sockets, no clock, no disk.
 PURE = (
     "mc0.protocol",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import CLOSE_WAIT_LIMIT, BrokerCore, CoreSettings
+from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.peers import CLOSE_WAIT_LIMIT
 from mc0.protocol import Limits
 
 

@@ -53,14 +53,14 @@ JOB_TABLE: dict[tuple[JobState, JobEvent], tuple[JobState, Action]] = {
     **{(D, event): (D, X.IGNORE) for event in JobEvent},
 }
 
-O, G = GatherState.OPEN, GatherState.DONE
+OPEN, G = GatherState.OPEN, GatherState.DONE
 GE = GatherEvent
 GATHER_TABLE: dict[tuple[GatherState, GatherEvent], tuple[GatherState, Action]] = {
-    (O, GE.LEG_DONE): (O, X.IGNORE),
-    (O, GE.LAST_LEG_DONE): (G, X.SUMMARY),
-    (O, GE.DEADLINE): (G, X.SUMMARY),
-    (O, GE.CANCEL): (G, X.FAIL_CANCELLED),
-    (O, GE.CLIENT_GONE): (G, X.ABANDON),
+    (OPEN, GE.LEG_DONE): (OPEN, X.IGNORE),
+    (OPEN, GE.LAST_LEG_DONE): (G, X.SUMMARY),
+    (OPEN, GE.DEADLINE): (G, X.SUMMARY),
+    (OPEN, GE.CANCEL): (G, X.FAIL_CANCELLED),
+    (OPEN, GE.CLIENT_GONE): (G, X.ABANDON),
     **{(G, event): (G, X.IGNORE) for event in GatherEvent},
 }
 

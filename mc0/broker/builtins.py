@@ -18,6 +18,7 @@ from ..errors import InvalidTopic, ProtocolError
 from ..permissions import ALLOW_ALL
 from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ..topics import pattern_matches, split_pattern
+from .jobs import Service
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .rpc import Rpc
@@ -144,7 +145,7 @@ class Builtins:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
         rpc = self.rpc
         if op == "services":
-            return {name: rpc.service_report(s) for name, s in sorted(rpc.services.items())}
+            return {name: self._service_report(s) for name, s in sorted(rpc.services.items())}
         if op == "topics":
             return self.pubsub.report()
         if op == "peers":
@@ -180,3 +181,27 @@ class Builtins:
                 "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
             }
         return None
+
+    def _in_flight(self, service: Service) -> int:
+        workers = self.rpc.workers
+        return sum(1 for w in service.workers for j in workers[w].jobs.values() if j.service == service.name)
+
+    def _service_report(self, service: Service) -> dict[str, object]:
+        latencies = sorted(service.latencies)
+
+        def pct(q: float) -> float | None:
+            if not latencies:
+                return None
+            return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
+
+        return {
+            "workers": len(service.workers),
+            "idle": len(service.ready),
+            "queued": sum(1 for j in service.queue if not j.done),
+            "in_flight": self._in_flight(service),
+            "requests": service.requests,
+            "served": service.served,
+            "errors": service.errors,
+            "timeouts": service.timeouts,
+            "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
+        }

@@ -30,29 +30,21 @@ from collections.abc import Callable, Sequence
 from .. import protocol as P
 from ..errors import ProtocolError
 from ..permissions import Permissions
-from ..protocol import BROKER_SERVICE, MMI_SERVICE, Command, Header, Side, Status, Verb
+from ..protocol import Command, Header, Side, Status, Verb
 from ..settings import CoreSettings
 from ..topics import split_topic
 from ..trie import TopicTrie
 from . import mdp, telemetry
 from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
-from .peers import CLOSE_WAIT_LIMIT, Out, Peer, PeerTable, generated_routing_id
+from .jobs import Service
+from .peers import Out, Peer, PeerTable, generated_routing_id
 from .pubsub import PubSub
-from .rpc import Rpc, Service
+from .rpc import Rpc
 from .store import JournalStore
 from .streams import StreamOut, Streams, primary
 from .telemetry import BROKER_SENDER, PeerEvent, TelemetryRecord
 
-__all__ = [
-    "BROKER_SERVICE",
-    "CLOSE_WAIT_LIMIT",
-    "MMI_SERVICE",
-    "BrokerCore",
-    "CoreSettings",
-    "Out",
-    "Peer",
-    "StreamOut",
-]
+__all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 
 log = logging.getLogger("mc0.broker")
 
@@ -163,7 +155,7 @@ class BrokerCore:
             out = self._forget(peer, "replaced", now)
             peer = None
         if frames and mdp.is_mdp(frames):
-            return out + self._handle_mdp(routing_id, frames, now, identity, fd)
+            return out + mdp.handle(self, self.peers.get(routing_id), routing_id, frames, now, identity, fd)
         if peer is not None:
             peer.last_recv = now
         try:
@@ -436,58 +428,31 @@ class BrokerCore:
             return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, command.headers[Header.MESSAGE])
         return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
 
-    # ================================================================ MDP/0.2
-    def _handle_mdp(
-        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
-    ) -> list[Out]:
-        try:
-            command = mdp.decode(frames)
-        except ProtocolError as exc:
-            self.counters["mdp_malformed"] += 1
-            log.debug("an MDP peer: %s", exc.reason)
-            return []
-        peer = self.peers.get(routing_id)
-        dialect = mdp.DIALECTS[(command.role, command.envelope)]
-        if peer is not None and peer.dialect is not dialect:
-            self.counters["mdp_mismatch"] += 1
-            return []
-        if peer is None:
-            if command.command == mdp.DISCONNECT:
-                return []
-            if self.generated_ids_only and not generated_routing_id(routing_id):
-                self.counters["mdp_chosen_routing_id"] += 1
-                return []
-            if command.role == mdp.WORKER and command.command != mdp.READY:
-                # MDP: a worker the broker does not know is told to reconnect.
-                disconnect = dialect.disconnect()
-                return [(routing_id, disconnect)] if disconnect is not None else []
-            peer = Peer(routing_id, identity, "mdp", self.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-            opened = self._open(peer, now)
-            if opened:
-                return opened + self._handle_mdp(routing_id, frames, now, identity, fd)
-        peer.last_recv = now
-        out: list[Out] = []
-        try:
-            if command.role == mdp.CLIENT:
-                assert command.service is not None
-                name = self.rpc.service_name(command.service, None)
-                rid = f"mdp{self.rpc.next_id()}"
-                out = self._call(peer, name, rid, self.settings.request_timeout_ms, False, {}, command.body, now)
-            elif command.command == mdp.READY:
-                assert command.service is not None
-                name = self.rpc.service_name(command.service, None)
-                self.rpc.check_serve(peer, name, None, RESERVED_SERVICES)
-                out = self.rpc.ready(peer, (name,), 1, now)
-            elif command.command == mdp.DISCONNECT:
-                out = self._forget(peer, "disconnected", now)
-            elif command.command != mdp.HEARTBEAT:
-                assert command.token is not None
-                verb = Verb.FINAL if command.command == mdp.FINAL else Verb.PARTIAL
-                out = self.rpc.reply(peer, verb, command.token, {}, command.body, now)
-        except ProtocolError as exc:
-            self.counters["mdp_rejected"] += 1
-            if command.role == mdp.CLIENT:
-                out = [(routing_id, peer.dialect.error(None, command.service or "", exc.code, exc.reason))]
+    # ================================================================ operations for foreign dialects
+    # (the narrow interface mdp.handle drives the core through: see mdp.CoreOps)
+    def open_peer(self, peer: Peer, now: float) -> list[Out]:
+        return self._open(peer, now)
+
+    def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
+        return self._forget(peer, why, now)
+
+    def call(self, client: Peer, name: str, body: Sequence[bytes], now: float, *, rid: str | None = None) -> list[Out]:
+        """A request from a foreign client (a broker-made request id unless it brings its own)."""
+        name = self.rpc.service_name(name, rid)
+        rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
+        return self._call(client, name, rid, self.settings.request_timeout_ms, False, {}, body, now)
+
+    def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
+        checked = [self.rpc.service_name(n, None) for n in names]
+        for name in checked:
+            self.rpc.check_serve(worker, name, None, RESERVED_SERVICES)
+        return self.rpc.ready(worker, tuple(dict.fromkeys(checked)), capacity, now)
+
+    def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
+        return self.rpc.reply(worker, verb, bid, {}, body, now)
+
+    def published(self, out: list[Out], now: float) -> list[Out]:
+        """``out`` plus the telemetry of what just finished."""
         return self._with_finished(out, now)
 
     # ================================================================ journals

@@ -1,21 +1,31 @@
-"""The life of an RPC request, as two explicit state machines (after h11's ``_state.py``).
+"""The life of an RPC request: two explicit state machines (after h11's ``_state.py``) and the records they move.
 
 Contract: ``job_transition(state, event)`` and ``gather_transition(state,
 event)`` are total functions over their enums: every (state, event) pair
 has exactly one outcome, a new state and one :class:`Action` for the RPC
-room to carry out.  "Exactly one terminal reply per request" is visible
-here: only a transition *into* ``DONE`` carries a terminal action, and
-``DONE`` absorbs every later event as ``IGNORE`` (a late or forged reply is
-dropped and counted).  Pure: no I/O, no time, no imports from mc0.
+room (:mod:`mc0.broker.rpc`) to carry out.  "Exactly one terminal reply
+per request" is visible here: only a transition *into* ``DONE`` carries a
+terminal action, and ``DONE`` absorbs every later event as ``IGNORE`` (a
+late or forged reply is dropped and counted).  Pure: no I/O, no time.
 
 A *job* is one request to one worker (a plain REQUEST, or one leg of a
 scatter).  A *gather* is the scatter itself: it ends with one FINAL
 (``COUNT n MISSING m``) once every leg is done or its deadline passes.
+:class:`Job`, :class:`Scatter`, :class:`Service` and :class:`WorkerState`
+are the RPC room's records (plain data; the room changes them).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .peers import Peer
+
+LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 
 
 class JobState(Enum):
@@ -123,3 +133,111 @@ GATHER_TRANSITIONS = _gather_table()
 
 def gather_transition(state: GatherState, event: GatherEvent) -> tuple[GatherState, Action]:
     return GATHER_TRANSITIONS[state, event]
+
+
+# ---------------------------------------------------------------- records
+
+
+class Job:
+    """One request to one worker (a plain REQUEST, or one leg of a scatter)."""
+
+    __slots__ = (
+        "bid",
+        "client",
+        "rid",
+        "service",
+        "user",
+        "body",
+        "created",
+        "deadline",
+        "attempts",
+        "worker",
+        "state",
+        "parent",
+        "size",
+        "bytes_out",
+    )
+
+    def __init__(
+        self,
+        bid: str,
+        client: Peer,
+        rid: str,
+        service: str,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        deadline: float,
+        parent: Scatter | None = None,
+    ) -> None:
+        self.bid = bid
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.body = body
+        self.created = now
+        self.deadline = deadline
+        self.attempts = 0
+        self.worker: Peer | None = None
+        self.state = JobState.QUEUED
+        self.parent = parent
+        self.size = sum(map(len, body))
+        self.bytes_out = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state is JobState.DONE
+
+
+class Scatter:
+    """A REQUEST ... ALL 1: one Job leg per worker, then FINAL COUNT n MISSING m."""
+
+    __slots__ = ("client", "rid", "service", "user", "deadline", "legs", "total", "answered", "state", "created")
+
+    def __init__(self, client: Peer, rid: str, service: str, user: dict[str, str], now: float, deadline: float):
+        self.client = client
+        self.rid = rid
+        self.service = service
+        self.user = user
+        self.created = now
+        self.deadline = deadline
+        self.legs: dict[str, Job] = {}  # bid -> leg still outstanding
+        self.total = 0
+        self.answered = 0
+        self.state = GatherState.OPEN
+
+    @property
+    def done(self) -> bool:
+        return self.state is GatherState.DONE
+
+
+Request = Job | Scatter
+
+
+class WorkerState:
+    """What a peer serves and holds as a worker."""
+
+    __slots__ = ("services", "capacity", "jobs", "served")
+
+    def __init__(self) -> None:
+        self.services: tuple[str, ...] = ()
+        self.capacity = 0
+        self.jobs: dict[str, Job] = {}  # bid -> request held
+        self.served = 0
+
+
+class Service:
+    __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.workers: dict[Peer, None] = {}
+        # Workers with spare capacity, least recently used first.
+        self.ready: dict[Peer, None] = {}
+        self.queue: deque[Job] = deque()
+        self.requests = 0
+        self.served = 0
+        self.errors = 0
+        self.timeouts = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)

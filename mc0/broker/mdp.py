@@ -21,15 +21,26 @@ Frames (after the routing id), as majortomo 0.2 speaks them::
 
 An error for an MDP client (no worker, deadline, ...) arrives as a FINAL whose
 body is three frames: ``ERROR``, the status code, the reason.
+
+``handle`` drives the broker core through :class:`CoreOps`, the narrow
+interface every foreign dialect uses (open a peer, forget it, call a
+service, serve services, reply to a job).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import ProtocolError
-from ..protocol import Dialect, Status
+from ..protocol import Dialect, Status, Verb
+from ..settings import CoreSettings
+from .peers import Out, Peer, generated_routing_id
+
+log = logging.getLogger("mc0.broker")
 
 CLIENT = b"MDPC02"
 WORKER = b"MDPW02"
@@ -171,3 +182,79 @@ DIALECTS: dict[tuple[bytes, bool], Dialect] = {
     (WORKER, False): MdpWorkerDialect(False),
     (WORKER, True): MdpWorkerDialect(True),
 }
+
+
+class CoreOps(Protocol):
+    """What a foreign dialect may ask of the broker core (implemented by BrokerCore)."""
+
+    settings: CoreSettings
+    generated_ids_only: bool
+    counters: Counter[str]
+
+    def open_peer(self, peer: Peer, now: float) -> list[Out]: ...
+
+    def forget(self, peer: Peer, why: str, now: float) -> list[Out]: ...
+
+    def call(
+        self, client: Peer, name: str, body: Sequence[bytes], now: float, *, rid: str | None = None
+    ) -> list[Out]: ...
+
+    def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]: ...
+
+    def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]: ...
+
+    def published(self, out: list[Out], now: float) -> list[Out]: ...
+
+
+def handle(
+    core: CoreOps,
+    peer: Peer | None,
+    routing_id: bytes,
+    frames: Sequence[bytes],
+    now: float,
+    identity: str,
+    fd: int | None,
+) -> list[Out]:
+    """One MDP message (``is_mdp(frames)``) from ``peer`` (None: not known yet) -> what to send."""
+    try:
+        command = decode(frames)
+    except ProtocolError as exc:
+        core.counters["mdp_malformed"] += 1
+        log.debug("an MDP peer: %s", exc.reason)
+        return []
+    dialect = DIALECTS[(command.role, command.envelope)]
+    if peer is not None and peer.dialect is not dialect:
+        core.counters["mdp_mismatch"] += 1
+        return []
+    out: list[Out] = []
+    if peer is None:
+        if command.command == DISCONNECT:
+            return []
+        if core.generated_ids_only and not generated_routing_id(routing_id):
+            core.counters["mdp_chosen_routing_id"] += 1
+            return []
+        if command.role == WORKER and command.command != READY:
+            # MDP: a worker the broker does not know is told to reconnect.
+            disconnect = dialect.disconnect()
+            return [(routing_id, disconnect)] if disconnect is not None else []
+        peer = Peer(routing_id, identity, "mdp", core.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
+        out = core.open_peer(peer, now)
+    peer.last_recv = now
+    try:
+        if command.role == CLIENT:
+            assert command.service is not None
+            out += core.call(peer, command.service, command.body, now)
+        elif command.command == READY:
+            assert command.service is not None
+            out += core.serve(peer, (command.service,), 1, now)
+        elif command.command == DISCONNECT:
+            out += core.forget(peer, "disconnected", now)
+        elif command.command != HEARTBEAT:
+            assert command.token is not None
+            verb = Verb.FINAL if command.command == FINAL else Verb.PARTIAL
+            out += core.worker_reply(peer, verb, command.token, command.body, now)
+    except ProtocolError as exc:
+        core.counters["mdp_rejected"] += 1
+        if command.role == CLIENT:
+            out.append((routing_id, dialect.error(None, command.service or "", exc.code, exc.reason)))
+    return core.published(out, now)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidTopic, ProtocolError
@@ -25,119 +25,26 @@ from ..permissions import Grants
 from ..protocol import MAX_SERVICE_BYTES, Header, Status, Verb
 from ..settings import CoreSettings
 from ..topics import split_topic
-from .jobs import Action, GatherEvent, GatherState, JobEvent, JobState, gather_transition, job_transition
+from .jobs import (
+    Action,
+    GatherEvent,
+    GatherState,
+    Job,
+    JobEvent,
+    JobState,
+    Request,
+    Scatter,
+    Service,
+    WorkerState,
+    gather_transition,
+    job_transition,
+)
 from .peers import Out, Peer
 from .telemetry import RpcDone
 
 log = logging.getLogger("mc0.broker")
 
-LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 SERVICE_CACHE_SIZE = 4096
-
-
-class Job:
-    """One request to one worker (a plain REQUEST, or one leg of a scatter)."""
-
-    __slots__ = (
-        "bid",
-        "client",
-        "rid",
-        "service",
-        "user",
-        "body",
-        "created",
-        "deadline",
-        "attempts",
-        "worker",
-        "state",
-        "parent",
-        "size",
-        "bytes_out",
-    )
-
-    def __init__(
-        self,
-        bid: str,
-        client: Peer,
-        rid: str,
-        service: str,
-        user: dict[str, str],
-        body: Sequence[bytes],
-        now: float,
-        deadline: float,
-        parent: Scatter | None = None,
-    ) -> None:
-        self.bid = bid
-        self.client = client
-        self.rid = rid
-        self.service = service
-        self.user = user
-        self.body = body
-        self.created = now
-        self.deadline = deadline
-        self.attempts = 0
-        self.worker: Peer | None = None
-        self.state = JobState.QUEUED
-        self.parent = parent
-        self.size = sum(map(len, body))
-        self.bytes_out = 0
-
-    @property
-    def done(self) -> bool:
-        return self.state is JobState.DONE
-
-
-class Scatter:
-    """A REQUEST ... ALL 1: one Job leg per worker, then FINAL COUNT n MISSING m."""
-
-    __slots__ = ("client", "rid", "service", "user", "deadline", "legs", "total", "answered", "state", "created")
-
-    def __init__(self, client: Peer, rid: str, service: str, user: dict[str, str], now: float, deadline: float):
-        self.client = client
-        self.rid = rid
-        self.service = service
-        self.user = user
-        self.created = now
-        self.deadline = deadline
-        self.legs: dict[str, Job] = {}  # bid -> leg still outstanding
-        self.total = 0
-        self.answered = 0
-        self.state = GatherState.OPEN
-
-    @property
-    def done(self) -> bool:
-        return self.state is GatherState.DONE
-
-
-Request = Job | Scatter
-
-
-class WorkerState:
-    """What a peer serves and holds as a worker."""
-
-    __slots__ = ("services", "capacity", "jobs", "served")
-
-    def __init__(self) -> None:
-        self.services: tuple[str, ...] = ()
-        self.capacity = 0
-        self.jobs: dict[str, Job] = {}  # bid -> request held
-        self.served = 0
-
-
-class Service:
-    __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.workers: dict[Peer, None] = {}
-        # Workers with spare capacity, least recently used first.
-        self.ready: dict[Peer, None] = {}
-        self.queue: deque[Job] = deque()
-        self.requests = 0
-        self.served = 0
-        self.errors = 0
-        self.timeouts = 0
-        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
 
 
 class Rpc:
@@ -621,29 +528,6 @@ class Rpc:
 
     def worker_state(self, peer: Peer) -> WorkerState | None:
         return self.workers.get(peer)
-
-    def in_flight(self, service: Service) -> int:
-        return sum(1 for w in service.workers for j in self.workers[w].jobs.values() if j.service == service.name)
-
-    def service_report(self, service: Service) -> dict[str, object]:
-        latencies = sorted(service.latencies)
-
-        def pct(q: float) -> float | None:
-            if not latencies:
-                return None
-            return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
-
-        return {
-            "workers": len(service.workers),
-            "idle": len(service.ready),
-            "queued": sum(1 for j in service.queue if not j.done),
-            "in_flight": self.in_flight(service),
-            "requests": service.requests,
-            "served": service.served,
-            "errors": service.errors,
-            "timeouts": service.timeouts,
-            "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
-        }
 
 
 _REPLY_EVENTS = {Verb.PARTIAL: JobEvent.PARTIAL, Verb.FINAL: JobEvent.FINAL, Verb.ERROR: JobEvent.WORKER_ERROR}

@@ -1,4 +1,4 @@
-"""asyncio client: ``mc0.aio.Client`` and its ``Subscription``.
+"""asyncio client: ``mc0.aio.Client``.
 
 Contract: a thin shell around :class:`mc0.session.ClientSession`.  The
 constructor does no I/O; ``connect()`` opens a DEALER socket, sends CONNECT
@@ -14,30 +14,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
 import json
 import logging
 import operator
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 import zmq.asyncio
 import zmq.utils.monitor
 
-from . import keys as keyfiles
-from . import protocol as P
-from .errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
-from .message import Ack, FetchResult, Message, Record, Reply, Request
-from .protocol import JOURNAL_SERVICE, Command, Header, Limits, Status, Verb, parse_journal_page
-from .security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
-from .session import (
+from .. import keys as keyfiles
+from .. import protocol as P
+from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
+from ..message import Ack, FetchResult, Record, Reply
+from ..protocol import JOURNAL_SERVICE, Command, Header, Limits, Status, parse_journal_page
+from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
+from ..session import (
     Answer,
-    CancelWork,
     ClientSession,
     Connected,
     ConnectRefused,
@@ -46,174 +43,15 @@ from .session import (
     Fault,
     Frames,
     Reconnecting,
-    Work,
     answer_error,
 )
-from .settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
+from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
+from .streams import DEFAULT_MAX_PENDING, ReplyStream, Subscription
 
 log = logging.getLogger("mc0.client")
 _HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
 
-DEFAULT_MAX_PENDING = 10_000
 DEFAULT_REQUEST_TIMEOUT = 30.0
-_CLOSED = object()
-H = TypeVar("H", bound=Callable[..., Any])
-
-
-class Subscription:
-    """Messages matching any of its patterns, each once, in arrival order.
-
-    Holds at most ``max_pending`` undelivered messages; beyond that new ones
-    are dropped and counted in ``dropped`` (and logged), never silently.
-    """
-
-    def __init__(self, client: Client, patterns: tuple[str, ...], max_pending: int) -> None:
-        self.client = client
-        self.patterns = patterns
-        self.max_pending = max_pending
-        self.dropped = 0
-        self.closed = False
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
-
-    @property
-    def pattern(self) -> str:
-        return self.patterns[0] if self.patterns else ""
-
-    def _offer(self, message: Message) -> None:
-        if self._queue.qsize() >= self.max_pending:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning(
-                    "subscription %r: %d messages dropped (max_pending %d)",
-                    self.pattern,
-                    self.dropped,
-                    self.max_pending,
-                )
-            return
-        self._queue.put_nowait(message)
-
-    def _end(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._queue.put_nowait(_CLOSED)
-
-    async def next(self, timeout: float | None = None) -> Message:
-        """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed."""
-        if self.closed and self._queue.empty():
-            raise ClosedError(f"subscription {self.patterns!r} is closed")
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0) from None
-        if item is _CLOSED:
-            self._queue.put_nowait(_CLOSED)  # later callers see the end too
-            raise ClosedError(f"subscription {self.patterns!r} is closed")
-        assert isinstance(item, Message)
-        return item
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.next()
-        except ClosedError:
-            raise StopAsyncIteration from None
-
-    async def close(self) -> None:
-        """Unsubscribe (idempotent)."""
-        await self.client.unsubscribe(self)
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class ReplyStream:
-    """The replies to one request: PARTIALs, then the FINAL (async iterator).
-
-    For a plain request the FINAL is the last item (``final`` holds it too).
-    For a scatter the items are the per-worker replies (``worker`` set,
-    ``error`` set if that worker failed) and the FINAL's ``COUNT`` and
-    ``MISSING`` land in ``count`` and ``missing`` when iteration ends.
-    An ERROR ends the stream by raising the matching ``RemoteError``; no
-    terminal within the timeout (plus a grace) raises ``Timeout`` and CANCELs.
-    ``cancel()`` asks the broker to cancel (the stream ends with 499);
-    ``close()`` cancels and stops listening at once.
-    """
-
-    def __init__(self, client: Client, request_id: str, service: str, scatter: bool, wait: float) -> None:
-        self.client = client
-        self.request_id = request_id
-        self.service = service
-        self.scatter = scatter
-        self.final: Reply | None = None
-        self.count: int | None = None
-        self.missing: int | None = None
-        self.done = False
-        self._queue: asyncio.Queue[Command | BaseException] = asyncio.Queue()
-        self._wait = wait
-        self._deadline = time.monotonic() + wait
-
-    def _feed(self, item: Command | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    def _finish(self) -> None:
-        self.done = True
-        self.client._streams.pop(self.request_id, None)
-
-    def __aiter__(self) -> ReplyStream:
-        return self
-
-    async def __anext__(self) -> Reply:
-        if self.done:
-            raise StopAsyncIteration
-        try:
-            item = await asyncio.wait_for(self._queue.get(), max(0.0, self._deadline - time.monotonic()))
-        except TimeoutError:
-            await self.close()
-            raise Timeout(f"request to {self.service!r}", self._wait) from None
-        if isinstance(item, BaseException):
-            self._finish()
-            raise item
-        headers = item.headers
-        user = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
-        parts = tuple(bytes(p) for p in item.payload)
-        if item.verb is Verb.PARTIAL:
-            error = None
-            if Header.CODE in headers:
-                error = answer_error(item)
-            return Reply(parts, user, final=False, worker=headers.get(Header.WORKER), error=error)
-        self._finish()
-        if item.verb is Verb.ERROR:
-            raise answer_error(item)
-        self.final = Reply(parts, user, final=True)
-        if self.scatter:
-            self.count = int(headers.get(Header.COUNT, "0"))
-            self.missing = int(headers.get(Header.MISSING, "0"))
-            raise StopAsyncIteration
-        return self.final
-
-    async def cancel(self) -> None:
-        """Send CANCEL; the stream then ends with the broker's ``Cancelled`` (499)."""
-        if not self.done:
-            await self.client._send(self.client.session.cancel(self.request_id))
-
-    async def close(self) -> None:
-        """CANCEL the request if it has not ended, and stop listening (idempotent)."""
-        if self.done:
-            return
-        self._finish()
-        if self.client.connected:
-            await self.client._send(self.client.session.cancel(self.request_id))
-
-    async def __aenter__(self) -> ReplyStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 class Client:
@@ -256,6 +94,7 @@ class Client:
         self._streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._connected: asyncio.Future[int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
         self._closed = False
         self._closing = False
 
@@ -275,7 +114,7 @@ class Client:
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         sock.connect(self.endpoint)
         self._socket = sock
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._connected = loop.create_future()
         self._tasks = [
             loop.create_task(self._read(), name="mc0-reader"),
@@ -405,6 +244,32 @@ class Client:
         answer = await self._call(request_id, frames, timeout, f"publish to {topic!r}")
         return ack_of(answer)
 
+    def publish_nowait(
+        self,
+        topic: str,
+        body: bytes | Sequence[bytes],
+        *,
+        headers: Mapping[str, str] | None = None,
+        msgid: str | None = None,
+    ) -> None:
+        """Fire-and-forget PUT without awaiting; safe to call from any thread.
+
+        Bad input raises here, in the caller; the message is queued for the
+        client's event loop to send.
+        """
+        frames = self.session.publish(topic, body, headers, msgid=msgid)
+        self.ensure_open()
+        loop = self._loop
+        assert loop is not None
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._send_nowait(frames)
+        else:
+            loop.call_soon_threadsafe(self._send_nowait, frames)
+
     async def subscribe(
         self,
         *patterns: str,
@@ -421,7 +286,7 @@ class Client:
         when several keep these topics), then continues live, in order and
         without gaps or repeats; ``Gone`` if that history was trimmed.
         """
-        self._check_open()
+        self.ensure_open()
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
         sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending)
@@ -577,7 +442,7 @@ class Client:
         headers: Mapping[str, str] | None,
         scatter: bool,
     ) -> ReplyStream:
-        self._check_open()
+        self.ensure_open()
         seconds = self.request_timeout if timeout is None else timeout
         request_id = self.session.new_id()
         frames = self.session.request(service, body, request_id, max(1, round(seconds * 1000)), headers, scatter)  # type: ignore[arg-type]
@@ -590,6 +455,11 @@ class Client:
             stream._finish()
             raise
         return stream
+
+    @property
+    def closed(self) -> bool:
+        """``close()`` ran (a closed client cannot be connected again)."""
+        return self._closed
 
     @property
     def connected(self) -> bool:
@@ -605,26 +475,27 @@ class Client:
         self._streams.clear()
 
     # ------------------------------------------------------------ plumbing
-    def _check_open(self) -> None:
+    def ensure_open(self) -> None:
+        """Raise ``ClosedError`` unless ``connect()`` ran and ``close()`` did not."""
         if self._closed:
             raise ClosedError("client is closed")
         if self._socket is None:
             raise ClosedError("client is not connected: call connect() first")
 
     async def _send(self, frames: Frames) -> None:
-        self._check_open()
+        self.ensure_open()
         assert self._socket is not None
         await self._socket.send_multipart(frames)
         self.session.sent(time.monotonic())
 
     def _send_nowait(self, frames: Frames) -> None:
-        self._check_open()
+        self.ensure_open()
         assert self._socket is not None
         self._socket.send_multipart(frames)  # returns a done future unless at HWM
         self.session.sent(time.monotonic())
 
     async def _call(self, request_id: str, frames: Frames, timeout: float | None, what: str) -> Command:
-        self._check_open()
+        self.ensure_open()
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         wait = self.timeout if timeout is None else timeout
@@ -703,150 +574,6 @@ class Client:
             self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
 
 
-Handler = Callable[[Request], Any]
-
-
-class Worker(Client):
-    """A client that also serves requests: ``@worker.service("name")`` handlers.
-
-    A handler gets a :class:`mc0.Request` and returns the FINAL body (bytes,
-    str, a sequence of frames, None, or a :class:`mc0.Reply` to set headers),
-    or yields PARTIAL chunks (a generator; its ``return`` value is the FINAL).
-    Coroutine functions and async generators run on the event loop; plain
-    functions and generators run in a pool of ``capacity`` threads.  An
-    exception becomes ERROR 500 with its message.  A handler still running at
-    the deadline, or when the client CANCELs, is cancelled where the runtime
-    allows (async handlers at their next await; sync generators between
-    chunks; a plain sync function runs on but its result is dropped).
-    """
-
-    def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
-        super().__init__(endpoint, **options)
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self.capacity = capacity
-        self.handled = 0
-        self.failed = 0
-        self._handlers: dict[str, Handler] = {}
-        self._work: dict[str, asyncio.Task[None]] = {}
-        self._executor: ThreadPoolExecutor | None = None
-        self._stop: asyncio.Event | None = None
-
-    def service(self, name: str) -> Callable[[H], H]:
-        """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
-
-        def register(handler: H) -> H:
-            self.add_service(name, handler)
-            return handler
-
-        return register
-
-    def add_service(self, name: str, handler: Handler) -> None:
-        if self._socket is not None:
-            raise RuntimeError("register services before connect()")
-        self.session.serve([*self._handlers, name], self.capacity)  # validates the name
-        self._handlers[name] = handler
-
-    async def connect(self) -> Worker:
-        if not self._handlers:
-            raise ValueError("a worker needs at least one service")
-        if self._socket is not None:
-            return self
-        self.session.services = ()  # READY goes out below, confirmed, not with the CONNECT's answer
-        await super().connect()
-        request_id = self.session.new_id()
-        frames = self.session.serve(list(self._handlers), self.capacity, request_id)
-        assert frames is not None
-        await self._call(request_id, frames, None, "register services")
-        return self
-
-    async def run(self) -> None:
-        """Serve until ``stop()`` or ``close()``."""
-        await self.connect()
-        self._stop = self._stop or asyncio.Event()
-        await self._stop.wait()
-
-    def stop(self) -> None:
-        if self._stop is None:
-            self._stop = asyncio.Event()
-        self._stop.set()
-
-    async def close(self) -> None:
-        for task in list(self._work.values()):
-            task.cancel()
-        await super().close()
-        if self._stop is not None:
-            self._stop.set()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _on_event(self, event: Event) -> None:
-        if isinstance(event, Work):
-            task = asyncio.get_running_loop().create_task(self._serve(event), name=f"mc0-work-{event.bid}")
-            self._work[event.bid] = task
-        elif isinstance(event, CancelWork):
-            running = self._work.pop(event.bid, None)
-            if running is not None:
-                running.cancel()
-        else:
-            super()._on_event(event)
-
-    async def _serve(self, work: Work) -> None:
-        handler = self._handlers.get(work.service)
-        try:
-            if handler is None:
-                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
-                return
-            request = Request(
-                work.bid, work.service, work.parts, work.headers, work.caller, time.monotonic() + work.timeout_ms / 1000
-            )
-            async with asyncio.timeout(work.timeout_ms / 1000.0):
-                await self._run_handler(handler, request)
-            self.handled += 1
-        except (TimeoutError, asyncio.CancelledError):
-            pass  # the broker already answered the client (504 or 499)
-        except Exception as exc:  # a handler failure is an answer, not a crash
-            self.failed += 1
-            log.debug("handler for %s failed", work.service, exc_info=True)
-            if self.connected:
-                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
-        finally:
-            self._work.pop(work.bid, None)
-
-    async def _reply(self, verb: Verb, bid: str, result: object) -> None:
-        if isinstance(result, Reply):
-            frames = self.session.reply(verb, bid, result.parts, result.headers or None)
-        else:
-            frames = self.session.reply(verb, bid, result)  # type: ignore[arg-type]
-        await self._send(frames)
-
-    async def _run_handler(self, handler: Handler, request: Request) -> None:
-        bid = request.id
-        if inspect.isasyncgenfunction(handler):
-            async for chunk in handler(request):
-                await self._reply(Verb.PARTIAL, bid, chunk)
-            await self._reply(Verb.FINAL, bid, None)
-            return
-        if inspect.iscoroutinefunction(handler):
-            await self._reply(Verb.FINAL, bid, await handler(request))
-            return
-        loop = asyncio.get_running_loop()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
-        if inspect.isgeneratorfunction(handler):
-            generator = handler(request)
-            while True:
-                finished, value = await loop.run_in_executor(self._executor, _step, generator)
-                if finished:
-                    await self._reply(Verb.FINAL, bid, value)
-                    return
-                await self._reply(Verb.PARTIAL, bid, value)
-        result = await loop.run_in_executor(self._executor, handler, request)
-        if inspect.isawaitable(result):
-            result = await result
-        await self._reply(Verb.FINAL, bid, result)
-
-
 def ack_of(answer: Command) -> Ack:
     """The OK to a confirmed publish as an Ack."""
     headers = answer.headers
@@ -854,10 +581,3 @@ def ack_of(answer: Command) -> Ack:
     return Ack(
         headers.get(Header.JOURNAL), int(seq) if seq and seq.isdigit() else None, headers.get(Header.DUPLICATE) == "1"
     )
-
-
-def _step(generator: Any) -> tuple[bool, object]:
-    try:
-        return False, next(generator)
-    except StopIteration as stop:
-        return True, stop.value

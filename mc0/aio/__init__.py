@@ -1,0 +1,20 @@
+"""asyncio API: ``mc0.aio.Client``, ``Worker``, ``Subscription`` and ``ReplyStream``.
+
+The sync :mod:`mc0.client` mirrors these names.  See :mod:`mc0.aio.client`
+for the contract.
+"""
+
+from .client import DEFAULT_REQUEST_TIMEOUT, Client, ack_of
+from .streams import DEFAULT_MAX_PENDING, ReplyStream, Subscription
+from .worker import Handler, Worker
+
+__all__ = [
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "Client",
+    "Handler",
+    "ReplyStream",
+    "Subscription",
+    "Worker",
+    "ack_of",
+]

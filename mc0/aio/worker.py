@@ -1,0 +1,176 @@
+"""asyncio worker: ``mc0.aio.Worker``, a client that also serves requests.
+
+Contract: handlers are registered before ``connect()``; each REQUEST runs
+its handler (coroutine, async generator, or a plain function / generator in
+a thread pool of ``capacity``) and ends in exactly one FINAL or ERROR; a
+CANCEL or the deadline cancels the handler where the runtime allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..message import Reply, Request
+from ..protocol import Status, Verb
+from ..session import CancelWork, Event, Work
+from .client import Client
+
+log = logging.getLogger("mc0.client")
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+Handler = Callable[[Request], Any]
+
+
+class Worker(Client):
+    """A client that also serves requests: ``@worker.service("name")`` handlers.
+
+    A handler gets a :class:`mc0.Request` and returns the FINAL body (bytes,
+    str, a sequence of frames, None, or a :class:`mc0.Reply` to set headers),
+    or yields PARTIAL chunks (a generator; its ``return`` value is the FINAL).
+    Coroutine functions and async generators run on the event loop; plain
+    functions and generators run in a pool of ``capacity`` threads.  An
+    exception becomes ERROR 500 with its message.  A handler still running at
+    the deadline, or when the client CANCELs, is cancelled where the runtime
+    allows (async handlers at their next await; sync generators between
+    chunks; a plain sync function runs on but its result is dropped).
+    """
+
+    def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
+        super().__init__(endpoint, **options)
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.handled = 0
+        self.failed = 0
+        self._handlers: dict[str, Handler] = {}
+        self._work: dict[str, asyncio.Task[None]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._stop: asyncio.Event | None = None
+
+    def service(self, name: str) -> Callable[[H], H]:
+        """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
+
+        def register(handler: H) -> H:
+            self.add_service(name, handler)
+            return handler
+
+        return register
+
+    def add_service(self, name: str, handler: Handler) -> None:
+        if self._socket is not None:
+            raise RuntimeError("register services before connect()")
+        self.session.serve([*self._handlers, name], self.capacity)  # validates the name
+        self._handlers[name] = handler
+
+    async def connect(self) -> Worker:
+        if not self._handlers:
+            raise ValueError("a worker needs at least one service")
+        if self._socket is not None:
+            return self
+        self.session.services = ()  # READY goes out below, confirmed, not with the CONNECT's answer
+        await super().connect()
+        request_id = self.session.new_id()
+        frames = self.session.serve(list(self._handlers), self.capacity, request_id)
+        assert frames is not None
+        await self._call(request_id, frames, None, "register services")
+        return self
+
+    async def run(self) -> None:
+        """Serve until ``stop()`` or ``close()``."""
+        await self.connect()
+        self._stop = self._stop or asyncio.Event()
+        await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        self._stop.set()
+
+    async def close(self) -> None:
+        for task in list(self._work.values()):
+            task.cancel()
+        await super().close()
+        if self._stop is not None:
+            self._stop.set()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, Work):
+            task = asyncio.get_running_loop().create_task(self._serve(event), name=f"mc0-work-{event.bid}")
+            self._work[event.bid] = task
+        elif isinstance(event, CancelWork):
+            running = self._work.pop(event.bid, None)
+            if running is not None:
+                running.cancel()
+        else:
+            super()._on_event(event)
+
+    async def _serve(self, work: Work) -> None:
+        handler = self._handlers.get(work.service)
+        try:
+            if handler is None:
+                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
+                return
+            request = Request(
+                work.bid, work.service, work.parts, work.headers, work.caller, time.monotonic() + work.timeout_ms / 1000
+            )
+            async with asyncio.timeout(work.timeout_ms / 1000.0):
+                await self._run_handler(handler, request)
+            self.handled += 1
+        except (TimeoutError, asyncio.CancelledError):
+            pass  # the broker already answered the client (504 or 499)
+        except Exception as exc:  # a handler failure is an answer, not a crash
+            self.failed += 1
+            log.debug("handler for %s failed", work.service, exc_info=True)
+            if self.connected:
+                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._work.pop(work.bid, None)
+
+    async def _reply(self, verb: Verb, bid: str, result: object) -> None:
+        if isinstance(result, Reply):
+            frames = self.session.reply(verb, bid, result.parts, result.headers or None)
+        else:
+            frames = self.session.reply(verb, bid, result)  # type: ignore[arg-type]
+        await self._send(frames)
+
+    async def _run_handler(self, handler: Handler, request: Request) -> None:
+        bid = request.id
+        if inspect.isasyncgenfunction(handler):
+            async for chunk in handler(request):
+                await self._reply(Verb.PARTIAL, bid, chunk)
+            await self._reply(Verb.FINAL, bid, None)
+            return
+        if inspect.iscoroutinefunction(handler):
+            await self._reply(Verb.FINAL, bid, await handler(request))
+            return
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
+        if inspect.isgeneratorfunction(handler):
+            generator = handler(request)
+            while True:
+                finished, value = await loop.run_in_executor(self._executor, _step, generator)
+                if finished:
+                    await self._reply(Verb.FINAL, bid, value)
+                    return
+                await self._reply(Verb.PARTIAL, bid, value)
+        result = await loop.run_in_executor(self._executor, handler, request)
+        if inspect.isawaitable(result):
+            result = await result
+        await self._reply(Verb.FINAL, bid, result)
+
+
+def _step(generator: Any) -> tuple[bool, object]:
+    try:
+        return False, next(generator)
+    except StopIteration as stop:
+        return True, stop.value

@@ -1,0 +1,131 @@
+"""What every ``mc0`` command shares: the click group, one-line errors, connection options.
+
+Contract: options > ``MC0_*`` environment > the config file (``--config`` /
+``MC0_CONFIG``) > embedded defaults.  Any mc0 error ends a command with one
+line on stderr (``mc0: error: ...``) and exit status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from .. import config as cfg
+from ..client import Client
+from ..errors import Error
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    @wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except Error as exc:
+            click.echo(f"mc0: error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+    return wrapper
+
+
+def _load_config(path: str | None) -> cfg.Config:
+    return cfg.load_default(path)
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    envvar=cfg.ENV_CONFIG,
+    type=click.Path(dir_okay=False),
+    help="TOML config file (default: $MC0_CONFIG, else the embedded defaults).",
+)
+endpoint_option = click.option(
+    "--endpoint",
+    envvar=cfg.ENV_ENDPOINT,
+    help="Broker endpoint (default: $MC0_ENDPOINT, config, tcp://127.0.0.1:61616).",
+)
+timeout_option = click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds to wait for the broker (call: the request deadline, default 30).",
+)
+
+
+def key_options(func: Callable[P, R]) -> Callable[P, R]:
+    """--key / --broker-key (env MC0_KEY / MC0_BROKER_KEY, then the config's [client])."""
+    func = click.option(
+        "--broker-key",
+        envvar=cfg.ENV_BROKER_KEY,
+        type=click.Path(dir_okay=False),
+        help="The broker's public key file (NAME.key).",
+    )(func)
+    return click.option(
+        "--key", envvar=cfg.ENV_KEY, type=click.Path(dir_okay=False), help="This client's secret key (NAME.key_secret)."
+    )(func)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where and how a client command reaches the broker (options > MC0_* > config > defaults)."""
+
+    endpoint: str | None
+    config_path: str | None
+    timeout: float | None
+    key: str | None
+    broker_key: str | None
+
+    def config(self) -> cfg.Config:
+        return _load_config(self.config_path)
+
+    def client(self) -> Client:
+        return Client(
+            self.endpoint, timeout=self.timeout, config=self.config().client, key=self.key, broker_key=self.broker_key
+        )
+
+
+def connection_options(func: Callable[..., R]) -> Callable[..., R]:
+    """--endpoint, --config, --timeout, --key, --broker-key, handed to the command as ``conn``."""
+
+    @wraps(func)
+    def wrapper(
+        *args: Any,
+        endpoint: str | None,
+        config_path: str | None,
+        timeout: float | None,
+        key: str | None,
+        broker_key: str | None,
+        **kwargs: Any,
+    ) -> R:
+        return func(*args, conn=Connection(endpoint, config_path, timeout, key, broker_key), **kwargs)
+
+    return endpoint_option(config_option(timeout_option(key_options(wrapper))))
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(package_name="mc0")
+def cli(verbose: int) -> None:
+    """mc0: a secure pub/sub + RPC message bus over ZeroMQ."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--header")
+        headers[key] = value
+    return headers

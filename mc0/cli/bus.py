@@ -1,0 +1,303 @@
+"""Commands that talk to a running broker: pub, sub, ping, call, serve, stats."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from typing import Any
+
+import click
+
+from ..client import Worker
+from ..errors import Error
+from ..message import Message, Reply
+from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options
+
+
+@cli.command()
+@click.argument("topic")
+@click.argument("body", required=False)
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
+@click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
+@click.option("--msgid", default=None, help="Message id: a journal stores a repeat within its dedup window once.")
+@connection_options
+@_one_line_errors
+def pub(
+    topic: str,
+    body: str | None,
+    header_pairs: tuple[str, ...],
+    confirm: bool,
+    count: int,
+    msgid: str | None,
+    conn: Connection,
+) -> None:
+    """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
+
+    With --confirm, a journaled message prints where it was stored."""
+    data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
+    headers = _parse_headers(header_pairs)
+    with conn.client() as client:
+        for _ in range(count):
+            ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
+            if ack is not None and ack.seq is not None:
+                repeat = " (duplicate: stored before)" if ack.duplicate else ""
+                click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
+        if not confirm:
+            client.ping()  # everything before it has reached the broker
+
+
+def _message_line(message: Message, as_json: bool) -> str:
+    if as_json:
+        record: dict[str, Any] = {"topic": message.topic, "sender": message.sender, "headers": message.headers}
+        if message.seq is not None:
+            record["journal"], record["seq"] = message.journal, message.seq
+        try:
+            record["body"] = message.body.decode("utf-8")
+        except UnicodeDecodeError:
+            record["body_base64"] = base64.b64encode(message.body).decode()
+        return json.dumps(record, ensure_ascii=False)
+    return f"{message.topic} {message.body.decode('utf-8', 'backslashreplace')}"
+
+
+@cli.command()
+@click.argument("patterns", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
+@click.option(
+    "--wait", type=float, default=None, help="Exit with status 1 if no message arrives for this many seconds."
+)
+@click.option(
+    "--from",
+    "from_seq",
+    type=click.IntRange(min=0),
+    default=None,
+    help="First replay the journaled history from this seq (0 = the oldest kept), then continue live.",
+)
+@click.option("--journal", default=None, help="With --from: the journal to replay (when several keep the topics).")
+@connection_options
+@_one_line_errors
+def sub(
+    patterns: tuple[str, ...],
+    as_json: bool,
+    count: int | None,
+    wait: float | None,
+    from_seq: int | None,
+    journal: str | None,
+    conn: Connection,
+) -> None:
+    """Print one line per message matching any PATTERN."""
+    with (
+        conn.client() as client,
+        client.subscribe(*patterns, from_seq=from_seq, journal=journal) as subscription,
+    ):
+        seen = 0
+        while count is None or seen < count:
+            message = subscription.next(wait)
+            click.echo(_message_line(message, as_json))
+            sys.stdout.flush()
+            seen += 1
+
+
+@cli.command()
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
+@connection_options
+@_one_line_errors
+def ping(
+    count: int,
+    conn: Connection,
+) -> None:
+    """Measure round trips to the broker."""
+    with conn.client() as client:
+        times = []
+        for _ in range(count):
+            rtt = client.ping()
+            times.append(rtt)
+            click.echo(f"PONG from {client.endpoint}: {rtt * 1000:.3f} ms")
+        if count > 1:
+            times.sort()
+            click.echo(f"{count} pings: min {times[0] * 1000:.3f} ms, median {times[len(times) // 2] * 1000:.3f} ms")
+
+
+def _body_text(data: bytes) -> str:
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _reply_record(reply: Reply) -> dict[str, Any]:
+    record: dict[str, Any] = {"final": reply.final, "headers": reply.headers}
+    if reply.worker is not None:
+        record["worker"] = reply.worker
+    if reply.error is not None:
+        record["error"] = str(reply.error)
+    try:
+        record["body"] = reply.body.decode("utf-8")
+    except UnicodeDecodeError:
+        record["body_base64"] = base64.b64encode(reply.body).decode()
+    return record
+
+
+@cli.command()
+@click.argument("service")
+@click.argument("body", required=False)
+@click.option("--all", "scatter", is_flag=True, help="Scatter-gather: ask every worker of the service.")
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per reply.")
+@connection_options
+@_one_line_errors
+def call(
+    service: str,
+    body: str | None,
+    scatter: bool,
+    header_pairs: tuple[str, ...],
+    as_json: bool,
+    conn: Connection,
+) -> None:
+    """Call SERVICE with BODY (stdin when '-'; empty when absent); print replies as they come."""
+    data = sys.stdin.buffer.read() if body == "-" else (body or "").encode()
+    headers = _parse_headers(header_pairs)
+    with conn.client() as client:
+        if scatter:
+            with client.scatter(service, data, timeout=conn.timeout, headers=headers) as stream:
+                for reply in stream:
+                    if as_json:
+                        click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
+                    elif reply.error is not None:
+                        click.echo(f"{reply.worker}: error {reply.error}")
+                    else:
+                        click.echo(f"{reply.worker}: {_body_text(reply.body)}")
+                click.echo(f"{stream.count} answered, {stream.missing} missing", err=True)
+            return
+        with client.stream(service, data, timeout=conn.timeout, headers=headers) as stream:
+            for reply in stream:
+                if as_json:
+                    click.echo(json.dumps(_reply_record(reply), ensure_ascii=False))
+                elif reply.parts or not reply.final:
+                    click.echo(_body_text(reply.body))
+                sys.stdout.flush()
+
+
+def _import_handler(spec: str) -> Any:
+    import importlib
+    import os
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(f"{spec!r} is not MODULE:FUNCTION", param_hint="HANDLER")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise Error(f"cannot import {module_name}: {exc}") from None
+    handler = getattr(module, attribute, None)
+    if not callable(handler):
+        raise Error(f"{module_name} has no callable {attribute!r}")
+    return handler
+
+
+@cli.command()
+@click.argument("handler_spec", metavar="MODULE:FUNCTION")
+@click.option("--service", "services", multiple=True, required=True, help="Service name to serve (repeatable).")
+@click.option("--capacity", type=click.IntRange(min=1), default=1, show_default=True, help="Requests held at once.")
+@click.option("--ttl", type=float, default=None, help="Heartbeat interval in seconds (default from config).")
+@connection_options
+@_one_line_errors
+def serve(
+    handler_spec: str,
+    services: tuple[str, ...],
+    capacity: int,
+    ttl: float | None,
+    conn: Connection,
+) -> None:
+    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
+    handler = _import_handler(handler_spec)
+    worker = Worker(
+        conn.endpoint,
+        capacity=capacity,
+        ttl=ttl,
+        timeout=conn.timeout,
+        config=conn.config().client,
+        key=conn.key,
+        broker_key=conn.broker_key,
+    )
+    for name in services:
+        worker.service(name)(handler)
+    with worker:
+        click.echo(f"mc0 worker serving {' '.join(services)} on {worker.endpoint}")
+        sys.stdout.flush()
+        worker.run()
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the raw reports as JSON.")
+@connection_options
+@_one_line_errors
+def stats(
+    as_json: bool,
+    conn: Connection,
+) -> None:
+    """Show the broker's services, workers, queues, topics and peers."""
+    from ..protocol import BROKER_SERVICE
+
+    with conn.client() as client:
+        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
+        reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+    if as_json:
+        click.echo(json.dumps(reports, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    overview = reports["stats"]
+    console.print(
+        f"[bold]broker[/bold] {client.endpoint}: {overview['peers']} peers, {overview['subscriptions']} "
+        f"subscriptions, {overview['services']} services, {overview['queued']} queued, "
+        f"{overview['in_flight']} in flight"
+    )
+    table = Table(title="services")
+    for column in (
+        "service",
+        "workers",
+        "idle",
+        "queued",
+        "in flight",
+        "served",
+        "errors",
+        "timeouts",
+        "p50 ms",
+        "p99 ms",
+    ):
+        table.add_column(column, justify="left" if column == "service" else "right")
+    for name, row in reports["services"].items():
+        latency = row["latency_ms"]
+        table.add_row(
+            name,
+            *(str(row[k]) for k in ("workers", "idle", "queued", "in_flight", "served", "errors", "timeouts")),
+            str(latency["p50"] if latency["p50"] is not None else "-"),
+            str(latency["p99"] if latency["p99"] is not None else "-"),
+        )
+    console.print(table)
+    topics = Table(title="subscriptions")
+    topics.add_column("pattern")
+    topics.add_column("subscribers", justify="right")
+    for pattern, count in reports["topics"].items():
+        topics.add_row(pattern, str(count))
+    console.print(topics)
+    peers = Table(title="peers")
+    for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
+        peers.add_column(column)
+    for peer in reports["peers"]:
+        peers.add_row(
+            peer["name"],
+            peer["kind"],
+            peer["protocol"],
+            str(peer["subscriptions"]),
+            str(peer["delivered"]),
+            str(peer["dropped"]),
+            ",".join(peer["services"]),
+            str(peer["in_flight"]),
+            str(peer["served"]),
+        )
+    console.print(peers)

@@ -1,0 +1,174 @@
+"""Commands that run something here: broker, bench, pipeline, report, demo."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import config as cfg
+from ..errors import Error
+from .base import Connection, _load_config, _one_line_errors, cli, config_option, connection_options
+
+
+@cli.command()
+@click.option("--bind", "binds", multiple=True, help="Endpoint to bind (repeatable; tcp://127.0.0.1:* picks a port).")
+@click.option("--insecure", is_flag=True, help="Run without CURVE (local development only): everyone is 'anonymous'.")
+@config_option
+@_one_line_errors
+def broker(binds: tuple[str, ...], insecure: bool, config_path: str | None) -> None:
+    """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
+    from ..broker import Broker
+
+    config = _load_config(config_path)
+    if binds:
+        config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, bind=binds))
+    if insecure:
+        config = dataclasses.replace(config, security=dataclasses.replace(config.security, curve=False))
+    server = Broker(config, config_path=config_path or os.environ.get(cfg.ENV_CONFIG))
+    try:
+        endpoints = server.bind()
+    except Error:
+        raise
+    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint ...
+        raise Error(f"cannot bind {', '.join(config.broker.bind)}: {exc}") from None
+    if server.public_key is not None:
+        click.echo(f"mc0 broker public key {server.public_key.decode()}")
+    click.echo(f"mc0 broker listening on {' '.join(endpoints)}")
+    sys.stdout.flush()
+    server.run()
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`).
+
+    The harness lives in the source checkout (benchmarks/, run by scripts/bench.py), not in the package."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+    if not script.is_file():
+        raise Error(f"mc0 bench runs {script} from a source checkout of mc0; it is not there")
+    args = ["--help" if a == "--help-bench" else a for a in ctx.args]
+    sys.exit(subprocess.call([sys.executable, str(script), *args]))
+
+
+@cli.command()
+@click.option("--journal", default="main", show_default=True, help="The broker journal to read.")
+@click.option(
+    "--output", default=os.path.join("var", "pipeline"), show_default=True, help="Folder of the Parquet tables."
+)
+@click.option("--checkpoint", default=None, help="Streaming checkpoint folder (default: OUTPUT/_checkpoint).")
+@click.option(
+    "--master",
+    default="local[*]",
+    show_default=True,
+    help="Spark master (local[*], spark://host:7077, yarn, ...; 'submit': leave it to spark-submit).",
+)
+@click.option("--once", is_flag=True, help="Process what the journal holds now, then exit (availableNow).")
+@click.option(
+    "--trigger",
+    "trigger_seconds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Seconds between micro-batches when running continuously.",
+)
+@click.option("--max-records-per-trigger", type=click.IntRange(min=1), default=None, help="Cap each micro-batch.")
+@click.option("--top-senders", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--no-publish", is_flag=True, help="Do not publish the rollups on mc0.rollup.*.")
+@connection_options
+@_one_line_errors
+def pipeline(
+    conn: Connection,
+    journal: str,
+    output: str,
+    checkpoint: str | None,
+    master: str,
+    once: bool,
+    trigger_seconds: int,
+    max_records_per_trigger: int | None,
+    top_senders: int,
+    no_publish: bool,
+) -> None:
+    """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
+    try:
+        from ..spark import make_session
+        from ..spark import pipeline as job
+    except ImportError as exc:
+        raise Error(f"the pipeline needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    from rich.console import Console
+
+    client_config = conn.config().client
+    options = job.PipelineOptions(
+        endpoint=conn.endpoint or client_config.endpoint,
+        journal=journal,
+        key=conn.key or client_config.key or None,
+        broker_key=conn.broker_key or client_config.broker_key or None,
+        output=output,
+        checkpoint=checkpoint,
+        once=once,
+        trigger_seconds=trigger_seconds,
+        max_records_per_trigger=max_records_per_trigger,
+        top_senders=top_senders,
+        publish=not no_publish,
+        timeout=conn.timeout,
+    )
+    job.check_source(options)  # before paying for a JVM
+    console = Console(stderr=True)
+    with console.status(f"starting Spark ({master})") as status:
+        spark = make_session(None if master == "submit" else master, app="mc0-pipeline")
+
+        def progress(event: dict[str, Any]) -> None:
+            rate = event.get("processedRowsPerSecond") or 0.0
+            status.update(
+                f"batch {event.get('batchId')}: {event.get('numInputRows', 0)} records ({rate:,.0f}/s); "
+                f"tables in {output}"
+            )
+
+        status.update("reading the journal")
+        try:
+            totals = job.run(spark, options, progress)
+        finally:
+            spark.stop()
+    click.echo(f"pipeline: {totals['batches']} batches, {totals['events']} events -> {output}")
+
+
+@cli.command()
+@click.option(
+    "--input",
+    "input_dir",
+    default=os.path.join("var", "pipeline"),
+    show_default=True,
+    help="The pipeline's output folder.",
+)
+@click.option(
+    "--output", "output_dir", default=None, help="Where to write report.html and the PNGs (default: INPUT/report)."
+)
+@_one_line_errors
+def report(input_dir: str, output_dir: str | None) -> None:
+    """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
+    try:
+        from ..spark.report import build_report
+    except ImportError as exc:
+        raise Error(f"the report needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    written = build_report(input_dir, output_dir or os.path.join(input_dir, "report"))
+    for path in written:
+        click.echo(str(path))
+
+
+@cli.command()
+@_one_line_errors
+def demo() -> None:
+    """Run the end-to-end demo: broker, subscriber, publisher, ping (exits 0)."""
+    from ..demo import run_demo
+
+    started = time.monotonic()
+    run_demo(click.echo)
+    click.echo(f"demo finished in {time.monotonic() - started:.1f}s")
