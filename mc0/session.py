@@ -102,8 +102,7 @@ Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting | 
 
 
 def answer_error(command: Command) -> RemoteError:
-    code_text = command.headers.get(Header.CODE, "")
-    code = int(code_text) if code_text.isdigit() else 0
+    code = P.decimal(command.headers.get(Header.CODE, ""), 3) or 0
     return P.remote_error(code, command.headers.get(Header.MESSAGE, ""))
 
 
@@ -136,6 +135,7 @@ class ClientSession:
         self._resume: dict[str, tuple[str | None, int]] = {}
         self._routes: TopicTrie[str] = TopicTrie()
         self.malformed = 0
+        self._requests: set[str] = set()  # REQUEST ids sent and not yet answered with a terminal
         self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
         self.capacity = 1
 
@@ -151,6 +151,7 @@ class ClientSession:
     def connect(self, now: float) -> Frames:
         """CONNECT frames; a new call supersedes an earlier CONNECT in flight."""
         self.connected = False
+        self._requests.clear()  # a new session: the broker forgot them (the shell fails them)
         self._connect_id = self.new_id()
         self._connect_sent = now
         self.last_recv = now
@@ -224,7 +225,9 @@ class ClientSession:
             fields[Header.ALL] = "1"
         self._user_fields(fields, headers)
         parts = _parts(body)
-        return self._checked(P.encode(Verb.REQUEST, fields, parts))
+        frames = self._checked(P.encode(Verb.REQUEST, fields, parts))
+        self._requests.add(request_id)
+        return frames
 
     def cancel(self, request_id: str) -> Frames:
         return P.cancel(request_id)
@@ -329,6 +332,15 @@ class ClientSession:
         request_id = command.id
         if request_id is not None and request_id == self._connect_id:
             return self._connect_answer(command)
+        if request_id is not None and (verb is Verb.FINAL or verb is Verb.ERROR):
+            if request_id in self._requests:
+                self._requests.discard(request_id)
+                if verb is Verb.ERROR and answer_error(command).code == Status.NOT_CONNECTED:
+                    # An answer to a request never resets the connection by itself (a worker
+                    # must not be able to make its callers reconnect): probe the broker instead;
+                    # a 401 to the probe heals.
+                    return [Answer(request_id, command)], [self.ping(self.new_id())]
+                return [Answer(request_id, command)], []
         if verb is Verb.ERROR:
             error = answer_error(command)
             if error.code == Status.NOT_CONNECTED:
@@ -354,8 +366,7 @@ class ClientSession:
         self._connect_id = None
         if command.verb is not Verb.OK:
             return [ConnectRefused(answer_error(command))], []
-        ttl_text = command.headers.get(Header.TTL, "")
-        ttl_ms = int(ttl_text) if ttl_text.isdigit() and int(ttl_text) > 0 else self.requested_ttl_ms
+        ttl_ms = P.decimal(command.headers.get(Header.TTL, "")) or self.requested_ttl_ms
         self.ttl = ttl_ms / 1000.0
         healed = self.ever_connected
         self.connected = self.ever_connected = True
@@ -382,7 +393,7 @@ class ClientSession:
             headers[Header.ID],
             headers[Header.SERVICE],
             headers[Header.CALLER],
-            int(timeout_text) if timeout_text.isdigit() else 0,
+            P.decimal(timeout_text) or 0,
             user,
             tuple(bytes(p) for p in command.payload),
         )
@@ -396,7 +407,7 @@ class ClientSession:
             tokens = ()
         user = command.user_headers()
         seq_text = headers.get(Header.SEQ)
-        seq = int(seq_text) if seq_text is not None and seq_text.isdigit() else None
+        seq = P.decimal(seq_text) if seq_text is not None else None
         journal = headers.get(Header.JOURNAL)
         message = Message(
             topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user, journal, seq

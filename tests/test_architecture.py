@@ -16,7 +16,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mc0"
 LAYERS: list[list[str]] = [
     ["mc0.errors", "mc0.message"],
     ["mc0.topics", "mc0.keys"],
-    ["mc0.trie", "mc0.permissions", "mc0.protocol", "mc0.security"],
+    ["mc0.protocol.model", "mc0.trie", "mc0.permissions", "mc0.security"],
+    ["mc0.protocol.codec", "mc0.protocol.builders", "mc0.protocol.bodies"],
+    ["mc0.protocol"],
     ["mc0.settings"],
     [
         "mc0.config",
@@ -34,7 +36,7 @@ LAYERS: list[list[str]] = [
         "mc0.broker.journal",
         "mc0.broker.mdp",
     ],
-    ["mc0.aio.client", "mc0.broker.builtins", "mc0.process"],
+    ["mc0.aio.client", "mc0.broker.builtins", "mc0.broker.sysbus", "mc0.process"],
     ["mc0.aio.worker"],
     ["mc0.aio"],
     ["mc0.client"],
@@ -52,6 +54,10 @@ CLIENT_SIDE = ("mc0.client", "mc0.aio", "mc0.aio.client", "mc0.aio.worker", "mc0
 # The sans-I/O rooms: no sockets, no clock, no disk.
 PURE = (
     "mc0.protocol",
+    "mc0.protocol.model",
+    "mc0.protocol.codec",
+    "mc0.protocol.builders",
+    "mc0.protocol.bodies",
     "mc0.session",
     "mc0.trie",
     "mc0.topics",
@@ -65,6 +71,7 @@ PURE = (
     "mc0.broker.store",
     "mc0.broker.builtins",
     "mc0.broker.telemetry",
+    "mc0.broker.sysbus",
     "mc0.broker.mdp",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}

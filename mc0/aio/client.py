@@ -95,6 +95,7 @@ class Client:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._connected: asyncio.Future[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
+        self._rearm = asyncio.Event()  # wakes the heartbeat task when a CONNECT is answered
         self._closed = False
         self._closing = False
 
@@ -522,9 +523,17 @@ class Client:
                 self._on_event(event)
 
     async def _beat(self) -> None:
+        """Heartbeats and healing at the session's next deadline; re-armed whenever a CONNECT
+        is answered (the deadline then moves from "heal" to "heartbeat in one TTL")."""
+        rearm = self._rearm
         while True:
             delay = self.session.next_deadline() - time.monotonic()
-            await asyncio.sleep(max(0.005, delay))
+            rearm.clear()
+            try:
+                await asyncio.wait_for(rearm.wait(), max(0.005, delay))
+                continue  # the deadline changed: compute it again
+            except TimeoutError:
+                pass
             events, frames = self.session.tick(time.monotonic())
             for f in frames:
                 await self._send(f)
@@ -549,6 +558,7 @@ class Client:
             if future is not None and not future.done():
                 future.set_result(event.command)
         elif isinstance(event, Connected):
+            self._rearm.set()
             if event.healed:
                 self.reconnects += 1
                 log.info("reconnected to %s; %d patterns restored", self.endpoint, len(self._subscriptions))
@@ -578,6 +588,4 @@ def ack_of(answer: Command) -> Ack:
     """The OK to a confirmed publish as an Ack."""
     headers = answer.headers
     seq = headers.get(Header.SEQ)
-    return Ack(
-        headers.get(Header.JOURNAL), int(seq) if seq and seq.isdigit() else None, headers.get(Header.DUPLICATE) == "1"
-    )
+    return Ack(headers.get(Header.JOURNAL), P.decimal(seq) if seq else None, headers.get(Header.DUPLICATE) == "1")

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from .. import protocol as P
 from ..errors import ClosedError, Timeout
 from ..message import Message, Reply
 from ..protocol import Command, Header, Verb
@@ -158,8 +159,8 @@ class ReplyStream:
             raise answer_error(item)
         self.final = Reply(parts, user, final=True)
         if self.scatter:
-            self.count = int(headers.get(Header.COUNT, "0"))
-            self.missing = int(headers.get(Header.MISSING, "0"))
+            self.count = P.decimal(headers.get(Header.COUNT, "0")) or 0
+            self.missing = P.decimal(headers.get(Header.MISSING, "0")) or 0
             raise StopAsyncIteration
         return self.final
 

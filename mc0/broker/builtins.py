@@ -14,6 +14,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
+from .. import protocol as P
 from ..errors import InvalidTopic, ProtocolError
 from ..permissions import ALLOW_ALL
 from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
@@ -53,9 +54,10 @@ class Builtins:
         op = text
         if text.startswith("{"):
             try:
-                op = str(json.loads(text).get("op", ""))
-            except (ValueError, AttributeError):
-                op = ""
+                query = P.json_body(text, rid)
+            except ProtocolError as exc:
+                return [(client.routing_id, dialect.error(rid, name, exc.code, exc.reason))]
+            op = str(query.get("op", "")) if isinstance(query, dict) else ""
         report = self.report(op)
         if report is None:
             reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}"
@@ -76,10 +78,7 @@ class Builtins:
         ``from_seq`` was trimmed.
         """
         journals = self.streams.journals
-        try:
-            query = json.loads(text) if text.startswith("{") else {"op": text}
-        except ValueError:
-            raise ProtocolError(Status.BAD_REQUEST, "body must be JSON or an op name", rid) from None
+        query = P.json_body(text, rid) if text.startswith("{") else {"op": text}
         if not isinstance(query, dict):
             raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
         op = query.get("op")
@@ -175,7 +174,7 @@ class Builtins:
                 "peers": len(self.peers),
                 "subscriptions": len(self.pubsub.subscriptions),
                 "services": len(rpc.services),
-                "queued": sum(len(s.queue) for s in rpc.services.values()),
+                "queued": sum(s.queued for s in rpc.services.values()),
                 "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
                 "counters": dict(sorted(self.counters.items())),
                 "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
@@ -197,7 +196,7 @@ class Builtins:
         return {
             "workers": len(service.workers),
             "idle": len(service.ready),
-            "queued": sum(1 for j in service.queue if not j.done),
+            "queued": service.queued,
             "in_flight": self._in_flight(service),
             "requests": service.requests,
             "served": service.served,

@@ -32,9 +32,8 @@ from ..errors import ProtocolError
 from ..permissions import Permissions
 from ..protocol import Command, Header, Side, Status, Verb
 from ..settings import CoreSettings
-from ..topics import split_topic
 from ..trie import TopicTrie
-from . import mdp, telemetry
+from . import mdp
 from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
 from .jobs import Service
 from .peers import Out, Peer, PeerTable, generated_routing_id
@@ -42,7 +41,8 @@ from .pubsub import PubSub
 from .rpc import Rpc
 from .store import JournalStore
 from .streams import StreamOut, Streams, primary
-from .telemetry import BROKER_SENDER, PeerEvent, TelemetryRecord
+from .sysbus import SysBus
+from .telemetry import PeerEvent
 
 __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 
@@ -80,10 +80,10 @@ class BrokerCore:
             self.settings,
             self.counters,
             is_current=self.peers.is_current,
-            wants_telemetry=lambda: self._wanted(P.SYS_RPC_TOPIC),
+            wants_telemetry=self._wants_rpc_telemetry,  # (sysbus is created next; called later)
         )
         self.builtins = Builtins(self.peers, self.pubsub, self.rpc, self.streams, self.counters)
-        self._sys_topics = {t: split_topic(t) for t in (P.SYS_RPC_TOPIC, P.SYS_PEER_TOPIC)}
+        self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         # The verb table: what a connected mc0 peer's command does.
         self._verbs: dict[Verb, Handler] = {
             Verb.PUT: self._put,
@@ -149,8 +149,8 @@ class BrokerCore:
             self.counters["revoked_dropped"] += 1
             return []
         out: list[Out] = []
-        peer = self.peers.get(routing_id)
-        if peer is not None and self.peers.stale(peer, identity, fd):
+        peer = self.peers.by_id.get(routing_id)
+        if peer is not None and (peer.identity != identity or (fd is not None and peer.fd != fd)):
             self.counters["routing_id_changed_hands"] += 1
             out = self._forget(peer, "replaced", now)
             peer = None
@@ -175,9 +175,20 @@ class BrokerCore:
             out += self._verbs[command.verb](peer, command, now)
         except ProtocolError as exc:
             out += self._reject(routing_id, peer, frames, exc, now)
-        if self.rpc.finished:
-            out += self._publish_finished(now)
-        return out
+        return self._with_finished(out, now)
+
+    def internal_error(self, routing_id: bytes, frames: Sequence[bytes], exc: BaseException) -> list[Out]:
+        """The shell's per-message guard caught ``exc`` while this message was handled (a bug):
+        count it, log it, answer its sender ERROR 500 (with its ID if it had one); nothing else."""
+        self.counters["internal_errors"] += 1
+        peer = self.peers.get(routing_id)
+        who = peer.name if peer is not None else "an unconnected peer"
+        log.error("internal error handling a message from %s", who, exc_info=exc)
+        request_id = P.find_id(frames, self.settings.limits.max_headers) if frames else None
+        reason = f"internal error: {type(exc).__name__}"
+        if peer is not None:
+            return [(routing_id, peer.dialect.error(request_id, "", Status.HANDLER_FAILED, reason))]
+        return [(routing_id, P.error(Status.HANDLER_FAILED, reason, request_id))]
 
     def _reject(
         self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
@@ -302,7 +313,7 @@ class BrokerCore:
         if not peer.grants.may_publish(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
         self.counters["published"] += 1
-        journals = self.streams.routes(tokens)
+        journals = self.streams.routes(tokens) if self.streams.journals else ()
         if journals:
             return self._put_journaled(peer, command, topic, tokens, journals, now)
         out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now)
@@ -423,9 +434,8 @@ class BrokerCore:
     def _worker_reply(self, peer: Peer, command: Command, now: float) -> list[Out]:
         bid = command.headers[Header.ID]
         if command.verb is Verb.ERROR:
-            code_text = command.headers[Header.CODE]
-            code = int(code_text) if code_text.isdigit() and 100 <= int(code_text) <= 599 else Status.HANDLER_FAILED
-            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, command.headers[Header.MESSAGE])
+            code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
+            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
         return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
 
     # ================================================================ operations for foreign dialects
@@ -450,6 +460,9 @@ class BrokerCore:
 
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
         return self.rpc.reply(worker, verb, bid, {}, body, now)
+
+    def _wants_rpc_telemetry(self) -> bool:
+        return self.sysbus.wants_rpc()
 
     def published(self, out: list[Out], now: float) -> list[Out]:
         """``out`` plus the telemetry of what just finished."""
@@ -481,45 +494,19 @@ class BrokerCore:
             self.streams.stream_blocked(blocked, peer, now)
 
     # ================================================================ telemetry
-    def _wanted(self, topic: str) -> bool:
-        """Someone subscribes to, or a journal keeps, this telemetry topic (two cached trie lookups)."""
-        tokens = self._sys_topics[topic]
-        return self.pubsub.wanted(tokens) or bool(self.streams.routes(tokens))
-
     def _peer_event(self, event: str, peer: Peer, reason: str, now: float) -> list[Out]:
-        if not self._wanted(P.SYS_PEER_TOPIC):
+        if not self.sysbus.wants(P.SYS_PEER_TOPIC):
             return []
         record = PeerEvent(event, peer.name, peer.identity, peer.dialect.name, peer.version, reason)
-        return self._publish(record, now)
-
-    def _publish_finished(self, now: float) -> list[Out]:
-        out: list[Out] = []
-        finished, self.rpc.finished = self.rpc.finished, []
-        for record in finished:
-            out += self._publish(record, now)
-        return out
+        return self.sysbus.publish(record, now)
 
     def _with_finished(self, out: list[Out], now: float) -> list[Out]:
+        """``out`` plus the mc0.sys.rpc records of the requests that just finished."""
         if self.rpc.finished:
-            out += self._publish_finished(now)
+            finished, self.rpc.finished = self.rpc.finished, []
+            for record in finished:
+                out += self.sysbus.publish(record, now)
         return out
-
-    def _publish(self, record: TelemetryRecord, now: float) -> list[Out]:
-        """Publish the broker's own telemetry on its ``mc0.sys.*`` topic (callers check ``_wanted`` first)."""
-        topic = record.topic
-        tokens = self._sys_topics[topic]
-        journals = self.streams.routes(tokens)
-        body = telemetry.body(record, now + self.wall_offset)
-        self.counters["telemetry"] += 1
-        position: tuple[str, int] | None = None
-        held = None
-        if journals:
-            first = primary(journals)
-            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body)
-            if seq is not None:
-                position = (first.name, seq)
-                held = self.streams.held_back(journals, tokens)
-        return self.pubsub.fan_out(topic, tokens, BROKER_SENDER.encode(), {}, body, now, position, held)
 
     # ================================================================ time and failures
     def tick(self, now: float) -> list[Out]:

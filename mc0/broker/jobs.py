@@ -29,6 +29,8 @@ LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 
 
 class JobState(Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is Python code (hot path)
+
     QUEUED = "queued"  # waiting in its service's queue for a worker
     ASSIGNED = "assigned"  # held by a worker; nothing forwarded to the client yet (may be retried)
     STREAMING = "streaming"  # a PARTIAL reached the client: never retried after this
@@ -36,6 +38,8 @@ class JobState(Enum):
 
 
 class JobEvent(Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is Python code (hot path)
+
     DISPATCH = "dispatch"  # a worker with spare capacity takes it
     PARTIAL = "partial"  # the worker sent a PARTIAL
     FINAL = "final"  # the worker sent its FINAL
@@ -48,6 +52,8 @@ class JobEvent(Enum):
 
 
 class Action(Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is Python code (hot path)
+
     DISPATCH = "dispatch"  # send the REQUEST to the worker
     FORWARD = "forward"  # forward the PARTIAL to the client
     REPLY_FINAL = "reply_final"  # terminal: the worker's FINAL to the client
@@ -105,11 +111,15 @@ def job_transition(state: JobState, event: JobEvent) -> tuple[JobState, Action]:
 
 
 class GatherState(Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is Python code (hot path)
+
     OPEN = "open"  # legs outstanding
     DONE = "done"
 
 
 class GatherEvent(Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is Python code (hot path)
+
     LEG_DONE = "leg_done"  # a leg answered (FINAL or ERROR) or lost its worker; others remain
     LAST_LEG_DONE = "last_leg_done"  # ... and it was the last outstanding leg
     DEADLINE = "deadline"
@@ -228,14 +238,28 @@ class WorkerState:
 
 
 class Service:
-    __slots__ = ("name", "workers", "ready", "queue", "served", "errors", "timeouts", "latencies", "requests")
+    __slots__ = (
+        "name",
+        "workers",
+        "ready",
+        "queue",
+        "queued",
+        "dead",
+        "served",
+        "errors",
+        "timeouts",
+        "latencies",
+        "requests",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.workers: dict[Peer, None] = {}
         # Workers with spare capacity, least recently used first.
         self.ready: dict[Peer, None] = {}
-        self.queue: deque[Job] = deque()
+        self.queue: deque[Job] = deque()  # QUEUED jobs, and DONE ones not yet swept out
+        self.queued = 0  # the QUEUED jobs in ``queue``: what the queue limit counts
+        self.dead = 0  # the DONE jobs still in ``queue`` (ended while waiting)
         self.requests = 0
         self.served = 0
         self.errors = 0

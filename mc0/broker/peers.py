@@ -114,10 +114,6 @@ class PeerTable:
         """``peer`` is still the one known under its routing id (not forgotten or replaced)."""
         return self.by_id.get(peer.routing_id) is peer
 
-    def stale(self, peer: Peer, identity: str, fd: int | None) -> bool:
-        """A message under ``peer``'s routing id came from someone else: the id changed hands."""
-        return peer.identity != identity or (fd is not None and peer.fd != fd)
-
     def add(self, peer: Peer, now: float) -> None:
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None and peer.routing_id not in self._closing:

@@ -39,6 +39,7 @@ class PubSub:
         self.subscriptions: TopicTrie[Peer] = TopicTrie()
         self._patterns: dict[Peer, dict[str, tuple[str, ...]]] = {}
         self._topics: dict[str, tuple[str, ...]] = {}
+        self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
 
     # ------------------------------------------------------------ validation
     def topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:
@@ -106,6 +107,7 @@ class PubSub:
         for pattern, tokens in new.items():
             held[pattern] = tokens
             self.subscriptions.insert(tokens, peer)
+        self.version += 1
 
     def remove(self, peer: Peer, patterns: Sequence[Pattern]) -> list[tuple[str, ...]]:
         """Drop these patterns of ``peer``; returns the tokens of those it held."""
@@ -120,11 +122,13 @@ class PubSub:
                 removed.append(tokens)
         if not held:
             del self._patterns[peer]
+        self.version += 1
         return removed
 
     def drop_peer(self, peer: Peer) -> None:
         for tokens in self._patterns.pop(peer, {}).values():
             self.subscriptions.remove(tokens, peer)
+        self.version += 1
 
     def withdraw_denied(self, peer: Peer, grants: Grants) -> list[Out]:
         """A new policy: drop ``peer``'s patterns it may no longer subscribe to, telling it each one."""
@@ -140,6 +144,7 @@ class PubSub:
                 out.append((peer.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern)))
         if not held:
             del self._patterns[peer]
+        self.version += 1
         return out
 
     # ------------------------------------------------------------ delivery

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidTopic, ProtocolError
@@ -26,6 +26,7 @@ from ..protocol import MAX_SERVICE_BYTES, Header, Status, Verb
 from ..settings import CoreSettings
 from ..topics import split_topic
 from .jobs import (
+    JOB_TRANSITIONS,
     Action,
     GatherEvent,
     GatherState,
@@ -37,7 +38,6 @@ from .jobs import (
     Service,
     WorkerState,
     gather_transition,
-    job_transition,
 )
 from .peers import Out, Peer
 from .telemetry import RpcDone
@@ -70,6 +70,33 @@ class Rpc:
 
     def next_id(self) -> int:
         return next(self._seq)
+
+    def _fire(self, job: Job, event: JobEvent) -> Action:
+        """Apply ``event`` to ``job`` through the transition table; the action to carry out.
+
+        Keeps each service's count of waiting jobs exact: a job that ends while
+        queued stops counting toward ``max_queue`` at once, and the queue is
+        swept of such jobs once they outnumber the live ones.
+        """
+        was = job.state
+        job.state, action = JOB_TRANSITIONS[was, event]
+        if was is JobState.QUEUED and job.state is not JobState.QUEUED and job.parent is None:
+            service = self.services.get(job.service)
+            if service is not None:
+                service.queued -= 1
+                if job.state is JobState.DONE:  # it is still in the deque
+                    service.dead += 1
+                    if service.dead > 64 and service.dead > service.queued:
+                        service.queue = deque(j for j in service.queue if j.state is JobState.QUEUED)
+                        service.dead = 0
+        return action
+
+    def _enqueue(self, service: Service, job: Job, *, front: bool = False) -> None:
+        if front:
+            service.queue.appendleft(job)
+        else:
+            service.queue.append(job)
+        service.queued += 1
 
     # ================================================================ names and permissions
     def service_name(self, raw: str | bytes, request_id: str | None) -> str:
@@ -112,7 +139,7 @@ class Rpc:
 
     def _drop_if_idle(self, name: str) -> None:
         service = self.services.get(name)
-        if service is not None and not service.workers and not service.queue:
+        if service is not None and not service.workers and not service.queued:
             del self.services[name]
 
     def ready(self, worker: Peer, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
@@ -131,7 +158,9 @@ class Rpc:
         for name in names:
             service = self._service(name)
             service.workers[worker] = None
-            if len(state.jobs) < capacity and worker not in service.ready:
+            if len(state.jobs) >= capacity:
+                service.ready.pop(worker, None)  # full at its (new) capacity: no more until a slot frees
+            elif worker not in service.ready:
                 # Never used is least recently used: a new worker goes first.
                 service.ready = {worker: None, **service.ready}
             log.info("worker %s serves %s (capacity %d)", worker.name, name, capacity)
@@ -151,7 +180,7 @@ class Rpc:
         return self.ready(peer, kept, state.capacity, now), dropped
 
     def _assign(self, worker: Peer, job: Job, now: float) -> Out:
-        job_transition_into(job, JobEvent.DISPATCH)
+        self._fire(job, JobEvent.DISPATCH)
         state = self.workers[worker]
         job.worker = worker
         job.attempts += 1
@@ -174,7 +203,8 @@ class Rpc:
         while queue and ready:
             job = queue.popleft()
             if job.state is not JobState.QUEUED:
-                continue  # ended while it waited (deadline, cancel, client gone)
+                service.dead -= 1  # ended while it waited (deadline, cancel, client gone)
+                continue
             out.append(self._assign(next(iter(ready)), job, now))
         return out
 
@@ -192,7 +222,7 @@ class Rpc:
             service = self.services[name]
             if worker not in service.ready:
                 service.ready[worker] = None
-            if service.queue:
+            if service.queued:
                 heads.append((service.queue[0].created, service))
         out: list[Out] = []
         for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
@@ -205,12 +235,13 @@ class Rpc:
 
         ``busy``: the client has another exchange under this id (a fetch stream).
         """
-        if busy or rid in self.requests.get(client, ()):
+        held = self.requests.get(client)
+        if busy or (held is not None and rid in held):
             raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
         tokens = self.service_tokens(name, rid)
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
-        outstanding = len(self.requests.get(client, ()))
+        outstanding = len(held) if held is not None else 0
         if outstanding >= self.settings.max_requests:
             raise ProtocolError(Status.OVER_LIMIT, f"{outstanding} requests outstanding, the limit", rid)
         return now + min(timeout_ms, self.settings.max_request_timeout_ms) / 1000.0
@@ -235,13 +266,13 @@ class Rpc:
         if scatter:
             service.requests += 1
             return self._scatter(client, service, rid, user, body, now, deadline)
-        if len(service.queue) >= self.settings.max_queue and not service.ready:
+        if service.queued >= self.settings.max_queue and not service.ready:
             raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
         service.requests += 1
         job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline)
-        self.requests.setdefault(client, {})[rid] = job
+        self._hold(client, rid, job)
         heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
-        service.queue.append(job)
+        self._enqueue(service, job)
         return self._pump(service, now)
 
     def _scatter(
@@ -256,7 +287,7 @@ class Rpc:
     ) -> list[Out]:
         """Every worker of the service gets its own leg at once, regardless of capacity."""
         gather = Scatter(client, rid, service.name, user, now, deadline)
-        self.requests.setdefault(client, {})[rid] = gather
+        self._hold(client, rid, gather)
         heapq.heappush(self._deadlines, (deadline, next(self._seq), gather))
         out: list[Out] = []
         for worker in list(service.workers):
@@ -268,7 +299,8 @@ class Rpc:
 
     def cancel(self, client: Peer, rid: str, now: float) -> list[Out] | None:
         """CANCEL ID rid: 499 to the client, CANCEL to the worker; None if no such request."""
-        request = self.requests.get(client, {}).get(rid)
+        held = self.requests.get(client)
+        request = held.get(rid) if held is not None else None
         if request is None:
             return None
         self.counters["cancelled"] += 1
@@ -279,7 +311,7 @@ class Rpc:
             size = bytes_out = 0
         else:
             worker = request.worker
-            action = job_transition_into(request, JobEvent.CANCEL)
+            action = self._fire(request, JobEvent.CANCEL)
             size, bytes_out = request.size, request.bytes_out
         assert action is Action.FAIL_CANCELLED
         self._forget_request(client, rid)
@@ -289,12 +321,16 @@ class Rpc:
         self._finished(request.service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now)
         return out
 
+    def _hold(self, client: Peer, rid: str, request: Request) -> None:
+        held = self.requests.get(client)
+        if held is None:
+            held = self.requests[client] = {}
+        held[rid] = request
+
     def _forget_request(self, client: Peer, rid: str) -> None:
         held = self.requests.get(client)
         if held is not None:
-            held.pop(rid, None)
-            if not held:
-                del self.requests[client]
+            held.pop(rid, None)  # the (maybe empty) dict stays until the client goes: no churn per request
 
     def _stop_work(self, request: Request, now: float) -> list[Out]:
         """Tell each worker still holding (a leg of) ``request`` to stop, and free its slot."""
@@ -302,7 +338,7 @@ class Rpc:
         out: list[Out] = []
         for job in legs:
             if job.state is not JobState.DONE:
-                job_transition_into(job, JobEvent.CLIENT_GONE)
+                self._fire(job, JobEvent.CLIENT_GONE)
             worker = job.worker
             if worker is not None:
                 notice = worker.dialect.cancel(job.bid)
@@ -340,7 +376,7 @@ class Rpc:
             if verb is Verb.FINAL
             else JobEvent.WORKER_ERROR
         )
-        action = job_transition_into(job, event)
+        action = self._fire(job, event)
         if job.parent is not None:
             return self._leg_reply(state, job, action, user, body, now, code, reason)
         if action is Action.FORWARD:
@@ -456,15 +492,15 @@ class Rpc:
         for job in held:
             job.worker = None
             if job.parent is not None:
-                job_transition_into(job, JobEvent.WORKER_LOST_LAST)
+                self._fire(job, JobEvent.WORKER_LOST_LAST)
                 out += self._leg_done(job, answered=False, now=now)
                 continue
             streaming = job.state is JobState.STREAMING
             retry = job.attempts < self.settings.max_attempts
-            action = job_transition_into(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
+            action = self._fire(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
             if action is Action.REQUEUE:
                 self.counters["requests_requeued"] += 1
-                self._service(job.service).queue.appendleft(job)
+                self._enqueue(self._service(job.service), job, front=True)
                 touched[job.service] = None
             else:
                 why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
@@ -487,7 +523,7 @@ class Rpc:
                 request.state, action = gather_transition(request.state, GatherEvent.DEADLINE)
                 out += self._summary(request, now)
                 continue
-            action = job_transition_into(request, JobEvent.DEADLINE)
+            action = self._fire(request, JobEvent.DEADLINE)
             assert action is Action.FAIL_DEADLINE
             out += self._stop_work(request, now)  # the worker, if any, is told CANCEL
             self.counters["deadline_expired"] += 1
@@ -531,9 +567,3 @@ class Rpc:
 
 
 _REPLY_EVENTS = {Verb.PARTIAL: JobEvent.PARTIAL, Verb.FINAL: JobEvent.FINAL, Verb.ERROR: JobEvent.WORKER_ERROR}
-
-
-def job_transition_into(job: Job, event: JobEvent) -> Action:
-    """Apply ``event`` to ``job`` through the transition table; the action to carry out."""
-    job.state, action = job_transition(job.state, event)
-    return action

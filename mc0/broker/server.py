@@ -333,7 +333,10 @@ class Broker:
                 # a close before it frees the fd) so that they unbind the old connection
                 # before this one binds, or a late close would end the new session.
                 self._connections_closed(monitor, now)
-            out = handle(routing_id, rest, now, identity, first.get(SRCFD))
+            try:
+                out = handle(routing_id, rest, now, identity, first.get(SRCFD))
+            except Exception as exc:  # the per-message guard: one message's fault costs that message only
+                out = self.core.internal_error(routing_id, rest, exc)
             if out:
                 self._send(out, now)
         if self.core.closing:  # a full batch, not read empty: only overdue closes

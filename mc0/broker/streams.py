@@ -289,7 +289,10 @@ class Streams:
 
     # ------------------------------------------------------------ fetches
     def fetch_running(self, peer: Peer, rid: str) -> bool:
-        fetch = self._fetches.get(peer, {}).get(rid)
+        fetches = self._fetches.get(peer)  # (no default dict: this runs for every REQUEST)
+        if not fetches:
+            return False
+        fetch = fetches.get(rid)
         return fetch is not None and not fetch.done
 
     def start_fetch(

@@ -1,0 +1,61 @@
+"""SysBus: the broker's own publications on ``mc0.sys.*`` (telemetry records -> journals and subscribers).
+
+Contract: ``wants(topic)`` says whether anyone subscribes to, or a journal
+keeps, a telemetry topic (checked before a record is built: the common case
+costs two cached trie lookups, and ``wants_rpc`` caches even that until the
+subscriptions change); ``publish(record, now)`` appends the record's JSON
+body to the journals that keep its topic and fans it out like a PUT from
+``mc0.broker``.  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
+from ..topics import split_topic
+from . import telemetry
+from .peers import Out
+from .pubsub import PubSub
+from .streams import Streams, primary
+from .telemetry import BROKER_SENDER, TelemetryRecord
+
+_SENDER = BROKER_SENDER.encode()
+
+
+class SysBus:
+    def __init__(self, pubsub: PubSub, streams: Streams, counters: Counter[str], wall_offset: float) -> None:
+        self.pubsub = pubsub
+        self.streams = streams
+        self.counters = counters
+        self.wall_offset = wall_offset
+        self._tokens = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
+        self._rpc_interest = (-1, False)  # (pubsub.version, anyone wants mc0.sys.rpc)
+
+    def wants(self, topic: str) -> bool:
+        tokens = self._tokens[topic]
+        return self.pubsub.wanted(tokens) or bool(self.streams.routes(tokens))
+
+    def wants_rpc(self) -> bool:
+        """``wants(mc0.sys.rpc)``, asked for every finished request: cached until subscriptions change."""
+        version = self.pubsub.version
+        if version != self._rpc_interest[0]:
+            self._rpc_interest = (version, self.wants(SYS_RPC_TOPIC))
+        return self._rpc_interest[1]
+
+    def publish(self, record: TelemetryRecord, now: float) -> list[Out]:
+        """Journal and fan out one record (callers checked ``wants`` first)."""
+        topic = record.topic
+        tokens = self._tokens[topic]
+        journals = self.streams.routes(tokens)
+        body = telemetry.body(record, now + self.wall_offset)
+        self.counters["telemetry"] += 1
+        position: tuple[str, int] | None = None
+        held = None
+        if journals:
+            first = primary(journals)
+            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body)
+            if seq is not None:
+                position = (first.name, seq)
+                held = self.streams.held_back(journals, tokens)
+        return self.pubsub.fan_out(topic, tokens, _SENDER, {}, body, now, position, held)

@@ -1,0 +1,184 @@
+"""The mc0 wire protocol: every verb, header, status code and limit, in one place.
+
+Grammar (frames after the ROUTER routing id; ``""`` is an empty frame)::
+
+    message    = VERB *(KEY VALUE) [ "" 1*POSITIONAL ]
+    VERB       = one of Verb, ASCII
+    KEY        = non-empty ASCII: a reserved Header, or a user header "X-..."
+    VALUE      = UTF-8 text, may be empty
+    POSITIONAL = opaque bytes (patterns for SUB/UNSUB, body frames for PUT/MESSAGE)
+
+Headers are read in pairs; an empty frame where a *key* is expected starts
+the positional part (so an empty header *value* is legal).  A key with no
+value, a repeated key, a reserved key the verb does not take and any other
+non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
+
+Peer -> broker::
+
+    CONNECT    VERSION v TTL ms [ID id]            -> OK ID id TTL ms
+    DISCONNECT [ID id]
+    NOOP       [ID id]                             (heartbeat)
+    PING       ID x                                -> PONG ID x        (1.0)
+    SUB        [ID id] [FROM seq [JOURNAL j]] "" pattern...   (FROM: replay, then live)
+    UNSUB      [ID id] "" pattern...
+    PUT        TOPIC t [ID id] [MSGID m] [X-...] "" body...
+    READY      [ID id] [CAPACITY n] "" service...  (1.0, a worker)
+    REQUEST    SERVICE s ID rid [TIMEOUT ms] [ALL 1] [X-...] ["" body...]
+    CANCEL     ID rid
+    PARTIAL    ID bid [X-...] ["" body...]         (worker -> broker)
+    FINAL      ID bid [X-...] ["" body...]
+    ERROR      ID bid CODE c MESSAGE m             (a handler failure)
+
+Broker -> peer::
+
+    OK         ID id [TTL ms] [JOURNAL j SEQ n [DUPLICATE 1]]   (SEQ: a journaled PUT, once written)
+    ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern]   (TOPIC: a subscription withdrawn)
+    MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [X-...] "" body...  (0.x peers: no SENDER)
+    NOOP
+    PONG       ID x
+    DISCONNECT
+    REQUEST    SERVICE s ID bid CALLER who TIMEOUT ms [X-...] ["" body...]   (to a worker)
+    CANCEL     ID bid                                                     (to a worker)
+    PARTIAL    ID rid [WORKER w [CODE c MESSAGE m]] [X-...] ["" body...]  (to a client)
+    FINAL      ID rid [COUNT n MISSING m] [X-...] ["" body...]
+
+A command carrying ``ID`` is answered ``OK``/``ERROR`` with that ID; without
+``ID`` nothing comes back unless something exceptional happened, which always
+gets an ``ERROR``.  A REQUEST's ID names the request instead: it is answered
+by zero or more PARTIAL and exactly one terminal FINAL or ERROR with that ID.
+Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed verbs only);
+``1.0`` is the full protocol.
+
+Status codes: see :class:`Status`.  Limits: see :class:`Limits`.
+docs/PROTOCOL.md is the prose version of this docstring.
+
+The model lives in :mod:`.model` (verbs, headers, statuses, limits, the
+grammar table), the decoder in :mod:`.codec`, the senders' builders and the
+``Dialect`` interface in :mod:`.builders`, and the bodies the broker itself
+parses in :mod:`.bodies`; everything is re-exported here, so ``mc0.protocol``
+is the one place to import from.
+"""
+
+from __future__ import annotations
+
+from ..errors import ProtocolError
+from ..message import Record
+from .bodies import (
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    journal_page,
+    json_body,
+    parse_journal_page,
+)
+from .builders import (
+    DISCONNECT_FRAMES,
+    MC0_DIALECT,
+    NOOP_FRAMES,
+    Dialect,
+    Mc0Dialect,
+    cancel,
+    encode,
+    error,
+    message,
+    ok,
+    ok_journaled,
+    reply,
+    request_to_worker,
+    user_header_frames,
+)
+from .codec import (
+    MAX_DECIMAL_DIGITS,
+    Command,
+    decimal,
+    decode,
+    find_id,
+    parse_int,
+    worker_error,
+)
+from .model import (
+    ANONYMOUS,
+    BROKER_GRAMMAR,
+    BROKER_SERVICE,
+    DEFAULT_LIMITS,
+    FULL_VERSION,
+    GRAMMAR,
+    JOURNAL_SERVICE,
+    MAX_SERVICE_BYTES,
+    MMI_SERVICE,
+    PEER_GRAMMAR,
+    REMOTE_ERRORS,
+    RESERVED_TOPIC_PREFIX,
+    SEED_VERSIONS,
+    SYS_PEER_TOPIC,
+    SYS_RPC_TOPIC,
+    USER_HEADER_PREFIX,
+    VERSIONS,
+    WORKER_CODES,
+    Grammar,
+    Header,
+    Limits,
+    Payload,
+    Side,
+    Status,
+    Verb,
+    is_user_header,
+    remote_error,
+)
+
+__all__ = [
+    "ANONYMOUS",
+    "BROKER_GRAMMAR",
+    "BROKER_SERVICE",
+    "Command",
+    "DEFAULT_LIMITS",
+    "DISCONNECT_FRAMES",
+    "Dialect",
+    "FULL_VERSION",
+    "GRAMMAR",
+    "Grammar",
+    "Header",
+    "JOURNAL_SERVICE",
+    "Limits",
+    "MAX_DECIMAL_DIGITS",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_SERVICE_BYTES",
+    "MC0_DIALECT",
+    "MMI_SERVICE",
+    "Mc0Dialect",
+    "NOOP_FRAMES",
+    "PEER_GRAMMAR",
+    "Payload",
+    "ProtocolError",
+    "REMOTE_ERRORS",
+    "RESERVED_TOPIC_PREFIX",
+    "Record",
+    "SEED_VERSIONS",
+    "SYS_PEER_TOPIC",
+    "SYS_RPC_TOPIC",
+    "Side",
+    "Status",
+    "USER_HEADER_PREFIX",
+    "VERSIONS",
+    "Verb",
+    "WORKER_CODES",
+    "cancel",
+    "decimal",
+    "decode",
+    "encode",
+    "error",
+    "find_id",
+    "is_user_header",
+    "journal_page",
+    "json_body",
+    "message",
+    "ok",
+    "ok_journaled",
+    "parse_int",
+    "parse_journal_page",
+    "remote_error",
+    "reply",
+    "request_to_worker",
+    "user_header_frames",
+    "worker_error",
+]

@@ -1,0 +1,168 @@
+"""Builders: small, allocation-light constructors of the messages each side sends, and the
+:class:`Dialect` interface the broker renders RPC traffic through (mc0 frames here; MDP and the
+other seed dialects in :mod:`mc0.broker`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from .model import USER_HEADER_PREFIX, Verb
+
+
+def ok(request_id: str, *, ttl_ms: int | None = None) -> list[bytes]:
+    if ttl_ms is None:
+        return [b"OK", b"ID", request_id.encode()]
+    return [b"OK", b"ID", request_id.encode(), b"TTL", str(ttl_ms).encode()]
+
+
+def error(code: int, reason: str, request_id: str | None = None, *, topic: str | None = None) -> list[bytes]:
+    head = [b"ERROR"] if request_id is None else [b"ERROR", b"ID", request_id.encode()]
+    frames = [*head, b"CODE", str(int(code)).encode(), b"MESSAGE", reason.encode()]
+    if topic is not None:
+        frames += (b"TOPIC", topic.encode())
+    return frames
+
+
+def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = False) -> list[bytes]:
+    frames = [b"OK", b"ID", request_id.encode(), b"JOURNAL", journal.encode(), b"SEQ", str(seq).encode()]
+    if duplicate:
+        frames += (b"DUPLICATE", b"1")
+    return frames
+
+
+def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:
+    """The ``X-`` headers of ``headers`` as flat key, value frames (for ``message``)."""
+    frames: list[bytes] = []
+    for key, value in headers.items():
+        if key.startswith(USER_HEADER_PREFIX):  # as Command.user_headers, without building a dict
+            frames += (key.encode(), value.encode())
+    return frames
+
+
+def message(
+    topic: bytes,
+    sender: bytes | None,
+    user_headers: Sequence[bytes],
+    body: Sequence[bytes],
+    position: tuple[bytes, int] | None = None,
+) -> list[bytes]:
+    """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER.
+
+    ``position`` is ``(journal, seq)`` for a journaled message (1.0 peers only).
+    """
+    frames = [b"MESSAGE", b"TOPIC", topic]
+    if sender is not None:
+        frames += (b"SENDER", sender)
+        if position is not None:
+            frames += (b"JOURNAL", position[0], b"SEQ", str(position[1]).encode())
+    frames += user_headers
+    frames.append(b"")
+    frames += body
+    return frames
+
+
+NOOP_FRAMES: tuple[bytes, ...] = (b"NOOP",)
+DISCONNECT_FRAMES: tuple[bytes, ...] = (b"DISCONNECT",)
+
+
+# ---------------------------------------------------------------- RPC builders
+
+
+def encode(verb: Verb, headers: Mapping[str, str] | None = None, payload: Sequence[bytes] = ()) -> list[bytes]:
+    """Command parts -> frames (the inverse of ``decode``)."""
+    return _finish([verb.value.encode()], headers or {}, body=payload)
+
+
+def _finish(frames: list[bytes], *headers: Mapping[str, str], body: Sequence[bytes]) -> list[bytes]:
+    """Append header pairs, then (if any) the empty frame and the body."""
+    for mapping in headers:
+        for key, value in mapping.items():
+            frames += (key.encode(), value.encode())
+    if body:
+        frames.append(b"")
+        frames += body
+    return frames
+
+
+def request_to_worker(
+    bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+) -> list[bytes]:
+    frames = [b"REQUEST", b"SERVICE", service.encode(), b"ID", bid.encode(), b"CALLER", caller.encode()]
+    frames += (b"TIMEOUT", str(timeout_ms).encode())
+    return _finish(frames, user, body=body)
+
+
+def reply(
+    verb: Verb, request_id: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+) -> list[bytes]:
+    """PARTIAL/FINAL frames: ID, then reserved ``fields``, then user headers, then the body."""
+    return _finish([verb.value.encode(), b"ID", request_id.encode()], fields, user, body=body)
+
+
+def cancel(request_id: str) -> list[bytes]:
+    return [b"CANCEL", b"ID", request_id.encode()]
+
+
+class Mc0Dialect:
+    """Renders broker -> peer RPC traffic as mc0 frames (the MDP adapter has its own)."""
+
+    name = "mc0"
+    heartbeats = True
+
+    def to_worker(
+        self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return request_to_worker(bid, service, caller, timeout_ms, user, body)
+
+    def cancel(self, bid: str) -> list[bytes] | None:
+        return cancel(bid)
+
+    def partial(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return reply(Verb.PARTIAL, rid, fields, user, body)
+
+    def final(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]:
+        return reply(Verb.FINAL, rid, fields, user, body)
+
+    def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
+        return error(code, reason, rid)
+
+    def heartbeat(self) -> Sequence[bytes] | None:
+        return NOOP_FRAMES
+
+    def disconnect(self) -> Sequence[bytes] | None:
+        return DISCONNECT_FRAMES
+
+
+MC0_DIALECT = Mc0Dialect()
+
+
+class Dialect(Protocol):
+    """How the broker renders RPC traffic and heartbeats for one kind of peer."""
+
+    name: str
+    heartbeats: bool
+
+    def to_worker(
+        self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def cancel(self, bid: str) -> list[bytes] | None: ...
+
+    def partial(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def final(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes]: ...
+
+    def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]: ...
+
+    def heartbeat(self) -> Sequence[bytes] | None: ...
+
+    def disconnect(self) -> Sequence[bytes] | None: ...

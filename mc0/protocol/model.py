@@ -1,0 +1,209 @@
+"""The wire model: every verb, header, status code, limit and the per-side grammar table.
+
+Contract: data only (no parsing here: see :mod:`mc0.protocol.codec`).  The
+package docstring (:mod:`mc0.protocol`) is the grammar in prose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum, StrEnum
+
+from .. import errors
+from ..topics import DEFAULT_MAX_TOPIC_BYTES, DEFAULT_MAX_TOPIC_TOKENS
+
+
+class Verb(StrEnum):
+    CONNECT = "CONNECT"
+    DISCONNECT = "DISCONNECT"
+    NOOP = "NOOP"
+    PING = "PING"
+    PONG = "PONG"
+    SUB = "SUB"
+    UNSUB = "UNSUB"
+    PUT = "PUT"
+    MESSAGE = "MESSAGE"
+    OK = "OK"
+    ERROR = "ERROR"
+    READY = "READY"
+    REQUEST = "REQUEST"
+    PARTIAL = "PARTIAL"
+    FINAL = "FINAL"
+    CANCEL = "CANCEL"
+
+
+class Header(StrEnum):
+    ID = "ID"
+    VERSION = "VERSION"
+    TTL = "TTL"
+    TOPIC = "TOPIC"
+    SENDER = "SENDER"
+    CODE = "CODE"
+    MESSAGE = "MESSAGE"
+    CAPACITY = "CAPACITY"
+    SERVICE = "SERVICE"
+    TIMEOUT = "TIMEOUT"
+    CALLER = "CALLER"
+    ALL = "ALL"
+    WORKER = "WORKER"
+    COUNT = "COUNT"
+    MISSING = "MISSING"
+    MSGID = "MSGID"  # publisher's message id: a journal stores it once per dedup window
+    SEQ = "SEQ"  # a journal's sequence number
+    JOURNAL = "JOURNAL"
+    DUPLICATE = "DUPLICATE"
+    FROM = "FROM"  # SUB: replay from this sequence number, then continue live
+
+
+USER_HEADER_PREFIX = "X-"
+
+
+class Status(IntEnum):
+    BAD_REQUEST = 400  # malformed or invalid
+    NOT_CONNECTED = 401  # no CONNECT yet, or the broker does not know the peer
+    FORBIDDEN = 403
+    TOO_LARGE = 413
+    CONFLICT = 409  # a request id reused while outstanding
+    GONE = 410  # a journal position trimmed by retention
+    OVER_LIMIT = 429  # a count limit, or a consumer too slow
+    CANCELLED = 499  # the client cancelled the request
+    HANDLER_FAILED = 500  # the worker's handler raised
+    WORKER_LOST = 502  # worker gone after replies were forwarded, or attempts exhausted
+    NO_WORKER = 503  # nobody serves the service (answered at once)
+    DEADLINE = 504  # the request's deadline passed
+    UNSUPPORTED_VERSION = 505
+    STORAGE_FAILED = 507  # the journal could not write; the message is not acknowledged
+
+
+# The codes a worker's ERROR may pass to its caller: the application's own.  Every
+# other code speaks for the broker or the connection (401 would make the caller
+# reconnect; 499/502/503/504 are the broker's verdicts on the request; 505 and
+# 507 are about the protocol and the journal), so a worker sending one has it
+# mapped to 500 with the code it sent named in the message.
+WORKER_CODES = frozenset({400, 403, 404, 409, 410, 412, 413, 415, 422, 429, 500, 501})
+
+
+REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
+    Status.BAD_REQUEST: errors.BadRequest,
+    Status.NOT_CONNECTED: errors.NotConnected,
+    Status.FORBIDDEN: errors.Forbidden,
+    Status.TOO_LARGE: errors.TooLarge,
+    Status.CONFLICT: errors.Conflict,
+    Status.GONE: errors.Gone,
+    Status.OVER_LIMIT: errors.OverLimit,
+    Status.CANCELLED: errors.Cancelled,
+    Status.HANDLER_FAILED: errors.HandlerFailed,
+    Status.WORKER_LOST: errors.WorkerLost,
+    Status.NO_WORKER: errors.NoResponders,
+    Status.DEADLINE: errors.DeadlineExceeded,
+    Status.UNSUPPORTED_VERSION: errors.UnsupportedVersion,
+    Status.STORAGE_FAILED: errors.StorageFailed,
+}
+
+
+def remote_error(code: int, reason: str) -> errors.RemoteError:
+    """The RemoteError subclass for a wire status code (base class if unknown)."""
+    return REMOTE_ERRORS.get(code, errors.RemoteError)(code, reason)
+
+
+SEED_VERSIONS = frozenset({"0.1", "0.2", "0.3"})
+FULL_VERSION = "1.0"
+VERSIONS = SEED_VERSIONS | {FULL_VERSION}
+
+ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
+BROKER_SERVICE = "mc0.broker"  # built-in: stats / services / topics / peers reports
+MMI_SERVICE = "mmi.service"  # built-in: Majordomo's MMI (is a service served? 200 / 404)
+JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
+RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
+SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request
+SYS_PEER_TOPIC = RESERVED_TOPIC_PREFIX + "peer"  # connects and disconnects
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-message limits, enforced by ``decode`` before any other work."""
+
+    max_frames: int = 1024
+    max_frame_bytes: int = 16 * 1024 * 1024  # ZMQ_MAXMSGSIZE: libzmq drops the peer beyond it
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_headers: int = 32
+    max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES
+    max_topic_tokens: int = DEFAULT_MAX_TOPIC_TOKENS
+    max_subscriptions: int = 10_000  # per peer
+
+
+DEFAULT_LIMITS = Limits()
+MAX_SERVICE_BYTES = 255  # a service name, like a topic, in UTF-8
+
+
+class Side(Enum):
+    __hash__ = object.__hash__  # a singleton member; Enum's __hash__ is Python code, and decode looks it up per message
+
+    PEER = "peer"
+    BROKER = "broker"
+
+
+class Payload(Enum):
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """What one verb may carry when one side sends it."""
+
+    required: frozenset[Header] = frozenset()
+    optional: frozenset[Header] = frozenset()
+    user_headers: bool = False
+    payload: Payload = Payload.NONE
+    seed: bool = True  # part of the seed protocol 0.x
+
+
+def _h(*headers: Header) -> frozenset[Header]:
+    return frozenset(headers)
+
+
+_ID = _h(Header.ID)
+
+# What a peer may send to the broker.
+PEER_GRAMMAR: dict[Verb, Grammar] = {
+    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _ID),
+    Verb.DISCONNECT: Grammar(optional=_ID),
+    Verb.NOOP: Grammar(optional=_ID),
+    Verb.PING: Grammar(_ID, seed=False),
+    Verb.SUB: Grammar(optional=_h(Header.ID, Header.FROM, Header.JOURNAL), payload=Payload.REQUIRED),
+    Verb.UNSUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
+    Verb.PUT: Grammar(_h(Header.TOPIC), _h(Header.ID, Header.MSGID), True, Payload.REQUIRED),
+    Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.REQUIRED, seed=False),
+    Verb.REQUEST: Grammar(
+        _h(Header.SERVICE, Header.ID), _h(Header.TIMEOUT, Header.ALL), True, Payload.OPTIONAL, seed=False
+    ),
+    Verb.CANCEL: Grammar(_ID, seed=False),
+    Verb.PARTIAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
+    Verb.FINAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
+    Verb.ERROR: Grammar(_h(Header.ID, Header.CODE, Header.MESSAGE), seed=False),
+}
+
+# What the broker may send to a peer.
+BROKER_GRAMMAR: dict[Verb, Grammar] = {
+    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.JOURNAL, Header.SEQ, Header.DUPLICATE)),
+    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC)),
+    Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ), True, Payload.REQUIRED),
+    Verb.NOOP: Grammar(),
+    Verb.PONG: Grammar(_ID, seed=False),
+    Verb.DISCONNECT: Grammar(),
+    Verb.REQUEST: Grammar(
+        _h(Header.SERVICE, Header.ID, Header.CALLER, Header.TIMEOUT), frozenset(), True, Payload.OPTIONAL
+    ),
+    Verb.CANCEL: Grammar(_ID),
+    Verb.PARTIAL: Grammar(_ID, _h(Header.WORKER, Header.CODE, Header.MESSAGE), True, Payload.OPTIONAL),
+    Verb.FINAL: Grammar(_ID, _h(Header.COUNT, Header.MISSING), True, Payload.OPTIONAL),
+}
+
+GRAMMAR: dict[Side, dict[Verb, Grammar]] = {Side.PEER: PEER_GRAMMAR, Side.BROKER: BROKER_GRAMMAR}
+
+
+def is_user_header(key: str) -> bool:
+    """A key a sender may use for its own header: ``X-`` and at least one more ASCII character."""
+    return key.startswith(USER_HEADER_PREFIX) and key.isascii() and len(key) > len(USER_HEADER_PREFIX)

@@ -1,0 +1,119 @@
+"""Builds tests/fuzz/corpus from the grammar tables: one seed per verb a peer may send (every
+required and optional header), boundary values in every numeric header, oversized and deeply
+nested bodies for the built-in services, MDP client/worker frames, and a few whole sessions.
+Files named regression-* (inputs that once crashed) are kept.
+
+    python tests/fuzz/make_corpus.py     (the seeds are checked in; rerun when the grammar changes)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from mc0 import protocol as P
+from mc0.protocol import Header, Verb
+
+HERE = Path(__file__).parent
+VALUES = {
+    Header.ID: "1",
+    Header.VERSION: "1.0",
+    Header.TTL: "1000",
+    Header.TOPIC: "j.a",
+    Header.SERVICE: "svc",
+    Header.TIMEOUT: "100",
+    Header.ALL: "1",
+    Header.CAPACITY: "2",
+    Header.CODE: "500",
+    Header.MESSAGE: "m",
+    Header.MSGID: "m1",
+    Header.FROM: "0",
+    Header.JOURNAL: "main",
+}
+NUMERIC = (Header.TTL, Header.TIMEOUT, Header.CAPACITY, Header.CODE, Header.FROM, Header.ALL)
+# Boundary values tried in every numeric header: what int() and isdigit() disagree on, overflow, signs.
+TRICKY_NUMBERS = ("0", "-1", "", " 7", "²", "١٢٣", "9" * 20, "9" * 5000, "1e3", "0x10")
+TRICKY_BODIES = (
+    b"[" * 3000,
+    b'{"op":' + b"[" * 3000,
+    b'{"op":"fetch","journal":"main","from_seq":' + b"9" * 400 + b"}",
+)
+PAYLOAD = {Verb.SUB: [b"j.>"], Verb.UNSUB: [b"j.>"], Verb.READY: [b"svc"], Verb.PUT: [b"body"]}
+
+
+def step(op: int, peer: int, frames: list[bytes]) -> bytes:
+    """One step in fuzz_core.py's input format (steps end with \\xff\\xff, frames are split by \\xfe\\xfe)."""
+    return bytes([op, peer]) + b"\xfe\xfe".join(frames) + b"\xff\xff"
+
+
+def command(verb: Verb, *, optional: bool) -> list[bytes]:
+    grammar = P.PEER_GRAMMAR[verb]
+    headers = {h: VALUES.get(h, "x") for h in grammar.required}
+    if optional:
+        headers.update({h: VALUES.get(h, "x") for h in grammar.optional})
+    if grammar.user_headers:
+        headers["X-k"] = "v"
+    return P.encode(verb, headers, PAYLOAD.get(verb, [b"body"] if grammar.payload is not P.Payload.NONE else []))
+
+
+def seeds() -> list[bytes]:
+    connect = step(0, 0, command(Verb.CONNECT, optional=True))
+    worker = step(0, 1, command(Verb.CONNECT, optional=True)) + step(0, 1, command(Verb.READY, optional=True))
+    out = []
+    for verb in P.PEER_GRAMMAR:
+        for optional in (False, True):
+            out.append(connect + step(0, 0, command(verb, optional=optional)))
+    out.append(
+        connect
+        + worker
+        + step(0, 0, P.encode(Verb.REQUEST, {Header.SERVICE: "svc", Header.ID: "r"}, [b"x"]))
+        + step(0, 1, P.encode(Verb.PARTIAL, {Header.ID: "1"}, [b"p"]))
+        + step(0, 1, P.encode(Verb.FINAL, {Header.ID: "1"}, [b"f"]))
+        + step(4, 0x30, [])
+    )
+    out.append(
+        connect
+        + step(0, 0, P.encode(Verb.SUB, {Header.FROM: "0"}, [b"j.>"]))
+        + step(0, 0, P.encode(Verb.PUT, {Header.TOPIC: "j.a", Header.ID: "p"}, [b"x"]))
+        + step(6, 0, [])
+        + step(
+            0,
+            0,
+            P.encode(
+                Verb.REQUEST, {Header.SERVICE: "mc0.journal", Header.ID: "f"}, [b'{"op":"fetch","journal":"main"}']
+            ),
+        )
+        + step(6, 0x40, [])
+    )
+    for verb, grammar in P.PEER_GRAMMAR.items():
+        for header in NUMERIC:
+            if header in grammar.required or header in grammar.optional:
+                for value in TRICKY_NUMBERS:
+                    frames = command(verb, optional=True)
+                    frames[frames.index(header.value.encode()) + 1] = value.encode()
+                    out.append(connect + worker + step(0, 0, frames))
+    for body in TRICKY_BODIES:
+        for service in (b"mc0.broker", b"mc0.journal"):
+            out.append(connect + step(0, 0, [b"REQUEST", b"SERVICE", service, b"ID", b"r", b"", body]))
+            out.append(step(0, 2, [b"MDPC02", b"\x02", service, body]))
+    out.append(step(0, 2, [b"", b"MDPC02", b"\x02", b"mc0.broker", b"stats"]))
+    out.append(step(0, 2, [b"MDPW02", b"\x01", b"svc"]) + step(0, 0, [b"MDPC02", b"\x02", b"svc", b"x"]))
+    out.append(
+        connect
+        + step(0, 0, P.encode(Verb.REQUEST, {Header.SERVICE: "mc0.broker", Header.ID: "s"}, [b'{"op":"peers"}']))
+    )
+    return out
+
+
+def main() -> None:
+    corpus = HERE / "corpus"
+    corpus.mkdir(exist_ok=True)
+    for old in corpus.iterdir():
+        if not old.name.startswith("regression-"):  # inputs that once crashed stay
+            old.unlink()
+    for seed in seeds():
+        (corpus / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+
+
+if __name__ == "__main__":
+    main()
