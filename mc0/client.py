@@ -80,9 +80,22 @@ class Subscription:
     def closed(self) -> bool:
         return self._inner.closed
 
+    @property
+    def pending(self) -> int:
+        return self._inner.pending
+
     def next(self, timeout: float | None = None) -> Message:
-        """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed."""
-        return _run(self._inner.next(timeout))
+        """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed.
+
+        Taken straight from the subscription's buffer in this thread (no hop
+        into the client's event loop while messages are waiting)."""
+        return self._inner.next_threadsafe(timeout)
+
+    def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
+        first = self.next(timeout)
+        rest = [self._inner._take() for _ in range(min(max_messages - 1, self._inner.pending))]
+        return [first, *rest]
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -157,7 +170,11 @@ class Client:
         config: ClientConfig | None = None,
         key: str | os.PathLike[str] | KeyPair | None = None,
         broker_key: str | os.PathLike[str] | bytes | KeyPair | None = None,
+        batch: bool = True,
+        max_outgoing: int = aio.DEFAULT_MAX_OUTGOING,
+        on_fault: Callable[[Exception], None] | None = None,
     ) -> None:
+        """See :class:`mc0.aio.Client`; ``on_fault`` runs on the client's I/O thread."""
         self._aio = self._make(
             endpoint,
             ttl=ttl,
@@ -167,6 +184,9 @@ class Client:
             config=config,
             key=key,
             broker_key=broker_key,
+            batch=batch,
+            max_outgoing=max_outgoing,
+            on_fault=on_fault,
         )
 
     def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
@@ -221,20 +241,27 @@ class Client:
     ) -> Ack | None:
         if confirm:
             return _run(self._aio.publish(topic, body, headers=headers, confirm=True, msgid=msgid, timeout=timeout))
-        # Validated here (misuse raises in the caller), sent on the loop without waiting for it.
-        self._aio.publish_nowait(topic, body, headers=headers, msgid=msgid)
+        # Validated here (misuse raises in the caller), handed to the loop without a hop per message;
+        # blocks only while the outgoing buffer is full (back-pressure, bounded by ``timeout``).
+        self._aio.publish_nowait(topic, body, headers=headers, msgid=msgid, timeout=timeout)
         return None
 
     def subscribe(
         self,
         *patterns: str,
         max_pending: int = aio.DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = aio.DEFAULT_MAX_PENDING_BYTES,
         from_seq: int | None = None,
         journal: str | None = None,
         timeout: float | None = None,
     ) -> Subscription:
         inner = self._aio.subscribe(
-            *patterns, max_pending=max_pending, from_seq=from_seq, journal=journal, timeout=timeout
+            *patterns,
+            max_pending=max_pending,
+            max_pending_bytes=max_pending_bytes,
+            from_seq=from_seq,
+            journal=journal,
+            timeout=timeout,
         )
         return Subscription(_run(inner))
 

@@ -64,6 +64,21 @@ class ClosedError(Error, ConnectionError):
     """The client was closed (locally, or by the broker disconnecting it)."""
 
 
+class SlowConsumer(Error, BufferError):
+    """Messages were dropped because their consumer did not keep up.
+
+    ``where`` is ``"client"`` (a subscription's pending limit was reached:
+    the application did not take messages fast enough) or ``"broker"`` (the
+    broker's queue for this connection was over its budget and the broker
+    evicted it).  ``dropped`` counts what was lost, when known.
+    """
+
+    def __init__(self, message: str, *, where: str, dropped: int = 0) -> None:
+        super().__init__(message)
+        self.where = where
+        self.dropped = dropped
+
+
 class RemoteError(Error):
     """The broker (or a worker) answered ERROR; ``code`` and ``reason`` as sent."""
 

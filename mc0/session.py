@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError, RemoteError
 from .message import Message
-from .protocol import Command, Header, Limits, Side, Status, Verb
+from .protocol import Command, Header, Limits, Side, Status, Verb, batch
 from .topics import split_pattern, split_topic
 from .trie import TopicTrie
 
@@ -32,6 +33,26 @@ log = logging.getLogger("mc0.client")
 Frames = list[bytes]
 # Patterns per SUB sent while healing (keeps each message well under max_frames).
 RESUBSCRIBE_CHUNK = 256
+CACHE_SIZE = 4096  # topics, senders and services remembered as already validated / decoded
+
+# Message is a frozen dataclass (its public face); received messages are built through its
+# slot descriptors, which costs half of its generated __init__ (measured: 1.0 vs 2.3 us).
+_new = object.__new__
+_SET_TOPIC, _SET_PARTS, _SET_SENDER, _SET_HEADERS, _SET_JOURNAL, _SET_SEQ = (
+    Message.__dict__[name].__set__ for name in ("topic", "parts", "sender", "headers", "journal", "seq")
+)
+
+
+def new_message(topic: str, data: bytes, sender: str | None) -> Message:
+    """``Message(topic, (data,), sender)`` without the dataclass __init__ (the receive hot path)."""
+    message = _new(Message)
+    _SET_TOPIC(message, topic)
+    _SET_PARTS(message, (data,))
+    _SET_SENDER(message, sender)
+    _SET_HEADERS(message, {})
+    _SET_JOURNAL(message, None)
+    _SET_SEQ(message, None)
+    return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +68,9 @@ class Answer:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """A MESSAGE and the local patterns it matched (a tuple: one is built per message received)."""
+
     message: Message
     patterns: tuple[str, ...]
 
@@ -114,6 +136,7 @@ class ClientSession:
         liveness: int = 3,
         limits: Limits = P.DEFAULT_LIMITS,
         version: str = P.FULL_VERSION,
+        batch: bool = True,
     ) -> None:
         if ttl_ms < 1:
             raise ValueError("ttl_ms must be at least 1")
@@ -138,6 +161,12 @@ class ClientSession:
         self._requests: set[str] = set()  # REQUEST ids sent and not yet answered with a terminal
         self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
         self.capacity = 1
+        self.batch_wanted = batch and version == P.FULL_VERSION
+        self.batched = False  # the broker granted BATCH 1: commands go out (and come in) as batch records
+        self._topics: dict[str, bytes] = {}  # validated topics -> their bytes
+        self._services: dict[str, bytes] = {}
+        self._routed: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # received topic -> (text, local patterns)
+        self._senders: dict[bytes, str] = {}
 
     # ------------------------------------------------------------ ids and state
     def new_id(self) -> str:
@@ -151,14 +180,16 @@ class ClientSession:
     def connect(self, now: float) -> Frames:
         """CONNECT frames; a new call supersedes an earlier CONNECT in flight."""
         self.connected = False
+        self.batched = False  # until the broker grants it again
         self._requests.clear()  # a new session: the broker forgot them (the shell fails them)
         self._connect_id = self.new_id()
         self._connect_sent = now
         self.last_recv = now
-        return P.encode(
-            Verb.CONNECT,
-            {Header.VERSION: self.version, Header.TTL: str(self.requested_ttl_ms), Header.ID: self._connect_id},
-        )
+        fields: dict[str, str] = {Header.VERSION: self.version, Header.TTL: str(self.requested_ttl_ms)}
+        if self.batch_wanted:
+            fields[Header.BATCH] = "1"
+        fields[Header.ID] = self._connect_id
+        return P.encode(Verb.CONNECT, fields)
 
     def sent(self, now: float) -> None:
         """The shell sent something at ``now`` (heartbeats are skipped while busy)."""
@@ -269,6 +300,7 @@ class ClientSession:
         if refs:
             return None
         self._routes.insert(tokens, pattern)
+        self._routed.clear()
         return P.encode(Verb.SUB, {Header.ID: request_id} if request_id else None, [pattern.encode()])
 
     def replay_patterns(self, patterns: Sequence[str], from_seq: int, journal: str | None, request_id: str) -> Frames:
@@ -301,6 +333,7 @@ class ClientSession:
         del self._pattern_refs[pattern]
         self._resume.pop(pattern, None)
         self._routes.remove(split_pattern(pattern, max_bytes=1 << 30, max_tokens=1 << 30), pattern)
+        self._routed.clear()
         return P.encode(Verb.UNSUB, None, [pattern.encode()])
 
     def ping(self, request_id: str) -> Frames:
@@ -309,6 +342,100 @@ class ClientSession:
     def disconnect(self, request_id: str | None = None) -> Frames:
         """DISCONNECT frames (with an ID when the caller wants the broker's OK)."""
         return P.encode(Verb.DISCONNECT, {Header.ID: request_id} if request_id else None)
+
+    # ------------------------------------------------------------ batched framing
+    def topic_bytes(self, topic: str) -> bytes:
+        """A topic to publish on, validated once (InvalidTopic for a bad one)."""
+        encoded = self._topics.get(topic)
+        if encoded is None:
+            limits = self.limits
+            split_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
+            if len(self._topics) >= CACHE_SIZE:
+                self._topics.clear()
+            encoded = self._topics[topic] = topic.encode()
+        return encoded
+
+    def publish_record(self, topic: str, data: bytes) -> bytes:
+        """``PUT TOPIC topic "" data`` as a batch record (the fire-and-forget hot path)."""
+        topic_b = self.topic_bytes(topic)
+        if len(data) > self.limits.max_message_bytes:
+            raise ProtocolError(Status.TOO_LARGE, f"{len(data)} bytes, the limit is {self.limits.max_message_bytes}")
+        return batch.put_record(topic_b, data)
+
+    def call_record(self, service: str, data: bytes, request_id: str, timeout_ms: int) -> bytes:
+        """``REQUEST SERVICE s ID id TIMEOUT ms "" data`` as a batch record."""
+        service_b = self._services.get(service)
+        if service_b is None:
+            split_topic(service, max_bytes=P.MAX_SERVICE_BYTES, max_tokens=self.limits.max_topic_tokens)
+            if len(self._services) >= CACHE_SIZE:
+                self._services.clear()
+            service_b = self._services[service] = service.encode()
+        if not 1 <= timeout_ms < 1 << 32:
+            raise ValueError("timeout must be positive")
+        if len(data) > self.limits.max_message_bytes:
+            raise ProtocolError(Status.TOO_LARGE, f"{len(data)} bytes, the limit is {self.limits.max_message_bytes}")
+        self._requests.add(request_id)
+        return batch.call_record(service_b, request_id.encode(), timeout_ms, data)
+
+    def to_send(self, frames: Frames) -> bytes:
+        """Any command as a batch record (for a batched session's outgoing buffer)."""
+        return batch.record_of(frames)
+
+    def receive_batch(self, blob: bytes, now: float) -> tuple[list[Event], list[Frames]]:
+        """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
+
+        MESSAGE, PARTIAL, FINAL and OK shortcuts become events without going
+        through frames; anything else is handled as if it came alone.  A blob
+        that stops splitting into records is counted as malformed from there.
+        """
+        self.last_recv = now
+        events: list[Event] = []
+        replies: list[Frames] = []
+        routed = self._routed
+        senders = self._senders
+        unpack_pair = batch.U16_PAIR.unpack_from
+        try:
+            for code, start, end in batch.records(blob):
+                if code == batch.MESSAGE:
+                    tl, sl = unpack_pair(blob, start)
+                    t = start + 4 + tl
+                    s = t + sl
+                    topic_b = blob[start + 4 : t]
+                    route = routed.get(topic_b)
+                    if route is None:
+                        route = self._route(topic_b)
+                    sender_b = blob[t:s]
+                    sender = senders.get(sender_b)
+                    if sender is None:
+                        sender = self._sender(sender_b)
+                    events.append(Delivery(new_message(route[0], blob[s:end], sender), route[1]))
+                    continue
+                more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
+                events += more
+                replies += answers
+        except (ProtocolError, UnicodeDecodeError) as exc:
+            self.malformed += 1
+            log.warning("malformed batch from broker, the rest dropped: %s", exc)
+        return events, replies
+
+    def _route(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
+        topic = topic_b.decode()
+        try:
+            tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
+        except InvalidTopic:
+            tokens = ()
+        route = (topic, self._routes.match(tokens) if tokens else ())
+        if len(self._routed) >= CACHE_SIZE:
+            self._routed.clear()
+        self._routed[topic_b] = route
+        return route
+
+    def _sender(self, sender_b: bytes) -> str:
+        sender = sender_b.decode()
+        if len(self._senders) >= CACHE_SIZE:
+            self._senders.clear()
+        self._senders[sender_b] = sender
+        return sender
 
     # ------------------------------------------------------------ input
     def receive(self, frames: Sequence[bytes], now: float) -> tuple[list[Event], list[Frames]]:
@@ -368,6 +495,7 @@ class ClientSession:
             return [ConnectRefused(answer_error(command))], []
         ttl_ms = P.decimal(command.headers.get(Header.TTL, "")) or self.requested_ttl_ms
         self.ttl = ttl_ms / 1000.0
+        self.batched = self.batch_wanted and command.headers.get(Header.BATCH) == "1"
         healed = self.ever_connected
         self.connected = self.ever_connected = True
         patterns = [p.encode() for p in self._pattern_refs if p not in self._resume]

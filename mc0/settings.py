@@ -50,9 +50,15 @@ class CoreSettings:
 @dataclass(frozen=True, slots=True)
 class BrokerConfig(CoreSettings):
     bind: tuple[str, ...] = (DEFAULT_ENDPOINT,)
-    # Outgoing queue per peer (ZMQ_SNDHWM); beyond it sends to that peer are
-    # dropped and counted (see CoreSettings.slow_consumer_ms).
-    send_hwm: int = field(default=10_000, metadata={"min": 1})
+    # Each peer's outgoing queue, counted by the broker: beyond either bound a message to
+    # that peer is dropped and counted, and a peer that stays over it for slow_consumer_ms
+    # is evicted (told 429) and its queue freed.  Per peer, memory is at most
+    # max_queue_bytes plus send_hwm messages inside libzmq.
+    max_queue_bytes: int = field(default=64 * 1024 * 1024, metadata={"min": 1024})
+    max_queue_messages: int = field(default=200_000, metadata={"min": 1})
+    # Messages libzmq may hold per peer (ZMQ_SNDHWM) beyond the broker's own queue: a small
+    # window, so what a slow peer pins is counted by the broker, not hidden in libzmq.
+    send_hwm: int = field(default=64, metadata={"min": 1})
 
 
 @dataclass(frozen=True, slots=True)

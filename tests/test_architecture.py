@@ -18,6 +18,7 @@ LAYERS: list[list[str]] = [
     ["mc0.topics", "mc0.keys"],
     ["mc0.protocol.model", "mc0.trie", "mc0.permissions", "mc0.security"],
     ["mc0.protocol.codec", "mc0.protocol.builders", "mc0.protocol.bodies"],
+    ["mc0.protocol.batch"],
     ["mc0.protocol"],
     ["mc0.settings"],
     [
@@ -35,8 +36,12 @@ LAYERS: list[list[str]] = [
         "mc0.broker.streams",
         "mc0.broker.journal",
         "mc0.broker.mdp",
+        "mc0.broker.outbox",
+        "mc0.aio.link",
     ],
+    ["mc0.aio.connection"],
     ["mc0.aio.client", "mc0.broker.builtins", "mc0.broker.sysbus", "mc0.process"],
+    ["mc0.broker.verbs"],
     ["mc0.aio.worker"],
     ["mc0.aio"],
     ["mc0.client"],
@@ -50,7 +55,16 @@ LAYERS: list[list[str]] = [
 ]
 LAYER = {module: i for i, layer in enumerate(LAYERS) for module in layer}
 
-CLIENT_SIDE = ("mc0.client", "mc0.aio", "mc0.aio.client", "mc0.aio.worker", "mc0.aio.streams", "mc0.session")
+CLIENT_SIDE = (
+    "mc0.client",
+    "mc0.aio",
+    "mc0.aio.client",
+    "mc0.aio.connection",
+    "mc0.aio.link",
+    "mc0.aio.worker",
+    "mc0.aio.streams",
+    "mc0.session",
+)
 # The sans-I/O rooms: no sockets, no clock, no disk.
 PURE = (
     "mc0.protocol",
@@ -58,6 +72,7 @@ PURE = (
     "mc0.protocol.codec",
     "mc0.protocol.builders",
     "mc0.protocol.bodies",
+    "mc0.protocol.batch",
     "mc0.session",
     "mc0.trie",
     "mc0.topics",
@@ -73,6 +88,8 @@ PURE = (
     "mc0.broker.telemetry",
     "mc0.broker.sysbus",
     "mc0.broker.mdp",
+    "mc0.broker.outbox",
+    "mc0.broker.verbs",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 MAX_LINES = 600

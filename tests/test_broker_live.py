@@ -192,7 +192,8 @@ def test_heartbeats_flow_and_a_silent_peer_expires(tmp_path: Path, zctx: zmq.Con
 
 
 def test_slow_subscriber_does_not_stall_a_fast_one_and_is_evicted(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
-    config = write_config(tmp_path, "[broker]\nsend_hwm = 200\nslow_consumer_ms = 300\n")
+    # The slow peer's queue holds about 200 of these messages (4 MB), counted by the broker.
+    config = write_config(tmp_path, "[broker]\nmax_queue_bytes = 4000000\nslow_consumer_ms = 300\n")
     with BrokerProcess(config=config, insecure=True) as broker:
         slow, fast, pub = (RawPeer(broker.endpoint, zctx) for _ in range(3))
         slow.socket.setsockopt(zmq.RCVHWM, 10)

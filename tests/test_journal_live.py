@@ -219,7 +219,7 @@ async def test_a_replaying_subscriber_resumes_where_it_stopped_after_a_broker_cr
 
 
 def test_a_replay_larger_than_the_send_queue_pauses_instead_of_dropping(tmp_path: Path) -> None:
-    text = "[broker]\nsend_hwm = 20\nslow_consumer_ms = 500\n" + JOURNAL.format(
+    text = "[broker]\nsend_hwm = 20\nmax_queue_bytes = 4096\nslow_consumer_ms = 500\n" + JOURNAL.format(
         fsync="never", segment=1 << 20, max_bytes=0
     )
     with BrokerProcess(config=write_config(tmp_path, text), insecure=True) as broker:

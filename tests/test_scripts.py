@@ -33,6 +33,34 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(120)
+def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_path: Path) -> None:
+    out, md = tmp_path / "library.json", tmp_path / "library.md"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "library", "--only", "lib pub/sub 1KiB",
+         "--only", "lib RPC sequential", "--systems", "mc0-aio,mc0-sync", "--json", str(out), "--markdown", str(md)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rows = {(r["scenario"], r["system"]): r for r in report["rows"]}
+    assert {scenario for scenario, _ in rows} == {"lib pub/sub 1KiB 1->1", "lib RPC sequential"}
+    for system in ("mc0-aio", "mc0-sync"):
+        pubsub = rows[("lib pub/sub 1KiB 1->1", system)]
+        assert pubsub["suite"] == "library" and pubsub["runs"] and pubsub["median"] > 0, pubsub
+        assert pubsub["published"] > 0 and pubsub["expected"] == pubsub["published"]  # one subscriber
+        assert pubsub["delivered"] + pubsub["lost"] == pubsub["expected"]
+        assert pubsub["failing"] == (pubsub["lost"] > 0 or pubsub["errors"] > 0)
+        assert "broker_us_per_msg" in pubsub
+        rpc = rows[("lib RPC sequential", system)]
+        assert rpc["calls"] > 0 and rpc["median"] > 0 and "p50_ms" in rpc and "p99_ms" in rpc, rpc
+    assert any(r["system"] == "mc0-sync" and r["baseline"] == "mc0-aio" for r in report["ratios"])
+    text = md.read_text()
+    assert "library: pub/sub" in text and "library: RPC" in text
+
+
+@pytest.mark.timeout(120)
 def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path: Path) -> None:
     out = tmp_path / "journal.json"
     result = subprocess.run(

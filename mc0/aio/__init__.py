@@ -4,12 +4,14 @@ The sync :mod:`mc0.client` mirrors these names.  See :mod:`mc0.aio.client`
 for the contract.
 """
 
-from .client import DEFAULT_REQUEST_TIMEOUT, Client, ack_of
-from .streams import DEFAULT_MAX_PENDING, ReplyStream, Subscription
+from .client import DEFAULT_MAX_OUTGOING, DEFAULT_REQUEST_TIMEOUT, Client, ack_of
+from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 from .worker import Handler, Worker
 
 __all__ = [
+    "DEFAULT_MAX_OUTGOING",
     "DEFAULT_MAX_PENDING",
+    "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
     "Client",
     "Handler",

@@ -1,225 +1,39 @@
-"""asyncio client: ``mc0.aio.Client``.
+"""asyncio client: ``mc0.aio.Client`` (the operations; the connection is :mod:`mc0.aio.connection`).
 
-Contract: a thin shell around :class:`mc0.session.ClientSession`.  The
-constructor does no I/O; ``connect()`` opens a DEALER socket, sends CONNECT
-and waits for the broker's OK (``Timeout`` if none comes, the matching
-``RemoteError`` if refused).  A reader task feeds received frames to the
-session; a timer task sends heartbeats and heals the connection (CONNECT
-again and re-SUB every pattern) when the broker restarts or goes silent.
-``close()`` is idempotent.  The sync :class:`mc0.Client` mirrors these names.
+Contract: ``publish`` queues into one outgoing buffer coalesced into one
+send per event-loop turn (waiting for room only when ``max_outgoing`` bytes
+are already waiting: back-pressure, never silent loss); ``subscribe``
+returns a :class:`~mc0.aio.streams.Subscription` fed a whole received batch
+at a time; ``request``/``submit`` resolve one future per request (no task,
+no timer of their own); ``stream``/``scatter`` iterate replies.  The sync
+:class:`mc0.Client` mirrors these names.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
+import heapq
 import json
-import logging
-import operator
-import os
 import time
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
-import zmq
-import zmq.asyncio
-import zmq.utils.monitor
-
-from .. import keys as keyfiles
 from .. import protocol as P
-from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
+from ..errors import Timeout
 from ..message import Ack, FetchResult, Record, Reply
-from ..protocol import JOURNAL_SERVICE, Command, Header, Limits, Status, parse_journal_page
-from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
-from ..session import (
-    Answer,
-    ClientSession,
-    Connected,
-    ConnectRefused,
-    Delivery,
-    Event,
-    Fault,
-    Frames,
-    Reconnecting,
-    answer_error,
-)
-from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
-from .streams import DEFAULT_MAX_PENDING, ReplyStream, Subscription
-
-log = logging.getLogger("mc0.client")
-_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
+from ..protocol import JOURNAL_SERVICE, Command, Header, parse_journal_page
+from .connection import DEFAULT_MAX_OUTGOING, Connection
+from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 
+__all__ = ["DEFAULT_MAX_OUTGOING", "DEFAULT_REQUEST_TIMEOUT", "Client", "ack_of"]
 
-class Client:
+
+class Client(Connection):
     """Publish, subscribe, ping and make requests over one DEALER connection."""
 
-    def __init__(
-        self,
-        endpoint: str | None = None,
-        *,
-        ttl: float | None = None,
-        timeout: float | None = None,
-        liveness: int = 3,
-        limits: Limits = P.DEFAULT_LIMITS,
-        config: ClientConfig | None = None,
-        context: zmq.asyncio.Context | None = None,
-        key: str | os.PathLike[str] | keyfiles.KeyPair | None = None,
-        broker_key: str | os.PathLike[str] | bytes | keyfiles.KeyPair | None = None,
-    ) -> None:
-        """``key``: this client's secret key (a NAME.key_secret path or a KeyPair);
-        ``broker_key``: the broker's public key (a NAME.key path, Z85 bytes or a KeyPair).
-        Each falls back to ``MC0_KEY`` / ``MC0_BROKER_KEY``, then the config; with
-        neither the client speaks without CURVE.  Files are read by ``connect()``.
-        """
-        config = config or ClientConfig()
-        self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
-        self._broker_key_spec = broker_key or os.environ.get(ENV_BROKER_KEY) or config.broker_key or None
-        self.identity: str | None = None  # our key's name, once connected with CURVE
-        self.endpoint = endpoint or config.endpoint
-        self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
-        self.request_timeout = config.request_timeout_ms / 1000.0
-        ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
-        self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits)
-        self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
-        self.reconnects = 0
-        self._context = context
-        self._socket: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._pending: dict[str, asyncio.Future[Command]] = {}
-        self._streams: dict[str, ReplyStream] = {}
-        self._subscriptions: dict[str, list[Subscription]] = {}
-        self._connected: asyncio.Future[int] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
-        self._rearm = asyncio.Event()  # wakes the heartbeat task when a CONNECT is answered
-        self._closed = False
-        self._closing = False
-
-    # ------------------------------------------------------------ lifecycle
-    async def connect(self) -> Client:
-        """Open the connection and wait for the broker to accept it."""
-        if self._closed:
-            raise ClosedError("client is closed")
-        if self._socket is not None:
-            return self
-        curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
-        context = self._context or zmq.asyncio.Context.instance()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        if curve is not None:
-            configure_client(sock, *curve)
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
-        sock.connect(self.endpoint)
-        self._socket = sock
-        loop = self._loop = asyncio.get_running_loop()
-        self._connected = loop.create_future()
-        self._tasks = [
-            loop.create_task(self._read(), name="mc0-reader"),
-            loop.create_task(self._beat(), name="mc0-heartbeat"),
-            loop.create_task(self._watch(), name="mc0-monitor"),
-        ]
-        try:
-            await self._send(self.session.connect(time.monotonic()))
-            await asyncio.wait_for(asyncio.shield(self._connected), self.timeout)
-        except TimeoutError:
-            await self.close()
-            raise Timeout(f"connect to {self.endpoint}", self.timeout) from None
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    def _curve_keys(self) -> tuple[keyfiles.KeyPair, bytes] | None:
-        key, broker = self._key_spec, self._broker_key_spec
-        if key is None and broker is None:
-            return None
-        if key is None or broker is None:
-            missing = "key (--key / MC0_KEY)" if key is None else "broker_key (--broker-key / MC0_BROKER_KEY)"
-            raise ConfigError(
-                "client", f"CURVE needs this client's secret key and the broker's public key; no {missing}"
-            )
-        own = key if isinstance(key, keyfiles.KeyPair) else keyfiles.load_secret(key)
-        if isinstance(broker, keyfiles.KeyPair):
-            server = broker.public
-        elif isinstance(broker, bytes):
-            server = broker
-        else:
-            server = keyfiles.load_public(broker).public
-        self.identity = own.name
-        return own, server
-
-    async def _watch(self) -> None:
-        """Handshake failures from the socket monitor become AuthFailed (promptly, not a hang)."""
-        monitor = self._monitor
-        assert monitor is not None
-        while True:
-            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
-            reason = HANDSHAKE_FAILURES.get(int(event["event"]))
-            if reason is None:
-                continue
-            if self.identity is None:
-                reason = NO_KEY_FAILURE
-            error = AuthFailed(f"{self.endpoint}: {reason}")
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_exception(error)
-            else:
-                self.faults.append(error)
-                log.warning("%s", error)
-                self._fail_pending(error)
-
-    async def close(self) -> None:
-        """Say DISCONNECT (confirmed, briefly), stop the tasks, fail what is pending (idempotent).
-
-        Waiting for the broker's OK means that once ``close()`` returns the
-        broker has forgotten us: no request is dispatched to a closed worker.
-        """
-        if self._closed or self._closing:
-            return
-        self._closing = True
-        sock = self._socket
-        if sock is not None and self.session.connected:
-            request_id = self.session.new_id()
-            try:
-                await self._call(request_id, self.session.disconnect(request_id), min(1.0, self.timeout), "disconnect")
-            except (Error, OSError, zmq.ZMQError):
-                pass  # the broker is gone or slow: it will expire us
-        self.session.connected = False
-        self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        self._fail_pending(ClosedError("client closed"))
-        for subs in self._subscriptions.values():
-            for sub in subs:
-                sub._end()
-        self._subscriptions.clear()
-        if self._connected is not None and not self._connected.done():
-            self._connected.set_exception(ClosedError("client closed"))
-            self._connected.exception()  # mark retrieved
-        if self._monitor is not None:
-            if sock is not None:
-                sock.disable_monitor()
-            self._monitor.close(linger=0)
-        if sock is not None:
-            sock.close(linger=100)
-
-    async def __aenter__(self) -> Client:
-        return await self.connect()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    # ------------------------------------------------------------ operations
+    # ------------------------------------------------------------ publishing
     async def publish(
         self,
         topic: str,
@@ -232,13 +46,23 @@ class Client:
     ) -> Ack | None:
         """PUT; with ``confirm`` wait for the broker's OK (raise its ERROR) and return it.
 
-        On a journaled topic the OK comes once the message is written (per the
-        journal's fsync policy) and names its ``seq``; ``msgid`` makes a retry
-        safe: a repeat within the journal's dedup window is acknowledged as a
-        duplicate and not delivered again.
+        Without ``confirm`` the message joins the outgoing buffer and this
+        returns at once, unless ``max_outgoing`` bytes already wait to be
+        sent: then it waits for room (bounded by ``timeout``), so a fast
+        publisher is slowed, never silently dropped.  On a journaled topic the
+        OK comes once the message is written (per the journal's fsync policy)
+        and names its ``seq``; ``msgid`` makes a retry safe: a repeat within
+        the journal's dedup window is acknowledged as a duplicate and not
+        delivered again.
         """
         if not confirm:
-            await self._send(self.session.publish(topic, body, headers, msgid=msgid))
+            out = self._outgoing()
+            if headers is None and msgid is None and type(body) is bytes:
+                out.send_record(self.session.publish_record(topic, body))
+            else:
+                out.send(self.session.publish(topic, body, headers, msgid=msgid))
+            if out.pending >= out.max_bytes:
+                await self._room(timeout)
             return None
         request_id = self.session.new_id()
         frames = self.session.publish(topic, body, headers, request_id, msgid)
@@ -252,45 +76,67 @@ class Client:
         *,
         headers: Mapping[str, str] | None = None,
         msgid: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Fire-and-forget PUT without awaiting; safe to call from any thread.
 
-        Bad input raises here, in the caller; the message is queued for the
-        client's event loop to send.
+        Bad input raises here, in the caller.  From another thread this
+        blocks while ``max_outgoing`` bytes wait to be sent (``Timeout`` after
+        ``timeout``); on the client's own loop it never blocks (``publish``
+        is the one that waits for room there).
         """
-        frames = self.session.publish(topic, body, headers, msgid=msgid)
-        self.ensure_open()
-        loop = self._loop
-        assert loop is not None
+        if headers is None and msgid is None and type(body) is bytes:
+            record = self.session.publish_record(topic, body)
+        else:
+            record = self.session.to_send(self.session.publish(topic, body, headers, msgid=msgid))
+        out = self._outgoing()
         try:
-            on_loop = asyncio.get_running_loop() is loop
+            on_loop = asyncio.get_running_loop() is self._loop
         except RuntimeError:
             on_loop = False
         if on_loop:
-            self._send_nowait(frames)
-        else:
-            loop.call_soon_threadsafe(self._send_nowait, frames)
+            out.send_record(record)
+            return
+        out.wait_for_room_threadsafe(self.timeout if timeout is None else timeout)
+        out.send_record_threadsafe(record)
 
+    async def flush(self, *, timeout: float | None = None) -> None:
+        """Return once everything queued so far has reached the broker (a PING round trip)."""
+        await self.ping(timeout=timeout)
+
+    async def _room(self, timeout: float | None) -> None:
+        wait = self.timeout if timeout is None else timeout
+        try:
+            await asyncio.wait_for(self._outgoing().wait_for_room(), wait)
+        except TimeoutError:
+            state = "connected" if self.session.connected else "disconnected"
+            raise Timeout(f"room in the outgoing buffer ({state}, {self.max_outgoing} bytes)", wait) from None
+
+    # ------------------------------------------------------------ subscribing
     async def subscribe(
         self,
         *patterns: str,
         max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         from_seq: int | None = None,
         journal: str | None = None,
         timeout: float | None = None,
     ) -> Subscription:
         """Subscribe to one or more patterns; returns once the broker confirmed them.
 
-        A message matching several of the patterns is delivered once.  With
-        ``from_seq`` the broker first replays the journaled history from that
-        sequence number (0 = the oldest kept; ``journal`` picks the journal
-        when several keep these topics), then continues live, in order and
-        without gaps or repeats; ``Gone`` if that history was trimmed.
+        A message matching several of the patterns is delivered once.  The
+        subscription holds at most ``max_pending`` messages / ``max_pending_bytes``
+        of bodies that the application has not taken yet; beyond that it drops
+        new ones, counts them (``dropped``), logs and reports a ``SlowConsumer``
+        fault.  With ``from_seq`` the broker first replays the journaled history
+        from that sequence number (0 = the oldest kept; ``journal`` picks the
+        journal when several keep these topics), then continues live, in order
+        and without gaps or repeats; ``Gone`` if that history was trimmed.
         """
         self.ensure_open()
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
-        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending)
+        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes)
         added: list[str] = []
         if from_seq is not None:
             request_id = self.session.new_id()
@@ -336,8 +182,9 @@ class Client:
                 del self._subscriptions[pattern]
             frames = self.session.drop_pattern(pattern)
             if frames is not None and not self._closed:
-                await self._send(frames)
+                self._send(frames)
 
+    # ------------------------------------------------------------ journals
     async def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
         """Every journal's ``first_seq``, ``next_seq``, size and settings (``mc0.journal info``)."""
         reply = await self.request(JOURNAL_SERVICE, b'{"op":"info"}', timeout=timeout)
@@ -381,12 +228,13 @@ class Client:
         return FetchResult(records, int(summary["next_seq"]), int(summary["first_seq"]), int(summary["end_seq"]))
 
     async def ping(self, *, timeout: float | None = None) -> float:
-        """Round trip to the broker in seconds."""
+        """Round trip to the broker in seconds (everything sent before it has reached the broker)."""
         request_id = self.session.new_id()
         started = time.perf_counter()
         await self._call(request_id, self.session.ping(request_id), timeout, "ping")
         return time.perf_counter() - started
 
+    # ------------------------------------------------------------ requests
     async def stream(
         self,
         service: str,
@@ -407,11 +255,31 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """Send a REQUEST and return its FINAL (PARTIALs are skipped); ERROR raises."""
-        stream = await self._start(service, body, timeout, headers, scatter=False)
-        async for _ in stream:
-            pass
-        assert stream.final is not None
-        return stream.final
+        if headers or not isinstance(body, bytes | str):
+            stream = await self._start(service, body, timeout, headers, scatter=False)
+            async for _ in stream:
+                pass
+            assert stream.final is not None
+            return stream.final
+        return await self._request(service, body, timeout)
+
+    def _request(self, service: str, body: bytes | str, timeout: float | None) -> asyncio.Future[Reply]:
+        """A REQUEST whose FINAL resolves one future: no stream, no task, no timer of its own."""
+        out = self._outgoing()
+        seconds = self.request_timeout if timeout is None else timeout
+        request_id = self.session.new_id()
+        data = body.encode() if isinstance(body, str) else body
+        record = self.session.call_record(service, data, request_id, max(1, round(seconds * 1000)))
+        assert self._loop is not None
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        self._calls[request_id] = future
+        # The broker enforces the deadline and always answers; the grace covers its answer's trip.
+        give_up = time.monotonic() + seconds + max(1.0, 2 * self.session.ttl)
+        if not self._call_deadlines or give_up < self._call_deadlines[0][0]:
+            self._rearm.set()
+        heapq.heappush(self._call_deadlines, (give_up, request_id))
+        out.send_record(record)
+        return future
 
     async def scatter(
         self,
@@ -431,9 +299,11 @@ class Client:
         *,
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> asyncio.Task[Reply]:
-        """``request`` as a task, for many requests at once (``asyncio.gather``)."""
-        return asyncio.ensure_future(self.request(service, body, timeout=timeout, headers=headers))
+    ) -> asyncio.Future[Reply]:
+        """``request`` without awaiting it, for many requests at once (``asyncio.gather``)."""
+        if headers or not isinstance(body, bytes | str):
+            return asyncio.ensure_future(self.request(service, body, timeout=timeout, headers=headers))
+        return self._request(service, body, timeout)
 
     async def _start(
         self,
@@ -451,137 +321,11 @@ class Client:
         stream = ReplyStream(self, request_id, service, scatter, seconds + max(1.0, 2 * self.session.ttl))
         self._streams[request_id] = stream
         try:
-            await self._send(frames)
+            self._send(frames)
         except BaseException:
             stream._finish()
             raise
         return stream
-
-    @property
-    def closed(self) -> bool:
-        """``close()`` ran (a closed client cannot be connected again)."""
-        return self._closed
-
-    @property
-    def connected(self) -> bool:
-        return self.session.connected and not self._closed
-
-    def _fail_pending(self, error: BaseException) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
-        for stream in list(self._streams.values()):
-            stream._feed(error)
-        self._streams.clear()
-
-    # ------------------------------------------------------------ plumbing
-    def ensure_open(self) -> None:
-        """Raise ``ClosedError`` unless ``connect()`` ran and ``close()`` did not."""
-        if self._closed:
-            raise ClosedError("client is closed")
-        if self._socket is None:
-            raise ClosedError("client is not connected: call connect() first")
-
-    async def _send(self, frames: Frames) -> None:
-        self.ensure_open()
-        assert self._socket is not None
-        await self._socket.send_multipart(frames)
-        self.session.sent(time.monotonic())
-
-    def _send_nowait(self, frames: Frames) -> None:
-        self.ensure_open()
-        assert self._socket is not None
-        self._socket.send_multipart(frames)  # returns a done future unless at HWM
-        self.session.sent(time.monotonic())
-
-    async def _call(self, request_id: str, frames: Frames, timeout: float | None, what: str) -> Command:
-        self.ensure_open()
-        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        wait = self.timeout if timeout is None else timeout
-        try:
-            await self._send(frames)
-            command = await asyncio.wait_for(future, wait)
-        except TimeoutError:
-            raise Timeout(what, wait) from None
-        finally:
-            self._pending.pop(request_id, None)
-        if command.verb is P.Verb.ERROR:
-            raise answer_error(command)
-        return command
-
-    async def _read(self) -> None:
-        assert self._socket is not None
-        recv = self._socket.recv_multipart
-        while True:
-            frames = await recv()
-            events, replies = self.session.receive(frames, time.monotonic())
-            for reply in replies:
-                await self._send(reply)
-            for event in events:
-                self._on_event(event)
-
-    async def _beat(self) -> None:
-        """Heartbeats and healing at the session's next deadline; re-armed whenever a CONNECT
-        is answered (the deadline then moves from "heal" to "heartbeat in one TTL")."""
-        rearm = self._rearm
-        while True:
-            delay = self.session.next_deadline() - time.monotonic()
-            rearm.clear()
-            try:
-                await asyncio.wait_for(rearm.wait(), max(0.005, delay))
-                continue  # the deadline changed: compute it again
-            except TimeoutError:
-                pass
-            events, frames = self.session.tick(time.monotonic())
-            for f in frames:
-                await self._send(f)
-            for event in events:
-                self._on_event(event)
-
-    def _on_event(self, event: Event) -> None:
-        if isinstance(event, Delivery):
-            if len(event.patterns) == 1:
-                for sub in self._subscriptions.get(event.patterns[0], ()):
-                    sub._offer(event.message)
-            else:
-                interested = {id(s): s for p in event.patterns for s in self._subscriptions.get(p, ())}
-                for sub in interested.values():
-                    sub._offer(event.message)
-        elif isinstance(event, Answer):
-            stream = self._streams.get(event.request_id)
-            if stream is not None:
-                stream._feed(event.command)
-                return
-            future = self._pending.get(event.request_id)
-            if future is not None and not future.done():
-                future.set_result(event.command)
-        elif isinstance(event, Connected):
-            self._rearm.set()
-            if event.healed:
-                self.reconnects += 1
-                log.info("reconnected to %s; %d patterns restored", self.endpoint, len(self._subscriptions))
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_result(event.ttl_ms)
-        elif isinstance(event, ConnectRefused):
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_exception(event.error)
-            else:
-                self.faults.append(event.error)
-                log.warning("broker refused reconnect: %s", event.error)
-        elif isinstance(event, Fault):
-            self.faults.append(event.error)
-            log.warning("broker reported: %s", event.error)
-            if event.withdrawn is not None:
-                for sub in self._subscriptions.pop(event.withdrawn, []):
-                    sub.patterns = tuple(p for p in sub.patterns if p != event.withdrawn)
-                    if not sub.patterns:
-                        sub._end()
-        elif isinstance(event, Reconnecting):
-            log.info("reconnecting to %s: %s", self.endpoint, event.reason)
-            # The broker forgets a session on reconnect: whatever we were waiting for is lost.
-            self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
 
 
 def ack_of(answer: Command) -> Ack:

@@ -9,12 +9,14 @@ reply stream ends with its FINAL, an ERROR (raised) or a ``Timeout``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from .. import protocol as P
-from ..errors import ClosedError, Timeout
+from ..errors import ClosedError, SlowConsumer, Timeout
 from ..message import Message, Reply
 from ..protocol import Command, Header, Verb
 from ..session import answer_error
@@ -24,69 +26,162 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mc0.client")
 
-DEFAULT_MAX_PENDING = 10_000
-_CLOSED = object()
+DEFAULT_MAX_PENDING = 512 * 1024  # messages a subscription holds for the application (nats-py's default)
+DEFAULT_MAX_PENDING_BYTES = 128 * 1024 * 1024  # and their bodies' bytes
+SYNC_RECHECK = 0.05  # a thread waiting for a message re-checks at least this often
 
 
 class Subscription:
     """Messages matching any of its patterns, each once, in arrival order.
 
-    Holds at most ``max_pending`` undelivered messages; beyond that new ones
-    are dropped and counted in ``dropped`` (and logged), never silently.
+    The client's reader appends each received batch's messages in one go and
+    wakes a waiting reader once (not once per message).  Holds at most
+    ``max_pending`` messages / ``max_pending_bytes`` of bodies not yet taken;
+    beyond that new ones are dropped, counted in ``dropped``, logged and
+    reported once per episode as a :class:`~mc0.errors.SlowConsumer` fault
+    (``client.faults`` and the client's ``on_fault``), never silently.
     """
 
-    def __init__(self, client: Client, patterns: tuple[str, ...], max_pending: int) -> None:
+    def __init__(
+        self,
+        client: Client,
+        patterns: tuple[str, ...],
+        max_pending: int,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ) -> None:
+        if max_pending < 1 or max_pending_bytes < 1:
+            raise ValueError("max_pending and max_pending_bytes must be at least 1")
         self.client = client
         self.patterns = patterns
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self.dropped = 0
         self.closed = False
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._items: collections.deque[Message] = collections.deque()
+        self._bytes = 0
+        self._dropping = False  # in a drop episode (reported once)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._sync = threading.Condition()  # for threads reading through the sync API
+        self._sync_waiting = False
 
     @property
     def pattern(self) -> str:
         return self.patterns[0] if self.patterns else ""
 
+    @property
+    def pending(self) -> int:
+        """Messages received and not yet taken."""
+        return len(self._items)
+
+    # ------------------------------------------------------------ fed by the client's reader
     def _offer(self, message: Message) -> None:
-        if self._queue.qsize() >= self.max_pending:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning(
-                    "subscription %r: %d messages dropped (max_pending %d)",
-                    self.pattern,
-                    self.dropped,
-                    self.max_pending,
-                )
+        items = self._items
+        if len(items) >= self.max_pending or self._bytes >= self.max_pending_bytes:
+            self._drop()
             return
-        self._queue.put_nowait(message)
+        items.append(message)
+        parts = message.parts
+        self._bytes += len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if self._waiters:
+            self._wake()
+        if self._sync_waiting:
+            with self._sync:
+                self._sync.notify_all()
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        if not self._dropping:
+            self._dropping = True
+            reason = (
+                f"subscription {self.pattern!r} is not keeping up: dropping messages "
+                f"(max_pending {self.max_pending} messages / {self.max_pending_bytes} bytes)"
+            )
+            self.client._fault(SlowConsumer(reason, where="client", dropped=self.dropped))
+        elif self.dropped % 10_000 == 0:
+            log.warning("subscription %r: %d messages dropped so far", self.pattern, self.dropped)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _end(self) -> None:
         if not self.closed:
             self.closed = True
-            self._queue.put_nowait(_CLOSED)
+            self._wake()
+            with self._sync:
+                self._sync.notify_all()
 
+    def _take(self) -> Message:
+        message = self._items.popleft()
+        parts = message.parts
+        self._bytes -= len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if self._dropping and not self._items:
+            self._dropping = False  # caught up: the next drop starts a new episode
+        return message
+
+    # ------------------------------------------------------------ read by the application
     async def next(self, timeout: float | None = None) -> Message:
         """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed."""
-        if self.closed and self._queue.empty():
-            raise ClosedError(f"subscription {self.patterns!r} is closed")
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0) from None
-        if item is _CLOSED:
-            self._queue.put_nowait(_CLOSED)  # later callers see the end too
-            raise ClosedError(f"subscription {self.patterns!r} is closed")
-        assert isinstance(item, Message)
-        return item
+        if self._items:
+            return self._take()
+        await self._wait(timeout)
+        return self._take()
+
+    async def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
+        if not self._items:
+            await self._wait(timeout)
+        take = self._take
+        return [take() for _ in range(min(max_messages, len(self._items)))]
+
+    async def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._items:
+            if self.closed:
+                raise ClosedError(f"subscription {self.patterns!r} is closed")
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                if deadline is None:
+                    await waiter
+                else:
+                    await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0) from None
+
+    def next_threadsafe(self, timeout: float | None = None) -> Message:
+        """``next`` for another thread (the sync API): no hop into the event loop while
+        messages are waiting, a condition wait when none are."""
+        if self._items:
+            return self._take()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._sync:
+            while not self._items:
+                if self.closed:
+                    raise ClosedError(f"subscription {self.patterns!r} is closed")
+                left = SYNC_RECHECK if deadline is None else min(SYNC_RECHECK, deadline - time.monotonic())
+                if left <= 0:
+                    raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0)
+                self._sync_waiting = True
+                try:
+                    self._sync.wait(left)
+                finally:
+                    self._sync_waiting = False
+        return self._take()
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Message:
+        if self._items:
+            return self._take()
         try:
-            return await self.next()
+            await self._wait(None)
         except ClosedError:
             raise StopAsyncIteration from None
+        return self._take()
 
     async def close(self) -> None:
         """Unsubscribe (idempotent)."""
@@ -167,7 +262,7 @@ class ReplyStream:
     async def cancel(self) -> None:
         """Send CANCEL; the stream then ends with the broker's ``Cancelled`` (499)."""
         if not self.done:
-            await self.client._send(self.client.session.cancel(self.request_id))
+            self.client._send(self.client.session.cancel(self.request_id))
 
     async def close(self) -> None:
         """CANCEL the request if it has not ended, and stop listening (idempotent)."""
@@ -175,7 +270,7 @@ class ReplyStream:
             return
         self._finish()
         if self.client.connected:
-            await self.client._send(self.client.session.cancel(self.request_id))
+            self.client._send(self.client.session.cancel(self.request_id))
 
     async def __aenter__(self) -> ReplyStream:
         return self

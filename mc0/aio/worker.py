@@ -117,7 +117,7 @@ class Worker(Client):
         handler = self._handlers.get(work.service)
         try:
             if handler is None:
-                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
+                self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
                 return
             request = Request(
                 work.bid, work.service, work.parts, work.headers, work.caller, time.monotonic() + work.timeout_ms / 1000
@@ -131,7 +131,7 @@ class Worker(Client):
             self.failed += 1
             log.debug("handler for %s failed", work.service, exc_info=True)
             if self.connected:
-                await self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
+                self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
         finally:
             self._work.pop(work.bid, None)
 
@@ -140,7 +140,7 @@ class Worker(Client):
             frames = self.session.reply(verb, bid, result.parts, result.headers or None)
         else:
             frames = self.session.reply(verb, bid, result)  # type: ignore[arg-type]
-        await self._send(frames)
+        self._send(frames)
 
     async def _run_handler(self, handler: Handler, request: Request) -> None:
         bid = request.id

@@ -30,28 +30,32 @@ from collections.abc import Callable, Sequence
 from .. import protocol as P
 from ..errors import ProtocolError
 from ..permissions import Permissions
-from ..protocol import Command, Header, Side, Status, Verb
+from ..protocol import Command, Header, Side, Status, Verb, batch
 from ..settings import CoreSettings
 from ..trie import TopicTrie
 from . import mdp
-from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from .builtins import RESERVED_SERVICES, Builtins
 from .jobs import Service
 from .peers import Out, Peer, PeerTable, generated_routing_id
 from .pubsub import PubSub
 from .rpc import Rpc
 from .store import JournalStore
-from .streams import StreamOut, Streams, primary
+from .streams import StreamOut, Streams
 from .sysbus import SysBus
 from .telemetry import PeerEvent
+from .verbs import VerbHandlers
 
 __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 
 log = logging.getLogger("mc0.broker")
 
+_BATCH = P.batch.BATCH
+_NOT_BATCHED = "BATCH needs CONNECT ... BATCH 1 first"
+
 Handler = Callable[[Peer, Command, float], list[Out]]
 
 
-class BrokerCore:
+class BrokerCore(VerbHandlers):
     def __init__(
         self,
         settings: CoreSettings | None = None,
@@ -73,6 +77,7 @@ class BrokerCore:
         self.generated_ids_only = generated_ids_only
         self.wall_offset = wall_offset
         self.counters: Counter[str] = Counter()
+        self.forgotten: list[bytes] = []  # routing ids forgotten since the shell last asked (take_forgotten)
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
         self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
@@ -158,6 +163,8 @@ class BrokerCore:
             return out + mdp.handle(self, self.peers.get(routing_id), routing_id, frames, now, identity, fd)
         if peer is not None:
             peer.last_recv = now
+            if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
+                return out + self._batch(peer, frames[2], now)
         try:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if peer is None:
@@ -177,14 +184,51 @@ class BrokerCore:
             out += self._reject(routing_id, peer, frames, exc, now)
         return self._with_finished(out, now)
 
-    def internal_error(self, routing_id: bytes, frames: Sequence[bytes], exc: BaseException) -> list[Out]:
-        """The shell's per-message guard caught ``exc`` while this message was handled (a bug):
+    def _batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
+        """``BATCH "" blob``: each record handled as if it came alone, in order.
+
+        A refused record is answered with its own ERROR (and ID) and a record
+        that raises is one internal error: neither spoils the records after it.
+        """
+        limits = self.settings.limits
+        if not peer.batched:
+            return self._reject(peer.routing_id, peer, (), ProtocolError(Status.BAD_REQUEST, _NOT_BATCHED), now)
+        if len(blob) > limits.max_batch_bytes:
+            reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
+            return self._reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
+        verbs = self._verbs
+        out: list[Out] = []
+        try:
+            for code, start, end in batch.records(blob):
+                try:
+                    command = batch.command_of(blob, code, start, end, limits)
+                    verb = command.verb
+                    if verb is Verb.CONNECT or verb is Verb.BATCH:
+                        raise ProtocolError(Status.BAD_REQUEST, f"{verb} cannot be batched", command.id)
+                    out += verbs[verb](peer, command, now)
+                    if verb is Verb.DISCONNECT:
+                        break
+                except ProtocolError as exc:
+                    if exc.request_id is None:
+                        exc = ProtocolError(exc.code, exc.reason, batch.id_of(blob, code, start, end))
+                    out += self._reject(peer.routing_id, peer, (), exc, now)
+                except Exception as exc:  # one record's bug costs that record only
+                    out += self.internal_error(peer.routing_id, (), exc, batch.id_of(blob, code, start, end))
+        except ProtocolError as exc:  # the blob stopped splitting into records here
+            out += self._reject(peer.routing_id, peer, (), exc, now)
+        return self._with_finished(out, now)
+
+    def internal_error(
+        self, routing_id: bytes, frames: Sequence[bytes], exc: BaseException, request_id: str | None = None
+    ) -> list[Out]:
+        """A per-message guard caught ``exc`` while this message was handled (a bug):
         count it, log it, answer its sender ERROR 500 (with its ID if it had one); nothing else."""
         self.counters["internal_errors"] += 1
         peer = self.peers.get(routing_id)
         who = peer.name if peer is not None else "an unconnected peer"
         log.error("internal error handling a message from %s", who, exc_info=exc)
-        request_id = P.find_id(frames, self.settings.limits.max_headers) if frames else None
+        if request_id is None and frames:
+            request_id = P.find_id(frames, self.settings.limits.max_headers)
         reason = f"internal error: {type(exc).__name__}"
         if peer is not None:
             return [(routing_id, peer.dialect.error(request_id, "", Status.HANDLER_FAILED, reason))]
@@ -201,16 +245,6 @@ class BrokerCore:
         if peer is not None:
             peer.last_sent = now
         return [(routing_id, P.error(exc.code, exc.reason, exc.request_id))]
-
-    def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        if command.id is None:
-            return []
-        peer.last_sent = now
-        return [(peer.routing_id, P.ok(command.id))]
-
-    def _ping(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        peer.last_sent = now
-        return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
 
     # ================================================================ connections
     def _connect(
@@ -238,15 +272,21 @@ class BrokerCore:
             )
         asked = P.parse_int(command, Header.TTL, minimum=1)
         ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
+        batched = command.headers.get(Header.BATCH, "0")
+        if batched not in ("0", "1") or (batched == "1" and version != P.FULL_VERSION):
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"BATCH must be 0 or 1, and needs protocol {P.FULL_VERSION}", command.id
+            )
         out: list[Out] = []
         if replacing is not None:
             out = self._forget(replacing, "reconnected", now)
             fd = replacing.fd
         peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, P.MC0_DIALECT, fd)
+        peer.batched = batched == "1"
         out += self._open(peer, now)
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", peer.name, identity, version, ttl_ms)
         if command.id is not None:
-            out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms)))
+            out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
         return out
 
     def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
@@ -264,9 +304,15 @@ class BrokerCore:
         self.counters["connects"] += 1
         return self._peer_event("connect", peer, "", now)
 
+    def take_forgotten(self) -> list[bytes]:
+        """Routing ids whose peers were forgotten since the last call: the shell frees their queues."""
+        forgotten, self.forgotten = self.forgotten, []
+        return forgotten
+
     def _forget(self, peer: Peer, why: str, now: float) -> list[Out]:
         """Drop a peer and everything it held, in every room; returns what that means for others."""
-        self.peers.remove(peer)
+        if self.peers.remove(peer):
+            self.forgotten.append(peer.routing_id)
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
         self.counters[f"forgotten_{why}"] += 1
@@ -302,141 +348,6 @@ class BrokerCore:
         for peer in self.peers.closed_peers(now, drained=drained):
             out += self._forget(peer, "closed", now)
         return self._with_finished(out, now)
-
-    # ================================================================ pub/sub
-    def _put(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        headers = command.headers
-        topic = headers[Header.TOPIC]
-        tokens = self.pubsub.topic_tokens(topic, command.id)
-        if topic.startswith(P.RESERVED_TOPIC_PREFIX):
-            raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
-        if not peer.grants.may_publish(tokens):
-            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
-        self.counters["published"] += 1
-        journals = self.streams.routes(tokens) if self.streams.journals else ()
-        if journals:
-            return self._put_journaled(peer, command, topic, tokens, journals, now)
-        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now)
-        if command.id is not None:
-            peer.last_sent = now
-            out.append((peer.routing_id, P.ok(command.id)))
-        return out
-
-    def _put_journaled(
-        self,
-        peer: Peer,
-        command: Command,
-        topic: str,
-        tokens: tuple[str, ...],
-        journals: Sequence[JournalStore],
-        now: float,
-    ) -> list[Out]:
-        """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
-
-        The OK names the first journal (by name) and the record's SEQ there; a
-        repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
-        is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
-        """
-        headers = command.headers
-        first = primary(journals)
-        msgid = headers.get(Header.MSGID)
-        if msgid is not None:
-            earlier = first.duplicate_of(peer.identity, msgid)
-            if earlier is not None:
-                self.counters["duplicates"] += 1
-                if command.id is not None:
-                    ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
-                    self.streams.hold_ok(first, peer.routing_id, command.id, ok)
-                return []
-        stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-        seq = self.streams.append(journals, first, topic, peer.identity, stored, command.payload)
-        if seq is None:
-            raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
-        self.counters["journaled"] += 1
-        held = self.streams.held_back(journals, tokens)
-        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held)
-        if command.id is not None:
-            peer.last_sent = now
-            self.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
-        return out
-
-    def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        patterns = self.pubsub.parse_patterns(command)  # all validated before any change
-        new = self.pubsub.check_subscribe(peer, patterns, command.id)
-        replay = self.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
-        self.pubsub.add(peer, new)
-        if replay is not None:
-            self.streams.start_replay(peer, replay)
-        return self._answer(peer, command, now)
-
-    def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        removed = self.pubsub.remove(peer, self.pubsub.parse_patterns(command))
-        self.streams.unsubscribed(peer, removed)
-        return self._answer(peer, command, now)
-
-    # ================================================================ RPC
-    def _ready(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        capacity = 1
-        if Header.CAPACITY in command.headers:
-            capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
-            self.rpc.check_capacity(capacity, command.id)
-        names = [self.rpc.service_name(bytes(f), command.id) for f in command.payload]
-        for name in names:
-            self.rpc.check_serve(peer, name, command.id, RESERVED_SERVICES)
-        out = self.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
-        return out + self._answer(peer, command, now)
-
-    def _request(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        headers = command.headers
-        rid = headers[Header.ID]
-        timeout_ms = self.settings.request_timeout_ms
-        if Header.TIMEOUT in headers:
-            timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
-        scatter = False
-        if Header.ALL in headers:
-            if headers[Header.ALL] not in ("0", "1"):
-                raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
-            scatter = headers[Header.ALL] == "1"
-        name = headers[Header.SERVICE]
-        return self._call(peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
-
-    def _call(
-        self,
-        client: Peer,
-        name: str,
-        rid: str,
-        timeout_ms: int,
-        scatter: bool,
-        user: dict[str, str],
-        body: Sequence[bytes],
-        now: float,
-    ) -> list[Out]:
-        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=self.streams.fetch_running(client, rid))
-        self.counters["requests"] += 1
-        client.last_sent = now
-        if name in BUILTIN_SERVICES:
-            # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
-            return self.builtins.answer(client, name, rid, user, body)
-        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now)
-
-    def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
-        rid = command.headers[Header.ID]
-        out = self.rpc.cancel(peer, rid, now)
-        if out is not None:
-            return out
-        if self.streams.cancel_fetch(peer, rid):
-            peer.last_sent = now
-            return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
-        self.counters["cancel_unknown"] += 1
-        return []
-
-    def _worker_reply(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        bid = command.headers[Header.ID]
-        if command.verb is Verb.ERROR:
-            code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
-            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
-        return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
 
     # ================================================================ operations for foreign dialects
     # (the narrow interface mdp.handle drives the core through: see mdp.CoreOps)

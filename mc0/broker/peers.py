@@ -20,8 +20,9 @@ from .. import protocol as P
 from ..permissions import ALLOW_ALL, Grants
 from ..protocol import Dialect
 
-# What the core asks the shell to send: (routing id, frames).
-Out = tuple[bytes, Sequence[bytes]]
+# What the core asks the shell to send: (routing id, frames), or (routing id, a batch record)
+# for a peer granted batched framing (bytes: the shell appends it to that peer's next batch).
+Out = tuple[bytes, Sequence[bytes] | bytes]
 
 # The sweep for heartbeats/expiry runs at the earliest deadline found by the
 # previous sweep, but never more often than this (it is O(peers)).
@@ -53,6 +54,7 @@ class Peer:
         "delivered",
         "grants",
         "fd",
+        "batched",
     )
 
     _serials = itertools.count(1)
@@ -84,6 +86,7 @@ class Peer:
         self.last_drop = -1e18
         self.delivered = 0
         self.grants: Grants = ALLOW_ALL
+        self.batched = False  # granted BATCH 1 at CONNECT: what it is sent goes out as batch records
 
     def __repr__(self) -> str:
         return f"<Peer {self.name} {self.dialect.name} v{self.version}>"

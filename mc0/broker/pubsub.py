@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from .. import protocol as P
 from ..errors import InvalidTopic, ProtocolError
 from ..permissions import Grants
-from ..protocol import Command, Header, Limits, Status
+from ..protocol import Command, Header, Limits, Status, batch
 from ..topics import split_pattern, split_topic
 from ..trie import TopicTrie
 from .peers import Out, Peer
@@ -175,18 +175,30 @@ class PubSub:
         user = P.user_header_frames(headers) if len(headers) > 1 + (Header.ID in headers) else []
         topic_b = topic.encode()
         where = (position[0].encode(), position[1]) if position is not None else None
-        frames = P.message(topic_b, sender, user, body, where)
+        # Each shape is built once, when the first subscriber that needs it comes up.
+        frames: list[bytes] | None = None
+        record: bytes | None = None  # for batched subscribers
         seed_frames: list[bytes] | None = None
         for target in targets:
             if target.grants.deny_subscribe and not target.grants.delivers(tokens):
                 continue  # a wildcard overlapping a denied topic: never delivered
             if held_back and target in held_back:
                 continue
-            if target.legacy:
+            if target.batched:
+                if record is None:
+                    if not user and where is None and len(body) == 1:
+                        record = batch.message_record(topic_b, sender, bytes(body[0]))
+                    else:
+                        frames = frames or P.message(topic_b, sender, user, body, where)
+                        record = batch.frames_record(frames)
+                out.append((target.routing_id, record))
+            elif target.legacy:
                 if seed_frames is None:
                     seed_frames = P.message(topic_b, None, user, body)
                 out.append((target.routing_id, seed_frames))
             else:
+                if frames is None:
+                    frames = P.message(topic_b, sender, user, body, where)
                 out.append((target.routing_id, frames))
             target.last_sent = now
             target.delivered += 1

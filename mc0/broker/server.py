@@ -40,6 +40,7 @@ from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
 from .core import BrokerCore, Out
 from .journal import Journal
+from .outbox import Outbox
 from .streams import StreamOut
 
 log = logging.getLogger("mc0.broker")
@@ -47,11 +48,18 @@ log = logging.getLogger("mc0.broker")
 # Messages handled per readiness event before timers get a look in: large
 # enough to amortise the poll, small enough that heartbeats stay on time.
 RECV_BATCH = 512
+# ... or this many bytes of batches: a turn then flushes what it produced (a 256 KiB batch is
+# ~2,000 commands; reading 512 of them before sending anything would stall every subscriber).
+RECV_BYTES = 256 * 1024
 LINGER_MS = 500
 # Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
 # (4x at 64 KiB, 10 subscribers) and loses below.
 SHARE_FRAMES_FROM = 4096
 MAX_FOLLOW_UP_ROUNDS = 64
+# A batch sent to a peer holds at most this (more waiting goes in the next one).
+BATCH_OUT_BYTES = 256 * 1024
+# A replay or fetch queues its next page only while its peer's backlog is below this.
+STREAM_WINDOW = 1 << 20
 # pyzmq's constants are enum.Flag members: combining them per send builds enum
 # objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
 NOBLOCK = int(zmq.NOBLOCK)
@@ -111,6 +119,10 @@ class Broker:
             generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
+        )
+        cfg = self.config.broker
+        self.outbox = Outbox(
+            max_bytes=cfg.max_queue_bytes, max_messages=cfg.max_queue_messages, batch_bytes=BATCH_OUT_BYTES
         )
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
@@ -261,6 +273,9 @@ class Broker:
                 deadline = core.next_deadline()
                 if self.allowed is not None:
                     deadline = min(deadline, next_reload)
+                retry = self.outbox.next_retry()
+                if retry is not None:
+                    deadline = min(deadline, retry)
                 wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
                 ready = dict(poller.poll(int(min(wait_ms, 1000.0)) + 1))
                 if self._wake_r in ready:
@@ -275,21 +290,35 @@ class Broker:
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._reload(now)
                     next_reload = now + reload_every
-                if now >= core.next_deadline():
-                    self._send(core.tick(now), now)
-                if core.streaming:
-                    self._send_stream(core.stream(now), now)
-                if core.uncommitted:
-                    self._send(core.commit(), now)
+                self._guarded(self._timers, now)
+                self._flush(sock, now)
             now = time.monotonic()
-            self._send(core.shutdown(now), now)
+            self._apply(core.shutdown(now), now)
             if core.uncommitted:
-                self._send(core.commit(), time.monotonic())
+                self._apply(core.commit(), time.monotonic())
+            self._flush(sock, time.monotonic())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.close()
             log.info("broker stopped")
+
+    def _timers(self, now: float) -> None:
+        core = self.core
+        if now >= core.next_deadline():
+            self._apply(core.tick(now), now)
+        if core.streaming:
+            self._queue_stream(core.stream(now), now)
+        if core.uncommitted:
+            self._apply(core.commit(), now)
+
+    def _guarded(self, work: Any, now: float) -> None:
+        """Timer work (ticks, streams, commits) that raises is logged and counted, never fatal."""
+        try:
+            work(now)
+        except Exception:
+            self.core.counters["internal_errors"] += 1
+            log.exception("internal error in the broker's timer work")
 
     def _drain_wake(self) -> None:
         assert self._wake_r is not None
@@ -302,9 +331,11 @@ class Broker:
     def _receive(self, sock: zmq.Socket[bytes], now: float) -> None:
         handle = self.core.handle
         sessions = self.core.sessions
+        forgotten = self.core.forgotten
         monitor = self._monitor
         assert monitor is not None
         curve = self.zap is not None
+        received = 0
         for _ in range(RECV_BATCH):
             # The routing id frame is received as a zmq.Frame to read, from the
             # message itself, the connection it came on and (under CURVE) the
@@ -317,7 +348,7 @@ class Broker:
                 # Read empty: whatever a connection reported closed sent before it
                 # closed has been handled, so its session can go now.
                 if self.core.closing:
-                    self._send(self.core.forget_closed(now, drained=True), now)
+                    self._apply(self.core.forget_closed(now, drained=True), now)
                 return
             rest = _recv_rest(sock) if first.more else []
             identity = ANONYMOUS
@@ -337,10 +368,14 @@ class Broker:
                 out = handle(routing_id, rest, now, identity, first.get(SRCFD))
             except Exception as exc:  # the per-message guard: one message's fault costs that message only
                 out = self.core.internal_error(routing_id, rest, exc)
-            if out:
-                self._send(out, now)
+            if out or forgotten:
+                self._apply(out, now)
+            if rest:
+                received += len(rest[-1])
+                if received >= RECV_BYTES:
+                    break
         if self.core.closing:  # a full batch, not read empty: only overdue closes
-            self._send(self.core.forget_closed(now, drained=False), now)
+            self._apply(self.core.forget_closed(now, drained=False), now)
 
     def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
         """Report the closes the monitor has; the core forgets them once the socket reads empty.
@@ -376,80 +411,81 @@ class Broker:
                 self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 out += self.core.set_permissions(fresh.permissions, now)
         if out:
-            self._send(out, now)
+            self._apply(out, now)
 
-    def _send(self, out: Iterable[Out], now: float) -> None:
-        """Send what the core returned; a failed send may make the core return more.
+    def _apply(self, out: Iterable[Out], now: float) -> None:
+        """Queue what the core returned, each message in its peer's outbox.
 
-        A vanished peer (EHOSTUNREACH) or a full queue (EAGAIN) is reported to
-        the core, whose answer (a re-dispatched request, a 429 notice) is sent
-        in turn.  Follow-ups are bounded so a cascade cannot spin forever.
+        First the queues of peers the core just forgot are discarded (their
+        backlog is freed at once; what ``out`` still says to them, such as a
+        429, gets a short-lived queue of its own).  A message over its
+        peer's budget is refused and reported to the core as a drop; the
+        core's answer to that (an eviction) is queued in turn, boundedly.
         """
-        sock = self._socket
-        assert sock is not None
-        pending: list[Iterable[Out]] = [out]
-        rounds = 0
-        while pending and rounds < MAX_FOLLOW_UP_ROUNDS:
-            rounds += 1
+        core = self.core
+        outbox = self.outbox
+        sessions = core.sessions
+        pending: Iterable[Out] = out
+        for _ in range(MAX_FOLLOW_UP_ROUNDS):
+            for routing_id in core.take_forgotten():
+                outbox.discard(routing_id)
             follow_up: list[Out] = []
-            for batch in pending:
-                follow_up += self._send_batch(sock, batch, now)
-            pending = [follow_up] if follow_up else []
+            for routing_id, payload in pending:
+                peer = sessions.get(routing_id)
+                batched = peer is not None and peer.batched
+                if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now):
+                    follow_up += core.send_failed(routing_id, now, unreachable=False)
+            if not follow_up and not core.forgotten:
+                return
+            pending = follow_up
 
-    def _send_batch(self, sock: zmq.Socket[bytes], out: Iterable[Out], now: float) -> list[Out]:
-        follow_up: list[Out] = []
-        last: Sequence[bytes] | None = None
-        shared: list[zmq.Frame] | None = None
-        for routing_id, frames in out:
-            # Fan-out hands the same frames list to every subscriber. Large
-            # bodies become zmq.Frames once and are sent by reference
-            # (libzmq refcounts them); small ones are cheaper to copy.
-            if frames is last:
-                if shared is None and max(map(len, frames)) >= SHARE_FRAMES_FROM:
-                    shared = [zmq.Frame(f) for f in frames]
-            else:
-                last, shared = frames, None
-            try:
-                if shared is not None:
-                    _send_frames(sock, routing_id, shared, copy=False)
-                else:
-                    _send_frames(sock, routing_id, frames)
-            except zmq.Again:
-                follow_up += self.core.send_failed(routing_id, now, unreachable=False)
-            except zmq.ZMQError as exc:
-                if exc.errno != errno.EHOSTUNREACH:
-                    raise
-                follow_up += self.core.send_failed(routing_id, now, unreachable=True)
-        return follow_up
+    def _flush(self, sock: zmq.Socket[bytes], now: float) -> None:
+        """Send what is queued: per peer, everything it accumulated (batched peers: in as few
+        BATCH messages as fit); a peer whose pipe is full keeps the rest for a retry."""
+        outbox = self.outbox
+        if not outbox.pending:
+            return
+        shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
+        for routing_id in outbox.ready(now):
+            while (message := outbox.next_message(routing_id)) is not None:
+                try:
+                    if len(message) > 3 and max(map(len, message)) >= SHARE_FRAMES_FROM:
+                        frames = shared.get(id(message))
+                        if frames is None:
+                            frames = shared[id(message)] = [zmq.Frame(f) for f in message]
+                        _send_frames(sock, routing_id, frames, copy=False)
+                    else:
+                        _send_frames(sock, routing_id, message)
+                except zmq.Again:
+                    outbox.blocked(routing_id, now)
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != errno.EHOSTUNREACH:
+                        raise
+                    outbox.discard(routing_id)
+                    self._apply(self.core.send_failed(routing_id, now, unreachable=True), now)
+                    break
+                outbox.sent(routing_id)
 
-    def _send_stream(self, out: list[StreamOut], now: float) -> None:
-        """Replay and fetch pages: one that does not fit pauses its stream, which resends it later.
-
-        Once a send to a peer fails, every later message to that peer in this
-        batch is handed back too, so each stream rewinds to its first unsent
-        message and order is kept.
-        """
-        sock = self._socket
-        assert sock is not None
+    def _queue_stream(self, out: list[StreamOut], now: float) -> None:
+        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the stream
+        is paused and rewound (``core.stream_blocked``), so a replay never overruns a slow reader's
+        budget and is never counted as a drop.  Once one page of a peer is held back, every later
+        one is too, so each stream resumes at its first unsent message, in order."""
+        outbox = self.outbox
+        sessions = self.core.sessions
         blocked: set[bytes] = set()
-        follow_up: list[Out] = []
         for item in out:
             routing_id = item.routing_id
-            if routing_id in blocked:
-                self.core.stream_blocked(item, now)
-                continue
-            try:
-                _send_frames(sock, routing_id, item.frames)
-            except zmq.Again:
+            peer = sessions.get(routing_id)
+            if (
+                routing_id in blocked
+                or peer is None
+                or outbox.backlog(routing_id) > STREAM_WINDOW
+                or not outbox.put(routing_id, item.frames, batched=peer.batched, known=True, now=now)
+            ):
                 blocked.add(routing_id)
                 self.core.stream_blocked(item, now)
-            except zmq.ZMQError as exc:
-                if exc.errno != errno.EHOSTUNREACH:
-                    raise
-                blocked.add(routing_id)
-                follow_up += self.core.send_failed(routing_id, now, unreachable=True)
-        if follow_up:
-            self._send(follow_up, now)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

@@ -113,6 +113,7 @@ class StreamOut(NamedTuple):
     key: str
     seq: int  # the stream's cursor to go back to
     records: int  # records this message carried (fetch accounting)
+    size: int = 0  # body bytes it carried (fetch accounting)
 
 
 def primary(journals: Sequence[JournalStore]) -> JournalStore:
@@ -404,13 +405,14 @@ class Streams:
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
                 frames = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
                 return [StreamOut(rid, frames, "error", fetch.rid, 0, 0)]
-            fetch.records_left -= len(records) or 1  # a page that matched nothing still costs
-            fetch.bytes_left -= sum(len(p) for r in records for p in r.parts) or 1
+            spent = sum(len(p) for r in records for p in r.parts) or 1  # a page that matched nothing still costs
+            fetch.records_left -= len(records) or 1
+            fetch.bytes_left -= spent
             if not records:
                 return []
             fetch.count += len(records)
             frames = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
-            return [StreamOut(rid, frames, "fetch", fetch.rid, start, len(records))]
+            return [StreamOut(rid, frames, "fetch", fetch.rid, start, len(records), spent)]
         summary = {
             "next_seq": fetch.cursor,
             "records": fetch.count,
@@ -435,6 +437,7 @@ class Streams:
                     fetch.cursor = blocked.seq
                     fetch.count -= blocked.records
                     fetch.records_left += blocked.records
+                    fetch.bytes_left += blocked.size
                 fetch.done = False
                 fetch.resume_at = now + REPLAY_BACKOFF
         else:

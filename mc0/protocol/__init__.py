@@ -15,7 +15,7 @@ non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
 
 Peer -> broker::
 
-    CONNECT    VERSION v TTL ms [ID id]            -> OK ID id TTL ms
+    CONNECT    VERSION v TTL ms [ID id] [BATCH 1]  -> OK ID id TTL ms [BATCH 1]
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
@@ -29,9 +29,11 @@ Peer -> broker::
     FINAL      ID bid [X-...] ["" body...]
     ERROR      ID bid CODE c MESSAGE m             (a handler failure)
 
+    BATCH      "" blob                             (once BATCH 1 was granted: see mc0.protocol.batch)
+
 Broker -> peer::
 
-    OK         ID id [TTL ms] [JOURNAL j SEQ n [DUPLICATE 1]]   (SEQ: a journaled PUT, once written)
+    OK         ID id [TTL ms] [BATCH 1] [JOURNAL j SEQ n [DUPLICATE 1]]   (SEQ: a journaled PUT, once written)
     ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern]   (TOPIC: a subscription withdrawn)
     MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [X-...] "" body...  (0.x peers: no SENDER)
     NOOP
@@ -41,6 +43,7 @@ Broker -> peer::
     CANCEL     ID bid                                                     (to a worker)
     PARTIAL    ID rid [WORKER w [CODE c MESSAGE m]] [X-...] ["" body...]  (to a client)
     FINAL      ID rid [COUNT n MISSING m] [X-...] ["" body...]
+    BATCH      "" blob                             (to a peer that was granted BATCH 1)
 
 A command carrying ``ID`` is answered ``OK``/``ERROR`` with that ID; without
 ``ID`` nothing comes back unless something exceptional happened, which always
@@ -54,8 +57,8 @@ docs/PROTOCOL.md is the prose version of this docstring.
 
 The model lives in :mod:`.model` (verbs, headers, statuses, limits, the
 grammar table), the decoder in :mod:`.codec`, the senders' builders and the
-``Dialect`` interface in :mod:`.builders`, and the bodies the broker itself
-parses in :mod:`.bodies`; everything is re-exported here, so ``mc0.protocol``
+``Dialect`` interface in :mod:`.builders`, the bodies the broker itself
+parses in :mod:`.bodies`, and batched framing in :mod:`.batch`; everything is re-exported here, so ``mc0.protocol``
 is the one place to import from.
 """
 
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 from ..errors import ProtocolError
 from ..message import Record
+from . import batch
 from .bodies import (
     MAX_JSON_BYTES,
     MAX_JSON_DEPTH,
@@ -126,6 +130,7 @@ from .model import (
 )
 
 __all__ = [
+    "batch",
     "ANONYMOUS",
     "BROKER_GRAMMAR",
     "BROKER_SERVICE",

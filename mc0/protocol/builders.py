@@ -10,10 +10,13 @@ from typing import Protocol
 from .model import USER_HEADER_PREFIX, Verb
 
 
-def ok(request_id: str, *, ttl_ms: int | None = None) -> list[bytes]:
+def ok(request_id: str, *, ttl_ms: int | None = None, batch: bool = False) -> list[bytes]:
     if ttl_ms is None:
         return [b"OK", b"ID", request_id.encode()]
-    return [b"OK", b"ID", request_id.encode(), b"TTL", str(ttl_ms).encode()]
+    frames = [b"OK", b"ID", request_id.encode(), b"TTL", str(ttl_ms).encode()]
+    if batch:
+        frames += (b"BATCH", b"1")
+    return frames
 
 
 def error(code: int, reason: str, request_id: str | None = None, *, topic: str | None = None) -> list[bytes]:

@@ -30,6 +30,7 @@ class Verb(StrEnum):
     PARTIAL = "PARTIAL"
     FINAL = "FINAL"
     CANCEL = "CANCEL"
+    BATCH = "BATCH"  # framing: many commands in one message (mc0.protocol.batch), once negotiated
 
 
 class Header(StrEnum):
@@ -53,6 +54,7 @@ class Header(StrEnum):
     JOURNAL = "JOURNAL"
     DUPLICATE = "DUPLICATE"
     FROM = "FROM"  # SUB: replay from this sequence number, then continue live
+    BATCH = "BATCH"  # CONNECT / OK: batched framing asked for / granted ("1")
 
 
 USER_HEADER_PREFIX = "X-"
@@ -130,6 +132,7 @@ class Limits:
     max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES
     max_topic_tokens: int = DEFAULT_MAX_TOPIC_TOKENS
     max_subscriptions: int = 10_000  # per peer
+    max_batch_bytes: int = 16 * 1024 * 1024  # one BATCH message (each record is also held to the limits above)
 
 
 DEFAULT_LIMITS = Limits()
@@ -168,7 +171,7 @@ _ID = _h(Header.ID)
 
 # What a peer may send to the broker.
 PEER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _ID),
+    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _h(Header.ID, Header.BATCH)),
     Verb.DISCONNECT: Grammar(optional=_ID),
     Verb.NOOP: Grammar(optional=_ID),
     Verb.PING: Grammar(_ID, seed=False),
@@ -183,11 +186,12 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.PARTIAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
     Verb.FINAL: Grammar(_ID, user_headers=True, payload=Payload.OPTIONAL, seed=False),
     Verb.ERROR: Grammar(_h(Header.ID, Header.CODE, Header.MESSAGE), seed=False),
+    Verb.BATCH: Grammar(payload=Payload.REQUIRED, seed=False),
 }
 
 # What the broker may send to a peer.
 BROKER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.JOURNAL, Header.SEQ, Header.DUPLICATE)),
+    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.BATCH, Header.JOURNAL, Header.SEQ, Header.DUPLICATE)),
     Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC)),
     Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ), True, Payload.REQUIRED),
     Verb.NOOP: Grammar(),
@@ -199,6 +203,7 @@ BROKER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.CANCEL: Grammar(_ID),
     Verb.PARTIAL: Grammar(_ID, _h(Header.WORKER, Header.CODE, Header.MESSAGE), True, Payload.OPTIONAL),
     Verb.FINAL: Grammar(_ID, _h(Header.COUNT, Header.MISSING), True, Payload.OPTIONAL),
+    Verb.BATCH: Grammar(payload=Payload.REQUIRED, seed=False),
 }
 
 GRAMMAR: dict[Side, dict[Verb, Grammar]] = {Side.PEER: PEER_GRAMMAR, Side.BROKER: BROKER_GRAMMAR}

@@ -1,0 +1,369 @@
+"""Library scenarios: what a user actually runs, measured with each library's own client API.
+
+Contract: ``run_library(options, curve, say)`` returns one :class:`Row` per
+scenario and system (``suite="library"``), each the median of
+``options.runs`` runs, every run on a fresh broker process at its default
+settings (``BrokerProcess(insecure=True)``; ``+curve``: CURVE with keys from
+``mc0.keys``), with the publishers, subscribers, workers and clients each in
+its own spawned process on 127.0.0.1.  Systems: ``mc0-aio`` / ``mc0-aio+curve``
+(``mc0.aio``), ``mc0-sync`` (``mc0``), ``nats`` (nats-server + nats-py) and,
+for RPC, ``majortomo``.  Nothing is paced unless the scenario says so: a
+library without back-pressure that loses messages shows it as ``lost``, and a
+row that lost any message (or had any RPC error) is *failing* (``LOSS n`` /
+``ERRORS n`` in its note, ``"failing": true`` in JSON).  Every loop is bounded
+in count and time; every process is killed and joined when its run ends.
+
+Figures: pub/sub rows report deliveries/s summed over subscribers from the
+first delivery to the last (clocks: ``time.monotonic_ns``, shared across
+processes), with published, expected (published x subscribers), delivered
+and lost, summed over the runs; the latency row's figure is the one-way p50
+in ms at a fixed rate; RPC rows report calls/s (scatter: gathers/s) and
+p50/p99.  Beside each row, the broker process's CPU time per delivered
+message (per call, per gather) over the measured window
+(``broker_us_per_msg``), for mc0's broker, nats-server and majortomo's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mc0.process import BrokerProcess
+
+from . import library_mc0, library_nats
+from .common import (
+    BODY,
+    CTX,
+    LARGE_BODY,
+    WINDOW,
+    Options,
+    Row,
+    available,
+    child,
+    cpu_seconds,
+    free_port,
+    majortomo_main,
+    nats_server_process,
+    security_toml,
+)
+from .library_load import QUIET, Link, percentile
+
+PUBSUB_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
+RPC_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats", "majortomo"]
+SCATTER_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
+PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
+
+
+@dataclass(frozen=True)
+class Mains:
+    """One library's load processes (child-process entry points)."""
+
+    subscriber: Callable[..., None] | None
+    publisher: Callable[..., None] | None
+    worker: Callable[..., None]
+    client: Callable[..., None]
+
+
+MAINS = {
+    "mc0-aio": Mains(
+        library_mc0.aio_subscriber, library_mc0.aio_publisher, library_mc0.aio_worker, library_mc0.aio_rpc_client
+    ),
+    "mc0-sync": Mains(
+        library_mc0.sync_subscriber, library_mc0.sync_publisher, library_mc0.sync_worker, library_mc0.sync_rpc_client
+    ),
+    "nats": Mains(
+        library_nats.nats_subscriber,
+        library_nats.nats_publisher,
+        library_nats.nats_responder,
+        library_nats.nats_rpc_client,
+    ),
+    "majortomo": Mains(None, None, library_nats.majortomo_worker, library_nats.majortomo_client),
+}
+
+
+def scenarios(options: Options) -> list[dict[str, Any]]:
+    quick = options.quick
+    count = 300 if quick else options.count
+    burst = 2_000 if quick else options.burst
+    rate = 1_000 if quick else options.rate
+    paced = 0.5 if quick else options.latency_seconds
+    seconds = 0.3 if quick else options.seconds
+    pubsub = {"kind": "pubsub", "unit": "deliveries/s", "systems": PUBSUB_SYSTEMS, "rate": 0}
+    rpc = {"kind": "rpc", "unit": "calls/s", "systems": RPC_SYSTEMS, "seconds": seconds, "scatter": 0}
+    return [
+        {**pubsub, "name": "lib pub/sub 1->1", "subs": 1, "size": BODY, "count": count},
+        {**pubsub, "name": "lib pub/sub 1->10", "subs": 10, "size": BODY, "count": count},
+        {**pubsub, "name": "lib pub/sub 1KiB 1->1", "subs": 1, "size": 1024, "count": count},
+        {**pubsub, "name": "lib pub/sub 64KiB 1->1", "subs": 1, "size": LARGE_BODY, "count": max(1, count // 4)},
+        {**pubsub, "name": f"lib burst {burst} -> 4 subs", "subs": 4, "size": BODY, "count": burst},
+        {**pubsub, "name": f"lib pub/sub latency at {rate}/s", "subs": 1, "size": BODY, "count": int(rate * paced),
+         "rate": rate, "unit": "ms (p50)", "latency": True},
+        {**rpc, "name": "lib RPC sequential", "workers": 1, "window": 1},
+        {**rpc, "name": "lib RPC 100 in flight, 1 worker", "workers": 1, "window": WINDOW},
+        {**rpc, "name": "lib RPC 100 in flight, 4 workers", "workers": 4, "window": WINDOW},
+        {**rpc, "name": "lib scatter-gather to 10 workers", "workers": 10, "window": 1, "scatter": 10,
+         "unit": "gathers/s", "systems": SCATTER_SYSTEMS},
+    ]  # fmt: skip
+
+
+# ============================================================== brokers and load processes
+
+
+@dataclass(frozen=True)
+class Target:
+    endpoint: str
+    pid: int  # the broker's process, for its CPU time
+    options: dict[str, Any]  # client keyword arguments (CURVE keys)
+
+
+@contextlib.contextmanager
+def target(system: str, curve: dict[str, Any]) -> Iterator[Target]:
+    """A fresh broker for one run, at its default settings; stopped (or killed) after."""
+    if system.startswith("mc0"):
+        with tempfile.TemporaryDirectory() as folder:  # cwd: `python -m mc0` must not import ./mc0
+            if system.endswith("+curve"):
+                config = Path(folder) / "mc0.toml"
+                config.write_text(security_toml(curve))
+                broker = BrokerProcess(config=str(config), cwd=folder)
+                options = {"key": f"{curve['dir']}/bench.key_secret", "broker_key": f"{curve['dir']}/broker.key"}
+            else:
+                broker = BrokerProcess(insecure=True, cwd=folder)
+                options = {}
+            with broker:
+                assert broker.proc is not None
+                yield Target(broker.endpoint, broker.proc.pid, options)
+    elif system == "nats":
+        with nats_server_process() as (url, pid):
+            yield Target(url, pid, {})
+    elif system == "majortomo":
+        port = free_port()
+        with child(majortomo_main, port) as process:
+            yield Target(f"tcp://127.0.0.1:{port}", process.pid, {})
+    else:  # pragma: no cover
+        raise ValueError(system)
+
+
+class Crew:
+    """One run's load processes: started with a shared :class:`Link`, all killed and joined on exit."""
+
+    def __init__(self) -> None:
+        self.link = Link(CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue())
+        self.processes: list[Any] = []
+
+    def start(self, main: Callable[..., None], *args: Any) -> None:
+        process = CTX.Process(target=main, args=(*args, self.link), daemon=True)
+        process.start()
+        self.processes.append(process)
+
+    def _died(self, reported: set[int]) -> str | None:
+        for process in self.processes:
+            if process.exitcode not in (None, 0) and process.pid not in reported:
+                return f"load process {process.pid} exited with {process.exitcode}"
+        return None
+
+    def wait_ready(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for got in range(count):
+            while True:
+                try:
+                    self.link.ready.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    if (died := self._died(set())) is not None:
+                        raise RuntimeError(died) from None
+                    if time.monotonic() > deadline:
+                        late = f"{count - got} of {count} load processes not ready in {timeout:g} s"
+                        raise RuntimeError(late) from None
+
+    def collect(self, wanted: dict[str, int], timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        """Results until ``wanted[role]`` of each role arrived (any role's error counts too)."""
+        results: list[tuple[str, dict[str, Any]]] = []
+        reported: set[int] = set()
+        missing = dict(wanted)
+        deadline = time.monotonic() + timeout
+        while any(n > 0 for n in missing.values()):
+            try:
+                role, pid, result = self.link.results.get(timeout=0.5)
+            except queue.Empty:
+                if (died := self._died(reported)) is not None:
+                    raise RuntimeError(died) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no result from {missing} in {timeout:g} s") from None
+                continue
+            reported.add(pid)
+            results.append((role, result))
+            if role in missing:
+                missing[role] -= 1
+        return results
+
+    def __enter__(self) -> Crew:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.processes:
+            process.join(5)
+
+
+def errors_of(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [f"{role}: {r['error']}" for role, r in results if "error" in r]
+
+
+# ============================================================== one run
+
+
+def pubsub_once(system: str, where: Target, spec: dict[str, Any], options: Options) -> dict[str, Any]:
+    mains = MAINS[system.removesuffix("+curve")]
+    assert mains.subscriber is not None and mains.publisher is not None
+    subs, count, rate = spec["subs"], spec["count"], spec["rate"]
+    limit_s = 60 + count / 2000  # a subscriber's hard limit (it normally stops at the marker)
+    quiet_s = 1.0 if options.quick else QUIET
+    with Crew() as crew:
+        for _ in range(subs):
+            crew.start(mains.subscriber, where.endpoint, where.options, count, bool(rate), limit_s, quiet_s)
+        crew.start(mains.publisher, where.endpoint, where.options, count, spec["size"], rate)
+        crew.wait_ready(subs + 1, 90)
+        cpu = cpu_seconds(where.pid)
+        crew.link.go.set()
+        results = crew.collect({"pub": 1, "sub": subs}, limit_s + 60)
+        cpu = cpu_seconds(where.pid) - cpu
+    pub = next((r for role, r in results if role == "pub"), {})
+    received = [r for role, r in results if role == "sub"]
+    published = int(pub.get("published", 0))
+    delivered = sum(int(r.get("delivered", 0)) for r in received)
+    expected = published * subs
+    times = [r for r in received if r.get("delivered")]
+    span = (max(r["last_ns"] for r in times) - min(r["first_ns"] for r in times)) / 1e9 if times else 0.0
+    out: dict[str, Any] = {
+        "rate": delivered / span if span > 0 else 0.0,
+        "published": published,
+        "expected": expected,
+        "delivered": delivered,
+        "lost": max(0, expected - delivered),
+        "client_dropped": sum(int(r.get("client_dropped", 0)) for r in received),
+        "broker_us_per_msg": cpu * 1e6 / delivered if delivered else 0.0,
+        "crashes": errors_of(results),  # a load process raised
+    }
+    if times and pub.get("started_ns"):  # end to end: from the first publish to the last delivery
+        out["e2e_deliveries_per_s"] = delivered / max(
+            1e-9, (max(r["last_ns"] for r in times) - pub["started_ns"]) / 1e9
+        )
+    if pub.get("publish_s"):
+        out["publish_msgs_per_s"] = published / pub["publish_s"]
+    latencies = sorted(x for r in received for x in r.get("latencies_ns", ()))
+    if latencies:
+        out["p50_ms"] = percentile(latencies, 0.50) / 1e6
+        out["p99_ms"] = percentile(latencies, 0.99) / 1e6
+    return out
+
+
+def rpc_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]:
+    mains = MAINS[system.removesuffix("+curve")]
+    scatter = spec["scatter"]
+    with Crew() as crew:
+        for _ in range(spec["workers"]):
+            crew.start(mains.worker, where.endpoint, where.options, scatter)
+        crew.wait_ready(spec["workers"], 90)
+        if system == "majortomo":
+            time.sleep(0.3)  # an MDP worker's READY is not acknowledged: let the broker read it
+        crew.start(mains.client, where.endpoint, where.options, spec["window"], spec["seconds"], scatter)
+        crew.wait_ready(1, 90)
+        cpu = cpu_seconds(where.pid)
+        crew.link.go.set()
+        results = crew.collect({"client": 1}, spec["seconds"] + 120)
+        cpu = cpu_seconds(where.pid) - cpu
+    client = next((r for role, r in results if role == "client"), {})
+    latencies = sorted(client.get("latencies_ns", ()))
+    calls = len(latencies)
+    out: dict[str, Any] = {
+        "rate": calls / client["seconds"] if client.get("seconds") else 0.0,
+        "calls": calls,
+        "errors": int(client.get("errors", 0)),
+        "p50_ms": percentile(latencies, 0.50) / 1e6,
+        "p99_ms": percentile(latencies, 0.99) / 1e6,
+        "broker_us_per_msg": cpu * 1e6 / calls if calls else 0.0,
+        "crashes": errors_of(results),  # a load process raised
+        "error_texts": [f"client: {client['first_error']}"] if "first_error" in client else [],
+    }
+    return out
+
+
+# ============================================================== rows
+
+
+def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict[str, Any]) -> Row:
+    latency = bool(spec.get("latency"))
+    row = Row(spec["name"], system, spec["unit"], suite="library", lower_is_better=latency)
+    reason = None if system.startswith("mc0") else available(system)
+    if reason:
+        row.note = f"skipped: {reason}"
+        return row
+    problems: list[str] = []
+    try:
+        for _ in range(1 if options.quick else options.runs):
+            with target(system, curve) as where:
+                if spec["kind"] == "rpc":
+                    got = rpc_once(system, where, spec)
+                    row.add_counts(calls=got["calls"], errors=got["errors"] + len(got["crashes"]))
+                    problems += got["crashes"] + got["error_texts"]
+                else:
+                    got = pubsub_once(system, where, spec, options)
+                    row.add_counts(
+                        published=got["published"],
+                        expected=got["expected"],
+                        delivered=got["delivered"],
+                        lost=got["lost"],
+                        client_dropped=got["client_dropped"],
+                        errors=len(got["crashes"]),
+                    )
+                    problems += got["crashes"]
+                    for name in ("publish_msgs_per_s", "e2e_deliveries_per_s"):
+                        if name in got:
+                            row.add_extra(name, got[name])
+            row.values.append(got["p50_ms"] if latency else got["rate"])
+            for name in ("p50_ms", "p99_ms", "broker_us_per_msg"):
+                if name in got:
+                    row.add_extra(name, got[name])
+    except Exception as exc:  # a broken run is reported, not fatal (and the row fails)
+        problems.append(f"failed: {type(exc).__name__}: {exc}")
+        row.add_counts(errors=1)
+    notes = []
+    if row.counts.get("lost"):
+        notes.append(f"LOSS {row.counts['lost']}")
+    if row.counts.get("errors"):
+        notes.append(f"ERRORS {row.counts['errors']}")
+    notes += list(dict.fromkeys(problems))[:2]
+    row.note = "; ".join(notes)[:300]
+    return row
+
+
+def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
+    rows = []
+    for spec in scenarios(options):
+        if not options.wants(spec["name"]):
+            continue
+        for system in spec["systems"]:
+            if not options.wants_system(system):
+                continue
+            started = time.monotonic()
+            row = measure_row(spec, system, options, curve)
+            rows.append(row)
+            extra = ""
+            if row.counts.get("expected") is not None:
+                extra = f" delivered {row.counts.get('delivered', 0):,}/{row.counts.get('expected', 0):,}"
+            if row.extra.get("broker_us_per_msg"):
+                extra += f" broker {statistics.median(row.extra['broker_us_per_msg']):.1f} us/msg"
+            say(
+                f"  {spec['name']:<34} {system:<14} {row.median:>12,.1f} {spec['unit']}{extra}"
+                f" ({time.monotonic() - started:.0f} s) {row.note}"
+            )
+    return rows

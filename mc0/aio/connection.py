@@ -1,0 +1,422 @@
+"""The client's connection: socket, session, the reader and timer tasks, and what they dispatch.
+
+Contract: :class:`Connection` is the base of :class:`mc0.aio.Client`: the
+constructor does no I/O; ``connect()`` opens a DEALER socket, sends CONNECT
+(asking for batched framing) and waits for the broker's OK; a reader task
+decodes each received message (a batch in one pass) and dispatches what it
+holds: messages to subscriptions, answers to whoever waits for them; a timer
+task heartbeats, heals (CONNECT again, re-SUB every pattern) and times out
+requests the broker never answered; ``close()`` is idempotent.  Everything
+sent goes through :class:`~mc0.aio.link.Outgoing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import heapq
+import logging
+import operator
+import os
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Self
+
+import zmq
+import zmq.asyncio
+import zmq.utils.monitor
+
+from .. import keys as keyfiles
+from .. import protocol as P
+from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
+from ..message import Reply
+from ..protocol import Command, Limits, Status, Verb, batch
+from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
+from ..session import (
+    Answer,
+    ClientSession,
+    Connected,
+    ConnectRefused,
+    Delivery,
+    Event,
+    Fault,
+    Frames,
+    Reconnecting,
+    answer_error,
+)
+from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
+from .link import Outgoing
+from .streams import ReplyStream, Subscription
+
+log = logging.getLogger("mc0.client")
+_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
+
+# What may wait to be sent (buffered while connected, or while the connection heals) before a
+# publisher waits for room: nats-py's pending_size is 2 MiB; batches make more useful here.
+DEFAULT_MAX_OUTGOING = 8 * 1024 * 1024
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+class Connection:
+    """One DEALER connection to the broker and the state of what travels over it."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        liveness: int = 3,
+        limits: Limits = P.DEFAULT_LIMITS,
+        config: ClientConfig | None = None,
+        context: zmq.asyncio.Context | None = None,
+        key: str | os.PathLike[str] | keyfiles.KeyPair | None = None,
+        broker_key: str | os.PathLike[str] | bytes | keyfiles.KeyPair | None = None,
+        batch: bool = True,
+        max_outgoing: int = DEFAULT_MAX_OUTGOING,
+        on_fault: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """``key``: this client's secret key (a NAME.key_secret path or a KeyPair);
+        ``broker_key``: the broker's public key (a NAME.key path, Z85 bytes or a KeyPair).
+        Each falls back to ``MC0_KEY`` / ``MC0_BROKER_KEY``, then the config; with
+        neither the client speaks without CURVE.  Files are read by ``connect()``.
+        ``batch``: ask the broker for batched framing (many commands per message);
+        ``max_outgoing``: bytes that may wait to be sent before a publisher waits;
+        ``on_fault``: called (on the event loop) with each fault also kept in ``faults``:
+        what the broker reported unasked, a subscription dropping messages, an eviction.
+        """
+        config = config or ClientConfig()
+        self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
+        self._broker_key_spec = broker_key or os.environ.get(ENV_BROKER_KEY) or config.broker_key or None
+        self.identity: str | None = None  # our key's name, once connected with CURVE
+        self.endpoint = endpoint or config.endpoint
+        self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
+        self.request_timeout = config.request_timeout_ms / 1000.0
+        ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
+        self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch)
+        self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
+        self.on_fault = on_fault
+        self.reconnects = 0
+        self.max_outgoing = max_outgoing
+        self._context = context
+        self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._out: Outgoing | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
+        self._calls: dict[str, asyncio.Future[Reply]] = {}  # request() awaiting a FINAL by id
+        self._call_deadlines: list[tuple[float, str]] = []  # (when to give up, id) for _calls
+        self._streams: dict[str, ReplyStream] = {}
+        self._subscriptions: dict[str, list[Subscription]] = {}
+        self._connected: asyncio.Future[int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
+        self._rearm = asyncio.Event()  # wakes the timer task when a deadline moved earlier
+        self._closed = False
+        self._closing = False
+
+    # ------------------------------------------------------------ lifecycle
+    async def connect(self) -> Self:
+        """Open the connection and wait for the broker to accept it."""
+        if self._closed:
+            raise ClosedError("client is closed")
+        if self._socket is not None:
+            return self
+        curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
+        context = self._context or zmq.asyncio.Context.instance()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            configure_client(sock, *curve)
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+        sock.connect(self.endpoint)
+        self._socket = sock
+        loop = self._loop = asyncio.get_running_loop()
+        self._out = Outgoing(loop, sock, self.session, self.max_outgoing)
+        self._connected = loop.create_future()
+        self._tasks = [
+            loop.create_task(self._read(), name="mc0-reader"),
+            loop.create_task(self._beat(), name="mc0-heartbeat"),
+            loop.create_task(self._watch(), name="mc0-monitor"),
+        ]
+        try:
+            self._out.send_now(self.session.connect(time.monotonic()))
+            await asyncio.wait_for(asyncio.shield(self._connected), self.timeout)
+        except TimeoutError:
+            await self.close()
+            raise Timeout(f"connect to {self.endpoint}", self.timeout) from None
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    def _curve_keys(self) -> tuple[keyfiles.KeyPair, bytes] | None:
+        key, broker = self._key_spec, self._broker_key_spec
+        if key is None and broker is None:
+            return None
+        if key is None or broker is None:
+            missing = "key (--key / MC0_KEY)" if key is None else "broker_key (--broker-key / MC0_BROKER_KEY)"
+            raise ConfigError(
+                "client", f"CURVE needs this client's secret key and the broker's public key; no {missing}"
+            )
+        own = key if isinstance(key, keyfiles.KeyPair) else keyfiles.load_secret(key)
+        if isinstance(broker, keyfiles.KeyPair):
+            server = broker.public
+        elif isinstance(broker, bytes):
+            server = broker
+        else:
+            server = keyfiles.load_public(broker).public
+        self.identity = own.name
+        return own, server
+
+    async def _watch(self) -> None:
+        """Handshake failures from the socket monitor become AuthFailed (promptly, not a hang)."""
+        monitor = self._monitor
+        assert monitor is not None
+        while True:
+            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+            reason = HANDSHAKE_FAILURES.get(int(event["event"]))
+            if reason is None:
+                continue
+            if self.identity is None:
+                reason = NO_KEY_FAILURE
+            error = AuthFailed(f"{self.endpoint}: {reason}")
+            if self._connected is not None and not self._connected.done():
+                self._connected.set_exception(error)
+            else:
+                self._fault(error)
+                self._fail_pending(error)
+
+    async def close(self) -> None:
+        """Send what is queued, say DISCONNECT (confirmed, briefly), stop the tasks, fail what is
+        pending (idempotent).
+
+        Waiting for the broker's OK means that once ``close()`` returns the
+        broker has forgotten us: no request is dispatched to a closed worker,
+        and everything published before ``close()`` reached the broker.
+        """
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        sock = self._socket
+        if sock is not None and self.session.connected:
+            request_id = self.session.new_id()
+            try:
+                await self._call(request_id, self.session.disconnect(request_id), min(1.0, self.timeout), "disconnect")
+            except (Error, OSError, zmq.ZMQError):
+                pass  # the broker is gone or slow: it will expire us
+        self.session.connected = False
+        self._closed = True
+        if self._out is not None:
+            self._out.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._fail_pending(ClosedError("client closed"))
+        for subs in self._subscriptions.values():
+            for sub in subs:
+                sub._end()
+        self._subscriptions.clear()
+        if self._connected is not None and not self._connected.done():
+            self._connected.set_exception(ClosedError("client closed"))
+            self._connected.exception()  # mark retrieved
+        if self._monitor is not None:
+            if sock is not None:
+                sock.disable_monitor()
+            self._monitor.close(linger=0)
+        if sock is not None:
+            sock.close(linger=100)
+
+    async def __aenter__(self) -> Self:
+        return await self.connect()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        """``close()`` ran (a closed client cannot be connected again)."""
+        return self._closed
+
+    @property
+    def connected(self) -> bool:
+        return self.session.connected and not self._closed
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for call in self._calls.values():
+            if not call.done():
+                call.set_exception(error)
+        self._calls.clear()
+        self._call_deadlines.clear()
+        for stream in list(self._streams.values()):
+            stream._feed(error)
+        self._streams.clear()
+
+    # ------------------------------------------------------------ plumbing
+    def ensure_open(self) -> None:
+        """Raise ``ClosedError`` unless ``connect()`` ran and ``close()`` did not."""
+        if self._closed:
+            raise ClosedError("client is closed")
+        if self._socket is None:
+            raise ClosedError("client is not connected: call connect() first")
+
+    def _outgoing(self) -> Outgoing:
+        self.ensure_open()
+        assert self._out is not None
+        return self._out
+
+    def _send(self, frames: Frames) -> None:
+        self._outgoing().send(frames)
+
+    async def _call(self, request_id: str, frames: Frames, timeout: float | None, what: str) -> Command:
+        self.ensure_open()
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        wait = self.timeout if timeout is None else timeout
+        try:
+            self._send(frames)
+            command = await asyncio.wait_for(future, wait)
+        except TimeoutError:
+            raise Timeout(what, wait) from None
+        finally:
+            self._pending.pop(request_id, None)
+        if command.verb is Verb.ERROR:
+            raise answer_error(command)
+        return command
+
+    def _fault(self, error: Exception) -> None:
+        """Record a fault the application should see: kept in ``faults``, logged, and ``on_fault``."""
+        self.faults.append(error)
+        log.warning("%s", error)
+        if self.on_fault is not None:
+            try:
+                self.on_fault(error)
+            except Exception:
+                log.exception("on_fault callback raised")
+
+    async def _read(self) -> None:
+        assert self._socket is not None
+        recv = self._socket.recv_multipart
+        session = self.session
+        while True:
+            frames = await recv()
+            if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
+                events, replies = session.receive_batch(frames[2], time.monotonic())
+            else:
+                events, replies = session.receive(frames, time.monotonic())
+            for reply in replies:
+                self._send(reply)
+            self._dispatch(events)
+            # While the socket has more, ``await recv()`` returns without giving the loop a turn:
+            # let the application take what was just delivered before reading on (else the
+            # reader fills the subscriptions while their consumers never run).
+            await asyncio.sleep(0)
+
+    async def _beat(self) -> None:
+        """Heartbeats, healing and request timeouts at the next deadline; re-armed whenever a
+        deadline moved earlier (a CONNECT answered, a request with a closer deadline)."""
+        rearm = self._rearm
+        while True:
+            deadline = self.session.next_deadline()
+            if self._call_deadlines:
+                deadline = min(deadline, self._call_deadlines[0][0])
+            rearm.clear()
+            try:
+                await asyncio.wait_for(rearm.wait(), max(0.005, deadline - time.monotonic()))
+                continue  # a deadline changed: compute it again
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            self._expire_calls(now)
+            events, frames = self.session.tick(now)
+            for f in frames:
+                self._send(f)
+            self._dispatch(events)
+
+    def _expire_calls(self, now: float) -> None:
+        deadlines = self._call_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(deadlines)
+            future = self._calls.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_exception(Timeout(f"request {request_id}", 0.0))
+                if self.session.connected:
+                    self._send(self.session.cancel(request_id))
+
+    def _dispatch(self, events: list[Event]) -> None:
+        subscriptions = self._subscriptions
+        for event in events:
+            if type(event) is Delivery:
+                patterns = event.patterns
+                if len(patterns) == 1:
+                    for sub in subscriptions.get(patterns[0], ()):
+                        sub._offer(event.message)
+                elif patterns:
+                    interested = {id(s): s for p in patterns for s in subscriptions.get(p, ())}
+                    for sub in interested.values():
+                        sub._offer(event.message)
+            else:
+                self._on_event(event)
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, Answer):
+            request_id = event.request_id
+            call = self._calls.get(request_id)
+            if call is not None:
+                self._answer_call(request_id, call, event.command)
+                return
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream._feed(event.command)
+                return
+            future = self._pending.get(request_id)
+            if future is not None and not future.done():
+                future.set_result(event.command)
+        elif isinstance(event, Connected):
+            self._rearm.set()
+            if event.healed:
+                self.reconnects += 1
+                log.info("reconnected to %s; %d patterns restored", self.endpoint, len(self._subscriptions))
+            if self._out is not None:
+                self._out.flush()  # what waited while the connection healed
+            if self._connected is not None and not self._connected.done():
+                self._connected.set_result(event.ttl_ms)
+        elif isinstance(event, ConnectRefused):
+            if self._connected is not None and not self._connected.done():
+                self._connected.set_exception(event.error)
+            else:
+                self._fault(event.error)
+        elif isinstance(event, Fault):
+            self._fault(event.error)
+            if event.withdrawn is not None:
+                for sub in self._subscriptions.pop(event.withdrawn, []):
+                    sub.patterns = tuple(p for p in sub.patterns if p != event.withdrawn)
+                    if not sub.patterns:
+                        sub._end()
+        elif isinstance(event, Reconnecting):
+            log.info("reconnecting to %s: %s", self.endpoint, event.reason)
+            # The broker forgets a session on reconnect: whatever we were waiting for is lost.
+            self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
+
+    def _answer_call(self, request_id: str, call: asyncio.Future[Reply], command: Command) -> None:
+        verb = command.verb
+        if verb is Verb.PARTIAL:
+            return  # request() returns the FINAL only
+        del self._calls[request_id]
+        if call.done():
+            return
+        if verb is Verb.FINAL:
+            call.set_result(Reply(tuple(command.payload), command.user_headers(), final=True))
+        elif verb is Verb.ERROR:
+            call.set_exception(answer_error(command))

@@ -1,0 +1,178 @@
+"""What each mc0 verb does, across the rooms: the handlers the dispatcher's verb table points at.
+
+Contract: a mixin of :class:`~mc0.broker.core.BrokerCore` (which creates the
+rooms it names); each handler takes ``(peer, command, now)`` for a command
+``decode`` already accepted, validates the rest of it before changing
+anything (a ``ProtocolError`` leaves no trace), and returns what to send.
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from .. import protocol as P
+from ..errors import ProtocolError
+from ..protocol import Command, Header, Status, Verb
+from ..settings import CoreSettings
+from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from .peers import Out, Peer
+from .pubsub import PubSub
+from .rpc import Rpc
+from .store import JournalStore
+from .streams import Streams, primary
+
+
+class VerbHandlers:
+    settings: CoreSettings
+    counters: Counter[str]
+    pubsub: PubSub
+    rpc: Rpc
+    streams: Streams
+    builtins: Builtins
+
+    def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        if command.id is None:
+            return []
+        peer.last_sent = now
+        return [(peer.routing_id, P.ok(command.id))]
+
+    def _ping(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        peer.last_sent = now
+        return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
+
+    # ================================================================ pub/sub
+    def _put(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        headers = command.headers
+        topic = headers[Header.TOPIC]
+        tokens = self.pubsub.topic_tokens(topic, command.id)
+        if topic.startswith(P.RESERVED_TOPIC_PREFIX):
+            raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
+        if not peer.grants.may_publish(tokens):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
+        self.counters["published"] += 1
+        journals = self.streams.routes(tokens) if self.streams.journals else ()
+        if journals:
+            return self._put_journaled(peer, command, topic, tokens, journals, now)
+        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now)
+        if command.id is not None:
+            peer.last_sent = now
+            out.append((peer.routing_id, P.ok(command.id)))
+        return out
+
+    def _put_journaled(
+        self,
+        peer: Peer,
+        command: Command,
+        topic: str,
+        tokens: tuple[str, ...],
+        journals: Sequence[JournalStore],
+        now: float,
+    ) -> list[Out]:
+        """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
+
+        The OK names the first journal (by name) and the record's SEQ there; a
+        repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
+        is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
+        """
+        headers = command.headers
+        first = primary(journals)
+        msgid = headers.get(Header.MSGID)
+        if msgid is not None:
+            earlier = first.duplicate_of(peer.identity, msgid)
+            if earlier is not None:
+                self.counters["duplicates"] += 1
+                if command.id is not None:
+                    ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
+                    self.streams.hold_ok(first, peer.routing_id, command.id, ok)
+                return []
+        stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
+        seq = self.streams.append(journals, first, topic, peer.identity, stored, command.payload)
+        if seq is None:
+            raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
+        self.counters["journaled"] += 1
+        held = self.streams.held_back(journals, tokens)
+        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held)
+        if command.id is not None:
+            peer.last_sent = now
+            self.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
+        return out
+
+    def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        patterns = self.pubsub.parse_patterns(command)  # all validated before any change
+        new = self.pubsub.check_subscribe(peer, patterns, command.id)
+        replay = self.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
+        self.pubsub.add(peer, new)
+        if replay is not None:
+            self.streams.start_replay(peer, replay)
+        return self._answer(peer, command, now)
+
+    def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        removed = self.pubsub.remove(peer, self.pubsub.parse_patterns(command))
+        self.streams.unsubscribed(peer, removed)
+        return self._answer(peer, command, now)
+
+    # ================================================================ RPC
+    def _ready(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        capacity = 1
+        if Header.CAPACITY in command.headers:
+            capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
+            self.rpc.check_capacity(capacity, command.id)
+        names = [self.rpc.service_name(bytes(f), command.id) for f in command.payload]
+        for name in names:
+            self.rpc.check_serve(peer, name, command.id, RESERVED_SERVICES)
+        out = self.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
+        return out + self._answer(peer, command, now)
+
+    def _request(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        headers = command.headers
+        rid = headers[Header.ID]
+        timeout_ms = self.settings.request_timeout_ms
+        if Header.TIMEOUT in headers:
+            timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
+        scatter = False
+        if Header.ALL in headers:
+            if headers[Header.ALL] not in ("0", "1"):
+                raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
+            scatter = headers[Header.ALL] == "1"
+        name = headers[Header.SERVICE]
+        return self._call(peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
+
+    def _call(
+        self,
+        client: Peer,
+        name: str,
+        rid: str,
+        timeout_ms: int,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+    ) -> list[Out]:
+        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=self.streams.fetch_running(client, rid))
+        self.counters["requests"] += 1
+        client.last_sent = now
+        if name in BUILTIN_SERVICES:
+            # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
+            return self.builtins.answer(client, name, rid, user, body)
+        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now)
+
+    def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
+        rid = command.headers[Header.ID]
+        out = self.rpc.cancel(peer, rid, now)
+        if out is not None:
+            return out
+        if self.streams.cancel_fetch(peer, rid):
+            peer.last_sent = now
+            return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
+        self.counters["cancel_unknown"] += 1
+        return []
+
+    def _worker_reply(self, peer: Peer, command: Command, now: float) -> list[Out]:
+        bid = command.headers[Header.ID]
+        if command.verb is Verb.ERROR:
+            code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
+            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
+        return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)

@@ -1,0 +1,306 @@
+"""Batched framing: many commands in one ZeroMQ message.
+
+Negotiated at CONNECT: a 1.0 peer that sends ``BATCH 1`` and is answered
+``OK ... BATCH 1`` may then send, and will receive, messages of three frames
+``BATCH "" blob`` (unbatched messages stay valid both ways).  ``blob`` is
+records back to back (little endian)::
+
+    record  = size:u32  code:u8  body          size counts code and body
+    FRAMES  (0) = n:u16  n * len:u32  frames   any command: its frames, verbatim
+    PUT     (1) = tl:u16  topic  data          PUT TOPIC topic "" data
+    MESSAGE (2) = tl:u16 sl:u16  topic sender data
+                                               MESSAGE TOPIC topic SENDER sender "" data
+    CALL    (3) = sl:u16 il:u16 timeout:u32  service id data
+                                               REQUEST SERVICE service ID id TIMEOUT timeout "" data
+    WORK    (4) = sl:u16 il:u16 cl:u16 timeout:u32  service id caller data
+                                               REQUEST SERVICE service ID id CALLER caller TIMEOUT timeout "" data
+    PARTIAL (5) = il:u16  id data              PARTIAL ID id "" data
+    FINAL   (6) = il:u16  id data              FINAL ID id "" data
+    OK      (7) = id                           OK ID id
+
+Codes 1-7 are shortcuts for the commonest shapes (one body frame, no other
+header); each stands for exactly the frames shown, so every record expands
+to frames (``frames_of``) and the one grammar applies.  Anything else is a
+FRAMES record.  Limits apply per command as for an unbatched message (a
+record larger than ``max_message_bytes`` is refused) and a batch has its own
+byte limit (``Limits.max_batch_bytes``).  A malformed record is answered by
+the receiver with its own ERROR (with the record's ID when it has one) and
+does not spoil the others; a blob that cannot be split into records ends
+where the damage starts.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+
+from ..errors import ProtocolError
+from .codec import Command, decode
+from .model import Header, Limits, Side, Status, Verb
+
+BATCH = Verb.BATCH.value.encode()
+BATCH_MARK = (BATCH, b"")  # the first two frames of a batch message
+
+FRAMES, PUT, MESSAGE, CALL, WORK, PARTIAL, FINAL, OK = range(8)
+CODES = range(8)
+
+_HEAD = struct.Struct("<IB")  # size, code
+_U16 = struct.Struct("<H")
+U16_PAIR = struct.Struct("<HH")
+_CALL = struct.Struct("<HHI")
+_WORK = struct.Struct("<HHHI")
+_FRAME_LENGTHS = [struct.Struct(f"<{n}I") for n in range(64)]  # cached for the common frame counts
+
+# Headers of the records: encoded once.
+_PUT_B, _TOPIC_B, _MESSAGE_B, _SENDER_B = b"PUT", b"TOPIC", b"MESSAGE", b"SENDER"
+_REQUEST_B, _SERVICE_B, _ID_B, _TIMEOUT_B, _CALLER_B = b"REQUEST", b"SERVICE", b"ID", b"TIMEOUT", b"CALLER"
+_PARTIAL_B, _FINAL_B, _OK_B = b"PARTIAL", b"FINAL", b"OK"
+
+
+def batch_frames(blob: bytes) -> list[bytes]:
+    """The message that carries ``blob``."""
+    return [BATCH, b"", blob]
+
+
+def is_batch(frames: Sequence[bytes]) -> bool:
+    return len(frames) == 3 and frames[0] == BATCH and not frames[1]
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def put_record(topic: bytes, data: bytes) -> bytes:
+    return _HEAD.pack(3 + len(topic) + len(data), PUT) + _U16.pack(len(topic)) + topic + data
+
+
+def message_record(topic: bytes, sender: bytes, data: bytes) -> bytes:
+    head = _HEAD.pack(5 + len(topic) + len(sender) + len(data), MESSAGE)
+    return head + U16_PAIR.pack(len(topic), len(sender)) + topic + sender + data
+
+
+def call_record(service: bytes, request_id: bytes, timeout_ms: int, data: bytes) -> bytes:
+    size = 9 + len(service) + len(request_id) + len(data)
+    return _HEAD.pack(size, CALL) + _CALL.pack(len(service), len(request_id), timeout_ms) + service + request_id + data
+
+
+def work_record(service: bytes, bid: bytes, caller: bytes, timeout_ms: int, data: bytes) -> bytes:
+    size = 11 + len(service) + len(bid) + len(caller) + len(data)
+    fixed = _WORK.pack(len(service), len(bid), len(caller), timeout_ms)
+    return _HEAD.pack(size, WORK) + fixed + service + bid + caller + data
+
+
+def reply_record(final: bool, request_id: bytes, data: bytes) -> bytes:
+    return (
+        _HEAD.pack(3 + len(request_id) + len(data), FINAL if final else PARTIAL)
+        + _U16.pack(len(request_id))
+        + (request_id + data)
+    )
+
+
+def ok_record(request_id: bytes) -> bytes:
+    return _HEAD.pack(1 + len(request_id), OK) + request_id
+
+
+def frames_record(frames: Sequence[bytes]) -> bytes:
+    """Any command as a FRAMES record (its frames, verbatim)."""
+    n = len(frames)
+    lengths = [len(f) for f in frames]
+    packer = _FRAME_LENGTHS[n] if n < len(_FRAME_LENGTHS) else struct.Struct(f"<{n}I")
+    body = _U16.pack(n) + packer.pack(*lengths)
+    return _HEAD.pack(1 + len(body) + sum(lengths), FRAMES) + body + b"".join(bytes(f) for f in frames)
+
+
+def record_of(frames: Sequence[bytes]) -> bytes:
+    """The shortest record for a command's frames: a shortcut when its shape allows, else FRAMES."""
+    n = len(frames)
+    verb = frames[0] if n else b""
+    if n == 5 and verb == _PUT_B and frames[1] == _TOPIC_B and not frames[3]:
+        return put_record(bytes(frames[2]), bytes(frames[4]))
+    if n == 7 and verb == _MESSAGE_B and frames[1] == _TOPIC_B and frames[3] == _SENDER_B and not frames[5]:
+        return message_record(bytes(frames[2]), bytes(frames[4]), bytes(frames[6]))
+    if n == 5 and (verb == _FINAL_B or verb == _PARTIAL_B) and frames[1] == _ID_B and not frames[3]:
+        return reply_record(verb == _FINAL_B, bytes(frames[2]), bytes(frames[4]))
+    if n == 3 and verb == _OK_B and frames[1] == _ID_B:
+        return ok_record(bytes(frames[2]))
+    return frames_record(frames)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def records(blob: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
+    """``(code, start, end)`` of each record's body in ``blob``.
+
+    Raises ``ProtocolError`` (400) where the blob stops splitting into
+    records (a size running past the end, an unknown code): the records
+    before it are yielded first.
+    """
+    pos = 0
+    end = len(blob)
+    unpack = _HEAD.unpack_from
+    while pos < end:
+        if pos + 5 > end:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch ends inside a record header at byte {pos}")
+        size, code = unpack(blob, pos)
+        stop = pos + 4 + size
+        if size < 1 or stop > end:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch record at byte {pos} runs past the end ({size} bytes)")
+        if code > OK:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch record at byte {pos} has unknown code {code}")
+        yield code, pos + 5, stop
+        pos = stop
+
+
+def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list[bytes]:
+    """A record's command as frames (what an unbatched peer would have sent); ProtocolError if malformed."""
+    try:
+        if code == PUT:
+            (tl,) = _U16.unpack_from(blob, start)
+            t = start + 2 + tl
+            _check(t <= end)
+            return [_PUT_B, _TOPIC_B, bytes(blob[start + 2 : t]), b"", bytes(blob[t:end])]
+        if code == MESSAGE:
+            tl, sl = U16_PAIR.unpack_from(blob, start)
+            t = start + 4 + tl
+            s = t + sl
+            _check(s <= end)
+            return [
+                _MESSAGE_B,
+                _TOPIC_B,
+                bytes(blob[start + 4 : t]),
+                _SENDER_B,
+                bytes(blob[t:s]),
+                b"",
+                bytes(blob[s:end]),
+            ]
+        if code == CALL:
+            sl, il, timeout = _CALL.unpack_from(blob, start)
+            s = start + 8 + sl
+            i = s + il
+            _check(i <= end)
+            service, rid = bytes(blob[start + 8 : s]), bytes(blob[s:i])
+            return [
+                _REQUEST_B,
+                _SERVICE_B,
+                service,
+                _ID_B,
+                rid,
+                _TIMEOUT_B,
+                str(timeout).encode(),
+                b"",
+                bytes(blob[i:end]),
+            ]
+        if code == WORK:
+            sl, il, cl, timeout = _WORK.unpack_from(blob, start)
+            s = start + 10 + sl
+            i = s + il
+            c = i + cl
+            _check(c <= end)
+            return [
+                _REQUEST_B,
+                _SERVICE_B,
+                bytes(blob[start + 10 : s]),
+                _ID_B,
+                bytes(blob[s:i]),
+                _CALLER_B,
+                bytes(blob[i:c]),
+                _TIMEOUT_B,
+                str(timeout).encode(),
+                b"",
+                bytes(blob[c:end]),
+            ]
+        if code == PARTIAL or code == FINAL:
+            (il,) = _U16.unpack_from(blob, start)
+            i = start + 2 + il
+            _check(i <= end)
+            return [
+                _FINAL_B if code == FINAL else _PARTIAL_B,
+                _ID_B,
+                bytes(blob[start + 2 : i]),
+                b"",
+                bytes(blob[i:end]),
+            ]
+        if code == OK:
+            return [_OK_B, _ID_B, bytes(blob[start:end])]
+        (n,) = _U16.unpack_from(blob, start)
+        pos = start + 2 + 4 * n
+        _check(pos <= end)
+        lengths = struct.unpack_from(f"<{n}I", blob, start + 2)
+        frames = []
+        for length in lengths:
+            frames.append(bytes(blob[pos : pos + length]))
+            pos += length
+        _check(pos == end)
+        return frames
+    except struct.error:
+        raise ProtocolError(Status.BAD_REQUEST, "batch record too short for its fields") from None
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise ProtocolError(Status.BAD_REQUEST, "batch record fields run past its end")
+
+
+def id_of(blob: bytes | memoryview, code: int, start: int, end: int) -> str | None:
+    """Best-effort read of a record's ID (to answer a refused record with it)."""
+    try:
+        if code in (CALL, WORK):
+            sl, il = U16_PAIR.unpack_from(blob, start)
+            offset = start + (8 if code == CALL else 10) + sl
+            return bytes(blob[offset : offset + il]).decode()
+        if code == PARTIAL or code == FINAL:
+            (il,) = _U16.unpack_from(blob, start)
+            return bytes(blob[start + 2 : start + 2 + il]).decode()
+        if code == OK:
+            return bytes(blob[start:end]).decode()
+        if code == FRAMES:
+            frames = frames_of(blob, code, start, end)
+            for i in range(1, len(frames) - 1, 2):
+                if not frames[i]:
+                    break
+                if frames[i] == Header.ID.value.encode():
+                    return frames[i + 1].decode()
+    except (struct.error, UnicodeDecodeError, ProtocolError):
+        return None
+    return None
+
+
+def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits) -> Command:
+    """A peer's record as the Command ``decode`` would make of its frames (ProtocolError if it would refuse them).
+
+    The shortcuts become Commands directly, checked as ``decode`` would
+    check their frames (size, UTF-8 header values); FRAMES records go
+    through ``decode`` itself.
+    """
+    if end - start > limits.max_message_bytes:
+        reason = f"{end - start} bytes, the limit is {limits.max_message_bytes}"
+        raise ProtocolError(Status.TOO_LARGE, reason, id_of(blob, code, start, end))
+    try:
+        if code == PUT:
+            (tl,) = _U16.unpack_from(blob, start)
+            t = start + 2 + tl
+            _check(t <= end)
+            return Command(Verb.PUT, {Header.TOPIC: blob[start + 2 : t].decode()}, (blob[t:end],))
+        if code == CALL:
+            sl, il, timeout = _CALL.unpack_from(blob, start)
+            s = start + 8 + sl
+            i = s + il
+            _check(i <= end)
+            rid = blob[s:i].decode()
+            headers: dict[str, str] = {
+                Header.SERVICE: blob[start + 8 : s].decode(),
+                Header.ID: rid,
+                Header.TIMEOUT: str(timeout),
+            }
+            return Command(Verb.REQUEST, headers, (blob[i:end],))
+        if code == PARTIAL or code == FINAL:
+            (il,) = _U16.unpack_from(blob, start)
+            i = start + 2 + il
+            _check(i <= end)
+            verb = Verb.FINAL if code == FINAL else Verb.PARTIAL
+            return Command(verb, {Header.ID: blob[start + 2 : i].decode()}, (blob[i:end],))
+    except struct.error:
+        raise ProtocolError(Status.BAD_REQUEST, "batch record too short for its fields") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(Status.BAD_REQUEST, "a header value is not UTF-8", id_of(blob, code, start, end)) from None
+    return decode(frames_of(blob, code, start, end), sender=Side.PEER, limits=limits)

@@ -1,0 +1,206 @@
+"""Batched framing: the codec (protocol.batch) and the core's handling of BATCH messages, no sockets."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.protocol import Limits, Side, batch
+
+from .test_core import f
+
+# One sample of every command each side may send (frames), shortcut-shaped or not.
+PEER_SAMPLES = [
+    f("PUT", "TOPIC", "a.b", "", "body"),
+    f("PUT", "TOPIC", "a.b", "ID", "1", "", "body"),
+    f("PUT", "TOPIC", "a.b", "X-k", "v", "", "b1", "b2"),
+    f("PUT", "TOPIC", "a.b", "MSGID", "m", "", ""),
+    f("REQUEST", "SERVICE", "svc", "ID", "r", "TIMEOUT", "100", "", "x"),
+    f("REQUEST", "SERVICE", "svc", "ID", "r", "", "x"),
+    f("REQUEST", "SERVICE", "svc", "ID", "r", "TIMEOUT", "100", "ALL", "1", "X-t", "1", "", "x"),
+    f("PARTIAL", "ID", "7", "", "p"),
+    f("FINAL", "ID", "7", "", "f"),
+    f("FINAL", "ID", "7"),
+    f("ERROR", "ID", "7", "CODE", "500", "MESSAGE", "m"),
+    f("SUB", "ID", "s", "", "a.>", "b"),
+    f("SUB", "FROM", "0", "JOURNAL", "main", "", "a.>"),
+    f("UNSUB", "", "a.>"),
+    f("READY", "CAPACITY", "3", "", "svc"),
+    f("CANCEL", "ID", "r"),
+    f("NOOP"),
+    f("PING", "ID", "p"),
+    f("DISCONNECT", "ID", "d"),
+]
+BROKER_SAMPLES = [
+    f("MESSAGE", "TOPIC", "a.b", "SENDER", "alice", "", "body"),
+    f("MESSAGE", "TOPIC", "a.b", "SENDER", "alice", "JOURNAL", "main", "SEQ", "3", "", "body"),
+    f("OK", "ID", "1"),
+    f("OK", "ID", "1", "JOURNAL", "main", "SEQ", "4"),
+    f("ERROR", "ID", "1", "CODE", "403", "MESSAGE", "no"),
+    f("REQUEST", "SERVICE", "svc", "ID", "9", "CALLER", "bob", "TIMEOUT", "50", "", "x"),
+    f("FINAL", "ID", "r", "COUNT", "2", "MISSING", "0"),
+    f("PARTIAL", "ID", "r", "WORKER", "w#1", "", "p"),
+    f("CANCEL", "ID", "9"),
+    f("NOOP"),
+    f("PONG", "ID", "p"),
+]
+
+
+def unpack(blob: bytes) -> list[list[bytes]]:
+    return [batch.frames_of(blob, code, start, end) for code, start, end in batch.records(blob)]
+
+
+def as_frames(item: object) -> list[bytes]:
+    """What the core handed out for a peer: a batch record (a batched peer's fast path) or frames
+    (the shell turns those into records for batched peers)."""
+    if isinstance(item, bytes):
+        (frames,) = unpack(item)
+        return frames
+    return list(item)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("frames", PEER_SAMPLES + BROKER_SAMPLES, ids=lambda fr: b" ".join(fr[:3]).decode())
+def test_every_command_round_trips_through_a_record(frames: list[bytes]) -> None:
+    record = batch.record_of(frames)
+    assert unpack(record) == [frames]
+    assert unpack(batch.frames_record(frames)) == [frames]  # the generic form too
+
+
+def test_common_shapes_use_the_shortcuts_and_the_rest_frames() -> None:
+    def code(frames: list[bytes]) -> int:
+        return next(batch.records(batch.record_of(frames)))[0]
+
+    assert code(f("PUT", "TOPIC", "t", "", "x")) == batch.PUT
+    assert code(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "", "x")) == batch.MESSAGE
+    assert code(f("FINAL", "ID", "1", "", "x")) == batch.FINAL
+    assert code(f("PARTIAL", "ID", "1", "", "x")) == batch.PARTIAL
+    assert code(f("OK", "ID", "1")) == batch.OK
+    assert code(f("PUT", "TOPIC", "t", "ID", "1", "", "x")) == batch.FRAMES
+    assert code(f("PUT", "TOPIC", "t", "", "x", "y")) == batch.FRAMES
+    assert code(f("FINAL", "ID", "1")) == batch.FRAMES
+    rec = batch.call_record(b"svc", b"r", 100, b"x")
+    assert unpack(rec) == [f("REQUEST", "SERVICE", "svc", "ID", "r", "TIMEOUT", "100", "", "x")]
+    rec = batch.work_record(b"svc", b"9", b"bob", 50, b"x")
+    assert unpack(rec) == [f("REQUEST", "SERVICE", "svc", "ID", "9", "CALLER", "bob", "TIMEOUT", "50", "", "x")]
+
+
+@pytest.mark.parametrize("frames", PEER_SAMPLES, ids=lambda fr: b" ".join(fr[:3]).decode())
+def test_a_peers_record_becomes_the_command_decode_makes_of_its_frames(frames: list[bytes]) -> None:
+    record = batch.record_of(frames)
+    ((code, start, end),) = batch.records(record)
+    got = batch.command_of(record, code, start, end, P.DEFAULT_LIMITS)
+    expected = P.decode(frames, sender=Side.PEER)
+    assert (got.verb, got.headers, list(got.payload)) == (expected.verb, expected.headers, list(expected.payload))
+
+
+@pytest.mark.parametrize(
+    ("blob", "where"),
+    [
+        (b"\x05\x00\x00", "inside a record header"),
+        (struct.pack("<IB", 50, batch.PUT) + b"xx", "runs past the end"),
+        (struct.pack("<IB", 1, 99), "unknown code"),
+        (struct.pack("<IB", 0, batch.PUT), "runs past the end"),
+    ],
+)
+def test_a_blob_that_stops_splitting_is_a_400_after_the_records_before_it(blob: bytes, where: str) -> None:
+    good = batch.put_record(b"t", b"x")
+    seen = []
+    with pytest.raises(P.ProtocolError) as caught:
+        for item in batch.records(good + blob):
+            seen.append(item)
+    assert len(seen) == 1 and caught.value.code == 400 and where in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        struct.pack("<IBH", 3, batch.PUT, 50),  # topic length beyond the record
+        struct.pack("<IBHH", 5, batch.MESSAGE, 9, 9),
+        struct.pack("<IBHHI", 9, batch.CALL, 1, 1, 5) + b"",
+        struct.pack("<IBH", 3 + 8, batch.FRAMES, 2) + struct.pack("<2I", 100, 100),
+        struct.pack("<IB", 2, batch.FRAMES) + b"\x01",
+    ],
+)
+def test_a_record_whose_fields_run_past_it_is_a_400(record: bytes) -> None:
+    ((code, start, end),) = batch.records(record)
+    with pytest.raises(P.ProtocolError) as caught:
+        batch.frames_of(record, code, start, end)
+    assert caught.value.code == 400
+
+
+def connect_batched(core: BrokerCore, rid: bytes, who: str = "anonymous") -> list[bytes]:
+    ((_, ok),) = core.handle(rid, f("CONNECT", "VERSION", "1.0", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0, who)
+    return list(ok)  # type: ignore[arg-type]
+
+
+def test_batch_is_granted_at_connect_only_for_1_0_and_refused_before() -> None:
+    core = BrokerCore()
+    assert connect_batched(core, b"a") == f("OK", "ID", "c", "TTL", "1000", "BATCH", "1")
+    ((_, answer),) = core.handle(b"old", f("CONNECT", "VERSION", "0.3", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0)
+    assert answer[:5] == f("ERROR", "ID", "c", "CODE", "400")
+    core.handle(b"plain", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0)
+    ((_, answer),) = core.handle(b"plain", batch.batch_frames(batch.put_record(b"t", b"x")), 0.0)
+    assert answer[:3] == f("ERROR", "CODE", "400")  # not granted: refused, nothing delivered
+
+
+def test_a_malformed_command_in_a_batch_gets_its_own_error_and_id_and_spoils_nothing() -> None:
+    core = BrokerCore()
+    connect_batched(core, b"pub")
+    connect_batched(core, b"sub")
+    core.handle(b"sub", batch.batch_frames(batch.record_of(f("SUB", "", "t.>"))), 0.0)
+    blob = b"".join(
+        [
+            batch.put_record(b"t.1", b"first"),
+            batch.record_of(f("PUT", "TOPIC", "t..bad", "ID", "b1", "", "x")),  # invalid topic
+            batch.record_of(f("PUT", "TOPIC", "t.2", "BOGUS", "1", "ID", "b2", "", "x")),  # unknown header
+            batch.record_of(f("REQUEST", "SERVICE", "nobody", "ID", "r1", "TIMEOUT", "100", "", "x")),  # 503
+            batch.record_of(f("CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "b3")),  # not in a batch
+            batch.put_record(b"t.3", b"last"),
+            batch.record_of(f("PING", "ID", "p")),
+        ]
+    )
+    out = core.handle(b"pub", batch.batch_frames(blob), 0.0)
+    to_sub = [r for rid, r in out if rid == b"sub"]
+    to_pub = [r for rid, r in out if rid == b"pub"]
+    assert [as_frames(r)[-1] for r in to_sub] == [b"first", b"last"]
+
+    def answer(item: object) -> tuple[bytes, str | None, str | None]:
+        command = P.decode(as_frames(item), sender=Side.BROKER)
+        return command.verb.value.encode(), command.id, command.headers.get("CODE")
+
+    assert [answer(r) for r in to_pub] == [
+        (b"ERROR", "b1", "400"),
+        (b"ERROR", "b2", "400"),
+        (b"ERROR", "r1", "503"),
+        (b"ERROR", "b3", "400"),
+        (b"PONG", "p", None),
+    ]
+
+
+def test_limits_hold_per_command_and_per_batch() -> None:
+    core = BrokerCore(CoreSettings(limits=Limits(max_message_bytes=100, max_batch_bytes=1000)))
+    connect_batched(core, b"p")
+    big = batch.record_of(f("PUT", "TOPIC", "t", "ID", "big", "", "x" * 200))
+    out = core.handle(b"p", batch.batch_frames(big + batch.record_of(f("PING", "ID", "ok"))), 0.0)
+    assert [as_frames(item)[:5] for _, item in out] == [f("ERROR", "ID", "big", "CODE", "413"), f("PONG", "ID", "ok")]
+    too_many = batch.put_record(b"t", b"x" * 50) * 30
+    ((_, answer),) = core.handle(b"p", batch.batch_frames(too_many), 0.0)
+    assert as_frames(answer)[:3] == f("ERROR", "CODE", "413")
+
+
+def test_fan_out_gives_each_kind_of_subscriber_its_own_shape_of_one_message() -> None:
+    core = BrokerCore()
+    connect_batched(core, b"batched")
+    core.handle(b"plain", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0)
+    core.handle(b"seed", f("CONNECT", "VERSION", "0.3", "TTL", "1000"), 0.0)
+    core.handle(b"batched", batch.batch_frames(batch.record_of(f("SUB", "", "t"))), 0.0)
+    core.handle(b"plain", f("SUB", "", "t"), 0.0)
+    core.handle(b"seed", f("SUB", "", "t"), 0.0)
+    out = dict(core.handle(b"plain", f("PUT", "TOPIC", "t", "", "x"), 0.0))
+    assert isinstance(out[b"batched"], bytes)  # the record itself, built once for every batched subscriber
+    assert as_frames(out[b"batched"]) == f("MESSAGE", "TOPIC", "t", "SENDER", "anonymous", "", "x")
+    assert out[b"plain"] == f("MESSAGE", "TOPIC", "t", "SENDER", "anonymous", "", "x")
+    assert out[b"seed"] == f("MESSAGE", "TOPIC", "t", "", "x")
