@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +117,19 @@ class Request:
         import time
 
         return self.deadline - time.monotonic()
+
+
+def frozen_builder(cls: type[T]) -> Callable[..., T]:
+    """A constructor for a frozen slots dataclass that skips its generated ``__init__``
+    (about half the cost: for the receive hot paths).  Positional values, every field,
+    in field order, no defaults: the caller owns that contract."""
+    setters = [cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    new = object.__new__
+
+    def build(*values: object) -> T:
+        obj = new(cls)
+        for setter, value in zip(setters, values, strict=True):
+            setter(obj, value)
+        return obj
+
+    return build

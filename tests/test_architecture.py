@@ -17,8 +17,9 @@ LAYERS: list[list[str]] = [
     ["mc0.errors", "mc0.message"],
     ["mc0.topics", "mc0.keys"],
     ["mc0.protocol.model", "mc0.trie", "mc0.permissions", "mc0.security"],
-    ["mc0.protocol.codec", "mc0.protocol.builders", "mc0.protocol.bodies"],
+    ["mc0.protocol.codec", "mc0.protocol.bodies"],
     ["mc0.protocol.batch"],
+    ["mc0.protocol.builders"],  # renders batch records for batched peers
     ["mc0.protocol"],
     ["mc0.settings"],
     [

@@ -6,6 +6,7 @@ import pytest
 
 from mc0 import errors
 from mc0 import protocol as P
+from mc0.protocol import batch
 from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Delivery, Fault, Reconnecting
 
 
@@ -105,3 +106,24 @@ def test_answers_and_faults() -> None:
 def test_publish_misuse_raises_locally(topic: str, body: object, headers: dict[str, str] | None, error: type) -> None:
     with pytest.raises(error):
         ClientSession().publish(topic, body, headers)  # type: ignore[arg-type]
+
+
+def test_a_batch_delivers_its_messages_in_order_whatever_their_record_shape() -> None:
+    """A MESSAGE with headers travels as a FRAMES record, one without as a shortcut: the
+    application still sees them in the order the broker sent them (regression: the demo's
+    `created` then `audit` arrived swapped)."""
+    session = connected()
+    session.add_pattern("a.>")
+    blob = b"".join(
+        [
+            batch.record_of(P.message(b"a.one", b"alice", [b"X-Trace", b"t"], [b"1"])),
+            batch.message_record(b"a.two", b"alice", b"2"),
+            batch.record_of(P.message(b"a.three", b"alice", [b"X-Trace", b"t"], [b"3"])),
+            batch.message_record(b"a.four", b"alice", b"4"),
+        ]
+    )
+    assert [code for code, _, _ in batch.records(blob)] == [batch.FRAMES, batch.MESSAGE] * 2
+    delivered: list[tuple[str, bytes]] = []
+    events, replies = session.receive_batch(blob, 1.0, lambda m, _patterns: delivered.append((m.topic, m.body)))
+    assert delivered == [("a.one", b"1"), ("a.two", b"2"), ("a.three", b"3"), ("a.four", b"4")]
+    assert events == [] and replies == []

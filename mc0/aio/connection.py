@@ -31,7 +31,7 @@ import zmq.utils.monitor
 from .. import keys as keyfiles
 from .. import protocol as P
 from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
-from ..message import Reply
+from ..message import Message, Reply, frozen_builder
 from ..protocol import Command, Limits, Status, Verb, batch
 from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
 from ..session import (
@@ -56,6 +56,8 @@ _HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
 # What may wait to be sent (buffered while connected, or while the connection heals) before a
 # publisher waits for room: nats-py's pending_size is 2 MiB; batches make more useful here.
 DEFAULT_MAX_OUTGOING = 8 * 1024 * 1024
+SOCKET_HWM = 64
+_new_reply = frozen_builder(Reply)
 _NO_HEADERS: Mapping[str, str] = {}
 
 
@@ -127,6 +129,10 @@ class Connection:
         context = self._context or zmq.asyncio.Context.instance()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        # Small libzmq queues (in messages, which are batches of up to 256 KiB): what waits to be sent
+        # is in the Outgoing buffer, counted in bytes, where back-pressure reaches the publisher.
+        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
         if curve is not None:
             configure_client(sock, *curve)
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
@@ -312,7 +318,7 @@ class Connection:
         while True:
             frames = await recv()
             if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-                events, replies = session.receive_batch(frames[2], time.monotonic())
+                events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver)
             else:
                 events, replies = session.receive(frames, time.monotonic())
             for reply in replies:
@@ -329,8 +335,9 @@ class Connection:
         rearm = self._rearm
         while True:
             deadline = self.session.next_deadline()
-            if self._call_deadlines:
-                deadline = min(deadline, self._call_deadlines[0][0])
+            local = self._next_local_deadline()
+            if local is not None:
+                deadline = min(deadline, local)
             rearm.clear()
             try:
                 await asyncio.wait_for(rearm.wait(), max(0.005, deadline - time.monotonic()))
@@ -344,6 +351,10 @@ class Connection:
                 self._send(f)
             self._dispatch(events)
 
+    def _next_local_deadline(self) -> float | None:
+        """The earliest of our own deadlines (requests we wait for; a worker adds its handlers')."""
+        return self._call_deadlines[0][0] if self._call_deadlines else None
+
     def _expire_calls(self, now: float) -> None:
         deadlines = self._call_deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -354,18 +365,20 @@ class Connection:
                 if self.session.connected:
                     self._send(self.session.cancel(request_id))
 
+    def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
+        """A received message to every subscription whose patterns it matched (once each)."""
+        if len(patterns) == 1:
+            for sub in self._subscriptions.get(patterns[0], ()):
+                sub._offer(message)
+        elif patterns:
+            interested = {id(s): s for p in patterns for s in self._subscriptions.get(p, ())}
+            for sub in interested.values():
+                sub._offer(message)
+
     def _dispatch(self, events: list[Event]) -> None:
-        subscriptions = self._subscriptions
         for event in events:
             if type(event) is Delivery:
-                patterns = event.patterns
-                if len(patterns) == 1:
-                    for sub in subscriptions.get(patterns[0], ()):
-                        sub._offer(event.message)
-                elif patterns:
-                    interested = {id(s): s for p in patterns for s in subscriptions.get(p, ())}
-                    for sub in interested.values():
-                        sub._offer(event.message)
+                self._deliver(event.message, event.patterns)
             else:
                 self._on_event(event)
 
@@ -417,6 +430,7 @@ class Connection:
         if call.done():
             return
         if verb is Verb.FINAL:
-            call.set_result(Reply(tuple(command.payload), command.user_headers(), final=True))
+            headers = command.user_headers() if len(command.headers) > 1 else {}
+            call.set_result(_new_reply(tuple(command.payload), headers, True, None, None))
         elif verb is Verb.ERROR:
             call.set_exception(answer_error(command))

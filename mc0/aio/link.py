@@ -8,7 +8,8 @@ is flushed as a single ``BATCH`` message at the next turn of the event loop
 ``FLUSH_BYTES``), or earlier when the buffer reaches that size.  Before the
 broker has accepted the session (connecting, healing) commands wait in the
 buffer and leave, in order, once it has; ``send_now`` is for the CONNECT
-itself.  The buffer plus what libzmq has not yet taken is bounded by
+itself.  The first command of an event-loop turn is sent at once, so a lone
+request pays no wait.  The buffer plus what libzmq has not yet taken is bounded by
 ``max_bytes``: ``wait_for_room`` is the back-pressure a producer awaits, and
 ``RuntimeError`` never replaces it.  Thread-safe entry for other threads:
 ``send_record_threadsafe``.  Pure asyncio + pyzmq; no protocol decisions.
@@ -79,7 +80,10 @@ class Outgoing:
         if self._buffered >= FLUSH_BYTES:
             self.flush()
         elif not self._scheduled:
+            # The first command of a loop turn leaves at once (no added latency when traffic
+            # is light); what follows it in the same turn leaves together when the turn ends.
             self._scheduled = True
+            self.flush()
             self.loop.call_soon(self._flush_soon)
 
     def send_record_threadsafe(self, record: bytes) -> None:

@@ -9,6 +9,7 @@ CANCEL or the deadline cancels the handler where the runtime allows.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
 import logging
 import time
@@ -16,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..message import Reply, Request
-from ..protocol import Status, Verb
+from ..message import Reply, Request, frozen_builder
+from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Work
 from .client import Client
 
@@ -50,7 +51,9 @@ class Worker(Client):
         self.handled = 0
         self.failed = 0
         self._handlers: dict[str, Handler] = {}
+        self._kinds: dict[str, str] = {}  # service -> ASYNC_GEN / COROUTINE / GENERATOR / FUNCTION
         self._work: dict[str, asyncio.Task[None]] = {}
+        self._work_deadlines: list[tuple[float, str]] = []  # (monotonic deadline, bid)
         self._executor: ThreadPoolExecutor | None = None
         self._stop: asyncio.Event | None = None
 
@@ -68,6 +71,7 @@ class Worker(Client):
             raise RuntimeError("register services before connect()")
         self.session.serve([*self._handlers, name], self.capacity)  # validates the name
         self._handlers[name] = handler
+        self._kinds[name] = _kind(handler)  # once: inspect is slow, and per request it showed
 
     async def connect(self) -> Worker:
         if not self._handlers:
@@ -103,9 +107,13 @@ class Worker(Client):
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, Work):
-            task = asyncio.get_running_loop().create_task(self._serve(event), name=f"mc0-work-{event.bid}")
+        if type(event) is Work:
+            task = asyncio.get_running_loop().create_task(self._serve(event))
             self._work[event.bid] = task
+            deadline = time.monotonic() + event.timeout_ms / 1000.0
+            if not self._work_deadlines or deadline < self._work_deadlines[0][0]:
+                self._rearm.set()
+            heapq.heappush(self._work_deadlines, (deadline, event.bid))
         elif isinstance(event, CancelWork):
             running = self._work.pop(event.bid, None)
             if running is not None:
@@ -113,60 +121,91 @@ class Worker(Client):
         else:
             super()._on_event(event)
 
+    def _next_local_deadline(self) -> float | None:
+        deadlines = [d[0][0] for d in (self._call_deadlines, self._work_deadlines) if d]
+        return min(deadlines) if deadlines else None
+
+    def _expire_calls(self, now: float) -> None:
+        """Requests we called that timed out, and handlers still running at their deadline (the
+        broker has already answered their caller 504 and sent CANCEL: this covers a lost CANCEL)."""
+        super()._expire_calls(now)
+        deadlines = self._work_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, bid = heapq.heappop(deadlines)
+            running = self._work.pop(bid, None)
+            if running is not None and not running.done():
+                running.cancel()
+
     async def _serve(self, work: Work) -> None:
-        handler = self._handlers.get(work.service)
+        service = work.service
+        handler = self._handlers.get(service)
+        bid = work.bid
         try:
             if handler is None:
-                self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"no handler for {work.service}"))
+                self._send(self.session.fail(bid, Status.HANDLER_FAILED, f"no handler for {service}"))
                 return
-            request = Request(
-                work.bid, work.service, work.parts, work.headers, work.caller, time.monotonic() + work.timeout_ms / 1000
-            )
-            async with asyncio.timeout(work.timeout_ms / 1000.0):
-                await self._run_handler(handler, request)
+            deadline = time.monotonic() + work.timeout_ms / 1000
+            request = _new_request(bid, service, work.parts, work.headers, work.caller, deadline)
+            kind = self._kinds[service]
+            if kind is COROUTINE:
+                self._reply(Verb.FINAL, bid, await handler(request))
+            else:
+                await self._run_handler(kind, handler, request)
             self.handled += 1
-        except (TimeoutError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             pass  # the broker already answered the client (504 or 499)
         except Exception as exc:  # a handler failure is an answer, not a crash
             self.failed += 1
-            log.debug("handler for %s failed", work.service, exc_info=True)
+            log.debug("handler for %s failed", service, exc_info=True)
             if self.connected:
-                self._send(self.session.fail(work.bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
+                self._send(self.session.fail(bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
         finally:
-            self._work.pop(work.bid, None)
+            self._work.pop(bid, None)
 
-    async def _reply(self, verb: Verb, bid: str, result: object) -> None:
-        if isinstance(result, Reply):
-            frames = self.session.reply(verb, bid, result.parts, result.headers or None)
+    def _reply(self, verb: Verb, bid: str, result: object) -> None:
+        if type(result) is bytes and self.session.batched:  # the common case, straight to a record
+            self._outgoing().send_record(batch.reply_record(verb is Verb.FINAL, bid.encode(), result))
+        elif isinstance(result, Reply):
+            self._send(self.session.reply(verb, bid, result.parts, result.headers or None))
         else:
-            frames = self.session.reply(verb, bid, result)  # type: ignore[arg-type]
-        self._send(frames)
+            self._send(self.session.reply(verb, bid, result))  # type: ignore[arg-type]
 
-    async def _run_handler(self, handler: Handler, request: Request) -> None:
+    async def _run_handler(self, kind: str, handler: Handler, request: Request) -> None:
         bid = request.id
-        if inspect.isasyncgenfunction(handler):
+        if kind is ASYNC_GEN:
             async for chunk in handler(request):
-                await self._reply(Verb.PARTIAL, bid, chunk)
-            await self._reply(Verb.FINAL, bid, None)
-            return
-        if inspect.iscoroutinefunction(handler):
-            await self._reply(Verb.FINAL, bid, await handler(request))
+                self._reply(Verb.PARTIAL, bid, chunk)
+            self._reply(Verb.FINAL, bid, None)
             return
         loop = asyncio.get_running_loop()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
-        if inspect.isgeneratorfunction(handler):
+        if kind is GENERATOR:
             generator = handler(request)
             while True:
                 finished, value = await loop.run_in_executor(self._executor, _step, generator)
                 if finished:
-                    await self._reply(Verb.FINAL, bid, value)
+                    self._reply(Verb.FINAL, bid, value)
                     return
-                await self._reply(Verb.PARTIAL, bid, value)
+                self._reply(Verb.PARTIAL, bid, value)
         result = await loop.run_in_executor(self._executor, handler, request)
         if inspect.isawaitable(result):
             result = await result
-        await self._reply(Verb.FINAL, bid, result)
+        self._reply(Verb.FINAL, bid, result)
+
+
+ASYNC_GEN, COROUTINE, GENERATOR, FUNCTION = "async generator", "coroutine", "generator", "function"
+_new_request = frozen_builder(Request)
+
+
+def _kind(handler: Handler) -> str:
+    if inspect.isasyncgenfunction(handler):
+        return ASYNC_GEN
+    if inspect.iscoroutinefunction(handler):
+        return COROUTINE
+    if inspect.isgeneratorfunction(handler):
+        return GENERATOR
+    return FUNCTION
 
 
 def _step(generator: Any) -> tuple[bool, object]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from .. import protocol as P
 from ..permissions import ALLOW_ALL, Grants
-from ..protocol import Dialect
+from ..protocol import Dialect, batch
 
 # What the core asks the shell to send: (routing id, frames), or (routing id, a batch record)
 # for a peer granted batched framing (bytes: the shell appends it to that peer's next batch).
@@ -55,6 +55,7 @@ class Peer:
         "grants",
         "fd",
         "batched",
+        "sender_block",
     )
 
     _serials = itertools.count(1)
@@ -72,6 +73,7 @@ class Peer:
         self.routing_id = routing_id
         self.identity = identity
         self.sender = identity.encode()
+        self.sender_block = batch.sender_block(self.sender)  # its MESSAGE records' sender part, built once
         # Shown to others (WORKER header, stats): never the routing id, which could help a squatter.
         self.name = f"{identity}#{next(Peer._serials)}"
         self.fd = fd  # the connection it arrived on (ZMQ_SRCFD), when the shell knows it

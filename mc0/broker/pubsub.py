@@ -39,6 +39,7 @@ class PubSub:
         self.subscriptions: TopicTrie[Peer] = TopicTrie()
         self._patterns: dict[Peer, dict[str, tuple[str, ...]]] = {}
         self._topics: dict[str, tuple[str, ...]] = {}
+        self._routes: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
 
     # ------------------------------------------------------------ validation
@@ -55,6 +56,20 @@ class PubSub:
                 self._topics.clear()
             self._topics[topic] = tokens
         return tokens
+
+    def route_of(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
+        """A PUT record's topic bytes -> (text, tokens), validated once (ProtocolError 400/413)."""
+        route = self._routes.get(topic_b)
+        if route is None:
+            try:
+                topic = topic_b.decode()
+            except UnicodeDecodeError:
+                raise ProtocolError(Status.BAD_REQUEST, "topic is not UTF-8") from None
+            route = (topic, self.topic_tokens(topic, None))
+            if len(self._routes) >= TOPIC_CACHE_SIZE:
+                self._routes.clear()
+            self._routes[topic_b] = route
+        return route
 
     def tokens_of(self, topic: str) -> tuple[str, ...] | None:
         """A stored topic's tokens (journal records), None if it is not a valid topic."""
@@ -204,6 +219,53 @@ class PubSub:
             target.delivered += 1
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
+
+    def fan_out_put(
+        self,
+        topic: str,
+        tokens: tuple[str, ...],
+        publisher: Peer,
+        put_body: bytes,
+        data_at: int,
+        now: float,
+        out: list[Out],
+        sink: dict[bytes, list[bytes]],
+    ) -> None:
+        """``fan_out`` for a PUT record (TOPIC and one body frame, no journal).  Batched
+        subscribers get the publisher's record body forwarded as it came (``put_body`` is
+        ``tl topic data``; the data starts at ``data_at``), collected per subscriber in
+        ``sink`` (the caller joins each one's records into one payload); others get frames
+        appended to ``out``."""
+        targets = self.subscriptions.match(tokens)
+        if not targets:
+            return
+        record: bytes | None = None
+        frames: list[bytes] | None = None
+        seed_frames: list[bytes] | None = None
+        delivered = 0
+        for target in targets:
+            if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+                continue
+            if target.batched:
+                if record is None:
+                    record = batch.message_of_put(publisher.sender_block, put_body)
+                held = sink.get(target.routing_id)
+                if held is None:
+                    sink[target.routing_id] = [record]
+                else:
+                    held.append(record)
+            elif target.legacy:
+                if seed_frames is None:
+                    seed_frames = P.message(topic.encode(), None, (), (put_body[data_at:],))
+                out.append((target.routing_id, seed_frames))
+            else:
+                if frames is None:
+                    frames = P.message(topic.encode(), publisher.sender, (), (put_body[data_at:],))
+                out.append((target.routing_id, frames))
+            target.last_sent = now
+            target.delivered += 1
+            delivered += 1
+        self.counters["delivered"] += delivered
 
     # ------------------------------------------------------------ reports
     def count_of(self, peer: Peer) -> int:

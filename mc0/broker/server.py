@@ -51,6 +51,7 @@ RECV_BATCH = 512
 # ... or this many bytes of batches: a turn then flushes what it produced (a 256 KiB batch is
 # ~2,000 commands; reading 512 of them before sending anything would stall every subscriber).
 RECV_BYTES = 256 * 1024
+RECV_HWM = 128  # messages libzmq holds per peer before the broker reads them
 LINGER_MS = 500
 # Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
 # (4x at 64 KiB, 10 subscribers) and loses below.
@@ -173,7 +174,9 @@ class Broker:
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # HWM and gone peers raise instead of dropping silently
         sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
-        sock.setsockopt(zmq.RCVHWM, max(cfg.send_hwm, 1000))
+        # Inbound per peer: a publisher that outpaces the broker waits in its own buffer (back-pressure)
+        # instead of parking up to 1,000 batches (256 MB) here.
+        sock.setsockopt(zmq.RCVHWM, RECV_HWM)
         sock.setsockopt(zmq.MAXMSGSIZE, cfg.limits.max_frame_bytes)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
         if security.curve:

@@ -108,7 +108,7 @@ class StreamOut(NamedTuple):
     """A message of a paced stream (a replay or a fetch) and where that stream resumes if it is not queued."""
 
     routing_id: bytes
-    frames: Sequence[bytes]
+    frames: Sequence[bytes] | bytes  # bytes: a batch record, for a batched peer
     kind: str  # "replay" (key = journal name), "fetch" (key = request id) or "error" (the stream ended)
     key: str
     seq: int  # the stream's cursor to go back to
@@ -403,16 +403,16 @@ class Streams:
             except (Trimmed, OSError) as exc:  # retention overtook a slow fetch, or a segment unreadable
                 self.cancel_fetch(peer, fetch.rid)
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
-                frames = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
-                return [StreamOut(rid, frames, "error", fetch.rid, 0, 0)]
+                failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
+                return [StreamOut(rid, failed, "error", fetch.rid, 0, 0)]
             spent = sum(len(p) for r in records for p in r.parts) or 1  # a page that matched nothing still costs
             fetch.records_left -= len(records) or 1
             fetch.bytes_left -= spent
             if not records:
                 return []
             fetch.count += len(records)
-            frames = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
-            return [StreamOut(rid, frames, "fetch", fetch.rid, start, len(records), spent)]
+            page = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
+            return [StreamOut(rid, page, "fetch", fetch.rid, start, len(records), spent)]
         summary = {
             "next_seq": fetch.cursor,
             "records": fetch.count,
@@ -420,8 +420,8 @@ class Streams:
             "end_seq": journal.next_seq,
         }
         fetch.done = True
-        frames = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
-        return [StreamOut(rid, frames, "fetch", fetch.rid, fetch.cursor, 0)]
+        final = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
+        return [StreamOut(rid, final, "fetch", fetch.rid, fetch.cursor, 0)]
 
     def stream_blocked(self, blocked: StreamOut, peer: Peer, now: float) -> None:
         """A stream message could not be queued: rewind its stream and pause it briefly."""

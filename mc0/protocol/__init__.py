@@ -76,9 +76,11 @@ from .bodies import (
 )
 from .builders import (
     DISCONNECT_FRAMES,
+    MC0_BATCHED_DIALECT,
     MC0_DIALECT,
     NOOP_FRAMES,
     Dialect,
+    Mc0BatchedDialect,
     Mc0Dialect,
     cancel,
     encode,
@@ -148,7 +150,9 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_SERVICE_BYTES",
+    "MC0_BATCHED_DIALECT",
     "MC0_DIALECT",
+    "Mc0BatchedDialect",
     "MMI_SERVICE",
     "Mc0Dialect",
     "NOOP_FRAMES",

@@ -8,7 +8,7 @@ records back to back (little endian)::
     record  = size:u32  code:u8  body          size counts code and body
     FRAMES  (0) = n:u16  n * len:u32  frames   any command: its frames, verbatim
     PUT     (1) = tl:u16  topic  data          PUT TOPIC topic "" data
-    MESSAGE (2) = tl:u16 sl:u16  topic sender data
+    MESSAGE (2) = sl:u16 sender  tl:u16 topic  data
                                                MESSAGE TOPIC topic SENDER sender "" data
     CALL    (3) = sl:u16 il:u16 timeout:u32  service id data
                                                REQUEST SERVICE service ID id TIMEOUT timeout "" data
@@ -17,6 +17,9 @@ records back to back (little endian)::
     PARTIAL (5) = il:u16  id data              PARTIAL ID id "" data
     FINAL   (6) = il:u16  id data              FINAL ID id "" data
     OK      (7) = id                           OK ID id
+
+(A MESSAGE ends with exactly the body of the PUT it delivers, ``tl topic
+data``: the broker forwards that part of the publisher's record as it came.)
 
 Codes 1-7 are shortcuts for the commonest shapes (one body frame, no other
 header); each stands for exactly the frames shown, so every record expands
@@ -45,10 +48,11 @@ FRAMES, PUT, MESSAGE, CALL, WORK, PARTIAL, FINAL, OK = range(8)
 CODES = range(8)
 
 _HEAD = struct.Struct("<IB")  # size, code
-_U16 = struct.Struct("<H")
+U16 = struct.Struct("<H")
+_U16 = U16
 U16_PAIR = struct.Struct("<HH")
-_CALL = struct.Struct("<HHI")
-_WORK = struct.Struct("<HHHI")
+CALL_FIELDS = _CALL = struct.Struct("<HHI")
+WORK_FIELDS = _WORK = struct.Struct("<HHHI")
 _FRAME_LENGTHS = [struct.Struct(f"<{n}I") for n in range(64)]  # cached for the common frame counts
 
 # Headers of the records: encoded once.
@@ -69,13 +73,26 @@ def is_batch(frames: Sequence[bytes]) -> bool:
 # ---------------------------------------------------------------- encoding
 
 
+_PUT_HEAD = struct.Struct("<IBH")
+
+
 def put_record(topic: bytes, data: bytes) -> bytes:
-    return _HEAD.pack(3 + len(topic) + len(data), PUT) + _U16.pack(len(topic)) + topic + data
+    return b"".join((_PUT_HEAD.pack(3 + len(topic) + len(data), PUT, len(topic)), topic, data))
 
 
 def message_record(topic: bytes, sender: bytes, data: bytes) -> bytes:
-    head = _HEAD.pack(5 + len(topic) + len(sender) + len(data), MESSAGE)
-    return head + U16_PAIR.pack(len(topic), len(sender)) + topic + sender + data
+    size = 5 + len(topic) + len(sender) + len(data)
+    return b"".join((_HEAD.pack(size, MESSAGE), _U16.pack(len(sender)), sender, _U16.pack(len(topic)), topic, data))
+
+
+def sender_block(sender: bytes) -> bytes:
+    """The part of a MESSAGE record that names its sender (a peer's is built once)."""
+    return _U16.pack(len(sender)) + sender
+
+
+def message_of_put(sender_block: bytes, put_body: bytes) -> bytes:
+    """The MESSAGE record delivering a PUT record's body (``tl topic data``) from ``sender_block``."""
+    return _HEAD.pack(1 + len(sender_block) + len(put_body), MESSAGE) + sender_block + put_body
 
 
 def call_record(service: bytes, request_id: bytes, timeout_ms: int, data: bytes) -> bytes:
@@ -122,6 +139,17 @@ def record_of(frames: Sequence[bytes]) -> bytes:
         return reply_record(verb == _FINAL_B, bytes(frames[2]), bytes(frames[4]))
     if n == 3 and verb == _OK_B and frames[1] == _ID_B:
         return ok_record(bytes(frames[2]))
+    if (
+        n == 11
+        and verb == _REQUEST_B
+        and frames[1] == _SERVICE_B
+        and frames[3] == _ID_B
+        and frames[5] == _CALLER_B
+        and frames[7] == _TIMEOUT_B
+        and not frames[9]
+    ):
+        timeout = int(frames[8])  # the broker's own rendering: always a decimal
+        return work_record(bytes(frames[2]), bytes(frames[4]), bytes(frames[6]), timeout, bytes(frames[10]))
     return frames_record(frames)
 
 
@@ -160,19 +188,8 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
             _check(t <= end)
             return [_PUT_B, _TOPIC_B, bytes(blob[start + 2 : t]), b"", bytes(blob[t:end])]
         if code == MESSAGE:
-            tl, sl = U16_PAIR.unpack_from(blob, start)
-            t = start + 4 + tl
-            s = t + sl
-            _check(s <= end)
-            return [
-                _MESSAGE_B,
-                _TOPIC_B,
-                bytes(blob[start + 4 : t]),
-                _SENDER_B,
-                bytes(blob[t:s]),
-                b"",
-                bytes(blob[s:end]),
-            ]
+            sender, topic, data = message_fields(blob, start, end)
+            return [_MESSAGE_B, _TOPIC_B, bytes(topic), _SENDER_B, bytes(sender), b"", bytes(data)]
         if code == CALL:
             sl, il, timeout = _CALL.unpack_from(blob, start)
             s = start + 8 + sl
@@ -234,6 +251,43 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
         return frames
     except struct.error:
         raise ProtocolError(Status.BAD_REQUEST, "batch record too short for its fields") from None
+
+
+def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[bytes, bytes, bytes]:
+    """A MESSAGE record's ``(sender, topic, data)`` (struct.error / ProtocolError if malformed)."""
+    (sl,) = _U16.unpack_from(blob, start)
+    s = start + 2 + sl
+    (tl,) = _U16.unpack_from(blob, s)
+    t = s + 2 + tl
+    _check(t <= end)
+    return blob[start + 2 : s], blob[s + 2 : t], blob[t:end]  # type: ignore[return-value]
+
+
+def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, bytes]:
+    """A WORK record's ``(service, bid, caller, timeout_ms, data)``; malformed raises struct.error or ProtocolError."""
+    sl, il, cl, timeout_ms = _WORK.unpack_from(blob, start)
+    s = start + 10 + sl
+    i = s + il
+    c = i + cl
+    _check(c <= end)
+    return blob[start + 10 : s].decode(), blob[s:i].decode(), blob[i:c].decode(), timeout_ms, blob[c:end]
+
+
+def call_fields(blob: bytes, start: int, end: int) -> tuple[str, str, int, bytes]:
+    """A CALL record's ``(service, request id, timeout_ms, data)``."""
+    sl, il, timeout_ms = _CALL.unpack_from(blob, start)
+    s = start + 8 + sl
+    i = s + il
+    _check(i <= end)
+    return blob[start + 8 : s].decode(), blob[s:i].decode(), timeout_ms, blob[i:end]
+
+
+def reply_fields(blob: bytes, start: int, end: int) -> tuple[str, bytes]:
+    """A PARTIAL or FINAL record's ``(request id, data)``."""
+    (il,) = _U16.unpack_from(blob, start)
+    i = start + 2 + il
+    _check(i <= end)
+    return blob[start + 2 : i].decode(), blob[i:end]
 
 
 def _check(ok: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from . import batch as _batch
 from .model import USER_HEADER_PREFIX, Verb
 
 
@@ -115,7 +116,7 @@ class Mc0Dialect:
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]:
+    ) -> list[bytes] | bytes:
         return request_to_worker(bid, service, caller, timeout_ms, user, body)
 
     def cancel(self, bid: str) -> list[bytes] | None:
@@ -123,12 +124,12 @@ class Mc0Dialect:
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]:
+    ) -> list[bytes] | bytes:
         return reply(Verb.PARTIAL, rid, fields, user, body)
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]:
+    ) -> list[bytes] | bytes:
         return reply(Verb.FINAL, rid, fields, user, body)
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
@@ -144,6 +145,36 @@ class Mc0Dialect:
 MC0_DIALECT = Mc0Dialect()
 
 
+class Mc0BatchedDialect(Mc0Dialect):
+    """Renders RPC traffic for an mc0 peer granted batched framing: the common shapes straight
+    into batch records (REQUEST to a worker, PARTIAL, FINAL), anything else as frames (which
+    the broker's shell turns into a record for that peer)."""
+
+    def to_worker(
+        self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes] | bytes:
+        if not user and len(body) == 1:
+            return _batch.work_record(service.encode(), bid.encode(), caller.encode(), timeout_ms, bytes(body[0]))
+        return request_to_worker(bid, service, caller, timeout_ms, user, body)
+
+    def partial(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes] | bytes:
+        if not fields and not user and len(body) == 1:
+            return _batch.reply_record(False, rid.encode(), bytes(body[0]))
+        return reply(Verb.PARTIAL, rid, fields, user, body)
+
+    def final(
+        self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
+    ) -> list[bytes] | bytes:
+        if not fields and not user and len(body) == 1:
+            return _batch.reply_record(True, rid.encode(), bytes(body[0]))
+        return reply(Verb.FINAL, rid, fields, user, body)
+
+
+MC0_BATCHED_DIALECT = Mc0BatchedDialect()
+
+
 class Dialect(Protocol):
     """How the broker renders RPC traffic and heartbeats for one kind of peer."""
 
@@ -152,17 +183,17 @@ class Dialect(Protocol):
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]: ...
+    ) -> list[bytes] | bytes: ...
 
     def cancel(self, bid: str) -> list[bytes] | None: ...
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]: ...
+    ) -> list[bytes] | bytes: ...
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]: ...
+    ) -> list[bytes] | bytes: ...
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]: ...
 
