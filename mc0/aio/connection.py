@@ -3,11 +3,11 @@
 Contract: :class:`Connection` is the base of :class:`mc0.aio.Client`: the
 constructor does no I/O; ``connect()`` opens a DEALER socket, sends CONNECT
 (asking for batched framing) and waits for the broker's OK; a reader task
-decodes each received message (a batch in one pass) and dispatches what it
-holds: messages to subscriptions, answers to whoever waits for them; a timer
+decodes each received message (a batch in one pass; ``Link`` calls
+``_on_message``) and dispatches what it holds: messages to subscriptions, answers to whoever waits for them; a timer
 task heartbeats, heals (CONNECT again, re-SUB every pattern) and times out
 requests the broker never answered; ``close()`` is idempotent.  Everything
-sent goes through :class:`~mc0.aio.link.Outgoing`.
+sent and received goes through :class:`~mc0.aio.link.Link`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 
 import zmq
 import zmq.asyncio
@@ -47,7 +47,7 @@ from ..session import (
     answer_error,
 )
 from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
-from .link import Outgoing
+from .link import Link
 from .streams import ReplyStream, Subscription
 
 log = logging.getLogger("mc0.client")
@@ -103,9 +103,9 @@ class Connection:
         self.reconnects = 0
         self.max_outgoing = max_outgoing
         self._context = context
-        self._socket: zmq.asyncio.Socket | None = None
+        self._socket: zmq.Socket[bytes] | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._out: Outgoing | None = None
+        self._out: Link | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
         self._calls: dict[str, asyncio.Future[Reply]] = {}  # request() awaiting a FINAL by id
@@ -127,22 +127,23 @@ class Connection:
             return self
         curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
         context = self._context or zmq.asyncio.Context.instance()
-        sock = context.socket(zmq.DEALER)
+        # A plain socket (its FD on the event loop, see Link), from the asyncio context so the
+        # monitor socket made from it is an asyncio one.
+        sock: zmq.Socket[bytes] = zmq.Socket(context, zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         # Small libzmq queues (in messages, which are batches of up to 256 KiB): what waits to be sent
-        # is in the Outgoing buffer, counted in bytes, where back-pressure reaches the publisher.
+        # is in the Link's buffer, counted in bytes, where back-pressure reaches the publisher.
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
         if curve is not None:
             configure_client(sock, *curve)
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+        self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_HANDSHAKE_EVENTS))
         sock.connect(self.endpoint)
         self._socket = sock
         loop = self._loop = asyncio.get_running_loop()
-        self._out = Outgoing(loop, sock, self.session, self.max_outgoing)
+        self._out = Link(loop, sock, self.session, self.max_outgoing, self._on_message)
         self._connected = loop.create_future()
         self._tasks = [
-            loop.create_task(self._read(), name="mc0-reader"),
             loop.create_task(self._beat(), name="mc0-heartbeat"),
             loop.create_task(self._watch(), name="mc0-monitor"),
         ]
@@ -277,7 +278,7 @@ class Connection:
         if self._socket is None:
             raise ClosedError("client is not connected: call connect() first")
 
-    def _outgoing(self) -> Outgoing:
+    def _outgoing(self) -> Link:
         self.ensure_open()
         assert self._out is not None
         return self._out
@@ -311,23 +312,16 @@ class Connection:
             except Exception:
                 log.exception("on_fault callback raised")
 
-    async def _read(self) -> None:
-        assert self._socket is not None
-        recv = self._socket.recv_multipart
+    def _on_message(self, frames: list[bytes]) -> None:
+        """One message from the broker (called by the Link, on the loop)."""
         session = self.session
-        while True:
-            frames = await recv()
-            if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-                events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver)
-            else:
-                events, replies = session.receive(frames, time.monotonic())
-            for reply in replies:
-                self._send(reply)
-            self._dispatch(events)
-            # While the socket has more, ``await recv()`` returns without giving the loop a turn:
-            # let the application take what was just delivered before reading on (else the
-            # reader fills the subscriptions while their consumers never run).
-            await asyncio.sleep(0)
+        if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
+            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver)
+        else:
+            events, replies = session.receive(frames, time.monotonic())
+        for reply in replies:
+            self._send(reply)
+        self._dispatch(events)
 
     async def _beat(self) -> None:
         """Heartbeats, healing and request timeouts at the next deadline; re-armed whenever a

@@ -1,50 +1,87 @@
-"""Outgoing: a client's way out, coalescing what is queued into few sends and never waiting for more.
+"""Link: a client's socket on the event loop, both ways, without a future per message.
 
-Contract: every command the client sends goes through ``send`` (frames) or
-``send_record`` (an already-encoded batch record).  Once the session is
-connected with batched framing, commands become records in one buffer that
-is flushed as a single ``BATCH`` message at the next turn of the event loop
-(a lone command leaves at once; a burst leaves in few messages of up to
-``FLUSH_BYTES``), or earlier when the buffer reaches that size.  Before the
-broker has accepted the session (connecting, healing) commands wait in the
-buffer and leave, in order, once it has; ``send_now`` is for the CONNECT
-itself.  The first command of an event-loop turn is sent at once, so a lone
-request pays no wait.  The buffer plus what libzmq has not yet taken is bounded by
-``max_bytes``: ``wait_for_room`` is the back-pressure a producer awaits, and
-``RuntimeError`` never replaces it.  Thread-safe entry for other threads:
-``send_record_threadsafe``.  Pure asyncio + pyzmq; no protocol decisions.
+Contract: the socket is a plain (blocking-API) pyzmq socket used only with
+``NOBLOCK``, driven by ``loop.add_reader`` on its ``ZMQ_FD``: one callback per
+readiness reads up to ``READ_PER_TURN`` messages and hands each to
+``on_message(frames)`` (a synchronous callback; the next turn reads on, so
+the application gets the loop between bursts).  zmq.asyncio would build a
+future, a callback and several enum operations per message each way; this
+costs one C call per frame.
+
+Sending: every command goes through ``send`` (frames) or ``send_record`` (an
+already-encoded batch record).  Once the session is connected with batched
+framing, commands become records in one buffer, flushed as a single ``BATCH``
+message at the end of the event-loop turn (a burst leaves in few messages of
+up to ``FLUSH_BYTES``), or earlier when the buffer reaches that size; the
+first command of a turn is sent at once, so a lone request pays no wait.
+Before the broker has accepted the session (connecting, healing) commands
+wait in the buffer and leave, in order, once it has; ``send_now`` is for the
+CONNECT itself.  A message libzmq will not take (its small queue is full)
+waits, in order, until the socket is writable again.  The buffer plus what
+libzmq has not taken is bounded by ``max_bytes``: ``wait_for_room`` is the
+back-pressure a producer awaits.  Thread-safe entry for other threads:
+``send_record_threadsafe`` and ``wait_for_room_threadsafe``.
+
+ZMQ_FD is edge-triggered: it signals that ``ZMQ_EVENTS`` may have changed,
+and any send or receive may consume that signal.  So after every flush and
+every read the callback looks at ``ZMQ_EVENTS`` itself and schedules another
+round when there is more to read (or room for what waits), as pyzmq's own
+asyncio integration does; a slow timer re-checks while sends are blocked.
+Pure asyncio + pyzmq; no protocol decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import functools
+import logging
 import threading
-from typing import Any, cast
+from collections.abc import Callable
+from typing import cast
 
-import zmq.asyncio
+import zmq
 
 from ..errors import ClosedError, Timeout
 from ..protocol import Verb, batch
 from ..session import ClientSession, Frames
 
+log = logging.getLogger("mc0.client")
+
 FLUSH_BYTES = 256 * 1024  # one BATCH message holds at most about this much
+READ_PER_TURN = 16  # messages (most are batches) read per loop turn before others get the loop
+BLOCKED_RECHECK = 0.05  # seconds: a safety re-check of ZMQ_EVENTS while sends wait for room
 _CONNECT = Verb.CONNECT.value.encode()
+# pyzmq's constants are enum.Flag members; combining them per call costs more than the call.
+NOBLOCK = int(zmq.NOBLOCK)
+MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+RCVMORE = int(zmq.RCVMORE)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
+POLLOUT = int(zmq.POLLOUT)
 
 
-class Outgoing:
+class Link:
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, socket: zmq.asyncio.Socket, session: ClientSession, max_bytes: int
+        self,
+        loop: asyncio.AbstractEventLoop,
+        socket: zmq.Socket[bytes],
+        session: ClientSession,
+        max_bytes: int,
+        on_message: Callable[[list[bytes]], None],
     ) -> None:
         self.loop = loop
         self.socket = socket
         self.session = session
         self.max_bytes = max_bytes
+        self.on_message = on_message
         self._records: list[bytes] = []
         self._buffered = 0  # bytes in _records
-        self._inflight = 0  # bytes handed to pyzmq whose send has not completed (its HWM was reached)
-        self._scheduled = False
+        self._blocked: collections.deque[tuple[Frames, int]] = collections.deque()  # libzmq's queue was full
+        self._blocked_bytes = 0
+        self._scheduled = False  # a flush at the end of this loop turn is due
+        self._sent_this_turn = False  # something left at once since the last read or end-of-turn flush
+        self._events_scheduled = False
+        self._recheck: asyncio.TimerHandle | None = None
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         # Records from other threads (the sync client): appended there, moved in on the loop.
         self._foreign: collections.deque[bytes] = collections.deque()
@@ -53,12 +90,14 @@ class Outgoing:
         self._foreign_scheduled = False
         self._room = threading.Condition()  # other threads wait here for room
         self.closed = False
+        self._fd: int = socket.FD
+        loop.add_reader(self._fd, self._on_events)
 
     # ------------------------------------------------------------ entry points
     @property
     def pending(self) -> int:
         """Bytes queued and not yet taken by libzmq."""
-        return self._buffered + self._inflight + self._foreign_bytes
+        return self._buffered + self._blocked_bytes + self._foreign_bytes
 
     def send(self, frames: Frames) -> None:
         """Queue one command (in order with everything else)."""
@@ -67,23 +106,29 @@ class Outgoing:
             self.send_record(batch.record_of(frames))
         elif session.connected or frames[0] == _CONNECT:  # (healing: the CONNECT goes ahead of all)
             self._write(frames)
+            self._check_events()
         else:
             self.send_record(batch.record_of(frames))  # held until the broker accepts the session
 
     def send_now(self, frames: Frames) -> None:
         """Send at once, ahead of anything buffered (CONNECT)."""
         self._write(frames)
+        self._check_events()
 
     def send_record(self, record: bytes) -> None:
         self._records.append(record)
         self._buffered += len(record)
         if self._buffered >= FLUSH_BYTES:
             self.flush()
-        elif not self._scheduled:
+        elif not self._sent_this_turn:
             # The first command of a loop turn leaves at once (no added latency when traffic
             # is light); what follows it in the same turn leaves together when the turn ends.
-            self._scheduled = True
+            # ("This turn" is approximate, and only ever errs toward waiting for the turn's end:
+            # the flag is reset by reading and by the end-of-turn flush.)
+            self._sent_this_turn = True
             self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
             self.loop.call_soon(self._flush_soon)
 
     def send_record_threadsafe(self, record: bytes) -> None:
@@ -108,6 +153,7 @@ class Outgoing:
     # ------------------------------------------------------------ flushing
     def _flush_soon(self) -> None:
         self._scheduled = False
+        self._sent_this_turn = False
         self.flush()
 
     def flush(self) -> None:
@@ -121,6 +167,8 @@ class Outgoing:
             for record in records:
                 for code, start, end in batch.records(record):
                     self._write(batch.frames_of(record, code, start, end))
+        elif len(records) == 1:
+            self._write(batch.batch_frames(records[0]), len(records[0]))
         else:
             first = 0
             while first < len(records):  # batches of at most FLUSH_BYTES (a larger record goes alone)
@@ -131,23 +179,92 @@ class Outgoing:
                     last += 1
                 self._write(batch.batch_frames(b"".join(records[first:last])), size)
                 first = last
+        self._check_events()
         self._wake_producers()
 
     def _write(self, frames: Frames, size: int = 0) -> None:
+        if self.closed:
+            return
+        if self._blocked:  # keep the order: behind what already waits
+            self._block(frames, size)
+            return
         try:
-            future = cast("asyncio.Future[Any]", self.socket.send_multipart(frames, copy=False))
-        except zmq.ZMQError:
-            if self.closed:
-                return
-            raise
+            self._send_frames(frames)
+        except zmq.Again:
+            self._block(frames, size)
+            return
         self.session.sent(self.loop.time())
-        if not future.done() and size:  # libzmq's queue is full: count it until it drains
-            self._inflight += size
-            future.add_done_callback(functools.partial(self._drained, size))
 
-    def _drained(self, size: int, _future: object = None) -> None:
-        self._inflight -= size
+    def _send_frames(self, frames: Frames) -> None:
+        send = self.socket.send
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            # A multipart message is taken whole or not at all: only the first part can raise Again.
+            send(frame, MORE_NOBLOCK if i < last else NOBLOCK, copy=False)
+
+    def _block(self, frames: Frames, size: int) -> None:
+        size = size or sum(map(len, frames))
+        self._blocked.append((frames, size))
+        self._blocked_bytes += size
+        if self._recheck is None:
+            self._recheck = self.loop.call_later(BLOCKED_RECHECK, self._recheck_blocked)
+
+    def _recheck_blocked(self) -> None:
+        self._recheck = None
+        self._on_events()
+        if self._blocked and self._recheck is None and not self.closed:
+            self._recheck = self.loop.call_later(BLOCKED_RECHECK, self._recheck_blocked)
+
+    def _send_blocked(self) -> None:
+        blocked = self._blocked
+        while blocked:
+            frames, size = blocked[0]
+            try:
+                self._send_frames(frames)
+            except zmq.Again:
+                return
+            blocked.popleft()
+            self._blocked_bytes -= size
+            self.session.sent(self.loop.time())
         self._wake_producers()
+
+    # ------------------------------------------------------------ readiness
+    def _check_events(self) -> None:
+        """After a send: if libzmq took the FD's signal with it, do the work the signal meant."""
+        if not self._events_scheduled and not self.closed:
+            events = cast(int, self.socket.getsockopt(EVENTS))
+            if events & POLLIN or (events & POLLOUT and self._blocked):
+                self._events_scheduled = True
+                self.loop.call_soon(self._on_events)
+
+    def _on_events(self) -> None:
+        self._events_scheduled = False
+        if self.closed:
+            return
+        sock = self.socket
+        try:
+            events = cast(int, sock.getsockopt(EVENTS))
+        except zmq.ZMQError:
+            return  # closed under us
+        if events & POLLOUT and self._blocked:
+            self._send_blocked()
+        if not events & POLLIN:
+            return
+        self._sent_this_turn = False  # a new turn: the first answer to what we read may leave at once
+        recv = sock.recv
+        for _ in range(READ_PER_TURN):
+            frames = [recv(NOBLOCK)]  # POLLIN: a whole message is there
+            while sock.getsockopt(RCVMORE):
+                frames.append(recv(NOBLOCK))
+            try:
+                self.on_message(frames)
+            except Exception:  # a bug in handling one message must not stop the reading
+                log.exception("error handling a message from the broker")
+            if self.closed or not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
+                return  # (asking is cheaper than the Again exception a blind recv would raise)
+        # More is waiting: read on after the loop has run what was just made ready.
+        self._events_scheduled = True
+        self.loop.call_soon(self._on_events)
 
     # ------------------------------------------------------------ back-pressure
     def _wake_producers(self) -> None:
@@ -181,8 +298,17 @@ class Outgoing:
             raise ClosedError("client closed")
 
     def close(self) -> None:
+        """Stop reading and drop what waits (idempotent; the owner closes the socket after)."""
+        if self.closed:
+            return
         self.closed = True
+        self.loop.remove_reader(self._fd)
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         self._records.clear()
+        self._blocked.clear()
+        self._blocked_bytes = 0
         with self._foreign_lock:
             self._foreign.clear()
             self._foreign_bytes = 0
