@@ -306,7 +306,9 @@ class Client:
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
-        return _run(self._aio.request(service, body, timeout=timeout, headers=headers))
+        if headers or not isinstance(body, bytes | str) or _in_loop_thread(_background_loop()):
+            return _run(self._aio.request(service, body, timeout=timeout, headers=headers))
+        return self._aio.request_threadsafe(service, body, timeout=timeout).result()
 
     def stream(
         self,
@@ -337,6 +339,8 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Future[Reply]:
         """``request`` without waiting: a ``concurrent.futures.Future`` (many at once)."""
+        if not headers and isinstance(body, bytes | str):
+            return self._aio.request_threadsafe(service, body, timeout=timeout)  # no task per call
         self._aio.ensure_open()
         coro = self._aio.request(service, body, timeout=timeout, headers=headers)
         return asyncio.run_coroutine_threadsafe(coro, _background_loop())

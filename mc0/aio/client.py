@@ -12,6 +12,8 @@ no timer of their own); ``stream``/``scatter`` iterate replies.  The sync
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import heapq
 import json
 import time
@@ -22,7 +24,7 @@ from .. import protocol as P
 from ..errors import Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, parse_journal_page
-from .connection import DEFAULT_MAX_OUTGOING, Connection
+from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -266,20 +268,43 @@ class Client(Connection):
     def _request(self, service: str, body: bytes | str, timeout: float | None) -> asyncio.Future[Reply]:
         """A REQUEST whose FINAL resolves one future: no stream, no task, no timer of its own."""
         out = self._outgoing()
+        record, request_id, give_up = self._call_record(service, body, timeout)
+        assert self._loop is not None
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        self._await_call(request_id, future, give_up)
+        out.send_record(record)
+        return future
+
+    def request_threadsafe(
+        self, service: str, body: bytes | str = b"", *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Reply]:
+        """``request`` from any other thread, answered on a ``concurrent.futures.Future``.
+
+        Bad input raises here, in the caller; the REQUEST joins the outgoing
+        buffer with one wake-up of the client's loop per burst (no task per
+        call), and the FINAL (or ERROR, as its exception) resolves the future.
+        """
+        out = self._outgoing()
+        record, request_id, give_up = self._call_record(service, body, timeout)
+        future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
+        # Registered on the loop just before the record is queued there: before any answer.
+        out.send_record_threadsafe(record, functools.partial(self._await_call, request_id, future, give_up))
+        return future
+
+    def _call_record(self, service: str, body: bytes | str, timeout: float | None) -> tuple[bytes, str, float]:
         seconds = self.request_timeout if timeout is None else timeout
         request_id = self.session.new_id()
         data = body.encode() if isinstance(body, str) else body
         record = self.session.call_record(service, data, request_id, max(1, round(seconds * 1000)))
-        assert self._loop is not None
-        future: asyncio.Future[Reply] = self._loop.create_future()
-        self._calls[request_id] = future
         # The broker enforces the deadline and always answers; the grace covers its answer's trip.
         give_up = time.monotonic() + seconds + max(1.0, 2 * self.session.ttl)
+        return record, request_id, give_up
+
+    def _await_call(self, request_id: str, future: Waiter[Reply], give_up: float) -> None:
+        self._calls[request_id] = future
         if not self._call_deadlines or give_up < self._call_deadlines[0][0]:
             self._rearm.set()
         heapq.heappush(self._call_deadlines, (give_up, request_id))
-        out.send_record(record)
-        return future
 
     async def scatter(
         self,

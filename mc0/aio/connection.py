@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import heapq
 import logging
@@ -22,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Self, cast
+from typing import Self, TypeAlias, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -58,6 +59,10 @@ _HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
 DEFAULT_MAX_OUTGOING = 8 * 1024 * 1024
 SOCKET_HWM = 64
 _new_reply = frozen_builder(Reply)
+T = TypeVar("T")
+# What a request's answer resolves: an asyncio future, or a concurrent one for another thread
+# (both have done / set_result / set_exception, all the loop uses).
+Waiter: TypeAlias = "asyncio.Future[T] | concurrent.futures.Future[T]"
 _NO_HEADERS: Mapping[str, str] = {}
 
 
@@ -108,7 +113,7 @@ class Connection:
         self._out: Link | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
-        self._calls: dict[str, asyncio.Future[Reply]] = {}  # request() awaiting a FINAL by id
+        self._calls: dict[str, Waiter[Reply]] = {}  # request() awaiting a FINAL by id
         self._call_deadlines: list[tuple[float, str]] = []  # (when to give up, id) for _calls
         self._streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
@@ -416,7 +421,7 @@ class Connection:
             # The broker forgets a session on reconnect: whatever we were waiting for is lost.
             self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
 
-    def _answer_call(self, request_id: str, call: asyncio.Future[Reply], command: Command) -> None:
+    def _answer_call(self, request_id: str, call: Waiter[Reply], command: Command) -> None:
         verb = command.verb
         if verb is Verb.PARTIAL:
             return  # request() returns the FINAL only

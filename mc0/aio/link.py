@@ -84,7 +84,7 @@ class Link:
         self._recheck: asyncio.TimerHandle | None = None
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         # Records from other threads (the sync client): appended there, moved in on the loop.
-        self._foreign: collections.deque[bytes] = collections.deque()
+        self._foreign: collections.deque[tuple[bytes, Callable[[], None] | None]] = collections.deque()
         self._foreign_bytes = 0
         self._foreign_lock = threading.Lock()
         self._foreign_scheduled = False
@@ -131,10 +131,11 @@ class Link:
             self._scheduled = True
             self.loop.call_soon(self._flush_soon)
 
-    def send_record_threadsafe(self, record: bytes) -> None:
-        """``send_record`` from another thread: one wake-up of the loop per burst, not per record."""
+    def send_record_threadsafe(self, record: bytes, before: Callable[[], None] | None = None) -> None:
+        """``send_record`` from another thread: one wake-up of the loop per burst, not per record.
+        ``before`` runs on the loop just before the record is queued there."""
         with self._foreign_lock:
-            self._foreign.append(record)
+            self._foreign.append((record, before))
             self._foreign_bytes += len(record)
             wake = not self._foreign_scheduled
             self._foreign_scheduled = True
@@ -147,7 +148,9 @@ class Link:
             self._foreign.clear()
             self._foreign_bytes = 0
             self._foreign_scheduled = False  # an append after this wakes the loop again
-        for record in records:
+        for record, before in records:
+            if before is not None:
+                before()
             self.send_record(record)
 
     # ------------------------------------------------------------ flushing
