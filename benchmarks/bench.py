@@ -165,7 +165,7 @@ def trie_rows(options: Options, say: Callable[[str], None]) -> list[Row]:
 
 # ============================================================== report
 
-VARIANTS = (("mc0+curve", "mc0"), ("mc0-aio+curve", "mc0-aio"), ("mc0-sync", "mc0-aio"))
+VARIANTS = (("mc0+curve", "mc0"), ("mc0-batched", "mc0"), ("mc0-aio+curve", "mc0-aio"), ("mc0-sync", "mc0-aio"))
 ALONE = (("mc0-aio", "mc0"), ("mc0-aio+curve", "mc0+curve"), ("mc0-sync", "mc0"))  # library row -> broker-alone row
 
 
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--systems",
         default="",
-        help="comma-separated systems (broker suite: mc0,mc0+curve,raw,proxy,nats,majortomo; "
+        help="comma-separated systems (broker suite: mc0,mc0-batched,mc0+curve,raw,proxy,nats,majortomo; "
         "library suite: mc0-aio,mc0-aio+curve,mc0-sync,nats,majortomo)",
     )
     parser.add_argument(

@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from mc0.process import BrokerProcess
-from mc0.protocol import Header, Verb
+from mc0.protocol import Header, Verb, batch
 
 from .common import (
     BODY,
@@ -85,14 +85,20 @@ def dealer(context: zmq.Context[Any], endpoint: str, curve: dict[str, Any] | Non
     return sock
 
 
-def mc0_connect(sock: zmq.Socket[Any]) -> None:
-    sock.send_multipart([CONNECT, VERSION, b"1.0", TTL, b"60000", ID, b"c"])
+def mc0_connect(sock: zmq.Socket[Any], *, batched: bool = False) -> None:
+    extra = [Header.BATCH.value.encode(), b"1"] if batched else []
+    sock.send_multipart([CONNECT, VERSION, b"1.0", TTL, b"60000", *extra, ID, b"c"])
     if not sock.poll(10_000):
         raise RuntimeError("no answer to CONNECT")
     reply = sock.recv_multipart()
+    if batched and reply[0] == batch.BATCH:  # the OK may already come as a batch record
+        ((code, start, end), *_) = batch.records(reply[2])
+        reply = batch.frames_of(reply[2], code, start, end)
     if reply[0] != OK:
         raise RuntimeError(f"CONNECT refused: {reply}")
 
+
+BATCHED = "mc0-batched"  # the same broker, load generators on the batched wire (frames_batched.py)
 
 # ============================================================== brokers
 
@@ -487,6 +493,12 @@ def pubsub_once(system: str, endpoint: str, subs: int, size: int, seconds: float
     if system == "nats":
         sub = CTX.Process(target=nats_subscribers, args=(endpoint, subs, ready, results, seconds), daemon=True)
         pub = CTX.Process(target=nats_publisher, args=(endpoint, size, seconds, go), daemon=True)
+    elif system == BATCHED:
+        from . import frames_batched
+
+        args = (endpoint, subs, curve, ready, results, seconds)
+        sub = CTX.Process(target=frames_batched.subscribers, args=args, daemon=True)
+        pub = CTX.Process(target=frames_batched.publisher, args=(endpoint, size, seconds, curve, go), daemon=True)
     else:
         flavour = {"proxy": "proxy", "raw": "raw"}.get(system, "mc0")
         pub_endpoint = endpoint.split("|")[0]
@@ -522,6 +534,12 @@ def rpc_once(
     elif system == "majortomo":
         helpers = [(majortomo_workers, (endpoint, workers))]
         count, latencies, elapsed = measure(majortomo_client, (endpoint, window, seconds), helpers)
+    elif system == BATCHED:
+        from . import frames_batched
+
+        helpers = [(frames_batched.workers, (endpoint, workers, curve))]
+        args = (endpoint, window, seconds, curve, BODY)
+        count, latencies, elapsed = measure(frames_batched.rpc_client, args, helpers)
     else:
         flavour = "raw" if system == "raw" else "mc0"
         helpers = [(zmq_workers, (endpoint, workers, flavour, curve))]
@@ -533,7 +551,7 @@ def rpc_once(
 
 @contextlib.contextmanager
 def system_endpoint(system: str, curve: Any) -> Iterator[str]:
-    if system in ("mc0", "mc0+curve"):
+    if system in ("mc0", "mc0+curve", BATCHED):
         with mc0_broker(curve if system == "mc0+curve" else None) as endpoint:
             yield endpoint
     elif system == "raw":
@@ -557,17 +575,17 @@ def system_endpoint(system: str, curve: Any) -> Iterator[str]:
 
 SCENARIOS: list[dict[str, Any]] = [
     {"name": "pub/sub 1->1", "kind": "pubsub", "subs": 1, "size": BODY, "unit": "deliveries/s",
-     "systems": ["mc0", "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
     {"name": "pub/sub 1->10", "kind": "pubsub", "subs": 10, "size": BODY, "unit": "deliveries/s",
-     "systems": ["mc0", "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
     {"name": "pub/sub 64KiB 1->1", "kind": "pubsub", "subs": 1, "size": LARGE_BODY, "unit": "MB/s",
-     "systems": ["mc0", "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
     {"name": "RPC sequential", "kind": "rpc", "workers": 1, "window": 1, "unit": "calls/s",
      "systems": ["mc0", "mc0+curve", "raw", "nats", "majortomo"]},
     {"name": "RPC 100 in flight, 1 worker", "kind": "rpc", "workers": 1, "window": WINDOW, "unit": "calls/s",
-     "systems": ["mc0", "mc0+curve", "raw", "nats", "majortomo"]},
+     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "nats", "majortomo"]},
     {"name": "RPC 100 in flight, 4 workers", "kind": "rpc", "workers": 4, "window": WINDOW, "unit": "calls/s",
-     "systems": ["mc0", "mc0+curve", "raw", "nats", "majortomo"]},
+     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "nats", "majortomo"]},
     {"name": "scatter-gather to 10 workers", "kind": "rpc", "workers": 10, "window": 1, "scatter": 10,
      "unit": "gathers/s", "systems": ["mc0", "mc0+curve", "nats"]},
 ]  # fmt: skip
