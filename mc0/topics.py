@@ -7,6 +7,9 @@ Contract:
   tokens, last position only).  They are wildcards only as whole tokens:
   ``a*`` is an ordinary literal token.
 * Published topics must be literal (no ``*`` or ``>`` token).
+* Topics under ``mc0.sys.`` are the broker's own space: a pattern matches
+  them only if it names ``mc0.sys`` literally (``>``, ``*.sys.>`` and
+  ``mc0.>`` do not), as NATS keeps ``$SYS`` out of ``>``.
 * Size rules (UTF-8 bytes, token count) are checked before anything else, so
   an absurd input (say 10,000 tokens) is rejected in O(length) with no
   recursion.
@@ -23,6 +26,8 @@ from .errors import InvalidTopic
 SEPARATOR = "."
 SINGLE = "*"  # matches exactly one token
 TAIL = ">"  # matches one or more trailing tokens
+
+SYSTEM_TOKENS = ("mc0", "sys")  # the broker's own topics: matched only by patterns naming them
 
 DEFAULT_MAX_TOPIC_BYTES = 1024
 DEFAULT_MAX_TOPIC_TOKENS = 32
@@ -81,8 +86,15 @@ def is_literal(tokens: tuple[str, ...]) -> bool:
     return SINGLE not in tokens and TAIL not in tokens
 
 
+def is_system(tokens: tuple[str, ...]) -> bool:
+    """A topic (or pattern) in the broker's own ``mc0.sys`` space, named literally."""
+    return len(tokens) > 2 and tokens[0] == SYSTEM_TOKENS[0] and tokens[1] == SYSTEM_TOKENS[1]
+
+
 def pattern_matches(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
     """Whether a (validated) pattern matches a (validated) literal topic."""
+    if is_system(topic) and pattern[:2] != SYSTEM_TOKENS:
+        return False  # wildcards never reach into mc0.sys
     last = len(pattern) - 1
     for i, want in enumerate(pattern):
         if want == TAIL and i == last:

@@ -11,6 +11,9 @@ Modelled on nats-server's ``server/sublist.go``:
 * every miss returns the one shared empty tuple, so the hot path allocates
   nothing when nobody listens.
 
+Topics under ``mc0.sys.`` are reached only through patterns that name
+``mc0.sys`` literally (the rule is :func:`mc0.topics.pattern_matches`'s).
+
 Values are deduplicated: a value subscribed through several overlapping
 patterns appears once in a match result (exactly-once delivery per peer).
 The caller validates topics/patterns (see :mod:`mc0.topics`); the trie only
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
-from .topics import SINGLE, TAIL, pattern_matches
+from .topics import SINGLE, SYSTEM_TOKENS, TAIL, is_system, pattern_matches
 
 T = TypeVar("T", bound=Hashable)
 
@@ -145,6 +148,14 @@ class TopicTrie(Generic[T]):
     def _walk(self, topic: tuple[str, ...]) -> tuple[T, ...]:
         found: dict[T, None] | None = None
         level: list[_Node[T]] = [self._root]
+        if is_system(topic):  # only patterns naming mc0.sys literally reach it (see mc0.topics)
+            node: _Node[T] | None = self._root
+            for token in SYSTEM_TOKENS:
+                node = node.literal.get(token) if node is not None else None
+            if node is None:
+                return EMPTY  # type: ignore[return-value]
+            level = [node]
+            topic = topic[2:]
         for token in topic:
             nxt: list[_Node[T]] = []
             for node in level:

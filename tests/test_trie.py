@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mc0.topics import split_pattern, split_topic
+from mc0.topics import pattern_matches, split_pattern, split_topic
 from mc0.trie import EMPTY, TopicTrie
 
 
@@ -196,3 +196,28 @@ def test_hypothesis_match_equals_oracle(patterns: list[list[str]], topic: list[s
         trie.match(tuple(topic))  # warm the cache between inserts
     text = ".".join(topic)
     assert set(trie.match(tuple(topic))) == {i for p, i in valid if oracle(p, text)}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "topic", "matches"),
+    [
+        (">", "mc0.sys.rpc", False),  # the broker's own space stays out of wildcards...
+        ("mc0.>", "mc0.sys.peer", False),
+        ("*.sys.rpc", "mc0.sys.rpc", False),
+        ("mc0.*.rpc", "mc0.sys.rpc", False),
+        ("*.*.*", "mc0.sys.rpc", False),
+        ("mc0.sys.>", "mc0.sys.rpc", True),  # ...unless a pattern names it
+        ("mc0.sys.*", "mc0.sys.peer", True),
+        ("mc0.sys.rpc", "mc0.sys.rpc", True),
+        (">", "mc0.other.x", True),  # only mc0.sys is set apart
+        ("mc0.>", "mc0.rollup.x", True),
+        (">", "mc0.sys", True),  # (not a topic the broker publishes: two tokens)
+    ],
+)
+def test_system_topics_are_matched_only_by_patterns_that_name_them(pattern: str, topic: str, matches: bool) -> None:
+    for cache_size in (0, 16):
+        trie: TopicTrie[str] = TopicTrie(cache_size=cache_size)
+        trie.insert(split_pattern(pattern), "v")
+        assert trie.match(split_topic(topic)) == (("v",) if matches else ())
+        assert trie.match(split_topic(topic)) == (("v",) if matches else ())  # (cached)
+        assert pattern_matches(split_pattern(pattern), split_topic(topic)) is matches
