@@ -19,11 +19,21 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from . import protocol as P
-from .errors import InvalidTopic, ProtocolError, RemoteError
+from .errors import InvalidTopic, ProtocolError
+from .events import (
+    Answer,
+    CancelWork,
+    Connected,
+    ConnectRefused,
+    Delivery,
+    Event,
+    Fault,
+    Reconnecting,
+    Work,
+    answer_error,
+)
 from .message import Message
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
 from .topics import split_pattern, split_topic
@@ -56,76 +66,23 @@ def new_message(topic: str, data: bytes, sender: str | None) -> Message:
     return message
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """OK / ERROR / PONG carrying the ID of a command we sent."""
-
-    request_id: str
-    command: Command
-
-    def error(self) -> RemoteError | None:
-        if self.command.verb is Verb.ERROR:
-            return answer_error(self.command)
-        return None
+# The events this session reports live in mc0.events (re-exported here for the shells).
 
 
-class Delivery(NamedTuple):
-    """A MESSAGE and the local patterns it matched (a tuple: one is built per message received)."""
-
-    message: Message
-    patterns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """Something exceptional the broker reported without an ID.
-
-    ``withdrawn`` names a subscription pattern the broker dropped (policy
-    change); the session has already forgotten it.
-    """
-
-    error: RemoteError
-    withdrawn: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    ttl_ms: int
-    healed: bool  # True when this was a reconnect
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectRefused:
-    error: RemoteError
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnecting:
-    reason: str
-
-
-class Work(NamedTuple):
-    """A REQUEST the broker gave us as a worker."""
-
-    bid: str
-    service: str
-    caller: str
-    timeout_ms: int
-    headers: dict[str, str]
-    parts: tuple[bytes, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CancelWork:
-    bid: str
-
-
-Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
-
-
-def answer_error(command: Command) -> RemoteError:
-    code = P.decimal(command.headers.get(Header.CODE, ""), 3) or 0
-    return P.remote_error(code, command.headers.get(Header.MESSAGE, ""))
+__all__ = [
+    "Answer",
+    "CancelWork",
+    "ClientSession",
+    "ConnectRefused",
+    "Connected",
+    "Delivery",
+    "Event",
+    "Fault",
+    "Frames",
+    "Reconnecting",
+    "Work",
+    "answer_error",
+]
 
 
 class ClientSession:

@@ -1,0 +1,102 @@
+"""What a ClientSession reports to its shell: one small value per thing that happened.
+
+Contract: values only (frozen dataclasses and NamedTuples), built by
+:class:`mc0.session.ClientSession` and consumed by the asyncio shell; no
+behaviour beyond reading themselves.  ``answer_error`` maps an ERROR command
+to the matching :class:`mc0.RemoteError` subclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from . import protocol as P
+from .errors import RemoteError
+from .message import Message
+from .protocol import Command, Header, Verb
+
+__all__ = [
+    "Answer",
+    "CancelWork",
+    "ConnectRefused",
+    "Connected",
+    "Delivery",
+    "Event",
+    "Fault",
+    "Reconnecting",
+    "Work",
+    "answer_error",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """OK / ERROR / PONG carrying the ID of a command we sent."""
+
+    request_id: str
+    command: Command
+
+    def error(self) -> RemoteError | None:
+        if self.command.verb is Verb.ERROR:
+            return answer_error(self.command)
+        return None
+
+
+class Delivery(NamedTuple):
+    """A MESSAGE and the local patterns it matched (a tuple: one is built per message received)."""
+
+    message: Message
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Something exceptional the broker reported without an ID.
+
+    ``withdrawn`` names a subscription pattern the broker dropped (policy
+    change); the session has already forgotten it.
+    """
+
+    error: RemoteError
+    withdrawn: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    ttl_ms: int
+    healed: bool  # True when this was a reconnect
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRefused:
+    error: RemoteError
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnecting:
+    reason: str
+
+
+class Work(NamedTuple):
+    """A REQUEST the broker gave us as a worker."""
+
+    bid: str
+    service: str
+    caller: str
+    timeout_ms: int
+    headers: dict[str, str]
+    parts: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWork:
+    bid: str
+
+
+Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
+
+
+def answer_error(command: Command) -> RemoteError:
+    code = P.decimal(command.headers.get(Header.CODE, ""), 3) or 0
+    return P.remote_error(code, command.headers.get(Header.MESSAGE, ""))
