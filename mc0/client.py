@@ -73,6 +73,10 @@ class Subscription:
         return self._inner.patterns
 
     @property
+    def group(self) -> str | None:
+        return self._inner.group
+
+    @property
     def dropped(self) -> int:
         return self._inner.dropped
 
@@ -173,6 +177,7 @@ class Client:
         batch: bool = True,
         max_outgoing: int = aio.DEFAULT_MAX_OUTGOING,
         on_fault: Callable[[Exception], None] | None = None,
+        echo: bool = True,
     ) -> None:
         """See :class:`mc0.aio.Client`; ``on_fault`` runs on the client's I/O thread."""
         self._aio = self._make(
@@ -187,6 +192,7 @@ class Client:
             batch=batch,
             max_outgoing=max_outgoing,
             on_fault=on_fault,
+            echo=echo,
         )
 
     def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
@@ -254,6 +260,7 @@ class Client:
         from_seq: int | None = None,
         journal: str | None = None,
         timeout: float | None = None,
+        group: str | None = None,
     ) -> Subscription:
         inner = self._aio.subscribe(
             *patterns,
@@ -262,6 +269,7 @@ class Client:
             from_seq=from_seq,
             journal=journal,
             timeout=timeout,
+            group=group,
         )
         return Subscription(_run(inner))
 
@@ -297,6 +305,10 @@ class Client:
 
     def ping(self, *, timeout: float | None = None) -> float:
         return _run(self._aio.ping(timeout=timeout))
+
+    def flush(self, *, timeout: float | None = None) -> None:
+        """Return once everything queued so far has reached the broker (a PING round trip)."""
+        _run(self._aio.flush(timeout=timeout))
 
     def request(
         self,

@@ -17,7 +17,8 @@ class Message:
     ``parts`` are the body frames as sent; ``body`` is them joined (the
     common single-frame case costs nothing).  ``sender`` is the identity the
     broker stamped (``anonymous`` without CURVE; ``None`` from a 0.x broker).
-    ``headers`` holds the publisher's ``X-`` headers.
+    ``headers`` holds the publisher's ``X-`` headers.  ``group`` names the
+    queue group this copy was handed out for (one member of the group gets it).
     """
 
     topic: str
@@ -27,6 +28,8 @@ class Message:
     # Set when the topic is journaled: the journal and the record's sequence number there.
     journal: str | None = None
     seq: int | None = None
+    # Set on a queue-group delivery: the group it was handed to this member for.
+    group: str | None = None
 
     @property
     def body(self) -> bytes:
@@ -133,3 +136,24 @@ def frozen_builder(cls: type[T]) -> Callable[..., T]:
         return obj
 
     return build
+
+
+# Message is a frozen dataclass (its public face); received messages are built through its
+# slot descriptors, which costs half of its generated __init__ (measured: 1.0 vs 2.3 us).
+_new = object.__new__
+_SET_TOPIC, _SET_PARTS, _SET_SENDER, _SET_HEADERS, _SET_JOURNAL, _SET_SEQ, _SET_GROUP = (
+    Message.__dict__[name].__set__ for name in ("topic", "parts", "sender", "headers", "journal", "seq", "group")
+)
+
+
+def new_message(topic: str, data: bytes, sender: str | None) -> Message:
+    """``Message(topic, (data,), sender)`` without the dataclass __init__ (the receive hot path)."""
+    message = _new(Message)
+    _SET_TOPIC(message, topic)
+    _SET_PARTS(message, (data,))
+    _SET_SENDER(message, sender)
+    _SET_HEADERS(message, {})
+    _SET_JOURNAL(message, None)
+    _SET_SEQ(message, None)
+    _SET_GROUP(message, None)
+    return message

@@ -24,6 +24,7 @@ from .. import protocol as P
 from ..errors import Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, parse_journal_page
+from ..session import group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
@@ -123,6 +124,7 @@ class Client(Connection):
         from_seq: int | None = None,
         journal: str | None = None,
         timeout: float | None = None,
+        group: str | None = None,
     ) -> Subscription:
         """Subscribe to one or more patterns; returns once the broker confirmed them.
 
@@ -134,11 +136,16 @@ class Client(Connection):
         from that sequence number (0 = the oldest kept; ``journal`` picks the
         journal when several keep these topics), then continues live, in order
         and without gaps or repeats; ``Gone`` if that history was trimmed.
+        With ``group`` this subscription joins a queue group: each matching
+        message goes to one member of the group (the least recently chosen one
+        that keeps up), while plain subscriptions still get every message.
         """
         self.ensure_open()
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
-        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes)
+        if group is not None and from_seq is not None:
+            raise ValueError("a queue group subscription cannot replay history (group with from_seq)")
+        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes, group=group)
         added: list[str] = []
         if from_seq is not None:
             request_id = self.session.new_id()
@@ -155,18 +162,19 @@ class Client(Connection):
         try:
             for pattern in sub.patterns:
                 request_id = self.session.new_id()
-                frames = self.session.add_pattern(pattern, request_id)
+                frames = self.session.add_pattern(pattern, request_id, group)
                 added.append(pattern)
-                self._subscriptions.setdefault(pattern, []).append(sub)
+                self._subscriptions.setdefault(group_key(pattern, group), []).append(sub)
                 if frames is not None:
-                    await self._call(request_id, frames, timeout, f"subscribe to {pattern!r}")
+                    what = f"subscribe to {pattern!r}" + (f" in group {group!r}" if group else "")
+                    await self._call(request_id, frames, timeout, what)
         except BaseException:
             await self._release(sub, added)
             raise
         return sub
 
     async def unsubscribe(self, subscription: Subscription | str) -> None:
-        """End a subscription (or every subscription that includes a pattern)."""
+        """End a subscription (or every plain subscription that includes a pattern)."""
         if isinstance(subscription, str):
             for sub in list(self._subscriptions.get(subscription, ())):
                 await self.unsubscribe(sub)
@@ -176,13 +184,14 @@ class Client(Connection):
     async def _release(self, sub: Subscription, patterns: Sequence[str]) -> None:
         sub._end()
         for pattern in patterns:
-            holders = self._subscriptions.get(pattern, [])
+            key = group_key(pattern, sub.group)
+            holders = self._subscriptions.get(key, [])
             if sub not in holders:
                 continue
             holders.remove(sub)
             if not holders:
-                del self._subscriptions[pattern]
-            frames = self.session.drop_pattern(pattern)
+                del self._subscriptions[key]
+            frames = self.session.drop_pattern(pattern, sub.group)
             if frames is not None and not self._closed:
                 self._send(frames)
 

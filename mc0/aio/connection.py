@@ -46,6 +46,7 @@ from ..session import (
     Frames,
     Reconnecting,
     answer_error,
+    group_key,
 )
 from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
 from .link import Link
@@ -84,6 +85,7 @@ class Connection:
         batch: bool = True,
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         on_fault: Callable[[Exception], None] | None = None,
+        echo: bool = True,
     ) -> None:
         """``key``: this client's secret key (a NAME.key_secret path or a KeyPair);
         ``broker_key``: the broker's public key (a NAME.key path, Z85 bytes or a KeyPair).
@@ -92,7 +94,8 @@ class Connection:
         ``batch``: ask the broker for batched framing (many commands per message);
         ``max_outgoing``: bytes that may wait to be sent before a publisher waits;
         ``on_fault``: called (on the event loop) with each fault also kept in ``faults``:
-        what the broker reported unasked, a subscription dropping messages, an eviction.
+        what the broker reported unasked, a subscription dropping messages, an eviction;
+        ``echo=False``: the broker never hands this client its own publishes (NATS no_echo).
         """
         config = config or ClientConfig()
         self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
@@ -102,7 +105,7 @@ class Connection:
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
         self.request_timeout = config.request_timeout_ms / 1000.0
         ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
-        self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch)
+        self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch, echo=echo)
         self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
         self.on_fault = on_fault
         self.reconnects = 0
@@ -411,9 +414,9 @@ class Connection:
                 self._fault(event.error)
         elif isinstance(event, Fault):
             self._fault(event.error)
-            if event.withdrawn is not None:
+            if event.withdrawn is not None:  # a local key: the pattern, with its group if any
                 for sub in self._subscriptions.pop(event.withdrawn, []):
-                    sub.patterns = tuple(p for p in sub.patterns if p != event.withdrawn)
+                    sub.patterns = tuple(p for p in sub.patterns if group_key(p, sub.group) != event.withdrawn)
                     if not sub.patterns:
                         sub._end()
         elif isinstance(event, Reconnecting):

@@ -48,11 +48,14 @@ class Subscription:
         patterns: tuple[str, ...],
         max_pending: int,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        *,
+        group: str | None = None,
     ) -> None:
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be at least 1")
         self.client = client
         self.patterns = patterns
+        self.group = group  # the queue group it is a member of (None: a plain subscription)
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.dropped = 0

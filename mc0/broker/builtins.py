@@ -27,7 +27,7 @@ from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
-REPORT_OPS = ("stats", "services", "topics", "peers")
+REPORT_OPS = ("stats", "services", "topics", "groups", "peers")
 
 
 class Builtins:
@@ -147,6 +147,8 @@ class Builtins:
             return {name: self._service_report(s) for name, s in sorted(rpc.services.items())}
         if op == "topics":
             return self.pubsub.report()
+        if op == "groups":
+            return self.pubsub.group_report()
         if op == "peers":
             rows = []
             for peer in self.peers.by_id.values():
@@ -159,6 +161,7 @@ class Builtins:
                         "kind": peer.dialect.name,
                         "ttl_ms": round(peer.ttl * 1000),
                         "subscriptions": self.pubsub.count_of(peer),
+                        "groups": self.pubsub.groups_of(peer),
                         "delivered": peer.delivered,
                         "dropped": peer.drops,
                         "services": list(state.services) if state else [],

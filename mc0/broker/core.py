@@ -36,7 +36,7 @@ from ..trie import TopicTrie
 from . import mdp
 from .builtins import RESERVED_SERVICES, Builtins
 from .jobs import Service
-from .peers import Out, Peer, PeerTable, generated_routing_id
+from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
 from .pubsub import PubSub
 from .rpc import Rpc
 from .store import JournalStore
@@ -369,18 +369,14 @@ class BrokerCore(VerbHandlers):
             )
         asked = P.parse_int(command, Header.TTL, minimum=1)
         ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
-        batched = command.headers.get(Header.BATCH, "0")
-        if batched not in ("0", "1") or (batched == "1" and version != P.FULL_VERSION):
-            raise ProtocolError(
-                Status.BAD_REQUEST, f"BATCH must be 0 or 1, and needs protocol {P.FULL_VERSION}", command.id
-            )
+        batched, echo = (connect_flag(command, header, version) for header in (Header.BATCH, Header.ECHO))
         out: list[Out] = []
         if replacing is not None:
             out = self._forget(replacing, "reconnected", now)
             fd = replacing.fd
-        dialect = P.MC0_BATCHED_DIALECT if batched == "1" else P.MC0_DIALECT
+        dialect = P.MC0_BATCHED_DIALECT if batched else P.MC0_DIALECT
         peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, dialect, fd)
-        peer.batched = batched == "1"
+        peer.batched, peer.echo = batched, echo
         out += self._open(peer, now)
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", peer.name, identity, version, ttl_ms)
         if command.id is not None:

@@ -27,6 +27,7 @@ from ..protocol import batch
 
 Payload = Sequence[bytes] | bytes  # frames, or a batch record
 
+GROUP_SKIP_BYTES = 1 << 20  # a queue-group member backed up by more than this is passed over (at most)
 RETRY_FIRST = 0.001  # seconds before the first retry of a send libzmq refused
 RETRY_MAX = 0.05
 

@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from .. import protocol as P
+from ..errors import ProtocolError
 from ..permissions import ALLOW_ALL, Grants
 from ..protocol import Dialect, batch
 
@@ -56,6 +57,7 @@ class Peer:
         "fd",
         "batched",
         "sender_block",
+        "echo",
     )
 
     _serials = itertools.count(1)
@@ -89,9 +91,27 @@ class Peer:
         self.delivered = 0
         self.grants: Grants = ALLOW_ALL
         self.batched = False  # granted BATCH 1 at CONNECT: what it is sent goes out as batch records
+        self.echo = True  # False (CONNECT ECHO 0): never handed its own publishes
 
     def __repr__(self) -> str:
         return f"<Peer {self.name} {self.dialect.name} v{self.version}>"
+
+
+# CONNECT's on/off options: the value a peer gets when it does not say.
+CONNECT_FLAG_DEFAULTS = {P.Header.BATCH: False, P.Header.ECHO: True}
+
+
+def connect_flag(command: P.Command, header: P.Header, version: str) -> bool:
+    """A CONNECT option that is "0" or "1" (BATCH, ECHO); anything but the default needs 1.0."""
+    default = CONNECT_FLAG_DEFAULTS[header]
+    text = command.headers.get(header)
+    if text is None:
+        return default
+    if text not in ("0", "1") or ((text == "1") != default and version != P.FULL_VERSION):
+        raise ProtocolError(
+            P.Status.BAD_REQUEST, f"{header} must be 0 or 1, and needs protocol {P.FULL_VERSION}", command.id
+        )
+    return text == "1"
 
 
 def generated_routing_id(routing_id: bytes) -> bool:

@@ -6,13 +6,22 @@ pattern set and the topic-token cache.  ``parse_patterns`` and
 ``fan_out`` builds the MESSAGE frames once and returns one ``(routing id,
 frames)`` per peer that may see it (exactly once per peer however many of
 its patterns match; seed 0.x peers get the seed's shape; subscribe-deny
-patterns are applied at delivery).  Pure: no sockets, no clock.
+patterns are applied at delivery).
+
+Queue groups (``SUB GROUP g``) live beside the plain subscriptions: a
+message matching a group goes to exactly one member of it, the least
+recently chosen member that ``can_take`` (a predicate the shell sets from
+its outgoing queues: members whose queue is backing up are skipped, not
+waited for; when every member is backed up the least recently chosen one
+still gets it), as a MESSAGE with ``GROUP g``.  Plain subscribers get their
+copy as before.  A publisher that connected with ``ECHO 0`` is never handed
+its own message.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import protocol as P
 from ..errors import InvalidTopic, ProtocolError
@@ -25,6 +34,11 @@ from .peers import Out, Peer
 TOPIC_CACHE_SIZE = 4096
 
 Pattern = tuple[str, tuple[str, ...]]  # (text, tokens)
+Member = tuple[str, Peer]  # (queue group, peer)
+
+
+def _always(routing_id: bytes) -> bool:
+    return True
 
 
 def topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
@@ -41,6 +55,13 @@ class PubSub:
         self._topics: dict[str, tuple[str, ...]] = {}
         self._routes: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
+        self.groups: TopicTrie[Member] = TopicTrie()
+        self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
+        self._groups_of: dict[Peer, set[str]] = {}
+        self._chosen_at: dict[Member, int] = {}  # the turn a member was last chosen (least recent first)
+        self._turn = 0
+        # Set by the shell: False while a peer's outgoing queue is backing up (group members are skipped then).
+        self.can_take: Callable[[bytes], bool] = _always
 
     # ------------------------------------------------------------ validation
     def topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:
@@ -96,27 +117,66 @@ class PubSub:
             result.append((pattern, tokens))
         return result
 
+    def check_group(self, peer: Peer, command: Command) -> str | None:
+        """The GROUP of a SUB/UNSUB, validated (None: a plain subscription)."""
+        group = command.headers.get(Header.GROUP)
+        if group is None:
+            return None
+        if peer.legacy:
+            raise ProtocolError(Status.BAD_REQUEST, f"queue groups need protocol {P.FULL_VERSION}", command.id)
+        if Header.FROM in command.headers:
+            raise ProtocolError(Status.BAD_REQUEST, "a queue group cannot replay (GROUP with FROM)", command.id)
+        if not P.valid_group(group):
+            raise ProtocolError(
+                Status.BAD_REQUEST,
+                f"group {group[:64]!r}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace",
+                command.id,
+            )
+        return group
+
+    def _held(self, peer: Peer, group: str | None) -> dict[str, tuple[str, ...]]:
+        if group is None:
+            return self._patterns.get(peer, {})
+        return self._group_patterns.get((group, peer), {})
+
+    def _count_all(self, peer: Peer) -> int:
+        count = len(self._patterns.get(peer, ()))
+        for group in self._groups_of.get(peer, ()):
+            count += len(self._group_patterns.get((group, peer), ()))
+        return count
+
     def check_subscribe(
-        self, peer: Peer, patterns: list[Pattern], request_id: str | None
+        self, peer: Peer, patterns: list[Pattern], request_id: str | None, group: str | None = None
     ) -> dict[str, tuple[str, ...]]:
-        """The patterns ``peer`` does not hold yet, once every one is allowed and within the limit."""
+        """The patterns ``peer`` does not hold yet (in ``group``, if given), once every one
+        is allowed and within the limit (plain and group patterns count together)."""
         for pattern, tokens in patterns:
             if not peer.grants.may_subscribe(tokens):
                 raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not subscribe to {pattern}", request_id)
-        held = self._patterns.get(peer, {})
+        held = self._held(peer, group)
         new = {p: t for p, t in patterns if p not in held}
         limit = self.limits.max_subscriptions
-        if len(held) + len(new) > limit:
+        total = self._count_all(peer) + len(new)
+        if total > limit:
             raise ProtocolError(
                 Status.OVER_LIMIT,
-                f"{len(held) + len(new)} subscriptions, the limit per peer is {limit}",
+                f"{total} subscriptions, the limit per peer is {limit}",
                 request_id,
             )
         return new
 
     # ------------------------------------------------------------ changes
-    def add(self, peer: Peer, new: dict[str, tuple[str, ...]]) -> None:
+    def add(self, peer: Peer, new: dict[str, tuple[str, ...]], group: str | None = None) -> None:
         if not new:
+            return
+        if group is not None:
+            member = (group, peer)
+            held = self._group_patterns.setdefault(member, {})
+            self._groups_of.setdefault(peer, set()).add(group)
+            for pattern, tokens in new.items():
+                held[pattern] = tokens
+                self.groups.insert(tokens, member)
+            self.version += 1
             return
         held = self._patterns.setdefault(peer, {})
         for pattern, tokens in new.items():
@@ -124,8 +184,30 @@ class PubSub:
             self.subscriptions.insert(tokens, peer)
         self.version += 1
 
-    def remove(self, peer: Peer, patterns: Sequence[Pattern]) -> list[tuple[str, ...]]:
-        """Drop these patterns of ``peer``; returns the tokens of those it held."""
+    def _remove_member(self, peer: Peer, group: str, patterns: Sequence[Pattern] | None) -> None:
+        """Drop ``patterns`` (None: all) of ``peer`` in ``group``."""
+        member = (group, peer)
+        held = self._group_patterns.get(member)
+        if held:
+            for pattern in list(held) if patterns is None else [p for p, _ in patterns]:
+                tokens = held.pop(pattern, None)
+                if tokens is not None:
+                    self.groups.remove(tokens, member)
+        if not held:
+            self._group_patterns.pop(member, None)
+            self._chosen_at.pop(member, None)
+            groups = self._groups_of.get(peer)
+            if groups is not None:
+                groups.discard(group)
+                if not groups:
+                    del self._groups_of[peer]
+        self.version += 1
+
+    def remove(self, peer: Peer, patterns: Sequence[Pattern], group: str | None = None) -> list[tuple[str, ...]]:
+        """Drop these patterns of ``peer`` (in ``group``); returns the tokens of the plain ones it held."""
+        if group is not None:
+            self._remove_member(peer, group, patterns)
+            return []
         held = self._patterns.get(peer)
         removed: list[tuple[str, ...]] = []
         if not held:
@@ -143,14 +225,14 @@ class PubSub:
     def drop_peer(self, peer: Peer) -> None:
         for tokens in self._patterns.pop(peer, {}).values():
             self.subscriptions.remove(tokens, peer)
+        for group in list(self._groups_of.get(peer, ())):
+            self._remove_member(peer, group, None)
         self.version += 1
 
     def withdraw_denied(self, peer: Peer, grants: Grants) -> list[Out]:
         """A new policy: drop ``peer``'s patterns it may no longer subscribe to, telling it each one."""
         out: list[Out] = []
-        held = self._patterns.get(peer)
-        if not held:
-            return out
+        held = self._patterns.get(peer, {})
         for pattern, tokens in list(held.items()):
             if not grants.may_subscribe(tokens):
                 del held[pattern]
@@ -158,13 +240,55 @@ class PubSub:
                 reason = f"subscription {pattern} withdrawn by policy"
                 out.append((peer.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern)))
         if not held:
-            del self._patterns[peer]
+            self._patterns.pop(peer, None)
+        for group in list(self._groups_of.get(peer, ())):
+            denied = [
+                (p, t) for p, t in self._group_patterns.get((group, peer), {}).items() if not grants.may_subscribe(t)
+            ]
+            if denied:
+                self._remove_member(peer, group, denied)
+                for pattern, _ in denied:
+                    reason = f"subscription {pattern} in group {group} withdrawn by policy"
+                    out.append((peer.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern, group=group)))
         self.version += 1
         return out
 
     # ------------------------------------------------------------ delivery
     def wanted(self, tokens: tuple[str, ...]) -> bool:
-        return bool(self.subscriptions.match(tokens))
+        return bool(self.subscriptions.match(tokens)) or bool(self._group_patterns and self.groups.match(tokens))
+
+    def _chosen(self, tokens: tuple[str, ...], skip: Peer | None) -> list[Member]:
+        """One member per queue group matching ``tokens``: the least recently chosen that
+        ``can_take`` (else the least recently chosen of all); ``skip`` is never chosen."""
+        matched = self.groups.match(tokens)
+        if not matched:
+            return []
+        best: dict[str, tuple[int, int, Member]] = {}  # group -> (backed up?, last chosen, member)
+        chosen_at = self._chosen_at
+        can_take = self.can_take
+        for member in matched:
+            group, peer = member
+            if peer is skip or (peer.grants.deny_subscribe and not peer.grants.delivers(tokens)):
+                continue
+            rank = (0 if can_take(peer.routing_id) else 1, chosen_at.get(member, 0), member)
+            held = best.get(group)
+            if held is None or rank[:2] < held[:2]:
+                best[group] = rank
+        chosen = []
+        for _, _, member in best.values():
+            self._turn += 1
+            chosen_at[member] = self._turn
+            chosen.append(member)
+        return chosen
+
+    def _group_copies(
+        self, chosen: list[Member], topic_b: bytes, sender: bytes, user: Sequence[bytes], body: Sequence[bytes]
+    ) -> list[Out]:
+        out: list[Out] = []
+        for group, peer in chosen:
+            frames = P.message(topic_b, sender, user, body, group=group.encode())
+            out.append((peer.routing_id, batch.frames_record(frames) if peer.batched else frames))
+        return out
 
     def fan_out(
         self,
@@ -176,19 +300,29 @@ class PubSub:
         now: float,
         position: tuple[str, int] | None = None,
         held_back: set[Peer] | None = None,
+        publisher: Peer | None = None,
     ) -> list[Out]:
-        """One MESSAGE built once, handed to every subscriber that may see it.
+        """One MESSAGE built once, handed to every subscriber that may see it, and one
+        copy to a member of each queue group it matches.
 
         ``position`` is ``(journal, seq)`` of a journaled message;
-        ``held_back`` are peers whose running replay will deliver it instead.
+        ``held_back`` are peers whose running replay will deliver it instead;
+        ``publisher`` is skipped when it connected with ``ECHO 0``.
         """
+        skip = publisher if publisher is not None and not publisher.echo else None
         targets = self.subscriptions.match(tokens)
+        chosen = self._chosen(tokens, skip) if self._group_patterns else []
         out: list[Out] = []
-        if not targets:
+        if not targets and not chosen:
             return out
         # Most PUTs carry TOPIC (and ID) only: skip the scan for X- headers then.
         user = P.user_header_frames(headers) if len(headers) > 1 + (Header.ID in headers) else []
         topic_b = topic.encode()
+        if chosen:
+            out += self._group_copies(chosen, topic_b, sender, user, body)
+            for _, member in chosen:
+                member.last_sent = now
+                member.delivered += 1
         where = (position[0].encode(), position[1]) if position is not None else None
         # Each shape is built once, when the first subscriber that needs it comes up.
         frames: list[bytes] | None = None
@@ -198,6 +332,8 @@ class PubSub:
             if target.grants.deny_subscribe and not target.grants.delivers(tokens):
                 continue  # a wildcard overlapping a denied topic: never delivered
             if held_back and target in held_back:
+                continue
+            if target is skip:
                 continue
             if target.batched:
                 if record is None:
@@ -235,16 +371,34 @@ class PubSub:
         subscribers get the publisher's record body forwarded as it came (``put_body`` is
         ``tl topic data``; the data starts at ``data_at``), collected per subscriber in
         ``sink`` (the caller joins each one's records into one payload); others get frames
-        appended to ``out``."""
+        appended to ``out``.  Queue groups get their copies as in ``fan_out``."""
+        skip = publisher if not publisher.echo else None
         targets = self.subscriptions.match(tokens)
+        delivered = 0
+        if self._group_patterns:
+            chosen = self._chosen(tokens, skip)
+            if chosen:
+                body = (put_body[data_at:],)
+                for (_, member), (routing_id, payload) in zip(
+                    chosen, self._group_copies(chosen, topic.encode(), publisher.sender, (), body), strict=True
+                ):
+                    if isinstance(payload, bytes):
+                        sink.setdefault(routing_id, []).append(payload)
+                    else:
+                        out.append((routing_id, payload))
+                    member.last_sent = now
+                    member.delivered += 1
+                delivered += len(chosen)
         if not targets:
+            self.counters["delivered"] += delivered
             return
         record: bytes | None = None
         frames: list[bytes] | None = None
         seed_frames: list[bytes] | None = None
-        delivered = 0
         for target in targets:
             if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+                continue
+            if target is skip:
                 continue
             if target.batched:
                 if record is None:
@@ -273,6 +427,20 @@ class PubSub:
 
     def patterns_of(self, peer: Peer) -> list[str]:
         return list(self._patterns.get(peer, ()))
+
+    def groups_of(self, peer: Peer) -> dict[str, list[str]]:
+        """``peer``'s queue groups and its patterns in each."""
+        return {g: list(self._group_patterns.get((g, peer), ())) for g in sorted(self._groups_of.get(peer, ()))}
+
+    def group_report(self) -> dict[str, dict[str, int]]:
+        """Each queue group: its member count per pattern."""
+        report: dict[str, dict[str, int]] = {}
+        for pattern, members in self.groups.patterns():
+            for group, _ in members:
+                counts = report.setdefault(group, {})
+                key = ".".join(pattern)
+                counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(report.items()))
 
     def report(self) -> dict[str, int]:
         return {

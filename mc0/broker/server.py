@@ -40,7 +40,7 @@ from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
 from .core import BrokerCore, Out
 from .journal import Journal
-from .outbox import Outbox
+from .outbox import GROUP_SKIP_BYTES, Outbox
 from .streams import StreamOut
 
 log = logging.getLogger("mc0.broker")
@@ -127,6 +127,9 @@ class Broker:
         self.outbox = Outbox(
             max_bytes=cfg.max_queue_bytes, max_messages=cfg.max_queue_messages, batch_bytes=BATCH_OUT_BYTES
         )
+        # A queue-group member whose queue holds more than this is skipped while another can take it.
+        group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
+        self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None

@@ -55,7 +55,7 @@ class VerbHandlers:
         journals = self.streams.routes(tokens) if self.streams.journals else ()
         if journals:
             return self._put_journaled(peer, command, topic, tokens, journals, now)
-        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now)
+        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
         if command.id is not None:
             peer.last_sent = now
             out.append((peer.routing_id, P.ok(command.id)))
@@ -93,7 +93,9 @@ class VerbHandlers:
             raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
         self.counters["journaled"] += 1
         held = self.streams.held_back(journals, tokens)
-        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held)
+        out = self.pubsub.fan_out(
+            topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
+        )
         if command.id is not None:
             peer.last_sent = now
             self.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
@@ -101,7 +103,11 @@ class VerbHandlers:
 
     def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
         patterns = self.pubsub.parse_patterns(command)  # all validated before any change
-        new = self.pubsub.check_subscribe(peer, patterns, command.id)
+        group = self.pubsub.check_group(peer, command)
+        new = self.pubsub.check_subscribe(peer, patterns, command.id, group)
+        if group is not None:
+            self.pubsub.add(peer, new, group)
+            return self._answer(peer, command, now)
         replay = self.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
         self.pubsub.add(peer, new)
         if replay is not None:
@@ -109,7 +115,9 @@ class VerbHandlers:
         return self._answer(peer, command, now)
 
     def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        removed = self.pubsub.remove(peer, self.pubsub.parse_patterns(command))
+        patterns = self.pubsub.parse_patterns(command)
+        group = self.pubsub.check_group(peer, command)
+        removed = self.pubsub.remove(peer, patterns, group)
         self.streams.unsubscribed(peer, removed)
         return self._answer(peer, command, now)
 

@@ -15,13 +15,13 @@ non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
 
 Peer -> broker::
 
-    CONNECT    VERSION v TTL ms [ID id] [BATCH 1]  -> OK ID id TTL ms [BATCH 1]
+    CONNECT    VERSION v TTL ms [ID id] [BATCH 1] [ECHO 0]  -> OK ID id TTL ms [BATCH 1]
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
-    SUB        [ID id] [FROM seq [JOURNAL j]] "" pattern...   (FROM: replay, then live)
-    UNSUB      [ID id] "" pattern...
-    PUT        TOPIC t [ID id] [MSGID m] [X-...] "" body...
+    SUB        [ID id] [FROM seq [JOURNAL j] | GROUP g] "" pattern...   (FROM: replay, then live; GROUP: queue group)
+    UNSUB      [ID id] [GROUP g] "" pattern...
+    PUT        TOPIC t [ID id] [MSGID m | TO identity] [X-...] "" body...   (TO: a direct message, a mailbox)
     READY      [ID id] [CAPACITY n] "" service...  (1.0, a worker)
     REQUEST    SERVICE s ID rid [TIMEOUT ms] [ALL 1] [X-...] ["" body...]
     CANCEL     ID rid
@@ -33,9 +33,9 @@ Peer -> broker::
 
 Broker -> peer::
 
-    OK         ID id [TTL ms] [BATCH 1] [JOURNAL j SEQ n [DUPLICATE 1]]   (SEQ: a journaled PUT, once written)
-    ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern]   (TOPIC: a subscription withdrawn)
-    MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [X-...] "" body...  (0.x peers: no SENDER)
+    OK         ID id [TTL ms] [BATCH 1] [JOURNAL j SEQ n [DUPLICATE 1]] [MAILBOX delivered|stored]
+    ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern [GROUP g]]   (TOPIC: a subscription withdrawn)
+    MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [GROUP g] [TO identity] [X-...] "" body...  (0.x: no SENDER)
     NOOP
     PONG       ID x
     DISCONNECT
@@ -88,6 +88,7 @@ from .builders import (
     message,
     ok,
     ok_journaled,
+    ok_mailbox,
     reply,
     request_to_worker,
     user_header_frames,
@@ -105,10 +106,15 @@ from .model import (
     ANONYMOUS,
     BROKER_GRAMMAR,
     BROKER_SERVICE,
+    CONSUMER_SERVICE,
     DEFAULT_LIMITS,
+    ECHO_OFF,
     FULL_VERSION,
     GRAMMAR,
     JOURNAL_SERVICE,
+    MAILBOX_DELIVERED,
+    MAILBOX_STORED,
+    MAX_GROUP_BYTES,
     MAX_SERVICE_BYTES,
     MMI_SERVICE,
     PEER_GRAMMAR,
@@ -129,6 +135,7 @@ from .model import (
     Verb,
     is_user_header,
     remote_error,
+    valid_group,
 )
 
 __all__ = [
@@ -145,11 +152,17 @@ __all__ = [
     "Grammar",
     "Header",
     "JOURNAL_SERVICE",
+    "CONSUMER_SERVICE",
+    "MAILBOX_DELIVERED",
+    "MAILBOX_STORED",
+    "ECHO_OFF",
     "Limits",
     "MAX_DECIMAL_DIGITS",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_GROUP_BYTES",
     "MAX_SERVICE_BYTES",
+    "valid_group",
     "MC0_BATCHED_DIALECT",
     "MC0_DIALECT",
     "Mc0BatchedDialect",
@@ -183,6 +196,7 @@ __all__ = [
     "message",
     "ok",
     "ok_journaled",
+    "ok_mailbox",
     "parse_int",
     "parse_journal_page",
     "remote_error",

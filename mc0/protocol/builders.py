@@ -20,11 +20,16 @@ def ok(request_id: str, *, ttl_ms: int | None = None, batch: bool = False) -> li
     return frames
 
 
-def error(code: int, reason: str, request_id: str | None = None, *, topic: str | None = None) -> list[bytes]:
+def error(
+    code: int, reason: str, request_id: str | None = None, *, topic: str | None = None, group: str | None = None
+) -> list[bytes]:
+    """ERROR frames; ``topic`` (and ``group``) name a subscription the broker withdrew."""
     head = [b"ERROR"] if request_id is None else [b"ERROR", b"ID", request_id.encode()]
     frames = [*head, b"CODE", str(int(code)).encode(), b"MESSAGE", reason.encode()]
     if topic is not None:
         frames += (b"TOPIC", topic.encode())
+    if group is not None:
+        frames += (b"GROUP", group.encode())
     return frames
 
 
@@ -33,6 +38,11 @@ def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = F
     if duplicate:
         frames += (b"DUPLICATE", b"1")
     return frames
+
+
+def ok_mailbox(request_id: str, outcome: str) -> list[bytes]:
+    """The OK to a ``PUT TO``: ``delivered`` (to a session now) or ``stored`` (until the identity connects)."""
+    return [b"OK", b"ID", request_id.encode(), b"MAILBOX", outcome.encode()]
 
 
 def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:
@@ -50,16 +60,25 @@ def message(
     user_headers: Sequence[bytes],
     body: Sequence[bytes],
     position: tuple[bytes, int] | None = None,
+    *,
+    group: bytes | None = None,
+    to: bytes | None = None,
 ) -> list[bytes]:
     """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER.
 
-    ``position`` is ``(journal, seq)`` for a journaled message (1.0 peers only).
+    ``position`` is ``(journal, seq)`` for a journaled message, ``group`` the
+    queue group it is delivered for, ``to`` the identity of a direct message
+    (1.0 peers only).
     """
     frames = [b"MESSAGE", b"TOPIC", topic]
     if sender is not None:
         frames += (b"SENDER", sender)
         if position is not None:
             frames += (b"JOURNAL", position[0], b"SEQ", str(position[1]).encode())
+        if group is not None:
+            frames += (b"GROUP", group)
+        if to is not None:
+            frames += (b"TO", to)
     frames += user_headers
     frames.append(b"")
     frames += body

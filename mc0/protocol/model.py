@@ -55,6 +55,10 @@ class Header(StrEnum):
     DUPLICATE = "DUPLICATE"
     FROM = "FROM"  # SUB: replay from this sequence number, then continue live
     BATCH = "BATCH"  # CONNECT / OK: batched framing asked for / granted ("1")
+    ECHO = "ECHO"  # CONNECT: "0" = never deliver this peer's own publishes back to it (NATS no_echo)
+    GROUP = "GROUP"  # SUB / UNSUB: a queue group (each message to one member); MESSAGE: delivered for it
+    TO = "TO"  # PUT: a direct message to one identity (its mailbox); MESSAGE: the identity it was sent to
+    MAILBOX = "MAILBOX"  # OK to a PUT TO: "delivered" (to a session now) or "stored" (kept until it connects)
 
 
 USER_HEADER_PREFIX = "X-"
@@ -116,6 +120,9 @@ ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
 BROKER_SERVICE = "mc0.broker"  # built-in: stats / services / topics / peers reports
 MMI_SERVICE = "mmi.service"  # built-in: Majordomo's MMI (is a service served? 200 / 404)
 JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
+CONSUMER_SERVICE = "mc0.consumer"  # built-in: durable consumers on a journal (create, pull, ack, nak, term, info)
+MAILBOX_DELIVERED, MAILBOX_STORED = "delivered", "stored"  # OK ... MAILBOX x to a PUT TO
+ECHO_OFF = "0"  # CONNECT ... ECHO 0
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request
 SYS_PEER_TOPIC = RESERVED_TOPIC_PREFIX + "peer"  # connects and disconnects
@@ -137,6 +144,16 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 MAX_SERVICE_BYTES = 255  # a service name, like a topic, in UTF-8
+MAX_GROUP_BYTES = 255  # a queue group's name: UTF-8, no whitespace
+
+
+def valid_group(name: str) -> bool:
+    """A queue group name: 1..MAX_GROUP_BYTES UTF-8 bytes, no whitespace (it is a client's routing key too)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return 0 < size <= MAX_GROUP_BYTES and not any(ch.isspace() for ch in name)
 
 
 class Side(Enum):
@@ -171,13 +188,13 @@ _ID = _h(Header.ID)
 
 # What a peer may send to the broker.
 PEER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _h(Header.ID, Header.BATCH)),
+    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _h(Header.ID, Header.BATCH, Header.ECHO)),
     Verb.DISCONNECT: Grammar(optional=_ID),
     Verb.NOOP: Grammar(optional=_ID),
     Verb.PING: Grammar(_ID, seed=False),
-    Verb.SUB: Grammar(optional=_h(Header.ID, Header.FROM, Header.JOURNAL), payload=Payload.REQUIRED),
-    Verb.UNSUB: Grammar(optional=_ID, payload=Payload.REQUIRED),
-    Verb.PUT: Grammar(_h(Header.TOPIC), _h(Header.ID, Header.MSGID), True, Payload.REQUIRED),
+    Verb.SUB: Grammar(optional=_h(Header.ID, Header.FROM, Header.JOURNAL, Header.GROUP), payload=Payload.REQUIRED),
+    Verb.UNSUB: Grammar(optional=_h(Header.ID, Header.GROUP), payload=Payload.REQUIRED),
+    Verb.PUT: Grammar(_h(Header.TOPIC), _h(Header.ID, Header.MSGID, Header.TO), True, Payload.REQUIRED),
     Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.REQUIRED, seed=False),
     Verb.REQUEST: Grammar(
         _h(Header.SERVICE, Header.ID), _h(Header.TIMEOUT, Header.ALL), True, Payload.OPTIONAL, seed=False
@@ -191,9 +208,11 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
 
 # What the broker may send to a peer.
 BROKER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.BATCH, Header.JOURNAL, Header.SEQ, Header.DUPLICATE)),
-    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC)),
-    Verb.MESSAGE: Grammar(_h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ), True, Payload.REQUIRED),
+    Verb.OK: Grammar(_ID, _h(Header.TTL, Header.BATCH, Header.JOURNAL, Header.SEQ, Header.DUPLICATE, Header.MAILBOX)),
+    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC, Header.GROUP)),
+    Verb.MESSAGE: Grammar(
+        _h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO), True, Payload.REQUIRED
+    ),
     Verb.NOOP: Grammar(),
     Verb.PONG: Grammar(_ID, seed=False),
     Verb.DISCONNECT: Grammar(),

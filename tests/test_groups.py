@@ -1,0 +1,198 @@
+"""Queue groups and ECHO 0 in the broker core: no sockets, time is an argument."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.permissions import Permissions
+from mc0.protocol import Limits, batch
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+def connect(core: BrokerCore, rid: bytes, *extra: str, version: str = "1.0", who: str = "anonymous") -> list[bytes]:
+    ((_, answer),) = core.handle(rid, f("CONNECT", "VERSION", version, "TTL", "1000", *extra, "ID", "c"), 0.0, who)
+    return answer
+
+
+def frames_of(item: object) -> list[bytes]:
+    if isinstance(item, bytes):  # a batched peer's record
+        ((code, start, end),) = batch.records(item)
+        return batch.frames_of(item, code, start, end)
+    assert isinstance(item, list)
+    return item
+
+
+def records(item: object) -> list[list[bytes]]:
+    """The commands in what the core handed out for one peer (a batched peer's records are joined)."""
+    if isinstance(item, bytes):
+        return [batch.frames_of(item, code, start, end) for code, start, end in batch.records(item)]
+    assert isinstance(item, list)
+    return [item]
+
+
+def deliveries(out: list[tuple[bytes, object]]) -> list[tuple[bytes, list[bytes]]]:
+    return [(rid, frames_of(item)) for rid, item in out if frames_of(item)[0] == b"MESSAGE"]
+
+
+def code_of(out: list[tuple[bytes, object]]) -> str:
+    ((_, frames),) = out
+    frames = frames_of(frames)
+    return frames[frames.index(b"CODE") + 1].decode() if frames[0] == b"ERROR" else frames[0].decode()
+
+
+# Each row: who sends what after CONNECT (version), and the answer's code ("OK" or a status).
+SUBSCRIBE_CASES = [
+    ("1.0", f("SUB", "GROUP", "billing", "ID", "1", "", "orders.>"), "OK"),
+    ("1.0", f("SUB", "GROUP", "billing", "ID", "1", "", "orders.>", "refunds.*"), "OK"),
+    ("1.0", f("SUB", "GROUP", "büro.ß", "ID", "1", "", "orders.>"), "OK"),
+    ("1.0", f("UNSUB", "GROUP", "billing", "ID", "1", "", "never.held"), "OK"),
+    ("1.0", f("SUB", "GROUP", "bill ing", "ID", "1", "", "orders.>"), "400"),
+    ("1.0", f("SUB", "GROUP", "", "ID", "1", "", "orders.>"), "400"),
+    ("1.0", f("SUB", "GROUP", "g" * 256, "ID", "1", "", "orders.>"), "400"),
+    ("1.0", f("SUB", "GROUP", "billing", "FROM", "0", "ID", "1", "", "orders.>"), "400"),
+    ("1.0", f("SUB", "GROUP", "billing", "ID", "1", "", "orders..x"), "400"),
+    ("1.0", f("SUB", "GROUP", "billing", "ID", "1", "", "secret.>"), "403"),
+    ("0.3", f("SUB", "GROUP", "billing", "ID", "1", "", "orders.>"), "400"),
+    ("1.0", f("SUB", "GROUP", "billing", "ID", "1", "", *[f"t.{i}" for i in range(9)]), "429"),
+]
+
+
+@pytest.mark.parametrize(("version", "frames", "expected"), SUBSCRIBE_CASES)
+def test_sub_group_table(version: str, frames: list[bytes], expected: str) -> None:
+    permissions = Permissions.from_table({"default": {"subscribe": ["orders.>", "refunds.>", "t.>"]}})
+    core = BrokerCore(CoreSettings(limits=Limits(max_subscriptions=8)), permissions)
+    connect(core, b"m", version=version)
+    before = core.pubsub.group_report()
+    out = core.handle(b"m", frames, 0.0)
+    assert code_of(out) == expected
+    if expected != "OK":
+        assert core.pubsub.group_report() == before  # a refused SUB changes nothing
+
+
+def test_group_and_plain_subscriptions_count_together_against_the_limit() -> None:
+    core = BrokerCore(CoreSettings(limits=Limits(max_subscriptions=2)))
+    connect(core, b"m")
+    assert code_of(core.handle(b"m", f("SUB", "ID", "1", "", "a"), 0.0)) == "OK"
+    assert code_of(core.handle(b"m", f("SUB", "GROUP", "g", "ID", "2", "", "b"), 0.0)) == "OK"
+    assert code_of(core.handle(b"m", f("SUB", "GROUP", "h", "ID", "3", "", "c"), 0.0)) == "429"
+
+
+def test_each_message_goes_to_one_member_in_turn_and_every_plain_subscriber() -> None:
+    core = BrokerCore()
+    for rid in (b"m1", b"m2", b"m3", b"plain", b"pub"):
+        connect(core, rid)
+    for rid in (b"m1", b"m2", b"m3"):
+        core.handle(rid, f("SUB", "GROUP", "workers", "", "jobs.>", "jobs.*"), 0.0)  # two patterns: still once
+    core.handle(b"plain", f("SUB", "", "jobs.>"), 0.0)
+    got: Counter[bytes] = Counter()
+    for i in range(300):
+        out = deliveries(core.handle(b"pub", f("PUT", "TOPIC", "jobs.x", "", str(i)), 0.0))
+        assert len(out) == 2
+        (member, frames), plain = sorted(out, key=lambda o: o[0] == b"plain")
+        assert plain == (b"plain", f("MESSAGE", "TOPIC", "jobs.x", "SENDER", "anonymous", "", str(i)))
+        assert frames == f("MESSAGE", "TOPIC", "jobs.x", "SENDER", "anonymous", "GROUP", "workers", "", str(i))
+        got[member] += 1
+    assert got == {b"m1": 100, b"m2": 100, b"m3": 100}
+
+
+def test_a_member_that_cannot_take_more_is_skipped_unless_no_one_can() -> None:
+    core = BrokerCore()
+    for rid in (b"m1", b"m2", b"pub"):
+        connect(core, rid)
+        core.handle(rid, f("SUB", "GROUP", "g", "", "t"), 0.0)
+    backed_up = {b"m1"}
+    core.pubsub.can_take = lambda rid: rid not in backed_up
+    members = [deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0))[0][0] for _ in range(4)]
+    assert set(members) == {b"m2", b"pub"}  # m1 passed over
+    backed_up = {b"m1", b"m2", b"pub"}
+    out = deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0))
+    assert [rid for rid, _ in out] == [b"m1"]  # nobody can: the least recently chosen still gets it
+
+
+def test_groups_are_independent_and_unsub_or_disconnect_leaves_the_others() -> None:
+    core = BrokerCore()
+    for rid in (b"a1", b"a2", b"b1", b"pub"):
+        connect(core, rid)
+    core.handle(b"a1", f("SUB", "GROUP", "a", "", "t"), 0.0)
+    core.handle(b"a2", f("SUB", "GROUP", "a", "", "t"), 0.0)
+    core.handle(b"b1", f("SUB", "GROUP", "b", "", "t"), 0.0)
+    out = deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0))
+    assert sorted(frames[frames.index(b"GROUP") + 1] for _, frames in out) == [b"a", b"b"]
+    assert code_of(core.handle(b"a1", f("UNSUB", "GROUP", "a", "ID", "u", "", "t"), 0.0)) == "OK"
+    core.handle(b"b1", f("DISCONNECT"), 0.0)
+    for _ in range(3):
+        assert [rid for rid, _ in deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0))] == [b"a2"]
+    assert core.pubsub.group_report() == {"a": {"t": 1}}
+    core.handle(b"a2", f("DISCONNECT"), 0.0)
+    assert core.pubsub.group_report() == {}
+    assert deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0)) == []
+
+
+def test_batched_members_get_group_records_from_the_put_fast_path() -> None:
+    core = BrokerCore()
+    for rid in (b"m1", b"m2", b"pub"):
+        assert connect(core, rid, "BATCH", "1")[-2:] == f("BATCH", "1")
+    for rid in (b"m1", b"m2"):
+        core.handle(rid, batch.batch_frames(batch.record_of(f("SUB", "GROUP", "g", "", "t.>"))), 0.0)
+    blob = b"".join(batch.put_record(b"t.a", str(i).encode()) for i in range(10))
+    out = core.handle(b"pub", batch.batch_frames(blob), 0.0)
+    seen: dict[bytes, list[bytes]] = {}
+    for rid, payload in out:
+        assert isinstance(payload, bytes)
+        for code, start, end in batch.records(payload):
+            frames = batch.frames_of(payload, code, start, end)
+            assert frames[:7] == f("MESSAGE", "TOPIC", "t.a", "SENDER", "anonymous", "GROUP", "g")
+            seen.setdefault(rid, []).append(frames[-1])
+    assert sorted(seen) == [b"m1", b"m2"]
+    assert sorted(seen[b"m1"] + seen[b"m2"], key=int) == [str(i).encode() for i in range(10)]
+    assert len(seen[b"m1"]) == len(seen[b"m2"]) == 5
+
+
+def test_withdrawn_group_patterns_are_named_with_their_group() -> None:
+    core = BrokerCore()
+    connect(core, b"m")
+    core.handle(b"m", f("SUB", "GROUP", "g", "", "a.>", "b.>"), 0.0)
+    out = core.set_permissions(Permissions.from_table({"default": {"subscribe": ["b.>"]}}), 0.0)
+    assert out == [(b"m", P.error(403, "subscription a.> in group g withdrawn by policy", topic="a.>", group="g"))]
+    assert core.pubsub.group_report() == {"g": {"b.>": 1}}
+
+
+CONNECT_ECHO_CASES = [
+    ("1.0", "0", "OK"),
+    ("1.0", "1", "OK"),
+    ("1.0", "no", "400"),
+    ("0.3", "0", "400"),
+    ("0.3", "1", "OK"),
+]
+
+
+@pytest.mark.parametrize(("version", "echo", "expected"), CONNECT_ECHO_CASES)
+def test_connect_echo_table(version: str, echo: str, expected: str) -> None:
+    core = BrokerCore()
+    answer = connect(core, b"p", "ECHO", echo, version=version)
+    assert (answer[answer.index(b"CODE") + 1].decode() if answer[0] == b"ERROR" else answer[0].decode()) == expected
+    assert (b"p" in core.sessions) == (expected == "OK")
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_echo_0_never_hands_a_peer_its_own_publishes(batched: bool) -> None:
+    core = BrokerCore()
+    extra = ("BATCH", "1") if batched else ()
+    connect(core, b"quiet", "ECHO", "0", *extra)
+    connect(core, b"loud", *extra)
+    for rid in (b"quiet", b"loud"):
+        core.handle(rid, f("SUB", "", "t"), 0.0)
+        core.handle(rid, f("SUB", "GROUP", "g", "", "t"), 0.0)
+    for _ in range(4):  # plain and group copies: never back to the quiet publisher
+        put = batch.batch_frames(batch.put_record(b"t", b"x")) if batched else f("PUT", "TOPIC", "t", "", "x")
+        got = [rid for rid, item in core.handle(b"quiet", put, 0.0) for _ in records(item)]
+        assert got == [b"loud", b"loud"]
+    got = [rid for rid, _ in core.handle(b"loud", f("PUT", "TOPIC", "t", "", "x"), 0.0)]
+    assert sorted(got).count(b"quiet") >= 1 and sorted(got).count(b"loud") >= 1  # echo on: its own copy too
