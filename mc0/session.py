@@ -250,7 +250,8 @@ class ClientSession:
         """Count a local subscription (in a queue ``group``); SUB frames when the broker must be told."""
         tokens = split_pattern(pattern, max_bytes=self.limits.max_topic_bytes, max_tokens=self.limits.max_topic_tokens)
         if group is not None and not P.valid_group(group):
-            raise ValueError(f"group {group!r}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace")
+            reason = f"group {group!r}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace"
+            raise ProtocolError(Status.BAD_REQUEST, reason)
         key = group_key(pattern, group)
         refs = self._pattern_refs.get(key, 0)
         self._pattern_refs[key] = refs + 1

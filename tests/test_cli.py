@@ -74,6 +74,23 @@ def test_endpoint_from_the_environment_and_sub_count(broker: BrokerProcess) -> N
     assert out.splitlines() == ["n hi"] * 3
 
 
+def test_sub_group_members_share_the_messages(broker: BrokerProcess) -> None:
+    args = ("jobs.>", "--group", "workers", "--json", "--count", "1", "--wait", "20", "--endpoint", broker.endpoint)
+    members = [start_sub(*args) for _ in range(2)]
+    try:
+        for i in range(100):  # bounded: each member exits after its first message
+            assert mc0("pub", "jobs.x", str(i), "--endpoint", broker.endpoint).returncode == 0
+            if all(m.poll() is not None for m in members):
+                break
+        outs = [m.communicate(timeout=20)[0] for m in members]
+    finally:
+        for m in members:
+            m.kill()
+    records = [json.loads(line) for out in outs for line in out.splitlines()]
+    assert len(records) == 2 and {r["group"] for r in records} == {"workers"}
+    assert len({r["body"] for r in records}) == 2  # two different messages: each went to one member
+
+
 def test_ping_prints_round_trips(broker: BrokerProcess) -> None:
     result = mc0("ping", "--count", "3", "--endpoint", broker.endpoint)
     assert result.returncode == 0, result.stderr
@@ -88,6 +105,7 @@ def test_ping_prints_round_trips(broker: BrokerProcess) -> None:
         (["pub", "t", "x", "-H", "NoEquals"], "is not KEY=VALUE"),
         (["pub", "t", "x", "-H", "Trace=1"], "must be ASCII and start with X-"),
         (["sub", "a.>.b", "--count", "1"], "may only be the last token"),
+        (["sub", "t", "--group", "has space", "--count", "1"], "group 'has space': 1 to 255 UTF-8 bytes"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_nonzero(broker: BrokerProcess, args: list[str], needle: str) -> None:

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import protocol as P
-from ..errors import Timeout
+from ..errors import ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
-from ..protocol import JOURNAL_SERVICE, Command, Header, parse_journal_page
+from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
 from ..session import group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
@@ -144,7 +144,9 @@ class Client(Connection):
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
         if group is not None and from_seq is not None:
-            raise ValueError("a queue group subscription cannot replay history (group with from_seq)")
+            raise ProtocolError(
+                Status.BAD_REQUEST, "a queue group subscription cannot replay history (group with from_seq)"
+            )
         sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes, group=group)
         added: list[str] = []
         if from_seq is not None:

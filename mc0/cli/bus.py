@@ -53,6 +53,8 @@ def _message_line(message: Message, as_json: bool) -> str:
         record: dict[str, Any] = {"topic": message.topic, "sender": message.sender, "headers": message.headers}
         if message.seq is not None:
             record["journal"], record["seq"] = message.journal, message.seq
+        if message.group is not None:
+            record["group"] = message.group
         try:
             record["body"] = message.body.decode("utf-8")
         except UnicodeDecodeError:
@@ -76,6 +78,11 @@ def _message_line(message: Message, as_json: bool) -> str:
     help="First replay the journaled history from this seq (0 = the oldest kept), then continue live.",
 )
 @click.option("--journal", default=None, help="With --from: the journal to replay (when several keep the topics).")
+@click.option(
+    "--group",
+    default=None,
+    help="Join this queue group: each message goes to one member of the group (not with --from).",
+)
 @connection_options
 @_one_line_errors
 def sub(
@@ -85,12 +92,15 @@ def sub(
     wait: float | None,
     from_seq: int | None,
     journal: str | None,
+    group: str | None,
     conn: Connection,
 ) -> None:
     """Print one line per message matching any PATTERN."""
+    if group is not None and from_seq is not None:
+        raise click.UsageError("--group and --from do not go together (a queue group cannot replay)")
     with (
         conn.client() as client,
-        client.subscribe(*patterns, from_seq=from_seq, journal=journal) as subscription,
+        client.subscribe(*patterns, from_seq=from_seq, journal=journal, group=group) as subscription,
     ):
         seen = 0
         while count is None or seen < count:
