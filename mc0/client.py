@@ -203,6 +203,11 @@ class Client:
         return self._aio.endpoint
 
     @property
+    def closed(self) -> bool:
+        """``close()`` (or ``drain()``) ran."""
+        return self._aio.closed
+
+    @property
     def connected(self) -> bool:
         return self._aio.connected
 
@@ -305,6 +310,10 @@ class Client:
 
     def ping(self, *, timeout: float | None = None) -> float:
         return _run(self._aio.ping(timeout=timeout))
+
+    def drain(self, *, timeout: float | None = None) -> None:
+        """Stop receiving, let what is outstanding finish, then close; see :meth:`mc0.aio.Client.drain`."""
+        _run(self._aio.drain(timeout=timeout))
 
     def flush(self, *, timeout: float | None = None) -> None:
         """Return once everything queued so far has reached the broker (a PING round trip)."""

@@ -315,6 +315,10 @@ class ClientSession:
                     del self._group_routes[group]
         return self._sub(group, [pattern.encode()], verb=Verb.UNSUB)
 
+    def unsub_frames(self, pattern: str, group: str | None = None) -> Frames:
+        """UNSUB for a pattern still held locally (``drain``: routing stays until the broker confirms)."""
+        return self._sub(group, [pattern.encode()], verb=Verb.UNSUB)
+
     def ping(self, request_id: str) -> Frames:
         return P.encode(Verb.PING, {Header.ID: request_id})
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import protocol as P
-from ..errors import ProtocolError, Timeout
+from ..errors import ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
 from ..session import group_key
@@ -33,8 +33,13 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 __all__ = ["DEFAULT_MAX_OUTGOING", "DEFAULT_REQUEST_TIMEOUT", "Client", "ack_of"]
 
 
+DRAIN_POLL = 0.005  # seconds between checks for outstanding requests while draining
+
+
 class Client(Connection):
     """Publish, subscribe, ping and make requests over one DEALER connection."""
+
+    _draining = False  # drain() started: no new subscriptions
 
     # ------------------------------------------------------------ publishing
     async def publish(
@@ -141,6 +146,8 @@ class Client(Connection):
         that keeps up), while plain subscriptions still get every message.
         """
         self.ensure_open()
+        if self._draining:
+            raise ClosedError("client is draining: no new subscriptions")
         if not patterns:
             raise ValueError("subscribe needs at least one pattern")
         if group is not None and from_seq is not None:
@@ -183,7 +190,7 @@ class Client(Connection):
             return
         await self._release(subscription, subscription.patterns)
 
-    async def _release(self, sub: Subscription, patterns: Sequence[str]) -> None:
+    async def _release(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
         sub._end()
         for pattern in patterns:
             key = group_key(pattern, sub.group)
@@ -194,8 +201,47 @@ class Client(Connection):
             if not holders:
                 del self._subscriptions[key]
             frames = self.session.drop_pattern(pattern, sub.group)
-            if frames is not None and not self._closed:
+            if frames is not None and tell_broker and not self._closed:
                 self._send(frames)
+
+    # ------------------------------------------------------------ draining
+    async def drain(self, *, timeout: float | None = None) -> None:
+        """Stop receiving, let what is outstanding finish, then close (NATS' drain).
+
+        1. Every subscription is withdrawn at the broker, and that is confirmed,
+           so nothing new is routed here; what the broker routed before still
+           arrives in its subscription.
+        2. Publishes queued so far reach the broker, and requests already sent
+           get their answers (or their own timeouts).
+        3. ``close()``.  Nothing received is thrown away: each subscription
+           yields what it holds, then ends (iteration stops).
+
+        Bounded by ``timeout`` (default: the client's ``timeout``): past it the
+        client closes anyway and raises ``Timeout`` naming what was left.
+        New subscriptions are refused once draining started.
+        """
+        self.ensure_open()
+        wait = self.timeout if timeout is None else timeout
+        self._draining = True
+        subs = list({id(s): s for holders in self._subscriptions.values() for s in holders}.values())
+        try:
+            async with asyncio.timeout(wait):
+                if self.session.connected:
+                    for sub in subs:
+                        for pattern in sub.patterns:
+                            self._send(self.session.unsub_frames(pattern, sub.group))
+                    await self.flush()  # the UNSUBs (and every publish before them) reached the broker
+                for sub in subs:
+                    await self._release(sub, sub.patterns, tell_broker=False)
+                for _ in range(1_000_000):  # bounded by the timeout above
+                    if not (self._calls or self._streams or self._pending):
+                        break
+                    await asyncio.sleep(DRAIN_POLL)
+        except TimeoutError:
+            left = f"{len(self._calls) + len(self._streams)} requests unanswered"
+            await self.close()
+            raise Timeout(f"drain ({left})", wait) from None
+        await self.close()
 
     # ------------------------------------------------------------ journals
     async def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
