@@ -163,6 +163,8 @@ class ReplyStream:
 class Client:
     """Blocking client; see :class:`mc0.aio.Client` for the semantics."""
 
+    _mailbox: Subscription | None = None
+
     def __init__(
         self,
         endpoint: str | None = None,
@@ -310,6 +312,26 @@ class Client:
 
     def ping(self, *, timeout: float | None = None) -> float:
         return _run(self._aio.ping(timeout=timeout))
+
+    @property
+    def mailbox(self) -> Subscription:
+        """Direct messages sent to this client's identity; see :attr:`mc0.aio.Client.mailbox`."""
+        if self._mailbox is None:
+            self._mailbox = Subscription(self._aio.mailbox)
+        return self._mailbox
+
+    def send_to(
+        self,
+        identity: str,
+        topic: str,
+        body: bytes | Sequence[bytes],
+        *,
+        headers: Mapping[str, str] | None = None,
+        confirm: bool = False,
+        timeout: float | None = None,
+    ) -> str | None:
+        """A direct message to one identity; see :meth:`mc0.aio.Client.send_to`."""
+        return _run(self._aio.send_to(identity, topic, body, headers=headers, confirm=confirm, timeout=timeout))
 
     def drain(self, *, timeout: float | None = None) -> None:
         """Stop receiving, let what is outstanding finish, then close; see :meth:`mc0.aio.Client.drain`."""

@@ -3,7 +3,9 @@
 Contract: values only (frozen dataclasses and NamedTuples), built by
 :class:`mc0.session.ClientSession` and consumed by the asyncio shell; no
 behaviour beyond reading themselves.  ``answer_error`` maps an ERROR command
-to the matching :class:`mc0.RemoteError` subclass.
+to the matching :class:`mc0.RemoteError` subclass.  A :class:`Delivery`
+names the local subscriptions it is for by key: a plain pattern, ``group_key``
+for a queue-group subscription, ``MAILBOX_ROUTE`` for the mailbox.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from .message import Message
 from .protocol import Command, Header, Verb
 
 __all__ = [
+    "MAILBOX_ROUTE",
+    "MAILBOX_ROUTES",
+    "group_key",
+    "split_key",
     "Answer",
     "CancelWork",
     "ConnectRefused",
@@ -41,6 +47,21 @@ class Answer:
         if self.command.verb is Verb.ERROR:
             return answer_error(self.command)
         return None
+
+
+MAILBOX_ROUTE = ""  # the local key of a client's mailbox (no pattern is empty)
+MAILBOX_ROUTES = (MAILBOX_ROUTE,)
+
+
+def group_key(pattern: str, group: str | None) -> str:
+    """The local name of a subscription: its pattern, or ``"pattern group"`` in a queue group
+    (neither may contain whitespace, so the two never collide)."""
+    return pattern if group is None else f"{pattern} {group}"
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    pattern, _, group = key.partition(" ")
+    return pattern, group or None
 
 
 class Delivery(NamedTuple):

@@ -5,8 +5,8 @@ from the config's ``[permissions]`` table (errors name the key);
 ``grants(identity)`` returns the compiled :class:`Grants` the broker core
 consults.  Rules, NATS style:
 
-* each of ``publish``, ``subscribe``, ``call``, ``serve`` is a list of topic
-  (or service) patterns; an identity's own list replaces the default's, a
+* each of ``publish``, ``subscribe``, ``call``, ``serve`` and ``send_to`` is
+  a list of topic (service, identity) patterns; an identity's own list replaces the default's, a
   missing one inherits it; the default allows everything (``[">"]``) unless
   configured otherwise (authentication is the first gate);
 * ``deny`` lists (the default's and the identity's together) win over
@@ -28,7 +28,7 @@ from typing import Any
 from .errors import ConfigError, InvalidTopic
 from .topics import pattern_covers, pattern_matches, split_pattern
 
-ACTIONS = ("publish", "subscribe", "call", "serve")
+ACTIONS = ("publish", "subscribe", "call", "serve", "send_to")
 ALL: tuple[str, ...] = (">",)
 _CACHE_SIZE = 1024
 
@@ -89,6 +89,10 @@ class Grants:
 
     def may_serve(self, service: tuple[str, ...]) -> bool:
         return self._literal("serve", service)
+
+    def may_send_to(self, identity: tuple[str, ...]) -> bool:
+        """A direct message (PUT TO) to this identity (its name split like a topic)."""
+        return self._literal("send_to", identity)
 
 
 ALLOW_ALL = Grants(dict.fromkeys(ACTIONS, ALL), {})

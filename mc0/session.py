@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError
 from .events import (
+    MAILBOX_ROUTE,
+    MAILBOX_ROUTES,
     Answer,
     CancelWork,
     Connected,
@@ -33,6 +35,8 @@ from .events import (
     Reconnecting,
     Work,
     answer_error,
+    group_key,
+    split_key,
 )
 from .message import Message, new_message
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
@@ -47,21 +51,11 @@ RESUBSCRIBE_CHUNK = 256
 CACHE_SIZE = 4096  # topics, senders and services remembered as already validated / decoded
 
 
-def group_key(pattern: str, group: str | None) -> str:
-    """The local name of a subscription: its pattern, or ``"pattern group"`` in a queue group
-    (neither may contain whitespace, so the two never collide)."""
-    return pattern if group is None else f"{pattern} {group}"
-
-
-def split_key(key: str) -> tuple[str, str | None]:
-    pattern, _, group = key.partition(" ")
-    return pattern, group or None
-
-
 # The events this session reports live in mc0.events (re-exported here for the shells).
 
 
 __all__ = [
+    "MAILBOX_ROUTE",
     "Answer",
     "CancelWork",
     "ClientSession",
@@ -74,6 +68,7 @@ __all__ = [
     "Reconnecting",
     "Work",
     "answer_error",
+    "group_key",
 ]
 
 
@@ -157,8 +152,9 @@ class ClientSession:
         headers: Mapping[str, str] | None = None,
         request_id: str | None = None,
         msgid: str | None = None,
+        to: str | None = None,
     ) -> Frames:
-        """PUT frames, validated locally (bad input raises, nothing is sent)."""
+        """PUT frames, validated locally (bad input raises, nothing is sent); ``to``: a direct message."""
         limits = self.limits
         split_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
         parts = _parts(body)
@@ -171,6 +167,10 @@ class ClientSession:
             if not msgid:
                 raise ProtocolError(Status.BAD_REQUEST, "msgid must not be empty")
             fields[Header.MSGID] = msgid
+        if to is not None:
+            if not P.valid_group(to):
+                raise ProtocolError(Status.BAD_REQUEST, f"to {to!r}: an identity without whitespace, 1 to 255 bytes")
+            fields[Header.TO] = to
         self._user_fields(fields, headers)
         if len(fields) > limits.max_headers:
             raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers")
@@ -557,6 +557,8 @@ class ClientSession:
         message = Message(
             topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user, journal, seq, group
         )
+        if Header.TO in headers:  # a direct message: the mailbox gets it
+            return Delivery(message, MAILBOX_ROUTES)
         if group is not None:  # one member's copy: only this group's subscriptions get it
             routes = self._group_routes.get(group)
             return Delivery(message, routes.match(tokens) if routes is not None and tokens else ())

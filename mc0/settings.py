@@ -45,6 +45,13 @@ class CoreSettings:
     max_attempts: int = 3  # dispatches of one request before 502
     max_capacity: int = 1_000  # CAPACITY a worker may claim
     mdp_ttl_ms: int = 2_500  # heartbeat interval for MDP/0.2 workers (majortomo's default)
+    # Mailboxes (PUT TO identity): direct messages kept while no session of the identity is
+    # connected, per identity at most this many / these bytes, each for at most this long;
+    # all mailboxes together at most mailboxes_max_bytes.  Beyond a bound the PUT gets 429.
+    mailbox_max_messages: int = 1_000
+    mailbox_max_bytes: int = 16 * 1024 * 1024
+    mailbox_ttl_ms: int = 3_600_000
+    mailboxes_max_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ LAYERS: list[list[str]] = [
     [
         "mc0.aio.streams",
         "mc0.broker.pubsub",
+        "mc0.broker.mailboxes",
         "mc0.broker.rpc",
         "mc0.broker.streams",
         "mc0.broker.journal",
@@ -82,6 +83,7 @@ PURE = (
     "mc0.broker.core",
     "mc0.broker.peers",
     "mc0.broker.pubsub",
+    "mc0.broker.mailboxes",
     "mc0.broker.rpc",
     "mc0.broker.jobs",
     "mc0.broker.streams",

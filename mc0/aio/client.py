@@ -18,13 +18,13 @@ import heapq
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from .. import protocol as P
 from ..errors import ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
-from ..session import group_key
+from ..session import MAILBOX_ROUTE, group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
@@ -40,6 +40,41 @@ class Client(Connection):
     """Publish, subscribe, ping and make requests over one DEALER connection."""
 
     _draining = False  # drain() started: no new subscriptions
+    _mailbox: Subscription | None = None
+
+    async def connect(self) -> Self:
+        self.mailbox  # noqa: B018 - opened before CONNECT: a letter kept for us arrives right after the OK
+        return await super().connect()
+
+    @property
+    def mailbox(self) -> Subscription:
+        """Direct messages sent to this client's identity (``send_to``), including those the
+        broker kept while none of the identity's sessions was connected."""
+        if self._mailbox is None:
+            self._mailbox = Subscription(self, (), DEFAULT_MAX_PENDING)
+            self._subscriptions[MAILBOX_ROUTE] = [self._mailbox]
+        return self._mailbox
+
+    async def send_to(
+        self,
+        identity: str,
+        topic: str,
+        body: bytes | Sequence[bytes],
+        *,
+        headers: Mapping[str, str] | None = None,
+        confirm: bool = False,
+        timeout: float | None = None,
+    ) -> str | None:
+        """A direct message to one authenticated identity (``PUT TO``): delivered to its newest
+        session, or kept by the broker until one connects (bounded; 429 when full).  With
+        ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``."""
+        if not confirm:
+            self._send(self.session.publish(topic, body, headers, to=identity))
+            return None
+        request_id = self.session.new_id()
+        frames = self.session.publish(topic, body, headers, request_id, to=identity)
+        answer = await self._call(request_id, frames, timeout, f"send to {identity!r}")
+        return answer.headers.get(Header.MAILBOX)
 
     # ------------------------------------------------------------ publishing
     async def publish(

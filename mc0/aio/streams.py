@@ -69,7 +69,7 @@ class Subscription:
 
     @property
     def pattern(self) -> str:
-        return self.patterns[0] if self.patterns else ""
+        return self.patterns[0] if self.patterns else "(mailbox)"
 
     @property
     def pending(self) -> int:

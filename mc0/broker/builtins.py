@@ -20,6 +20,7 @@ from ..permissions import ALLOW_ALL
 from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ..topics import pattern_matches, split_pattern
 from .jobs import Service
+from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .rpc import Rpc
@@ -27,12 +28,21 @@ from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
-REPORT_OPS = ("stats", "services", "topics", "groups", "peers")
+REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "peers")
 
 
 class Builtins:
-    def __init__(self, peers: PeerTable, pubsub: PubSub, rpc: Rpc, streams: Streams, counters: Counter[str]) -> None:
+    def __init__(
+        self,
+        peers: PeerTable,
+        pubsub: PubSub,
+        rpc: Rpc,
+        streams: Streams,
+        counters: Counter[str],
+        mailboxes: Mailboxes,
+    ) -> None:
         self.peers = peers
+        self.mailboxes = mailboxes
         self.pubsub = pubsub
         self.rpc = rpc
         self.streams = streams
@@ -149,6 +159,8 @@ class Builtins:
             return self.pubsub.report()
         if op == "groups":
             return self.pubsub.group_report()
+        if op == "mailboxes":
+            return self.mailboxes.report()
         if op == "peers":
             rows = []
             for peer in self.peers.by_id.values():

@@ -36,6 +36,7 @@ from ..trie import TopicTrie
 from . import mdp
 from .builtins import RESERVED_SERVICES, Builtins
 from .jobs import Service
+from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
 from .pubsub import PubSub
 from .rpc import Rpc
@@ -94,6 +95,7 @@ class BrokerCore(VerbHandlers):
         self.forgotten: list[bytes] = []  # routing ids forgotten since the shell last asked (take_forgotten)
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
+        self.mailboxes = Mailboxes(self.settings, self.counters)
         self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
         self.rpc = Rpc(
             self.settings,
@@ -101,7 +103,7 @@ class BrokerCore(VerbHandlers):
             is_current=self.peers.is_current,
             wants_telemetry=self._wants_rpc_telemetry,  # (sysbus is created next; called later)
         )
-        self.builtins = Builtins(self.peers, self.pubsub, self.rpc, self.streams, self.counters)
+        self.builtins = Builtins(self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes)
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = self.settings.limits.max_message_bytes
@@ -381,7 +383,7 @@ class BrokerCore(VerbHandlers):
         log.info("peer %s connected as %s (protocol %s, ttl %d ms)", peer.name, identity, version, ttl_ms)
         if command.id is not None:
             out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
-        return out
+        return out + self.mailboxes.online(peer, now)  # letters kept for it, after the OK
 
     def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
         return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer)
@@ -409,6 +411,7 @@ class BrokerCore(VerbHandlers):
             self.forgotten.append(peer.routing_id)
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
+        self.mailboxes.offline(peer)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", peer.name, why)
         out = self.rpc.drop_peer(peer, now)
@@ -517,6 +520,7 @@ class BrokerCore(VerbHandlers):
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
         self.streams.enforce_retention(now)
+        self.mailboxes.expire(now)
         out = self.rpc.expire(now)
         if now >= self.peers.next_sweep:
             liveness = self.settings.liveness
@@ -527,7 +531,7 @@ class BrokerCore(VerbHandlers):
 
     def next_deadline(self) -> float:
         """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
-        earliest = self.peers.next_sweep
+        earliest = min(self.peers.next_sweep, self.mailboxes.next_expiry)
         deadline = self.rpc.next_deadline()
         if deadline is not None:
             earliest = min(earliest, deadline)

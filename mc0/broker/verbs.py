@@ -17,6 +17,7 @@ from ..errors import ProtocolError
 from ..protocol import Command, Header, Status, Verb
 from ..settings import CoreSettings
 from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from .mailboxes import Mailboxes
 from .peers import Out, Peer
 from .pubsub import PubSub
 from .rpc import Rpc
@@ -31,6 +32,7 @@ class VerbHandlers:
     rpc: Rpc
     streams: Streams
     builtins: Builtins
+    mailboxes: Mailboxes
 
     def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
         if command.id is None:
@@ -49,6 +51,8 @@ class VerbHandlers:
         tokens = self.pubsub.topic_tokens(topic, command.id)
         if topic.startswith(P.RESERVED_TOPIC_PREFIX):
             raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
+        if Header.TO in headers:
+            return self._put_to(peer, command, topic, now)
         if not peer.grants.may_publish(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
         self.counters["published"] += 1
@@ -59,6 +63,19 @@ class VerbHandlers:
         if command.id is not None:
             peer.last_sent = now
             out.append((peer.routing_id, P.ok(command.id)))
+        return out
+
+    def _put_to(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+        """A direct message: to the identity's newest session, else kept in its mailbox (no
+        subscriber, no journal sees it); the OK says which."""
+        to = self.mailboxes.check(peer, command)
+        user = P.user_header_frames(command.headers)
+        body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
+        frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
+        out, outcome = self.mailboxes.send(to, frames, command.id, now)
+        if command.id is not None:
+            peer.last_sent = now
+            out.append((peer.routing_id, P.ok_mailbox(command.id, outcome)))
         return out
 
     def _put_journaled(

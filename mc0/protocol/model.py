@@ -148,7 +148,8 @@ MAX_GROUP_BYTES = 255  # a queue group's name: UTF-8, no whitespace
 
 
 def valid_group(name: str) -> bool:
-    """A queue group name: 1..MAX_GROUP_BYTES UTF-8 bytes, no whitespace (it is a client's routing key too)."""
+    """A queue group name (or a TO identity): 1..MAX_GROUP_BYTES UTF-8 bytes, no whitespace
+    (a group name is a client's routing key too)."""
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:

@@ -1,0 +1,180 @@
+"""Mailboxes (PUT TO identity): the core as a table (no sockets, time passed in), then real
+clients under CURVE with real keys on the sync and asyncio APIs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mc0
+from mc0 import protocol as P
+from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.permissions import Permissions
+from mc0.protocol import batch
+
+from .conftest import CurveSetup
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+def connect(core: BrokerCore, rid: bytes, who: str, now: float = 0.0, version: str = "1.0", *extra: str) -> list:
+    return core.handle(rid, f("CONNECT", "VERSION", version, "TTL", "60000", *extra, "ID", "c"), now, who)
+
+
+WHO = {b"a": "alice", b"b": "bob", b"b1": "bob", b"b2": "bob", b"e": "eve"}
+
+
+def h(core: BrokerCore, rid: bytes, frames: list[bytes], now: float = 0.0) -> list:
+    """A message from ``rid`` under its CURVE identity (the shell stamps each message with it)."""
+    return core.handle(rid, frames, now, WHO[rid])
+
+
+def frames_of(item: object) -> list[bytes]:
+    if isinstance(item, bytes):
+        ((code, start, end),) = batch.records(item)
+        return batch.frames_of(item, code, start, end)
+    assert isinstance(item, list)
+    return item
+
+
+def small_core(**settings: int) -> BrokerCore:
+    policy = Permissions.from_table({"identity": {"eve": {"send_to": ["node.>"]}}})
+    return BrokerCore(CoreSettings(**settings), policy)
+
+
+# (sender's protocol, the PUT after CONNECT, the answer's first frames)
+PUT_TO_CASES = [
+    ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "bob", "ID", "1", "", "x"), f("OK", "ID", "1", "MAILBOX", "stored")),
+    ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "bob b", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
+    ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
+    ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "b" * 256, "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
+    (
+        "1.0",
+        f("PUT", "TOPIC", "cmd.run", "TO", "bob", "MSGID", "m", "ID", "1", "", "x"),
+        f("ERROR", "ID", "1", "CODE", "400"),
+    ),
+    ("1.0", f("PUT", "TOPIC", "bad..topic", "TO", "bob", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
+    ("1.0", f("PUT", "TOPIC", "mc0.sys.x", "TO", "bob", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "403")),
+    ("0.3", f("PUT", "TOPIC", "cmd.run", "TO", "bob", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
+]
+
+
+@pytest.mark.parametrize(("version", "put", "answer"), PUT_TO_CASES)
+def test_put_to_table(version: str, put: list[bytes], answer: list[bytes]) -> None:
+    core = small_core()
+    connect(core, b"a", "alice", version=version)
+    ((rid, frames),) = h(core, b"a", put, 0.0)
+    assert rid == b"a" and frames[: len(answer)] == answer
+    if answer[0] == b"ERROR":
+        assert core.mailboxes.report() == {}  # refused: nothing kept
+
+
+def test_online_identity_gets_it_now_and_nobody_else_does() -> None:
+    core = small_core()
+    connect(core, b"a", "alice")
+    connect(core, b"b1", "bob")
+    connect(core, b"b2", "bob")  # bob's newest session
+    h(core, b"b1", f("SUB", "", ">"), 0.0)  # a wildcard subscriber never sees direct messages
+    out = h(core, b"a", f("PUT", "TOPIC", "cmd.run", "TO", "bob", "ID", "1", "X-K", "v", "", "x"), 0.0)
+    assert out == [
+        (b"b2", f("MESSAGE", "TOPIC", "cmd.run", "SENDER", "alice", "TO", "bob", "X-K", "v", "", "x")),
+        (b"a", P.ok_mailbox("1", "delivered")),
+    ]
+    h(core, b"b2", f("DISCONNECT"), 0.0)
+    ((rid, _), _) = h(core, b"a", f("PUT", "TOPIC", "cmd.run", "TO", "bob", "ID", "2", "", "y"), 0.0)
+    assert rid == b"b1"  # the other session still is bob
+
+
+def test_kept_while_offline_then_delivered_after_the_connect_ok_in_order() -> None:
+    core = small_core()
+    connect(core, b"a", "alice")
+    for i in range(3):
+        assert h(core, b"a", f("PUT", "TOPIC", "t", "TO", "bob", "ID", str(i), "", str(i)), 0.0) == [
+            (b"a", P.ok_mailbox(str(i), "stored"))
+        ]
+    assert core.mailboxes.report() == {"bob": {"messages": 3, "bytes": core.mailboxes.total_bytes}}
+    out = connect(core, b"b", "bob", 1.0, "1.0", "BATCH", "1")
+    assert [frames_of(item)[0] for _, item in out] == [b"OK", b"MESSAGE", b"MESSAGE", b"MESSAGE"]
+    assert [frames_of(item)[-1] for _, item in out[1:]] == [b"0", b"1", b"2"]
+    assert core.mailboxes.report() == {} and core.mailboxes.total_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "sizes", "refused_at", "needle"),
+    [
+        ({"mailbox_max_messages": 2}, [1, 1, 1], 2, "mailbox of bob is full (2 messages"),
+        ({"mailbox_max_bytes": 1200}, [500, 500, 500], 2, "the limits are 1000 messages, 1200 bytes"),
+        ({"mailboxes_max_bytes": 2048}, [900, 900, 900], 2, "mailboxes hold"),
+    ],
+)
+def test_bounds_are_a_clear_429_and_keep_nothing(
+    settings: dict[str, int], sizes: list[int], refused_at: int, needle: str
+) -> None:
+    core = small_core(**settings)
+    connect(core, b"a", "alice")
+    for i, size in enumerate(sizes):
+        ((_, frames),) = h(core, b"a", f("PUT", "TOPIC", "t", "TO", "bob", "ID", str(i), "", "x" * size), 0.0)
+        if i < refused_at:
+            assert frames[:5] == f("OK", "ID", str(i), "MAILBOX", "stored")
+        else:
+            assert frames[:5] == f("ERROR", "ID", str(i), "CODE", "429") and needle in frames[-1].decode()
+    assert core.mailboxes.report()["bob"]["messages"] == refused_at
+
+
+def test_letters_expire_after_the_ttl() -> None:
+    core = small_core(mailbox_ttl_ms=1000)
+    connect(core, b"a", "alice")
+    h(core, b"a", f("PUT", "TOPIC", "t", "TO", "bob", "", "old"), 0.0)
+    h(core, b"a", f("PUT", "TOPIC", "t", "TO", "bob", "", "new"), 0.8)
+    assert core.next_deadline() <= 1.0
+    core.tick(1.0)
+    assert core.mailboxes.report()["bob"]["messages"] == 1
+    out = connect(core, b"b", "bob", 1.5)
+    assert [item[-1] for _, item in out[1:]] == [b"new"]
+    assert core.counters["mailbox_expired"] == 1
+
+
+def test_send_to_needs_the_grant() -> None:
+    core = small_core()
+    connect(core, b"e", "eve")
+    ((_, frames),) = h(core, b"e", f("PUT", "TOPIC", "t", "TO", "bob", "ID", "1", "", "x"), 0.0)
+    assert frames[:5] == f("ERROR", "ID", "1", "CODE", "403") and b"eve may not send to bob" in frames[-1]
+    ((_, frames),) = h(core, b"e", f("PUT", "TOPIC", "t", "TO", "node.7", "ID", "2", "", "x"), 0.0)
+    assert frames == P.ok_mailbox("2", "stored")
+
+
+# ------------------------------------------------------------------ live, CURVE with real keys
+
+
+@pytest.mark.asyncio
+async def test_to_an_offline_identity_then_delivered_when_it_connects(api: Any, tmp_path: Path) -> None:
+    setup = CurveSetup(tmp_path, extra='mailbox_max_messages = 3\n[permissions.identity.carol]\nsend_to = ["alice"]\n')
+    with setup.start() as broker:
+        alice = await api(api.Client(broker.endpoint, **setup.client_options("alice")).connect())
+        assert await api(alice.send_to("bob", "cmd.restart", b"now", confirm=True)) == "stored"
+        await api(alice.send_to("bob", "cmd.status", b"please", headers={"X-Req": "7"}))
+        await api(alice.flush(timeout=5))
+        bob = await api(api.Client(broker.endpoint, **setup.client_options("bob")).connect())
+        first = await api(bob.mailbox.next(timeout=5))
+        second = await api(bob.mailbox.next(timeout=5))
+        assert (first.topic, first.body, first.sender) == ("cmd.restart", b"now", "alice")
+        assert (second.body, second.headers) == (b"please", {"X-Req": "7"})
+        assert await api(alice.send_to("bob", "cmd.x", b"live", confirm=True)) == "delivered"
+        assert (await api(bob.mailbox.next(timeout=5))).body == b"live"
+        await api(bob.close())
+        for i in range(3):
+            await api(alice.send_to("bob", "t", str(i).encode(), confirm=True))
+        with pytest.raises(mc0.OverLimit, match="mailbox of bob is full"):
+            await api(alice.send_to("bob", "t", b"one too many", confirm=True))
+        carol = await api(api.Client(broker.endpoint, **setup.client_options("carol")).connect())
+        with pytest.raises(mc0.Forbidden, match="carol may not send to bob"):
+            await api(carol.send_to("bob", "t", b"x", confirm=True))
+        report = json.loads((await api(alice.request("mc0.broker", "mailboxes", timeout=5))).body)
+        assert report["bob"]["messages"] == 3
+        await api(carol.close())
+        await api(alice.close())
