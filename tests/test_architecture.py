@@ -43,7 +43,7 @@ LAYERS: list[list[str]] = [
     ],
     ["mc0.aio.connection"],
     ["mc0.aio.client", "mc0.broker.builtins", "mc0.broker.sysbus", "mc0.process"],
-    ["mc0.broker.verbs"],
+    ["mc0.broker.verbs", "mc0.broker.batched"],
     ["mc0.aio.worker"],
     ["mc0.aio"],
     ["mc0.client"],
@@ -94,6 +94,7 @@ PURE = (
     "mc0.broker.mdp",
     "mc0.broker.outbox",
     "mc0.broker.verbs",
+    "mc0.broker.batched",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 MAX_LINES = 600
