@@ -8,7 +8,7 @@ rooted at :class:`Error`.
 
 from typing import TYPE_CHECKING, Any
 
-from .client import Client, ReplyStream, Subscription, Worker
+from .client import Client, ConsumedMessage, Consumer, ReplyStream, Subscription, Worker
 from .errors import (
     AuthFailed,
     BadRequest,
@@ -25,6 +25,7 @@ from .errors import (
     KeyFileError,
     NoResponders,
     NotConnected,
+    NotFound,
     OverLimit,
     ProtocolError,
     RemoteError,
@@ -56,6 +57,7 @@ __all__ = [
     "Ack",
     "FetchResult",
     "Gone",
+    "NotFound",
     "Record",
     "StorageFailed",
     "AuthFailed",
@@ -64,6 +66,8 @@ __all__ = [
     "BrokerThread",
     "Cancelled",
     "Client",
+    "ConsumedMessage",
+    "Consumer",
     "ClosedError",
     "ConfigError",
     "Conflict",

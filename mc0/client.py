@@ -160,6 +160,77 @@ class ReplyStream:
         self.close()
 
 
+class ConsumedMessage:
+    """One message from a durable consumer; see :class:`mc0.aio.ConsumedMessage`."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: aio.ConsumedMessage) -> None:
+        self._inner = inner
+
+    @property
+    def message(self) -> Message:
+        return self._inner.message
+
+    @property
+    def seq(self) -> int:
+        return self._inner.seq
+
+    @property
+    def deliveries(self) -> int:
+        return self._inner.deliveries
+
+    @property
+    def topic(self) -> str:
+        return self._inner.topic
+
+    @property
+    def body(self) -> bytes:
+        return self._inner.body
+
+    def ack(self) -> None:
+        _run(self._inner.ack())
+
+    def nak(self, delay: float = 0.0) -> None:
+        _run(self._inner.nak(delay))
+
+    def term(self) -> None:
+        _run(self._inner.term())
+
+    def __repr__(self) -> str:
+        return f"<ConsumedMessage seq={self.seq} deliveries={self.deliveries} topic={self.topic!r}>"
+
+
+class Consumer:
+    """A durable consumer (blocking); see :class:`mc0.aio.Consumer`."""
+
+    def __init__(self, inner: aio.Consumer) -> None:
+        self._inner = inner
+        self.journal = inner.journal
+        self.name = inner.name
+
+    def fetch(self, max: int = 100, *, wait: float = 1.0) -> list[ConsumedMessage]:
+        return [ConsumedMessage(m) for m in _run(self._inner.fetch(max, wait=wait))]
+
+    def _seqs(self, messages: Sequence[ConsumedMessage | int]) -> list[int]:
+        return [m if isinstance(m, int) else m.seq for m in messages]
+
+    def ack(self, *messages: ConsumedMessage | int) -> int:
+        return _run(self._inner.ack(*self._seqs(messages)))
+
+    def nak(self, *messages: ConsumedMessage | int, delay: float = 0.0) -> int:
+        return _run(self._inner.nak(*self._seqs(messages), delay=delay))
+
+    def term(self, *messages: ConsumedMessage | int) -> int:
+        return _run(self._inner.term(*self._seqs(messages)))
+
+    def info(self) -> dict[str, Any]:
+        return _run(self._inner.info())
+
+    def delete(self) -> None:
+        _run(self._inner.delete())
+
+
 class Client:
     """Blocking client; see :class:`mc0.aio.Client` for the semantics."""
 
@@ -332,6 +403,31 @@ class Client:
     ) -> str | None:
         """A direct message to one identity; see :meth:`mc0.aio.Client.send_to`."""
         return _run(self._aio.send_to(identity, topic, body, headers=headers, confirm=confirm, timeout=timeout))
+
+    def consume(
+        self,
+        journal: str,
+        name: str,
+        *,
+        topics: Sequence[str] = (">",),
+        ack_wait: float = 30.0,
+        max_deliver: int = 5,
+        max_ack_pending: int = 1_000,
+        deliver: str = "all",
+        timeout: float | None = None,
+    ) -> Consumer:
+        """A durable consumer; see :meth:`mc0.aio.Client.consume`."""
+        inner = self._aio.consume(
+            journal,
+            name,
+            topics=topics,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending,
+            deliver=deliver,
+            timeout=timeout,
+        )
+        return Consumer(_run(inner))
 
     def drain(self, *, timeout: float | None = None) -> None:
         """Stop receiving, let what is outstanding finish, then close; see :meth:`mc0.aio.Client.drain`."""

@@ -111,6 +111,10 @@ class Conflict(RemoteError):
     """409: a request id reused while that request is still outstanding."""
 
 
+class NotFound(RemoteError, LookupError):
+    """404: no such durable consumer (or journal)."""
+
+
 class Gone(RemoteError, LookupError):
     """410: the journal position asked for was trimmed by retention."""
 

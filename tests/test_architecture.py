@@ -32,8 +32,10 @@ LAYERS: list[list[str]] = [
     ],
     [
         "mc0.aio.streams",
+        "mc0.aio.consumer",
         "mc0.broker.pubsub",
         "mc0.broker.mailboxes",
+        "mc0.broker.consumers",
         "mc0.broker.rpc",
         "mc0.broker.streams",
         "mc0.broker.journal",
@@ -84,6 +86,7 @@ PURE = (
     "mc0.broker.peers",
     "mc0.broker.pubsub",
     "mc0.broker.mailboxes",
+    "mc0.broker.consumers",
     "mc0.broker.rpc",
     "mc0.broker.jobs",
     "mc0.broker.streams",

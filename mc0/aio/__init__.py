@@ -1,10 +1,11 @@
-"""asyncio API: ``mc0.aio.Client``, ``Worker``, ``Subscription`` and ``ReplyStream``.
+"""asyncio API: ``mc0.aio.Client``, ``Worker``, ``Subscription``, ``ReplyStream`` and ``Consumer``.
 
 The sync :mod:`mc0.client` mirrors these names.  See :mod:`mc0.aio.client`
 for the contract.
 """
 
 from .client import DEFAULT_MAX_OUTGOING, DEFAULT_REQUEST_TIMEOUT, Client, ack_of
+from .consumer import ConsumedMessage, Consumer
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 from .worker import Handler, Worker
 
@@ -14,6 +15,8 @@ __all__ = [
     "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
     "Client",
+    "ConsumedMessage",
+    "Consumer",
     "Handler",
     "ReplyStream",
     "Subscription",

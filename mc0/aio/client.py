@@ -26,6 +26,7 @@ from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
 from ..session import MAILBOX_ROUTE, group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
+from .consumer import Consumer
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -54,6 +55,38 @@ class Client(Connection):
             self._mailbox = Subscription(self, (), DEFAULT_MAX_PENDING)
             self._subscriptions[MAILBOX_ROUTE] = [self._mailbox]
         return self._mailbox
+
+    async def consume(
+        self,
+        journal: str,
+        name: str,
+        *,
+        topics: Sequence[str] = (">",),
+        ack_wait: float = 30.0,
+        max_deliver: int = 5,
+        max_ack_pending: int = 1_000,
+        deliver: str = "all",
+        timeout: float | None = None,
+    ) -> Consumer:
+        """A durable consumer named ``name`` on ``journal`` (created if new; the same
+        config again is fine, another one is ``Conflict``).  The broker keeps its
+        position across restarts; clients share its messages.  ``deliver``: ``"all"``
+        (from the oldest record kept) or ``"new"`` (from the journal's end now).
+        A message not settled within ``ack_wait`` seconds is delivered again, at
+        most ``max_deliver`` times in all, then published to
+        ``mc0.sys.dead.<journal>.<name>``; at most ``max_ack_pending`` are out unsettled."""
+        query = {
+            "op": "create",
+            "journal": journal,
+            "name": name,
+            "topics": list(topics),
+            "ack_wait_ms": max(1, round(ack_wait * 1000)),
+            "max_deliver": max_deliver,
+            "max_ack_pending": max_ack_pending,
+            "deliver": deliver,
+        }
+        await self.request(P.CONSUMER_SERVICE, json.dumps(query), timeout=timeout)
+        return Consumer(self, journal, name)
 
     async def send_to(
         self,

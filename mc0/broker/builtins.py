@@ -19,6 +19,7 @@ from ..errors import InvalidTopic, ProtocolError
 from ..permissions import ALLOW_ALL
 from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ..topics import pattern_matches, split_pattern
+from .consumers import Consumers
 from .jobs import Service
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
@@ -26,9 +27,9 @@ from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .rpc import Rpc
 from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams
 
-BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE})
+BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
-REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "peers")
+REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
 
 
 class Builtins:
@@ -40,9 +41,11 @@ class Builtins:
         streams: Streams,
         counters: Counter[str],
         mailboxes: Mailboxes,
+        consumers: Consumers,
     ) -> None:
         self.peers = peers
         self.mailboxes = mailboxes
+        self.consumers = consumers
         self.pubsub = pubsub
         self.rpc = rpc
         self.streams = streams
@@ -161,6 +164,8 @@ class Builtins:
             return self.pubsub.group_report()
         if op == "mailboxes":
             return self.mailboxes.report()
+        if op == "consumers":
+            return self.consumers.report()
         if op == "peers":
             rows = []
             for peer in self.peers.by_id.values():

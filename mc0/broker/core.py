@@ -36,6 +36,7 @@ from ..trie import TopicTrie
 from . import mdp
 from .batched import BatchedInput
 from .builtins import RESERVED_SERVICES, Builtins
+from .consumers import Consumers
 from .jobs import Service
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
@@ -88,7 +89,16 @@ class BrokerCore(BatchedInput, VerbHandlers):
             is_current=self.peers.is_current,
             wants_telemetry=self._wants_rpc_telemetry,  # (sysbus is created next; called later)
         )
-        self.builtins = Builtins(self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes)
+        self.consumers = Consumers(
+            self.streams.journals,
+            self.counters,
+            tokens_of=self.pubsub.tokens_of,
+            is_current=self.peers.is_current,
+            max_wait_ms=self.settings.max_request_timeout_ms,
+        )
+        self.builtins = Builtins(
+            self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers
+        )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = self.settings.limits.max_message_bytes
@@ -282,6 +292,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
         self.mailboxes.offline(peer)
+        self.consumers.drop_peer(peer)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", peer.name, why)
         out = self.rpc.drop_peer(peer, now)
@@ -349,12 +360,12 @@ class BrokerCore(BatchedInput, VerbHandlers):
     # ================================================================ journals
     @property
     def uncommitted(self) -> bool:
-        """``commit()`` has work: appends to write or OKs to release."""
-        return self.streams.uncommitted
+        """``commit()`` has work: appends to write, consumer state to save or answers to release."""
+        return self.streams.uncommitted or self.consumers.uncommitted
 
     def commit(self) -> list[Out]:
         """Commit the journals' appends (one write and, per policy, one fsync each); the OKs now due."""
-        return self.streams.commit()
+        return self.streams.commit() + self.consumers.commit()
 
     @property
     def streaming(self) -> bool:
@@ -379,7 +390,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return self.sysbus.publish(record, now)
 
     def _with_finished(self, out: list[Out], now: float) -> list[Out]:
-        """``out`` plus the mc0.sys.rpc records of the requests that just finished."""
+        """``out`` plus the mc0.sys.rpc records of the requests that just finished (and dead letters)."""
+        if self.consumers.dead_letters:
+            letters, self.consumers.dead_letters = self.consumers.dead_letters, []
+            for topic, letter, reason, deliveries in letters:
+                out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
         if self.rpc.finished:
             finished, self.rpc.finished = self.rpc.finished, []
             for record in finished:
@@ -391,7 +406,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
         self.streams.enforce_retention(now)
         self.mailboxes.expire(now)
-        out = self.rpc.expire(now)
+        out = self.rpc.expire(now) + self.consumers.tick(now)
         if now >= self.peers.next_sweep:
             liveness = self.settings.liveness
             for peer in self.peers.expired(now, liveness, self.rpc.has_requests):
@@ -401,7 +416,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
 
     def next_deadline(self) -> float:
         """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
-        earliest = min(self.peers.next_sweep, self.mailboxes.next_expiry)
+        if self.consumers.has_work():
+            return 0.0  # a waiting pull can be answered
+        earliest = self.consumers.next_deadline(min(self.peers.next_sweep, self.mailboxes.next_expiry))
         deadline = self.rpc.next_deadline()
         if deadline is not None:
             earliest = min(earliest, deadline)

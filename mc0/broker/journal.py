@@ -53,6 +53,7 @@ __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalSettings", "Trim
 
 log = logging.getLogger("mc0.journal")
 
+CONSUMER_FOLDER = "consumers"  # durable consumers' state, one JSON file each
 SEGMENT_SUFFIX = ".seg"
 
 _HEAD = struct.Struct("<IIQd")
@@ -458,6 +459,37 @@ class Journal:
                     continue
             out.append(decode_payload(seq, ts, view, body_start, pos))
         return out
+
+    # ------------------------------------------------------------ durable consumers' state
+    @property
+    def _consumer_folder(self) -> Path:
+        return self.folder / CONSUMER_FOLDER
+
+    def load_consumers(self) -> dict[str, bytes]:
+        """Each consumer's state file (``consumers/NAME.json``); leftovers of an interrupted save are ignored."""
+        folder = self._consumer_folder
+        if not folder.is_dir():
+            return {}
+        return {p.name[: -len(".json")]: p.read_bytes() for p in sorted(folder.glob("*.json"))}
+
+    def save_consumer(self, name: str, state: bytes | None) -> None:
+        """Replace ``consumers/NAME.json`` atomically (write, fsync, rename, fsync the folder), or remove it."""
+        folder = self._consumer_folder
+        path = folder / f"{name}.json"
+        sync = self.settings.fsync != "never"
+        if state is None:
+            path.unlink(missing_ok=True)
+        else:
+            folder.mkdir(exist_ok=True)
+            temporary = folder / f".{name}.json.tmp"
+            with open(temporary, "wb") as file:
+                file.write(state)
+                if sync:
+                    file.flush()
+                    os.fsync(file.fileno())
+            os.replace(temporary, path)
+        if sync:
+            _fsync_dir(folder)
 
     def info(self) -> dict[str, object]:
         return {

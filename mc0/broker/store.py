@@ -70,6 +70,15 @@ class JournalStore(Hashable, Protocol):
 
     def info(self) -> dict[str, object]: ...
 
+    def load_consumers(self) -> dict[str, bytes]:
+        """Each durable consumer's saved state (name -> the bytes ``save_consumer`` stored)."""
+        ...
+
+    def save_consumer(self, name: str, state: bytes | None) -> None:
+        """Store (None: remove) a consumer's state; kept across a crash once this returns
+        (fsynced unless the journal's policy is ``never``).  OSError on a disk error."""
+        ...
+
 
 class MemoryStore:
     """A :class:`JournalStore` in a list: same sequence, dedup, read and retention rules, no files.
@@ -91,6 +100,7 @@ class MemoryStore:
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}
         self.fail_writes = False
         self.commits = 0
+        self.consumers: dict[str, bytes] = {}
 
     @property
     def first_seq(self) -> int:
@@ -194,3 +204,14 @@ class MemoryStore:
             "oldest_ts": self.records[0].ts if self.records else None,
             "dedup_ids": len(self._dedup),
         }
+
+    def load_consumers(self) -> dict[str, bytes]:
+        return dict(self.consumers)
+
+    def save_consumer(self, name: str, state: bytes | None) -> None:
+        if self.fail_writes:
+            raise OSError(28, "No space left on device")
+        if state is None:
+            self.consumers.pop(name, None)
+        else:
+            self.consumers[name] = state

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .. import protocol as P
+from ..message import Record
 from ..protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
 from ..topics import split_topic
 from . import telemetry
@@ -59,3 +61,27 @@ class SysBus:
                 position = (first.name, seq)
                 held = self.streams.held_back(journals, tokens)
         return self.pubsub.fan_out(topic, tokens, _SENDER, {}, body, now, position, held)
+
+    def publish_dead_letter(self, topic: str, record: Record, reason: str, deliveries: int, now: float) -> list[Out]:
+        """A durable consumer gave up on ``record``: publish it on ``topic`` (mc0.sys.dead.J.C) with
+        its body, its X- headers and ``X-Dead-*`` headers saying why, journaled where a journal keeps it."""
+        tokens = split_topic(topic)
+        headers = {
+            **{k: v for k, v in record.headers.items() if P.is_user_header(k)},
+            "X-Dead-Reason": reason,
+            "X-Dead-Topic": record.topic,
+            "X-Dead-Seq": str(record.seq),
+            "X-Dead-Deliveries": str(deliveries),
+            "X-Dead-Sender": record.sender,
+        }
+        self.counters["dead_letters"] += 1
+        journals = self.streams.routes(tokens)
+        position: tuple[str, int] | None = None
+        held = None
+        if journals:
+            first = primary(journals)
+            seq = self.streams.append(journals, first, topic, BROKER_SENDER, headers, record.parts)
+            if seq is not None:
+                position = (first.name, seq)
+                held = self.streams.held_back(journals, tokens)
+        return self.pubsub.fan_out(topic, tokens, _SENDER, headers, record.parts, now, position, held)

@@ -17,6 +17,7 @@ from ..errors import ProtocolError
 from ..protocol import Command, Header, Status, Verb
 from ..settings import CoreSettings
 from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from .consumers import Consumers
 from .mailboxes import Mailboxes
 from .peers import Out, Peer
 from .pubsub import PubSub
@@ -33,6 +34,7 @@ class VerbHandlers:
     streams: Streams
     builtins: Builtins
     mailboxes: Mailboxes
+    consumers: Consumers
 
     def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
         if command.id is None:
@@ -175,9 +177,17 @@ class VerbHandlers:
         body: Sequence[bytes],
         now: float,
     ) -> list[Out]:
-        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=self.streams.fetch_running(client, rid))
+        busy = self.streams.fetch_running(client, rid) or (
+            name == P.CONSUMER_SERVICE and self.consumers.waiting_for(client, rid)
+        )
+        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
         self.counters["requests"] += 1
         client.last_sent = now
+        if name == P.CONSUMER_SERVICE:
+            try:
+                return self.consumers.handle(client, rid, user, body, deadline, now)
+            except ProtocolError as exc:
+                return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
         if name in BUILTIN_SERVICES:
             # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
             return self.builtins.answer(client, name, rid, user, body)
@@ -189,6 +199,9 @@ class VerbHandlers:
         out = self.rpc.cancel(peer, rid, now)
         if out is not None:
             return out
+        if self.consumers.cancel(peer, rid):
+            peer.last_sent = now
+            return [(peer.routing_id, peer.dialect.error(rid, P.CONSUMER_SERVICE, Status.CANCELLED, "cancelled"))]
         if self.streams.cancel_fetch(peer, rid):
             peer.last_sent = now
             return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]

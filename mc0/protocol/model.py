@@ -68,6 +68,7 @@ class Status(IntEnum):
     BAD_REQUEST = 400  # malformed or invalid
     NOT_CONNECTED = 401  # no CONNECT yet, or the broker does not know the peer
     FORBIDDEN = 403
+    NOT_FOUND = 404  # no such durable consumer (or journal)
     TOO_LARGE = 413
     CONFLICT = 409  # a request id reused while outstanding
     GONE = 410  # a journal position trimmed by retention
@@ -96,6 +97,7 @@ REMOTE_ERRORS: dict[int, type[errors.RemoteError]] = {
     Status.TOO_LARGE: errors.TooLarge,
     Status.CONFLICT: errors.Conflict,
     Status.GONE: errors.Gone,
+    Status.NOT_FOUND: errors.NotFound,
     Status.OVER_LIMIT: errors.OverLimit,
     Status.CANCELLED: errors.Cancelled,
     Status.HANDLER_FAILED: errors.HandlerFailed,

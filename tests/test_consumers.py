@@ -1,0 +1,223 @@
+"""Durable consumers in the broker core: the delivery state table, pulls, acks, redelivery, dead
+letters and persistence, over an in-memory journal (no sockets, no disk, time passed in)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.broker.consumers import Delivery, Event, delivery_transition
+from mc0.broker.core import BrokerCore
+from mc0.broker.store import MemoryStore
+from mc0.permissions import Permissions
+from mc0.settings import JournalSettings
+
+# Every (state, event) pair, literally: the next state, or None (ignored, nothing changes).
+TABLE = [
+    (Delivery.DUE, Event.DELIVER, Delivery.PENDING),
+    (Delivery.DUE, Event.ACK, Delivery.SETTLED),
+    (Delivery.DUE, Event.NAK, None),
+    (Delivery.DUE, Event.TERM, Delivery.SETTLED),
+    (Delivery.DUE, Event.ACK_WAIT, None),
+    (Delivery.DUE, Event.EXHAUSTED, Delivery.SETTLED),
+    (Delivery.PENDING, Event.DELIVER, None),
+    (Delivery.PENDING, Event.ACK, Delivery.SETTLED),
+    (Delivery.PENDING, Event.NAK, Delivery.DUE),
+    (Delivery.PENDING, Event.TERM, Delivery.SETTLED),
+    (Delivery.PENDING, Event.ACK_WAIT, Delivery.DUE),
+    (Delivery.PENDING, Event.EXHAUSTED, None),
+    *[(Delivery.SETTLED, event, None) for event in Event],
+]
+
+
+def test_the_table_covers_every_pair() -> None:
+    assert {(s, e) for s, e, _ in TABLE} == {(s, e) for s in Delivery for e in Event}
+
+
+@pytest.mark.parametrize(("state", "event", "expected"), TABLE)
+def test_delivery_transition_table(state: Delivery, event: Event, expected: Delivery | None) -> None:
+    assert delivery_transition(state, event) is expected
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+class Bus:
+    """A core with one in-memory journal keeping jobs.>, and named peers."""
+
+    def __init__(self, store: MemoryStore | None = None, permissions: Permissions | None = None) -> None:
+        self.store = store or MemoryStore("main", JournalSettings(topics=("jobs.>", "mc0.sys.dead.>")))
+        self.core = BrokerCore(journals=[self.store], permissions=permissions)
+        self.ids = 0
+        self.who: dict[bytes, str] = {}
+
+    def connect(self, rid: bytes, who: str = "anonymous") -> None:
+        self.who[rid] = who
+        self.core.handle(rid, f("CONNECT", "VERSION", "1.0", "TTL", "60000", "ID", "c"), 0.0, who)
+
+    def publish(self, n: int, now: float = 0.0, start: int = 0) -> None:
+        for i in range(start, start + n):
+            self.core.handle(b"pub", f("PUT", "TOPIC", "jobs.x", "X-N", str(i), "", str(i)), now, self.who[b"pub"])
+        self.core.commit()
+
+    def ask(self, rid: bytes, query: dict[str, Any], now: float = 0.0) -> list[tuple[bytes, Any]]:
+        """One request, then a commit (held answers are released there), as the shell does."""
+        self.ids += 1
+        body = json.dumps({"journal": "main", "name": "c", **query})
+        req = f("REQUEST", "SERVICE", P.CONSUMER_SERVICE, "ID", f"r{self.ids}", "", body)
+        out = self.core.handle(rid, req, now, self.who[rid])
+        return out + self.core.commit()
+
+    def answer(self, rid: bytes, query: dict[str, Any], now: float = 0.0) -> list[bytes]:
+        ((to, frames),) = self.ask(rid, query, now)
+        assert to == rid
+        return frames
+
+
+def body_of(frames: list[bytes]) -> Any:
+    assert frames[0] == b"FINAL", frames
+    return json.loads(frames[frames.index(b"") + 1])
+
+
+def page(frames: list[bytes]) -> list[tuple[int, bytes, int]]:
+    """A pull's FINAL -> [(seq, body, deliveries)]."""
+    assert frames[0] == b"FINAL", frames
+    parts = frames[frames.index(b"") + 1 :]
+    records = P.parse_journal_page(parts[:2])
+    return [(r.seq, r.body, d) for r, d in zip(records, json.loads(parts[2]), strict=True)]
+
+
+def error_code(frames: list[bytes]) -> int:
+    assert frames[0] == b"ERROR", frames
+    return int(frames[frames.index(b"CODE") + 1])
+
+
+@pytest.fixture
+def bus() -> Bus:
+    bus = Bus()
+    for rid in (b"pub", b"a", b"b"):
+        bus.connect(rid)
+    return bus
+
+
+def test_pull_ack_and_the_info_counts(bus: Bus) -> None:
+    bus.publish(10)
+    assert body_of(bus.answer(b"a", {"op": "create", "ack_wait_ms": 1000}))["cursor"] == 1
+    got = page(bus.answer(b"a", {"op": "pull", "max": 4}))
+    assert got == [(i + 1, str(i).encode(), 1) for i in range(4)]
+    assert body_of(bus.answer(b"a", {"op": "ack", "seqs": [1, 2, 4, 99]})) == {"ack": 3, "ignored": 1}
+    info = body_of(bus.answer(b"a", {"op": "info"}))
+    assert (info["ack_floor"], info["pending"], info["acked"], info["delivered"], info["lag"]) == (2, 1, 3, 4, 6)
+    assert page(bus.answer(b"b", {"op": "pull", "max": 100}))[0][0] == 5  # a competing client: the rest
+
+
+def test_unsettled_messages_come_back_after_ack_wait_then_dead_letter(bus: Bus) -> None:
+    bus.core.handle(b"b", f("SUB", "", "mc0.sys.dead.>"), 0.0)
+    bus.publish(2)
+    bus.answer(b"a", {"op": "create", "ack_wait_ms": 1000, "max_deliver": 2})
+    assert [s for s, _, d in page(bus.answer(b"a", {"op": "pull", "max": 10}, 0.0))] == [1, 2]
+    bus.answer(b"a", {"op": "ack", "seqs": [2]}, 0.5)
+    assert page(bus.answer(b"a", {"op": "pull", "max": 10}, 0.9)) == []  # not yet due
+    assert page(bus.answer(b"b", {"op": "pull", "max": 10}, 1.0)) == [(1, b"0", 2)]  # redelivered, to anyone
+    assert bus.core.next_deadline() <= 2.0
+    out = bus.core.tick(2.0)  # its second ack_wait passes: max_deliver reached
+    (dead,) = [frames for rid, frames in out if rid == b"b"]
+    assert dead[:6] == f("MESSAGE", "TOPIC", "mc0.sys.dead.main.c", "SENDER", "mc0.broker", "JOURNAL")
+    headers = dict(zip(dead[9:-2:2], dead[10:-2:2], strict=True))
+    assert headers[b"X-Dead-Seq"] == b"1" and headers[b"X-Dead-Deliveries"] == b"2" and headers[b"X-N"] == b"0"
+    assert b"max_deliver 2" in headers[b"X-Dead-Reason"] and dead[-1] == b"0"
+    info = body_of(bus.answer(b"a", {"op": "info"}, 2.0))
+    assert (info["dead_lettered"], info["pending"], info["ack_floor"]) == (1, 0, 2)
+
+
+def test_nak_with_a_delay_and_term(bus: Bus) -> None:
+    bus.publish(3)
+    bus.answer(b"a", {"op": "create", "ack_wait_ms": 60_000})
+    page(bus.answer(b"a", {"op": "pull", "max": 3}, 0.0))
+    assert body_of(bus.answer(b"a", {"op": "nak", "seqs": [1], "delay_ms": 500}, 0.0)) == {"nak": 1, "ignored": 0}
+    assert body_of(bus.answer(b"a", {"op": "nak", "seqs": [2]}, 0.0)) == {"nak": 1, "ignored": 0}
+    assert body_of(bus.answer(b"a", {"op": "term", "seqs": [3]}, 0.0)) == {"term": 1, "ignored": 0}
+    assert page(bus.answer(b"a", {"op": "pull", "max": 10}, 0.1)) == [(2, b"1", 2)]
+    assert page(bus.answer(b"a", {"op": "pull", "max": 10}, 0.5)) == [(1, b"0", 2)]
+    bus.answer(b"a", {"op": "ack", "seqs": [1, 2]}, 0.6)
+    assert page(bus.answer(b"a", {"op": "pull", "max": 10}, 100.0)) == []  # 3 was termed: never again
+    assert body_of(bus.answer(b"a", {"op": "info"}, 100.0))["termed"] == 1
+
+
+def test_a_waiting_pull_is_answered_when_records_arrive_or_when_its_wait_ends(bus: Bus) -> None:
+    bus.answer(b"a", {"op": "create"})
+    assert bus.ask(b"a", {"op": "pull", "max": 5, "wait_ms": 2000}, 0.0) == []  # held
+    assert bus.ask(b"b", {"op": "pull", "max": 5, "wait_ms": 500}, 0.0) == []
+    bus.core.tick(0.0)  # the first heartbeat sweep
+    assert bus.core.next_deadline() == 0.5
+    bus.publish(1, 0.1)
+    assert bus.core.next_deadline() == 0.0  # a held pull can be answered
+    ((rid, frames),) = bus.core.tick(0.1)
+    assert rid == b"a" and page(frames) == [(1, b"0", 1)]
+    ((rid, frames),) = bus.core.tick(0.5)
+    assert rid == b"b" and page(frames) == []  # its wait ended with nothing
+
+
+def test_max_ack_pending_stops_new_deliveries(bus: Bus) -> None:
+    bus.publish(5)
+    bus.answer(b"a", {"op": "create", "max_ack_pending": 2})
+    assert len(page(bus.answer(b"a", {"op": "pull", "max": 5}))) == 2
+    assert page(bus.answer(b"a", {"op": "pull", "max": 5})) == []
+    bus.answer(b"a", {"op": "ack", "seqs": [1]})
+    assert [s for s, _, _ in page(bus.answer(b"a", {"op": "pull", "max": 5}))] == [3]
+
+
+def test_state_survives_a_new_core_on_the_same_store(bus: Bus) -> None:
+    bus.publish(6)
+    bus.answer(b"a", {"op": "create", "ack_wait_ms": 60_000})
+    page(bus.answer(b"a", {"op": "pull", "max": 4}))
+    bus.answer(b"a", {"op": "ack", "seqs": [1, 3]})
+    again = Bus(bus.store)  # a restart: the broker forgot who held 2 and 4
+    again.connect(b"a")
+    got = page(again.answer(b"a", {"op": "pull", "max": 10}))
+    assert got == [(2, b"1", 2), (4, b"3", 2), (5, b"4", 1), (6, b"5", 1)]  # no acked one, no unacked one lost
+
+
+# (query, expected code) for requests that must change nothing
+BAD = [
+    ({"op": "fly"}, 400),
+    ({"op": "pull", "name": "nope"}, 404),
+    ({"op": "create", "journal": "nope"}, 404),
+    ({"op": "create", "name": "bad name"}, 400),
+    ({"op": "create", "topics": []}, 400),
+    ({"op": "create", "topics": ["a..b"]}, 400),
+    ({"op": "create", "max_deliver": 0}, 400),
+    ({"op": "create", "deliver": "sometimes"}, 400),
+    ({"op": "create", "ack_wait_ms": 5}, 409),  # exists with another config
+    ({"op": "pull", "max": 0}, 400),
+    ({"op": "pull", "max": 5, "wait_ms": -1}, 400),
+    ({"op": "ack", "seqs": "1"}, 400),
+    ({"op": "ack", "seqs": [0]}, 400),
+    ({"op": "ack", "seqs": [True]}, 400),
+    ({"op": "nak", "seqs": [1], "delay_ms": "soon"}, 400),
+]
+
+
+@pytest.mark.parametrize(("query", "code"), BAD)
+def test_bad_requests_are_answered_and_change_nothing(bus: Bus, query: dict[str, Any], code: int) -> None:
+    bus.publish(2)
+    bus.answer(b"a", {"op": "create"})
+    page(bus.answer(b"a", {"op": "pull", "max": 1}))
+    before = body_of(bus.answer(b"a", {"op": "info"}))
+    assert error_code(bus.answer(b"a", query)) == code
+    assert body_of(bus.answer(b"a", {"op": "info"})) == before
+
+
+def test_a_consumer_is_only_for_identities_that_may_subscribe_to_its_topics() -> None:
+    policy = Permissions.from_table({"identity": {"eve": {"subscribe": ["other.>"]}}})
+    bus = Bus(permissions=policy)
+    bus.connect(b"pub")
+    bus.connect(b"a")
+    bus.connect(b"e", "eve")
+    bus.answer(b"a", {"op": "create"})
+    assert error_code(bus.answer(b"e", {"op": "pull"})) == 403
+    assert error_code(bus.answer(b"e", {"op": "create", "name": "mine"})) == 403
