@@ -4,6 +4,7 @@ sync and asyncio APIs with CURVE on and off."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -179,3 +180,28 @@ def test_broker_kill_9_mid_stream_resumes_from_the_last_acked_position(tmp_path:
     assert not set(seen_after) & set(acked)  # no acked message redelivered
     assert sorted(acked + seen_after) == list(range(1, n + 1))  # no unacked message lost
     assert {m.seq: m.deliveries for m in after if m.seq in unacked} == dict.fromkeys(unacked, 2)
+
+
+def mc0_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}  # rich tables: wide enough not to elide names
+    return subprocess.run([sys.executable, "-m", "mc0", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_cli_consume_continues_where_the_last_run_stopped_and_stats_show_it(tmp_path: Path) -> None:
+    with BrokerProcess(config=config(tmp_path), insecure=True) as broker:
+        publish(broker.endpoint, 4)  # 5 records: 0..3 and "last"
+        args = ("main", "c", "--topic", "jobs.>", "--json", "--endpoint", broker.endpoint)
+        first = mc0_cli("consume", *args, "--count", "3")
+        assert first.returncode == 0, first.stderr
+        assert [json.loads(line)["body"] for line in first.stdout.splitlines()] == ["0", "1", "2"]
+        second = mc0_cli("consume", *args, "--wait", "1")
+        assert second.returncode == 0, second.stderr
+        assert [json.loads(line)["body"] for line in second.stdout.splitlines()] == ["3", "last"]
+        stats = mc0_cli("stats", "--json", "--endpoint", broker.endpoint)
+        assert stats.returncode == 0, stats.stderr
+        row = json.loads(stats.stdout)["consumers"]["main/c"]
+        assert (row["acked"], row["pending"], row["ack_floor"]) == (5, 0, 5)
+        table = mc0_cli("stats", "--endpoint", broker.endpoint)
+        assert "durable consumers" in table.stdout and "main/c" in table.stdout
+        missing = mc0_cli("consume", "nope", "c", "--count", "1", "--endpoint", broker.endpoint)
+        assert missing.returncode == 1 and missing.stderr.startswith("mc0: error: 404 unknown journal 'nope'")

@@ -178,3 +178,17 @@ async def test_to_an_offline_identity_then_delivered_when_it_connects(api: Any, 
         assert report["bob"]["messages"] == 3
         await api(carol.close())
         await api(alice.close())
+
+
+def test_cli_pub_to_says_whether_it_was_delivered_or_stored(broker: Any) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mc0", "pub", "cmd.run", "x", "--to", "bob", "--confirm", "--endpoint", broker.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "bob: stored"

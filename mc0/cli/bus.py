@@ -22,6 +22,9 @@ from .base import Connection, _one_line_errors, _parse_headers, cli, connection_
 @click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
 @click.option("--msgid", default=None, help="Message id: a journal stores a repeat within its dedup window once.")
+@click.option(
+    "--to", "to", default=None, metavar="IDENTITY", help="A direct message to this identity (kept while it is offline)."
+)
 @connection_options
 @_one_line_errors
 def pub(
@@ -31,15 +34,24 @@ def pub(
     confirm: bool,
     count: int,
     msgid: str | None,
+    to: str | None,
     conn: Connection,
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
 
-    With --confirm, a journaled message prints where it was stored."""
+    With --confirm, a journaled message prints where it was stored, a direct
+    one (--to) whether it was delivered or stored for later."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
+    if to is not None and msgid is not None:
+        raise click.UsageError("--msgid is for journaled topics, not for --to")
     with conn.client() as client:
         for _ in range(count):
+            if to is not None:
+                outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
+                if outcome is not None:
+                    click.echo(f"{to}: {outcome}")
+                continue
             ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
             if ack is not None and ack.seq is not None:
                 repeat = " (duplicate: stored before)" if ack.duplicate else ""
@@ -251,8 +263,8 @@ def stats(
     from ..protocol import BROKER_SERVICE
 
     with conn.client() as client:
-        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ("stats", "services", "topics")}
-        reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
+        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
     if as_json:
         click.echo(json.dumps(reports, indent=2, sort_keys=True))
         return
@@ -295,6 +307,30 @@ def stats(
     for pattern, count in reports["topics"].items():
         topics.add_row(pattern, str(count))
     console.print(topics)
+    if reports["groups"]:
+        groups = Table(title="queue groups")
+        for column in ("group", "pattern", "members"):
+            groups.add_column(column)
+        for group, patterns in reports["groups"].items():
+            for pattern, members in patterns.items():
+                groups.add_row(group, pattern, str(members))
+        console.print(groups)
+    if reports["consumers"]:
+        consumers = Table(title="durable consumers")
+        columns = ("pending", "due", "delivered", "redelivered", "acked", "termed", "dead_lettered", "ack_floor", "lag")
+        consumers.add_column("consumer")
+        for column in columns:
+            consumers.add_column(column.replace("_", " "), justify="right")
+        for key, row in reports["consumers"].items():
+            consumers.add_row(key, *(str(row[c]) for c in columns))
+        console.print(consumers)
+    if reports["mailboxes"]:
+        boxes = Table(title="mailboxes (kept for identities not connected)")
+        for column in ("identity", "messages", "bytes"):
+            boxes.add_column(column)
+        for identity, row in reports["mailboxes"].items():
+            boxes.add_row(identity, str(row["messages"]), str(row["bytes"]))
+        console.print(boxes)
     peers = Table(title="peers")
     for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
         peers.add_column(column)
@@ -311,3 +347,54 @@ def stats(
             str(peer["served"]),
         )
     console.print(peers)
+
+
+@cli.command()
+@click.argument("journal")
+@click.argument("name")
+@click.option("--topic", "topics", multiple=True, help="Topic pattern of a new consumer (repeatable; default >).")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
+@click.option("--wait", type=float, default=None, help="Exit when no message arrives for this many seconds.")
+@click.option("--batch", type=click.IntRange(1, 1000), default=100, show_default=True, help="Messages per pull.")
+@click.option("--ack-wait", type=float, default=30.0, show_default=True, help="A new consumer's ack_wait (seconds).")
+@click.option("--max-deliver", type=click.IntRange(min=1), default=5, show_default=True, help="A new consumer's.")
+@click.option("--no-ack", is_flag=True, help="Print without acknowledging (they come back after ack_wait).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@connection_options
+@_one_line_errors
+def consume(
+    journal: str,
+    name: str,
+    topics: tuple[str, ...],
+    count: int | None,
+    wait: float | None,
+    batch: int,
+    ack_wait: float,
+    max_deliver: int,
+    no_ack: bool,
+    as_json: bool,
+    conn: Connection,
+) -> None:
+    """Print messages of durable consumer NAME on JOURNAL (created if new), acknowledging each
+    batch once printed; the broker keeps the position, so the next run continues after it."""
+    import time
+
+    with conn.client() as client:
+        consumer = client.consume(journal, name, topics=topics or (">",), ack_wait=ack_wait, max_deliver=max_deliver)
+        seen = 0
+        quiet_since = time.monotonic()
+        while count is None or seen < count:
+            want = batch if count is None else min(batch, count - seen)
+            messages = consumer.fetch(want, wait=1.0 if wait is None else min(wait, 1.0))
+            if not messages:
+                if wait is not None and time.monotonic() - quiet_since >= wait:
+                    break
+                continue
+            quiet_since = time.monotonic()
+            for message in messages:
+                line = _message_line(message.message, as_json)
+                click.echo(line if as_json else f"{line} (seq {message.seq}, delivery {message.deliveries})")
+            sys.stdout.flush()
+            if not no_ack:
+                consumer.ack(*messages)
+            seen += len(messages)
