@@ -111,10 +111,20 @@ class JournalSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): /healthz, /varz,
+    /connz, /subsz, /servicez, /metrics.  Off unless ``listen`` is set; it has no
+    authentication, so keep it on loopback (a host elsewhere is logged at WARNING)."""
+
+    listen: str = field(default="", metadata={"empty": True})  # "127.0.0.1:8222"; "" = off
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     permissions: Permissions = field(default_factory=Permissions)
+    http: HttpConfig = field(default_factory=HttpConfig)
     # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.broker.journal).
     journals: dict[str, JournalSettings] = field(default_factory=dict)

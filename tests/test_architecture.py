@@ -21,7 +21,7 @@ LAYERS: list[list[str]] = [
     ["mc0.protocol.batch"],
     ["mc0.protocol.builders"],  # renders batch records for batched peers
     ["mc0.protocol"],
-    ["mc0.settings", "mc0.events"],
+    ["mc0.settings", "mc0.events", "mc0.broker.histogram"],
     [
         "mc0.config",
         "mc0.session",
@@ -50,6 +50,8 @@ LAYERS: list[list[str]] = [
     ["mc0.aio"],
     ["mc0.client"],
     ["mc0.broker.core", "mc0.spark.options"],
+    ["mc0.broker.monitor"],
+    ["mc0.broker.httpd"],
     ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.demo"],
     ["mc0.broker", "mc0.spark.source", "mc0.spark.pipeline"],
     ["mc0", "mc0.spark", "mc0.cli.base"],
@@ -98,6 +100,8 @@ PURE = (
     "mc0.broker.outbox",
     "mc0.broker.verbs",
     "mc0.broker.batched",
+    "mc0.broker.histogram",
+    "mc0.broker.monitor",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 MAX_LINES = 600

@@ -157,7 +157,7 @@ class Builtins:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
         rpc = self.rpc
         if op == "services":
-            return {name: self._service_report(s) for name, s in sorted(rpc.services.items())}
+            return {name: self.service_report(s) for name, s in sorted(rpc.services.items())}
         if op == "topics":
             return self.pubsub.report()
         if op == "groups":
@@ -205,14 +205,7 @@ class Builtins:
         workers = self.rpc.workers
         return sum(1 for w in service.workers for j in workers[w].jobs.values() if j.service == service.name)
 
-    def _service_report(self, service: Service) -> dict[str, object]:
-        latencies = sorted(service.latencies)
-
-        def pct(q: float) -> float | None:
-            if not latencies:
-                return None
-            return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
-
+    def service_report(self, service: Service) -> dict[str, object]:
         return {
             "workers": len(service.workers),
             "idle": len(service.ready),
@@ -222,5 +215,6 @@ class Builtins:
             "served": service.served,
             "errors": service.errors,
             "timeouts": service.timeouts,
-            "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99)},
+            # From the latency histogram's buckets, as PromQL's histogram_quantile (one definition).
+            "latency_ms": service.latency.percentiles_ms(),
         }

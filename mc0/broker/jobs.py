@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from .histogram import Histogram
+
 if TYPE_CHECKING:
     from .peers import Peer
-
-LATENCY_SAMPLES = 1024  # per service, for the percentiles in mc0.broker stats
 
 
 class JobState(Enum):
@@ -248,7 +248,7 @@ class Service:
         "served",
         "errors",
         "timeouts",
-        "latencies",
+        "latency",
         "requests",
     )
 
@@ -264,4 +264,4 @@ class Service:
         self.served = 0
         self.errors = 0
         self.timeouts = 0
-        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self.latency = Histogram()  # request -> answer, seconds: mc0 stats and /metrics

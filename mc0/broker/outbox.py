@@ -61,6 +61,8 @@ class Outbox:
         self._last_frames: object = None  # fan-out hands the same frames to many batched peers:
         self._last_record = b""  # the record is built once
         self.queued_bytes = 0  # over all queues (for monitoring)
+        self.sent_messages = 0  # messages handed to the socket (a BATCH counts once), for monitoring
+        self.sent_bytes = 0
 
     # ------------------------------------------------------------ queueing
     def put(self, routing_id: bytes, payload: Payload, *, batched: bool, known: bool, now: float) -> bool:
@@ -144,6 +146,8 @@ class Outbox:
             return
         queue.bytes -= queue.head_bytes
         self.queued_bytes -= queue.head_bytes
+        self.sent_messages += 1
+        self.sent_bytes += queue.head_bytes
         queue.head = None
         queue.backoff = 0.0
         if not queue.items:

@@ -386,7 +386,7 @@ class Rpc:
         service = self.services.get(job.service)
         state.served += 1
         if service is not None:
-            service.latencies.append(now - job.created)
+            service.latency.observe(now - job.created)
             if action is Action.REPLY_FINAL:
                 service.served += 1
             else:
@@ -447,7 +447,7 @@ class Rpc:
         service = self.services.get(gather.service)
         if service is not None:
             service.served += 1
-            service.latencies.append(now - gather.created)
+            service.latency.observe(now - gather.created)
         out.append((client.routing_id, client.dialect.final(gather.rid, gather.service, fields, gather.user, ())))
         self._finished(gather.service, client, None, gather.created, 200, 0, 0, now)
         return out

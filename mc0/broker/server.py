@@ -39,7 +39,9 @@ from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
 from .core import BrokerCore, Out
+from .httpd import MonitorServer
 from .journal import Journal
+from .monitor import snapshot
 from .outbox import GROUP_SKIP_BYTES, Outbox
 from .streams import StreamOut
 
@@ -143,6 +145,11 @@ class Broker:
         self.zap: ZapHandler | None = None
         self.public_key: bytes | None = None
         self.endpoints: list[str] = []
+        # Monitoring ([http] / --http): served by its own thread from snapshots this loop publishes.
+        listen = self.config.http.listen
+        self.http = MonitorServer(listen, wake=self._wake) if listen else None
+        self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
+        self._started = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
     def _broker_keys(self) -> keyfiles.KeyPair:
@@ -201,6 +208,8 @@ class Broker:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        if self.http is not None:
+            self.http.start()  # ConfigError (names http.listen) when the port is taken
         return self.endpoints
 
     def _wake(self) -> None:
@@ -232,6 +241,8 @@ class Broker:
         if self._closed:
             return
         self._closed = True
+        if self.http is not None:
+            self.http.close()
         if self._monitor is not None:
             if self._socket is not None:
                 self._socket.disable_monitor()
@@ -274,6 +285,7 @@ class Broker:
             assert zap.zap_socket is not None
             poller.register(zap.zap_socket, zmq.POLLIN)
         core = self.core
+        http = self.http
         reload_every = self.config.security.reload_ms / 1000.0
         next_reload = time.monotonic() + reload_every
         try:
@@ -300,6 +312,8 @@ class Broker:
                     next_reload = now + reload_every
                 self._guarded(self._timers, now)
                 self._flush(sock, now)
+                if http is not None and http.wanted:  # an HTTP request waits (one attribute read per turn)
+                    self._publish_snapshot(http)
             now = time.monotonic()
             self._apply(core.shutdown(now), now)
             if core.uncommitted:
@@ -327,6 +341,18 @@ class Broker:
         except Exception:
             self.core.counters["internal_errors"] += 1
             log.exception("internal error in the broker's timer work")
+
+    def _publish_snapshot(self, http: MonitorServer) -> None:
+        now = time.monotonic()
+        try:
+            snap = snapshot(
+                self.core, self.outbox, now=now, started=self._started, wall=time.time(), in_bytes=self.bytes_in
+            )
+        except Exception:
+            self.core.counters["internal_errors"] += 1
+            log.exception("internal error building the monitoring snapshot")
+            return
+        http.publish(snap)
 
     def _drain_wake(self) -> None:
         assert self._wake_r is not None
@@ -362,6 +388,7 @@ class Broker:
                 # closed has been handled, so its session can go now.
                 if self.core.closing:
                     self._apply(self.core.forget_closed(now, drained=True), now)
+                self.bytes_in += received
                 return
             rest = _recv_rest(sock) if first.more else []
             identity = ANONYMOUS
@@ -387,6 +414,7 @@ class Broker:
                 received += len(rest[-1])
                 if received >= RECV_BYTES:
                     break
+        self.bytes_in += received
         if self.core.closing:  # a full batch, not read empty: only overdue closes
             self._apply(self.core.forget_closed(now, drained=False), now)
 

@@ -289,6 +289,7 @@ def stats(
         "errors",
         "timeouts",
         "p50 ms",
+        "p95 ms",
         "p99 ms",
     ):
         table.add_column(column, justify="left" if column == "service" else "right")
@@ -297,8 +298,7 @@ def stats(
         table.add_row(
             name,
             *(str(row[k]) for k in ("workers", "idle", "queued", "in_flight", "served", "errors", "timeouts")),
-            str(latency["p50"] if latency["p50"] is not None else "-"),
-            str(latency["p99"] if latency["p99"] is not None else "-"),
+            *(str(latency[p] if latency[p] is not None else "-") for p in ("p50", "p95", "p99")),
         )
     console.print(table)
     topics = Table(title="subscriptions")

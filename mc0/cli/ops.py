@@ -19,9 +19,15 @@ from .base import Connection, _load_config, _one_line_errors, cli, config_option
 @cli.command()
 @click.option("--bind", "binds", multiple=True, help="Endpoint to bind (repeatable; tcp://127.0.0.1:* picks a port).")
 @click.option("--insecure", is_flag=True, help="Run without CURVE (local development only): everyone is 'anonymous'.")
+@click.option(
+    "--http",
+    "http_listen",
+    metavar="HOST:PORT",
+    help="Serve monitoring (/healthz /varz /connz /subsz /servicez /metrics) here, e.g. 127.0.0.1:8222.",
+)
 @config_option
 @_one_line_errors
-def broker(binds: tuple[str, ...], insecure: bool, config_path: str | None) -> None:
+def broker(binds: tuple[str, ...], insecure: bool, http_listen: str | None, config_path: str | None) -> None:
     """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
     from ..broker import Broker
 
@@ -30,6 +36,8 @@ def broker(binds: tuple[str, ...], insecure: bool, config_path: str | None) -> N
         config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, bind=binds))
     if insecure:
         config = dataclasses.replace(config, security=dataclasses.replace(config.security, curve=False))
+    if http_listen is not None:
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http, listen=http_listen))
     server = Broker(config, config_path=config_path or os.environ.get(cfg.ENV_CONFIG))
     try:
         endpoints = server.bind()
@@ -40,6 +48,8 @@ def broker(binds: tuple[str, ...], insecure: bool, config_path: str | None) -> N
     if server.public_key is not None:
         click.echo(f"mc0 broker public key {server.public_key.decode()}")
     click.echo(f"mc0 broker listening on {' '.join(endpoints)}")
+    if server.http is not None:
+        click.echo(f"mc0 broker monitoring on {server.http.url}")
     sys.stdout.flush()
     server.run()
 

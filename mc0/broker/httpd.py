@@ -1,0 +1,269 @@
+"""The monitoring HTTP shell: /healthz, /varz, /connz, /subsz, /servicez (JSON) and /metrics (Prometheus).
+
+Contract: ``MonitorServer(listen, wake=...)`` does no I/O; ``start()`` binds
+(``host:port``; port 0 picks one) and serves from one daemon thread;
+``close()`` is idempotent.  The HTTP side never touches the broker's rooms
+and never blocks the loop: a request that needs fresh figures raises a flag
+and wakes the loop (``wake``), the loop builds a :class:`Snapshot` at the end
+of its turn (``wanted`` / ``publish``) and the request waits for it at most
+``SNAPSHOT_WAIT`` seconds.  Snapshots younger than ``MAX_AGE`` are shared by
+requests, so a scraper hammering the port costs the loop at most one
+snapshot per ``MAX_AGE``.  ``/healthz`` is 200 while the loop answers within
+``SNAPSHOT_WAIT``, 503 when it is stalled.  Process CPU and memory come from
+``prometheus_client``'s process collector, read on this thread.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from ipaddress import ip_address
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from ..errors import ConfigError
+from .monitor import Snapshot
+
+log = logging.getLogger("mc0.broker.http")
+
+MAX_AGE = 0.25  # seconds a snapshot is reused for
+SNAPSHOT_WAIT = 1.0  # seconds a request waits for the loop before /healthz says stalled
+DEFAULT_PORT = 8222  # nats-server's monitoring port
+PATHS = ("/healthz", "/varz", "/connz", "/subsz", "/servicez", "/metrics")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``port`` (host 127.0.0.1) -> (host, port); ConfigError otherwise."""
+    example = "e.g. 127.0.0.1:8222"
+    raw = text.strip()
+    if "://" in raw:
+        raise ConfigError("http.listen", f"{text!r} is host:port without a scheme ({example})")
+    host, sep, port_text = raw.rpartition(":") if ":" in raw else ("", "", raw)
+    host = host.strip("[]") or "127.0.0.1"
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError("http.listen", f"{text!r}: the port must be a number 0-65535 ({example})")
+    return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def process_figures() -> dict[str, float]:
+    """This process's CPU seconds and resident memory (read on the HTTP thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    figures = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "max_rss_bytes": usage.ru_maxrss * 1024}
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            figures["rss_bytes"] = int(statm.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        figures["rss_bytes"] = figures["max_rss_bytes"]
+    return figures
+
+
+class _Collector(Collector):
+    """The broker's figures as Prometheus metric families, from the newest snapshot."""
+
+    def __init__(self, server: MonitorServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.server.current()
+        if snap is None:
+            return
+        varz = snap.varz
+        for name, key, doc in (
+            ("mc0_connections", "connections", "Connected peers."),
+            ("mc0_subscriptions", "subscriptions", "Subscription patterns held."),
+            ("mc0_services", "services", "RPC services known."),
+            ("mc0_pending_bytes", "pending_bytes", "Bytes queued by the broker for peers."),
+            ("mc0_uptime_seconds", "uptime_s", "Seconds since the broker started."),
+        ):
+            yield GaugeMetricFamily(name, doc, value=float(varz[key]))  # type: ignore[arg-type]
+        for name, key, doc in (
+            ("mc0_in_messages", "in_msgs", "Messages received."),
+            ("mc0_in_bytes", "in_bytes", "Message body bytes received."),
+            ("mc0_out_messages", "out_msgs", "Messages sent (a BATCH counts once)."),
+            ("mc0_out_bytes", "out_bytes", "Bytes sent."),
+            ("mc0_delivered", "delivered", "Messages delivered to subscribers."),
+            ("mc0_dropped", "dropped", "Messages dropped for peers over their queue budget."),
+            ("mc0_slow_consumers", "slow_consumers", "Peers evicted as slow consumers."),
+        ):
+            yield CounterMetricFamily(name, doc, value=float(varz[key]))  # type: ignore[arg-type]
+        events = CounterMetricFamily("mc0_events", "Every broker counter, by name.", labels=["event"])
+        for event, count in snap.counters.items():
+            events.add_metric([event], float(count))
+        yield events
+        gauges = {
+            key: GaugeMetricFamily(f"mc0_service_{key}", f"Per service: {key.replace('_', ' ')}.", labels=["service"])
+            for key in ("workers", "idle", "queued", "in_flight")
+        }
+        counters = {
+            key: CounterMetricFamily(f"mc0_service_{key}", f"Per service: {key}.", labels=["service"])
+            for key in ("requests", "served", "errors", "timeouts")
+        }
+        latency = HistogramMetricFamily(
+            "mc0_service_latency_seconds", "Request to answer, per service.", labels=["service"]
+        )
+        for service, row in snap.servicez.items():
+            for key, gauge in gauges.items():
+                gauge.add_metric([service], float(row[key]))  # type: ignore[arg-type]
+            for key, counter in counters.items():
+                counter.add_metric([service], float(row[key]))  # type: ignore[arg-type]
+            buckets, total = snap.latency.get(service, ([], 0.0))
+            if buckets:
+                latency.add_metric(
+                    [service], [("+Inf" if b == float("inf") else repr(b), float(c)) for b, c in buckets], total
+                )
+        yield from gauges.values()
+        yield from counters.values()
+        yield latency
+        first = GaugeMetricFamily("mc0_journal_first_seq", "A journal's first kept record.", labels=["journal"])
+        end = GaugeMetricFamily("mc0_journal_end_seq", "A journal's next sequence number.", labels=["journal"])
+        journals: dict[str, dict[str, Any]] = varz["journals"]  # type: ignore[assignment]
+        for name, info in journals.items():
+            first.add_metric([name], float(info.get("first_seq", 0)))
+            end.add_metric([name], float(info.get("end_seq", info.get("next_seq", 0))))
+        yield first
+        yield end
+
+
+class MonitorServer:
+    def __init__(self, listen: str, *, wake: Callable[[], None]) -> None:
+        self.host, self.port = parse_listen(listen)
+        self._wake = wake
+        self._latest: Snapshot | None = None
+        self._published_at = 0.0  # time.monotonic() of the latest publish (the HTTP side's clock)
+        self._wanted = False
+        self._fresh = threading.Condition()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
+        self.registry.register(_Collector(self))
+        self.url = ""
+        self.version = "unknown"
+
+    # ------------------------------------------------------------ loop side
+    @property
+    def wanted(self) -> bool:
+        """True when a request waits for a snapshot (read by the loop each turn: one attribute)."""
+        return self._wanted
+
+    def publish(self, snap: Snapshot) -> None:
+        with self._fresh:
+            self._latest = snap
+            self._published_at = time.monotonic()
+            self._wanted = False
+            self._fresh.notify_all()
+
+    # ------------------------------------------------------------ HTTP side
+    def current(self) -> Snapshot | None:
+        """A snapshot at most MAX_AGE old, asking the loop for one if needed (waits <= SNAPSHOT_WAIT);
+        None when the loop did not answer in time."""
+        with self._fresh:
+            if self._latest is not None and time.monotonic() - self._published_at < MAX_AGE:
+                return self._latest
+            asked = time.monotonic()
+            self._wanted = True
+            self._wake()
+            deadline = asked + SNAPSHOT_WAIT
+            while self._published_at < asked:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._fresh.wait(left)
+            return self._latest
+
+    def start(self) -> str:
+        if self._httpd is not None:
+            return self.url
+        if not is_loopback(self.host):
+            log.warning(
+                "monitoring on %s:%d is reachable beyond this machine and has no authentication", self.host, self.port
+            )
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                server._handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                log.debug("http %s", format % args)
+
+        try:
+            self._httpd = ThreadingHTTPServer((self.host, self.port), Handler)
+        except OSError as exc:
+            raise ConfigError(
+                "http.listen", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{self.port}"
+        try:
+            self.version = importlib.metadata.version("mc0")
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+            self.version = "unknown"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="mc0-http", daemon=True)
+        self._thread.start()
+        log.info("monitoring on %s", self.url)
+        return self.url
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        path = request.path.split("?", 1)[0].rstrip("/") or "/"
+        status = 200
+        content_type = "application/json"
+        if path == "/metrics" and self.current() is not None:
+            body = generate_latest(self.registry)  # the collector reuses the snapshot just taken
+            content_type = CONTENT_TYPE_LATEST
+        elif path in PATHS or path == "/":
+            if path == "/":
+                data: object = {"endpoints": list(PATHS)}
+            else:
+                snap = self.current()
+                if snap is None:
+                    status, data = (
+                        503,
+                        {"status": "stalled", "reason": f"the broker loop did not answer in {SNAPSHOT_WAIT}s"},
+                    )
+                elif path == "/healthz":
+                    data = {"status": "ok"}
+                elif path == "/varz":
+                    data = {**snap.varz, "version": self.version, **process_figures()}
+                else:
+                    data = getattr(snap, path[1:])
+            body = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
+        else:
+            status, body = 404, json.dumps({"error": f"no such page; pages: {', '.join(PATHS)}"}).encode() + b"\n"
+        request.send_response(status)
+        request.send_header("Content-Type", content_type)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)

@@ -1,0 +1,180 @@
+"""Monitoring: the latency histogram (one definition of a percentile), ``--http`` parsing, and the
+HTTP pages and Prometheus ``/metrics`` of a live broker process under traffic."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import mc0
+from mc0.broker.histogram import Histogram
+from mc0.broker.httpd import parse_listen
+from mc0.errors import ConfigError
+from mc0.process import BrokerProcess
+
+from .test_rpc_live import WorkerProcess
+
+# ------------------------------------------------------------ histogram
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([], 0.5, None),
+        ([0.003], 0.5, 0.0025 + (0.005 - 0.0025) * 0.5),  # one value: the middle of its bucket
+        ([0.003, 0.003], 1.0, 0.005),
+        ([0.0001] * 10, 0.5, 0.00005),  # the first bucket starts at 0
+        ([0.001] * 50 + [0.1] * 50, 0.5, 0.001),  # rank 50 is the top of the 1 ms bucket
+        ([0.001] * 50 + [0.1] * 50, 0.99, 0.05 + 0.05 * 49 / 50),
+        ([100.0], 0.5, 60.0),  # +Inf: the largest finite bound, as PromQL
+    ],
+)
+def test_quantile_is_promql_histogram_quantile(values: list[float], q: float, expected: float | None) -> None:
+    h = Histogram()
+    for v in values:
+        h.observe(v)
+    got = h.quantile(q)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_histogram_buckets_are_cumulative_and_bounds_checked() -> None:
+    h = Histogram((1.0, 2.0))
+    for v in (0.5, 1.0, 1.5, 3.0):
+        h.observe(v)
+    assert h.cumulative() == [(1.0, 2), (2.0, 3), (float("inf"), 4)]
+    assert h.sum == pytest.approx(6.0)
+    assert h.percentiles_ms() == {"p50": 1000.0, "p95": 2000.0, "p99": 2000.0}
+    for bad in ((), (2.0, 1.0), (1.0, 1.0)):
+        with pytest.raises(ValueError):
+            Histogram(bad)
+    with pytest.raises(ValueError):
+        h.quantile(1.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8222", ("127.0.0.1", 8222)),
+        (":8222", ("127.0.0.1", 8222)),
+        ("8222", ("127.0.0.1", 8222)),
+        ("[::1]:0", ("::1", 0)),
+        ("0.0.0.0:9", ("0.0.0.0", 9)),
+        ("http://127.0.0.1:8222", "without a scheme"),
+        ("127.0.0.1:port", "must be a number"),
+        ("127.0.0.1:70000", "must be a number"),
+        ("", "must be a number"),
+    ],
+)
+def test_parse_listen(text: str, expected: tuple[str, int] | str) -> None:
+    if isinstance(expected, tuple):
+        assert parse_listen(text) == expected
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            parse_listen(text)
+
+
+# ------------------------------------------------------------ live
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def _metrics(base: str) -> dict[str, Any]:
+    status, content_type, text = _get(base + "/metrics")
+    assert status == 200 and content_type.startswith("text/plain"), (status, content_type)
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_http_pages_and_metrics_under_traffic() -> None:
+    port = _free_port()
+    with BrokerProcess("--http", f"127.0.0.1:{port}", insecure=True) as broker:
+        base = f"http://127.0.0.1:{port}"
+        worker = WorkerProcess(broker.endpoint, "answer", "calc", ttl=0.5)
+        stop = threading.Event()
+        published = [0]
+
+        def publish() -> None:  # steady traffic (~10k/s) while the pages are read, for at most 30 s
+            deadline = time.monotonic() + 30
+            with mc0.Client(broker.endpoint) as client:
+                while not stop.is_set() and time.monotonic() < deadline:
+                    for _ in range(100):
+                        client.publish("load.x", b"x" * 100)
+                    published[0] += 100
+                    stop.wait(0.01)
+
+        try:
+            with mc0.Client(broker.endpoint) as client, client.subscribe("load.>") as sub:
+                publisher = threading.Thread(target=publish, daemon=True)
+                publisher.start()
+                sub.next(timeout=5)  # traffic flows
+                for _ in range(20):
+                    assert client.request("calc", b"1", timeout=5) is not None
+                assert _get(base + "/healthz")[:1] == (200,)
+                assert json.loads(_get(base + "/healthz")[2]) == {"status": "ok"}
+                varz = json.loads(_get(base + "/varz")[2])
+                assert varz["connections"] >= 3 and varz["subscriptions"] >= 1
+                assert varz["in_msgs"] > 0 and varz["in_bytes"] > 0 and varz["out_msgs"] > 0
+                assert varz["rss_bytes"] > 0 and varz["cpu_s"] > 0 and varz["version"]
+                connz = json.loads(_get(base + "/connz")[2])
+                names = [c["name"] for c in connz["connections"]]
+                assert connz["count"] == len(names) >= 3
+                assert all("#" in n for n in names)  # identity#n, never a routing id
+                assert any(c["services"] == ["calc"] for c in connz["connections"])
+                subsz = json.loads(_get(base + "/subsz")[2])
+                assert subsz["patterns"].get("load.>") == 1
+                servicez = json.loads(_get(base + "/servicez")[2])
+                assert servicez["calc"]["served"] >= 20 and servicez["calc"]["latency_ms"]["p50"] > 0
+                assert _get(base + "/nope")[0] == 404
+
+                families = _metrics(base)
+                latency = families["mc0_service_latency_seconds"]
+                samples = {(s.name, s.labels.get("le")): s.value for s in latency.samples}
+                assert samples[("mc0_service_latency_seconds_count", None)] >= 20
+                assert samples[("mc0_service_latency_seconds_bucket", "+Inf")] >= 20
+                assert families["mc0_connections"].samples[0].value >= 3
+                assert families["process_resident_memory_bytes"].samples[0].value > 0
+                first = families["mc0_in_messages"].samples[0].value
+                # Counters move with traffic (poll: snapshots are reused for 0.25 s).
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and _metrics(base)["mc0_in_messages"].samples[0].value <= first:
+                    time.sleep(0.05)
+                assert _metrics(base)["mc0_in_messages"].samples[0].value > first
+                # mc0 stats and /metrics: one definition of a percentile (same buckets, same estimate).
+                stats = client.request("mc0.broker", b"services", timeout=5)
+                p50 = json.loads(stats.body)["calc"]["latency_ms"]["p50"]
+                assert p50 > 0
+        finally:
+            stop.set()
+            worker.close()
+
+
+def test_http_is_off_by_default_and_refuses_a_taken_port() -> None:
+    port = _free_port()
+    with BrokerProcess(insecure=True):
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(mc0.Error, match=f"http.listen.*127.0.0.1:{busy}"):
+            BrokerProcess("--http", f"127.0.0.1:{busy}", insecure=True, start_timeout=5).start()
