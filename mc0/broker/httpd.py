@@ -64,6 +64,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _json(data: object) -> bytes:
+    return json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+
+
 def process_figures() -> dict[str, float]:
     """This process's CPU seconds and resident memory (read on the HTTP thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -157,6 +161,9 @@ class MonitorServer:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         self.registry.register(_Collector(self))
+        self._render_lock = threading.Lock()
+        self._rendered_for: Snapshot | None = None
+        self._rendered: dict[str, tuple[str, bytes]] = {}
         self.url = ""
         self.version = "unknown"
 
@@ -228,35 +235,39 @@ class MonitorServer:
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         path = request.path.split("?", 1)[0].rstrip("/") or "/"
-        status = 200
-        content_type = "application/json"
-        if path == "/metrics" and self.current() is not None:
-            body = generate_latest(self.registry)  # the collector reuses the snapshot just taken
-            content_type = CONTENT_TYPE_LATEST
-        elif path in PATHS or path == "/":
-            if path == "/":
-                data: object = {"endpoints": list(PATHS)}
-            else:
+        if path == "/":
+            status, content_type, body = 200, "application/json", _json({"endpoints": list(PATHS)})
+        elif path not in PATHS:
+            status, content_type, body = 404, "application/json", _json({"error": f"pages: {', '.join(PATHS)}"})
+        else:
+            with self._render_lock:  # one render at a time, each page once per snapshot
                 snap = self.current()
                 if snap is None:
-                    status, data = (
-                        503,
-                        {"status": "stalled", "reason": f"the broker loop did not answer in {SNAPSHOT_WAIT}s"},
-                    )
-                elif path == "/healthz":
-                    data = {"status": "ok"}
-                elif path == "/varz":
-                    data = {**snap.varz, "version": self.version, **process_figures()}
+                    reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
+                    status, content_type, body = 503, "application/json", _json({"status": "stalled", "reason": reason})
                 else:
-                    data = getattr(snap, path[1:])
-            body = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
-        else:
-            status, body = 404, json.dumps({"error": f"no such page; pages: {', '.join(PATHS)}"}).encode() + b"\n"
+                    if snap is not self._rendered_for:
+                        self._rendered_for, self._rendered = snap, {}
+                    if path not in self._rendered:
+                        self._rendered[path] = self._render(path, snap)
+                    status, (content_type, body) = 200, self._rendered[path]
         request.send_response(status)
         request.send_header("Content-Type", content_type)
         request.send_header("Content-Length", str(len(body)))
         request.end_headers()
         request.wfile.write(body)
+
+    def _render(self, path: str, snap: Snapshot) -> tuple[str, bytes]:
+        if path == "/metrics":
+            return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
+        data: object
+        if path == "/healthz":
+            data = {"status": "ok"}
+        elif path == "/varz":
+            data = {**snap.varz, "version": self.version, **process_figures()}
+        else:
+            data = getattr(snap, path[1:])
+        return "application/json", _json(data)
 
     def close(self) -> None:
         if self._closed:
