@@ -33,6 +33,7 @@ from .errors import (
     StorageFailed,
     Timeout,
     TooLarge,
+    Unreachable,
     UnsupportedVersion,
     WorkerLost,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "Subscription",
     "Timeout",
     "TooLarge",
+    "Unreachable",
     "UnsupportedVersion",
     "Worker",
     "WorkerLost",

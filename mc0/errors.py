@@ -50,10 +50,19 @@ class KeyFileError(Error, OSError):
 class Timeout(Error, TimeoutError):
     """An operation did not finish within its timeout (``seconds``)."""
 
-    def __init__(self, what: str, seconds: float) -> None:
-        super().__init__(f"{what}: no answer within {seconds:g}s")
+    def __init__(self, what: str, seconds: float, detail: str = "") -> None:
+        super().__init__(f"{what}: no answer within {seconds:g}s{detail}")
         self.what = what
         self.seconds = seconds
+
+
+class Unreachable(Error, ConnectionError):
+    """The broker cannot be reached: ``verdict`` is ``"refused"`` (nothing listens there) or
+    ``"unresolvable"`` (the host name does not resolve); told within about a second."""
+
+    def __init__(self, message: str, *, verdict: str) -> None:
+        super().__init__(message)
+        self.verdict = verdict
 
 
 class AuthFailed(Error, PermissionError):

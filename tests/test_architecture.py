@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mc0"
 # Lower layers first: a module may import only modules of strictly lower layers.
 LAYERS: list[list[str]] = [
     ["mc0.errors", "mc0.message"],
-    ["mc0.topics", "mc0.keys"],
+    ["mc0.topics", "mc0.keys", "mc0.endpoints"],
     ["mc0.protocol.model", "mc0.trie", "mc0.permissions", "mc0.security"],
     ["mc0.protocol.codec", "mc0.protocol.bodies"],
     ["mc0.protocol.batch"],
@@ -102,6 +102,7 @@ PURE = (
     "mc0.broker.batched",
     "mc0.broker.histogram",
     "mc0.broker.monitor",
+    "mc0.endpoints",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 MAX_LINES = 600

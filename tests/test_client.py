@@ -81,11 +81,11 @@ async def test_ping_measures_a_round_trip(api: Any, bus: Bus) -> None:
     await api(client.close())
 
 
-async def test_connect_times_out_without_a_broker(api: Any) -> None:
+async def test_connect_without_a_broker_says_refused(api: Any) -> None:
     client = api.Client("tcp://127.0.0.1:1", timeout=0.3)
-    with pytest.raises(mc0.Timeout) as info:
+    with pytest.raises(mc0.Unreachable) as info:
         await api(client.connect())
-    assert isinstance(info.value, TimeoutError) and "127.0.0.1:1" in str(info.value)
+    assert isinstance(info.value, ConnectionError) and "127.0.0.1:1: connection refused" in str(info.value)
     with pytest.raises(mc0.ClosedError):
         await api(client.publish("t", b"x"))
 

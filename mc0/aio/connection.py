@@ -31,7 +31,8 @@ import zmq.utils.monitor
 
 from .. import keys as keyfiles
 from .. import protocol as P
-from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
+from ..endpoints import REFUSED_AFTER, check_endpoint, diagnose, no_answer_detail, unreachable_message
+from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout, Unreachable
 from ..message import Message, Reply, frozen_builder
 from ..protocol import Command, Limits, Status, Verb, batch
 from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
@@ -48,12 +49,15 @@ from ..session import (
     answer_error,
     group_key,
 )
-from ..settings import ENV_BROKER_KEY, ENV_KEY, ClientConfig
+from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
 from .link import Link
 from .streams import ReplyStream, Subscription
 
 log = logging.getLogger("mc0.client")
 _HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
+# What tells refused / unresolvable / no answer apart while connecting (see mc0.endpoints.diagnose).
+_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
+_EVENT_NAMES = {int(e): e.name or "" for e in zmq.Event}
 
 # What may wait to be sent (buffered while connected, or while the connection heals) before a
 # publisher waits for room: nats-py's pending_size is 2 MiB; batches make more useful here.
@@ -101,7 +105,10 @@ class Connection:
         self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
         self._broker_key_spec = broker_key or os.environ.get(ENV_BROKER_KEY) or config.broker_key or None
         self.identity: str | None = None  # our key's name, once connected with CURVE
-        self.endpoint = endpoint or config.endpoint
+        # One precedence everywhere (CLI, library, pipeline): argument > MC0_ENDPOINT > config > default.
+        self.endpoint = check_endpoint(endpoint or os.environ.get(ENV_ENDPOINT) or config.endpoint)
+        self._seen: list[str] = []  # monitor events while connecting (bounded: see _watch)
+        self._connected_ever = False
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
         self.request_timeout = config.request_timeout_ms / 1000.0
         ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
@@ -145,7 +152,7 @@ class Connection:
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
         if curve is not None:
             configure_client(sock, *curve)
-        self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_HANDSHAKE_EVENTS))
+        self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_HANDSHAKE_EVENTS | _CONNECT_EVENTS))
         sock.connect(self.endpoint)
         self._socket = sock
         loop = self._loop = asyncio.get_running_loop()
@@ -157,14 +164,31 @@ class Connection:
         ]
         try:
             self._out.send_now(self.session.connect(time.monotonic()))
-            await asyncio.wait_for(asyncio.shield(self._connected), self.timeout)
+            await self._await_connected()
         except TimeoutError:
             await self.close()
-            raise Timeout(f"connect to {self.endpoint}", self.timeout) from None
+            raise Timeout(f"connect to {self.endpoint}", self.timeout, no_answer_detail(self._connected_ever)) from None
         except BaseException:
             await self.close()
             raise
         return self
+
+    async def _await_connected(self) -> None:
+        """Wait for the broker's OK; after REFUSED_AFTER (or the timeout, if shorter) a refused or
+        unresolvable endpoint is reported as such (Unreachable) instead of waiting out the timeout."""
+        assert self._connected is not None
+        early = min(self.timeout, REFUSED_AFTER)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._connected), early)
+            return
+        except TimeoutError:
+            verdict = diagnose(self._seen, self._connected_ever)
+            if verdict is not None:
+                await self.close()
+                raise Unreachable(unreachable_message(self.endpoint, verdict), verdict=verdict) from None
+            if early >= self.timeout:
+                raise
+        await asyncio.wait_for(asyncio.shield(self._connected), self.timeout - early)
 
     def _curve_keys(self) -> tuple[keyfiles.KeyPair, bytes] | None:
         key, broker = self._key_spec, self._broker_key_spec
@@ -191,7 +215,14 @@ class Connection:
         assert monitor is not None
         while True:
             event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
-            reason = HANDSHAKE_FAILURES.get(int(event["event"]))
+            kind = int(event["event"])
+            if kind & _CONNECT_EVENTS:
+                if kind == zmq.EVENT_CONNECTED:
+                    self._connected_ever = True
+                elif len(self._seen) < 64 and not self._connected_ever:  # only the first attempts matter
+                    self._seen.append(_EVENT_NAMES.get(kind, ""))
+                continue
+            reason = HANDSHAKE_FAILURES.get(kind)
             if reason is None:
                 continue
             if self.identity is None:

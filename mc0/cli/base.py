@@ -58,8 +58,16 @@ timeout_option = click.option(
     "--timeout",
     type=float,
     default=None,
-    help="Seconds to wait for the broker (call: the request deadline, default 30).",
+    help="Seconds to wait for each answer from the broker (default 5: [client] timeout_ms). "
+    "A refused or unresolvable endpoint is reported within about a second.",
 )
+
+
+def set_option_help(command: click.Command, name: str, text: str) -> None:
+    """Give one command its own help for a shared option (e.g. --timeout of ``call``)."""
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name == name:
+            param.help = text
 
 
 def key_options(func: Callable[P, R]) -> Callable[P, R]:

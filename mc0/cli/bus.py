@@ -12,7 +12,7 @@ import click
 from ..client import Worker
 from ..errors import Error
 from ..message import Message, Reply
-from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options
+from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
 
 @cli.command()
@@ -197,6 +197,13 @@ def call(
                 elif reply.parts or not reply.final:
                     click.echo(_body_text(reply.body))
                 sys.stdout.flush()
+
+
+set_option_help(
+    call,
+    "timeout",
+    "The request's deadline in seconds (default 30: [client] request_timeout_ms; the broker answers 504 after it).",
+)
 
 
 def _import_handler(spec: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from .. import config as cfg
+from ..endpoints import check_endpoint
 from ..errors import Error
 from .base import Connection, _load_config, _one_line_errors, cli, config_option, connection_options
 
@@ -32,6 +33,8 @@ def broker(binds: tuple[str, ...], insecure: bool, http_listen: str | None, conf
     from ..broker import Broker
 
     config = _load_config(config_path)
+    for endpoint in binds:
+        check_endpoint(endpoint, bind=True, where="--bind")
     if binds:
         config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, bind=binds))
     if insecure:

@@ -1,0 +1,88 @@
+"""Endpoints: checked before any socket sees them, and why a connection did not come up.
+
+Contract: ``check_endpoint(text)`` returns the endpoint unchanged when
+ZeroMQ can use it (``tcp://host:port``, ``ipc://path``, ``inproc://name``;
+``bind=True`` also allows ``*`` as host or port) and otherwise raises
+:class:`mc0.errors.ConfigError` with one line: what is wrong and a good
+example.  ``diagnose(events, connected_ever)`` turns the socket monitor's
+event names seen while connecting into a verdict: ``"refused"`` (TCP
+attempts are rejected), ``"unresolvable"`` (libzmq retries without ever
+starting a TCP attempt: the host name does not resolve) or ``None`` (no
+verdict: connected, or still trying).  ``unreachable_message`` renders a
+verdict for people.  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from ipaddress import ip_address
+
+from .errors import ConfigError
+
+EXAMPLE = "tcp://127.0.0.1:61616"
+SCHEMES = ("tcp", "ipc", "inproc")
+# How long refusals may go on (while connecting) before the client reports them: long enough for
+# a broker that is starting, short enough to tell "refused" within about a second.
+REFUSED_AFTER = 1.0
+
+
+def check_endpoint(text: object, *, bind: bool = False, where: str = "endpoint") -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(where, f"no endpoint given (e.g. {EXAMPLE})")
+    endpoint = text.strip()
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        hint = f"tcp://{endpoint}" if ":" in endpoint else EXAMPLE
+        raise ConfigError(where, f"{text!r} has no scheme (e.g. {hint})")
+    if scheme not in SCHEMES:
+        raise ConfigError(where, f"{text!r}: scheme {scheme!r} is not one of {', '.join(SCHEMES)} (e.g. {EXAMPLE})")
+    if not rest:
+        raise ConfigError(where, f"{text!r} names no address (e.g. {EXAMPLE})")
+    if scheme != "tcp":
+        return endpoint
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host:
+        raise ConfigError(where, f"{text!r} needs host:port (e.g. {EXAMPLE})")
+    if not (port.isdigit() and 0 < int(port) <= 65535) and not (bind and port == "*"):
+        raise ConfigError(where, f"{text!r}: port {port!r} is not a number 1-65535 (e.g. {EXAMPLE})")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ConfigError(where, f"{text!r}: an IPv6 host goes in brackets (e.g. tcp://[::1]:61616)")
+        try:
+            ip_address(host[1:-1])
+        except ValueError:
+            raise ConfigError(where, f"{text!r}: {host} is not an IPv6 address (e.g. tcp://[::1]:61616)") from None
+    elif ";" in host:  # libzmq's source-address form (tcp://src;dst:port): pass it on
+        return endpoint
+    elif host == "*":
+        if not bind:
+            raise ConfigError(where, f"{text!r}: '*' binds every interface; a client names a host (e.g. {EXAMPLE})")
+    elif not all(c.isalnum() or c in "-._" for c in host):
+        raise ConfigError(where, f"{text!r}: {host!r} is not a host name or address (e.g. {EXAMPLE})")
+    return endpoint
+
+
+def diagnose(events: Sequence[str], connected_ever: bool) -> str | None:
+    """The verdict on a connection that has not come up, from the monitor's event names."""
+    if connected_ever:
+        return None
+    if "CONNECT_RETRIED" not in events:
+        return None
+    if "CONNECT_DELAYED" in events:
+        return "refused"
+    return "unresolvable"
+
+
+def unreachable_message(endpoint: str, verdict: str) -> str:
+    """One line for people: why connecting to ``endpoint`` failed (a verdict of ``diagnose``)."""
+    if verdict == "refused":
+        return f"{endpoint}: connection refused (is a broker running there? start one with `mc0 broker`)"
+    host = endpoint.partition("://")[2].rpartition(":")[0]
+    return f"{endpoint}: cannot resolve host {host!r}"
+
+
+def no_answer_detail(connected_ever: bool) -> str:
+    """What a connect timeout means, by whether a TCP connection was ever made."""
+    if connected_ever:
+        return " (a connection was made: not an mc0 broker, or one too busy to answer)"
+    return " (no connection was made: host down, or a firewall drops it)"
