@@ -4,6 +4,9 @@ Contract: ``load(path)`` returns a :class:`Config` or raises
 :class:`mc0.errors.ConfigError` naming the file and the dotted key (unknown
 keys, wrong types and out-of-range values are all errors).  ``Config()`` is the
 embedded defaults.  Field bounds live in each field's ``metadata["min"]``.
+``load`` resolves the file's relative paths against the file's folder (or
+its ``data_dir``), so a broker finds its keys and journals wherever it is
+started from; ``parse`` (text, no file) leaves them relative.
 The settings classes are re-exported here for existing imports.
 """
 
@@ -48,6 +51,7 @@ __all__ = [
     "load",
     "load_default",
     "parse",
+    "resolve_paths",
 ]
 
 C = TypeVar("C")
@@ -141,7 +145,39 @@ def parse(text: str, source: str = "<string>") -> Config:
         raise ConfigError(f"{source}: {exc.where}", exc.reason) from None
 
 
+def resolve_paths(config: Config, base: Path) -> Config:
+    """``config`` with every relative path made absolute under ``base`` (the config file's folder,
+    or its ``data_dir``): keys_dir, allowed_dir, a broker_key given as a path, journal folders
+    (the default var/journal/NAME too) and the [client] key files."""
+
+    def under(value: str) -> str:
+        return value if not value or os.path.isabs(value) else str(base / value)
+
+    security = config.security
+    broker_key = security.broker_key
+    if os.sep in broker_key or broker_key.endswith(".key_secret"):  # a path, not a NAME in keys_dir
+        broker_key = under(broker_key)
+    journals = {
+        name: dataclasses.replace(j, folder=str(base / j.path(name)) if not os.path.isabs(j.path(name)) else j.folder)
+        for name, j in config.journals.items()
+    }
+    return dataclasses.replace(
+        config,
+        security=dataclasses.replace(
+            security,
+            keys_dir=under(security.keys_dir),
+            allowed_dir=under(security.allowed_dir),
+            broker_key=broker_key,
+        ),
+        client=dataclasses.replace(
+            config.client, key=under(config.client.key), broker_key=under(config.client.broker_key)
+        ),
+        journals=journals,
+    )
+
+
 def load(path: str | os.PathLike[str]) -> Config:
+    """The config file at ``path``, its relative paths resolved against its folder (or data_dir)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -149,7 +185,11 @@ def load(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(str(path), "not UTF-8 text") from None
-    return parse(text, str(path))
+    config = parse(text, str(path))
+    base = path.resolve().parent
+    if config.data_dir:
+        base = (base / config.data_dir).resolve()
+    return resolve_paths(config, base)
 
 
 def load_default(path: str | os.PathLike[str] | None = None) -> Config:

@@ -127,7 +127,8 @@ class ZapHandler(Authenticator):
             self.admitted += 1
         else:
             self.refused += 1
-            log.info("refused unknown key %s", key.decode("ascii", "replace"))
+            # WARNING: an operator wants to see who knocks with a key that is not allowed.
+            log.warning("refused a key that is not allowed: %s", key.decode("ascii", "replace"))
         return known
 
     def curve_user_id(self, client_public_key: bytes) -> str:

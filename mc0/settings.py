@@ -126,5 +126,9 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     permissions: Permissions = field(default_factory=Permissions)
     http: HttpConfig = field(default_factory=HttpConfig)
+    # Where relative paths of a config file (keys_dir, allowed_dir, journal folders, key files)
+    # resolve: "" = the config file's own folder; a relative data_dir is itself taken from there.
+    # Without a config file they follow the current directory.
+    data_dir: str = field(default="", metadata={"empty": True})
     # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.broker.journal).
     journals: dict[str, JournalSettings] = field(default_factory=dict)

@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import bus, keys, ops  # noqa: F401  (each registers its commands on the group)
-from .base import cli
+from .base import cli, hoist_global_options
 
 __all__ = ["cli", "main"]
 
@@ -22,7 +22,8 @@ __all__ = ["cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors too are one line (``mc0: error: ...``, exit 2)."""
     try:
-        status = cli.main(args=argv, prog_name="mc0", standalone_mode=False)
+        args = hoist_global_options(sys.argv[1:] if argv is None else argv)
+        status = cli.main(args=args, prog_name="mc0", standalone_mode=False)
     except click.ClickException as exc:
         click.echo(f"mc0: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

@@ -7,10 +7,13 @@ line on stderr (``mc0: error: ...``) and exit status 1.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
@@ -120,13 +123,74 @@ def connection_options(func: Callable[..., R]) -> Callable[..., R]:
     return endpoint_option(config_option(timeout_option(key_options(wrapper))))
 
 
+LOG_FORMATS = ("text", "json")
+_VERBOSE = re.compile(r"^-v+$")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """``-v``/``-vv``/``--verbose`` and ``--log-format F`` may stand anywhere (``mc0 sub t -v``):
+    they are moved before the subcommand, where the group reads them.  Nothing after ``--`` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if _VERBOSE.match(arg) or arg == "--verbose" or arg.startswith("--log-format="):
+            front.append(arg)
+        elif arg == "--log-format" and i + 1 < len(args):
+            front += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg (and exc when any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(verbose: int, log_format: str) -> None:
+    """WARNING by default, -v INFO, -vv DEBUG; text or JSON lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING - 10 * min(verbose, 2))
+
+
 @click.group()
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug); accepted anywhere.")
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text or as JSON objects (one per line); accepted anywhere.",
+)
 @click.version_option(package_name="mc0")
-def cli(verbose: int) -> None:
+def cli(verbose: int, log_format: str) -> None:
     """mc0: a secure pub/sub + RPC message bus over ZeroMQ."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging(verbose, log_format)
 
 
 def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -26,9 +26,16 @@ from .base import Connection, _load_config, _one_line_errors, cli, config_option
     metavar="HOST:PORT",
     help="Serve monitoring (/healthz /varz /connz /subsz /servicez /metrics) here, e.g. 127.0.0.1:8222.",
 )
+@click.option(
+    "--check-config",
+    is_flag=True,
+    help="Check the config, keys and journal folders (what the broker would use), then exit: 0 = fine.",
+)
 @config_option
 @_one_line_errors
-def broker(binds: tuple[str, ...], insecure: bool, http_listen: str | None, config_path: str | None) -> None:
+def broker(
+    binds: tuple[str, ...], insecure: bool, http_listen: str | None, check_config: bool, config_path: str | None
+) -> None:
     """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
     from ..broker import Broker
 
@@ -41,6 +48,15 @@ def broker(binds: tuple[str, ...], insecure: bool, http_listen: str | None, conf
         config = dataclasses.replace(config, security=dataclasses.replace(config.security, curve=False))
     if http_listen is not None:
         config = dataclasses.replace(config, http=dataclasses.replace(config.http, listen=http_listen))
+    if check_config:
+        from ..broker.check import check_config as check
+
+        source = config_path or os.environ.get(cfg.ENV_CONFIG) or "the embedded defaults (no --config)"
+        click.echo(f"config: {source}")
+        for line in check(config):
+            click.echo(line)
+        click.echo("config OK")
+        return
     server = Broker(config, config_path=config_path or os.environ.get(cfg.ENV_CONFIG))
     try:
         endpoints = server.bind()

@@ -1,0 +1,77 @@
+"""``mc0 broker --check-config``: everything the broker would need, checked without starting it.
+
+Contract: ``check_config(config)`` reads (never writes) the disk and returns
+the lines of a report (what the broker would use, all paths absolute); the
+first problem raises an :class:`mc0.Error` naming the file or key and what
+is wrong.  Checked: every bind endpoint, the ``[http]`` listen address, the
+broker's secret key (or that the keys folder can take a new one), each
+allowed public key, and each journal folder (its segments readable, or its
+nearest existing parent writable).  No socket is opened: a port in use is
+found only by starting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import keys as keyfiles
+from ..config import Config
+from ..endpoints import check_endpoint
+from ..errors import ConfigError
+from .httpd import parse_listen
+
+
+def _writable_folder(path: Path, what: str) -> str:
+    """``path`` exists and is writable, or can be created (its nearest existing parent is writable)."""
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(what, f"{path} is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(what, f"{path} is not writable by this user")
+        return "exists"
+    parent = path.parent
+    for _ in range(64):  # bounded walk to the root
+        if parent.exists():
+            break
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(what, f"{path} does not exist and {parent} is not writable by this user")
+    return "will be created"
+
+
+def check_config(config: Config) -> list[str]:
+    lines: list[str] = []
+    for endpoint in config.broker.bind:
+        check_endpoint(endpoint, bind=True, where="broker.bind")
+    lines.append(f"bind: {' '.join(config.broker.bind)}")
+    if config.http.listen:
+        host, port = parse_listen(config.http.listen)
+        lines.append(f"http: monitoring on {host}:{port}")
+    else:
+        lines.append("http: off")
+    security = config.security
+    if security.curve:
+        path = keyfiles.resolve(security.broker_key, security.keys_dir, keyfiles.SECRET_SUFFIX)
+        if path.exists():
+            pair = keyfiles.load_secret(path)  # KeyFileError names the file
+            lines.append(f"broker key: {path.resolve()} ({pair.name}, mode {path.stat().st_mode & 0o777:o})")
+        else:
+            state = _writable_folder(Path(security.keys_dir), "security.keys_dir")
+            lines.append(f"broker key: {path.resolve()} will be created (keys folder {state})")
+        allowed = Path(security.allowed_dir)
+        names = []
+        if allowed.is_dir():
+            for public in sorted(allowed.glob(f"*{keyfiles.PUBLIC_SUFFIX}")):
+                keyfiles.load_public(public)  # KeyFileError names the file
+                names.append(public.name[: -len(keyfiles.PUBLIC_SUFFIX)])
+        else:
+            _writable_folder(allowed, "security.allowed_dir")
+        lines.append(f"allowed: {allowed.resolve()}: {', '.join(names) or 'no identities yet'}")
+    else:
+        lines.append("security: CURVE off (anyone who reaches the port is 'anonymous')")
+    for name, settings in sorted(config.journals.items()):
+        folder = settings.path(name)
+        state = _writable_folder(folder, f"journals.{name}.folder")
+        lines.append(f"journal {name}: {folder.resolve()} ({state}; topics {', '.join(settings.topics)})")
+    return lines
