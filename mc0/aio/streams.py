@@ -152,7 +152,7 @@ class Subscription:
                 else:
                     await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0) from None
+                raise Timeout(f"next message on {', '.join(self.patterns)}", timeout or 0.0) from None
 
     def next_threadsafe(self, timeout: float | None = None) -> Message:
         """``next`` for another thread (the sync API): no hop into the event loop while
@@ -166,7 +166,7 @@ class Subscription:
                     raise ClosedError(f"subscription {self.patterns!r} is closed")
                 left = SYNC_RECHECK if deadline is None else min(SYNC_RECHECK, deadline - time.monotonic())
                 if left <= 0:
-                    raise Timeout(f"next message on {self.patterns!r}", timeout or 0.0)
+                    raise Timeout(f"next message on {', '.join(self.patterns)}", timeout or 0.0)
                 self._sync_waiting = True
                 try:
                     self._sync.wait(left)

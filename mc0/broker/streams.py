@@ -249,9 +249,13 @@ class Streams:
             for j in self.journals.values()
             if all(any(pattern_covers(split_pattern(jp), t) for jp in j.settings.topics) for _, t in patterns)
         ]
-        if len(candidates) != 1:
-            which = "no journal keeps" if not candidates else "several journals keep"
-            raise ProtocolError(Status.BAD_REQUEST, f"{which} these topics; name one with JOURNAL", command.id)
+        if not candidates:
+            reason = "no journal keeps these topics, so there is no history to replay (the broker's [journals.NAME])"
+            raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
+        if len(candidates) > 1:
+            names = ", ".join(sorted(j.name for j in candidates))[:120]
+            reason = f"several journals keep these topics ({names}): name one (--journal; journal= in the library)"
+            raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
         return candidates[0]
 
     def plan_replay(self, peer: Peer, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> Replay:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..client import Worker
-from ..errors import Error
+from ..errors import Error, Timeout
 from ..message import Message, Reply
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
@@ -25,6 +25,7 @@ from .base import Connection, _one_line_errors, _parse_headers, cli, connection_
 @click.option(
     "--to", "to", default=None, metavar="IDENTITY", help="A direct message to this identity (kept while it is offline)."
 )
+@click.option("--json", "as_json", is_flag=True, help="With --confirm: one JSON object per message (where it went).")
 @connection_options
 @_one_line_errors
 def pub(
@@ -35,6 +36,7 @@ def pub(
     count: int,
     msgid: str | None,
     to: str | None,
+    as_json: bool,
     conn: Connection,
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
@@ -50,10 +52,15 @@ def pub(
             if to is not None:
                 outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
                 if outcome is not None:
-                    click.echo(f"{to}: {outcome}")
+                    click.echo(
+                        json.dumps({"to": to, "topic": topic, "outcome": outcome}) if as_json else f"{to}: {outcome}"
+                    )
                 continue
             ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
-            if ack is not None and ack.seq is not None:
+            if as_json and ack is not None:
+                record = {"topic": topic, "journal": ack.journal, "seq": ack.seq, "duplicate": ack.duplicate}
+                click.echo(json.dumps(record))
+            elif ack is not None and ack.seq is not None:
                 repeat = " (duplicate: stored before)" if ack.duplicate else ""
                 click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
         if not confirm:
@@ -75,12 +82,18 @@ def _message_line(message: Message, as_json: bool) -> str:
     return f"{message.topic} {message.body.decode('utf-8', 'backslashreplace')}"
 
 
+NO_MESSAGE_STATUS = 3  # sub --wait ran out: a normal outcome a script can test for (1 = an error)
+
+
 @cli.command()
 @click.argument("patterns", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
 @click.option(
-    "--wait", type=float, default=None, help="Exit with status 1 if no message arrives for this many seconds."
+    "--wait",
+    type=float,
+    default=None,
+    help=f"Stop (exit status {NO_MESSAGE_STATUS}, not an error) if no message arrives for this many seconds.",
 )
 @click.option(
     "--from",
@@ -116,7 +129,13 @@ def sub(
     ):
         seen = 0
         while count is None or seen < count:
-            message = subscription.next(wait)
+            try:
+                message = subscription.next(wait)
+            except Timeout:
+                if wait is None:
+                    raise
+                click.echo(f"mc0: no message within {wait:g}s on {', '.join(patterns)} ({seen} received)", err=True)
+                sys.exit(NO_MESSAGE_STATUS)
             click.echo(_message_line(message, as_json))
             sys.stdout.flush()
             seen += 1
@@ -124,10 +143,12 @@ def sub(
 
 @cli.command()
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per PONG (and one summary with --count > 1).")
 @connection_options
 @_one_line_errors
 def ping(
     count: int,
+    as_json: bool,
     conn: Connection,
 ) -> None:
     """Measure round trips to the broker."""
@@ -136,10 +157,17 @@ def ping(
         for _ in range(count):
             rtt = client.ping()
             times.append(rtt)
-            click.echo(f"PONG from {client.endpoint}: {rtt * 1000:.3f} ms")
+            if as_json:
+                click.echo(json.dumps({"endpoint": client.endpoint, "rtt_ms": round(rtt * 1000, 3)}))
+            else:
+                click.echo(f"PONG from {client.endpoint}: {rtt * 1000:.3f} ms")
         if count > 1:
             times.sort()
-            click.echo(f"{count} pings: min {times[0] * 1000:.3f} ms, median {times[len(times) // 2] * 1000:.3f} ms")
+            low, median = times[0] * 1000, times[len(times) // 2] * 1000
+            if as_json:
+                click.echo(json.dumps({"count": count, "min_ms": round(low, 3), "median_ms": round(median, 3)}))
+            else:
+                click.echo(f"{count} pings: min {low:.3f} ms, median {median:.3f} ms")
 
 
 def _body_text(data: bytes) -> str:

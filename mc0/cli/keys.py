@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -53,9 +54,10 @@ def keys_new(name: str, keys_dir: str | None, passphrase: bool, force: bool, con
 @keys.command("list")
 @dir_option
 @allowed_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
 @config_option
 @_one_line_errors
-def keys_list(keys_dir: str | None, allowed_dir: str | None, config_path: str | None) -> None:
+def keys_list(keys_dir: str | None, allowed_dir: str | None, as_json: bool, config_path: str | None) -> None:
     """List keys with fingerprint and whether the broker allows them."""
     from rich.console import Console
     from rich.table import Table
@@ -74,6 +76,11 @@ def keys_list(keys_dir: str | None, allowed_dir: str | None, config_path: str | 
                 row["status"] = status
             if where == folder and (folder / f"{name}{keyfiles.SECRET_SUFFIX}").exists():
                 row["secret"] = "yes"
+    if as_json:
+        for name, row in sorted(rows.items()):
+            record = {"name": name, **row, "secret": row["secret"] == "yes", "keys_dir": str(folder)}
+            click.echo(json.dumps(record))
+        return
     table = Table(title=f"keys in {folder} (allowed: {allowed})")
     for column in ("name", "fingerprint", "status", "secret here"):
         table.add_column(column)

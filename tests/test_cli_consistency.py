@@ -1,0 +1,81 @@
+"""The CLI says the same things the same way (issue 13, point 8): --json on pub, ping and keys list;
+``sub --wait`` running out is a plain line and its own exit status; ``--from`` without a journal
+names the option; every command's --timeout help says what it bounds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mc0.process import BrokerProcess
+
+from .conftest import write_config
+
+
+def mc0(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mc0", *args], capture_output=True, text=True, timeout=30, cwd=cwd)
+
+
+def test_pub_and_ping_json(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[journals.main]\ntopics = ["kept.>"]\n')
+    with BrokerProcess(insecure=True, config=config) as broker:
+        ep = ("--endpoint", broker.endpoint)
+        kept = mc0("pub", "kept.a", "x", "--confirm", "--json", "--msgid", "m1", *ep)
+        assert kept.returncode == 0, kept.stderr
+        assert json.loads(kept.stdout) == {"topic": "kept.a", "journal": "main", "seq": 1, "duplicate": False}
+        again = mc0("pub", "kept.a", "x", "--confirm", "--json", "--msgid", "m1", *ep)
+        assert json.loads(again.stdout)["duplicate"] is True
+        live = mc0("pub", "live.a", "x", "--confirm", "--json", *ep)
+        assert json.loads(live.stdout) == {"topic": "live.a", "journal": None, "seq": None, "duplicate": False}
+        pings = mc0("ping", "--count", "3", "--json", *ep)
+        assert pings.returncode == 0, pings.stderr
+        lines = [json.loads(line) for line in pings.stdout.splitlines()]
+        assert len(lines) == 4 and all(line["rtt_ms"] > 0 for line in lines[:3])
+        assert lines[3]["count"] == 3 and lines[3]["min_ms"] <= lines[3]["median_ms"]
+
+
+def test_keys_list_json(tmp_path: Path) -> None:
+    assert mc0("keys", "new", "alice", "--dir", str(tmp_path / "keys")).returncode == 0
+    assert mc0("keys", "new", "bob", "--dir", str(tmp_path / "keys")).returncode == 0
+    allow = mc0("keys", "allow", "alice", "--dir", str(tmp_path / "keys"), "--allowed", str(tmp_path / "allowed"))
+    assert allow.returncode == 0, allow.stderr
+    listed = mc0("keys", "list", "--json", "--dir", str(tmp_path / "keys"), "--allowed", str(tmp_path / "allowed"))
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in map(json.loads, listed.stdout.splitlines())}
+    assert rows["alice"]["status"] == "allowed" and rows["bob"]["status"] == "-"
+    assert rows["alice"]["secret"] is True and len(rows["alice"]["fingerprint"]) > 8
+
+
+def test_sub_wait_running_out_is_not_an_error(broker: BrokerProcess) -> None:
+    result = mc0("sub", "quiet.>", "other", "--wait", "0.3", "--endpoint", broker.endpoint)
+    assert result.returncode == 3
+    assert result.stderr.strip() == "mc0: no message within 0.3s on quiet.>, other (0 received)"
+
+
+def test_sub_from_without_a_journal_names_the_option(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[journals.a]\ntopics = ["x.>"]\n[journals.b]\ntopics = [">"]\n')
+    with BrokerProcess(insecure=True, config=config) as broker:
+        both = mc0("sub", "x.y", "--from", "0", "--count", "1", "--endpoint", broker.endpoint)
+        assert both.returncode == 1
+        assert "several journals keep these topics (a, b): name one (--journal" in both.stderr
+        assert "JOURNAL" not in both.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "needle"),
+    [
+        ("ping", "Seconds to wait for each answer from the broker"),
+        ("pub", "Seconds to wait for each answer from the broker"),
+        ("sub", "Seconds to wait for each answer from the broker"),
+        ("stats", "Seconds to wait for each answer from the broker"),
+        ("call", "The request's deadline in seconds"),
+    ],
+)
+def test_timeout_help_says_what_it_bounds(command: str, needle: str) -> None:
+    result = mc0(command, "--help")
+    text = " ".join(result.stdout.split())
+    assert needle in text and "(call: the request deadline" not in text
