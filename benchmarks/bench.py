@@ -378,7 +378,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="mc0 beside NATS, Majordomo and the raw ZeroMQ limit")
+    # Run by `mc0 bench`, the usage line names that command (MC0_PROG), not this file.
+    parser = argparse.ArgumentParser(
+        prog=os.environ.get("MC0_PROG") or None, description="mc0 beside NATS, Majordomo and the raw ZeroMQ limit"
+    )
     parser.add_argument("--runs", type=int, default=3, help="measurements per system (median reported)")
     parser.add_argument("--seconds", type=float, default=1.5, help="length of one time-bounded measurement")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny loads, one measurement")

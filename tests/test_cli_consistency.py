@@ -79,3 +79,8 @@ def test_timeout_help_says_what_it_bounds(command: str, needle: str) -> None:
     result = mc0(command, "--help")
     text = " ".join(result.stdout.split())
     assert needle in text and "(call: the request deadline" not in text
+
+
+def test_bench_help_names_the_command() -> None:
+    result = mc0("bench", "--help-bench")
+    assert result.returncode == 0 and result.stdout.startswith("usage: mc0 bench ")

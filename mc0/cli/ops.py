@@ -85,7 +85,7 @@ def bench(ctx: click.Context) -> None:
     if not script.is_file():
         raise Error(f"mc0 bench runs {script} from a source checkout of mc0; it is not there")
     args = ["--help" if a == "--help-bench" else a for a in ctx.args]
-    sys.exit(subprocess.call([sys.executable, str(script), *args]))
+    sys.exit(subprocess.call([sys.executable, str(script), *args], env={**os.environ, "MC0_PROG": "mc0 bench"}))
 
 
 @cli.command()
