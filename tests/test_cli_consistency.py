@@ -84,3 +84,29 @@ def test_timeout_help_says_what_it_bounds(command: str, needle: str) -> None:
 def test_bench_help_names_the_command() -> None:
     result = mc0("bench", "--help-bench")
     assert result.returncode == 0 and result.stdout.startswith("usage: mc0 bench ")
+
+
+@pytest.mark.parametrize(
+    ("event", "line"),
+    [
+        (
+            {
+                "batchId": 3,
+                "numInputRows": 1200,
+                "processedRowsPerSecond": 4000.4,
+                "sources": [{"endOffset": '{"seq":500}', "latestOffset": '{"seq":750}'}],
+            },
+            "batch 3: 1,200 records (4,000/s), journal seq 500, 250 behind the head",
+        ),
+        (
+            {"batchId": 0, "numInputRows": 0, "sources": [{"endOffset": {"seq": 7}, "latestOffset": None}]},
+            "batch 0: 0 records (0/s), journal seq 7",
+        ),
+        ({"batchId": 1, "numInputRows": 5, "sources": [{"endOffset": "not json"}]}, "batch 1: 5 records (0/s)"),
+        ({"batchId": 2}, "batch 2: 0 records (0/s)"),
+    ],
+)
+def test_pipeline_progress_lines(event: dict[str, object], line: str) -> None:
+    from mc0.spark.pipeline import progress_line
+
+    assert progress_line(event) == line

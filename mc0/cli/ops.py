@@ -154,12 +154,14 @@ def pipeline(
     with console.status(f"starting Spark ({master})") as status:
         spark = make_session(None if master == "submit" else master, app="mc0-pipeline")
 
+        shown: set[object] = set()
+
         def progress(event: dict[str, Any]) -> None:
-            rate = event.get("processedRowsPerSecond") or 0.0
-            status.update(
-                f"batch {event.get('batchId')}: {event.get('numInputRows', 0)} records ({rate:,.0f}/s); "
-                f"tables in {output}"
-            )
+            line = job.progress_line(event)
+            status.update(f"{line}; tables in {output}")
+            if event.get("batchId") not in shown:  # one line per batch, kept on screen (stderr)
+                shown.add(event.get("batchId"))
+                console.print(f"pipeline: {line}", highlight=False)
 
         status.update("reading the journal")
         try:

@@ -241,6 +241,33 @@ def run(
     return totals
 
 
+def _seq_of(offset: object) -> int | None:
+    """The ``seq`` of a source offset as Spark reports it (a JSON string or a dict)."""
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return None
+    if isinstance(offset, dict) and isinstance(offset.get("seq"), int):
+        return int(offset["seq"])
+    return None
+
+
+def progress_line(event: dict[str, Any]) -> str:
+    """One line per micro-batch: batch id, records, rate, the seq reached and how far behind the
+    journal's head it is (from the source's endOffset / latestOffset)."""
+    rate = float(event.get("processedRowsPerSecond") or 0.0)
+    line = f"batch {event.get('batchId')}: {int(event.get('numInputRows') or 0):,} records ({rate:,.0f}/s)"
+    sources = event.get("sources") or []
+    source = sources[0] if sources and isinstance(sources[0], dict) else {}
+    reached, head = _seq_of(source.get("endOffset")), _seq_of(source.get("latestOffset"))
+    if reached is not None:
+        line += f", journal seq {reached:,}"
+        if head is not None:
+            line += f", {max(0, head - reached):,} behind the head"
+    return line
+
+
 def _cause(text: str) -> str:
     """The Python exception line inside a Spark error (the part a person needs), else its first line."""
     for line in reversed(text.splitlines()):
