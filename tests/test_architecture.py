@@ -56,6 +56,7 @@ LAYERS: list[list[str]] = [
     ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.demo"],
     ["mc0.broker", "mc0.spark.source", "mc0.spark.pipeline"],
     ["mc0", "mc0.spark", "mc0.cli.base"],
+    ["mc0.cli.load"],
     ["mc0.cli.bus", "mc0.cli.keys", "mc0.cli.ops"],
     ["mc0.cli"],
     ["mc0.__main__", "mc0.spark.submit"],

@@ -110,3 +110,13 @@ def test_pipeline_progress_lines(event: dict[str, object], line: str) -> None:
     from mc0.spark.pipeline import progress_line
 
     assert progress_line(event) == line
+
+
+def test_bench_loads_an_existing_broker(broker: BrokerProcess) -> None:
+    result = mc0("bench", "--endpoint", broker.endpoint, "--pub", "2", "--sub", "2", "--msgs", "2000", "--size", "64")
+    assert result.returncode == 0, result.stderr
+    assert "pub: 2 publisher(s), 2,000 msgs of 64 B" in result.stdout
+    assert "sub: 2 subscriber(s), 4,000 msgs delivered" in result.stdout
+    assert "published" in result.stderr and "delivered" in result.stderr  # the progress bar
+    bad = mc0("bench", "--endpoint", "127.0.0.1:1")
+    assert bad.returncode == 1 and bad.stderr.strip().startswith("mc0: error: endpoint: '127.0.0.1:1' has no scheme")

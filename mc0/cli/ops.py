@@ -75,10 +75,18 @@ def broker(
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
+@_one_line_errors
 def bench(ctx: click.Context) -> None:
-    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`).
+    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`);
+    with --endpoint URL, load that existing broker instead (like `nats bench`: see
+    `mc0 bench --endpoint URL --help`).
 
-    The harness lives in the source checkout (benchmarks/, run by scripts/bench.py), not in the package."""
+    The comparison harness lives in the source checkout (benchmarks/, run by scripts/bench.py),
+    not in the package."""
+    if any(a == "--endpoint" or a.startswith("--endpoint=") for a in ctx.args):
+        from .load import run
+
+        sys.exit(run(list(ctx.args)))
     import subprocess
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
