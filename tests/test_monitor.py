@@ -178,3 +178,21 @@ def test_http_is_off_by_default_and_refuses_a_taken_port() -> None:
         busy = taken.getsockname()[1]
         with pytest.raises(mc0.Error, match=f"http.listen.*127.0.0.1:{busy}"):
             BrokerProcess("--http", f"127.0.0.1:{busy}", insecure=True, start_timeout=5).start()
+
+
+def test_a_stalled_loop_is_503_on_healthz_within_about_a_second() -> None:
+    from mc0.broker.httpd import MonitorServer
+
+    asked = threading.Event()
+    server = MonitorServer("127.0.0.1:0", wake=asked.set)  # a loop that never publishes
+    server.start()
+    try:
+        start = time.monotonic()
+        status, _, text = _get(server.url + "/healthz")
+        assert status == 503 and json.loads(text)["status"] == "stalled"
+        assert asked.is_set() and server.wanted and time.monotonic() - start < 3.0
+        assert _get(server.url + "/metrics")[0] == 503
+        assert json.loads(_get(server.url + "/")[2])["endpoints"][0] == "/healthz"
+    finally:
+        server.close()
+        server.close()  # idempotent
