@@ -158,9 +158,7 @@ class MonitorServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
-        self.registry.register(_Collector(self))
+        self.registry = CollectorRegistry(auto_describe=False)  # filled by start() (the process collector reads /proc)
         self._render_lock = threading.Lock()
         self._rendered_for: Snapshot | None = None
         self._rendered: dict[str, tuple[str, bytes]] = {}
@@ -205,6 +203,8 @@ class MonitorServer:
             log.warning(
                 "monitoring on %s:%d is reachable beyond this machine and has no authentication", self.host, self.port
             )
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
+        self.registry.register(_Collector(self))
         server = self
 
         class Handler(BaseHTTPRequestHandler):
