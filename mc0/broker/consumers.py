@@ -36,7 +36,7 @@ from ..message import Record
 from ..protocol import CONSUMER_SERVICE, Status
 from ..topics import pattern_matches, split_pattern
 from .peers import Out, Peer
-from .store import JournalStore, Trimmed
+from .store import JournalStore, StateUnreadable, Trimmed
 
 MAX_CONSUMERS = 1_000  # per broker
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)
@@ -182,7 +182,10 @@ class Consumers:
                 heapq.heappush(consumer.timers, (0.0, int(seq_text)))
         except (ValueError, KeyError, TypeError, InvalidTopic) as exc:
             self.counters["consumer_state_unreadable"] += 1
-            raise ValueError(f"journal {journal.name}: consumer {name}: unreadable state: {exc}") from None
+            raise StateUnreadable(
+                f"journal {journal.name}: consumer {name}: unreadable saved state ({exc}); "
+                f"move its file out of the journal's consumers/ folder to start without it"
+            ) from None
         self.consumers[journal.name, name] = consumer
 
     @property

@@ -35,6 +35,10 @@ class Trimmed(Error, LookupError):
         self.first = first
 
 
+class StateUnreadable(Error, ValueError):
+    """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
+
+
 class JournalStore(Hashable, Protocol):
     name: str
     settings: JournalSettings
