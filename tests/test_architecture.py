@@ -22,6 +22,7 @@ LAYERS: list[list[str]] = [
     ["mc0.protocol.builders"],  # renders batch records for batched peers
     ["mc0.protocol"],
     ["mc0.settings", "mc0.events"],
+    ["mc0.session_batch"],
     [
         "mc0.config",
         "mc0.session",
@@ -78,6 +79,7 @@ PURE = (
     "mc0.protocol.bodies",
     "mc0.protocol.batch",
     "mc0.session",
+    "mc0.session_batch",
     "mc0.events",
     "mc0.trie",
     "mc0.topics",
