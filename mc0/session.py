@@ -7,8 +7,10 @@ reports.  It owns everything a client must get right by itself:
 * request ids, and which answer belongs to the CONNECT in flight;
 * heartbeats (NOOP after TTL of silence on our side) and broker liveness
   (``liveness x TTL`` without hearing from it -> CONNECT again);
-* healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker it CONNECTs
-  again and, once accepted, re-sends SUB for every pattern it holds;
+* healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker, on the
+  socket reporting its connection lost then back (``link_lost``/``link_up``)
+  or after ``liveness x TTL`` of silence it CONNECTs again and, once
+  accepted, re-sends SUB for every pattern it holds;
 * routing each MESSAGE to the local patterns that match it (a local trie),
   so overlapping subscriptions of one client each see the message once;
 * local validation of what the user asks to send (misuse raises here).
@@ -487,6 +489,26 @@ class ClientSession(BatchedReceive):
                 if pattern in self._resume:
                     self._resume[pattern] = (journal, seq + 1)
         return Delivery(message, patterns)
+
+    # ------------------------------------------------------------ the link under the session
+    def link_lost(self) -> list[Event]:
+        """The socket reported its connection closed.  Whatever broker answers next has
+        forgotten this session (a restart, or the broker dropped a closed connection's
+        session), so stop sending through it: what is published now waits in the shell's
+        buffer, and requests in flight are failed by the shell."""
+        if not self.connected:
+            return []
+        self.connected = False
+        self._requests.clear()
+        return [Reconnecting("connection to the broker lost")]
+
+    def link_up(self, now: float) -> Frames | None:
+        """The socket (re)connected: CONNECT at once rather than after ``liveness x TTL``
+        of silence (None when this session needs no CONNECT: the first one is in flight,
+        or nothing was lost)."""
+        if not self.ever_connected or self.connected:
+            return None
+        return self.connect(now)
 
     # ------------------------------------------------------------ time
     def tick(self, now: float) -> tuple[list[Event], list[Frames]]:
