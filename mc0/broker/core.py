@@ -33,7 +33,7 @@ from ..permissions import Permissions
 from ..protocol import Command, Header, Side, Status, Verb
 from ..settings import CoreSettings
 from ..trie import TopicTrie
-from . import mdp
+from . import dialects
 from .batched import BatchedInput
 from .builtins import RESERVED_SERVICES, Builtins
 from .consumers import Consumers
@@ -172,8 +172,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.counters["routing_id_changed_hands"] += 1
             out = self._forget(peer, "replaced", now)
             peer = None
-        if frames and mdp.is_mdp(frames):
-            return out + mdp.handle(self, self.peers.get(routing_id), routing_id, frames, now, identity, fd)
+        foreign = dialects.route(frames, peer) if frames else None
+        if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
+            return out + foreign(self, peer, routing_id, frames, now, identity, fd)
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
@@ -328,7 +329,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return self._with_finished(out, now)
 
     # ================================================================ operations for foreign dialects
-    # (the narrow interface mdp.handle drives the core through: see mdp.CoreOps)
+    # (the narrow interface foreign dialects drive the core through: see mdp.CoreOps)
     def open_peer(self, peer: Peer, now: float) -> list[Out]:
         return self._open(peer, now)
 

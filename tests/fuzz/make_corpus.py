@@ -97,6 +97,12 @@ def seeds() -> list[bytes]:
             out.append(connect + step(0, 0, [b"REQUEST", b"SERVICE", service, b"ID", b"r", b"", body]))
             out.append(step(0, 2, [b"MDPC02", b"\x02", service, body]))
     out.append(step(0, 2, [b"", b"MDPC02", b"\x02", b"mc0.broker", b"stats"]))
+    # Seed 000 (MDPXC01 / MDPXW01): a worker, a client with two requests in flight, the replies, PING.
+    s0_worker = step(1, 2, [b"MDPXW01", b"\x01", b"s0"])
+    out.append(s0_worker + step(0, 0, [b"MDPXC01", b"\x01", b"s0", b"r1", b"x"]) + step(1, 0, [b"MDPXW01", b"PING"]))
+    out.append(s0_worker + step(1, 0, [b"MDPXW01", b"\x04", b"1", b"", b"1", b"y"]) + step(1, 0, [b"MDPW02", b"\x06"]))
+    for body in TRICKY_BODIES:
+        out.append(step(0, 2, [b"MDPXC01", b"\x01", b"mc0.broker", b"r", body]))
     out.append(step(0, 2, [b"MDPW02", b"\x01", b"svc"]) + step(0, 0, [b"MDPC02", b"\x02", b"svc", b"x"]))
     out.append(
         connect
