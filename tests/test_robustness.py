@@ -30,6 +30,8 @@ CRASHERS = [
     ("stranger", ("MDPC02", "\x02", "mc0.journal", DEEP)),
     ("stranger", ("MDPXC01", "\x01", "mc0.broker", "r", DEEP)),  # a seed-000 client
     ("stranger", ("MDPXC01", "\x01", "mc0.journal", "r", DEEP)),
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.broker", "", DEEP)),  # an eMQP client
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.journal", "", DEEP)),
 ]
 
 

@@ -336,11 +336,22 @@ class BrokerCore(BatchedInput, VerbHandlers):
     def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
         return self._forget(peer, why, now)
 
-    def call(self, client: Peer, name: str, body: Sequence[bytes], now: float, *, rid: str | None = None) -> list[Out]:
-        """A request from a foreign client (a broker-made request id unless it brings its own)."""
+    def call(
+        self,
+        client: Peer,
+        name: str,
+        body: Sequence[bytes],
+        now: float,
+        *,
+        rid: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> list[Out]:
+        """A request from a foreign client (a broker-made request id unless it brings its own;
+        the broker's default timeout unless it asks for one)."""
         name = self.rpc.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
-        return self._call(client, name, rid, self.settings.request_timeout_ms, False, {}, body, now)
+        timeout_ms = timeout_ms or self.settings.request_timeout_ms
+        return self._call(client, name, rid, timeout_ms, False, {}, body, now)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
         checked = [self.rpc.service_name(n, None) for n in names]
@@ -350,6 +361,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
 
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
         return self.rpc.reply(worker, verb, bid, {}, body, now)
+
+    def worker_capacity(self, worker: Peer) -> tuple[tuple[str, ...], int]:
+        """The services ``worker`` serves and its capacity (credit-based dialects adjust it)."""
+        state = self.rpc.worker_state(worker)
+        return (state.services, state.capacity) if state is not None else ((), 0)
 
     def _wants_rpc_telemetry(self) -> bool:
         return self.sysbus.wants_rpc()
