@@ -32,6 +32,8 @@ CRASHERS = [
     ("stranger", ("MDPXC01", "\x01", "mc0.journal", "r", DEEP)),
     ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.broker", "", DEEP)),  # an eMQP client
     ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.journal", "", DEEP)),
+    ("stranger", ("", "DGBX\x01", "\x04", "mc0.broker", "", "", DEEP)),  # a DCP client
+    ("stranger", ("", "DGBX\x01", "\x04", "mc0.journal", "", "", DEEP)),
 ]
 
 

@@ -345,13 +345,14 @@ class BrokerCore(BatchedInput, VerbHandlers):
         *,
         rid: str | None = None,
         timeout_ms: int | None = None,
+        user: dict[str, str] | None = None,
     ) -> list[Out]:
         """A request from a foreign client (a broker-made request id unless it brings its own;
-        the broker's default timeout unless it asks for one)."""
+        the broker's default timeout unless it asks for one; ``user``: its X- headers)."""
         name = self.rpc.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
         timeout_ms = timeout_ms or self.settings.request_timeout_ms
-        return self._call(client, name, rid, timeout_ms, False, {}, body, now)
+        return self._call(client, name, rid, timeout_ms, False, user or {}, body, now)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
         checked = [self.rpc.service_name(n, None) for n in names]
@@ -362,10 +363,16 @@ class BrokerCore(BatchedInput, VerbHandlers):
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
         return self.rpc.reply(worker, verb, bid, {}, body, now)
 
-    def worker_capacity(self, worker: Peer) -> tuple[tuple[str, ...], int]:
-        """The services ``worker`` serves and its capacity (credit-based dialects adjust it)."""
+    def worker_load(self, worker: Peer) -> tuple[tuple[str, ...], int, int]:
+        """What ``worker`` serves, its capacity and the requests it holds (dialects with credit adjust it)."""
         state = self.rpc.worker_state(worker)
-        return (state.services, state.capacity) if state is not None else ((), 0)
+        return (state.services, state.capacity, len(state.jobs)) if state is not None else ((), 0, 0)
+
+    def hand_off(
+        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
+    ) -> list[Out] | None:
+        """DCP: ``worker`` passes the request it holds as ``bid`` on to service ``name`` (None: it holds none)."""
+        return self.rpc.hand_off(worker, bid, self.rpc.service_name(name, None), user, body, now)
 
     def _wants_rpc_telemetry(self) -> bool:
         return self.sysbus.wants_rpc()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from . import emqp, mdp, seed000
+from . import dcp, emqp, mdp, seed000
 from .peers import Out, Peer
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ def route(frames: Sequence[bytes], peer: Peer | None) -> Handler | None:
     # Seed 000 first: its workers say DISCONNECT with MDP/0.2's worker header.
     if seed000.is_seed000(frames, peer):
         return seed000.handle
+    if dcp.is_dcp(frames):
+        return dcp.handle
     if emqp.is_emqp(frames):
         return emqp.handle
     if mdp.is_mdp(frames):

@@ -198,7 +198,7 @@ WORKER_DIALECT = EmqpDialect("emqp-worker", heartbeats=True)
 
 
 def _set_capacity(core: CoreOps, worker: Peer, change: int, now: float) -> list[Out]:
-    services, capacity = core.worker_capacity(worker)
+    services, capacity, _ = core.worker_load(worker)
     capacity = min(max(capacity + change, 0), core.settings.max_capacity)
     return core.serve(worker, services, capacity, now)
 
@@ -244,7 +244,7 @@ def handle(
             out += core.call(peer, command.queues[0], command.body, now, rid=command.msgid, timeout_ms=timeout)
         elif verb == INFORM:
             peer.dialect = WORKER_DIALECT  # a client may become a worker too; heartbeats from now on
-            _, capacity = core.worker_capacity(peer)
+            _, capacity, _ = core.worker_load(peer)
             out += core.serve(peer, command.queues, capacity, now)
             peer.last_sent = now
             out.append((routing_id, WORKER_DIALECT.frames(ACK, command.msgid.encode())))

@@ -401,6 +401,32 @@ class Rpc:
         self._finished(job.service, client, worker, job.created, status, job.size, bytes_out, now)
         return out
 
+    def hand_off(
+        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
+    ) -> list[Out] | None:
+        """``worker`` passes the job it holds as ``bid`` on to service ``name`` (DCP): its slot frees,
+        the same client and request id wait on a new job (same deadline).  None: it holds no such job."""
+        state = self.workers.get(worker)
+        job = state.jobs.get(bid) if state is not None else None
+        if job is None or state is None or job.parent is not None:
+            return None
+        tokens = self.service_tokens(name, job.rid)  # checked before anything changes
+        service = self.services.get(name)
+        if not worker.grants.may_call(tokens):
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.FORBIDDEN, f"hand-off to {name} forbidden")
+        if service is None or not service.workers:
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.NO_WORKER, f"hand-off: no worker for {name}")
+        self._fire(job, JobEvent.FINAL)
+        state.served += 1
+        out = self._release(worker, job, now)
+        handed = Job(str(next(self._seq)), job.client, job.rid, name, {**job.user, **user}, body, now, job.deadline)
+        self._hold(job.client, job.rid, handed)
+        heapq.heappush(self._deadlines, (job.deadline, int(handed.bid), handed))
+        service.requests += 1
+        self._enqueue(service, handed)
+        self.counters["handed_off"] += 1
+        return out + self._pump(service, now)
+
     def _leg_reply(
         self,
         state: WorkerState,

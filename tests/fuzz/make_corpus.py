@@ -111,6 +111,14 @@ def seeds() -> list[bytes]:
     out.append(step(1, 2, [*e, b"INFORM", b"i", b"a,b"]) + step(1, 0, [*e, b"REPLY", b"1", b"y"]))
     for body in TRICKY_BODIES:
         out.append(step(0, 2, [*e, b"REQUEST", b"m", b"mc0.broker", b"", body]))
+    # DCP v1: register, ping, a request with metadata, the reply, a hand-off.
+    d = [b"", b"DGBX\x01"]
+    d_worker = step(1, 2, [*d, b"\x01", b"s v"]) + step(1, 0, [*d, b"\x02"])
+    out.append(d_worker + step(0, 0, [*d, b"\x04", b"s v", b"", b"m", b"", b"x"]))
+    out.append(d_worker + step(1, 0, [*d, b"\x05", b"1", b"", b"m", b"", b"y"]))
+    out.append(d_worker + step(1, 0, [*d, b"\x04", b"other", b"1", b"", b"m", b"", b"z"]))
+    for body in TRICKY_BODIES:
+        out.append(step(0, 2, [*d, b"\x04", b"mc0.broker", b"", b"", body]))
     out.append(step(0, 2, [b"MDPW02", b"\x01", b"svc"]) + step(0, 0, [b"MDPC02", b"\x02", b"svc", b"x"]))
     out.append(
         connect
