@@ -289,3 +289,23 @@ def test_live_eventmq_client_calls_an_mc0_worker_and_a_seed_written_emqp_worker(
         sender.zsocket.close(linger=0)
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_queue_serves_its_clients_round_robin_so_a_busy_client_cannot_starve_another() -> None:
+    net = Core()
+    net.worker(b"w", b"q")
+    tokens = [request_for(net.emqp(b"busy", E.REQUEST, b"b0", b"q", b"", b"b0"), b"w", b"q", b"b0")]
+    for i in range(1, 6):
+        assert net.emqp(b"busy", E.REQUEST, b"b%d" % i, b"q", b"", b"b%d" % i) == []
+    # mc0 and eMQP clients alike wait in the same queue, each its turn.
+    net.mc0(b"m", "CONNECT", "VERSION", "1.0", "TTL", "5000")
+    net.mc0(b"m", "REQUEST", "SERVICE", "q", "ID", "m0", "", "m0")
+    net.emqp(b"calm", E.REQUEST, b"c0", b"q", b"", b"c0")
+    served = []
+    for _ in range(7):  # bounded: 7 requests are waiting
+        out = net.emqp(b"w", E.REPLY, tokens[-1], b"ok")
+        net_out = net.emqp(b"w", E.READY, b"r")
+        ((_, frames),) = [(r, f) for r, f in out + net_out if r == b"w"]
+        served.append(frames[6])
+        tokens.append(frames[3])
+    assert served == [b"b1", b"m0", b"c0", b"b2", b"b3", b"b4", b"b5"]  # not b1..b5 first

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidTopic, ProtocolError
@@ -28,6 +28,7 @@ from ..topics import split_topic
 from .jobs import (
     JOB_TRANSITIONS,
     Action,
+    FairQueue,
     GatherEvent,
     GatherState,
     Job,
@@ -84,10 +85,10 @@ class Rpc:
             service = self.services.get(job.service)
             if service is not None:
                 service.queued -= 1
-                if job.state is JobState.DONE:  # it is still in the deque
+                if job.state is JobState.DONE:  # it is still in the queue
                     service.dead += 1
                     if service.dead > 64 and service.dead > service.queued:
-                        service.queue = deque(j for j in service.queue if j.state is JobState.QUEUED)
+                        service.queue = FairQueue(j for j in service.queue if j.state is JobState.QUEUED)
                         service.dead = 0
         return action
 
@@ -223,7 +224,7 @@ class Rpc:
             if worker not in service.ready:
                 service.ready[worker] = None
             if service.queued:
-                heads.append((service.queue[0].created, service))
+                heads.append((service.queue.first().created, service))
         out: list[Out] = []
         for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
             out += self._pump(service, now)
