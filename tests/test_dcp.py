@@ -263,3 +263,23 @@ def test_live_dcp_worker_and_client_with_mc0_peers(broker: BrokerProcess, zctx: 
         client_peer.close()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_foreign_dialects_false_refuses_every_foreign_dialect_with_one_setting() -> None:
+    net = Core(foreign_dialects=False)
+    net.mc0(b"m", "CONNECT", "VERSION", "1.0", "TTL", "5000")
+    net.mc0(b"m", "READY", "", "svc")
+    refused = [
+        (*H, D.REQUEST, b"svc", b"", b"", b"dcp"),
+        (*H, D.REGISTER, b"svc"),
+        (b"", E.VERSION, E.REQUEST, b"m", b"svc", b"", b"emqp"),
+        (b"MDPXC01", b"\x01", b"svc", b"r", b"seed000"),
+        (b"MDPXW01", b"\x01", b"svc"),
+        (b"", b"MDPC02", b"\x02", b"svc", b"mdp"),
+        (b"MDPW02", b"\x01", b"svc"),
+    ]
+    for frames in refused:
+        assert net.send(b"f", *frames) == []
+    assert net.core.counters["foreign_refused"] == len(refused)
+    assert list(net.core.sessions) == [b"m"]
+    assert net.mc0(b"m", "PING", "ID", "p")[0][1][0] == b"PONG"

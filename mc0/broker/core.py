@@ -174,6 +174,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
             peer = None
         foreign = dialects.route(frames, peer) if frames else None
         if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
+            if not self.settings.foreign_dialects:
+                self.counters["foreign_refused"] += 1
+                return out
             return out + foreign(self, peer, routing_id, frames, now, identity, fd)
         if peer is not None:
             peer.last_recv = now
