@@ -283,3 +283,38 @@ def test_foreign_dialects_false_refuses_every_foreign_dialect_with_one_setting()
     assert net.core.counters["foreign_refused"] == len(refused)
     assert list(net.core.sessions) == [b"m"]
     assert net.mc0(b"m", "PING", "ID", "p")[0][1][0] == b"PONG"
+
+
+def test_live_dcp_hand_off_from_a_dcp_worker_to_an_mc0_worker_answers_an_emqp_client(
+    broker: BrokerProcess, zctx: zmq.Context[Any]
+) -> None:
+    def parse_worker() -> None:
+        """A DCP worker that does half the work and hands the rest to service "render"."""
+        peer = RawPeer(broker.endpoint, zctx)
+        try:
+            peer.send(*H, D.REGISTER, b"parse")
+            assert peer.recv() == [*H, D.REGISTER, b"parse"]
+            frames = peer.recv(10)
+            assert frames[:4] == [*H, D.REQUEST, b"parse"]
+            address, meta_and_data = frames[4], frames[6:]
+            split = meta_and_data.index(b"")
+            meta, data = meta_and_data[:split], meta_and_data[split + 1 :]
+            peer.send(*H, D.REQUEST, b"render", address, b"", *meta, b"", b"parsed:" + data[0])
+        finally:
+            peer.close()
+
+    thread = threading.Thread(target=parse_worker, daemon=True)
+    thread.start()
+    worker = mc0.Worker(broker.endpoint)
+    worker.service("render")(lambda r: b"<p>" + r.body + b"</p>")
+    emqp_client = RawPeer(broker.endpoint, zctx)
+    try:
+        with worker, mc0.Client(broker.endpoint) as client:
+            _wait_served(client, "parse")
+            _wait_served(client, "render")
+            emqp_client.send(b"", E.VERSION, E.REQUEST, b"job-1", b"parse", b"", b"text")
+            assert emqp_client.recv(10) == [b"", E.VERSION, E.REPLY, b"job-1", b"<p>parsed:text</p>"]
+    finally:
+        emqp_client.close()
+    thread.join(10)
+    assert not thread.is_alive()
