@@ -26,7 +26,8 @@ delivered more than once, failing too; ``member_share_min``: the smallest
 member's share).  Durable-consumer rows: messages settled per second from
 the first fetch to the last settle (``count`` loaded before the clock
 starts), lost = loaded but never fetched, ``unacked`` = not counted as
-acknowledged by the server at the end (failing), ``redelivered``.
+acknowledged by the server at the end (failing), ``redelivered`` and
+``duplicates`` (noted; nothing should be redelivered: ``ack_wait`` is 30 s).
 Beside each row, the broker process's CPU time per delivered
 message (per call, per gather) over the measured window
 (``broker_us_per_msg``), for mc0's broker, nats-server and majortomo's.
@@ -129,6 +130,7 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
         {**durable, "name": "lib consumer ack-each", "ack": "each"},
         {**durable, "name": "lib consumer ack-each answered", "ack": "each-sync"},
         {**durable, "name": "lib consumer ack-batch", "ack": "batch"},
+        {**durable, "name": "lib consumer ack-each, 3 clients", "ack": "each", "clients": 3},  # competing
     ]  # fmt: skip
 
 
@@ -414,6 +416,7 @@ def consumer_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str,
         "delivered": unique,
         "lost": max(0, published - unique),
         "redelivered": sum(int(r.get("redelivered", 0)) for r in got),
+        "duplicates": len(seqs) - unique,  # fetched more than once (a redelivery after a failure, or a bug)
         "unacked": max(0, published - acked),  # what the server does not count as settled at the end
         "broker_us_per_msg": cpu * 1e6 / unique if unique else 0.0,
         "crashes": errors_of(results + loaded),
@@ -458,6 +461,7 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
                         delivered=got["delivered"],
                         lost=got["lost"],
                         redelivered=got["redelivered"],
+                        duplicates=got["duplicates"],
                         unacked=got["unacked"],
                         errors=len(got["crashes"]) + got["unacked"],  # an ack the server never counted fails
                     )

@@ -321,7 +321,6 @@ def js_consumer(url: str, options: dict[str, Any], expected: int, ack: str, limi
 
 async def _js_consumer(child: Child, url: str, expected: int, ack: str, limit_s: float) -> None:
     import nats
-    import nats.errors
 
     pulled = Pulled()
     nc = await nats.connect(url)
@@ -336,7 +335,7 @@ async def _js_consumer(child: Child, url: str, expected: int, ack: str, limit_s:
         while idle < IDLE_PULLS and len(pulled.seqs) < expected and time.monotonic() < hard:
             try:
                 batch = await psub.fetch(BATCH, timeout=PULL_WAIT)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the deadline passed mid-fetch
                 idle += 1
                 continue
             idle = 0
