@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=100_000, help="library burst: messages per run to 4 subscribers")
     parser.add_argument("--rate", type=int, default=10_000, help="library latency: messages per second")
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="library latency: length of the run")
-    parser.add_argument("--consumer-count", type=int, default=20_000, help="durable consumers: messages loaded per run")
+    parser.add_argument("--consumer-count", type=int, default=3_000, help="durable consumers: messages loaded per run")
     parser.add_argument("--json", dest="json_path", help="write the report here")
     parser.add_argument("--markdown", dest="markdown_path", help="write the tables as Markdown here")
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
