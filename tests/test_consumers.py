@@ -221,3 +221,22 @@ def test_a_consumer_is_only_for_identities_that_may_subscribe_to_its_topics() ->
     bus.answer(b"a", {"op": "create"})
     assert error_code(bus.answer(b"e", {"op": "pull"})) == 403
     assert error_code(bus.answer(b"e", {"op": "create", "name": "mine"})) == 403
+
+
+def test_an_unreadable_saved_state_refuses_to_start_with_a_clear_error() -> None:
+    from mc0.broker.store import StateUnreadable
+
+    store = MemoryStore("main", JournalSettings(topics=("jobs.>",)))
+    store.consumers["c"] = b'{"config": {"journal": "main"'
+    with pytest.raises(StateUnreadable, match="journal main: consumer c: unreadable saved state"):
+        BrokerCore(journals=[store])
+
+
+def test_a_state_that_cannot_be_saved_answers_507_with_the_request_id(bus: Bus) -> None:
+    bus.publish(2)
+    bus.answer(b"a", {"op": "create"})
+    page(bus.answer(b"a", {"op": "pull", "max": 2}))
+    bus.store.fail_writes = True
+    frames = bus.answer(b"a", {"op": "ack", "seqs": [1]})
+    assert error_code(frames) == 507 and frames[:3] == f("ERROR", "ID", f"r{bus.ids}")
+    assert b"consumer state could not be saved" in frames[-1]

@@ -27,7 +27,7 @@ async def drain_into(api: Any, sub: Any, seen: list[bytes], quiet: float = 0.3) 
     for _ in range(100_000):
         try:
             batch = await api(sub.next_batch(1000, timeout=quiet))
-        except mc0.Timeout:
+        except (mc0.Timeout, mc0.ClosedError):  # quiet, or a drained subscription now empty
             return
         seen += [m.body for m in batch]
 
@@ -232,3 +232,35 @@ def test_a_member_that_stops_reading_is_skipped_and_keeps_what_was_routed_to_it(
     assert len(held) < n // 3  # passed over once its queue backed up
     assert sorted(taken + held, key=int) == [str(i).encode() for i in range(n)]  # and nothing lost
     stalled.close()
+
+
+@pytest.mark.asyncio
+async def test_members_joining_and_draining_mid_stream_lose_nothing(api: Any, broker: BrokerProcess) -> None:
+    """A member that joins late gets a share from then on; one that leaves with drain() keeps
+    what was routed to it before the broker confirmed: every message to exactly one member."""
+    pub = await api(api.Client(broker.endpoint).connect())
+    members = [await api(api.Client(broker.endpoint).connect()) for _ in range(3)]
+    subs = [await api(m.subscribe("flow.>", group="g", max_pending=100_000)) for m in members[:2]]
+    n = 6000
+    got: list[list[bytes]] = [[], [], []]
+    for i in range(n):
+        await api(pub.publish("flow.x", str(i).encode()))
+        if i == 1000:
+            await api(pub.flush(timeout=10))
+            subs.append(await api(members[2].subscribe("flow.>", group="g", max_pending=100_000)))
+        if i == 3000:
+            await api(pub.flush(timeout=10))
+            await api(members[0].drain(timeout=10))  # leaves mid-stream
+    await api(pub.flush(timeout=10))
+    for _ in range(200):  # bounded
+        for sub, into in zip(subs, got, strict=True):
+            if not sub.closed or sub.pending:
+                await drain_into(api, sub, into, quiet=0.05)
+        if sum(map(len, got)) >= n:
+            break
+    merged = sorted((b for into in got for b in into), key=int)
+    assert merged == [str(i).encode() for i in range(n)]  # exactly once, nothing lost
+    assert got[2] and all(int(b) > 1000 for b in got[2])  # the late joiner got a share from then on
+    assert got[0] and all(int(b) <= 3000 for b in got[0])  # the drained member nothing after it left
+    for client in (pub, *members[1:]):
+        await api(client.close())

@@ -28,6 +28,12 @@ CRASHERS = [
     ("client", ("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", '{"op":"fetch","journal":' + "[" * 5000)),
     ("stranger", ("", "MDPC02", "\x02", "mc0.broker", DEEP)),  # an MDP client, no CONNECT at all
     ("stranger", ("MDPC02", "\x02", "mc0.journal", DEEP)),
+    ("stranger", ("MDPXC01", "\x01", "mc0.broker", "r", DEEP)),  # a seed-000 client
+    ("stranger", ("MDPXC01", "\x01", "mc0.journal", "r", DEEP)),
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.broker", "", DEEP)),  # an eMQP client
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.journal", "", DEEP)),
+    ("stranger", ("", "DGBX\x01", "\x04", "mc0.broker", "", "", DEEP)),  # a DCP client
+    ("stranger", ("", "DGBX\x01", "\x04", "mc0.journal", "", "", DEEP)),
 ]
 
 

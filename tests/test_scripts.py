@@ -77,3 +77,38 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"plain PUT", "journal fsync=always", "journal fsync=batch", "journal fsync=never"}
     assert all(r["median"] > 0 and r["baseline"] == "plain PUT" for r in rows.values())
+
+
+@pytest.mark.timeout(120)
+def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
+    out, md = tmp_path / "queues.json", tmp_path / "queues.md"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "consumers", "--only", "ack-batch",
+         "--json", str(out), "--markdown", str(md)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "groups", "--json", str(tmp_path / "g.json")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {(r["scenario"], r["system"]): r for path in (out, tmp_path / "g.json")
+            for r in json.loads(path.read_text())["rows"]}  # fmt: skip
+    assert set(rows) == {("lib consumer ack-batch", "mc0-aio"), ("lib consumer ack-batch", "jetstream"),
+                         ("lib queue group 1->3", "mc0-aio"), ("lib queue group 1->3", "nats")}  # fmt: skip
+    for row in rows.values():
+        assert row["runs"] and row["median"] > 0 and row["published"] == row["expected"] == 300, row
+        assert (row["delivered"], row["lost"], row["errors"], row["failing"]) == (300, 0, 0, False), row
+    for system in ("mc0-aio", "nats"):
+        group = rows[("lib queue group 1->3", system)]
+        assert group["duplicates"] == 0 and 0 < group["member_share_min"] <= 1 / 3, group  # every member got some
+    for system in ("mc0-aio", "jetstream"):
+        assert rows[("lib consumer ack-batch", system)]["unacked"] == 0  # the server counts every ack
+    ratios = json.loads(out.read_text())["ratios"]
+    assert any(r["system"] == "mc0-aio" and r["baseline"] == "jetstream" for r in ratios)
+    assert "lib consumer ack-batch" in md.read_text()

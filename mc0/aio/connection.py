@@ -54,7 +54,9 @@ from .link import Link
 from .streams import ReplyStream, Subscription
 
 log = logging.getLogger("mc0.client")
-_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES)
+# Handshake failures (-> AuthFailed), and the link going down and up again (-> heal at once).
+_LINK_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES) | _LINK_EVENTS
 # What tells refused / unresolvable / no answer apart while connecting (see mc0.endpoints.diagnose).
 _CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
 _EVENT_NAMES = {int(e): e.name or "" for e in zmq.Event}
@@ -150,6 +152,10 @@ class Connection:
         # is in the Link's buffer, counted in bytes, where back-pressure reaches the publisher.
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+        # Queue only to a connection that is up: what is sent while it is down waits in the Link
+        # (counted, bounded) instead of in libzmq, where it would reach a restarted broker ahead
+        # of the CONNECT and be refused.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         if curve is not None:
             configure_client(sock, *curve)
         self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_HANDSHAKE_EVENTS | _CONNECT_EVENTS))
@@ -210,7 +216,9 @@ class Connection:
         return own, server
 
     async def _watch(self) -> None:
-        """Handshake failures from the socket monitor become AuthFailed (promptly, not a hang)."""
+        """The socket monitor: handshake failures become AuthFailed (promptly, not a hang); a
+        lost connection stops sends at once and its return CONNECTs at once (healing takes a
+        reconnect, not ``liveness x TTL``)."""
         monitor = self._monitor
         assert monitor is not None
         while True:
@@ -221,6 +229,17 @@ class Connection:
                     self._connected_ever = True
                 elif len(self._seen) < 64 and not self._connected_ever:  # only the first attempts matter
                     self._seen.append(_EVENT_NAMES.get(kind, ""))
+                continue
+            if kind == zmq.EVENT_DISCONNECTED:
+                if self._out is not None:
+                    self._out.hold_blocked()
+                self._dispatch(self.session.link_lost())
+                continue
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                frames = self.session.link_up(time.monotonic())
+                if frames is not None and self._out is not None and not self._closed:
+                    self._out.send_now(frames)
+                    self._rearm.set()
                 continue
             reason = HANDSHAKE_FAILURES.get(kind)
             if reason is None:

@@ -78,6 +78,9 @@ class Link:
         self._buffered = 0  # bytes in _records
         self._blocked: collections.deque[tuple[Frames, int]] = collections.deque()  # libzmq's queue was full
         self._blocked_bytes = 0
+        # Taken from _blocked when the connection was lost: sent once the next CONNECT is accepted.
+        self._held: collections.deque[tuple[Frames, int]] = collections.deque()
+        self._held_bytes = 0
         self._scheduled = False  # a flush at the end of this loop turn is due
         self._sent_this_turn = False  # something left at once since the last read or end-of-turn flush
         self._events_scheduled = False
@@ -97,7 +100,7 @@ class Link:
     @property
     def pending(self) -> int:
         """Bytes queued and not yet taken by libzmq."""
-        return self._buffered + self._blocked_bytes + self._foreign_bytes
+        return self._buffered + self._blocked_bytes + self._held_bytes + self._foreign_bytes
 
     def send(self, frames: Frames) -> None:
         """Queue one command (in order with everything else)."""
@@ -162,7 +165,14 @@ class Link:
     def flush(self) -> None:
         """Hand what is buffered to libzmq now (if the broker accepted the session)."""
         session = self.session
-        if not self._records or self.closed or not session.connected:
+        if self.closed or not session.connected:
+            return
+        while self._held:  # what libzmq had not taken when the connection was lost goes first
+            frames, size = self._held.popleft()
+            self._held_bytes -= size
+            self._write(frames, size)
+        if not self._records:
+            self._wake_producers()
             return
         records, self._records = self._records, []
         self._buffered = 0
@@ -197,6 +207,17 @@ class Link:
             self._block(frames, size)
             return
         self.session.sent(self.loop.time())
+
+    def hold_blocked(self) -> None:
+        """The connection was lost: what libzmq could not take yet would reach the next broker
+        session before its CONNECT, so it waits for ``flush`` after the CONNECT is accepted
+        (a CONNECT among it is dropped: a new one is sent)."""
+        while self._blocked:
+            frames, size = self._blocked.popleft()
+            self._blocked_bytes -= size
+            if frames[0] != _CONNECT:
+                self._held.append((frames, size))
+                self._held_bytes += size
 
     def _send_frames(self, frames: Frames) -> None:
         send = self.socket.send
@@ -312,6 +333,8 @@ class Link:
         self._records.clear()
         self._blocked.clear()
         self._blocked_bytes = 0
+        self._held.clear()
+        self._held_bytes = 0
         with self._foreign_lock:
             self._foreign.clear()
             self._foreign_bytes = 0

@@ -36,7 +36,7 @@ from ..message import Record
 from ..protocol import CONSUMER_SERVICE, Status
 from ..topics import pattern_matches, split_pattern
 from .peers import Out, Peer
-from .store import JournalStore, Trimmed
+from .store import JournalStore, StateUnreadable, Trimmed
 
 MAX_CONSUMERS = 1_000  # per broker
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)
@@ -165,7 +165,8 @@ class Consumers:
         self.consumers: dict[tuple[str, str], Consumer] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._deleted: set[tuple[str, str]] = set()
-        self._held_answers: list[Out] = []  # answers released once the state they report is saved
+        # Answers released once the state they report is saved: (who asked, its request id, the answer).
+        self._held_answers: list[tuple[Peer, str, Out]] = []
         self.dead_letters: list[tuple[str, Record, str, int]] = []  # (topic, record, reason, deliveries)
         for journal in journals.values():
             for name, raw in journal.load_consumers().items():
@@ -182,7 +183,10 @@ class Consumers:
                 heapq.heappush(consumer.timers, (0.0, int(seq_text)))
         except (ValueError, KeyError, TypeError, InvalidTopic) as exc:
             self.counters["consumer_state_unreadable"] += 1
-            raise ValueError(f"journal {journal.name}: consumer {name}: unreadable state: {exc}") from None
+            raise StateUnreadable(
+                f"journal {journal.name}: consumer {name}: unreadable saved state ({exc}); "
+                f"move its file out of the journal's consumers/ folder to start without it"
+            ) from None
         self.consumers[journal.name, name] = consumer
 
     @property
@@ -210,14 +214,14 @@ class Consumers:
         self._deleted.clear()
         answers, self._held_answers = self._held_answers, []
         if not failed:
-            return answers
+            return [answer for _, _, answer in answers]
         # Which consumer each held answer reports on is not kept: every held answer fails
         # when any save failed (a disk error is rare, and the client's retry is safe).
         reason = "consumer state could not be saved: " + "; ".join(f"{k[1]}: {e}" for k, e in failed.items())
-        out: list[Out] = []
-        for routing_id, _ in answers:
-            out.append((routing_id, P.error(Status.STORAGE_FAILED, reason)))
-        return out
+        return [
+            (client.routing_id, client.dialect.error(rid, CONSUMER_SERVICE, Status.STORAGE_FAILED, reason))
+            for client, rid, _ in answers
+        ]
 
     # ------------------------------------------------------------ requests
     def handle(
@@ -249,7 +253,7 @@ class Consumers:
             self._deleted.add(key)
             for waiting in consumer.waiting:
                 self._answer_pull(consumer, waiting, [], now)
-            self._held_answers.append(self._final(client, rid, user, {"deleted": consumer.config.name}))
+            self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
             return []
         ops = "create, pull, ack, nak, term, info, delete, list"
         raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
@@ -312,7 +316,7 @@ class Consumers:
         self.consumers[journal.name, name] = consumer
         self._dirty.add((journal.name, name))
         self.counters["consumers_created"] += 1
-        self._held_answers.append(self._final(client, rid, user, self.info(consumer)))
+        self._held_answers.append((client, rid, self._final(client, rid, user, self.info(consumer))))
         return []
 
     def _settle(
@@ -353,7 +357,7 @@ class Consumers:
             self._dirty.add((consumer.config.journal, consumer.config.name))
         answer = self._final(client, rid, user, {op: done, "ignored": ignored})
         if done:
-            self._held_answers.append(answer)  # released once the new state is saved
+            self._held_answers.append((client, rid, answer))  # released once the new state is saved
             return self._serve_waiting(consumer, now) if op == "nak" and not delay else []
         return [answer]
 

@@ -33,7 +33,7 @@ from ..permissions import Permissions
 from ..protocol import Command, Header, Side, Status, Verb
 from ..settings import CoreSettings
 from ..trie import TopicTrie
-from . import mdp
+from . import dialects
 from .batched import BatchedInput
 from .builtins import RESERVED_SERVICES, Builtins
 from .consumers import Consumers
@@ -172,8 +172,12 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.counters["routing_id_changed_hands"] += 1
             out = self._forget(peer, "replaced", now)
             peer = None
-        if frames and mdp.is_mdp(frames):
-            return out + mdp.handle(self, self.peers.get(routing_id), routing_id, frames, now, identity, fd)
+        foreign = dialects.route(frames, peer) if frames else None
+        if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
+            if not self.settings.foreign_dialects:
+                self.counters["foreign_refused"] += 1
+                return out
+            return out + foreign(self, peer, routing_id, frames, now, identity, fd)
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
@@ -328,18 +332,30 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return self._with_finished(out, now)
 
     # ================================================================ operations for foreign dialects
-    # (the narrow interface mdp.handle drives the core through: see mdp.CoreOps)
+    # (the narrow interface foreign dialects drive the core through: see mdp.CoreOps)
     def open_peer(self, peer: Peer, now: float) -> list[Out]:
         return self._open(peer, now)
 
     def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
         return self._forget(peer, why, now)
 
-    def call(self, client: Peer, name: str, body: Sequence[bytes], now: float, *, rid: str | None = None) -> list[Out]:
-        """A request from a foreign client (a broker-made request id unless it brings its own)."""
+    def call(
+        self,
+        client: Peer,
+        name: str,
+        body: Sequence[bytes],
+        now: float,
+        *,
+        rid: str | None = None,
+        timeout_ms: int | None = None,
+        user: dict[str, str] | None = None,
+    ) -> list[Out]:
+        """A request from a foreign client (a broker-made request id unless it brings its own;
+        the broker's default timeout unless it asks for one; ``user``: its X- headers)."""
         name = self.rpc.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
-        return self._call(client, name, rid, self.settings.request_timeout_ms, False, {}, body, now)
+        timeout_ms = timeout_ms or self.settings.request_timeout_ms
+        return self._call(client, name, rid, timeout_ms, False, user or {}, body, now)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
         checked = [self.rpc.service_name(n, None) for n in names]
@@ -349,6 +365,17 @@ class BrokerCore(BatchedInput, VerbHandlers):
 
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
         return self.rpc.reply(worker, verb, bid, {}, body, now)
+
+    def worker_load(self, worker: Peer) -> tuple[tuple[str, ...], int, int]:
+        """What ``worker`` serves, its capacity and the requests it holds (dialects with credit adjust it)."""
+        state = self.rpc.worker_state(worker)
+        return (state.services, state.capacity, len(state.jobs)) if state is not None else ((), 0, 0)
+
+    def hand_off(
+        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
+    ) -> list[Out] | None:
+        """DCP: ``worker`` passes the request it holds as ``bid`` on to service ``name`` (None: it holds none)."""
+        return self.rpc.hand_off(worker, bid, self.rpc.service_name(name, None), user, body, now)
 
     def _wants_rpc_telemetry(self) -> bool:
         return self.sysbus.wants_rpc()

@@ -18,7 +18,7 @@ are the RPC room's records (plain data; the room changes them).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -237,6 +237,56 @@ class WorkerState:
         self.served = 0
 
 
+class FairQueue:
+    """A service's waiting jobs, served round robin between clients (each client's in its order).
+
+    One client that queues thousands of requests cannot starve another: the
+    next job comes from the client whose turn it is, which then goes to the
+    back of the rotation.  O(1) per append and pop (dict order is the rotation).
+    """
+
+    __slots__ = ("_lanes",)
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self._lanes: dict[Peer, deque[Job]] = {}
+        for job in jobs:
+            self.append(job)
+
+    def append(self, job: Job) -> None:
+        lane = self._lanes.get(job.client)
+        if lane is None:
+            lane = self._lanes[job.client] = deque()
+        lane.append(job)
+
+    def appendleft(self, job: Job) -> None:
+        """A job to serve next (a retry): first in its client's lane, and that client's turn first."""
+        lane = self._lanes.pop(job.client, None) or deque()
+        lane.appendleft(job)
+        self._lanes = {job.client: lane, **self._lanes}
+
+    def popleft(self) -> Job:
+        client, lane = next(iter(self._lanes.items()))
+        job = lane.popleft()
+        del self._lanes[client]
+        if lane:
+            self._lanes[client] = lane  # to the back of the rotation
+        return job
+
+    def first(self) -> Job:
+        """The job ``popleft`` would return (the queue is not empty)."""
+        return next(iter(self._lanes.values()))[0]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._lanes.values()))
+
+    def __bool__(self) -> bool:
+        return bool(self._lanes)
+
+    def __iter__(self) -> Iterator[Job]:
+        for lane in list(self._lanes.values()):
+            yield from lane
+
+
 class Service:
     __slots__ = (
         "name",
@@ -257,7 +307,7 @@ class Service:
         self.workers: dict[Peer, None] = {}
         # Workers with spare capacity, least recently used first.
         self.ready: dict[Peer, None] = {}
-        self.queue: deque[Job] = deque()  # QUEUED jobs, and DONE ones not yet swept out
+        self.queue = FairQueue()  # QUEUED jobs, and DONE ones not yet swept out; fair between clients
         self.queued = 0  # the QUEUED jobs in ``queue``: what the queue limit counts
         self.dead = 0  # the DONE jobs still in ``queue`` (ended while waiting)
         self.requests = 0

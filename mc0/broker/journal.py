@@ -473,10 +473,18 @@ class Journal:
         return {p.name[: -len(".json")]: p.read_bytes() for p in sorted(folder.glob("*.json"))}
 
     def save_consumer(self, name: str, state: bytes | None) -> None:
-        """Replace ``consumers/NAME.json`` atomically (write, fsync, rename, fsync the folder), or remove it."""
+        """Replace ``consumers/NAME.json`` atomically (write, rename), or remove it.
+
+        The replace survives ``kill -9`` of the broker as soon as it returns (the
+        OS has the file).  It is fsynced (file and folder) only under
+        ``fsync = "always"``: a save happens in the broker loop at every turn that
+        acked something, and two fsyncs per turn stalled every other peer (9 s of
+        13 s of loop time for 1,000 acks one by one, measured).  After losing the
+        machine without ``always``, the last acks may be forgotten: those messages
+        are delivered again (at least once), never lost."""
         folder = self._consumer_folder
         path = folder / f"{name}.json"
-        sync = self.settings.fsync != "never"
+        sync = self.settings.fsync == "always"
         if state is None:
             path.unlink(missing_ok=True)
         else:

@@ -196,12 +196,26 @@ class CoreOps(Protocol):
     def forget(self, peer: Peer, why: str, now: float) -> list[Out]: ...
 
     def call(
-        self, client: Peer, name: str, body: Sequence[bytes], now: float, *, rid: str | None = None
+        self,
+        client: Peer,
+        name: str,
+        body: Sequence[bytes],
+        now: float,
+        *,
+        rid: str | None = None,
+        timeout_ms: int | None = None,
+        user: dict[str, str] | None = None,
     ) -> list[Out]: ...
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]: ...
 
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]: ...
+
+    def worker_load(self, worker: Peer) -> tuple[tuple[str, ...], int, int]: ...
+
+    def hand_off(
+        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
+    ) -> list[Out] | None: ...
 
     def published(self, out: list[Out], now: float) -> list[Out]: ...
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidTopic, ProtocolError
@@ -28,6 +28,7 @@ from ..topics import split_topic
 from .jobs import (
     JOB_TRANSITIONS,
     Action,
+    FairQueue,
     GatherEvent,
     GatherState,
     Job,
@@ -84,10 +85,10 @@ class Rpc:
             service = self.services.get(job.service)
             if service is not None:
                 service.queued -= 1
-                if job.state is JobState.DONE:  # it is still in the deque
+                if job.state is JobState.DONE:  # it is still in the queue
                     service.dead += 1
                     if service.dead > 64 and service.dead > service.queued:
-                        service.queue = deque(j for j in service.queue if j.state is JobState.QUEUED)
+                        service.queue = FairQueue(j for j in service.queue if j.state is JobState.QUEUED)
                         service.dead = 0
         return action
 
@@ -223,7 +224,7 @@ class Rpc:
             if worker not in service.ready:
                 service.ready[worker] = None
             if service.queued:
-                heads.append((service.queue[0].created, service))
+                heads.append((service.queue.first().created, service))
         out: list[Out] = []
         for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
             out += self._pump(service, now)
@@ -400,6 +401,32 @@ class Rpc:
         bytes_out = job.bytes_out + sum(map(len, body))
         self._finished(job.service, client, worker, job.created, status, job.size, bytes_out, now)
         return out
+
+    def hand_off(
+        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
+    ) -> list[Out] | None:
+        """``worker`` passes the job it holds as ``bid`` on to service ``name`` (DCP): its slot frees,
+        the same client and request id wait on a new job (same deadline).  None: it holds no such job."""
+        state = self.workers.get(worker)
+        job = state.jobs.get(bid) if state is not None else None
+        if job is None or state is None or job.parent is not None:
+            return None
+        tokens = self.service_tokens(name, job.rid)  # checked before anything changes
+        service = self.services.get(name)
+        if not worker.grants.may_call(tokens):
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.FORBIDDEN, f"hand-off to {name} forbidden")
+        if service is None or not service.workers:
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.NO_WORKER, f"hand-off: no worker for {name}")
+        self._fire(job, JobEvent.FINAL)
+        state.served += 1
+        out = self._release(worker, job, now)
+        handed = Job(str(next(self._seq)), job.client, job.rid, name, {**job.user, **user}, body, now, job.deadline)
+        self._hold(job.client, job.rid, handed)
+        heapq.heappush(self._deadlines, (job.deadline, int(handed.bid), handed))
+        service.requests += 1
+        self._enqueue(service, handed)
+        self.counters["handed_off"] += 1
+        return out + self._pump(service, now)
 
     def _leg_reply(
         self,

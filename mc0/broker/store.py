@@ -35,6 +35,10 @@ class Trimmed(Error, LookupError):
         self.first = first
 
 
+class StateUnreadable(Error, ValueError):
+    """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
+
+
 class JournalStore(Hashable, Protocol):
     name: str
     settings: JournalSettings
@@ -75,8 +79,8 @@ class JournalStore(Hashable, Protocol):
         ...
 
     def save_consumer(self, name: str, state: bytes | None) -> None:
-        """Store (None: remove) a consumer's state; kept across a crash once this returns
-        (fsynced unless the journal's policy is ``never``).  OSError on a disk error."""
+        """Store (None: remove) a consumer's state; kept across a broker crash once this
+        returns (and across losing the machine under ``fsync = "always"``).  OSError on a disk error."""
         ...
 
 

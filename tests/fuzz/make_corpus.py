@@ -97,6 +97,28 @@ def seeds() -> list[bytes]:
             out.append(connect + step(0, 0, [b"REQUEST", b"SERVICE", service, b"ID", b"r", b"", body]))
             out.append(step(0, 2, [b"MDPC02", b"\x02", service, body]))
     out.append(step(0, 2, [b"", b"MDPC02", b"\x02", b"mc0.broker", b"stats"]))
+    # Seed 000 (MDPXC01 / MDPXW01): a worker, a client with two requests in flight, the replies, PING.
+    s0_worker = step(1, 2, [b"MDPXW01", b"\x01", b"s0"])
+    out.append(s0_worker + step(0, 0, [b"MDPXC01", b"\x01", b"s0", b"r1", b"x"]) + step(1, 0, [b"MDPXW01", b"PING"]))
+    out.append(s0_worker + step(1, 0, [b"MDPXW01", b"\x04", b"1", b"", b"1", b"y"]) + step(1, 0, [b"MDPW02", b"\x06"]))
+    for body in TRICKY_BODIES:
+        out.append(step(0, 2, [b"MDPXC01", b"\x01", b"mc0.broker", b"r", body]))
+    # eMQP/1.0: eventmq's INFORM and the seed's, READY, a REQUEST, both REPLY forms, KBYE.
+    e = [b"", b"eMQP/1.0"]
+    e_worker = step(1, 2, [*e, b"INFORM", b"i", b'[[10, "eq"]]', b"worker"]) + step(1, 0, [*e, b"READY", b"r"])
+    out.append(e_worker + step(0, 0, [*e, b"REQUEST", b"m", b"eq", b"timeout:1", b"x"]))
+    out.append(e_worker + step(1, 0, [*e, b"REPLY", b"o", b"y", b"1"]) + step(1, 0, [*e, b"KBYE", b"k"]))
+    out.append(step(1, 2, [*e, b"INFORM", b"i", b"a,b"]) + step(1, 0, [*e, b"REPLY", b"1", b"y"]))
+    for body in TRICKY_BODIES:
+        out.append(step(0, 2, [*e, b"REQUEST", b"m", b"mc0.broker", b"", body]))
+    # DCP v1: register, ping, a request with metadata, the reply, a hand-off.
+    d = [b"", b"DGBX\x01"]
+    d_worker = step(1, 2, [*d, b"\x01", b"s v"]) + step(1, 0, [*d, b"\x02"])
+    out.append(d_worker + step(0, 0, [*d, b"\x04", b"s v", b"", b"m", b"", b"x"]))
+    out.append(d_worker + step(1, 0, [*d, b"\x05", b"1", b"", b"m", b"", b"y"]))
+    out.append(d_worker + step(1, 0, [*d, b"\x04", b"other", b"1", b"", b"m", b"", b"z"]))
+    for body in TRICKY_BODIES:
+        out.append(step(0, 2, [*d, b"\x04", b"mc0.broker", b"", b"", body]))
     out.append(step(0, 2, [b"MDPW02", b"\x01", b"svc"]) + step(0, 0, [b"MDPC02", b"\x02", b"svc", b"x"]))
     out.append(
         connect
