@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .permissions import Permissions
+from .protocol import ANONYMOUS
 from .settings import (
     DEFAULT_ENDPOINT,
     ENV_BROKER_KEY,
@@ -130,6 +131,8 @@ def _check(config: Config) -> Config:
             "broker.limits.max_message_bytes",
             f"{limits.max_message_bytes} exceeds max_frame_bytes {limits.max_frame_bytes}",
         )
+    if config.memodb.identity == ANONYMOUS:
+        raise ConfigError("memodb.identity", f"choose a name of its own, not {ANONYMOUS!r} (see docs/SECURITY.md)")
     return config
 
 

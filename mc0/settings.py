@@ -123,12 +123,31 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MemodbConfig:
+    """``[memodb]``: MemoDB (seed 003) clients and workers over NNG req/rep with CBOR headers
+    (mc0.broker.memodb, mc0.broker.nngbridge).  Off unless ``enabled``; MemoDB has no
+    authentication, so every peer on it is ``identity`` (allowed nothing unless
+    ``[permissions.identity.NAME]`` grants it) and ``listen`` stays on loopback unless changed
+    (elsewhere is logged at WARNING)."""
+
+    enabled: bool = False
+    listen: str = "tcp://127.0.0.1:12703"  # any NNG address: tcp://host:port, tcp://[::1]:port, ipc:///path
+    identity: str = "memodb"
+    # NNG contexts, each holding one request until its reply: requests waiting at once, a
+    # waiting (parked) worker's included, so keep it above the number of MemoDB workers.
+    max_pending: int = field(default=256, metadata={"min": 1})
+    max_workers: int = field(default=1024, metadata={"min": 1})
+    heartbeat_ms: int = field(default=5_000, metadata={"min": 10})  # a waiting worker's HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     permissions: Permissions = field(default_factory=Permissions)
     http: HttpConfig = field(default_factory=HttpConfig)
+    memodb: MemodbConfig = field(default_factory=MemodbConfig)
     # Where relative paths of a config file (keys_dir, allowed_dir, journal folders, key files)
     # resolve: "" = the config file's own folder; a relative data_dir is itself taken from there.
     # Without a config file they follow the current directory.

@@ -3,7 +3,7 @@
 Contract: ``check_config(config)`` reads (never writes) the disk and returns
 the lines of a report (what the broker would use, all paths absolute); the
 first problem raises an :class:`mc0.Error` naming the file or key and what
-is wrong.  Checked: every bind endpoint, the ``[http]`` listen address, the
+is wrong.  Checked: every bind endpoint, the ``[http]`` listen address, ``[memodb]``, the
 broker's secret key (or that the keys folder can take a new one), each
 allowed public key, and each journal folder (its segments readable, or its
 nearest existing parent writable).  No socket is opened: a port in use is
@@ -20,6 +20,7 @@ from ..config import Config
 from ..endpoints import check_endpoint
 from ..errors import ConfigError
 from .httpd import parse_listen
+from .nngbridge import check_listen
 
 
 def _writable_folder(path: Path, what: str) -> str:
@@ -50,6 +51,12 @@ def check_config(config: Config) -> list[str]:
         lines.append(f"http: monitoring on {host}:{port}")
     else:
         lines.append("http: off")
+    memodb = config.memodb
+    if memodb.enabled and config.broker.foreign_dialects:
+        where = "on loopback" if check_listen(memodb.listen) else "NOT on loopback: no authentication"
+        lines.append(f"memodb: NNG rep0 on {memodb.listen} ({where}), peers are identity {memodb.identity!r}")
+    else:
+        lines.append("memodb: off" + (" (foreign_dialects = false)" if memodb.enabled else ""))
     security = config.security
     if security.curve:
         path = keyfiles.resolve(security.broker_key, security.keys_dir, keyfiles.SECRET_SUFFIX)

@@ -41,7 +41,9 @@ from ..security import AllowedKeys, ZapHandler, configure_server
 from .core import BrokerCore, Out
 from .httpd import MonitorServer
 from .journal import Journal
+from .memodb import with_memodb_identity
 from .monitor import snapshot
+from .nngbridge import NngBridge
 from .outbox import GROUP_SKIP_BYTES, Outbox
 from .streams import StreamOut
 
@@ -118,9 +120,10 @@ class Broker:
         self.config = config or Config()
         self.config_path = config_path  # re-read for permissions on reload
         self.journals = [Journal(name, settings) for name, settings in sorted(self.config.journals.items())]
+        memodb = self.config.memodb
         self.core = BrokerCore(
             self.config.broker,
-            self.config.permissions,
+            with_memodb_identity(self.config.permissions, memodb.identity),
             generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
@@ -132,6 +135,9 @@ class Broker:
         # A queue-group member whose queue holds more than this is skipped while another can take it.
         group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
         self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
+        # MemoDB (seed 003): NNG in its own thread, bridged to this loop; refused with every foreign dialect.
+        on = memodb.enabled and cfg.foreign_dialects
+        self.nng = NngBridge(memodb, max_message_bytes=cfg.limits.max_message_bytes) if on else None
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -210,6 +216,8 @@ class Broker:
         self._wake_w.setblocking(False)
         if self.http is not None:
             self.http.start()  # ConfigError (names http.listen) when the port is taken
+        if self.nng is not None:
+            self.nng.start(self._context)  # ConfigError (names memodb.listen) when it cannot listen
         return self.endpoints
 
     def _wake(self) -> None:
@@ -243,6 +251,8 @@ class Broker:
         self._closed = True
         if self.http is not None:
             self.http.close()
+        if self.nng is not None:
+            self.nng.close()
         if self._monitor is not None:
             if self._socket is not None:
                 self._socket.disable_monitor()
@@ -277,6 +287,9 @@ class Broker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        nng = self.nng.socket if self.nng is not None else None
+        if nng is not None:
+            poller.register(nng, zmq.POLLIN)
         monitor = self._monitor
         assert monitor is not None
         poller.register(monitor, zmq.POLLIN)
@@ -306,6 +319,8 @@ class Broker:
                     self._connections_closed(monitor, time.monotonic())
                 if sock in ready or core.closing:
                     self._receive(sock, time.monotonic())
+                if nng in ready and self.nng is not None:
+                    self._apply(self.nng.receive(core, time.monotonic()), time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._reload(now)
@@ -450,7 +465,8 @@ class Broker:
                 log.error("permissions not reloaded: %s", exc)
             else:
                 self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
-                out += self.core.set_permissions(fresh.permissions, now)
+                permissions = with_memodb_identity(fresh.permissions, self.config.memodb.identity)
+                out += self.core.set_permissions(permissions, now)
         if out:
             self._apply(out, now)
 
@@ -470,6 +486,8 @@ class Broker:
         for _ in range(MAX_FOLLOW_UP_ROUNDS):
             for routing_id in core.take_forgotten():
                 outbox.discard(routing_id)
+                if self.nng is not None:
+                    self.nng.forgotten(routing_id)  # its waiting NNG request is answered
             follow_up: list[Out] = []
             for routing_id, payload in pending:
                 peer = sessions.get(routing_id)
@@ -488,6 +506,9 @@ class Broker:
             return
         shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
         for routing_id in outbox.ready(now):
+            if self.nng is not None and self.nng.memodb.owns(routing_id):
+                self._apply(self.nng.flush(self.core, outbox, routing_id, now), now)
+                continue
             while (message := outbox.next_message(routing_id)) is not None:
                 try:
                     if len(message) > 3 and max(map(len, message)) >= SHARE_FRAMES_FROM:

@@ -69,6 +69,8 @@ def broker(
     click.echo(f"mc0 broker listening on {' '.join(endpoints)}")
     if server.http is not None:
         click.echo(f"mc0 broker monitoring on {server.http.url}")
+    if server.nng is not None:
+        click.echo(f"mc0 broker MemoDB (NNG rep0) on {server.nng.address}")
     sys.stdout.flush()
     server.run()
 
