@@ -336,3 +336,39 @@ def test_check_config_reports_memodb_and_refuses_a_bad_address(tmp_path: Path) -
         done = subprocess.run(run, capture_output=True, text=True, timeout=30)
         assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_in_process_oversize_refused_by_nng_foreign_dialects_false_opens_nothing_close_is_idempotent() -> None:
+    from mc0.broker.server import Broker, BrokerThread
+    from mc0.config import parse
+
+    port = free_port()
+    text = (
+        '[broker]\nbind = ["tcp://127.0.0.1:*"]\n[broker.limits]\nmax_message_bytes = 1000\n[security]\ncurve = false\n'
+        f'[memodb]\nenabled = true\nlisten = "tcp://127.0.0.1:{port}"\nheartbeat_ms = 200\n'
+        "[permissions.identity.memodb]\n"
+    )
+    with BrokerThread(parse(text)) as thread:
+        bridge = thread.broker.nng
+        assert bridge is not None and bridge.address == f"tcp://127.0.0.1:{port}"
+        memo = Memo(bridge.address, timeout_ms=1000)
+        try:
+            big = memo.context()
+            big.send(msg(JOB, b"", "svc", 100, payload=b"x" * (1000 + 70_000)))  # over max_message_bytes + header room
+            with pytest.raises(pynng.Timeout):
+                big.recv()
+            deadline = time.monotonic() + 10
+            while True:  # bounded: NNG closed that connection; it redials, then READY is served
+                try:
+                    head, _ = memo.ask(memo.context(), msg(READY, b"", ["svc"]))
+                    break
+                except pynng.Timeout:
+                    assert time.monotonic() < deadline
+            assert head[1] == HEARTBEAT
+            assert bridge.pending == 0  # every request answered: nothing holds a context
+        finally:
+            memo.close()
+    thread.broker.close()  # again: idempotent
+    off = Broker(parse(text.replace("[broker]\n", "[broker]\nforeign_dialects = false\n")))
+    assert off.nng is None  # foreign_dialects = false refuses MemoDB too: no listener
+    off.close()
