@@ -10,6 +10,12 @@ unframe everything after it): steps separated by ``\\xff\\xff``, each
 ``op`` picks handle / tick / send failure / commit / stream / close; time
 moves by ``peer``'s high bits.  Any exception other than the protocol's own
 from a decoder, or any exception at all out of the core, is a crash.
+
+MemoDB (seed 003, NNG, not the ROUTER): a handle step whose first frame is
+``NNG`` hands the second frame to ``MemoDB.handle`` as one NNG request, and
+every step's output for MemoDB routing ids is delivered as nngbridge does.
+Each NNG request must be answered at most once, and at the end each one is
+answered or still waiting at the broker (a token lost is a leaked context).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import atheris
 with atheris.instrument_imports():
     from mc0 import protocol as P
     from mc0.broker.core import BrokerCore
+    from mc0.broker.memodb import MemoDB, with_memodb_identity
     from mc0.broker.store import MemoryStore
     from mc0.errors import ProtocolError
+    from mc0.permissions import Permissions
     from mc0.settings import CoreSettings, JournalSettings
 
 PEERS = (b"\x00\x00\x00\x00\x01", b"\x00\x00\x00\x00\x02", b"\x00\x00\x00\x00\x03", b"chosen")
@@ -30,6 +38,8 @@ IDENTITIES = ("anonymous", "alice", "bob", "anonymous")
 MAX_STEPS = 64
 
 
+MEMO_MARK = b"NNG"
+MEMO_PERMISSIONS = with_memodb_identity(Permissions.from_table({"identity": {"memodb": {}}}), "memodb")
 STEP = b"\xff\xff"
 FRAME = b"\xfe\xfe"
 
@@ -42,40 +52,90 @@ def steps(data: bytes):  # type: ignore[no-untyped-def]
         yield chunk[0], chunk[1], frames
 
 
+class Memo:
+    """MemoDB beside the core, routed as mc0.broker.nngbridge routes it."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self.memo = MemoDB(identity="memodb", nonce=b"fuzzfuzz", heartbeat_ms=100, max_workers=4, max_payload=4096)
+        self.issued = 0
+        self.answered: set[bytes] = set()
+
+    def replies(self, replies) -> None:  # type: ignore[no-untyped-def]
+        for token, _ in replies:
+            if token in self.answered:
+                raise AssertionError(f"NNG request {token!r} answered twice")
+            self.answered.add(token)
+
+    def route(self, out, now: float) -> None:  # type: ignore[no-untyped-def]
+        for _ in range(64):
+            for routing_id in self.core.take_forgotten():
+                self.replies(self.memo.forgotten(routing_id))
+            more = []
+            for routing_id, frames in out:
+                if self.memo.owns(routing_id) and not isinstance(frames, bytes):
+                    follow, replies = self.memo.deliver(self.core, routing_id, frames, now)
+                    self.replies(replies)
+                    more += follow
+            if not more and not self.core.forgotten:
+                return
+            out = more
+
+    def handle(self, data: bytes, now: float) -> None:
+        self.issued += 1
+        out, replies = self.memo.handle(self.core, b"%d" % self.issued, data, now)
+        self.replies(replies)
+        self.route(out, now)
+
+    def check(self) -> None:
+        waiting = {w.token for w in self.memo.workers.values() if w.token is not None}
+        waiting |= {token for token, _ in self.memo.clients.values()}
+        lost = {b"%d" % n for n in range(1, self.issued + 1)} - self.answered - waiting
+        if lost:
+            raise AssertionError(f"NNG requests never answered nor waiting: {sorted(lost)}")
+
+
 def one_input(data: bytes) -> None:
     journal = MemoryStore("main", JournalSettings(topics=("j.>", "mc0.sys.>"), max_bytes=4096))
-    core = BrokerCore(CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), journals=[journal])
+    core = BrokerCore(CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), MEMO_PERMISSIONS, journals=[journal])
+    memo = Memo(core)
     now = 0.0
     for op, peer, frames in steps(data):
         routing_id = PEERS[peer % len(PEERS)]
         identity = IDENTITIES[peer % len(IDENTITIES)]
         now += (peer >> 4) * 0.05
         kind = op % 8
-        if kind <= 3:
+        out = []
+        if kind <= 3 and len(frames) == 2 and frames[0] == MEMO_MARK:
+            memo.handle(frames[1], now)
+        elif kind <= 3:
             for side in (P.Side.PEER, P.Side.BROKER):
                 try:
                     P.decode(frames, sender=side)
                 except ProtocolError:
                     pass
-            core.handle(routing_id, frames, now, identity, fd=peer % 3)
+            out = core.handle(routing_id, frames, now, identity, fd=peer % 3)
         elif kind == 4:
-            core.tick(now)
+            out = core.tick(now)
         elif kind == 5:
-            core.send_failed(routing_id, now, unreachable=bool(op & 0x80))
+            out = core.send_failed(routing_id, now, unreachable=bool(op & 0x80))
         elif kind == 6:
             journal.fail_writes = bool(op & 0x80)
-            core.commit()
+            out = core.commit()
             for item in core.stream(now):
                 if op & 0x40:
                     core.stream_blocked(item, now)
         else:
             core.connection_closed(peer % 3, now)
-            core.forget_closed(now, drained=bool(op & 0x80))
+            out = core.forget_closed(now, drained=bool(op & 0x80))
+        memo.route(out, now)
         if op & 0x20:
             try:
                 P.parse_journal_page(frames)
             except ValueError:
                 pass
+    memo.route(core.shutdown(now), now)
+    memo.check()
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import cbor2
+
 from mc0 import protocol as P
 from mc0.protocol import Header, Verb
 
@@ -119,6 +121,20 @@ def seeds() -> list[bytes]:
     out.append(d_worker + step(1, 0, [*d, b"\x04", b"other", b"1", b"", b"m", b"", b"z"]))
     for body in TRICKY_BODIES:
         out.append(step(0, 2, [*d, b"\x04", b"mc0.broker", b"", b"", body]))
+
+    # MemoDB (seed 003, NNG): [b"NNG", one NNG message]; worker IDs in the harness are b"fuzzfuzz" + counter.
+    def memo(kind: int, wid: bytes, *fields: object, payload: bytes = b"") -> list[bytes]:
+        return [b"NNG", cbor2.dumps(["memo01", kind, wid, *fields], canonical=True) + payload]
+
+    w1 = b"fuzzfuzz" + (1).to_bytes(8, "big")
+    m_worker = step(0, 2, memo(1, b"", ["ms", "m0"]))
+    out.append(m_worker + step(0, 0, memo(2, b"", "ms", 100, payload=b"q")) + step(0, 0, memo(3, w1, payload=b"a")))
+    out.append(m_worker + step(4, 0x30, []) + step(0, 0, memo(4, w1)) + step(0, 0, memo(3, w1, True)))
+    out.append(m_worker + step(0, 0, memo(2, b"", "ms", 1, payload=b"q")) + step(4, 0x10, []) + step(0, 0, memo(3, w1)))
+    out.append(step(1, 2, [b"MDPW02", b"\x01", b"m0"]) + step(0, 0, memo(2, b"", "m0", 50)) + m_worker)
+    out.append(
+        step(0, 0, memo(5, b"x")) + step(0, 0, [b"NNG", b"\x9f\xff"]) + step(0, 0, memo(2, b"", "mc0.broker", 9))
+    )
     out.append(step(0, 2, [b"MDPW02", b"\x01", b"svc"]) + step(0, 0, [b"MDPC02", b"\x02", b"svc", b"x"]))
     out.append(
         connect
