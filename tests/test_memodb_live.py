@@ -372,3 +372,32 @@ def test_in_process_oversize_refused_by_nng_foreign_dialects_false_opens_nothing
     off = Broker(parse(text.replace("[broker]\n", "[broker]\nforeign_dialects = false\n")))
     assert off.nng is None  # foreign_dialects = false refuses MemoDB too: no listener
     off.close()
+
+
+def test_a_waiting_worker_is_told_disconnect_when_the_broker_stops() -> None:
+    from mc0.broker.server import BrokerThread
+    from mc0.config import parse
+
+    port = free_port()
+    text = (
+        '[broker]\nbind = ["tcp://127.0.0.1:*"]\n[security]\ncurve = false\n'
+        f'[memodb]\nenabled = true\nlisten = "tcp://127.0.0.1:{port}"\nheartbeat_ms = 10000\n'
+        "[permissions.identity.memodb]\n"
+    )
+    memo = Memo(f"tcp://127.0.0.1:{port}", timeout_ms=3000)
+    try:
+        thread = BrokerThread(parse(text))
+        thread.start()
+        bridge = thread.broker.nng
+        assert bridge is not None
+        ctx = memo.context()
+        ctx.send(msg(READY, b"", ["parked"]))
+        deadline = time.monotonic() + 10
+        while bridge.pending != 1:  # bounded: until the READY waits at the broker
+            assert time.monotonic() < deadline, "the READY never reached the broker"
+            time.sleep(0.01)
+        thread.stop()
+        head, _ = split(ctx.recv())
+        assert head[:2] == ["memo01", DISCONNECT] and len(head[2]) == 16
+    finally:
+        memo.close()
