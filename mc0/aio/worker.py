@@ -17,13 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..errors import Timeout
 from ..message import Reply, Request, frozen_builder
 from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Work
-from .client import Client
+from .client import DRAIN_POLL, Client
 
 log = logging.getLogger("mc0.client")
 H = TypeVar("H", bound=Callable[..., Any])
+HANDLER_THREAD_PREFIX = "mc0-handler"  # names the threads that run sync handlers
 
 
 Handler = Callable[[Request], Any]
@@ -91,6 +93,39 @@ class Worker(Client):
         await self.connect()
         self._stop = self._stop or asyncio.Event()
         await self._stop.wait()
+
+    async def drain(self, *, timeout: float | None = None) -> None:
+        """Stop taking work, let running handlers finish, then the client's :meth:`drain` and close.
+
+        1. The broker is told to send no more work (READY with no services), and
+           that is confirmed; a request already on its way here still runs.
+        2. Every running handler finishes and its reply is sent — nothing runs
+           twice, as it would if it were cancelled and the broker re-dispatched it.
+        3. :meth:`Client.drain` (subscriptions, publishes, calls), then ``close()``.
+
+        Bounded by ``timeout`` (default: the client's ``timeout``): past it the
+        handlers still running are cancelled, the worker closes and ``Timeout``
+        names how many were left (their callers get the broker's 504 or a
+        re-dispatch, as after a crash).
+        """
+        self.ensure_open()
+        wait = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(wait):
+                request_id = self.session.new_id()
+                frames = self.session.withdraw(request_id)  # also: a reconnect re-registers nothing
+                if self.session.connected:
+                    await self._call(request_id, frames, None, "withdraw services")
+                for _ in range(100_000_000):  # bounded by the timeout above
+                    if not self._work:
+                        break
+                    await asyncio.sleep(DRAIN_POLL)
+        except TimeoutError:
+            left = f"{len(self._work)} handlers still running"
+            await self.close()
+            raise Timeout(f"drain ({left})", wait) from None
+        await super().drain(timeout=max(0.0, wait - (time.monotonic() - started)))
 
     def stop(self) -> None:
         if self._stop is None:
@@ -179,7 +214,7 @@ class Worker(Client):
             return
         loop = asyncio.get_running_loop()
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
+            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix=HANDLER_THREAD_PREFIX)
         if kind is GENERATOR:
             generator = handler(request)
             while True:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
+import threading
 from typing import Any
 
 import click
 
+from ..aio.worker import HANDLER_THREAD_PREFIX
 from ..client import Worker
 from ..errors import Error, Timeout
 from ..message import Message, Reply
@@ -283,7 +286,18 @@ def serve(
     with worker:
         click.echo(f"mc0 worker serving {' '.join(services)} on {worker.endpoint}")
         sys.stdout.flush()
-        worker.run()
+        worker.run()  # the first SIGINT/SIGTERM drains, a second cancels
+    # A second signal cancelled handlers, but a sync handler's thread cannot be interrupted and
+    # Python joins it at exit: leave now (the broker has already answered its caller).
+    stuck = [t for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive()]
+    for thread in stuck:
+        thread.join(0.5)  # idle pool threads exit at once after the executor's shutdown
+    stuck = [t for t in stuck if t.is_alive()]
+    if stuck:
+        click.echo(f"mc0 serve: stopped with {len(stuck)} handlers still running (cancelled)", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 @cli.command()
