@@ -13,7 +13,7 @@ import click
 
 from ..aio.worker import HANDLER_THREAD_PREFIX
 from ..client import Worker
-from ..errors import Error, Timeout
+from ..errors import Error, Forbidden, Timeout
 from ..message import Message, Reply
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
@@ -312,8 +312,12 @@ def stats(
     from ..protocol import BROKER_SERVICE
 
     with conn.client() as client:
-        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
-        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
+        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
+        reports: dict[str, Any] = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
+        try:  # who is connected: only for identities granted peer telemetry (docs/SECURITY.md)
+            reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+        except Forbidden:
+            reports["peers"] = None
     if as_json:
         click.echo(json.dumps(reports, indent=2, sort_keys=True))
         return
@@ -380,6 +384,9 @@ def stats(
         for identity, row in reports["mailboxes"].items():
             boxes.add_row(identity, str(row["messages"]), str(row["bytes"]))
         console.print(boxes)
+    if reports["peers"] is None:
+        console.print("peers: not shown (this identity has no subscribe grant naming mc0.sys.peer)")
+        return
     peers = Table(title="peers")
     for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
         peers.add_column(column)
