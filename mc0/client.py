@@ -563,6 +563,8 @@ class Worker(Client):
     async def _drain_quietly(self, timeout: float | None) -> None:
         try:
             await self._aio.drain(timeout=timeout)
+        except ClosedError:
+            pass  # a second signal closed it mid-drain: that was asked for
         except Exception as exc:  # a Timeout past the deadline: logged, the worker is closed anyway
             log.warning("worker drain: %s", exc)
         finally:

@@ -178,3 +178,45 @@ async def test_serve_drains_on_sigterm_and_a_second_signal_cancels(tmp_path: Pat
         second.kill()
         second.wait(5)
         await client.close()
+
+
+AIO_WORKER = """
+import asyncio, pathlib, sys
+import mc0.aio
+
+async def main() -> None:
+    worker = mc0.aio.Worker(sys.argv[1])
+
+    @worker.service("slowaio")
+    async def handle(request):
+        pathlib.Path("started-" + request.body.decode()).touch()
+        await asyncio.sleep(1.5)
+        return b"served " + request.body
+
+    await worker.run(drain_timeout=20)
+    print("closed", worker.closed, flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_aio_run_drains_on_sigterm(tmp_path: Path, broker: Any) -> None:
+    client = await mc0.aio.Client(broker.endpoint).connect()
+    worker = subprocess.Popen([sys.executable, "-c", AIO_WORKER, broker.endpoint], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for _ in range(1000):  # bounded: the worker registers within seconds
+            if await workers_of(mc0_aio_runner, client, "slowaio") == 1:
+                break
+            await asyncio.sleep(0.01)
+        answer = asyncio.ensure_future(client.request("slowaio", b"a", timeout=20))
+        await until(lambda: (tmp_path / "started-a").exists(), "the handler running")
+        worker.send_signal(signal.SIGTERM)
+        assert (await answer).body == b"served a"  # finished and replied, not cancelled
+        out, err = worker.communicate(timeout=10)
+        assert worker.returncode == 0, err
+        assert out.strip() == "closed True"
+    finally:
+        worker.kill()
+        worker.wait(5)
+        await client.close()

@@ -9,15 +9,18 @@ CANCEL or the deadline cancels the handler where the runtime allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import inspect
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import Timeout
+from ..errors import ClosedError, Timeout
 from ..message import Reply, Request, frozen_builder
 from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Work
@@ -58,6 +61,8 @@ class Worker(Client):
         self._work_deadlines: list[tuple[float, str]] = []  # (monotonic deadline, bid)
         self._executor: ThreadPoolExecutor | None = None
         self._stop: asyncio.Event | None = None
+        self._signals = 0  # SIGINT/SIGTERM seen by run(): the first drains, a second closes
+        self._stopping: list[asyncio.Task[None]] = []
 
     def service(self, name: str) -> Callable[[H], H]:
         """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
@@ -88,11 +93,47 @@ class Worker(Client):
         await self._call(request_id, frames, None, "register services")
         return self
 
-    async def run(self) -> None:
-        """Serve until ``stop()`` or ``close()``."""
+    async def run(self, *, drain_timeout: float | None = None) -> None:
+        """Serve until ``stop()``, ``close()``, ``drain()`` or a signal.
+
+        In the main thread, the first SIGINT or SIGTERM drains (bounded by
+        ``drain_timeout``, default the client's ``timeout``) and a second one
+        cancels what still runs and closes, as the sync ``run()`` does.
+        """
         await self.connect()
         self._stop = self._stop or asyncio.Event()
-        await self._stop.wait()
+        loop = asyncio.get_running_loop()
+        signals: tuple[signal.Signals, ...] = ()
+        if threading.current_thread() is threading.main_thread():
+            signals = (signal.SIGINT, signal.SIGTERM)
+            for signum in signals:
+                loop.add_signal_handler(signum, self._on_stop_signal, drain_timeout)
+        try:
+            await self._stop.wait()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+            for task in self._stopping:
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _on_stop_signal(self, drain_timeout: float | None) -> None:
+        self._signals += 1
+        first = self._signals == 1 and not self.closed
+        self._stopping.append(asyncio.get_running_loop().create_task(self._drain_then_stop(drain_timeout, first)))
+
+    async def _drain_then_stop(self, drain_timeout: float | None, drain: bool) -> None:
+        try:
+            if drain:
+                await self.drain(timeout=drain_timeout)
+            else:
+                await self.close()
+        except ClosedError:
+            pass  # a second signal closed it mid-drain: that was asked for
+        except Exception as exc:  # a Timeout past the deadline: logged, the worker is closed anyway
+            log.warning("worker drain: %s", exc)
+        finally:
+            self.stop()
 
     async def drain(self, *, timeout: float | None = None) -> None:
         """Stop taking work, let running handlers finish, then the client's :meth:`drain` and close.
