@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "mc0.broker.peers",
         "mc0.broker.telemetry",
         "mc0.broker.store",
+        "mc0.broker.consumerfiles",
     ],
     [
         "mc0.aio.streams",
