@@ -200,6 +200,10 @@ class ConsumedMessage:
     def term(self) -> None:
         _run(self._inner.term())
 
+    def ack_nowait(self) -> None:
+        """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
+        _background_loop().call_soon_threadsafe(self._inner.ack_nowait)
+
     def __repr__(self) -> str:
         return f"<ConsumedMessage seq={self.seq} deliveries={self.deliveries} topic={self.topic!r}>"
 
@@ -226,6 +230,17 @@ class Consumer:
 
     def term(self, *messages: ConsumedMessage | int) -> int:
         return _run(self._inner.term(*self._seqs(messages)))
+
+    def ack_nowait(self, *messages: ConsumedMessage | int) -> None:
+        """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
+        _background_loop().call_soon_threadsafe(self._inner.ack_nowait, *self._seqs(messages))
+
+    def flush_acks(self) -> None:
+        _run(self._inner.flush_acks())
+
+    @property
+    def ack_errors(self) -> int:
+        return self._inner.ack_errors
 
     def info(self) -> dict[str, Any]:
         return _run(self._inner.info())
