@@ -121,6 +121,8 @@ def config(tmp_path: Path, port: int, extra: str = "") -> str:
     path = tmp_path / "mc0.toml"
     path.write_text(
         f'[memodb]\nenabled = true\nlisten = "tcp://127.0.0.1:{port}"\nheartbeat_ms = 300\n'
+        # The tests' mc0 clients read the peers report: peer telemetry is granted by name.
+        '[permissions.default]\nsubscribe = [">", "mc0.sys.>"]\n'
         f"[permissions.identity.memodb]\n{extra}"
     )
     return str(path)
