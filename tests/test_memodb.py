@@ -160,6 +160,21 @@ def test_job_timeout_gives_up_on_the_worker_and_its_late_result_is_disconnected(
     assert net.answer(late)[0] == ["memo01", M.DISCONNECT, wid]
 
 
+def test_a_cancelled_job_keeps_the_worker_its_result_is_dropped_and_it_gets_the_next_job() -> None:
+    net = Net()
+    parked = net.ready("svc")
+    net.mc0(b"mc", "CONNECT", "VERSION", "1.0", "TTL", "5000")
+    net.mc0(b"mc", "REQUEST", "ID", "r1", "SERVICE", "svc", "TIMEOUT", "5000", "", "one")
+    wid = net.job_for(parked, "svc")[0]
+    net.mc0(b"mc", "CANCEL", "ID", "r1")  # before the timeout: the worker is not given up
+    net.mc0(b"mc", "REQUEST", "ID", "r2", "SERVICE", "svc", "TIMEOUT", "5000", "", "two")
+    assert wid in net.memo.workers and net.core.counters["memodb_job_cancelled"] == 1
+    net.sent = []
+    result = net.nng(msg(M.RESULT, wid, payload=b"for nobody"))
+    assert net.sent == [] and net.core.counters["replies_dropped"] == 1
+    assert net.job_for(result, "svc")[2] == b"two"
+
+
 def test_unknown_worker_ids_get_disconnect_as_after_a_broker_restart() -> None:
     net = Net()
     parked = net.ready("svc")

@@ -65,6 +65,9 @@ MAX_HEADER_BYTES = 64 * 1024  # READY's list is the only part that grows: 64 nam
 MAX_ID_BYTES = 64
 MAX_TIMEOUT_MS = (1 << 32) - 1
 PEER_VERSION = "memodb"
+# A job's end this close to its timeout is its timeout (``due`` is taken when the JOB is
+# carried, a loop turn after the core set the deadline).
+DUE_SLACK = 0.1
 # Routing ids of MemoDB peers: a zero byte then not 5 bytes long, so never one libzmq makes
 # (5 bytes, zero first) nor one a ZeroMQ peer may choose (never zero first).
 ROUTING_PREFIX = b"\x00memodb"
@@ -238,13 +241,14 @@ Result = tuple[list[Out], list[Reply]]
 
 
 class _Worker:
-    __slots__ = ("peer", "wid", "token", "bid", "services")
+    __slots__ = ("peer", "wid", "token", "bid", "due", "services")
 
     def __init__(self, peer: Peer, wid: bytes, services: tuple[str, ...]) -> None:
         self.peer = peer
         self.wid = wid
         self.token: bytes | None = None  # its request waiting at the broker (parked)
         self.bid: str | None = None  # the job it holds
+        self.due = 0.0  # ... and when its timeout passes
         self.services = services
 
 
@@ -403,7 +407,12 @@ class MemoDB:
         return core.published(core.forget(peer, "answered", now), now), [(token, reply)]
 
     def _to_worker(self, core: CoreOps, worker: _Worker, kind: bytes, frames: Sequence[bytes], now: float) -> Result:
-        if kind in (_GIVE_UP, _DISCONNECT):  # its job's deadline passed, or the core refused it
+        if kind == _GIVE_UP and now < worker.due - DUE_SLACK:
+            # Cancelled before its timeout (the client went, or sent CANCEL): MemoDB cannot say so;
+            # the worker finishes, its RESULT is dropped by the core and it waits for more.
+            core.counters["memodb_job_cancelled"] += 1
+            return [], []
+        if kind in (_GIVE_UP, _DISCONNECT):  # its job's timeout passed, or the core refused it
             if kind == _GIVE_UP:
                 core.counters["memodb_job_timeouts"] += 1
             out, replies = self._forget(core, worker, "job_timeout" if kind == _GIVE_UP else "refused", now)
@@ -421,6 +430,7 @@ class MemoDB:
             return out, [(token, header(HEARTBEAT, worker.wid))]
         bid, service, timeout = bytes(frames[1]).decode(), bytes(frames[2]).decode(), int(frames[3])
         worker.bid = bid
+        worker.due = now + timeout / 1000.0
         # Silent until its RESULT: it counts as heard from until the job's timeout, when the
         # deadline gives up on it (``_GIVE_UP``); liveness is only the backstop.
         worker.peer.last_recv = now + timeout / 1000.0
