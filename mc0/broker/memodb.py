@@ -135,7 +135,10 @@ def decode(data: bytes, max_payload: int) -> Message:
         raise Malformed(f"version is not {VERSION!r}", wid=wid, client=client)
     if type(kind) is not int or kind not in NAMES:
         raise Malformed("unknown message type", wid=wid)
-    encoded = header(kind, wid, *head[3:])
+    try:
+        encoded = header(kind, wid, *head[3:])  # what a deterministic encoder makes of it
+    except Exception:  # pragma: no cover - whatever cbor2 decoded it can encode; kept as a guard
+        raise Malformed("the header cannot be re-encoded", wid=wid) from None
     if not data.startswith(encoded):
         raise Malformed("the header is not deterministically encoded CBOR", wid=wid, client=client)
     payload = data[len(encoded) :]
