@@ -133,6 +133,29 @@ def group_message_record(topic: bytes, sender: bytes, group: bytes, data: bytes)
     )
 
 
+def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """``(topic, sender, group, data)`` when a FRAMES record is exactly what
+    :func:`group_message_record` builds (a queue-group copy), else None: the
+    receiver then takes the general path, so this is only a shortcut."""
+    if end - start < 2 + _GROUP_LENGTHS.size or blob[start : start + 2] != _NINE:
+        return None
+    lengths = _GROUP_LENGTHS.unpack_from(blob, start + 2)
+    if lengths[0] != 7 or lengths[1] != 5 or lengths[3] != 6 or lengths[5] != 5 or lengths[7] != 0:
+        return None
+    t = start + 2 + _GROUP_LENGTHS.size + 12
+    s = t + lengths[2] + 6
+    g = s + lengths[4] + 5
+    d = g + lengths[6]
+    if (
+        d + lengths[8] != end
+        or blob[t - 12 : t] != b"MESSAGETOPIC"
+        or blob[s - 6 : s] != _SENDER_B
+        or blob[g - 5 : g] != b"GROUP"
+    ):
+        return None
+    return blob[t : s - 6], blob[s : g - 5], blob[g:d], blob[d:end]
+
+
 def frames_record(frames: Sequence[bytes]) -> bytes:
     """Any command as a FRAMES record (its frames, verbatim)."""
     n = len(frames)
