@@ -108,6 +108,10 @@ class JournalSettings:
     fsync: str = field(default="batch", metadata={"choices": FSYNC_POLICIES})
     dedup_window_s: int = field(default=120, metadata={"min": 0})  # 0 = no dedup
     dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
+    # This journal keeps the mailboxes (PUT TO letters stored for offline identities), and
+    # nothing else: its topics are mc0.sys.mailbox.> (the loader sets them); at most one
+    # journal may.  Without one, kept letters live in memory only (mc0.broker.mailboxes).
+    mailboxes: bool = False
 
     def path(self, name: str) -> Path:
         return Path(self.folder or os.path.join("var", "journal", name))
