@@ -51,6 +51,7 @@ class CoreSettings:
     # Mailboxes (PUT TO identity): direct messages kept while no session of the identity is
     # connected, per identity at most this many / these bytes, each for at most this long;
     # all mailboxes together at most mailboxes_max_bytes.  Beyond a bound the PUT gets 429.
+    # In memory only, unless a journal keeps them (JournalSettings.mailboxes): then across restarts.
     mailbox_max_messages: int = 1_000
     mailbox_max_bytes: int = 16 * 1024 * 1024
     mailbox_ttl_ms: int = 3_600_000

@@ -6,6 +6,7 @@ broker processes, CURVE keys and kill -9 is tests/test_mailjournal_live.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from mc0 import config as cfg
 from mc0 import protocol as P
 from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.journal import Journal
 from mc0.broker.mailboxes import Letter, LetterUnreadable, letter_of, settled_of
 from mc0.broker.store import MemoryStore
 from mc0.errors import ConfigError
@@ -346,3 +348,21 @@ def test_stats_report_the_kept_letters() -> None:
         "journal": "letters",
     }
     assert stats["journals"]["letters"]["records"] == 1
+
+
+def test_the_file_journal_keeps_every_segment_from_the_floor_on(tmp_path: Path) -> None:
+    settings = JournalSettings(
+        topics=(P.SYS_MAILBOX_PATTERN,), mailboxes=True, folder=str(tmp_path / "j"), segment_bytes=4096, max_bytes=4096
+    )
+    journal = Journal("letters", settings).open()
+    try:
+        journal.append(P.SYS_MAILBOX_LETTER, "alice", GOOD, [b"kept"])
+        journal.retain_from(1)
+        for _ in range(40):  # ~20 KiB: rolls a segment every ~4 KiB, and each roll runs retention
+            journal.append(P.SYS_MAILBOX_SETTLED, "", {}, [b"x" * 500])
+        journal.commit()
+        assert journal.first_seq == 1 and journal.info()["segments"] == 6
+        journal.retain_from(None)  # delivered: retention may go back to its limits
+        assert journal.enforce_retention(journal.clock()) == 5 and journal.first_seq > 1
+    finally:
+        journal.close()

@@ -6,6 +6,8 @@ ones never come back after another restart; expired ones are dropped; an unreada
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -92,6 +94,18 @@ def test_letters_survive_kill_9_and_arrive_exactly_once_in_order(tmp_path: Path)
             counters = before["counters"]
             assert counters["mailbox_restored"] == N and "mailbox_expired" not in counters
             assert counters["mailbox_record_unreadable"] == 1
+            env = {**os.environ, "MC0_KEY": str(setup.secret("alice")), "MC0_BROKER_KEY": str(setup.broker_key)}
+            env["COLUMNS"] = "200"
+            shown = subprocess.run(
+                [sys.executable, "-m", "mc0", "stats", "--endpoint", endpoint],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
+            assert shown.returncode == 0, shown.stderr
+            assert "mailboxes (journal letters)" in shown.stdout
+            assert re.search(rf"bob\s+│\s+{N}\s+│", shown.stdout), shown.stdout
             seq_before = journal_next_seq(alice)
             with mc0.Client(endpoint, **setup.client_options("bob")) as bob:
                 got = [bob.mailbox.next(timeout=10) for _ in range(N)]

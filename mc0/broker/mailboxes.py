@@ -164,7 +164,7 @@ class Mailboxes:
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
 
-    def offline(self, peer: Peer, now: float = 0.0) -> list[Out]:
+    def offline(self, peer: Peer, now: float) -> list[Out]:
         """``peer`` went; journaled letters it was handed that may not have left are kept again
         (for its identity's newest other session at once, else until the next connect)."""
         sessions = self._sessions.get(peer.identity)
