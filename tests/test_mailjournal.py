@@ -366,3 +366,17 @@ def test_the_file_journal_keeps_every_segment_from_the_floor_on(tmp_path: Path) 
         assert journal.enforce_retention(journal.clock()) == 5 and journal.first_seq > 1
     finally:
         journal.close()
+
+
+def test_a_crash_before_the_delivered_record_delivers_again_at_least_once() -> None:
+    first = Bus()
+    first.connect(b"a")
+    first.send("1")
+    first.commit()
+    first.core.mailboxes.sent_all = lambda rid: False  # handed over, still in the shell's queue ...
+    assert bodies(first.connect(b"b", 1.0)) == [b"1"]
+    first.commit()
+    second = Bus(first.store, now=2.0)  # ... when the broker is killed: no delivered record
+    assert bodies(second.connect(b"b", 3.0)) == [b"1"]
+    second.commit()
+    assert bodies(Bus(second.store, now=4.0).connect(b"b", 5.0)) == []
