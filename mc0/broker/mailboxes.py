@@ -239,8 +239,9 @@ class Mailboxes:
         self.counters["mailbox_stored"] += 1
         return [], P.MAILBOX_STORED
 
-    def _check_room(self, to: str, size: int, request_id: str | None) -> None:
-        """429 unless ``to``'s mailbox and all mailboxes together have room for ``size`` more bytes."""
+    def _check_room(self, to: str, size: int, request_id: str | None, *, counted: str = "mailbox_refused") -> None:
+        """429 unless ``to``'s mailbox and all mailboxes together have room for ``size`` more bytes
+        (counted as ``counted``)."""
         settings = self.settings
         held = self._letters.get(to)
         count, held_bytes = (len(held), self._bytes[to]) if held else (0, 0)
@@ -249,10 +250,10 @@ class Mailboxes:
                 f"mailbox of {to} is full ({count} messages, {held_bytes} bytes; the limits are "
                 f"{settings.mailbox_max_messages} messages, {settings.mailbox_max_bytes} bytes)"
             )
-            self.counters["mailbox_refused"] += 1
+            self.counters[counted] += 1
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
         if self.total_bytes + size > settings.mailboxes_max_bytes:
-            self.counters["mailbox_refused"] += 1
+            self.counters[counted] += 1
             reason = f"mailboxes hold {self.total_bytes} bytes, the limit is {settings.mailboxes_max_bytes}"
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
 
@@ -382,9 +383,8 @@ class Mailboxes:
                 self._settle(EXPIRED, letter)
                 continue
             try:
-                self._check_room(to, letter.size, None)
+                self._check_room(to, letter.size, None, counted="mailbox_restore_dropped")
             except ProtocolError as exc:
-                self.counters["mailbox_restore_dropped"] += 1
                 log.warning("journal %s: mailboxes: letter %d dropped: %s", journal.name, letter.seq, exc.reason)
                 self._settle(DROPPED, letter)
                 continue
