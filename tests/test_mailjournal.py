@@ -103,6 +103,37 @@ def test_stored_ok_waits_for_the_commit_and_the_record_keeps_the_letter_whole() 
     ]
 
 
+def test_a_failed_commit_never_settles_a_reused_seq() -> None:
+    bus = Bus()
+    bus.connect(b"a")
+    bus.connect(b"b")
+    bus.h(b"b", f("DISCONNECT"))
+    bus.send("lost")  # stored, then handed to bob and recorded delivered in the same turn ...
+    assert bodies(bus.connect(b"b2", 1.0)) == [b"lost"]
+    bus.store.fail_writes = True
+    bus.commit()  # ... and the write fails: letter and settlement are withdrawn
+    bus.store.fail_writes = False
+    bus.h(b"b2", f("DISCONNECT"), 2.0)
+    bus.send("new", 2.0)  # gets the withdrawn letter's seq
+    bus.commit()
+    assert [(r.topic, r.parts) for r in bus.store.records] == [(P.SYS_MAILBOX_LETTER, (b"new",))]
+    assert bodies(Bus(bus.store, now=3.0).connect(b"b", 4.0)) == [b"new"]
+
+
+def test_a_settlement_whose_write_failed_is_written_at_the_next_commit() -> None:
+    bus = Bus()
+    bus.connect(b"a")
+    bus.send("1")
+    bus.commit()
+    assert bodies(bus.connect(b"b", 1.0)) == [b"1"]
+    bus.store.fail_writes = True
+    bus.commit()
+    assert bus.core.uncommitted and [r.seq for r in bus.store.records] == [1]
+    bus.store.fail_writes = False
+    bus.commit()
+    assert json.loads(bus.store.records[-1].parts[0]) == {"delivered": [1]} and not bus.core.uncommitted
+
+
 def test_a_failed_commit_is_507_and_keeps_nothing() -> None:
     bus = Bus()
     bus.connect(b"a")

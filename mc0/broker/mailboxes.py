@@ -328,7 +328,8 @@ class Mailboxes:
     def after_commit(self, failed: bool) -> None:
         """The commit ran: on failure, letters kept this turn are withdrawn (their senders get
         507, their records are gone) and the settlements are written again next time."""
-        if failed:
+        if failed and self.journal is not None:
+            end = self.journal.next_seq  # the records from here on were withdrawn (their seqs are reused)
             for to, letter in self._fresh:
                 letters = self._letters.get(to)
                 if letters is not None and letter in letters:
@@ -338,8 +339,12 @@ class Mailboxes:
                     if not letters:
                         del self._letters[to], self._bytes[to]
                     self.counters["mailbox_withdrawn"] += 1
+                if letter.seq >= end:
+                    letter.seq = 0  # handed out already: no record of it to settle
             for reason, seqs in self._writing.items():
-                self._settled.setdefault(reason, [])[:0] = seqs
+                still = [seq for seq in seqs if seq < end]
+                if still:
+                    self._settled.setdefault(reason, [])[:0] = still
         self._fresh.clear()
         self._writing = {}
 
