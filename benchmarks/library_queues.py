@@ -16,11 +16,12 @@ Durable consumers: a loader puts ``count`` messages into a journal (mc0:
 ``[journals.bench]`` on ``JOB_TOPIC``, the last PUT confirmed, so all are
 stored) or a JetStream file stream (core publishes, then the stream's count
 polled), creates the consumer and exits; then each consumer client fetches
-batches of ``BATCH`` and settles them (``ack``): ``each`` awaits one ack per
-message (mc0 ``message.ack()``, answered once the broker saved the state —
-mc0 has no unanswered ack; nats-py ``msg.ack()``, a publish the server does
-not answer), ``each-sync`` the same with nats-py's answered
-``msg.ack_sync()`` (both sides wait for the server per message), ``batch``
+batches of ``BATCH`` and settles them (``ack``): ``each`` acks every message
+without waiting (mc0 ``message.ack_nowait()``, which sends the acks of one
+loop turn as one request; nats-py ``msg.ack()``, a publish the server does
+not answer, coalesced by its flusher), ``each-sync`` awaits one answered ack
+per message (mc0 ``message.ack()``, answered once the broker saved the
+state; nats-py ``msg.ack_sync()``), ``batch``
 settles the batch at once (mc0 ``consumer.ack(*batch)``, one request;
 nats-py has no batch ack: the JetStream consumer is created with
 ``AckPolicy.ALL`` and the batch's last message is acked, which settles every
@@ -268,12 +269,19 @@ async def _aio_consumer(
                 idle = 0
                 pulled.seqs += [m.seq for m in batch]
                 pulled.redelivered += sum(m.deliveries > 1 for m in batch)
-                if ack != "batch":  # "each" and "each-sync": mc0's ack is always answered
+                if ack == "each":
+                    for message in batch:
+                        message.ack_nowait()
+                    if len(pulled.seqs) >= expected:
+                        await consumer.flush_acks()  # the last acks are taken (as nats' flush below)
+                elif ack == "each-sync":
                     for message in batch:
                         await message.ack()
                 else:
                     await consumer.ack(*batch)
                 pulled.last = time.monotonic_ns()
+            await consumer.flush_acks()
+            child.out["ack_errors"] = consumer.ack_errors
             info = await consumer.info()
             child.out["acked"] = int(info["acked"])
     finally:

@@ -11,6 +11,7 @@ message arrives or the subscription is closed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -25,6 +26,8 @@ from .keys import KeyPair
 from .message import Ack, FetchResult, Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
 from .settings import ClientConfig
+
+log = logging.getLogger("mc0.client")
 
 R = TypeVar("R")
 
@@ -197,6 +200,10 @@ class ConsumedMessage:
     def term(self) -> None:
         _run(self._inner.term())
 
+    def ack_nowait(self) -> None:
+        """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
+        _background_loop().call_soon_threadsafe(self._inner.ack_nowait)
+
     def __repr__(self) -> str:
         return f"<ConsumedMessage seq={self.seq} deliveries={self.deliveries} topic={self.topic!r}>"
 
@@ -223,6 +230,17 @@ class Consumer:
 
     def term(self, *messages: ConsumedMessage | int) -> int:
         return _run(self._inner.term(*self._seqs(messages)))
+
+    def ack_nowait(self, *messages: ConsumedMessage | int) -> None:
+        """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
+        _background_loop().call_soon_threadsafe(self._inner.ack_nowait, *self._seqs(messages))
+
+    def flush_acks(self) -> None:
+        _run(self._inner.flush_acks())
+
+    @property
+    def ack_errors(self) -> int:
+        return self._inner.ack_errors
 
     def info(self) -> dict[str, Any]:
         return _run(self._inner.info())
@@ -495,6 +513,7 @@ class Worker(Client):
 
     def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
         self._capacity = capacity
+        self._signal_tasks: list[asyncio.Task[None]] = []  # drain / close started by a signal (kept referenced)
         super().__init__(endpoint, **options)
 
     def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
@@ -514,13 +533,26 @@ class Worker(Client):
     def __enter__(self) -> Worker:
         return self.connect()
 
-    def run(self) -> None:
-        """Serve until ``stop()``, SIGINT or SIGTERM (signals only from the main thread)."""
+    def run(self, *, drain_timeout: float | None = None) -> None:
+        """Serve until ``stop()``, ``drain()`` or a signal (signals only from the main thread).
+
+        The first SIGINT or SIGTERM drains: no new work, running handlers finish
+        and reply, then the worker closes (bounded by ``drain_timeout``, default
+        the client's ``timeout``).  A second signal cancels what still runs and
+        closes at once.
+        """
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
+            signalled = 0
 
             def on_signal(signum: int, frame: FrameType | None) -> None:
-                self.stop()
+                nonlocal signalled
+                signalled += 1
+                loop = _background_loop()
+                if signalled == 1:
+                    loop.call_soon_threadsafe(self._start_drain, drain_timeout)
+                else:
+                    loop.call_soon_threadsafe(self._close_now)
 
             previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -532,3 +564,28 @@ class Worker(Client):
     def stop(self) -> None:
         """Make ``run()`` return (any thread, or a signal handler)."""
         _background_loop().call_soon_threadsafe(self._aio.stop)
+
+    def drain(self, *, timeout: float | None = None) -> None:
+        """See :meth:`mc0.aio.Worker.drain`: no new work, running handlers finish, then close."""
+        _run(self._aio.drain(timeout=timeout))
+
+    def _start_drain(self, timeout: float | None) -> None:
+        """On the loop thread: drain in the background; ``run()`` returns when it closed."""
+        if self._aio.closed:
+            return
+        self._signal_tasks.append(asyncio.get_running_loop().create_task(self._drain_quietly(timeout)))
+
+    async def _drain_quietly(self, timeout: float | None) -> None:
+        try:
+            await self._aio.drain(timeout=timeout)
+        except ClosedError:
+            pass  # a second signal closed it mid-drain: that was asked for
+        except Exception as exc:  # a Timeout past the deadline: logged, the worker is closed anyway
+            log.warning("worker drain: %s", exc)
+        finally:
+            self._aio.stop()
+
+    def _close_now(self) -> None:
+        """On the loop thread: cancel running handlers and close (a second signal)."""
+        self._signal_tasks.append(asyncio.get_running_loop().create_task(self._aio.close()))
+        self._aio.stop()

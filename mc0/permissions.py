@@ -15,6 +15,13 @@ consults.  Rules, NATS style:
   inside a denied one; a wildcard that merely overlaps a denied topic is
   accepted, and the broker never delivers the denied topics to it (checked
   at delivery, as NATS does).
+* peer telemetry (``mc0.sys.peer``: who connects and disconnects) is for
+  identities granted it by name: once a ``[permissions]`` table exists, a
+  SUB pattern that can match ``mc0.sys.peer`` (``mc0.sys.peer``,
+  ``mc0.sys.*``, ``mc0.sys.>``) needs a subscribe grant that names
+  ``mc0.sys`` and matches it; ``>`` does not.  No other pattern can match
+  it (see :mod:`mc0.topics`), so the check at SUB time is the whole rule:
+  deliveries pay nothing.  With no table at all, everything stays allowed.
 
 Pure: no sockets, no clock.
 """
@@ -26,10 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, InvalidTopic
-from .topics import pattern_covers, pattern_matches, split_pattern
+from .topics import SYSTEM_TOKENS, pattern_covers, pattern_matches, split_pattern
 
 ACTIONS = ("publish", "subscribe", "call", "serve", "send_to")
 ALL: tuple[str, ...] = (">",)
+PEER_TELEMETRY: tuple[str, ...] = ("mc0", "sys", "peer")  # mc0.protocol.SYS_PEER_TOPIC, split
 _CACHE_SIZE = 1024
 
 
@@ -48,11 +56,18 @@ def _tokens(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 class Grants:
     """One identity's compiled rules."""
 
-    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe", "unrestricted")
+    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe", "sees_peers", "unrestricted")
 
-    def __init__(self, allow: Mapping[str, Sequence[str]], deny: Mapping[str, Sequence[str]]) -> None:
+    def __init__(
+        self, allow: Mapping[str, Sequence[str]], deny: Mapping[str, Sequence[str]], *, peers_by_default: bool = False
+    ) -> None:
         self._allow = {action: _tokens(allow.get(action, ())) for action in ACTIONS}
         self._deny = {action: _tokens(deny.get(action, ())) for action in ACTIONS}
+        # Peer telemetry: granted by a pattern naming mc0.sys (or by having no policy at all).
+        self.sees_peers = not any(pattern_matches(d, PEER_TELEMETRY) for d in self._deny["subscribe"]) and (
+            peers_by_default
+            or any(a[:2] == SYSTEM_TOKENS and pattern_matches(a, PEER_TELEMETRY) for a in self._allow["subscribe"])
+        )
         # Everything allowed, nothing denied: the hot path answers without matching.
         self.unrestricted = not any(self._deny.values()) and all(a == ((">",),) for a in self._allow.values())
         self.deny_subscribe = self._deny["subscribe"]  # non-empty: the broker filters deliveries
@@ -75,7 +90,13 @@ class Grants:
             verdict = self._publish_cache[topic] = self._literal("publish", topic)
         return verdict
 
+    def hides_peers(self, pattern: tuple[str, ...]) -> bool:
+        """The pattern reaches peer telemetry, which this identity was not granted by name."""
+        return not self.sees_peers and pattern[:2] == SYSTEM_TOKENS and pattern_matches(pattern, PEER_TELEMETRY)
+
     def may_subscribe(self, pattern: tuple[str, ...]) -> bool:
+        if self.hides_peers(pattern):
+            return False
         if any(pattern_covers(d, pattern) for d in self.deny_subscribe):
             return False
         return any(pattern_covers(a, pattern) for a in self._allow["subscribe"])
@@ -95,13 +116,15 @@ class Grants:
         return self._literal("send_to", identity)
 
 
-ALLOW_ALL = Grants(dict.fromkeys(ACTIONS, ALL), {})
+ALLOW_ALL = Grants(dict.fromkeys(ACTIONS, ALL), {}, peers_by_default=True)  # no [permissions] table at all
+ALLOW_ALL_BUT_PEERS = Grants(dict.fromkeys(ACTIONS, ALL), {})  # a table that allows everything
 
 
 @dataclass(frozen=True)
 class Permissions:
     default: Rules = field(default_factory=Rules)
     identities: Mapping[str, Rules] = field(default_factory=dict)
+    configured: bool = False  # built from a [permissions] table: peer telemetry needs a grant naming it
 
     def grants(self, identity: str) -> Grants:
         own = self.identities.get(identity, Rules())
@@ -114,8 +137,8 @@ class Permissions:
             allow[action] = ALL if chosen is None else chosen
             deny[action] = (*self.default.deny.get(action, ()), *own.deny.get(action, ()))
         if not any(deny.values()) and all(a == ALL for a in allow.values()):
-            return ALLOW_ALL
-        return Grants(allow, deny)
+            return ALLOW_ALL_BUT_PEERS if self.configured else ALLOW_ALL
+        return Grants(allow, deny, peers_by_default=not self.configured)
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], where: str = "permissions") -> Permissions:
@@ -127,7 +150,7 @@ class Permissions:
         if not isinstance(identities_table, Mapping):
             raise ConfigError(f"{where}.identity", "must be a table of identities")
         identities = {name: _rules(rules, f"{where}.identity.{name}") for name, rules in identities_table.items()}
-        return cls(default, identities)
+        return cls(default, identities, configured=True)
 
 
 def _pattern_list(raw: Any, where: str) -> tuple[str, ...]:

@@ -229,6 +229,12 @@ class ClientSession(BatchedReceive):
         self.capacity = capacity
         return self._ready(request_id) if self.connected else None
 
+    def withdraw(self, request_id: str) -> Frames:
+        """READY with no services (to be confirmed): the broker sends no more work, while the
+        replies to what we hold are still taken.  Nothing is re-registered after a reconnect."""
+        self.services = ()
+        return P.encode(Verb.READY, {Header.ID: request_id}, [])
+
     def _ready(self, request_id: str | None = None) -> Frames | None:
         if not self.services:
             return None

@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "mc0.broker.peers",
         "mc0.broker.telemetry",
         "mc0.broker.store",
+        "mc0.broker.consumerfiles",
     ],
     [
         "mc0.aio.streams",
@@ -57,7 +58,7 @@ LAYERS: list[list[str]] = [
     ["mc0.broker.monitor"],
     ["mc0.broker.httpd"],
     ["mc0.broker.check"],
-    ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.demo"],
+    ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.spark.probe", "mc0.demo"],
     ["mc0.broker", "mc0.spark.source", "mc0.spark.pipeline"],
     ["mc0", "mc0.spark", "mc0.cli.base"],
     ["mc0.cli.load"],

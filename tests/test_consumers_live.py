@@ -107,6 +107,45 @@ def lines_of(path: Path, kind: str) -> list[int]:
     return [int(x) for line in path.read_text().splitlines() if line.startswith(kind) for x in line.split()[1:]]
 
 
+@pytest.mark.asyncio
+async def test_ack_nowait_coalesces_a_turns_acks_into_one_request_and_counts_failures(api: Any, jbus: Any) -> None:
+    broker, options = jbus
+    publish(broker.endpoint, 299, **options)
+    client = await api(api.Client(broker.endpoint, **options).connect())
+    consumer = await api(client.consume("main", "quick", topics=["jobs.>"], ack_wait=30))
+    inner = consumer if api.name == "async" else consumer._inner
+    requests = 0
+    original = inner.client.request
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal requests
+        requests += 1
+        return await original(*args, **kwargs)
+
+    inner.client.request = counted
+    got = 0
+    for _ in range(10):  # bounded: 300 messages in batches of 100
+        batch = await api(consumer.fetch(100, wait=1))
+        for message in batch:
+            message.ack_nowait()  # returns at once: nothing awaited per message
+        got += len(batch)
+        if got >= 300:
+            break
+    await api(consumer.flush_acks())
+    assert got == 300 and consumer.ack_errors == 0
+    if api.name == "async":
+        assert requests == 3 + 3  # a pull and one coalesced ack request per batch of 100
+    else:  # handed to the loop thread one by one: how many share a turn depends on the threads' timing
+        assert 3 + 3 <= requests <= 3 + 300
+    info = await api(consumer.info())
+    assert (info["acked"], info["pending"]) == (300, 0)
+    await api(consumer.delete())
+    consumer.ack_nowait(1)  # the consumer is gone: 404, counted and logged, not raised
+    await api(consumer.flush_acks())
+    assert consumer.ack_errors == 1
+    await api(client.close())
+
+
 @pytest.mark.timeout(120)
 def test_10000_messages_shared_by_3_clients_one_killed_mid_batch(tmp_path: Path) -> None:
     n = 10_000

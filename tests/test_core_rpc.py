@@ -300,3 +300,25 @@ def test_bad_rpc_input_is_answered_and_changes_nothing() -> None:
         assert only(net.send("c", *frames), "c").headers["CODE"] == code, frames
     assert set(net.core.services) == {"s"}
     assert not net.core.rpc.has_requests(net.core.sessions[b"c"])
+
+
+def test_ready_with_no_services_withdraws_the_worker_but_its_jobs_still_finish() -> None:
+    """A draining worker: no new work (not even a scatter leg), its replies still taken, and the
+    service it left is gone for new callers (503) unless another worker serves it."""
+    net = Net()
+    net.worker("w", "drain.me", "other", capacity=2)
+    net.worker("w2", "other")
+    net.connect("c")
+    job = only(net.send("c", "REQUEST", "SERVICE", "drain.me", "ID", "1"), "w")
+    ok = only(net.send("w", "READY", "ID", "bye"), "w")
+    assert (ok.verb, ok.headers["ID"]) == (P.Verb.OK, "bye")
+    refused = only(net.send("c", "REQUEST", "SERVICE", "drain.me", "ID", "2"), "c")
+    assert (refused.verb, refused.headers["CODE"]) == (P.Verb.ERROR, "503")
+    for rid in ("3", "4"):  # "other" goes to w2 only, though w had spare capacity
+        assert list(net.send("c", "REQUEST", "SERVICE", "other", "ID", rid)) in ([b"w2"], [])
+    scatter = net.send("c", "REQUEST", "SERVICE", "other", "ID", "5", "ALL", "1")
+    assert b"w" not in scatter
+    answer = only(net.send("w", "FINAL", "ID", job.headers["ID"], "", "done"), "c")
+    assert (answer.verb, answer.headers["ID"], answer.payload) == (P.Verb.FINAL, "1", [b"done"])
+    assert net.send("w", "READY", "ID", "again", "", "drain.me")[b"w"][0].verb is P.Verb.OK  # may serve again
+    assert b"w" in net.send("c", "REQUEST", "SERVICE", "drain.me", "ID", "6")

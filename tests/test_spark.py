@@ -273,3 +273,41 @@ def test_fail_on_data_loss_decides_what_a_trimmed_start_does(spark: Any, tmp_pat
         kept = sorted(r.seq for r in reader.option("failOnDataLoss", "false").load().select("seq").collect())
         # Retention also runs every second, so the oldest kept may have moved on since `first`.
         assert kept[0] >= first and kept == [s for s in seqs if s >= kept[0]]
+
+
+def test_check_workers_accepts_a_session_whose_workers_run_mc0(spark: Any) -> None:
+    from mc0.spark import check_workers
+
+    check_workers(spark)  # make_session's workers run this interpreter: no error
+
+
+HANDED_SESSION = """
+from pyspark.sql import SparkSession
+import mc0, mc0.spark
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+try:
+    mc0.spark.check_workers(spark)
+except mc0.ConfigError as exc:
+    print("REFUSED", exc)
+else:
+    print("ACCEPTED")
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_handed_session_whose_workers_cannot_import_mc0_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A session built with plain SparkSession.builder whose PYSPARK_PYTHON lacks mc0 (here a bare venv):
+    Spark fixed that interpreter at start, so mc0 cannot default it, only say so clearly."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
+    env = {**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python"), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYSPARK_DRIVER_PYTHON", None)
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, "-c", HANDED_SESSION], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=170)  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("REFUSED", "ACCEPTED"))]
+    assert len(lines) == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert lines[0].startswith("REFUSED spark: Spark's Python workers cannot run the mc0 source ("), lines[0]
+    assert f"set PYSPARK_PYTHON={sys.executable} before building it" in lines[0]

@@ -8,22 +8,29 @@ consumers) and a restarted client resumes where the consumer stands.
 ``wait`` for the first); each is settled once with ``ack()``, ``nak(delay)``
 or ``term()`` (or in bulk with ``Consumer.ack(*messages)``).  A message not
 settled within the consumer's ``ack_wait`` is delivered again, to whichever
-client pulls next.
+client pulls next.  ``ack_nowait()`` is nats-py's ``msg.ack()``: it does not
+wait for the broker, and the acks made in one event-loop turn leave as one
+request at the end of that turn (a failed one is logged and counted in
+``ack_errors``; its messages come back after ``ack_wait``: at least once).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ProtocolError
+from ..errors import Error, ProtocolError
 from ..message import Message
 from ..protocol import CONSUMER_SERVICE, Status, parse_journal_page
 
 if TYPE_CHECKING:
     from .client import Client
+
+log = logging.getLogger("mc0.client")
 
 # Pulls ask the broker to wait at most this long, so one pull never outlives the request timeout.
 PULL_GRACE = 5.0
@@ -55,6 +62,10 @@ class ConsumedMessage:
     async def term(self) -> None:
         await self.consumer.term(self)
 
+    def ack_nowait(self) -> None:
+        """Ack without waiting for the broker (see :meth:`Consumer.ack_nowait`)."""
+        self.consumer.ack_nowait(self)
+
 
 class Consumer:
     """A durable consumer on a journal (see :meth:`mc0.aio.Client.consume`)."""
@@ -63,6 +74,9 @@ class Consumer:
         self.client = client
         self.journal = journal
         self.name = name
+        self.ack_errors = 0  # ack_nowait requests the broker refused or that failed (their messages come back)
+        self._unsent_acks: list[int] = []  # ack_nowait seqs of this loop turn
+        self._ack_requests: set[asyncio.Task[None]] = set()
 
     async def _ask(self, query: dict[str, Any], timeout: float | None = None) -> Any:
         body = json.dumps({"journal": self.journal, "name": self.name, **query})
@@ -112,6 +126,39 @@ class Consumer:
         """Settle these messages (or seqs) for good; returns how many were still unsettled.
         Returns once the consumer's new state is saved by the broker."""
         return await self._settle("ack", messages)
+
+    def ack_nowait(self, *messages: ConsumedMessage | int) -> None:
+        """Ack without waiting (nats-py's ``msg.ack()``; ``ack()`` is its ``ack_sync()``).
+
+        The seqs acked in this event-loop turn leave as one request at the end
+        of the turn, so acking a batch one message at a time costs one round
+        trip.  Nothing waits for the answer: a failure is logged and counted in
+        ``ack_errors``, and those messages are delivered again after
+        ``ack_wait`` (at least once, never lost).  ``await flush_acks()`` waits
+        until every ack made so far is answered.  Must be called on the loop."""
+        if not self._unsent_acks:
+            asyncio.get_running_loop().call_soon(self._send_acks)
+        self._unsent_acks += [m if isinstance(m, int) else m.seq for m in messages]
+
+    def _send_acks(self) -> None:
+        seqs, self._unsent_acks = self._unsent_acks, []
+        if seqs:
+            task = asyncio.get_running_loop().create_task(self._ack_quietly(seqs))
+            self._ack_requests.add(task)
+            task.add_done_callback(self._ack_requests.discard)
+
+    async def _ack_quietly(self, seqs: list[int]) -> None:
+        try:
+            await self._settle("ack", seqs)
+        except Error as exc:  # not silent: counted and logged; the broker delivers them again
+            self.ack_errors += 1
+            log.warning("consumer %s/%s: %d acks not taken: %s", self.journal, self.name, len(seqs), exc)
+
+    async def flush_acks(self) -> None:
+        """Wait until every ``ack_nowait`` so far has been answered (or failed and been counted)."""
+        self._send_acks()
+        while self._ack_requests:
+            await asyncio.wait(list(self._ack_requests))
 
     async def nak(self, *messages: ConsumedMessage | int, delay: float = 0.0) -> int:
         """Deliver these again, now or after ``delay`` seconds."""

@@ -9,21 +9,26 @@ CANCEL or the deadline cancels the handler where the runtime allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import inspect
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..errors import ClosedError, Timeout
 from ..message import Reply, Request, frozen_builder
 from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Work
-from .client import Client
+from .client import DRAIN_POLL, Client
 
 log = logging.getLogger("mc0.client")
 H = TypeVar("H", bound=Callable[..., Any])
+HANDLER_THREAD_PREFIX = "mc0-handler"  # names the threads that run sync handlers
 
 
 Handler = Callable[[Request], Any]
@@ -56,6 +61,8 @@ class Worker(Client):
         self._work_deadlines: list[tuple[float, str]] = []  # (monotonic deadline, bid)
         self._executor: ThreadPoolExecutor | None = None
         self._stop: asyncio.Event | None = None
+        self._signals = 0  # SIGINT/SIGTERM seen by run(): the first drains, a second closes
+        self._stopping: list[asyncio.Task[None]] = []
 
     def service(self, name: str) -> Callable[[H], H]:
         """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
@@ -86,11 +93,80 @@ class Worker(Client):
         await self._call(request_id, frames, None, "register services")
         return self
 
-    async def run(self) -> None:
-        """Serve until ``stop()`` or ``close()``."""
+    async def run(self, *, drain_timeout: float | None = None) -> None:
+        """Serve until ``stop()``, ``close()``, ``drain()`` or a signal.
+
+        In the main thread, the first SIGINT or SIGTERM drains (bounded by
+        ``drain_timeout``, default the client's ``timeout``) and a second one
+        cancels what still runs and closes, as the sync ``run()`` does.
+        """
         await self.connect()
         self._stop = self._stop or asyncio.Event()
-        await self._stop.wait()
+        loop = asyncio.get_running_loop()
+        signals: tuple[signal.Signals, ...] = ()
+        if threading.current_thread() is threading.main_thread():
+            signals = (signal.SIGINT, signal.SIGTERM)
+            for signum in signals:
+                loop.add_signal_handler(signum, self._on_stop_signal, drain_timeout)
+        try:
+            await self._stop.wait()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+            for task in self._stopping:
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _on_stop_signal(self, drain_timeout: float | None) -> None:
+        self._signals += 1
+        first = self._signals == 1 and not self.closed
+        self._stopping.append(asyncio.get_running_loop().create_task(self._drain_then_stop(drain_timeout, first)))
+
+    async def _drain_then_stop(self, drain_timeout: float | None, drain: bool) -> None:
+        try:
+            if drain:
+                await self.drain(timeout=drain_timeout)
+            else:
+                await self.close()
+        except ClosedError:
+            pass  # a second signal closed it mid-drain: that was asked for
+        except Exception as exc:  # a Timeout past the deadline: logged, the worker is closed anyway
+            log.warning("worker drain: %s", exc)
+        finally:
+            self.stop()
+
+    async def drain(self, *, timeout: float | None = None) -> None:
+        """Stop taking work, let running handlers finish, then the client's :meth:`drain` and close.
+
+        1. The broker is told to send no more work (READY with no services), and
+           that is confirmed; a request already on its way here still runs.
+        2. Every running handler finishes and its reply is sent — nothing runs
+           twice, as it would if it were cancelled and the broker re-dispatched it.
+        3. :meth:`Client.drain` (subscriptions, publishes, calls), then ``close()``.
+
+        Bounded by ``timeout`` (default: the client's ``timeout``): past it the
+        handlers still running are cancelled, the worker closes and ``Timeout``
+        names how many were left (their callers get the broker's 504 or a
+        re-dispatch, as after a crash).
+        """
+        self.ensure_open()
+        wait = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(wait):
+                request_id = self.session.new_id()
+                frames = self.session.withdraw(request_id)  # also: a reconnect re-registers nothing
+                if self.session.connected:
+                    await self._call(request_id, frames, None, "withdraw services")
+                for _ in range(100_000_000):  # bounded by the timeout above
+                    if not self._work:
+                        break
+                    await asyncio.sleep(DRAIN_POLL)
+        except TimeoutError:
+            left = f"{len(self._work)} handlers still running"
+            await self.close()
+            raise Timeout(f"drain ({left})", wait) from None
+        await super().drain(timeout=max(0.0, wait - (time.monotonic() - started)))
 
     def stop(self) -> None:
         if self._stop is None:
@@ -179,7 +255,7 @@ class Worker(Client):
             return
         loop = asyncio.get_running_loop()
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix="mc0-handler")
+            self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix=HANDLER_THREAD_PREFIX)
         if kind is GENERATOR:
             generator = handler(request)
             while True:

@@ -71,6 +71,9 @@ class Builtins:
             except ProtocolError as exc:
                 return [(client.routing_id, dialect.error(rid, name, exc.code, exc.reason))]
             op = str(query.get("op", "")) if isinstance(query, dict) else ""
+        if op == "peers" and not client.grants.sees_peers:  # who is connected: peer telemetry's rule
+            reason = "the peers report needs a subscribe grant naming mc0.sys.peer"
+            return [(client.routing_id, dialect.error(rid, name, Status.FORBIDDEN, reason))]
         report = self.report(op)
         if report is None:
             reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}"

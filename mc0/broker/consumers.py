@@ -185,7 +185,7 @@ class Consumers:
             self.counters["consumer_state_unreadable"] += 1
             raise StateUnreadable(
                 f"journal {journal.name}: consumer {name}: unreadable saved state ({exc}); "
-                f"move its file out of the journal's consumers/ folder to start without it"
+                f"move its files (NAME.log, NAME.json) out of the journal's consumers/ folder to start without it"
             ) from None
         self.consumers[journal.name, name] = consumer
 

@@ -49,13 +49,14 @@ from ..errors import Error
 from ..message import Record
 from ..protocol import Header
 from ..settings import FSYNC_POLICIES, JournalSettings
+from .consumerfiles import ConsumerFiles, fsync_dir
 from .store import Trimmed
 
 __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalSettings", "Trimmed"]
 
 log = logging.getLogger("mc0.journal")
 
-CONSUMER_FOLDER = "consumers"  # durable consumers' state, one JSON file each
+CONSUMER_FOLDER = "consumers"  # durable consumers' state: a log and a snapshot each
 SEGMENT_SUFFIX = ".seg"
 
 _HEAD = struct.Struct("<IIQd")
@@ -146,6 +147,7 @@ class Journal:
         self._opened = False
         self._floor: int | None = None  # retain_from: retention keeps this seq and later
         self.counters = {"appended": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
+        self._consumer_files = ConsumerFiles(self.folder / CONSUMER_FOLDER, sync=self.settings.fsync == "always")
 
     # ------------------------------------------------------------ lifecycle
     def open(self) -> Journal:
@@ -191,7 +193,7 @@ class Journal:
         segment = _Segment(first_seq, self.folder / f"{first_seq:020d}{SEGMENT_SUFFIX}")
         fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         os.close(fd)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         return segment
 
     def _scan(self, segment: _Segment) -> None:
@@ -252,6 +254,7 @@ class Journal:
                 if segment.fd >= 0:
                     os.close(segment.fd)
                     segment.fd = -1
+            self._consumer_files.close()
             self._opened = False
 
     # ------------------------------------------------------------ writing
@@ -470,43 +473,15 @@ class Journal:
         return out
 
     # ------------------------------------------------------------ durable consumers' state
-    @property
-    def _consumer_folder(self) -> Path:
-        return self.folder / CONSUMER_FOLDER
-
     def load_consumers(self) -> dict[str, bytes]:
-        """Each consumer's state file (``consumers/NAME.json``); leftovers of an interrupted save are ignored."""
-        folder = self._consumer_folder
-        if not folder.is_dir():
-            return {}
-        return {p.name[: -len(".json")]: p.read_bytes() for p in sorted(folder.glob("*.json"))}
+        """Each consumer's newest saved state (see :mod:`mc0.broker.consumerfiles`)."""
+        return self._consumer_files.load_all()
 
     def save_consumer(self, name: str, state: bytes | None) -> None:
-        """Replace ``consumers/NAME.json`` atomically (write, rename), or remove it.
-
-        The replace survives ``kill -9`` of the broker as soon as it returns (the
-        OS has the file).  It is fsynced (file and folder) only under
-        ``fsync = "always"``: a save happens in the broker loop at every turn that
-        acked something, and two fsyncs per turn stalled every other peer (9 s of
-        13 s of loop time for 1,000 acks one by one, measured).  After losing the
-        machine without ``always``, the last acks may be forgotten: those messages
-        are delivered again (at least once), never lost."""
-        folder = self._consumer_folder
-        path = folder / f"{name}.json"
-        sync = self.settings.fsync == "always"
-        if state is None:
-            path.unlink(missing_ok=True)
-        else:
-            folder.mkdir(exist_ok=True)
-            temporary = folder / f".{name}.json.tmp"
-            with open(temporary, "wb") as file:
-                file.write(state)
-                if sync:
-                    file.flush()
-                    os.fsync(file.fileno())
-            os.replace(temporary, path)
-        if sync:
-            _fsync_dir(folder)
+        """Append the consumer's state to its log (one write; fsynced only under ``fsync = "always"``),
+        or remove it.  Survives ``kill -9`` as soon as it returns.  After losing the machine without
+        ``always``, the last acks may be forgotten: those messages are delivered again, never lost."""
+        self._consumer_files.save(name, state)
 
     def info(self) -> dict[str, object]:
         return {
@@ -520,17 +495,3 @@ class Journal:
             "oldest_ts": self._segments[0].first_ts,
             "dedup_ids": len(self._dedup),
         }
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a created or removed file name durable (POSIX: fsync the directory)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -152,7 +152,10 @@ class PubSub:
         is allowed and within the limit (plain and group patterns count together)."""
         for pattern, tokens in patterns:
             if not peer.grants.may_subscribe(tokens):
-                raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not subscribe to {pattern}", request_id)
+                reason = f"{peer.identity} may not subscribe to {pattern}"
+                if peer.grants.hides_peers(tokens):
+                    reason += " (it reaches mc0.sys.peer, which needs a subscribe grant naming it)"
+                raise ProtocolError(Status.FORBIDDEN, reason, request_id)
         held = self._held(peer, group)
         new = {p: t for p, t in patterns if p not in held}
         limit = self.limits.max_subscriptions

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
+import threading
 from typing import Any
 
 import click
 
+from ..aio.worker import HANDLER_THREAD_PREFIX
 from ..client import Worker
-from ..errors import Error, Timeout
+from ..errors import Error, Forbidden, Timeout
 from ..message import Message, Reply
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
@@ -283,7 +286,18 @@ def serve(
     with worker:
         click.echo(f"mc0 worker serving {' '.join(services)} on {worker.endpoint}")
         sys.stdout.flush()
-        worker.run()
+        worker.run()  # the first SIGINT/SIGTERM drains, a second cancels
+    # A second signal cancelled handlers, but a sync handler's thread cannot be interrupted and
+    # Python joins it at exit: leave now (the broker has already answered its caller).
+    stuck = [t for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive()]
+    for thread in stuck:
+        thread.join(0.5)  # idle pool threads exit at once after the executor's shutdown
+    stuck = [t for t in stuck if t.is_alive()]
+    if stuck:
+        click.echo(f"mc0 serve: stopped with {len(stuck)} handlers still running (cancelled)", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 @cli.command()
@@ -298,8 +312,12 @@ def stats(
     from ..protocol import BROKER_SERVICE
 
     with conn.client() as client:
-        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
-        reports = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
+        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
+        reports: dict[str, Any] = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
+        try:  # who is connected: only for identities granted peer telemetry (docs/SECURITY.md)
+            reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+        except Forbidden:
+            reports["peers"] = None
     if as_json:
         click.echo(json.dumps(reports, indent=2, sort_keys=True))
         return
@@ -367,6 +385,9 @@ def stats(
         for identity, row in reports["mailboxes"].items():
             boxes.add_row(identity, str(row["messages"]), str(row["bytes"]))
         console.print(boxes)
+    if reports["peers"] is None:
+        console.print("peers: not shown (this identity has no subscribe grant naming mc0.sys.peer)")
+        return
     peers = Table(title="peers")
     for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
         peers.add_column(column)

@@ -204,7 +204,8 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.SUB: Grammar(optional=_h(Header.ID, Header.FROM, Header.JOURNAL, Header.GROUP), payload=Payload.REQUIRED),
     Verb.UNSUB: Grammar(optional=_h(Header.ID, Header.GROUP), payload=Payload.REQUIRED),
     Verb.PUT: Grammar(_h(Header.TOPIC), _h(Header.ID, Header.MSGID, Header.TO), True, Payload.REQUIRED),
-    Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.REQUIRED, seed=False),
+    # READY with no services: serve nothing more (a draining worker); what it holds may still finish.
+    Verb.READY: Grammar(optional=_h(Header.ID, Header.CAPACITY), payload=Payload.OPTIONAL, seed=False),
     Verb.REQUEST: Grammar(
         _h(Header.SERVICE, Header.ID), _h(Header.TIMEOUT, Header.ALL), True, Payload.OPTIONAL, seed=False
     ),

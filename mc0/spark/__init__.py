@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .source import Mc0DataSource
 
-__all__ = ["Mc0DataSource", "make_session", "register"]
+__all__ = ["Mc0DataSource", "check_workers", "make_session", "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -49,6 +49,10 @@ def __getattr__(name: str) -> Any:
         from .source import Mc0DataSource
 
         return Mc0DataSource
+    if name == "check_workers":
+        from .probe import check_workers
+
+        return check_workers
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

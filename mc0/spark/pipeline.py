@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,8 +204,10 @@ def run(
 ) -> dict[str, int]:
     """Run the streaming job until it ends (``once``) or is interrupted; returns totals."""
     from ..errors import Error
+    from .probe import cause_of, check_workers
 
     check_source(options)
+    check_workers(spark)  # a handed-in session may run a python3 without mc0: say so now, in one line
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     publisher = Publisher(options) if options.publish else None
@@ -232,7 +233,7 @@ def run(
                 on_progress(dict(query.lastProgress))
         error = query.exception()
         if error is not None:
-            raise Error(f"the pipeline query failed: {_cause(str(error))}")
+            raise Error(f"the pipeline query failed: {cause_of(str(error))}")
     except KeyboardInterrupt:
         query.stop()
     finally:
@@ -266,12 +267,3 @@ def progress_line(event: dict[str, Any]) -> str:
         if head is not None:
             line += f", {max(0, head - reached):,} behind the head"
     return line
-
-
-def _cause(text: str) -> str:
-    """The Python exception line inside a Spark error (the part a person needs), else its first line."""
-    for line in reversed(text.splitlines()):
-        match = re.match(r"^([\w.]+(?:Error|Exception|Timeout|Failed|Gone)): (.+)$", line.strip())
-        if match and not match.group(1).startswith(("org.", "java.", "pyspark.")):
-            return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
-    return text.strip().splitlines()[0] if text.strip() else "unknown error"

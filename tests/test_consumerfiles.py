@@ -1,0 +1,150 @@
+"""Durable consumers' state files: an append-only log per consumer, compacted into a snapshot.
+Real files in a temp folder; torn writes made by cutting the log, as a crash would."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mc0.broker import consumerfiles
+from mc0.broker.consumerfiles import ConsumerFiles
+
+
+def reopened(folder: Path) -> dict[str, bytes]:
+    return ConsumerFiles(folder, sync=False).load_all()
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_the_newest_state_comes_back_and_one_save_is_one_append(tmp_path: Path, sync: bool) -> None:
+    files = ConsumerFiles(tmp_path / "consumers", sync=sync)
+    assert files.load_all() == {}  # no folder yet: nothing, and nothing created
+    assert not (tmp_path / "consumers").exists()
+    for i in range(50):
+        files.save("work", f'{{"acked": {i}}}'.encode())
+    files.save("other", b"{}")
+    log = tmp_path / "consumers" / "work.log"
+    assert log.stat().st_size == sum(8 + len(f'{{"acked": {i}}}') for i in range(50))
+    assert not (tmp_path / "consumers" / "work.json").exists()  # no snapshot until the log is long
+    assert reopened(tmp_path / "consumers") == {"work": b'{"acked": 49}', "other": b"{}"}
+    files.close()
+    files.close()  # idempotent
+
+
+def test_a_torn_last_record_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"first")
+    files.save("c", b"second")
+    files.close()
+    log = tmp_path / "c.log"
+    size = log.stat().st_size
+    for cut in range(size - len(b"second") - 8 + 1, size):  # every torn length of the last record
+        data = log.read_bytes()[:cut]
+        (tmp_path / "torn").mkdir(exist_ok=True)
+        (tmp_path / "torn" / "c.log").write_bytes(data)
+        assert reopened(tmp_path / "torn") == {"c": b"first"}, cut
+
+
+def test_a_corrupt_record_is_ignored_from_there_on(tmp_path: Path) -> None:
+    files = ConsumerFiles(tmp_path, sync=False)
+    for state in (b"one", b"two", b"three"):
+        files.save("c", state)
+    files.close()
+    data = bytearray((tmp_path / "c.log").read_bytes())
+    data[8 + 3 + 8] ^= 0xFF  # a bit flip in "two"
+    (tmp_path / "c.log").write_bytes(bytes(data))
+    assert reopened(tmp_path) == {"c": b"one"}
+
+
+def test_reopening_appends_after_what_is_there_and_a_torn_lone_record_is_dropped(tmp_path: Path) -> None:
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"before restart")
+    files.close()
+    again = ConsumerFiles(tmp_path, sync=False)
+    again.save("c", b"after restart")
+    again.close()
+    assert reopened(tmp_path) == {"c": b"after restart"}
+    (tmp_path / "d.log").write_bytes(b"\x10\x00\x00\x00")  # a crash in the first record's head
+    (tmp_path / "d.json").write_bytes(b"snapshot")
+    assert reopened(tmp_path)["d"] == b"snapshot"
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("d", b"new")
+    files.close()
+    assert (tmp_path / "d.log").stat().st_size == 8 + 3  # the torn head was cut before appending
+    assert reopened(tmp_path)["d"] == b"new"
+
+
+def test_compaction_bounds_the_log_and_keeps_the_newest_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consumerfiles, "COMPACT_MIN_BYTES", 200)
+    monkeypatch.setattr(consumerfiles, "COMPACT_RATIO", 2)
+    files = ConsumerFiles(tmp_path, sync=False)
+    for i in range(100):
+        files.save("c", b"%05d" % i + b"x" * 20)
+        assert (tmp_path / "c.log").stat().st_size <= 200 + 8 + 25
+    assert (tmp_path / "c.json").exists()
+    assert reopened(tmp_path) == {"c": b"00099" + b"x" * 20}
+    files.close()
+
+
+def test_a_crash_between_snapshot_and_emptying_the_log_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumerfiles, "COMPACT_MIN_BYTES", 50)
+    monkeypatch.setattr(consumerfiles, "COMPACT_RATIO", 1)
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"x" * 30)
+
+    def crash(fd: int, length: int) -> None:
+        raise OSError("the broker died here")
+
+    monkeypatch.setattr(consumerfiles.os, "ftruncate", crash)
+    with pytest.raises(OSError, match="died here"):
+        files.save("c", b"y" * 30)  # past 50 bytes: the snapshot is written, then the crash
+    assert (tmp_path / "c.json").read_bytes() == b"y" * 30
+    assert reopened(tmp_path) == {"c": b"y" * 30}  # the log's last record is the same state
+
+
+def test_deleting_removes_both_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consumerfiles, "COMPACT_MIN_BYTES", 10)
+    monkeypatch.setattr(consumerfiles, "COMPACT_RATIO", 1)
+    files = ConsumerFiles(tmp_path, sync=True)
+    files.save("c", b"a state long enough to compact")
+    files.save("c", b"a state long enough to compact")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "c.log"]
+    files.save("c", None)
+    assert list(tmp_path.iterdir()) == [] and reopened(tmp_path) == {}
+    files.save("c", None)  # deleting twice is fine
+    files.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(states=st.lists(st.binary(min_size=0, max_size=300), min_size=1, max_size=40), cut=st.integers(0, 400))
+def test_property_after_any_crash_the_state_is_the_last_saved_or_an_earlier_one(
+    tmp_path_factory: pytest.TempPathFactory, states: list[bytes], cut: int
+) -> None:
+    """Whatever was saved, and wherever a crash cut the log's tail, what loads is one of the saved
+    states; uncut, it is the last.  Compaction is forced often (small threshold)."""
+    folder = tmp_path_factory.mktemp("cf")
+    old = consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO
+    consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO = 500, 2
+    try:
+        files = ConsumerFiles(folder, sync=False)
+        for state in states:
+            files.save("c", state)
+        files.close()
+    finally:
+        consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO = old
+    assert reopened(folder) == {"c": states[-1]}
+    log = folder / "c.log"
+    size = log.stat().st_size
+    os.truncate(log, max(0, size - cut))
+    loaded = reopened(folder).get("c")
+    if loaded is None:  # only when the crash tore the first record ever saved (no snapshot yet)
+        assert not (folder / "c.json").exists() and size - cut < 8 + len(states[0])
+    else:
+        assert loaded in states
+        if cut == 0:
+            assert loaded == states[-1]
