@@ -132,6 +132,8 @@ class Broker:
         # A queue-group member whose queue holds more than this is skipped while another can take it.
         group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
         self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
+        # A journaled letter is recorded delivered only once nothing for its session waits here.
+        self.core.mailboxes.sent_all = lambda routing_id: self.outbox.backlog(routing_id) == 0
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -169,6 +171,7 @@ class Broker:
         for journal in self.journals:
             journal.open()  # recovers a torn tail; an unreadable folder raises before any bind
             log.info("journal %s: %s, seq %d..%d", journal.name, journal.folder, journal.first_seq, journal.next_seq)
+        self.core.restore(time.monotonic())  # kept letters come back from the journal that keeps mailboxes
         cfg = self.config.broker
         security = self.config.security
         if security.curve:
