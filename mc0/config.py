@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .permissions import Permissions
-from .protocol import ANONYMOUS
+from .protocol import ANONYMOUS, SYS_MAILBOX_PATTERN
 from .settings import (
     DEFAULT_ENDPOINT,
     ENV_BROKER_KEY,
@@ -84,7 +84,10 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
                     raise ConfigError(f"{path}.{name}", "a journal name is letters, digits, '-' and '_'")
                 if not isinstance(sub, dict):
                     raise ConfigError(f"{path}.{name}", "must be a table")
-                journals[name] = _build(JournalSettings, sub, f"{path}.{name}")
+                journals[name] = _mailbox_journal(_build(JournalSettings, sub, f"{path}.{name}"), sub, path, name)
+            keeping = sorted(name for name, j in journals.items() if j.mailboxes)
+            if len(keeping) > 1:
+                raise ConfigError(path, f"at most one journal keeps mailboxes; {', '.join(keeping)} all say so")
             values[key] = journals
         elif dataclasses.is_dataclass(kind):
             if not isinstance(raw, dict):
@@ -119,6 +122,16 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         else:  # pragma: no cover - a field type this loader does not know
             raise ConfigError(path, f"unsupported field type {kind}")
     return cls(**values)
+
+
+def _mailbox_journal(settings: JournalSettings, table: dict[str, Any], path: str, name: str) -> JournalSettings:
+    """A journal that keeps mailboxes keeps nothing else: its topics are the mailbox records'."""
+    if not settings.mailboxes:
+        return settings
+    if "topics" in table and settings.topics != (SYS_MAILBOX_PATTERN,):
+        reason = f"a journal that keeps mailboxes keeps nothing else: leave topics out (it is {SYS_MAILBOX_PATTERN})"
+        raise ConfigError(f"{path}.{name}.topics", reason)
+    return dataclasses.replace(settings, topics=(SYS_MAILBOX_PATTERN,))
 
 
 def _check(config: Config) -> Config:

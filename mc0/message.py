@@ -146,8 +146,8 @@ _SET_TOPIC, _SET_PARTS, _SET_SENDER, _SET_HEADERS, _SET_JOURNAL, _SET_SEQ, _SET_
 )
 
 
-def new_message(topic: str, data: bytes, sender: str | None) -> Message:
-    """``Message(topic, (data,), sender)`` without the dataclass __init__ (the receive hot path)."""
+def new_message(topic: str, data: bytes, sender: str | None, group: str | None = None) -> Message:
+    """``Message(topic, (data,), sender, group=group)`` without the dataclass __init__ (the receive hot path)."""
     message = _new(Message)
     _SET_TOPIC(message, topic)
     _SET_PARTS(message, (data,))
@@ -155,5 +155,5 @@ def new_message(topic: str, data: bytes, sender: str | None) -> Message:
     _SET_HEADERS(message, {})
     _SET_JOURNAL(message, None)
     _SET_SEQ(message, None)
-    _SET_GROUP(message, None)
+    _SET_GROUP(message, group)
     return message

@@ -115,6 +115,7 @@ class ClientSession(BatchedReceive):
         self._topics: dict[str, bytes] = {}  # validated topics -> their bytes
         self._services: dict[str, bytes] = {}
         self._routed: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # received topic -> (text, local patterns)
+        self._group_routed: dict[tuple[bytes, bytes], tuple[str, str, tuple[str, ...]]] = {}  # the same per group
         self._senders: dict[bytes, str] = {}
 
     # ------------------------------------------------------------ ids and state
@@ -270,6 +271,7 @@ class ClientSession(BatchedReceive):
             self._routed.clear()
         else:
             self._group_routes.setdefault(group, TopicTrie()).insert(tokens, key)
+            self._group_routed.clear()
         return self._sub(group, [pattern.encode()], request_id)
 
     @staticmethod
@@ -321,6 +323,7 @@ class ClientSession(BatchedReceive):
                 routes.remove(tokens, key)
                 if not routes:
                     del self._group_routes[group]
+            self._group_routed.clear()
         return self._sub(group, [pattern.encode()], verb=Verb.UNSUB)
 
     def unsub_frames(self, pattern: str, group: str | None = None) -> Frames:

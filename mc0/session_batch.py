@@ -33,6 +33,8 @@ class BatchedReceive:
     _routed: dict[bytes, tuple[str, tuple[str, ...]]]
     _senders: dict[bytes, str]
     _routes: TopicTrie[str]
+    _group_routes: dict[str, TopicTrie[str]]
+    _group_routed: dict[tuple[bytes, bytes], tuple[str, str, tuple[str, ...]]]
     _requests: set[str]
     receive: Callable[[Sequence[bytes], float], tuple[list[Event], list[Frames]]]
 
@@ -74,6 +76,16 @@ class BatchedReceive:
                 if code == batch.WORK:
                     events.append(self._work_record(blob, start, end))
                     continue
+                if code == batch.FRAMES and (fields := batch.group_message_fields(blob, start, end)) is not None:
+                    topic_b, sender_b, group_b, data = fields  # a queue-group copy: its own shortcut
+                    sender = senders.get(sender_b)
+                    if sender is None:
+                        sender = self._sender(sender_b)
+                    group_route = self._group_routed.get((group_b, topic_b))
+                    if group_route is None:
+                        group_route = self._group_route(group_b, topic_b)
+                    deliver(new_message(group_route[0], data, sender, group_route[1]), group_route[2])
+                    continue
                 if code == batch.FINAL or code == batch.PARTIAL:
                     request_id, data = batch.reply_fields(blob, start, end)
                     if code == batch.FINAL:
@@ -108,6 +120,20 @@ class BatchedReceive:
         if len(self._routed) >= CACHE_SIZE:
             self._routed.clear()
         self._routed[topic_b] = route
+        return route
+
+    def _group_route(self, group_b: bytes, topic_b: bytes) -> tuple[str, str, tuple[str, ...]]:
+        """(topic, group, the group's local subscriptions matching it), cached until they change."""
+        topic, group = topic_b.decode(), group_b.decode()
+        try:
+            tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
+        except InvalidTopic:
+            tokens = ()
+        routes = self._group_routes.get(group)
+        route = (topic, group, routes.match(tokens) if routes is not None and tokens else ())
+        if len(self._group_routed) >= CACHE_SIZE:
+            self._group_routed.clear()
+        self._group_routed[group_b, topic_b] = route
         return route
 
     def _sender(self, sender_b: bytes) -> str:

@@ -51,6 +51,7 @@ class CoreSettings:
     # Mailboxes (PUT TO identity): direct messages kept while no session of the identity is
     # connected, per identity at most this many / these bytes, each for at most this long;
     # all mailboxes together at most mailboxes_max_bytes.  Beyond a bound the PUT gets 429.
+    # In memory only, unless a journal keeps them (JournalSettings.mailboxes): then across restarts.
     mailbox_max_messages: int = 1_000
     mailbox_max_bytes: int = 16 * 1024 * 1024
     mailbox_ttl_ms: int = 3_600_000
@@ -108,6 +109,10 @@ class JournalSettings:
     fsync: str = field(default="batch", metadata={"choices": FSYNC_POLICIES})
     dedup_window_s: int = field(default=120, metadata={"min": 0})  # 0 = no dedup
     dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
+    # This journal keeps the mailboxes (PUT TO letters stored for offline identities), and
+    # nothing else: its topics are mc0.sys.mailbox.> (the loader sets them); at most one
+    # journal may.  Without one, kept letters live in memory only (mc0.broker.mailboxes).
+    mailboxes: bool = False
 
     def path(self, name: str) -> Path:
         return Path(self.folder or os.path.join("var", "journal", name))

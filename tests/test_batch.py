@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0 import protocol as P
 from mc0.broker.core import BrokerCore, CoreSettings
@@ -204,3 +206,19 @@ def test_fan_out_gives_each_kind_of_subscriber_its_own_shape_of_one_message() ->
     assert as_frames(out[b"batched"]) == f("MESSAGE", "TOPIC", "t", "SENDER", "anonymous", "", "x")
     assert out[b"plain"] == f("MESSAGE", "TOPIC", "t", "SENDER", "anonymous", "", "x")
     assert out[b"seed"] == f("MESSAGE", "TOPIC", "t", "", "x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    topic=st.binary(min_size=1, max_size=40),
+    sender=st.binary(max_size=40),
+    group=st.binary(min_size=1, max_size=20),
+    data=st.binary(max_size=300),
+)
+def test_group_message_record_is_the_frames_record_of_the_group_message(
+    topic: bytes, sender: bytes, group: bytes, data: bytes
+) -> None:
+    from mc0.protocol import builders
+
+    expected = batch.frames_record(builders.message(topic, sender, (), [data], group=group))
+    assert batch.group_message_record(topic, sender, group, data) == expected

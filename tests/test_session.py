@@ -127,3 +127,35 @@ def test_a_batch_delivers_its_messages_in_order_whatever_their_record_shape() ->
     events, replies = session.receive_batch(blob, 1.0, lambda m, _patterns: delivered.append((m.topic, m.body)))
     assert delivered == [("a.one", b"1"), ("a.two", b"2"), ("a.three", b"3"), ("a.four", b"4")]
     assert events == [] and replies == []
+
+
+def test_a_queue_group_copy_takes_its_shortcut_and_matches_the_general_path() -> None:
+    """A group member's copy (a FRAMES record of one shape) is decoded by a shortcut: the same
+    message and local subscriptions as the general path, the cache following subscription changes."""
+    session = connected()
+    session.add_pattern("g.>", group="workers")
+    session.add_pattern("g.*", group="others")
+    session.add_pattern("g.>")  # a plain subscription never gets a group's copy
+    plain_copy = batch.group_message_record(b"g.x", b"alice", b"workers", b"1")
+    with_headers = batch.record_of(P.message(b"g.x", b"alice", [b"X-Trace", b"t"], [b"2"], group=b"workers"))
+    assert batch.group_message_fields(plain_copy, 5, len(plain_copy)) == (b"g.x", b"alice", b"workers", b"1")
+    assert batch.group_message_fields(with_headers, 5, len(with_headers)) is None  # not the shape: general path
+    delivered: list[tuple[object, tuple[str, ...]]] = []
+
+    def deliver(message: object, patterns: tuple[str, ...]) -> None:
+        delivered.append((message, patterns))
+
+    session.receive_batch(plain_copy + with_headers, 1.0, deliver)
+    (fast, fast_patterns), (general, general_patterns) = delivered
+    assert (fast.topic, fast.body, fast.sender, fast.group, fast.headers) == ("g.x", b"1", "alice", "workers", {})
+    assert (general.topic, general.group, general.headers) == ("g.x", "workers", {"X-Trace": "t"})
+    assert fast_patterns == general_patterns == ("g.> workers",)
+    session.add_pattern("g.x", group="workers")  # the cache must follow
+    delivered.clear()
+    session.receive_batch(plain_copy, 2.0, deliver)
+    assert sorted(delivered[0][1]) == ["g.> workers", "g.x workers"]
+    session.drop_pattern("g.>", "workers")
+    session.drop_pattern("g.x", "workers")
+    delivered.clear()
+    session.receive_batch(plain_copy, 3.0, deliver)
+    assert delivered[0][1] == ()  # no subscription of that group left: nobody local gets it

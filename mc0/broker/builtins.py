@@ -25,7 +25,7 @@ from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .rpc import Rpc
-from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams
+from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams, private
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
@@ -110,6 +110,7 @@ class Builtins:
             raise ProtocolError(
                 Status.BAD_REQUEST, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid
             )
+        private(journal, rid)
 
         def integer(key: str, default: int | None, low: int, high: int) -> int | None:
             value = query.get(key, default)
@@ -201,6 +202,7 @@ class Builtins:
                 "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
                 "counters": dict(sorted(self.counters.items())),
                 "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
+                "mailboxes": self.mailboxes.summary(),
             }
         return None
 

@@ -6,7 +6,8 @@ first problem raises an :class:`mc0.Error` naming the file or key and what
 is wrong.  Checked: every bind endpoint, the ``[http]`` listen address, ``[memodb]``, the
 broker's secret key (or that the keys folder can take a new one), each
 allowed public key, and each journal folder (its segments readable, or its
-nearest existing parent writable).  No socket is opened: a port in use is
+nearest existing parent writable), and where kept mailbox letters live (the
+one journal that keeps them, at most one: the loader refuses two).  No socket is opened: a port in use is
 found only by starting.
 """
 
@@ -80,5 +81,11 @@ def check_config(config: Config) -> list[str]:
     for name, settings in sorted(config.journals.items()):
         folder = settings.path(name)
         state = _writable_folder(folder, f"journals.{name}.folder")
-        lines.append(f"journal {name}: {folder.resolve()} ({state}; topics {', '.join(settings.topics)})")
+        if settings.mailboxes:
+            what = "keeps the mailboxes: kept letters survive a restart"
+        else:
+            what = f"topics {', '.join(settings.topics)}"
+        lines.append(f"journal {name}: {folder.resolve()} ({state}; {what})")
+    if not any(settings.mailboxes for settings in config.journals.values()):
+        lines.append("mailboxes: in memory only (a restart loses kept letters; see [journals.NAME] mailboxes)")
     return lines

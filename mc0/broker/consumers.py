@@ -280,6 +280,9 @@ class Consumers:
         if journal is None:
             known = ", ".join(self.journals) or "none configured"
             raise ProtocolError(Status.NOT_FOUND, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid)
+        if journal.settings.mailboxes:
+            reason = f"journal {journal.name} keeps mailboxes: its letters are private"
+            raise ProtocolError(Status.FORBIDDEN, reason, rid)
         name = query.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ProtocolError(Status.BAD_REQUEST, "name must be 1-64 letters, digits, '-' or '_'", rid)

@@ -81,8 +81,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.forgotten: list[bytes] = []  # routing ids forgotten since the shell last asked (take_forgotten)
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
-        self.mailboxes = Mailboxes(self.settings, self.counters)
         self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
+        keeper = next((j for j in self.streams.journals.values() if j.settings.mailboxes), None)
+        self.mailboxes = Mailboxes(self.settings, self.counters, keeper, wall_offset=wall_offset)
         self.rpc = Rpc(
             self.settings,
             self.counters,
@@ -295,11 +296,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.forgotten.append(peer.routing_id)
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
-        self.mailboxes.offline(peer)
+        kept_again = self.mailboxes.offline(peer, now)
         self.consumers.drop_peer(peer)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", peer.name, why)
-        out = self.rpc.drop_peer(peer, now)
+        out = kept_again + self.rpc.drop_peer(peer, now)
         out += self._peer_event("disconnect", peer, why, now)
         return out
 
@@ -388,11 +389,20 @@ class BrokerCore(BatchedInput, VerbHandlers):
     @property
     def uncommitted(self) -> bool:
         """``commit()`` has work: appends to write, consumer state to save or answers to release."""
-        return self.streams.uncommitted or self.consumers.uncommitted
+        return self.streams.uncommitted or self.consumers.uncommitted or self.mailboxes.uncommitted
 
     def commit(self) -> list[Out]:
         """Commit the journals' appends (one write and, per policy, one fsync each); the OKs now due."""
-        return self.streams.commit() + self.consumers.commit()
+        mailboxes = self.mailboxes
+        mailboxes.before_commit()
+        out = self.streams.commit()
+        if mailboxes.journal is not None:
+            mailboxes.after_commit(mailboxes.journal.name in self.streams.failed)
+        return out + self.consumers.commit()
+
+    def restore(self, now: float) -> None:
+        """Rebuild what the journals keep besides records (the mailboxes); once, after they are open."""
+        self.mailboxes.restore(now)
 
     @property
     def streaming(self) -> bool:

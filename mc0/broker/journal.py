@@ -15,7 +15,9 @@ Reads (``read``) are deterministic: the same ``[from_seq, to_seq)`` and
 filter give the same records until retention trims them, after which
 ``read`` raises :class:`Trimmed`.  Retention deletes whole segments, oldest
 first, beyond ``max_bytes`` or older than ``max_age_s``; the active segment
-is never deleted.  ``(sender, MSGID)`` pairs are remembered for
+is never deleted, nor is a segment holding a record at or after the seq given
+to ``retain_from`` (a kept mailbox letter: retention waits for it to be
+delivered or to expire).  ``(sender, MSGID)`` pairs are remembered for
 ``dedup_window_s`` (at most ``dedup_max_ids`` of them), so a publisher's
 retry is stored once; the dedup memory is rebuilt from the segments on open.
 
@@ -143,6 +145,7 @@ class Journal:
         self._dirty = False  # written to the OS but not fsynced
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
         self._opened = False
+        self._floor: int | None = None  # retain_from: retention keeps this seq and later
         self.counters = {"appended": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
         self._consumer_files = ConsumerFiles(self.folder / CONSUMER_FOLDER, sync=self.settings.fsync == "always")
 
@@ -371,6 +374,8 @@ class Journal:
         removed = 0
         while len(self._segments) > 1:
             oldest = self._segments[0]
+            if self._floor is not None and oldest.next_seq > self._floor:
+                break  # it holds a record retention must keep (a kept letter)
             total = sum(s.size for s in self._segments)
             too_big = settings.max_bytes and total > settings.max_bytes
             too_old = settings.max_age_s and oldest.last_ts < now - settings.max_age_s
@@ -386,6 +391,10 @@ class Journal:
             log.info("journal %s: retention removed %s", self.name, oldest.path.name)
         self.counters["trimmed_segments"] += removed
         return removed
+
+    def retain_from(self, seq: int | None) -> None:
+        """Retention keeps every segment holding ``seq`` or later (None: no floor)."""
+        self._floor = seq
 
     # ------------------------------------------------------------ reading
     def read(

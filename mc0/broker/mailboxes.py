@@ -8,23 +8,50 @@ MESSAGE (with ``TO``) to the identity's most recently connected session, or
 keeps it, bounded per identity by count and bytes and overall by bytes,
 each letter for at most ``mailbox_ttl_ms``; beyond a bound it raises 429 and
 keeps nothing.  ``online`` returns the letters kept for a session that just
-connected, oldest first; ``expire`` drops letters past their time.  Letters
-live in memory only: a broker restart loses what is kept (docs/PROTOCOL.md).
-Pure: no sockets, no clock.
+connected, oldest first; ``expire`` drops letters past their time.
+
+Without a mailbox journal, letters live in memory only: a broker restart
+loses what is kept.  With one (``[journals.NAME] mailboxes = true``), reached
+only through the :class:`~mc0.broker.store.JournalStore` port: a kept letter
+is appended as a ``mc0.sys.mailbox.letter`` record (its topic, sender, ``TO``,
+``X-`` headers, body, and its expiry in wall-clock ms), and the caller holds
+the ``OK MAILBOX stored`` until the core's commit; which letters were
+settled (delivered, expired, dropped) is appended as
+``mc0.sys.mailbox.settled`` records.  A letter handed to a session is
+recorded delivered only at a commit after the shell's queue for that session
+is empty (``sent_all``); a session that goes before that gets its letters
+kept again.  So delivery is at least once: a broker killed between the hand-
+off and that record delivers the letter again after its restart, and never
+loses it.  ``restore(now)`` (after the journal is open) rebuilds the
+mailboxes from the journal in seq order; a record it cannot read is logged,
+counted (``mailbox_record_unreadable``) and skipped.  Retention keeps the
+segments from the oldest kept letter on (``retain_from``).  Pure: no
+sockets, no clock, no disk.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import protocol as P
 from ..errors import InvalidTopic, ProtocolError
+from ..message import Record
 from ..protocol import Command, Header, Status, batch
 from ..settings import CoreSettings
 from ..topics import split_topic
 from .peers import Out, Peer
+from .store import JournalStore, Trimmed
+
+log = logging.getLogger("mc0.broker")
+
+# Why a kept letter left its mailbox (the keys of a settled record's JSON body).
+DELIVERED, EXPIRED, DROPPED = "delivered", "expired", "dropped"
+SETTLED_REASONS = (DELIVERED, EXPIRED, DROPPED)
+RESTORE_PAGE = 1000  # records read per step when rebuilding from the journal
 
 
 @dataclass(slots=True)
@@ -32,6 +59,7 @@ class Letter:
     expires: float
     frames: list[bytes]  # the MESSAGE as it will be sent (TOPIC, SENDER, TO, X- headers, body)
     size: int
+    seq: int = 0  # its record in the mailbox journal (0: not journaled)
 
 
 def identity_tokens(identity: str) -> tuple[str, ...]:
@@ -42,15 +70,71 @@ def identity_tokens(identity: str) -> tuple[str, ...]:
         return (identity,)
 
 
+class LetterUnreadable(ValueError):
+    """A mailbox journal record that cannot be a letter (logged, counted, skipped)."""
+
+
+def letter_of(record: Record, wall_offset: float) -> tuple[str, Letter]:
+    """A ``mc0.sys.mailbox.letter`` record -> (its identity, the letter as it was kept)."""
+    headers = record.headers
+    try:
+        to, topic, expires_ms = headers[Header.TO], headers[Header.TOPIC], int(headers[P.MAILBOX_EXPIRES])
+    except (KeyError, ValueError) as exc:
+        raise LetterUnreadable(f"no valid TO, TOPIC and {P.MAILBOX_EXPIRES} ({exc})") from None
+    if not P.valid_group(to):
+        raise LetterUnreadable(f"TO {to[:64]!r} is not an identity")
+    try:
+        split_topic(topic)
+    except InvalidTopic as exc:
+        raise LetterUnreadable(f"TOPIC: {exc}") from None
+    user = P.user_header_frames(headers)
+    frames = P.message(topic.encode(), record.sender.encode(), user, list(record.parts), to=to.encode())
+    return to, Letter(expires_ms / 1000.0 - wall_offset, frames, sum(map(len, frames)), record.seq)
+
+
+def settled_of(record: Record) -> dict[str, list[int]]:
+    """A ``mc0.sys.mailbox.settled`` record -> reason -> the seqs of the letters it settled."""
+    try:
+        body = json.loads(b"".join(record.parts))
+        if not isinstance(body, dict) or not set(body) <= set(SETTLED_REASONS):
+            raise ValueError(f"keys must be among {', '.join(SETTLED_REASONS)}")
+        out = {str(k): [int(seq) for seq in v] for k, v in body.items()}
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise LetterUnreadable(f"settled record: {exc}") from None
+    return out
+
+
 class Mailboxes:
-    def __init__(self, settings: CoreSettings, counters: Counter[str]) -> None:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        counters: Counter[str],
+        journal: JournalStore | None = None,
+        *,
+        wall_offset: float = 0.0,
+    ) -> None:
+        """``journal``: the one that keeps mailboxes (None: memory only); ``wall_offset`` turns
+        ``now`` (monotonic) into wall-clock time, which a letter's record keeps its expiry in."""
         self.settings = settings
         self.counters = counters
+        self.journal = journal
+        self.wall_offset = wall_offset
+        # The shell's answer to "has everything queued for this routing id left?" (the outbox);
+        # until then a journaled letter handed to a session is not recorded delivered.
+        self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
         self._sessions: dict[str, list[Peer]] = {}  # identity -> its 1.0 sessions, most recent last
         self._letters: dict[str, deque[Letter]] = {}
         self._bytes: dict[str, int] = {}
         self.total_bytes = 0
         self.next_expiry = float("inf")
+        # Journaled only: letters appended since the last commit (withdrawn if it fails), letters
+        # handed to a session and not yet recorded delivered, and settlements to record.
+        self._fresh: list[tuple[str, Letter]] = []
+        self._handed: list[tuple[Peer, Letter]] = []
+        self._settled: dict[str, list[int]] = {}
+        self._writing: dict[str, list[int]] = {}  # settlements in the record being committed
+        self._floor: int | None = None  # what the journal's retention was last told to keep
+        self._floor_stale = False  # a journaled letter left a mailbox since the floor was computed
 
     # ------------------------------------------------------------ sessions
     def online(self, peer: Peer, now: float) -> list[Out]:
@@ -62,18 +146,49 @@ class Mailboxes:
         if not letters:
             return []
         self.total_bytes -= self._bytes.pop(peer.identity, 0)
-        out = [self._to(peer, letter.frames) for letter in letters if letter.expires > now]
-        self.counters["mailbox_delivered"] += len(out)
-        self.counters["mailbox_expired"] += len(letters) - len(out)
+        self._floor_stale = True
+        out = self._hand(peer, letters, now)
         peer.last_sent = now
         return out
 
-    def offline(self, peer: Peer) -> None:
+    def _hand(self, peer: Peer, letters: Sequence[Letter], now: float) -> list[Out]:
+        out: list[Out] = []
+        for letter in letters:
+            if letter.expires > now:
+                out.append(self._to(peer, letter.frames))
+                if letter.seq:
+                    self._handed.append((peer, letter))
+            else:
+                self._settle(EXPIRED, letter)
+        self.counters["mailbox_delivered"] += len(out)
+        self.counters["mailbox_expired"] += len(letters) - len(out)
+        return out
+
+    def offline(self, peer: Peer, now: float) -> list[Out]:
+        """``peer`` went; journaled letters it was handed that may not have left are kept again
+        (for its identity's newest other session at once, else until the next connect)."""
         sessions = self._sessions.get(peer.identity)
         if sessions is not None and peer in sessions:
             sessions.remove(peer)
             if not sessions:
                 del self._sessions[peer.identity]
+        if not self._handed:
+            return []
+        mine = [letter for holder, letter in self._handed if holder is peer]
+        if not mine:
+            return []
+        self._handed = [(holder, letter) for holder, letter in self._handed if holder is not peer]
+        if self.sent_all(peer.routing_id):
+            for letter in mine:
+                self._settle(DELIVERED, letter)
+            return []
+        self.counters["mailbox_kept_again"] += len(mine)
+        others = self._sessions.get(peer.identity)
+        if others:
+            return self._hand(others[-1], mine, now)
+        for letter in reversed(mine):  # in front of anything kept since, in their order
+            self._keep(peer.identity, letter, first=True)
+        return []
 
     # ------------------------------------------------------------ sending
     def check(self, peer: Peer, command: Command) -> str:
@@ -90,8 +205,21 @@ class Mailboxes:
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not send to {to}", command.id)
         return to
 
-    def send(self, to: str, frames: list[bytes], request_id: str | None, now: float) -> tuple[list[Out], str]:
-        """Deliver to ``to``'s newest session or keep the letter; returns (what to send, outcome)."""
+    def send(
+        self,
+        to: str,
+        frames: list[bytes],
+        request_id: str | None,
+        now: float,
+        *,
+        record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None = None,
+    ) -> tuple[list[Out], str]:
+        """Deliver to ``to``'s newest session or keep the letter; returns (what to send, outcome).
+
+        ``record`` is (topic, sender identity, headers, body): what a mailbox
+        journal keeps of a letter (needed only when there is one).  A kept
+        letter is durable only after the core's commit: the caller holds its OK.
+        """
         sessions = self._sessions.get(to)
         if sessions:
             target = sessions[-1]
@@ -99,8 +227,22 @@ class Mailboxes:
             target.delivered += 1
             self.counters["mailbox_delivered"] += 1
             return [self._to(target, frames)], P.MAILBOX_DELIVERED
-        settings = self.settings
         size = sum(map(len, frames))
+        self._check_room(to, size, request_id)
+        letter = Letter(now + self.settings.mailbox_ttl_ms / 1000.0, frames, size)
+        if self.journal is not None:
+            if record is None:
+                raise ValueError("a mailbox journal keeps the letter's record: pass record=")
+            letter.seq = self._append(to, letter, record, request_id)
+            self._fresh.append((to, letter))
+        self._keep(to, letter)
+        self.counters["mailbox_stored"] += 1
+        return [], P.MAILBOX_STORED
+
+    def _check_room(self, to: str, size: int, request_id: str | None, *, counted: str = "mailbox_refused") -> None:
+        """429 unless ``to``'s mailbox and all mailboxes together have room for ``size`` more bytes
+        (counted as ``counted``)."""
+        settings = self.settings
         held = self._letters.get(to)
         count, held_bytes = (len(held), self._bytes[to]) if held else (0, 0)
         if count + 1 > settings.mailbox_max_messages or held_bytes + size > settings.mailbox_max_bytes:
@@ -108,47 +250,208 @@ class Mailboxes:
                 f"mailbox of {to} is full ({count} messages, {held_bytes} bytes; the limits are "
                 f"{settings.mailbox_max_messages} messages, {settings.mailbox_max_bytes} bytes)"
             )
-            self.counters["mailbox_refused"] += 1
+            self.counters[counted] += 1
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
         if self.total_bytes + size > settings.mailboxes_max_bytes:
-            self.counters["mailbox_refused"] += 1
+            self.counters[counted] += 1
             reason = f"mailboxes hold {self.total_bytes} bytes, the limit is {settings.mailboxes_max_bytes}"
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
-        expires = now + settings.mailbox_ttl_ms / 1000.0
-        self._letters.setdefault(to, deque()).append(Letter(expires, frames, size))
-        self._bytes[to] = held_bytes + size
-        self.total_bytes += size
-        self.next_expiry = min(self.next_expiry, expires)
-        self.counters["mailbox_stored"] += 1
-        return [], P.MAILBOX_STORED
+
+    def _keep(self, to: str, letter: Letter, *, first: bool = False) -> None:
+        letters = self._letters.setdefault(to, deque())
+        if first:
+            letters.appendleft(letter)
+        else:
+            letters.append(letter)
+        self._bytes[to] = self._bytes.get(to, 0) + letter.size
+        self.total_bytes += letter.size
+        self.next_expiry = min(self.next_expiry, letter.expires)
+
+    def _append(
+        self, to: str, letter: Letter, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], rid: str | None
+    ) -> int:
+        assert self.journal is not None
+        topic, sender, headers, body = record
+        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        expires_ms = round((letter.expires + self.wall_offset) * 1000.0)
+        kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
+        try:
+            seq = self.journal.append(P.SYS_MAILBOX_LETTER, sender, kept, body)
+        except OSError as exc:  # a disk error must not take the broker down; the sender learns it
+            self.counters["journal_write_failed"] += 1
+            log.error("journal %s: mailbox letter not written: %s", self.journal.name, exc)
+            reason = f"journal {self.journal.name} could not keep the letter: {exc.strerror or exc}"
+            raise ProtocolError(Status.STORAGE_FAILED, reason, rid) from None
+        if self._floor is None:  # retention must keep it from now on (a roll may trim before the next tick)
+            self._set_floor(seq)
+        return seq
 
     @staticmethod
     def _to(peer: Peer, frames: Sequence[bytes]) -> Out:
         return (peer.routing_id, batch.frames_record(frames) if peer.batched else frames)
 
+    # ------------------------------------------------------------ the mailbox journal
+    @property
+    def uncommitted(self) -> bool:
+        """Settlements to record, or letters handed out and not yet recorded delivered."""
+        return bool(self._settled or self._handed or self._fresh)
+
+    def _settle(self, reason: str, letter: Letter) -> None:
+        if letter.seq:
+            self._settled.setdefault(reason, []).append(letter.seq)
+
+    def before_commit(self) -> None:
+        """Append one settled record (delivered letters whose session's queue is empty, expired,
+        dropped) so that the commit about to run writes it with the batch's letters."""
+        if self.journal is None:
+            return
+        if self._handed:
+            waiting: list[tuple[Peer, Letter]] = []
+            for holder, letter in self._handed:
+                if self.sent_all(holder.routing_id):
+                    self._settle(DELIVERED, letter)
+                else:
+                    waiting.append((holder, letter))
+            self._floor_stale |= len(waiting) < len(self._handed)
+            self._handed = waiting
+        if not self._settled:
+            return
+        body = json.dumps(self._settled, separators=(",", ":")).encode()
+        try:
+            self.journal.append(P.SYS_MAILBOX_SETTLED, "", {}, [body])
+        except OSError as exc:  # kept for the next commit; meanwhile a restart may deliver again
+            self.counters["journal_write_failed"] += 1
+            log.error("journal %s: mailbox settlements not written: %s", self.journal.name, exc)
+            return
+        self._writing, self._settled = self._settled, {}
+
+    def after_commit(self, failed: bool) -> None:
+        """The commit ran: on failure, letters kept this turn are withdrawn (their senders get
+        507, their records are gone) and the settlements are written again next time."""
+        if failed and self.journal is not None:
+            end = self.journal.next_seq  # the records from here on were withdrawn (their seqs are reused)
+            for to, letter in self._fresh:
+                letters = self._letters.get(to)
+                if letters is not None and letter in letters:
+                    letters.remove(letter)
+                    self._bytes[to] -= letter.size
+                    self.total_bytes -= letter.size
+                    if not letters:
+                        del self._letters[to], self._bytes[to]
+                    self.counters["mailbox_withdrawn"] += 1
+                if letter.seq >= end:
+                    letter.seq = 0  # handed out already: no record of it to settle
+            for reason, seqs in self._writing.items():
+                still = [seq for seq in seqs if seq < end]
+                if still:
+                    self._settled.setdefault(reason, [])[:0] = still
+        self._fresh.clear()
+        self._writing = {}
+
+    def _set_floor(self, seq: int | None) -> None:
+        if self.journal is not None and seq != self._floor:
+            self._floor = seq
+            self.journal.retain_from(seq)
+
+    def _oldest_seq(self) -> int | None:
+        seqs = [letters[0].seq for letters in self._letters.values() if letters[0].seq]
+        seqs += [letter.seq for _, letter in self._handed]
+        return min(seqs, default=None)
+
+    def restore(self, now: float) -> None:
+        """Rebuild the mailboxes from the journal (call once, after it is open, before any peer).
+
+        Letters come back in seq order with their sender, headers and expiry;
+        settled ones do not; expired ones, and any beyond today's bounds, are
+        dropped (and that is recorded at the next commit).
+        """
+        journal = self.journal
+        if journal is None:
+            return
+        kept: dict[int, tuple[str, Letter]] = {}
+        cursor, end = journal.first_seq, journal.next_seq
+        while cursor < end:  # each read advances at least one record
+            try:
+                records, following = journal.read(cursor, end, max_records=RESTORE_PAGE)
+            except (Trimmed, OSError) as exc:
+                self.counters["mailbox_restore_failed"] += 1
+                log.error("journal %s: mailboxes: cannot read from seq %d: %s", journal.name, cursor, exc)
+                break
+            for record in records:
+                self._restore_record(journal, record, kept)
+            if following <= cursor:
+                break
+            cursor = following
+        for to, letter in kept.values():
+            if letter.expires <= now:
+                self.counters["mailbox_expired"] += 1
+                self._settle(EXPIRED, letter)
+                continue
+            try:
+                self._check_room(to, letter.size, None, counted="mailbox_restore_dropped")
+            except ProtocolError as exc:
+                log.warning("journal %s: mailboxes: letter %d dropped: %s", journal.name, letter.seq, exc.reason)
+                self._settle(DROPPED, letter)
+                continue
+            self._keep(to, letter)
+            self.counters["mailbox_restored"] += 1
+        self._set_floor(self._oldest_seq())
+        if kept:
+            restored = sum(map(len, self._letters.values()))
+            identities = len(self._letters)
+            log.info("journal %s: mailboxes: %d letters restored for %d identities", journal.name, restored, identities)
+
+    def _restore_record(self, journal: JournalStore, record: Record, kept: dict[int, tuple[str, Letter]]) -> None:
+        try:
+            if record.topic == P.SYS_MAILBOX_LETTER:
+                kept[record.seq] = letter_of(record, self.wall_offset)
+            elif record.topic == P.SYS_MAILBOX_SETTLED:
+                for seqs in settled_of(record).values():
+                    for seq in seqs:
+                        kept.pop(seq, None)
+            else:
+                raise LetterUnreadable(f"topic {record.topic[:64]!r} is not a mailbox record")
+        except LetterUnreadable as exc:
+            self.counters["mailbox_record_unreadable"] += 1
+            log.error("journal %s: mailboxes: record %d unreadable, skipped: %s", journal.name, record.seq, exc)
+
     # ------------------------------------------------------------ time and reports
     def expire(self, now: float) -> None:
-        """Drop letters past their time (letters of one mailbox expire in order: FIFO, one TTL)."""
-        if now < self.next_expiry:
-            return
-        earliest = float("inf")
-        for identity in list(self._letters):
-            letters = self._letters[identity]
-            while letters and letters[0].expires <= now:
-                letter = letters.popleft()
-                self._bytes[identity] -= letter.size
-                self.total_bytes -= letter.size
-                self.counters["mailbox_expired"] += 1
-            if letters:
-                earliest = min(earliest, letters[0].expires)
-            else:
-                del self._letters[identity]
-                del self._bytes[identity]
-        self.next_expiry = earliest
+        """Drop letters past their time (letters of one mailbox expire in order: FIFO, one TTL);
+        then tell the journal's retention where the oldest kept letter is."""
+        if now >= self.next_expiry:
+            earliest = float("inf")
+            for identity in list(self._letters):
+                letters = self._letters[identity]
+                while letters and letters[0].expires <= now:
+                    letter = letters.popleft()
+                    self._bytes[identity] -= letter.size
+                    self.total_bytes -= letter.size
+                    self.counters["mailbox_expired"] += 1
+                    self._settle(EXPIRED, letter)
+                    self._floor_stale = True
+                if letters:
+                    earliest = min(earliest, letters[0].expires)
+                else:
+                    del self._letters[identity]
+                    del self._bytes[identity]
+            self.next_expiry = earliest
+        if self._floor_stale:  # O(identities): only after a kept letter left
+            self._floor_stale = False
+            self._set_floor(self._oldest_seq())
 
     def report(self) -> dict[str, dict[str, int]]:
         """Kept letters per identity (identities with a session connected hold none)."""
         return {
             identity: {"messages": len(letters), "bytes": self._bytes[identity]}
             for identity, letters in sorted(self._letters.items())
+        }
+
+    def summary(self) -> dict[str, object]:
+        """All kept letters (for ``stats``), and the journal that keeps them (None: memory only)."""
+        return {
+            "identities": len(self._letters),
+            "messages": sum(map(len, self._letters.values())),
+            "bytes": self.total_bytes,
+            "journal": self.journal.name if self.journal is not None else None,
         }

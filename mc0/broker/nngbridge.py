@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 from ..errors import ConfigError
-from ..settings import MemodbConfig
+from ..settings import Config, MemodbConfig
 from .memodb import MAX_HEADER_BYTES, MemoDB, Reply
 from .outbox import Outbox
 from .peers import Out
@@ -84,6 +84,14 @@ class NngBridge:
         self._inproc = f"inproc://mc0-memodb-{id(self):x}"
         self._closed = False
         self.pending = 0  # NNG requests waiting for the broker (the thread's figure, for reports)
+
+    @classmethod
+    def configured(cls, config: Config) -> NngBridge | None:
+        """The bridge ``config`` asks for: None when ``[memodb]`` is off or ``foreign_dialects = false``
+        (which refuses MemoDB with every other foreign dialect)."""
+        if not (config.memodb.enabled and config.broker.foreign_dialects):
+            return None
+        return cls(config.memodb, max_message_bytes=config.broker.limits.max_message_bytes)
 
     # ------------------------------------------------------------ lifecycle
     def start(self, context: zmq.Context[Any]) -> str:

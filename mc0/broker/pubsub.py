@@ -288,7 +288,13 @@ class PubSub:
         self, chosen: list[Member], topic_b: bytes, sender: bytes, user: Sequence[bytes], body: Sequence[bytes]
     ) -> list[Out]:
         out: list[Out] = []
+        one_frame = not user and len(body) == 1
         for group, peer in chosen:
+            if peer.batched and one_frame:  # the common case, in one pass
+                out.append(
+                    (peer.routing_id, batch.group_message_record(topic_b, sender, group.encode(), bytes(body[0])))
+                )
+                continue
             frames = P.message(topic_b, sender, user, body, group=group.encode())
             out.append((peer.routing_id, batch.frames_record(frames) if peer.batched else frames))
         return out

@@ -120,10 +120,9 @@ class Broker:
         self.config = config or Config()
         self.config_path = config_path  # re-read for permissions on reload
         self.journals = [Journal(name, settings) for name, settings in sorted(self.config.journals.items())]
-        memodb = self.config.memodb
         self.core = BrokerCore(
             self.config.broker,
-            with_memodb_identity(self.config.permissions, memodb.identity),
+            with_memodb_identity(self.config.permissions, self.config.memodb.identity),
             generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
@@ -135,9 +134,9 @@ class Broker:
         # A queue-group member whose queue holds more than this is skipped while another can take it.
         group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
         self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
-        # MemoDB (seed 003): NNG in its own thread, bridged to this loop; refused with every foreign dialect.
-        on = memodb.enabled and cfg.foreign_dialects
-        self.nng = NngBridge(memodb, max_message_bytes=cfg.limits.max_message_bytes) if on else None
+        # A journaled letter is recorded delivered only once nothing for its session waits here.
+        self.core.mailboxes.sent_all = lambda routing_id: self.outbox.backlog(routing_id) == 0
+        self.nng = NngBridge.configured(self.config)  # MemoDB (seed 003): NNG in its own thread, or None
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -175,6 +174,7 @@ class Broker:
         for journal in self.journals:
             journal.open()  # recovers a torn tail; an unreadable folder raises before any bind
             log.info("journal %s: %s, seq %d..%d", journal.name, journal.folder, journal.first_seq, journal.next_seq)
+        self.core.restore(time.monotonic())  # kept letters come back from the journal that keeps mailboxes
         cfg = self.config.broker
         security = self.config.security
         if security.curve:
@@ -287,8 +287,7 @@ class Broker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        nng = self.nng.socket if self.nng is not None else None
-        if nng is not None:
+        if (nng := self.nng.socket if self.nng is not None else None) is not None:
             poller.register(nng, zmq.POLLIN)
         monitor = self._monitor
         assert monitor is not None
@@ -319,7 +318,7 @@ class Broker:
                     self._connections_closed(monitor, time.monotonic())
                 if sock in ready or core.closing:
                     self._receive(sock, time.monotonic())
-                if nng in ready and self.nng is not None:
+                if nng in ready and self.nng is not None:  # MemoDB requests
                     self._apply(self.nng.receive(core, time.monotonic()), time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):

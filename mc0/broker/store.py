@@ -5,7 +5,8 @@ storage.  ``append`` gives a record the next sequence number (1, 2, ...) and
 is durable only after ``commit`` (which may fsync); ``read`` is deterministic
 for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
 raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
-size/age.  Disk errors surface as ``OSError`` from ``append``/``commit``/
+size/age, never a record at or after the seq last given to ``retain_from``
+(the mailboxes' oldest kept letter).  Disk errors surface as ``OSError`` from ``append``/``commit``/
 ``read``; the core turns them into ERROR 507, never into a crash.
 
 The real store is :class:`mc0.broker.journal.Journal` (segment files, CRC
@@ -62,6 +63,10 @@ class JournalStore(Hashable, Protocol):
 
     def enforce_retention(self, now: float) -> int: ...
 
+    def retain_from(self, seq: int | None) -> None:
+        """Retention keeps every record from ``seq`` on (None: no such floor); kept letters pin here."""
+        ...
+
     def read(
         self,
         from_seq: int,
@@ -105,6 +110,7 @@ class MemoryStore:
         self.fail_writes = False
         self.commits = 0
         self.consumers: dict[str, bytes] = {}
+        self.floor: int | None = None  # retain_from
 
     @property
     def first_seq(self) -> int:
@@ -160,6 +166,8 @@ class MemoryStore:
         removed = 0
         while len(self.records) > 1:  # never the newest (the file store never deletes its active segment)
             oldest = self.records[0]
+            if self.floor is not None and oldest.seq >= self.floor:
+                break
             too_big = settings.max_bytes and self._size > settings.max_bytes
             too_old = settings.max_age_s and oldest.ts < now - settings.max_age_s
             if not (too_big or too_old):
@@ -170,6 +178,9 @@ class MemoryStore:
             removed += 1
         self._uncommitted = min(self._uncommitted, len(self.records))
         return removed
+
+    def retain_from(self, seq: int | None) -> None:
+        self.floor = seq
 
     def read(
         self,

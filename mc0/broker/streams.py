@@ -121,6 +121,13 @@ def primary(journals: Sequence[JournalStore]) -> JournalStore:
     return journals[0] if len(journals) == 1 else min(journals, key=lambda j: j.name)
 
 
+def private(journal: JournalStore, request_id: str | None) -> None:
+    """403 for reading a journal that keeps mailboxes: its letters are for their identities only."""
+    if journal.settings.mailboxes:
+        reason = f"journal {journal.name} keeps mailboxes: its letters are private (only their info is shown)"
+        raise ProtocolError(Status.FORBIDDEN, reason, request_id)
+
+
 def start_seq(journal: JournalStore, from_seq: int, request_id: str | None) -> int:
     """Where a replay or fetch from ``from_seq`` starts (0 = the oldest kept); 410 if trimmed."""
     if from_seq == 0:
@@ -152,6 +159,7 @@ class Streams:
         self._replays: dict[Peer, dict[str, Replay]] = {}  # journal name -> SUB FROM still catching up
         self._fetches: dict[Peer, dict[str, Fetch]] = {}  # request id -> fetch still sending pages
         self._next_retention = 0.0
+        self.failed: set[str] = set()  # the journals whose last commit failed
 
     # ------------------------------------------------------------ appends
     def routes(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
@@ -205,6 +213,7 @@ class Streams:
                     failed[journal.name] = exc
                     self.counters["journal_write_failed"] += 1
                     log.error("journal %s: write failed: %s", journal.name, exc)
+        self.failed = set(failed)
         acks, self._pending_acks = self._pending_acks, []
         out: list[Out] = []
         for journal, routing_id, request_id, ok in acks:
@@ -243,6 +252,7 @@ class Streams:
             journal = self.journals.get(name)
             if journal is None:
                 raise ProtocolError(Status.BAD_REQUEST, f"no journal named {name[:40]!r}", command.id)
+            private(journal, command.id)
             return journal
         candidates = [
             j
@@ -256,6 +266,7 @@ class Streams:
             names = ", ".join(sorted(j.name for j in candidates))[:120]
             reason = f"several journals keep these topics ({names}): name one (--journal; journal= in the library)"
             raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
+        private(candidates[0], command.id)
         return candidates[0]
 
     def plan_replay(self, peer: Peer, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> Replay:

@@ -69,15 +69,22 @@ class VerbHandlers:
 
     def _put_to(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
         """A direct message: to the identity's newest session, else kept in its mailbox (no
-        subscriber, no journal sees it); the OK says which."""
+        subscriber sees it; only a journal that keeps mailboxes does); the OK says which, and
+        ``stored`` waits for the commit when a journal keeps the letter."""
         to = self.mailboxes.check(peer, command)
         user = P.user_header_frames(command.headers)
         body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
         frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
-        out, outcome = self.mailboxes.send(to, frames, command.id, now)
+        record = (topic, peer.identity, command.headers, body)
+        out, outcome = self.mailboxes.send(to, frames, command.id, now, record=record)
         if command.id is not None:
             peer.last_sent = now
-            out.append((peer.routing_id, P.ok_mailbox(command.id, outcome)))
+            ok = P.ok_mailbox(command.id, outcome)
+            keeper = self.mailboxes.journal
+            if keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
+                self.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
+            else:
+                out.append((peer.routing_id, ok))
         return out
 
     def _put_journaled(

@@ -378,7 +378,8 @@ def stats(
             consumers.add_row(key, *(str(row[c]) for c in columns))
         console.print(consumers)
     if reports["mailboxes"]:
-        boxes = Table(title="mailboxes (kept for identities not connected)")
+        keeper = overview.get("mailboxes", {}).get("journal")
+        boxes = Table(title=f"mailboxes ({f'journal {keeper}' if keeper else 'memory only'})")
         for column in ("identity", "messages", "bytes"):
             boxes.add_column(column)
         for identity, row in reports["mailboxes"].items():

@@ -54,6 +54,7 @@ U16_PAIR = struct.Struct("<HH")
 CALL_FIELDS = _CALL = struct.Struct("<HHI")
 WORK_FIELDS = _WORK = struct.Struct("<HHHI")
 _FRAME_LENGTHS = [struct.Struct(f"<{n}I") for n in range(64)]  # cached for the common frame counts
+_NINE = U16.pack(9)
 
 # Headers of the records: encoded once.
 _PUT_B, _TOPIC_B, _MESSAGE_B, _SENDER_B = b"PUT", b"TOPIC", b"MESSAGE", b"SENDER"
@@ -116,6 +117,43 @@ def reply_record(final: bool, request_id: bytes, data: bytes) -> bytes:
 
 def ok_record(request_id: bytes) -> bytes:
     return _HEAD.pack(1 + len(request_id), OK) + request_id
+
+
+_GROUP_LENGTHS = _FRAME_LENGTHS[9]
+_GROUP_FIXED = 1 + 2 + _GROUP_LENGTHS.size + len(b"MESSAGETOPICSENDERGROUP")
+
+
+def group_message_record(topic: bytes, sender: bytes, group: bytes, data: bytes) -> bytes:
+    """``frames_record(message(topic, sender, (), [data], group=group))`` in one pass: the
+    copy a queue-group member gets, built per message (so the general path showed in profiles)."""
+    lengths = _GROUP_LENGTHS.pack(7, 5, len(topic), 6, len(sender), 5, len(group), 0, len(data))
+    size = _GROUP_FIXED + len(topic) + len(sender) + len(group) + len(data)
+    return b"".join(
+        (_HEAD.pack(size, FRAMES), _NINE, lengths, b"MESSAGETOPIC", topic, b"SENDER", sender, b"GROUP", group, data)
+    )
+
+
+def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """``(topic, sender, group, data)`` when a FRAMES record is exactly what
+    :func:`group_message_record` builds (a queue-group copy), else None: the
+    receiver then takes the general path, so this is only a shortcut."""
+    if end - start < 2 + _GROUP_LENGTHS.size or blob[start : start + 2] != _NINE:
+        return None
+    lengths = _GROUP_LENGTHS.unpack_from(blob, start + 2)
+    if lengths[0] != 7 or lengths[1] != 5 or lengths[3] != 6 or lengths[5] != 5 or lengths[7] != 0:
+        return None
+    t = start + 2 + _GROUP_LENGTHS.size + 12
+    s = t + lengths[2] + 6
+    g = s + lengths[4] + 5
+    d = g + lengths[6]
+    if (
+        d + lengths[8] != end
+        or blob[t - 12 : t] != b"MESSAGETOPIC"
+        or blob[s - 6 : s] != _SENDER_B
+        or blob[g - 5 : g] != b"GROUP"
+    ):
+        return None
+    return blob[t : s - 6], blob[s : g - 5], blob[g:d], blob[d:end]
 
 
 def frames_record(frames: Sequence[bytes]) -> bytes:

@@ -128,6 +128,12 @@ ECHO_OFF = "0"  # CONNECT ... ECHO 0
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request
 SYS_PEER_TOPIC = RESERVED_TOPIC_PREFIX + "peer"  # connects and disconnects
+# A journal that keeps mailboxes ([journals.NAME] mailboxes = true) holds only these records:
+# a kept letter, and which kept letters were settled (delivered, expired, dropped).
+SYS_MAILBOX_PATTERN = RESERVED_TOPIC_PREFIX + "mailbox.>"
+SYS_MAILBOX_LETTER = RESERVED_TOPIC_PREFIX + "mailbox.letter"
+SYS_MAILBOX_SETTLED = RESERVED_TOPIC_PREFIX + "mailbox.settled"
+MAILBOX_EXPIRES = "EXPIRES"  # a kept letter's record header: when it expires (wall-clock ms since the epoch)
 
 
 @dataclass(frozen=True, slots=True)
