@@ -156,17 +156,21 @@ def decode(frames: Sequence[bytes]) -> DcpCommand:
     raise ProtocolError(Status.BAD_REQUEST, f"DCP message type {kind[:4]!r} not accepted from a peer")
 
 
+_RID_SEPARATOR = "|"  # never in base64 (whose alphabet has "/" and "+") nor in _b64's commas
+
+
 def _request_id(address: bytes | None, meta: Sequence[bytes]) -> str:
-    """The broker's id for a DCP client's request; it carries what the reply must repeat."""
-    encoded = base64.b64encode(address).decode() if address is not None else ""
-    return f"dcp-{next(_ids)}/{encoded}/{_b64(meta)}"
+    """The broker's id for a DCP client's request; it carries what the reply must repeat.
+    (An address is never empty: an empty frame ends the address-less form's service.)"""
+    encoded = base64.b64encode(address).decode() if address else ""
+    return _RID_SEPARATOR.join((f"dcp-{next(_ids)}", encoded, _b64(meta)))
 
 
 def _reply_head(rid: str | None) -> tuple[bytes, list[bytes]]:
     """(client address, metadata) for a reply, from the request id ``_request_id`` made."""
-    number, _, rest = (rid or "").partition("/")
-    address, _, meta = rest.partition("/")
-    return (_unb64(address)[0] if address else number.encode()), _unb64(meta)
+    number, _, rest = (rid or "").partition(_RID_SEPARATOR)
+    address, _, meta = rest.partition(_RID_SEPARATOR)
+    return (base64.b64decode(address) if address else number.encode()), _unb64(meta)
 
 
 class DcpDialect:
