@@ -77,6 +77,22 @@ def test_reopening_appends_after_what_is_there_and_a_torn_lone_record_is_dropped
     assert reopened(tmp_path)["d"] == b"new"
 
 
+def test_saves_after_a_torn_tail_are_read_back(tmp_path: Path) -> None:
+    """A crash tore the last record; the restarted broker's saves must not land behind the tear."""
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"kept")
+    files.save("c", b"torn by the crash")
+    files.close()
+    log = tmp_path / "c.log"
+    os.truncate(log, log.stat().st_size - 3)
+    assert reopened(tmp_path) == {"c": b"kept"}
+    restarted = ConsumerFiles(tmp_path, sync=False)
+    restarted.save("c", b"after the restart")
+    restarted.close()
+    assert log.stat().st_size == 2 * 8 + len(b"kept") + len(b"after the restart")
+    assert reopened(tmp_path) == {"c": b"after the restart"}
+
+
 def test_compaction_bounds_the_log_and_keeps_the_newest_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(consumerfiles, "COMPACT_MIN_BYTES", 200)
     monkeypatch.setattr(consumerfiles, "COMPACT_RATIO", 2)
@@ -148,3 +164,7 @@ def test_property_after_any_crash_the_state_is_the_last_saved_or_an_earlier_one(
         assert loaded in states
         if cut == 0:
             assert loaded == states[-1]
+    restarted = ConsumerFiles(folder, sync=False)  # the broker after the crash saves again
+    restarted.save("c", b"after")
+    restarted.close()
+    assert reopened(folder) == {"c": b"after"}

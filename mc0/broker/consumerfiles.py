@@ -63,11 +63,15 @@ class ConsumerFiles:
         return states
 
     def _last_logged(self, name: str) -> bytes | None:
+        return self._scan(name)[0]
+
+    def _scan(self, name: str) -> tuple[bytes | None, int]:
+        """(the log's last intact state, where the intact records end)."""
         path = self.folder / (name + LOG_SUFFIX)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return None
+            return None, 0
         last, pos = None, 0
         while pos + _FRAME.size <= len(data):
             length, crc = _FRAME.unpack_from(data, pos)
@@ -76,7 +80,7 @@ class ConsumerFiles:
                 log.warning("consumer state log %s: torn or corrupt record at byte %d ignored", path, pos)
                 break
             last, pos = data[pos + _FRAME.size : end], end
-        return last
+        return last, pos
 
     def save(self, name: str, state: bytes | None) -> None:
         if state is None:
@@ -104,9 +108,10 @@ class ConsumerFiles:
         path = self.folder / (name + LOG_SUFFIX)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         size = os.fstat(fd).st_size
-        if size and self._last_logged(name) is None:
-            os.ftruncate(fd, 0)  # only a torn first record: nothing in it to keep
-            size = 0
+        _, intact = self._scan(name)
+        if size > intact:  # a torn tail (a crash mid-write): cut it, or what follows would never be read
+            os.ftruncate(fd, intact)
+            size = intact
         if self.sync:
             fsync_dir(self.folder)
         self._logs[name] = (fd, size)
