@@ -63,6 +63,16 @@ async def workers_of(api: Any, client: Any, service: str) -> int:
     return int(report.get(service, {}).get("workers", 0))
 
 
+async def until_workers(api: Any, client: Any, service: str, count: int, what: str, limit: float = 10) -> None:
+    """Poll the broker's services report until ``service`` has ``count`` workers (bounded in time)."""
+    deadline = time.monotonic() + limit
+    for _ in range(10_000):  # and in count
+        if await workers_of(api, client, service) == count:
+            return
+        assert time.monotonic() < deadline, f"not within {limit} s: {what}"
+        await asyncio.sleep(0.01)
+
+
 async def test_drain_lets_running_handlers_finish_and_takes_no_new_work(api: Any, bus: Any) -> None:
     gate = Gate()
     worker = await start_worker(api, bus.endpoint, {"slow": gate}, capacity=2, **bus.options)
@@ -70,11 +80,7 @@ async def test_drain_lets_running_handlers_finish_and_takes_no_new_work(api: Any
     futures = [client.submit("slow", str(i), timeout=20) for i in range(2)]
     await until(lambda: gate.started == 2, "both requests running")
     draining = drain_in_background(api, worker, timeout=15)
-    for _ in range(500):  # bounded: the withdrawal is one round trip
-        if await workers_of(api, client, "slow") == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert await workers_of(api, client, "slow") == 0, "the draining worker still takes work"
+    await until_workers(api, client, "slow", 0, "the draining worker still takes work")
     with pytest.raises(mc0.NoResponders):  # nobody serves it now: not queued for the draining worker
         await api(client.request("slow", b"late", timeout=2))
     assert not draining.done() and not worker.closed  # still waiting for its two handlers
@@ -136,12 +142,7 @@ async def test_serve_drains_on_sigterm_and_a_second_signal_cancels(tmp_path: Pat
     client = await mc0.aio.Client(broker.endpoint).connect()
     worker = serve(tmp_path, broker.endpoint)
     try:
-        for _ in range(1000):  # bounded: the worker registers within seconds
-            try:
-                await client.request("slowcli", b"warm:0", timeout=0.5)
-                break
-            except (mc0.NoResponders, mc0.DeadlineExceeded):
-                await asyncio.sleep(0.02)
+        await until_workers(mc0_aio_runner, client, "slowcli", 1, "the worker registered")
         answer = asyncio.ensure_future(client.request("slowcli", b"a:1.5", timeout=20))
         await until(lambda: (tmp_path / "started-a:1.5").exists(), "the handler running")
         worker.send_signal(signal.SIGTERM)
@@ -152,19 +153,11 @@ async def test_serve_drains_on_sigterm_and_a_second_signal_cancels(tmp_path: Pat
         worker.wait(5)
     second = serve(tmp_path, broker.endpoint)
     try:
-        for _ in range(1000):
-            try:
-                await client.request("slowcli", b"warm:0", timeout=0.5)
-                break
-            except (mc0.NoResponders, mc0.DeadlineExceeded):
-                await asyncio.sleep(0.02)
+        await until_workers(mc0_aio_runner, client, "slowcli", 1, "the worker registered")
         stuck = asyncio.ensure_future(client.request("slowcli", b"b:30", timeout=6))
         await until(lambda: (tmp_path / "started-b:30").exists(), "the handler running")
         second.send_signal(signal.SIGTERM)
-        for _ in range(500):  # bounded: the first signal's drain withdraws the worker at the broker
-            if await workers_of(mc0_aio_runner, client, "slowcli") == 0:
-                break
-            await asyncio.sleep(0.01)
+        await until_workers(mc0_aio_runner, client, "slowcli", 0, "the first signal's drain withdrew the worker")
         second.send_signal(signal.SIGTERM)  # sent only now: two pending SIGTERMs would merge into one
         assert second.wait(10) == 1  # did not wait for the 30 s handler
         assert second.stderr is not None
@@ -205,10 +198,7 @@ async def test_aio_run_drains_on_sigterm(tmp_path: Path, broker: Any) -> None:
     worker = subprocess.Popen([sys.executable, "-c", AIO_WORKER, broker.endpoint], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        for _ in range(1000):  # bounded: the worker registers within seconds
-            if await workers_of(mc0_aio_runner, client, "slowaio") == 1:
-                break
-            await asyncio.sleep(0.01)
+        await until_workers(mc0_aio_runner, client, "slowaio", 1, "the worker registered")
         answer = asyncio.ensure_future(client.request("slowaio", b"a", timeout=20))
         await until(lambda: (tmp_path / "started-a").exists(), "the handler running")
         worker.send_signal(signal.SIGTERM)

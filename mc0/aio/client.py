@@ -17,7 +17,7 @@ import functools
 import heapq
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from .. import protocol as P
@@ -301,15 +301,20 @@ class Client(Connection):
                     await self.flush()  # the UNSUBs (and every publish before them) reached the broker
                 for sub in subs:
                     await self._release(sub, sub.patterns, tell_broker=False)
-                for _ in range(1_000_000):  # bounded by the timeout above
-                    if not (self._calls or self._streams or self._pending):
-                        break
-                    await asyncio.sleep(DRAIN_POLL)
+                await self._until_idle(lambda: bool(self._calls or self._streams or self._pending))
         except TimeoutError:
             left = f"{len(self._calls) + len(self._streams)} requests unanswered"
             await self.close()
             raise Timeout(f"drain ({left})", wait) from None
         await self.close()
+
+    @staticmethod
+    async def _until_idle(busy: Callable[[], bool]) -> None:
+        """Poll every DRAIN_POLL until ``busy()`` is false; the caller bounds it with a timeout."""
+        for _ in range(1_000_000):  # and by count: 5,000 s
+            if not busy():
+                return
+            await asyncio.sleep(DRAIN_POLL)
 
     # ------------------------------------------------------------ journals
     async def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:

@@ -24,7 +24,7 @@ from ..errors import ClosedError, Timeout
 from ..message import Reply, Request, frozen_builder
 from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Work
-from .client import DRAIN_POLL, Client
+from .client import Client
 
 log = logging.getLogger("mc0.client")
 H = TypeVar("H", bound=Callable[..., Any])
@@ -158,10 +158,7 @@ class Worker(Client):
                 frames = self.session.withdraw(request_id)  # also: a reconnect re-registers nothing
                 if self.session.connected:
                     await self._call(request_id, frames, None, "withdraw services")
-                for _ in range(100_000_000):  # bounded by the timeout above
-                    if not self._work:
-                        break
-                    await asyncio.sleep(DRAIN_POLL)
+                await self._until_idle(lambda: bool(self._work))
         except TimeoutError:
             left = f"{len(self._work)} handlers still running"
             await self.close()
