@@ -72,7 +72,7 @@ class Builtins:
                 return [(client.routing_id, dialect.error(rid, name, exc.code, exc.reason))]
             op = str(query.get("op", "")) if isinstance(query, dict) else ""
         if op == "peers" and not client.grants.sees_peers:  # who is connected: peer telemetry's rule
-            reason = "the peers report needs a subscribe grant naming mc0.sys.peer"
+            reason = f"the peers report needs a subscribe grant naming {P.SYS_PEER_TOPIC}"
             return [(client.routing_id, dialect.error(rid, name, Status.FORBIDDEN, reason))]
         report = self.report(op)
         if report is None:

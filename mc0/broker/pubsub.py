@@ -154,7 +154,7 @@ class PubSub:
             if not peer.grants.may_subscribe(tokens):
                 reason = f"{peer.identity} may not subscribe to {pattern}"
                 if peer.grants.hides_peers(tokens):
-                    reason += " (it reaches mc0.sys.peer, which needs a subscribe grant naming it)"
+                    reason += f" (it reaches {P.SYS_PEER_TOPIC}, which needs a subscribe grant naming it)"
                 raise ProtocolError(Status.FORBIDDEN, reason, request_id)
         held = self._held(peer, group)
         new = {p: t for p, t in patterns if p not in held}

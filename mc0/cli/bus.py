@@ -309,7 +309,7 @@ def stats(
     conn: Connection,
 ) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
-    from ..protocol import BROKER_SERVICE
+    from ..protocol import BROKER_SERVICE, SYS_PEER_TOPIC
 
     with conn.client() as client:
         ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
@@ -386,7 +386,7 @@ def stats(
             boxes.add_row(identity, str(row["messages"]), str(row["bytes"]))
         console.print(boxes)
     if reports["peers"] is None:
-        console.print("peers: not shown (this identity has no subscribe grant naming mc0.sys.peer)")
+        console.print(f"peers: not shown (this identity has no subscribe grant naming {SYS_PEER_TOPIC})")
         return
     peers = Table(title="peers")
     for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
