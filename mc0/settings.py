@@ -111,7 +111,7 @@ class JournalSettings:
     dedup_max_ids: int = field(default=100_000, metadata={"min": 1})
     # This journal keeps the mailboxes (PUT TO letters stored for offline identities), and
     # nothing else: its topics are mc0.sys.mailbox.> (the loader sets them); at most one
-    # journal may.  Without one, kept letters live in memory only (mc0.broker.mailboxes).
+    # journal may.  Without one, kept letters live in memory only (mc0.broker.core.mailboxes).
     mailboxes: bool = False
 
     def path(self, name: str) -> Path:
@@ -130,7 +130,7 @@ class HttpConfig:
 @dataclass(frozen=True, slots=True)
 class MemodbConfig:
     """``[memodb]``: MemoDB (seed 003) clients and workers over NNG req/rep with CBOR headers
-    (mc0.broker.memodb, mc0.broker.nngbridge).  Off unless ``enabled``; MemoDB has no
+    (mc0.broker.dialects.memodb, mc0.broker.nngbridge).  Off unless ``enabled``; MemoDB has no
     authentication, so every peer on it is ``identity`` (allowed nothing unless
     ``[permissions.identity.NAME]`` grants it) and ``listen`` stays on loopback unless changed
     (elsewhere is logged at WARNING)."""
@@ -157,5 +157,5 @@ class Config:
     # resolve: "" = the config file's own folder; a relative data_dir is itself taken from there.
     # Without a config file they follow the current directory.
     data_dir: str = field(default="", metadata={"empty": True})
-    # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.broker.journal).
+    # [journals.NAME] tables: which topics the broker keeps, and how (see mc0.broker.storage.filestore).
     journals: dict[str, JournalSettings] = field(default_factory=dict)

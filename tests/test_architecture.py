@@ -12,111 +12,70 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mc0"
 
-# Lower layers first: a module may import only modules of strictly lower layers.
-LAYERS: list[list[str]] = [
-    ["mc0.errors", "mc0.message"],
-    ["mc0.topics", "mc0.keys", "mc0.endpoints"],
-    ["mc0.protocol.model", "mc0.trie", "mc0.permissions", "mc0.security"],
-    ["mc0.protocol.codec", "mc0.protocol.bodies"],
-    ["mc0.protocol.batch"],
-    ["mc0.protocol.builders"],  # renders batch records for batched peers
-    ["mc0.protocol"],
-    ["mc0.settings", "mc0.events", "mc0.broker.histogram"],
-    ["mc0.session_batch"],
-    [
-        "mc0.config",
-        "mc0.session",
-        "mc0.broker.jobs",
-        "mc0.broker.peers",
-        "mc0.broker.telemetry",
-        "mc0.broker.store",
-        "mc0.broker.consumerfiles",
-    ],
-    [
-        "mc0.aio.streams",
-        "mc0.aio.consumer",
-        "mc0.broker.pubsub",
-        "mc0.broker.mailboxes",
-        "mc0.broker.consumers",
-        "mc0.broker.rpc",
-        "mc0.broker.streams",
-        "mc0.broker.journal",
-        "mc0.broker.mdp",
-        "mc0.broker.seed000",
-        "mc0.broker.emqp",
-        "mc0.broker.dcp",
-        "mc0.broker.memodb",
-        "mc0.broker.outbox",
-        "mc0.aio.link",
-    ],
-    ["mc0.aio.connection", "mc0.broker.dialects"],
-    ["mc0.aio.client", "mc0.broker.builtins", "mc0.broker.sysbus", "mc0.process"],
-    ["mc0.broker.verbs", "mc0.broker.batched"],
-    ["mc0.aio.worker"],
-    ["mc0.aio"],
-    ["mc0.client"],
-    ["mc0.broker.core", "mc0.spark.options"],
-    ["mc0.broker.monitor"],
-    ["mc0.broker.httpd", "mc0.broker.nngbridge"],
-    ["mc0.broker.check"],
-    ["mc0.broker.server", "mc0.spark.sink", "mc0.spark.report", "mc0.spark.probe", "mc0.demo"],
-    ["mc0.broker", "mc0.spark.source", "mc0.spark.pipeline"],
-    ["mc0", "mc0.spark", "mc0.cli.base"],
-    ["mc0.cli.load"],
-    ["mc0.cli.bus", "mc0.cli.keys", "mc0.cli.ops"],
-    ["mc0.cli"],
-    ["mc0.__main__", "mc0.spark.submit"],
-]
-LAYER = {module: i for i, layer in enumerate(LAYERS) for module in layer}
+# The floors of the house, bottom up, and what each may import (the rules of docs/ARCHITECTURE.md).
+# A module belongs to the first floor one of whose prefixes names it or a package above it.
+FLOORS: dict[str, tuple[str, ...]] = {
+    "base": (
+        "mc0.errors",
+        "mc0.message",
+        "mc0.topics",
+        "mc0.trie",
+        "mc0.keys",
+        "mc0.endpoints",
+        "mc0.permissions",
+        "mc0.security",
+        "mc0.process",
+    ),
+    "protocol": ("mc0.protocol",),
+    "settings": ("mc0.settings", "mc0.config"),
+    "client": ("mc0.events", "mc0.session", "mc0.session_batch", "mc0.aio", "mc0.client"),
+    "storage": ("mc0.broker.storage",),
+    "core": ("mc0.broker.core",),
+    "dialects": ("mc0.broker.dialects",),
+    "monitoring": ("mc0.broker.monitoring",),
+    "shell": ("mc0.broker.server", "mc0.broker.outbox", "mc0.broker.nngbridge", "mc0.broker.check", "mc0.broker"),
+    "spark": ("mc0.spark",),
+    "app": ("mc0.cli", "mc0.demo", "mc0.__main__", "mc0"),
+}
+BELOW_THE_BROKER = ("base", "protocol", "settings")
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "base": (),
+    "protocol": ("base",),
+    "settings": ("base", "protocol"),
+    "client": BELOW_THE_BROKER,
+    "storage": BELOW_THE_BROKER,
+    "core": BELOW_THE_BROKER,  # and, of storage, only the port: CORE_MAY_ALSO_IMPORT
+    "dialects": (*BELOW_THE_BROKER, "core"),
+    "monitoring": (*BELOW_THE_BROKER, "core"),
+    "shell": (*BELOW_THE_BROKER, "storage", "core", "dialects", "monitoring"),
+    "spark": (*BELOW_THE_BROKER, "client"),
+    "app": tuple(FLOORS),  # the CLI, the demo and the package's front door may use anything
+}
+CORE_MAY_ALSO_IMPORT = {"mc0.broker.storage.port"}
 
-CLIENT_SIDE = (
-    "mc0.client",
-    "mc0.aio",
-    "mc0.aio.client",
-    "mc0.aio.connection",
-    "mc0.aio.link",
-    "mc0.aio.worker",
-    "mc0.aio.streams",
-    "mc0.session",
-)
-# The sans-I/O rooms: no sockets, no clock, no disk.
-PURE = (
-    "mc0.protocol",
-    "mc0.protocol.model",
-    "mc0.protocol.codec",
-    "mc0.protocol.builders",
-    "mc0.protocol.bodies",
-    "mc0.protocol.batch",
+
+def floor_of(module: str) -> str:
+    for floor, prefixes in FLOORS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return floor
+    raise AssertionError(f"{module} belongs to no floor: add it to FLOORS")
+
+
+CLIENT_SIDE = FLOORS["client"]
+# The sans-I/O modules: no sockets, no clock, no disk (whole floors, and these modules of others).
+PURE_FLOORS = ("protocol", "core", "dialects")
+PURE_MODULES = (
     "mc0.session",
     "mc0.session_batch",
     "mc0.events",
     "mc0.trie",
     "mc0.topics",
     "mc0.permissions",
-    "mc0.broker.core",
-    "mc0.broker.peers",
-    "mc0.broker.pubsub",
-    "mc0.broker.mailboxes",
-    "mc0.broker.consumers",
-    "mc0.broker.rpc",
-    "mc0.broker.jobs",
-    "mc0.broker.streams",
-    "mc0.broker.store",
-    "mc0.broker.builtins",
-    "mc0.broker.telemetry",
-    "mc0.broker.sysbus",
-    "mc0.broker.mdp",
-    "mc0.broker.seed000",
-    "mc0.broker.emqp",
-    "mc0.broker.dcp",
-    "mc0.broker.memodb",
-    "mc0.broker.dialects",
-    "mc0.broker.outbox",
-    "mc0.broker.verbs",
-    "mc0.broker.batched",
-    "mc0.broker.histogram",
-    "mc0.broker.monitor",
     "mc0.endpoints",
+    "mc0.broker.outbox",
+    "mc0.broker.storage.port",
+    "mc0.broker.storage.memstore",
+    "mc0.broker.monitoring.snapshot",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 MAX_LINES = 600
@@ -181,19 +140,32 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, known)[0] for name, path in found.items()}
 
 
-def test_every_module_has_a_layer(graph: dict[str, set[str]]) -> None:
-    assert sorted(set(graph) - set(LAYER)) == [], "add new modules to LAYERS"
-    assert sorted(set(LAYER) - set(graph)) == [], "remove deleted modules from LAYERS"
+def test_every_module_has_a_floor(graph: dict[str, set[str]]) -> None:
+    for name in graph:
+        floor_of(name)
 
 
-def test_no_import_points_up_or_sideways(graph: dict[str, set[str]]) -> None:
-    upward = [
-        f"{source} -> {target}"
-        for source, targets in graph.items()
-        for target in targets
-        if LAYER[target] >= LAYER[source]
-    ]
-    assert upward == []
+def test_the_floors_form_a_ladder() -> None:
+    """Each floor may import only floors listed before it (no back-arrows between packages)."""
+    order = list(FLOORS)
+    for floor, allowed in MAY_IMPORT.items():
+        if floor == "app":
+            continue
+        assert all(order.index(other) < order.index(floor) for other in allowed), floor
+
+
+def test_every_import_follows_the_rules_of_its_floor(graph: dict[str, set[str]]) -> None:
+    broken = []
+    for source, targets in graph.items():
+        here = floor_of(source)
+        for target in targets:
+            there = floor_of(target)
+            if there == here or there in MAY_IMPORT[here]:
+                continue
+            if here == "core" and target in CORE_MAY_ALSO_IMPORT:
+                continue
+            broken.append(f"{source} ({here}) -> {target} ({there})")
+    assert broken == []
 
 
 def test_the_import_graph_has_no_cycle(graph: dict[str, set[str]]) -> None:
@@ -232,7 +204,11 @@ def test_importing_the_client_loads_no_broker_code() -> None:
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", PURE)
+def _pure() -> list[str]:
+    return sorted(m for m in modules() if floor_of(m) in PURE_FLOORS or m in PURE_MODULES)
+
+
+@pytest.mark.parametrize("name", _pure())
 def test_the_core_rooms_do_no_io(name: str) -> None:
     path = modules()[name]
     _, outer = imports(name, path, set(modules()))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.protocol import Limits, Side, batch
 
 from .test_core import f

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mc0.broker import consumerfiles
-from mc0.broker.consumerfiles import ConsumerFiles
+from mc0.broker.storage import consumerfiles
+from mc0.broker.storage.consumerfiles import ConsumerFiles
 
 
 def reopened(folder: Path) -> dict[str, bytes]:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.consumers import Delivery, Event, delivery_transition
-from mc0.broker.core import BrokerCore
-from mc0.broker.store import MemoryStore
+from mc0.broker.core.consumers import Delivery, Event, delivery_transition
+from mc0.broker.core.dispatch import BrokerCore
+from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
 from mc0.settings import JournalSettings
 
@@ -224,7 +224,7 @@ def test_a_consumer_is_only_for_identities_that_may_subscribe_to_its_topics() ->
 
 
 def test_an_unreadable_saved_state_refuses_to_start_with_a_clear_error() -> None:
-    from mc0.broker.store import StateUnreadable
+    from mc0.broker.storage.port import StateUnreadable
 
     store = MemoryStore("main", JournalSettings(topics=("jobs.>",)))
     store.consumers["c"] = b'{"config": {"journal": "main"'

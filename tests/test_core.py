@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
-from mc0.broker.peers import CLOSE_WAIT_LIMIT
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.peers import CLOSE_WAIT_LIMIT
 from mc0.protocol import Limits
 
 

@@ -18,9 +18,10 @@ import zmq
 
 import mc0
 from mc0 import protocol as P
-from mc0.broker import emqp as E
-from mc0.broker import seed000 as S
-from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.dialects import emqp as E
+from mc0.broker.dialects import mdpx as S
+from mc0.broker.dialects import route
 from mc0.process import BrokerProcess
 
 from .conftest import RawPeer
@@ -30,7 +31,7 @@ V = E.VERSION
 
 class Core:
     def __init__(self, **settings: Any) -> None:
-        self.core = BrokerCore(CoreSettings(**settings))
+        self.core = BrokerCore(CoreSettings(**settings), dialects=route)
         self.now = 0.0
 
     def send(self, who: bytes, *frames: bytes) -> list[tuple[bytes, list[bytes]]]:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.permissions import Permissions
 from mc0.protocol import Limits, batch
 

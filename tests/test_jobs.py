@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mc0.broker.jobs import (
+from mc0.broker.core.jobs import (
     GATHER_TRANSITIONS,
     JOB_TRANSITIONS,
     TERMINAL_ACTIONS,

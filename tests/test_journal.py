@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
-from mc0.broker.journal import Journal, JournalSettings, Trimmed
-from mc0.broker.store import JournalStore, MemoryStore
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.storage.filestore import Journal, JournalSettings, Trimmed
+from mc0.broker.storage.memstore import MemoryStore
+from mc0.broker.storage.port import JournalStore
 from mc0.config import parse
 from mc0.errors import ConfigError
 

@@ -13,10 +13,10 @@ import pytest
 
 from mc0 import config as cfg
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
-from mc0.broker.journal import Journal
-from mc0.broker.mailboxes import Letter, LetterUnreadable, letter_of, settled_of
-from mc0.broker.store import MemoryStore
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.mailboxes import Letter, LetterUnreadable, letter_of, settled_of
+from mc0.broker.storage.filestore import Journal
+from mc0.broker.storage.memstore import MemoryStore
 from mc0.errors import ConfigError
 from mc0.message import Record
 from mc0.permissions import Permissions

@@ -16,7 +16,7 @@ from typing import Any
 
 import mc0
 from mc0 import protocol as P
-from mc0.broker.journal import Journal
+from mc0.broker.storage.filestore import Journal
 from mc0.config import load
 from mc0.process import BrokerProcess
 

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import mc0
-from mc0.broker.histogram import Histogram
-from mc0.broker.httpd import parse_listen
+from mc0.broker.core.histogram import Histogram
+from mc0.broker.monitoring.httpd import parse_listen
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
 
@@ -181,7 +181,7 @@ def test_http_is_off_by_default_and_refuses_a_taken_port() -> None:
 
 
 def test_a_stalled_loop_is_503_on_healthz_within_about_a_second() -> None:
-    from mc0.broker.httpd import MonitorServer
+    from mc0.broker.monitoring.httpd import MonitorServer
 
     asked = threading.Event()
     server = MonitorServer("127.0.0.1:0", wake=asked.set)  # a loop that never publishes

@@ -13,7 +13,7 @@ import pytest
 
 import mc0
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore
+from mc0.broker.core.dispatch import BrokerCore
 from mc0.permissions import Permissions
 
 from .conftest import CurveSetup

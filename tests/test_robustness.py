@@ -9,7 +9,7 @@ import json
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore
+from mc0.broker.core.dispatch import BrokerCore
 from mc0.protocol import Side
 from mc0.session import Answer, ClientSession, Connected
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mc0 import protocol as P
-from mc0.broker.core import BrokerCore, CoreSettings
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.protocol import Side, Verb
 
 CLIENTS = ("c1", "c2")

@@ -1,7 +1,7 @@
 """The mc0 broker: a sans-I/O core split into rooms, and the ROUTER shell around it.
 
 ``Broker`` and ``BrokerThread`` (the shell, :mod:`mc0.broker.server`) are
-imported lazily, so importing a room (``mc0.broker.core`` and below) never
+imported lazily, so importing a room (``mc0.broker.core.dispatch`` and below) never
 loads pyzmq or the shell.  docs/ARCHITECTURE.md draws the rooms.
 """
 

@@ -20,7 +20,7 @@ from .. import keys as keyfiles
 from ..config import Config
 from ..endpoints import check_endpoint
 from ..errors import ConfigError
-from .httpd import parse_listen
+from .monitoring.httpd import parse_listen
 from .nngbridge import check_listen
 
 

@@ -14,7 +14,7 @@ nothing leaks).  A message over the broker's ``max_message_bytes`` (plus the
 header's room) is refused by NNG itself (``recv_max_size``).
 
 The broker loop polls :attr:`socket` like its ROUTER and calls
-:meth:`receive` (requests -> :class:`~mc0.broker.memodb.MemoDB`), :meth:`flush`
+:meth:`receive` (requests -> :class:`~mc0.broker.dialects.memodb.MemoDB`), :meth:`flush`
 for what the core queued to a MemoDB routing id, and :meth:`forgotten` when
 the core forgot a MemoDB peer; each sends the replies the pure module
 returns.  ``close()`` (idempotent) sends what is owed, stops the thread and
@@ -37,12 +37,12 @@ import zmq.asyncio
 
 from ..errors import ConfigError
 from ..settings import Config, MemodbConfig
-from .memodb import MAX_HEADER_BYTES, MemoDB, Reply
+from .core.peers import Out
+from .dialects.memodb import MAX_HEADER_BYTES, MemoDB, Reply
 from .outbox import Outbox
-from .peers import Out
 
 if TYPE_CHECKING:
-    from .mdp import CoreOps
+    from .dialects.base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 

@@ -1,4 +1,4 @@
-"""Broker: the ROUTER socket and poller loop around :class:`mc0.broker.core.BrokerCore`.
+"""Broker: the ROUTER socket and poller loop around :class:`mc0.broker.core.dispatch.BrokerCore`.
 
 Contract: the constructor does no I/O; ``bind()`` loads (or on first start
 creates) the broker's CURVE keypair, loads the allowed-keys folder, starts
@@ -38,14 +38,15 @@ from ..config import Config, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
-from .core import BrokerCore, Out
-from .httpd import MonitorServer
-from .journal import Journal
-from .memodb import with_memodb_identity
-from .monitor import snapshot
+from .core.dispatch import BrokerCore, Out
+from .core.journaling import StreamOut
+from .dialects import route as dialect_route
+from .dialects.memodb import with_memodb_identity
+from .monitoring.httpd import MonitorServer
+from .monitoring.snapshot import snapshot
 from .nngbridge import NngBridge
 from .outbox import GROUP_SKIP_BYTES, Outbox
-from .streams import StreamOut
+from .storage.filestore import Journal
 
 log = logging.getLogger("mc0.broker")
 
@@ -126,6 +127,7 @@ class Broker:
             generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
+            dialects=dialect_route,
         )
         cfg = self.config.broker
         self.outbox = Outbox(

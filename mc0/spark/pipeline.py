@@ -18,7 +18,7 @@ and, per micro-batch (``foreachBatch``):
 With the source's checkpoint this is exactly-once: a batch that ran halfway
 is replayed with the same records and overwrites what it wrote.  Minutes are
 UTC.  Records on ``mc0.rollup.*`` are not counted (the job would otherwise
-feed itself).  Runs under ``mc0 pipeline``, or ``spark-submit`` of :mod:`mc0.spark.submit`.
+feed itself).  Runs under ``mc0 pipeline``, or ``spark-submit`` of :mod:`mc0.cli.submit`.
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ import atheris
 
 with atheris.instrument_imports():
     from mc0 import protocol as P
-    from mc0.broker.core import BrokerCore
-    from mc0.broker.memodb import MemoDB, with_memodb_identity
-    from mc0.broker.store import MemoryStore
+    from mc0.broker.core.dispatch import BrokerCore
+    from mc0.broker.dialects import route
+    from mc0.broker.dialects.memodb import MemoDB, with_memodb_identity
+    from mc0.broker.storage.memstore import MemoryStore
     from mc0.errors import ProtocolError
     from mc0.permissions import Permissions
     from mc0.settings import CoreSettings, JournalSettings
@@ -97,7 +98,9 @@ class Memo:
 
 def one_input(data: bytes) -> None:
     journal = MemoryStore("main", JournalSettings(topics=("j.>", "mc0.sys.>"), max_bytes=4096))
-    core = BrokerCore(CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), MEMO_PERMISSIONS, journals=[journal])
+    core = BrokerCore(
+        CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), MEMO_PERMISSIONS, journals=[journal], dialects=route
+    )
     memo = Memo(core)
     now = 0.0
     for op, peer, frames in steps(data):

@@ -3,7 +3,7 @@
 Contract: ``is_emqp(frames)`` recognises a message of this dialect (an empty
 frame, then ``eMQP/1.0``); ``decode`` turns one into an :class:`EmqpCommand`
 or raises ProtocolError; ``handle`` drives the broker core through
-:class:`~mc0.broker.mdp.CoreOps`, so eMQP clients and workers share one
+:class:`~mc0.broker.dialects.mdp.CoreOps`, so eMQP clients and workers share one
 service registry (an eMQP queue is an mc0 service) with every other dialect.
 Pure: no sockets, no clock (message ids the broker makes come from a counter).
 
@@ -45,12 +45,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError
-from ..protocol import MAX_SERVICE_BYTES, Status, Verb, json_body
-from .peers import Out, Peer, generated_routing_id
+from ...errors import ProtocolError
+from ...protocol import MAX_SERVICE_BYTES, Status, Verb, json_body
+from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
-    from .mdp import CoreOps
+    from .base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 

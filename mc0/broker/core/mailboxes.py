@@ -12,7 +12,7 @@ connected, oldest first; ``expire`` drops letters past their time.
 
 Without a mailbox journal, letters live in memory only: a broker restart
 loses what is kept.  With one (``[journals.NAME] mailboxes = true``), reached
-only through the :class:`~mc0.broker.store.JournalStore` port: a kept letter
+only through the :class:`~mc0.broker.storage.port.JournalStore` port: a kept letter
 is appended as a ``mc0.sys.mailbox.letter`` record (its topic, sender, ``TO``,
 ``X-`` headers, body, and its expiry in wall-clock ms), and the caller holds
 the ``OK MAILBOX stored`` until the core's commit; which letters were
@@ -37,14 +37,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .. import protocol as P
-from ..errors import InvalidTopic, ProtocolError
-from ..message import Record
-from ..protocol import Command, Header, Status, batch
-from ..settings import CoreSettings
-from ..topics import split_topic
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...message import Record
+from ...protocol import Command, Header, Status, batch
+from ...settings import CoreSettings
+from ...topics import split_topic
+from ..storage.port import JournalStore, Trimmed
 from .peers import Out, Peer
-from .store import JournalStore, Trimmed
 
 log = logging.getLogger("mc0.broker")
 

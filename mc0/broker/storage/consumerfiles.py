@@ -1,7 +1,7 @@
 """Durable consumers' saved state on disk: one snapshot file and one append-only log per consumer.
 
 Contract (the store side of ``JournalStore.save_consumer``/``load_consumers``,
-owned by :class:`mc0.broker.journal.Journal`; the core never sees files):
+owned by :class:`mc0.broker.storage.filestore.Journal`; the core never sees files):
 
 * ``save(name, state)`` appends one framed record holding the whole state to
   ``consumers/NAME.log`` — a single ``write`` on a descriptor kept open, so

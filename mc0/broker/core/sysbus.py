@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .. import protocol as P
-from ..message import Record
-from ..protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
-from ..topics import split_topic
+from ... import protocol as P
+from ...message import Record
+from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
+from ...topics import split_topic
 from . import telemetry
+from .journaling import Streams, primary
 from .peers import Out
 from .pubsub import PubSub
-from .streams import Streams, primary
 from .telemetry import BROKER_SENDER, TelemetryRecord
 
 _SENDER = BROKER_SENDER.encode()

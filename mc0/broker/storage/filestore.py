@@ -1,6 +1,6 @@
 """Journal: the file-backed journal store, an append-only, segmented, replayable log of PUTs.
 
-Implements :class:`mc0.broker.store.JournalStore`; the broker shell opens,
+Implements :class:`mc0.broker.storage.port.JournalStore`; the broker shell opens,
 owns and closes it, the core only appends, commits and reads through that
 port.  Contract: the constructor does no I/O; ``open()`` scans the folder, checks
 every record's CRC and truncates a torn tail (a crash mid-write), then
@@ -45,12 +45,12 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..errors import Error
-from ..message import Record
-from ..protocol import Header
-from ..settings import FSYNC_POLICIES, JournalSettings
+from ...errors import Error
+from ...message import Record
+from ...protocol import Header
+from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
-from .store import Trimmed
+from .port import Trimmed
 
 __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalSettings", "Trimmed"]
 
@@ -474,7 +474,7 @@ class Journal:
 
     # ------------------------------------------------------------ durable consumers' state
     def load_consumers(self) -> dict[str, bytes]:
-        """Each consumer's newest saved state (see :mod:`mc0.broker.consumerfiles`)."""
+        """Each consumer's newest saved state (see :mod:`mc0.broker.storage.consumerfiles`)."""
         return self._consumer_files.load_all()
 
     def save_consumer(self, name: str, state: bytes | None) -> None:

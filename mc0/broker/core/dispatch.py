@@ -6,7 +6,7 @@ map input to a list of ``(routing_id, frames)`` to send; the shell
 through ``send_failed``.  ``now`` is monotonic seconds supplied by the
 shell, so every timing rule (heartbeats, expiry, deadlines, slow consumers)
 is testable without sleeps.  No sockets, no clock, no disk: journals are
-reached through the :class:`~mc0.broker.store.JournalStore` port.
+reached through the :class:`~mc0.broker.storage.port.JournalStore` port.
 
 A peer's input can never raise out of ``handle``: every malformed message is
 answered with ERROR (or, for MDP peers, which have no error reply, dropped)
@@ -27,23 +27,22 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .. import protocol as P
-from ..errors import ProtocolError
-from ..permissions import Permissions
-from ..protocol import Command, Header, Side, Status, Verb
-from ..settings import CoreSettings
-from ..trie import TopicTrie
-from . import dialects
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...permissions import Permissions
+from ...protocol import Command, Header, Side, Status, Verb
+from ...settings import CoreSettings
+from ...trie import TopicTrie
+from ..storage.port import JournalStore
 from .batched import BatchedInput
-from .builtins import RESERVED_SERVICES, Builtins
+from .builtin_services import RESERVED_SERVICES, Builtins
 from .consumers import Consumers
 from .jobs import Service
+from .journaling import StreamOut, Streams
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
 from .pubsub import PubSub
 from .rpc import Rpc
-from .store import JournalStore
-from .streams import StreamOut, Streams
 from .sysbus import SysBus
 from .telemetry import PeerEvent
 from .verbs import VerbHandlers
@@ -54,6 +53,15 @@ log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
 Handler = Callable[[Peer, Command, float], list[Out]]
+# A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
+ForeignHandler = Callable[["BrokerCore", Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
+# What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.route, handed in by
+# the shell: the core never imports a dialect): its handler, or None for mc0's own protocol.
+DialectRouter = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
+
+
+def _mc0_only(frames: Sequence[bytes], peer: Peer | None) -> ForeignHandler | None:
+    return None
 
 
 class BrokerCore(BatchedInput, VerbHandlers):
@@ -65,18 +73,22 @@ class BrokerCore(BatchedInput, VerbHandlers):
         generated_ids_only: bool = False,
         journals: Sequence[JournalStore] = (),
         wall_offset: float = 0.0,
+        dialects: DialectRouter = _mc0_only,
     ) -> None:
         """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id.
 
         ``journals`` are opened by the caller (the shell owns them); the core
         appends to them and ``commit()`` makes the appends durable, through the
         :class:`JournalStore` port.  ``wall_offset`` turns ``now`` (monotonic)
-        into wall-clock time for telemetry records and retention.
+        into wall-clock time for telemetry records and retention.  ``dialects``
+        recognises foreign dialects (the shell passes ``mc0.broker.dialects.route``;
+        by default every message is read as mc0's own).
         """
         self.settings = settings or CoreSettings()
         self.permissions = permissions or Permissions()
         self.generated_ids_only = generated_ids_only
         self.wall_offset = wall_offset
+        self._dialect_of = dialects
         self.counters: Counter[str] = Counter()
         self.forgotten: list[bytes] = []  # routing ids forgotten since the shell last asked (take_forgotten)
         self.peers = PeerTable()
@@ -173,7 +185,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.counters["routing_id_changed_hands"] += 1
             out = self._forget(peer, "replaced", now)
             peer = None
-        foreign = dialects.route(frames, peer) if frames else None
+        foreign = self._dialect_of(frames, peer) if frames else None
         if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
             if not self.settings.foreign_dialects:
                 self.counters["foreign_refused"] += 1

@@ -31,8 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ..errors import ConfigError
-from .monitor import Snapshot
+from ...errors import ConfigError
+from .snapshot import Snapshot
 
 log = logging.getLogger("mc0.broker.http")
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .. import protocol as P
-from ..errors import InvalidTopic, ProtocolError
-from ..permissions import Grants
-from ..protocol import Command, Header, Limits, Status, batch
-from ..topics import split_pattern, split_topic
-from ..trie import TopicTrie
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...permissions import Grants
+from ...protocol import Command, Header, Limits, Status, batch
+from ...topics import split_pattern, split_topic
+from ...trie import TopicTrie
 from .peers import Out, Peer
 
 TOPIC_CACHE_SIZE = 4096

@@ -1,10 +1,10 @@
 """``spark-submit`` entry point for the analytics job: the ``mc0 pipeline`` command, run by Spark.
 
-    spark-submit "$(python -c 'import mc0.spark.submit as s; print(s.__file__)')" [mc0 pipeline options]
+    spark-submit "$(python -c 'import mc0.cli.submit as s; print(s.__file__)')" [mc0 pipeline options]
 
-The master comes from spark-submit unless ``--master`` is given.  (This
-launcher imports the CLI; the job itself, :mod:`mc0.spark.pipeline`, does
-not, so the two never import each other.)
+The master comes from spark-submit unless ``--master`` is given.  The launcher
+lives with the CLI it runs (the app floor); the job itself,
+:mod:`mc0.spark.pipeline`, never imports the CLI.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mc0.cli import main as cli_main
+    from mc0.cli import main as cli_main  # absolute: spark-submit runs this file as a script
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--master" not in args:

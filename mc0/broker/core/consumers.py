@@ -11,7 +11,7 @@ state, moved only by ``delivery_transition`` (one table, tested as one):
 ``max_deliver`` deliveries is dead-lettered (published on
 ``mc0.sys.dead.<journal>.<consumer>`` with the reason) and settled.
 
-Persistence goes through the :class:`~mc0.broker.store.JournalStore` port
+Persistence goes through the :class:`~mc0.broker.storage.port.JournalStore` port
 (``save_consumer``/``load_consumers``): a changed consumer is saved at the
 core's ``commit``, and the answers to ack/nak/term/create/delete are held
 until it is, so an acknowledged ack survives kill -9.  What a restart loses
@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from .. import protocol as P
-from ..errors import InvalidTopic, ProtocolError
-from ..message import Record
-from ..protocol import CONSUMER_SERVICE, Status
-from ..topics import pattern_matches, split_pattern
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...message import Record
+from ...protocol import CONSUMER_SERVICE, Status
+from ...topics import pattern_matches, split_pattern
+from ..storage.port import JournalStore, StateUnreadable, Trimmed
 from .peers import Out, Peer
-from .store import JournalStore, StateUnreadable, Trimmed
 
 MAX_CONSUMERS = 1_000  # per broker
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)

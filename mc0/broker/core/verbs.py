@@ -1,6 +1,6 @@
 """What each mc0 verb does, across the rooms: the handlers the dispatcher's verb table points at.
 
-Contract: a mixin of :class:`~mc0.broker.core.BrokerCore` (which creates the
+Contract: a mixin of :class:`~mc0.broker.core.dispatch.BrokerCore` (which creates the
 rooms it names); each handler takes ``(peer, command, now)`` for a command
 ``decode`` already accepted, validates the rest of it before changing
 anything (a ``ProtocolError`` leaves no trace), and returns what to send.
@@ -12,18 +12,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from .. import protocol as P
-from ..errors import ProtocolError
-from ..protocol import Command, Header, Status, Verb
-from ..settings import CoreSettings
-from .builtins import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...protocol import Command, Header, Status, Verb
+from ...settings import CoreSettings
+from ..storage.port import JournalStore
+from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
 from .consumers import Consumers
+from .journaling import Streams, primary
 from .mailboxes import Mailboxes
 from .peers import Out, Peer
 from .pubsub import PubSub
 from .rpc import Rpc
-from .store import JournalStore
-from .streams import Streams, primary
 
 
 class VerbHandlers:

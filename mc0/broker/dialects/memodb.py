@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from ..errors import ProtocolError
-from ..permissions import ACTIONS, Permissions, Rules
-from ..protocol import MAX_SERVICE_BYTES, Verb
-from .peers import Out, Peer
+from ...errors import ProtocolError
+from ...permissions import ACTIONS, Permissions, Rules
+from ...protocol import MAX_SERVICE_BYTES, Verb
+from ..core.peers import Out, Peer
 
 if TYPE_CHECKING:
-    from .mdp import CoreOps
+    from .base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 

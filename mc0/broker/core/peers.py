@@ -5,7 +5,7 @@ clocks, delivery and drop counters) and :class:`PeerTable` (routing id ->
 peer, the connection-fd bindings that let a reported close find its peer,
 closes waiting for the socket to read empty, revoked identities, the
 heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
-the dispatcher (:mod:`mc0.broker.core`) carries the decisions out across
+the dispatcher (:mod:`mc0.broker.core.dispatch`) carries the decisions out across
 the other rooms.  Subscriptions, services, requests and streams are kept
 by their own rooms, keyed by :class:`Peer`.  No sockets, no clock: ``now``
 is passed in.
@@ -16,10 +16,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from .. import protocol as P
-from ..errors import ProtocolError
-from ..permissions import ALLOW_ALL, Grants
-from ..protocol import Dialect, batch
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...permissions import ALLOW_ALL, Grants
+from ...protocol import Dialect, batch
 
 # What the core asks the shell to send: (routing id, frames), or (routing id, a batch record)
 # for a peer granted batched framing (bytes: the shell appends it to that peer's next batch).

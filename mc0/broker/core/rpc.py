@@ -3,7 +3,7 @@
 Contract: owns the services (workers, the LRU list of those with spare
 capacity, a bounded FIFO queue), each worker's held jobs and each client's
 outstanding requests, and the deadline heap.  Every change of a request's
-state goes through :mod:`mc0.broker.jobs` (one transition table), so each
+state goes through :mod:`mc0.broker.core.jobs` (one transition table), so each
 REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
 499/500/502/503/504.  Requests whose worker dies before anything was
 forwarded go back to the front of their queue, up to ``max_attempts``
@@ -20,11 +20,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from ..errors import InvalidTopic, ProtocolError
-from ..permissions import Grants
-from ..protocol import MAX_SERVICE_BYTES, Header, Status, Verb
-from ..settings import CoreSettings
-from ..topics import split_topic
+from ...errors import InvalidTopic, ProtocolError
+from ...permissions import Grants
+from ...protocol import MAX_SERVICE_BYTES, Header, Status, Verb
+from ...settings import CoreSettings
+from ...topics import split_topic
 from .jobs import (
     JOB_TRANSITIONS,
     Action,

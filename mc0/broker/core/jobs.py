@@ -3,7 +3,7 @@
 Contract: ``job_transition(state, event)`` and ``gather_transition(state,
 event)`` are total functions over their enums: every (state, event) pair
 has exactly one outcome, a new state and one :class:`Action` for the RPC
-room (:mod:`mc0.broker.rpc`) to carry out.  "Exactly one terminal reply
+room (:mod:`mc0.broker.core.rpc`) to carry out.  "Exactly one terminal reply
 per request" is visible here: only a transition *into* ``DONE`` carries a
 terminal action, and ``DONE`` absorbs every later event as ``IGNORE`` (a
 late or forged reply is dropped and counted).  Pure: no I/O, no time.

@@ -14,18 +14,18 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from .. import protocol as P
-from ..errors import InvalidTopic, ProtocolError
-from ..permissions import ALLOW_ALL
-from ..protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
-from ..topics import pattern_matches, split_pattern
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...permissions import ALLOW_ALL
+from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
+from ...topics import pattern_matches, split_pattern
 from .consumers import Consumers
 from .jobs import Service
+from .journaling import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams, private
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .rpc import Rpc
-from .streams import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams, private
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these

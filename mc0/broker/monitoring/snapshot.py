@@ -13,9 +13,20 @@ nothing.  Peers are named ``identity#n``, never by routing id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .core import BrokerCore
-from .outbox import Outbox
+from ..core.dispatch import BrokerCore
+
+
+class QueueFigures(Protocol):
+    """What a snapshot reads of the shell's outgoing queues (``mc0.broker.outbox.Outbox`` has it)."""
+
+    sent_messages: int
+    sent_bytes: int
+    queued_bytes: int
+
+    def backlog(self, routing_id: bytes) -> int: ...
+
 
 # /connz lists at most this many peers (the busiest by pending bytes first); the count is exact.
 CONNZ_LIMIT = 1_000
@@ -33,7 +44,9 @@ class Snapshot:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def snapshot(core: BrokerCore, outbox: Outbox, *, now: float, started: float, wall: float, in_bytes: int) -> Snapshot:
+def snapshot(
+    core: BrokerCore, outbox: QueueFigures, *, now: float, started: float, wall: float, in_bytes: int
+) -> Snapshot:
     """Everything the monitor serves, as of ``now`` (``started``: the loop's clock at start;
     ``wall``: wall-clock seconds now, for the timestamps people read; ``in_bytes``: the
     message bytes the shell has received)."""

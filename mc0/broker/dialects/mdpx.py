@@ -1,8 +1,8 @@
 """Seed 000 ("Protocol 0.1", MDP with request ids) on the mc0 broker.
 
-Contract: ``is_seed000(frames, peer)`` recognises a message of this dialect;
+Contract: ``is_mdpx(frames, peer)`` recognises a message of this dialect;
 ``decode`` turns one into a :class:`Seed000Command` or raises ProtocolError;
-``handle`` drives the broker core through :class:`~mc0.broker.mdp.CoreOps`
+``handle`` drives the broker core through :class:`~mc0.broker.dialects.mdp.CoreOps`
 (the narrow interface every foreign dialect uses), so these clients and
 workers share one service registry with mc0, MDP/0.2 and the other dialects.
 Pure: no sockets, no clock.
@@ -47,12 +47,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError
-from ..protocol import Status, Verb
-from .peers import Out, Peer, generated_routing_id
+from ...errors import ProtocolError
+from ...protocol import Status, Verb
+from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
-    from .mdp import CoreOps
+    from .base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -87,7 +87,7 @@ class Seed000Command:
     body: Sequence[bytes] = ()
 
 
-def is_seed000(frames: Sequence[bytes], peer: Peer | None) -> bool:
+def is_mdpx(frames: Sequence[bytes], peer: Peer | None) -> bool:
     """This dialect's message: its own header, or MDP's DISCONNECT from one of its workers."""
     first = frames[0]
     if first == CLIENT or first == WORKER:
@@ -226,7 +226,7 @@ def handle(
     identity: str,
     fd: int | None,
 ) -> list[Out]:
-    """One seed-000 message (``is_seed000(frames, peer)``) from ``peer`` (None: not known yet) -> what to send."""
+    """One seed-000 message (``is_mdpx(frames, peer)``) from ``peer`` (None: not known yet) -> what to send."""
     try:
         command = decode(frames)
     except ProtocolError as exc:

@@ -1,92 +1,18 @@
-"""The journal port: what the broker core needs from a journal, and an in-memory one.
+"""The in-memory journal store: the :class:`~mc0.broker.storage.port.JournalStore` port in a list.
 
-Contract: :class:`JournalStore` is the whole interface between the core and
-storage.  ``append`` gives a record the next sequence number (1, 2, ...) and
-is durable only after ``commit`` (which may fsync); ``read`` is deterministic
-for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
-raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
-size/age, never a record at or after the seq last given to ``retain_from``
-(the mailboxes' oldest kept letter).  Disk errors surface as ``OSError`` from ``append``/``commit``/
-``read``; the core turns them into ERROR 507, never into a crash.
-
-The real store is :class:`mc0.broker.journal.Journal` (segment files, CRC
-recovery, fsync policies), opened and closed by the shell; the core only
-ever sees this protocol.  :class:`MemoryStore` keeps records in a list: the
-core's tests use it, so they touch no disk.
+Contract: the same sequence, dedup, read and retention rules as the file
+store (:mod:`mc0.broker.storage.filestore`), no files; the core's tests and
+the fuzzer use it, so they touch no disk.  ``clock`` gives record times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
 
-from ..errors import Error
-from ..message import Record
-from ..protocol import Header
-from ..settings import JournalSettings
-
-
-class Trimmed(Error, LookupError):
-    """A read started before the first retained record (the wire answer is 410)."""
-
-    def __init__(self, journal: str, asked: int, first: int) -> None:
-        super().__init__(f"journal {journal}: seq {asked} was trimmed by retention; the first kept is {first}")
-        self.journal = journal
-        self.asked = asked
-        self.first = first
-
-
-class StateUnreadable(Error, ValueError):
-    """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
-
-
-class JournalStore(Hashable, Protocol):
-    name: str
-    settings: JournalSettings
-
-    @property
-    def first_seq(self) -> int: ...
-
-    @property
-    def next_seq(self) -> int: ...
-
-    @property
-    def pending(self) -> bool:
-        """Something appended is not yet committed."""
-        ...
-
-    def duplicate_of(self, sender: str, msgid: str) -> int | None: ...
-
-    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int: ...
-
-    def commit(self) -> None: ...
-
-    def enforce_retention(self, now: float) -> int: ...
-
-    def retain_from(self, seq: int | None) -> None:
-        """Retention keeps every record from ``seq`` on (None: no such floor); kept letters pin here."""
-        ...
-
-    def read(
-        self,
-        from_seq: int,
-        to_seq: int | None = None,
-        match: Callable[[str], bool] | None = None,
-        *,
-        max_records: int = 1000,
-        max_bytes: int = 1 << 20,
-    ) -> tuple[list[Record], int]: ...
-
-    def info(self) -> dict[str, object]: ...
-
-    def load_consumers(self) -> dict[str, bytes]:
-        """Each durable consumer's saved state (name -> the bytes ``save_consumer`` stored)."""
-        ...
-
-    def save_consumer(self, name: str, state: bytes | None) -> None:
-        """Store (None: remove) a consumer's state; kept across a broker crash once this
-        returns (and across losing the machine under ``fsync = "always"``).  OSError on a disk error."""
-        ...
+from ...message import Record
+from ...protocol import Header
+from ...settings import JournalSettings
+from .port import Trimmed
 
 
 class MemoryStore:

@@ -22,7 +22,7 @@ Frames (after the routing id), as majortomo 0.2 speaks them::
 An error for an MDP client (no worker, deadline, ...) arrives as a FINAL whose
 body is three frames: ``ERROR``, the status code, the reason.
 
-``handle`` drives the broker core through :class:`CoreOps`, the narrow
+``handle`` drives the broker core through :class:`~mc0.broker.dialects.base.CoreOps`, the narrow
 interface every foreign dialect uses (open a peer, forget it, call a
 service, serve services, reply to a job).
 """
@@ -30,15 +30,16 @@ service, serve services, reply to a job).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError
-from ..protocol import Dialect, Status, Verb
-from ..settings import CoreSettings
-from .peers import Out, Peer, generated_routing_id
+from ...errors import ProtocolError
+from ...protocol import Dialect, Status, Verb
+from ..core.peers import Out, Peer, generated_routing_id
+
+if TYPE_CHECKING:
+    from .base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -182,42 +183,6 @@ DIALECTS: dict[tuple[bytes, bool], Dialect] = {
     (WORKER, False): MdpWorkerDialect(False),
     (WORKER, True): MdpWorkerDialect(True),
 }
-
-
-class CoreOps(Protocol):
-    """What a foreign dialect may ask of the broker core (implemented by BrokerCore)."""
-
-    settings: CoreSettings
-    generated_ids_only: bool
-    counters: Counter[str]
-
-    def open_peer(self, peer: Peer, now: float) -> list[Out]: ...
-
-    def forget(self, peer: Peer, why: str, now: float) -> list[Out]: ...
-
-    def call(
-        self,
-        client: Peer,
-        name: str,
-        body: Sequence[bytes],
-        now: float,
-        *,
-        rid: str | None = None,
-        timeout_ms: int | None = None,
-        user: dict[str, str] | None = None,
-    ) -> list[Out]: ...
-
-    def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]: ...
-
-    def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]: ...
-
-    def worker_load(self, worker: Peer) -> tuple[tuple[str, ...], int, int]: ...
-
-    def hand_off(
-        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
-    ) -> list[Out] | None: ...
-
-    def published(self, out: list[Out], now: float) -> list[Out]: ...
 
 
 def handle(

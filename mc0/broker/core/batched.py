@@ -1,6 +1,6 @@
 """The batched wire's input: one ``BATCH "" blob`` message, record by record, with hot paths.
 
-Contract: a mixin of :class:`~mc0.broker.core.BrokerCore` (which creates
+Contract: a mixin of :class:`~mc0.broker.core.dispatch.BrokerCore` (which creates
 the rooms and the verb table it uses).  ``_batch`` handles each record as if
 it came alone, in order; PUT records take ``_put_record`` (every check
 ``_put`` makes, no Command built unless a journal keeps the topic) and CALL /
@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .. import protocol as P
-from ..errors import ProtocolError
-from ..protocol import Command, Header, Status, Verb, batch
-from ..settings import CoreSettings
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...protocol import Command, Header, Status, Verb, batch
+from ...settings import CoreSettings
+from .journaling import Streams
 from .peers import Out, Peer
 from .pubsub import PubSub
 from .rpc import Rpc
-from .streams import Streams
 
 _PUT_RECORD = P.batch.PUT
 _U16 = P.batch.U16

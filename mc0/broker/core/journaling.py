@@ -2,7 +2,7 @@
 
 Contract: owns which journal keeps which topics, the OKs held until their
 records are committed, and every running replay and fetch.  Storage is
-reached only through the :class:`~mc0.broker.store.JournalStore` port.
+reached only through the :class:`~mc0.broker.storage.port.JournalStore` port.
 ``commit()`` makes the batch's appends durable through the port (one write
 and, per policy, one fsync per batch: a group commit) and returns the OKs
 now due, or ERROR 507 for a journal that failed.  Replays and fetches are
@@ -20,14 +20,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .. import protocol as P
-from ..errors import ProtocolError
-from ..message import Record
-from ..protocol import JOURNAL_SERVICE, Command, Header, Status
-from ..topics import pattern_covers, pattern_matches, split_pattern
-from ..trie import TopicTrie
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...message import Record
+from ...protocol import JOURNAL_SERVICE, Command, Header, Status
+from ...topics import pattern_covers, pattern_matches, split_pattern
+from ...trie import TopicTrie
+from ..storage.port import JournalStore, Trimmed
 from .peers import Out, Peer
-from .store import JournalStore, Trimmed
 
 log = logging.getLogger("mc0.broker")
 

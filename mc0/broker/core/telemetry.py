@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
+from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
 
 BROKER_SENDER = "mc0.broker"  # the SENDER of everything the broker publishes
 

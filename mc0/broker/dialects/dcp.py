@@ -3,7 +3,7 @@
 Contract: ``is_dcp(frames)`` recognises a DCP message (an empty delimiter,
 then ``DGBX`` and a version byte); ``decode`` turns one into a
 :class:`DcpCommand` or raises ProtocolError; ``handle`` drives the broker
-core through :class:`~mc0.broker.mdp.CoreOps`, so DCP clients and workers
+core through :class:`~mc0.broker.dialects.mdp.CoreOps`, so DCP clients and workers
 share one service registry with every other dialect.  Pure: no sockets, no
 clock (the broker's request ids come from a counter).
 
@@ -43,13 +43,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidTopic, ProtocolError
-from ..protocol import MAX_SERVICE_BYTES, Status, Verb
-from ..topics import split_topic
-from .peers import Out, Peer, generated_routing_id
+from ...errors import InvalidTopic, ProtocolError
+from ...protocol import MAX_SERVICE_BYTES, Status, Verb
+from ...topics import split_topic
+from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
-    from .mdp import CoreOps
+    from .base import CoreOps
 
 log = logging.getLogger("mc0.broker")
 

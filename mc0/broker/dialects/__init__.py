@@ -3,30 +3,28 @@
 Contract: ``route(frames, peer)`` returns the ``handle`` function of the
 foreign dialect ``frames`` belong to (MDP/0.2, seed 000, eMQP, DCP), or None
 for mc0's own protocol.  Each handler has the signature of
-:func:`mc0.broker.mdp.handle` and drives the core through
-:class:`~mc0.broker.mdp.CoreOps`.  Recognition looks at the first frame(s)
-only, so it costs a few byte comparisons per message.  Pure.
+:data:`~mc0.broker.dialects.base.Handler` and drives the core through
+:class:`~mc0.broker.dialects.base.CoreOps`; the shell hands ``route`` to
+``BrokerCore`` (the core never imports a dialect).  Recognition looks at
+the first frame(s) only, so it costs a few byte comparisons per message.
+MemoDB (:mod:`.memodb`) arrives over NNG, not the ROUTER, so it is not
+routed here.  Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from . import dcp, emqp, mdp, seed000
-from .peers import Out, Peer
-
-if TYPE_CHECKING:
-    from .mdp import CoreOps
-
-Handler = Callable[["CoreOps", "Peer | None", bytes, Sequence[bytes], float, str, "int | None"], list[Out]]
+from ..core.peers import Peer
+from . import dcp, emqp, mdp, mdpx
+from .base import Handler
 
 
 def route(frames: Sequence[bytes], peer: Peer | None) -> Handler | None:
     """The foreign dialect handling ``frames`` (non-empty) from ``peer``, or None (mc0)."""
     # Seed 000 first: its workers say DISCONNECT with MDP/0.2's worker header.
-    if seed000.is_seed000(frames, peer):
-        return seed000.handle
+    if mdpx.is_mdpx(frames, peer):
+        return mdpx.handle
     if dcp.is_dcp(frames):
         return dcp.handle
     if emqp.is_emqp(frames):
