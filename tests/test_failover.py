@@ -14,6 +14,7 @@ import mc0
 import mc0.aio
 from mc0.endpoints import failover_order, none_answered, parse_endpoints
 from mc0.errors import ConfigError
+from mc0.session import ClientSession, Reconnecting
 
 FAILOVER_BUDGET = 2.0  # seconds: the issue's bound from SIGKILL to the client on another broker
 A, B, C = "tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002", "tcp://127.0.0.1:1003"
@@ -113,3 +114,35 @@ def test_failover_order_starts_after_the_lost_broker(
 def test_none_answered_names_every_endpoint(outcomes: dict[str, Exception], kind: type, text: str) -> None:
     error = none_answered(outcomes, 5.0)
     assert type(error) is kind and str(error) == text
+
+
+# ---------------------------------------------------------------- the session in failover mode
+
+
+def _connected(session: ClientSession) -> None:
+    frames = session.connect(0.0)
+    connect_id = frames[frames.index(b"ID") + 1]
+    events, _ = session.receive([b"OK", b"ID", connect_id, b"TTL", b"1000"], 0.0)
+    assert session.connected and events
+
+
+@pytest.mark.parametrize("failover", [False, True])
+def test_a_lost_broker_is_left_to_the_shell_only_in_failover_mode(failover: bool) -> None:
+    """With one endpoint the session CONNECTs again itself (as always); with a list it reports the
+    loss (``lost=True``) and sends nothing: the shell opens a link to another broker."""
+    for lose in ("silence", "disconnect"):
+        session = ClientSession(ttl_ms=1000, liveness=3, failover=failover)
+        _connected(session)
+        if lose == "silence":
+            events, frames = session.tick(3.5)
+        else:
+            events, frames = session.receive([b"DISCONNECT"], 1.0)
+        assert [type(e) for e in events] == [Reconnecting] and events[0].lost  # type: ignore[union-attr]
+        assert not session.connected
+        assert [f[0] for f in frames] == ([] if failover else [b"CONNECT"])
+        if failover:  # the silence clock restarted: the loss is not reported again on the next tick
+            assert session.tick(3.6) == ([], [])
+    session = ClientSession(ttl_ms=1000, failover=True)
+    _connected(session)  # a broker that answers but forgot us (401) is CONNECTed to again, list or not
+    events, frames = session.receive([b"ERROR", b"CODE", b"401", b"MESSAGE", b"who?"], 1.0)
+    assert any(isinstance(e, Reconnecting) and not e.lost for e in events) and frames[0][0] == b"CONNECT"
