@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +22,12 @@ import pytest
 
 import mc0
 import mc0.aio
+from mc0 import config as cfg
 from mc0.endpoints import failover_order, none_answered, parse_endpoints
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
 from mc0.session import ClientSession, Reconnecting
+from mc0.spark.options import Connection as SparkConnection
 
 from .conftest import CurveSetup
 from .test_rpc_live import start_worker
@@ -157,6 +162,69 @@ def test_a_lost_broker_is_left_to_the_shell_only_in_failover_mode(failover: bool
     _connected(session)  # a broker that answers but forgot us (401) is CONNECTed to again, list or not
     events, frames = session.receive([b"ERROR", b"CODE", b"401", b"MESSAGE", b"who?"], 1.0)
     assert any(isinstance(e, Reconnecting) and not e.lost for e in events) and frames[0][0] == b"CONNECT"
+
+
+# ---------------------------------------------------------------- everywhere an endpoint is accepted
+
+
+def test_library_env_and_config_take_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MC0_ENDPOINT", f"{A},{B}")
+    for client in (mc0.Client(), mc0.aio.Client(), mc0.Worker(), mc0.aio.Worker()):
+        assert client.endpoints == (A, B) and client.endpoint == A
+    assert mc0.Client(f"{C},{A}").endpoints == (C, A)  # the argument first
+    monkeypatch.setenv("MC0_ENDPOINT", f"{A},127.0.0.1:9")
+    with pytest.raises(ConfigError, match="endpoint entry 2: '127.0.0.1:9' has no scheme"):
+        mc0.Client()
+    monkeypatch.delenv("MC0_ENDPOINT")
+    config = cfg.parse(f'[client]\nendpoint = "{B},{C}"\n')
+    assert mc0.Client(config=config.client).endpoints == (B, C)
+    with pytest.raises(ConfigError, match=f"mc0.toml: client.endpoint: '{B},{B}': {B} is listed twice"):
+        cfg.parse(f'[client]\nendpoint = "{B},{B}"\n', "mc0.toml")
+
+
+def test_spark_endpoint_option_takes_a_list() -> None:
+    assert SparkConnection.from_options({"endpoint": f"{A},{B}"}).endpoint == f"{A},{B}"
+    with pytest.raises(ConfigError, match="option endpoint entry 2: 'b:2' has no scheme"):
+        SparkConnection.from_options({"endpoint": f"{A},b:2"})
+
+
+def _mc0(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "mc0", *args], capture_output=True, text=True, timeout=30, env=environment
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (["ping", "--endpoint", f"{A},127.0.0.1:2"], {}, "mc0: error: endpoint entry 2: '127.0.0.1:2' has no scheme"),
+        (["pub", "t", "x", "--endpoint", f"{A},"], {}, f"mc0: error: endpoint: '{A},': entry 2 is empty"),
+        (["sub", "t", "--endpoint", f"{A},{A}"], {}, f"mc0: error: endpoint: '{A},{A}': {A} is listed twice"),
+        (["call", "s", "--endpoint", f"{A},tcp://h"], {}, "mc0: error: endpoint entry 2: 'tcp://h' needs host:port"),
+        (["ping"], {"MC0_ENDPOINT": f"{A},ftp://x:1"}, "mc0: error: endpoint entry 2: 'ftp://x:1': scheme 'ftp'"),
+        (
+            ["ping", "--endpoint", "tcp://no-such-host.invalid:1,tcp://another.invalid:2"],
+            {},
+            "mc0: error: no broker reachable: tcp://no-such-host.invalid:1: cannot resolve host",
+        ),
+    ],
+)
+def test_cli_endpoint_lists_fail_in_one_line(args: list[str], env: dict[str, str], line: str) -> None:
+    result = _mc0(*args, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (only,) = result.stderr.strip().splitlines()
+    assert line in only
+
+
+def test_cli_pings_the_first_broker_of_the_list_that_answers() -> None:
+    refused = f"tcp://127.0.0.1:{_free_port()}"
+    with BrokerProcess(insecure=True) as broker:
+        started = time.monotonic()
+        result = _mc0("ping", "--endpoint", f"{refused},{broker.endpoint}")
+        assert result.returncode == 0, result.stderr
+        assert f"PONG from {broker.endpoint}" in result.stdout
+        assert time.monotonic() - started < 10  # interpreter start-up + a refusal told in milliseconds
 
 
 # ---------------------------------------------------------------- the first connection
