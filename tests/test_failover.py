@@ -494,13 +494,18 @@ async def test_a_silent_broker_is_left_after_the_heartbeat_budget(api: Any, brok
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 async def test_close_while_failing_over_is_prompt(api: Any, tmp_path: Path) -> None:
-    """No broker to go to: close() stops the failover at once and fails what waited (ClosedError)."""
+    """No broker to go to: publishers wait for room (max_outgoing), and close() stops the failover
+    at once and fails what waited (ClosedError)."""
     brokers = Brokers(tmp_path, curve=False)
     try:
         first, nowhere = brokers.start("a"), f"tcp://127.0.0.1:{_free_port()}"
-        client = await api(api.Client(f"{first},{nowhere}").connect())
+        client = await api(api.Client(f"{first},{nowhere}", max_outgoing=4096).connect())
         brokers.kill("a")
         await until(lambda: not client.connected, 5, "the client sees its broker lost")
+        with pytest.raises(mc0.Timeout, match="room in the outgoing buffer"):
+            for _ in range(100):  # buffered while no broker is up, until max_outgoing: then the publisher waits
+                await api(client.publish("fo.t", b"x" * 100, timeout=0.2))
+        assert inner(client)._out.pending >= 4096  # kept, not dropped
         waiting = background(api, functools.partial(client.request, "mmi.service", b"x", timeout=20))
         await until(lambda: len(inner(client)._calls) == 1, 5, "the request queued")
         started = time.monotonic()
@@ -508,5 +513,25 @@ async def test_close_while_failing_over_is_prompt(api: Any, tmp_path: Path) -> N
         assert time.monotonic() - started < 1.0 and client.closed
         with pytest.raises(mc0.ClosedError):
             await asyncio.wait_for(waiting, 5)
+    finally:
+        brokers.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_broker_that_stops_says_disconnect_and_its_clients_move(api: Any, tmp_path: Path) -> None:
+    """SIGTERM: the broker says DISCONNECT to everyone before it goes; a client with a list moves on."""
+    brokers = Brokers(tmp_path, curve=False)
+    try:
+        first, second = brokers.start("a"), brokers.start("b")
+        client = await api(api.Client(f"{first},{second}").connect())
+        sub = await api(client.subscribe("fo.after"))
+        stopped = time.monotonic()
+        assert brokers.running["a"].stop() == 0
+        await until(lambda: client.connected and client.endpoint == second, 5, "failover after DISCONNECT")
+        print(f"on {second} {time.monotonic() - stopped:.3f} s after SIGTERM of {first}")
+        await api(client.publish("fo.after", b"here"))
+        assert (await api(sub.next(timeout=5))).body == b"here"
+        await api(client.close())
     finally:
         brokers.close()
