@@ -535,3 +535,21 @@ async def test_a_broker_that_stops_says_disconnect_and_its_clients_move(api: Any
         await api(client.close())
     finally:
         brokers.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_close_during_connect_over_a_list_ends_it(api: Any) -> None:
+    with socket.socket() as one, socket.socket() as two:  # accept TCP, never speak ZMTP
+        for silent in (one, two):
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+        names = ",".join(f"tcp://127.0.0.1:{s.getsockname()[1]}" for s in (one, two))
+        client = api.Client(names, timeout=10)
+        connecting = background(api, client.connect)
+        await until(lambda: inner(client)._connected is not None, 5, "connect started")
+        started = time.monotonic()
+        await api(client.close())
+        with pytest.raises(mc0.ClosedError):
+            await asyncio.wait_for(connecting, 5)
+        assert time.monotonic() - started < 1.0 and client.closed

@@ -44,7 +44,7 @@ from ..endpoints import (
     outcome_line,
     unreachable_message,
 )
-from ..errors import Error, NotConnected, Timeout, Unreachable
+from ..errors import ClosedError, Error, NotConnected, Timeout, Unreachable
 from ..message import Reply
 from ..protocol import Command, Status, Verb
 from ..security import HANDSHAKE_FAILURES, configure_client
@@ -142,6 +142,8 @@ class Failover:
                 await old_watcher
             except asyncio.CancelledError:
                 pass
+        if self._closing or self._closed:  # close() ran meanwhile (it closed the old socket): dial nothing
+            raise ClosedError("client closed")
         if old_socket is not None and old_monitor is not None:
             old_socket.disable_monitor()
             old_monitor.close(linger=0)
@@ -153,6 +155,8 @@ class Failover:
     async def _attempt(self, endpoint: str, budget: float, *, switch: bool = True) -> None:
         """CONNECT to ``endpoint`` (on a new socket unless ``switch`` is false) and wait up to
         ``budget`` for the OK; raises what went wrong (the monitor fails it early when refused)."""
+        if self._closing or self._closed:
+            raise ClosedError("client closed")
         if switch:
             await self._switch_to(endpoint)
         assert self._out is not None
@@ -188,6 +192,8 @@ class Failover:
                 try:
                     await self._attempt(endpoint, left / left_in_round, switch=not fresh)
                     return
+                except ClosedError:
+                    raise
                 except Error as exc:
                     outcomes[endpoint] = exc
                 fresh = False
