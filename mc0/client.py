@@ -294,6 +294,10 @@ class Client:
         return self._aio.endpoint
 
     @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._aio.endpoints
+
+    @property
     def closed(self) -> bool:
         """``close()`` (or ``drain()``) ran."""
         return self._aio.closed

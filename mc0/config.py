@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .endpoints import parse_endpoints
 from .errors import ConfigError
 from .permissions import Permissions
 from .protocol import ANONYMOUS, SYS_MAILBOX_PATTERN
@@ -144,6 +145,7 @@ def _check(config: Config) -> Config:
             "broker.limits.max_message_bytes",
             f"{limits.max_message_bytes} exceeds max_frame_bytes {limits.max_frame_bytes}",
         )
+    parse_endpoints(config.client.endpoint, where="client.endpoint")  # one line naming a bad entry
     if config.memodb.identity == ANONYMOUS:
         raise ConfigError("memodb.identity", f"choose a name of its own, not {ANONYMOUS!r} (see docs/SECURITY.md)")
     return config

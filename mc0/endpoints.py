@@ -4,7 +4,13 @@ Contract: ``check_endpoint(text)`` returns the endpoint unchanged when
 ZeroMQ can use it (``tcp://host:port``, ``ipc://path``, ``inproc://name``;
 ``bind=True`` also allows ``*`` as host or port) and otherwise raises
 :class:`mc0.errors.ConfigError` with one line: what is wrong and a good
-example.  ``diagnose(events, connected_ever)`` turns the socket monitor's
+example.  ``parse_endpoints(text)`` reads one endpoint or a comma-separated
+list of them (each checked; an empty entry or one listed twice is refused,
+naming it) and ``failover_order(endpoints, lost)`` says where a client goes
+after losing a broker: the endpoints after it, round the list, the lost one
+last; ``none_answered(outcomes, seconds)`` is the one error for a list none of
+whose brokers let the client in, naming each endpoint and what it did.
+``diagnose(events, connected_ever)`` turns the socket monitor's
 event names seen while connecting into a verdict: ``"refused"`` (TCP
 attempts are rejected), ``"unresolvable"`` (libzmq retries without ever
 starting a TCP attempt: the host name does not resolve) or ``None`` (no
@@ -14,16 +20,17 @@ verdict for people.  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from ipaddress import ip_address
 
-from .errors import ConfigError
+from .errors import AuthFailed, ConfigError, Error, RemoteError, Timeout, Unreachable
 
 EXAMPLE = "tcp://127.0.0.1:61616"
 SCHEMES = ("tcp", "ipc", "inproc")
 # How long refusals may go on (while connecting) before the client reports them: long enough for
 # a broker that is starting, short enough to tell "refused" within about a second.
 REFUSED_AFTER = 1.0
+LIST_SEPARATOR = ","
 
 
 def check_endpoint(text: object, *, bind: bool = False, where: str = "endpoint") -> str:
@@ -62,6 +69,36 @@ def check_endpoint(text: object, *, bind: bool = False, where: str = "endpoint")
     return endpoint
 
 
+def parse_endpoints(text: object, *, where: str = "endpoint") -> tuple[str, ...]:
+    """One endpoint, or a comma-separated list of them (a client fails over between them), checked.
+
+    A single endpoint is ``check_endpoint``'s alone (same errors, same
+    result).  In a list every entry is checked and an error names the entry
+    (``endpoint entry 2: ...``); an empty entry and an endpoint listed twice
+    are refused rather than dropped: either is a typo hiding the broker meant.
+    """
+    if not isinstance(text, str) or LIST_SEPARATOR not in text:
+        return (check_endpoint(text, where=where),)
+    entries = text.split(LIST_SEPARATOR)
+    checked: list[str] = []
+    for number, entry in enumerate(entries, 1):
+        if not entry.strip():
+            raise ConfigError(where, f"{text!r}: entry {number} is empty (e.g. {EXAMPLE},tcp://127.0.0.1:61617)")
+        endpoint = check_endpoint(entry, where=f"{where} entry {number}")
+        if endpoint in checked:
+            raise ConfigError(where, f"{text!r}: {endpoint} is listed twice")
+        checked.append(endpoint)
+    return tuple(checked)
+
+
+def failover_order(endpoints: Sequence[str], lost: str) -> tuple[str, ...]:
+    """Where to try after losing ``lost``: the endpoints after it in the list, round to the start,
+    ``lost`` itself last (it may be back by then).  Every client of a lost broker that shares the
+    list goes to the same next broker."""
+    at = list(endpoints).index(lost) + 1 if lost in endpoints else 0
+    return (*endpoints[at:], *endpoints[:at])
+
+
 def diagnose(events: Sequence[str], connected_ever: bool) -> str | None:
     """The verdict on a connection that has not come up, from the monitor's event names."""
     if connected_ever:
@@ -86,3 +123,29 @@ def no_answer_detail(connected_ever: bool) -> str:
     if connected_ever:
         return " (a connection was made: not an mc0 broker, or one too busy to answer)"
     return " (no connection was made: host down, or a firewall drops it)"
+
+
+def outcome_line(endpoint: str, error: BaseException) -> str:
+    """``endpoint: what happened`` (the error's own text, without the endpoint it may start with)."""
+    text = str(error)
+    for prefix in (f"{endpoint}: ", f"connect to {endpoint}: "):
+        text = text.removeprefix(prefix)
+    return f"{endpoint}: {text}"
+
+
+def none_answered(outcomes: Mapping[str, Exception], seconds: float) -> Error:
+    """The error for an endpoint list none of whose brokers accepted the client, naming every
+    endpoint tried.  Its class is the most telling outcome's: a broker that refused the CONNECT
+    (its RemoteError), then refused keys (AuthFailed), then silence (Timeout), else Unreachable."""
+    detail = "; ".join(outcome_line(endpoint, error) for endpoint, error in outcomes.items())
+    errors = list(outcomes.values())
+    for error in errors:
+        if isinstance(error, RemoteError):
+            return type(error)(error.code, f"no broker accepted the connection: {detail}")
+    if any(isinstance(error, AuthFailed) for error in errors):
+        return AuthFailed(f"no broker accepted this client's key: {detail}")
+    if any(isinstance(error, Timeout) for error in errors):
+        return Timeout(f"connect to any of {len(outcomes)} endpoints", seconds, f" ({detail})")
+    verdicts = {getattr(error, "verdict", "refused") for error in errors}
+    verdict = "unresolvable" if verdicts == {"unresolvable"} else "refused"
+    return Unreachable(f"no broker reachable: {detail}", verdict=verdict)

@@ -97,6 +97,9 @@ class ConnectRefused:
 @dataclass(frozen=True, slots=True)
 class Reconnecting:
     reason: str
+    # The broker is gone or going (the link closed, it said DISCONNECT, it fell silent), as opposed
+    # to one that answered but forgot us (401): a shell with other endpoints moves to one of them.
+    lost: bool = False
 
 
 class Work(NamedTuple):

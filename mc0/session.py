@@ -11,6 +11,10 @@ reports.  It owns everything a client must get right by itself:
   socket reporting its connection lost then back (``link_lost``/``link_up``)
   or after ``liveness x TTL`` of silence it CONNECTs again and, once
   accepted, re-sends SUB for every pattern it holds;
+* with ``failover`` (the shell has several endpoints) a broker that is gone
+  (DISCONNECT, silence, the link lost) is reported as ``Reconnecting(lost=True)``
+  with no CONNECT: the shell opens a link to another endpoint and calls
+  ``connect``; the answer restores the session there as above;
 * routing each MESSAGE to the local patterns that match it (a local trie),
   so overlapping subscriptions of one client each see the message once;
 * local validation of what the user asks to send (misuse raises here).
@@ -84,6 +88,7 @@ class ClientSession(BatchedReceive):
         version: str = P.FULL_VERSION,
         batch: bool = True,
         echo: bool = True,
+        failover: bool = False,
     ) -> None:
         if ttl_ms < 1:
             raise ValueError("ttl_ms must be at least 1")
@@ -110,6 +115,7 @@ class ClientSession(BatchedReceive):
         self.capacity = 1
         self.batch_wanted = batch and version == P.FULL_VERSION
         self.echo = echo  # False: CONNECT ECHO 0 (the broker never hands us our own publishes)
+        self.failover = failover  # a lost broker is left to the shell, which moves to another endpoint
         self._group_routes: dict[str, TopicTrie[str]] = {}  # queue group -> its patterns' local keys
         self.batched = False  # the broker granted BATCH 1: commands go out (and come in) as batch records
         self._topics: dict[str, bytes] = {}  # validated topics -> their bytes
@@ -425,7 +431,9 @@ class ClientSession(BatchedReceive):
                         self.drop_pattern(*split_key(withdrawn))  # the broker already forgot it: no UNSUB
                 return [Fault(error, withdrawn)], []
         if verb is Verb.DISCONNECT:
-            return [Reconnecting("broker sent DISCONNECT")], [self.connect(now)]
+            if self.failover:
+                return self._lost("broker sent DISCONNECT", now), []
+            return [Reconnecting("broker sent DISCONNECT", lost=True)], [self.connect(now)]
         if request_id is not None:
             return [Answer(request_id, command)], []
         return [], []  # pragma: no cover - decode guarantees an ID for OK/PONG
@@ -509,7 +517,15 @@ class ClientSession(BatchedReceive):
             return []
         self.connected = False
         self._requests.clear()
-        return [Reconnecting("connection to the broker lost")]
+        return [Reconnecting("connection to the broker lost", lost=True)]
+
+    def _lost(self, reason: str, now: float) -> list[Event]:
+        """``failover``: the broker is gone; the shell moves to another (and calls ``connect``).
+        The silence clock restarts so the next tick does not report it again at once."""
+        self.connected = False
+        self._requests.clear()
+        self.last_recv = now
+        return [Reconnecting(reason, lost=True)]
 
     def link_up(self, now: float) -> Frames | None:
         """The socket (re)connected: CONNECT at once rather than after ``liveness x TTL``
@@ -525,7 +541,9 @@ class ClientSession(BatchedReceive):
         silent_for = now - self.last_recv
         if silent_for >= self.ttl * self.liveness:
             reason = "broker silent" if self.connected else "no answer to CONNECT"
-            return [Reconnecting(f"{reason} for {silent_for:.1f}s")], [self.connect(now)]
+            if self.failover:
+                return self._lost(f"{reason} for {silent_for:.1f}s", now), []
+            return [Reconnecting(f"{reason} for {silent_for:.1f}s", lost=True)], [self.connect(now)]
         if self.connected and now - self.last_sent >= self.ttl:
             return [], [list(P.NOOP_FRAMES)]
         return [], []

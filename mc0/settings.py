@@ -87,6 +87,7 @@ class SecurityConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
+    # One endpoint, or a comma-separated list the client fails over between (mc0.endpoints).
     endpoint: str = DEFAULT_ENDPOINT
     ttl_ms: int = field(default=5_000, metadata={"min": 1})
     timeout_ms: int = field(default=5_000, metadata={"min": 1})

@@ -7,23 +7,23 @@ decodes each received message (a batch in one pass; ``Link`` calls
 ``_on_message``) and dispatches what it holds: messages to subscriptions, answers to whoever waits for them; a timer
 task heartbeats, heals (CONNECT again, re-SUB every pattern) and times out
 requests the broker never answered; ``close()`` is idempotent.  Everything
-sent and received goes through :class:`~mc0.aio.link.Link`.
+sent and received goes through :class:`~mc0.aio.link.Link`.  The endpoint
+may be a comma-separated list: the client is on one broker at a time
+(``endpoint``) and fails over to another when it loses it
+(:mod:`mc0.aio.failover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
-import functools
 import heapq
 import logging
-import operator
 import os
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Self, TypeAlias, TypeVar, cast
+from typing import Self
 
 import zmq
 import zmq.asyncio
@@ -31,11 +31,11 @@ import zmq.utils.monitor
 
 from .. import keys as keyfiles
 from .. import protocol as P
-from ..endpoints import REFUSED_AFTER, check_endpoint, diagnose, no_answer_detail, unreachable_message
+from ..endpoints import REFUSED_AFTER, diagnose, no_answer_detail, parse_endpoints, unreachable_message
 from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout, Unreachable
 from ..message import Message, Reply, frozen_builder
 from ..protocol import Command, Limits, Status, Verb, batch
-from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE, configure_client
+from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE
 from ..session import (
     Answer,
     ClientSession,
@@ -50,31 +50,23 @@ from ..session import (
     group_key,
 )
 from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
+from .failover import CONNECT_EVENTS, EVENT_NAMES, RESENT_VERBS, SOCKET_HWM, Failover, Waiter
 from .link import Link
 from .streams import ReplyStream, Subscription
 
+__all__ = ["DEFAULT_MAX_OUTGOING", "SOCKET_HWM", "Connection", "Waiter"]
+
 log = logging.getLogger("mc0.client")
-# Handshake failures (-> AuthFailed), and the link going down and up again (-> heal at once).
-_LINK_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-_HANDSHAKE_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILURES) | _LINK_EVENTS
-# What tells refused / unresolvable / no answer apart while connecting (see mc0.endpoints.diagnose).
-_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
-_EVENT_NAMES = {int(e): e.name or "" for e in zmq.Event}
 
 # What may wait to be sent (buffered while connected, or while the connection heals) before a
 # publisher waits for room: nats-py's pending_size is 2 MiB; batches make more useful here.
 DEFAULT_MAX_OUTGOING = 8 * 1024 * 1024
-SOCKET_HWM = 64
 _new_reply = frozen_builder(Reply)
-T = TypeVar("T")
-# What a request's answer resolves: an asyncio future, or a concurrent one for another thread
-# (both have done / set_result / set_exception, all the loop uses).
-Waiter: TypeAlias = "asyncio.Future[T] | concurrent.futures.Future[T]"
 _NO_HEADERS: Mapping[str, str] = {}
 
 
-class Connection:
-    """One DEALER connection to the broker and the state of what travels over it."""
+class Connection(Failover):
+    """One DEALER connection to a broker (of the endpoint list) and the state of what travels over it."""
 
     def __init__(
         self,
@@ -102,24 +94,31 @@ class Connection:
         ``on_fault``: called (on the event loop) with each fault also kept in ``faults``:
         what the broker reported unasked, a subscription dropping messages, an eviction;
         ``echo=False``: the broker never hands this client its own publishes (NATS no_echo).
+        ``endpoint``: one, or a comma-separated list to fail over between (``endpoints``; the
+        one in use is ``endpoint``).
         """
         config = config or ClientConfig()
         self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
         self._broker_key_spec = broker_key or os.environ.get(ENV_BROKER_KEY) or config.broker_key or None
         self.identity: str | None = None  # our key's name, once connected with CURVE
         # One precedence everywhere (CLI, library, pipeline): argument > MC0_ENDPOINT > config > default.
-        self.endpoint = check_endpoint(endpoint or os.environ.get(ENV_ENDPOINT) or config.endpoint)
+        self.endpoints = parse_endpoints(endpoint or os.environ.get(ENV_ENDPOINT) or config.endpoint)
+        self.endpoint = self.endpoints[0]  # the one in use (or being tried)
         self._seen: list[str] = []  # monitor events while connecting (bounded: see _watch)
         self._connected_ever = False
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
         self.request_timeout = config.request_timeout_ms / 1000.0
         ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
-        self.session = ClientSession(ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch, echo=echo)
+        self.session = ClientSession(
+            ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch, echo=echo, failover=len(self.endpoints) > 1
+        )
         self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
         self.on_fault = on_fault
         self.reconnects = 0
         self.max_outgoing = max_outgoing
         self._context = context
+        self._curve: tuple[keyfiles.KeyPair, bytes] | None = None
+        self._resend: dict[str, Frames] = {}
         self._socket: zmq.Socket[bytes] | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._out: Link | None = None
@@ -142,35 +141,22 @@ class Connection:
             raise ClosedError("client is closed")
         if self._socket is not None:
             return self
-        curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
-        context = self._context or zmq.asyncio.Context.instance()
-        # A plain socket (its FD on the event loop, see Link), from the asyncio context so the
-        # monitor socket made from it is an asyncio one.
-        sock: zmq.Socket[bytes] = zmq.Socket(context, zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # Small libzmq queues (in messages, which are batches of up to 256 KiB): what waits to be sent
-        # is in the Link's buffer, counted in bytes, where back-pressure reaches the publisher.
-        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        # Queue only to a connection that is up: what is sent while it is down waits in the Link
-        # (counted, bounded) instead of in libzmq, where it would reach a restarted broker ahead
-        # of the CONNECT and be refused.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        if curve is not None:
-            configure_client(sock, *curve)
-        self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_HANDSHAKE_EVENTS | _CONNECT_EVENTS))
-        sock.connect(self.endpoint)
-        self._socket = sock
+        self._curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
+        sock = self._dial(self.endpoints[0])
         loop = self._loop = asyncio.get_running_loop()
         self._out = Link(loop, sock, self.session, self.max_outgoing, self._on_message)
         self._connected = loop.create_future()
-        self._tasks = [
-            loop.create_task(self._beat(), name="mc0-heartbeat"),
-            loop.create_task(self._watch(), name="mc0-monitor"),
-        ]
+        self._tasks = [loop.create_task(self._beat(), name="mc0-heartbeat")]
+        self._watch_monitor()
         try:
-            self._out.send_now(self.session.connect(time.monotonic()))
-            await self._await_connected()
+            if len(self.endpoints) > 1:
+                await self._connect_any()
+            else:
+                self._out.send_now(self.session.connect(time.monotonic()))
+                await self._await_connected()
+        except Error:  # (an mc0.Timeout is a TimeoutError too: it already says what it waited for)
+            await self.close()
+            raise
         except TimeoutError:
             await self.close()
             raise Timeout(f"connect to {self.endpoint}", self.timeout, no_answer_detail(self._connected_ever)) from None
@@ -215,20 +201,19 @@ class Connection:
         self.identity = own.name
         return own, server
 
-    async def _watch(self) -> None:
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         """The socket monitor: handshake failures become AuthFailed (promptly, not a hang); a
         lost connection stops sends at once and its return CONNECTs at once (healing takes a
-        reconnect, not ``liveness x TTL``)."""
-        monitor = self._monitor
-        assert monitor is not None
+        reconnect, not ``liveness x TTL``; with an endpoint list, the loss fails over instead)."""
         while True:
             event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
             kind = int(event["event"])
-            if kind & _CONNECT_EVENTS:
+            if kind & CONNECT_EVENTS:
                 if kind == zmq.EVENT_CONNECTED:
                     self._connected_ever = True
                 elif len(self._seen) < 64 and not self._connected_ever:  # only the first attempts matter
-                    self._seen.append(_EVENT_NAMES.get(kind, ""))
+                    self._seen.append(EVENT_NAMES.get(kind, ""))
+                    self._early_verdict(diagnose(self._seen, self._connected_ever))
                 continue
             if kind == zmq.EVENT_DISCONNECTED:
                 if self._out is not None:
@@ -236,6 +221,8 @@ class Connection:
                 self._dispatch(self.session.link_lost())
                 continue
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if self.session.failover:
+                    continue  # each socket of a list gets its CONNECT when it is opened
                 frames = self.session.link_up(time.monotonic())
                 if frames is not None and self._out is not None and not self._closed:
                     self._out.send_now(frames)
@@ -275,9 +262,10 @@ class Connection:
         self._closed = True
         if self._out is not None:
             self._out.close()
-        for task in self._tasks:
+        tasks = list(self._tasks)  # (a failover replaces its monitor task in the list)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             try:
                 await task
             except asyncio.CancelledError:
@@ -348,6 +336,8 @@ class Connection:
         self.ensure_open()
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if self.session.failover and frames[0] in RESENT_VERBS:
+            self._resend[request_id] = frames  # a failover sends it again if the lost broker had it
         wait = self.timeout if timeout is None else timeout
         try:
             self._send(frames)
@@ -356,6 +346,7 @@ class Connection:
             raise Timeout(what, wait) from None
         finally:
             self._pending.pop(request_id, None)
+            self._resend.pop(request_id, None)
         if command.verb is Verb.ERROR:
             raise answer_error(command)
         return command
@@ -470,6 +461,9 @@ class Connection:
                     if not sub.patterns:
                         sub._end()
         elif isinstance(event, Reconnecting):
+            if event.lost and self.session.failover:
+                self._lose(event.reason)
+                return
             log.info("reconnecting to %s: %s", self.endpoint, event.reason)
             # The broker forgets a session on reconnect: whatever we were waiting for is lost.
             self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))

@@ -20,7 +20,11 @@ CONNECT itself.  A message libzmq will not take (its small queue is full)
 waits, in order, until the socket is writable again.  The buffer plus what
 libzmq has not taken is bounded by ``max_bytes``: ``wait_for_room`` is the
 back-pressure a producer awaits.  Thread-safe entry for other threads:
-``send_record_threadsafe`` and ``wait_for_room_threadsafe``.
+``send_record_threadsafe`` and ``wait_for_room_threadsafe``.  A client that
+fails over to another broker moves the Link to a new socket
+(``replace_socket``): what waits here stays, in order; ``unsent_ids`` names
+the commands among it that no broker has seen, and ``send_first`` puts
+commands to repeat ahead of it.
 
 ZMQ_FD is edge-triggered: it signals that ``ZMQ_EVENTS`` may have changed,
 and any send or receive may consume that signal.  So after every flush and
@@ -41,7 +45,7 @@ from typing import cast
 
 import zmq
 
-from ..errors import ClosedError, Timeout
+from ..errors import ClosedError, ProtocolError, Timeout
 from ..protocol import Verb, batch
 from ..session import ClientSession, Frames
 
@@ -218,6 +222,44 @@ class Link:
             if frames[0] != _CONNECT:
                 self._held.append((frames, size))
                 self._held_bytes += size
+
+    # ------------------------------------------------------------ failover
+    def replace_socket(self, socket: zmq.Socket[bytes]) -> None:
+        """Read and write ``socket`` from now on (the owner closes the old one after): what
+        libzmq had not taken waits for the next ``flush``, as after a lost connection."""
+        self.hold_blocked()
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+        self.loop.remove_reader(self._fd)
+        self.socket = socket
+        self._fd = socket.FD
+        self.loop.add_reader(self._fd, self._on_events)
+
+    def unsent_ids(self) -> set[str]:
+        """The IDs of the commands waiting here, never handed to libzmq: no broker has seen them."""
+        with self._foreign_lock:
+            blobs = [record for record, _ in self._foreign]
+        blobs += self._records
+        for frames, _ in (*self._blocked, *self._held):
+            blobs.append(frames[2] if batch.is_batch(frames) else batch.frames_record(frames))
+        ids: set[str] = set()
+        for blob in blobs:
+            try:
+                for code, start, end in batch.records(blob):
+                    found = batch.id_of(blob, code, start, end)
+                    if found is not None:
+                        ids.add(found)
+            except ProtocolError:  # our own records: cannot happen, and would only mean fewer ids
+                continue
+        return ids
+
+    def send_first(self, commands: list[Frames]) -> None:
+        """``commands`` go ahead of everything waiting, once the session is accepted (``flush``)."""
+        for frames in reversed(commands):
+            size = sum(map(len, frames))
+            self._held.appendleft((frames, size))
+            self._held_bytes += size
 
     def _send_frames(self, frames: Frames) -> None:
         send = self.socket.send

@@ -55,7 +55,8 @@ config_option = click.option(
 endpoint_option = click.option(
     "--endpoint",
     envvar=cfg.ENV_ENDPOINT,
-    help="Broker endpoint (default: $MC0_ENDPOINT, config, tcp://127.0.0.1:61616).",
+    help="Broker endpoint, or a comma-separated list to fail over between "
+    "(default: $MC0_ENDPOINT, config, tcp://127.0.0.1:61616).",
 )
 timeout_option = click.option(
     "--timeout",

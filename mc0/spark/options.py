@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..endpoints import parse_endpoints
 from ..errors import ConfigError
 
 SOURCE_NAME = "mc0"
@@ -71,7 +72,10 @@ class Connection:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Connection:
         timeout = _int_option(options, "timeout", 30) or 30
-        return cls(options.get("endpoint"), options.get("key"), options.get("brokerKey"), float(timeout))
+        endpoint = options.get("endpoint")
+        if endpoint is not None:  # one, or a comma-separated list to fail over between: checked here, in the driver
+            parse_endpoints(endpoint, where="option endpoint")
+        return cls(endpoint, options.get("key"), options.get("brokerKey"), float(timeout))
 
     def client_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"timeout": self.timeout}
