@@ -25,6 +25,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "mc0.permissions",
         "mc0.security",
         "mc0.process",
+        "mc0.natsproc",
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
@@ -35,7 +36,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "monitoring": ("mc0.broker.monitoring",),
     "shell": ("mc0.broker.server", "mc0.broker.outbox", "mc0.broker.nngbridge", "mc0.broker.check", "mc0.broker"),
     "spark": ("mc0.spark",),
-    "app": ("mc0.cli", "mc0.demo", "mc0.__main__", "mc0"),
+    "app": ("mc0.cli", "mc0.demo", "mc0.__main__"),
 }
 BELOW_THE_BROKER = ("base", "protocol", "settings")
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
@@ -55,6 +56,8 @@ CORE_MAY_ALSO_IMPORT = {"mc0.broker.storage.port"}
 
 
 def floor_of(module: str) -> str:
+    if module == "mc0":
+        return "app"  # the package's front door (mc0.Client, mc0.Broker ...)
     for floor, prefixes in FLOORS.items():
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return floor
