@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from .endpoints import parse_endpoints
 from .errors import ConfigError
 from .permissions import Permissions
-from .protocol import ANONYMOUS, SYS_MAILBOX_PATTERN
+from .protocol import ANONYMOUS, SYS_MAILBOX_PATTERN, routes
 from .settings import (
     DEFAULT_ENDPOINT,
     ENV_BROKER_KEY,
@@ -111,8 +111,9 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
         elif kind == tuple[str, ...]:
             if isinstance(raw, str):
                 raw = [raw]
-            if not isinstance(raw, list) or not raw or not all(isinstance(v, str) and v for v in raw):
-                raise ConfigError(path, f"must be a non-empty list of strings, got {raw!r}")
+            may_be_empty = known[key].metadata.get("empty")
+            if not isinstance(raw, list) or not (raw or may_be_empty) or not all(isinstance(v, str) and v for v in raw):
+                raise ConfigError(path, f"must be a {'' if may_be_empty else 'non-empty '}list of strings, got {raw!r}")
             if key == "topics":
                 for pattern in raw:
                     try:
@@ -146,6 +147,13 @@ def _check(config: Config) -> Config:
             f"{limits.max_message_bytes} exceeds max_frame_bytes {limits.max_frame_bytes}",
         )
     parse_endpoints(config.client.endpoint, where="client.endpoint")  # one line naming a bad entry
+    cluster = config.cluster
+    for i, url in enumerate(cluster.nats):
+        routes.check_url(url, f"cluster.nats[{i}]")
+    if cluster.name:
+        routes.check_name(cluster.name)
+    if cluster.tls_key and not cluster.tls_cert:
+        raise ConfigError("cluster.tls_key", "a key needs tls_cert, the certificate it belongs to")
     if config.memodb.identity == ANONYMOUS:
         raise ConfigError("memodb.identity", f"choose a name of its own, not {ANONYMOUS!r} (see docs/SECURITY.md)")
     return config
@@ -191,6 +199,14 @@ def resolve_paths(config: Config, base: Path) -> Config:
             config.client, key=under(config.client.key), broker_key=under(config.client.broker_key)
         ),
         journals=journals,
+        cluster=dataclasses.replace(
+            config.cluster,
+            credentials=under(config.cluster.credentials),
+            nkey_seed=under(config.cluster.nkey_seed),
+            tls_ca=under(config.cluster.tls_ca),
+            tls_cert=under(config.cluster.tls_cert),
+            tls_key=under(config.cluster.tls_key),
+        ),
     )
 
 

@@ -147,6 +147,28 @@ class MemodbConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: join other brokers over a NATS cluster (``mc0 broker --cluster URL,URL --name NAME``;
+    docs/DEPLOY.md).  Standalone while ``nats`` is empty.  Each broker stays the gateway its peers
+    know; NATS carries what crosses brokers.  Credentials go in the URL (``nats://user:pass@host:4222``),
+    or in a creds / nkey seed file; TLS with ``tls_ca`` (and ``tls_cert``/``tls_key`` for mutual TLS)."""
+
+    # NATS server URLs (they may hold credentials: never shown); () = standalone.
+    nats: tuple[str, ...] = field(default=(), repr=False, metadata={"empty": True})
+    name: str = field(default="", metadata={"empty": True})  # unique per broker; "" = host + first bind's port
+    credentials: str = field(default="", metadata={"empty": True})  # a NATS .creds file (user JWT + nkey seed)
+    nkey_seed: str = field(default="", metadata={"empty": True})  # an nkey seed file
+    tls_ca: str = field(default="", metadata={"empty": True})  # CA bundle that signed the NATS servers
+    tls_cert: str = field(default="", metadata={"empty": True})  # client certificate (mutual TLS)
+    tls_key: str = field(default="", metadata={"empty": True})  # its private key
+    tls_hostname: str = field(default="", metadata={"empty": True})  # the name the servers' certificates carry
+    hello_ms: int = field(default=250, metadata={"min": 20})  # beacon interval: discovery and liveness
+    route_liveness: int = field(default=4, metadata={"min": 2})  # beacons missed before a broker is gone
+    reconnect_ms: int = field(default=200, metadata={"min": 10})  # between NATS reconnection attempts
+    ping_ms: int = field(default=1_000, metadata={"min": 1000})  # NATS pings: a frozen server is left after 2
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
@@ -154,6 +176,7 @@ class Config:
     permissions: Permissions = field(default_factory=Permissions)
     http: HttpConfig = field(default_factory=HttpConfig)
     memodb: MemodbConfig = field(default_factory=MemodbConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Where relative paths of a config file (keys_dir, allowed_dir, journal folders, key files)
     # resolve: "" = the config file's own folder; a relative data_dir is itself taken from there.
     # Without a config file they follow the current directory.

@@ -1,0 +1,332 @@
+"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by an inproc PAIR socket.
+
+Contract: the constructor does no I/O.  ``start(context, name)`` binds a zmq
+PAIR on an inproc address of the broker's context and starts the thread,
+which connects to the NATS servers of ``[cluster] nats`` (retrying every
+``RETRY_S`` while none answers: a broker cut off from NATS keeps serving its
+own peers), subscribes to the beacons and to this broker's inbox, and
+publishes a beacon every ``hello_ms``.  The broker loop polls :attr:`socket`
+and calls :meth:`receive`, which returns what arrived in order:
+
+- ``Hello(name, epoch)``: another broker's beacon;
+- ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);
+- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now).
+
+:meth:`send` hands one route's blob to the thread (one NATS message each).
+Nothing of the protocol is decided here: :mod:`mc0.broker.core.routes` does that.
+Credentials are never logged (URLs are shown without them).  ``close()`` is
+idempotent: it flushes what NATS still buffers (bounded), closes the
+connection and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import ssl
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ...errors import ConfigError
+from ...protocol import routes as wire
+from ...settings import ClusterConfig
+
+log = logging.getLogger("mc0.broker")
+
+RETRY_S = 1.0  # between initial connection attempts while no NATS server answers
+CONNECT_TIMEOUT_S = 2.0
+CLOSE_FLUSH_S = 1.0
+# Route traffic arrives in batches: a broker that cannot keep up must not be cut off by
+# its own client library (nats-py's default pending limit is 512k messages / 128 MiB).
+PENDING_MSGS = 1 << 20
+PENDING_BYTES = 512 * 1024 * 1024
+_STOP = b"\x00stop"
+_HELLO, _ROUTE, _UP, _DOWN = b"H", b"R", b"U", b"D"
+_inproc_serials = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    name: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteBlob:
+    name: str
+    epoch: int
+    blob: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChange:
+    up: bool
+
+
+Inbound = Hello | RouteBlob | LinkChange
+
+
+def redacted(url: str) -> str:
+    """A NATS URL without its credentials (for logs and /varz)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
+    """The TLS context ``[cluster]`` asks for (None: plain TCP, or TLS as the URL scheme says)."""
+    if not (config.tls_ca or config.tls_cert):
+        return None
+    try:
+        context = ssl.create_default_context(cafile=config.tls_ca or None)
+        if config.tls_cert:
+            context.load_cert_chain(config.tls_cert, config.tls_key or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("cluster.tls_ca" if not config.tls_cert else "cluster.tls_cert", str(exc)) from None
+    return context
+
+
+class ClusterLink:
+    def __init__(self, config: ClusterConfig, *, epoch: int | None = None) -> None:
+        self.config = config
+        self.epoch = epoch if epoch is not None else int.from_bytes(os.urandom(8), "big")
+        self.name = ""
+        self.socket: zmq.Socket[bytes] | None = None  # the broker loop's end of the PAIR
+        self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
+        self.server = ""  # the NATS server in use, without credentials
+        self.counters: dict[str, int] = {"sent": 0, "sent_bytes": 0, "received": 0, "malformed": 0, "reconnects": 0}
+        self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._started = threading.Event()
+
+    # ------------------------------------------------------------ lifecycle (the broker's thread)
+    def start(self, context: zmq.Context[Any], name: str) -> None:
+        self.name = wire.check_name(name)
+        tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
+        pair = context.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
+        pair.setsockopt(zmq.RCVHWM, 0)
+        pair.bind(self._inproc)
+        self.socket = pair
+        self._thread = threading.Thread(target=self._run, args=(context,), name="mc0-cluster", daemon=True)
+        self._thread.start()
+        self._started.wait(5.0)
+        shown = ", ".join(redacted(u) for u in self.config.nats)
+        log.info("cluster: broker %s (epoch %016x) joining over NATS %s", self.name, self.epoch, shown)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.socket is not None:
+            try:
+                self.socket.send(_STOP, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if self._thread is not None:
+            self._thread.join(CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None
+
+    # ------------------------------------------------------------ the broker loop's side
+    def receive(self, limit: int = 256) -> list[Inbound]:
+        """What the link thread passed on, oldest first (at most ``limit`` items a call)."""
+        sock = self.socket
+        out: list[Inbound] = []
+        if sock is None:
+            return out
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            kind = frames[0]
+            if kind == _ROUTE:
+                out.append(RouteBlob(frames[1].decode(), int.from_bytes(frames[2], "big"), frames[3]))
+            elif kind == _HELLO:
+                out.append(Hello(frames[1].decode(), int.from_bytes(frames[2], "big")))
+            elif kind in (_UP, _DOWN):
+                out.append(LinkChange(kind == _UP))
+        return out
+
+    def send(self, name: str, blob: bytes) -> None:
+        """One route message to broker ``name`` (published by the link thread, in order)."""
+        if self.socket is not None:
+            self.socket.send_multipart((name.encode(), blob), zmq.NOBLOCK, copy=len(blob) < 65536)
+            self.counters["sent"] += 1
+            self.counters["sent_bytes"] += len(blob)
+
+    # ------------------------------------------------------------ the link thread
+    def _run(self, context: zmq.Context[Any]) -> None:
+        try:
+            asyncio.run(self._main(context))
+        except Exception:  # pragma: no cover - a bug in the thread: say so, the broker carries on alone
+            log.exception("cluster: the link thread failed; this broker now serves its own peers only")
+            self.connected = False
+
+    def _options(self) -> dict[str, Any]:
+        config = self.config
+        options: dict[str, Any] = {
+            "servers": list(config.nats),
+            "name": f"mc0-broker-{self.name}",
+            "no_echo": True,  # its own beacons never come back
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": config.reconnect_ms / 1000.0,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "ping_interval": max(1, config.ping_ms // 1000),  # a frozen server is left after ~2 pings
+            "max_outstanding_pings": 2,
+            "dont_randomize": False,
+            "pending_size": 64 * 1024 * 1024,
+        }
+        if config.credentials:
+            options["user_credentials"] = config.credentials
+        if config.nkey_seed:
+            options["nkeys_seed"] = config.nkey_seed
+        tls = tls_context(config)
+        if tls is not None:
+            options["tls"] = tls
+            if config.tls_hostname:
+                options["tls_hostname"] = config.tls_hostname
+        return options
+
+    async def _main(self, context: zmq.Context[Any]) -> None:
+        # nats-py, imported here so a standalone broker never loads it.
+        from nats.aio.client import Client as Nats
+
+        actx = zmq.asyncio.Context.shadow(context)
+        pair = actx.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.setsockopt(zmq.SNDHWM, 0)
+        pair.setsockopt(zmq.RCVHWM, 0)
+        pair.connect(self._inproc)
+        self._started.set()
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+
+        def post(frames: tuple[bytes, ...]) -> None:
+            pair.send_multipart(frames, zmq.NOBLOCK)
+
+        async def on_hello(msg: Any) -> None:
+            parsed = wire.parse_hello(msg.data)
+            if parsed is None:
+                self.counters["malformed"] += 1
+                return
+            name, epoch = parsed
+            if name != self.name:
+                post((_HELLO, name.encode(), epoch.to_bytes(8, "big")))
+
+        async def on_route(msg: Any) -> None:
+            parsed = wire.parse_route_message(msg.data)
+            if parsed is None:
+                self.counters["malformed"] += 1
+                return
+            sender, epoch, blob = parsed
+            self.counters["received"] += 1
+            post((_ROUTE, sender.encode(), epoch.to_bytes(8, "big"), blob))
+
+        async def on_disconnected() -> None:
+            if self.connected:
+                log.warning("cluster: lost NATS %s; serving local peers only until it is back", self.server)
+            self.connected = False
+            post((_DOWN,))
+
+        async def on_reconnected() -> None:
+            self.counters["reconnects"] += 1
+            self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
+            log.warning("cluster: NATS back at %s", self.server)
+            self.connected = True
+            post((_UP,))
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("cluster: NATS: %s", exc)
+
+        nc = Nats()
+        options = self._options()
+        options.update(disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, error_cb=on_error)
+
+        async def connect() -> bool:
+            while not stopping.is_set():
+                try:
+                    await asyncio.wait_for(nc.connect(**options), CONNECT_TIMEOUT_S * len(self.config.nats) + 1)
+                    return True
+                except Exception as exc:  # no server answers yet: try again (each failure is one line)
+                    log.warning("cluster: no NATS server answers (%s); retrying", type(exc).__name__)
+                    try:
+                        await asyncio.wait_for(stopping.wait(), RETRY_S)
+                    except TimeoutError:
+                        pass
+            return False
+
+        async def beacons() -> None:
+            hello = wire.hello(self.name, self.epoch)
+            every = self.config.hello_ms / 1000.0
+            while not stopping.is_set():
+                if nc.is_connected:
+                    try:
+                        await nc.publish(wire.HELLO_SUBJECT, hello)
+                    except Exception as exc:  # reconnecting: the next beacon will go
+                        log.debug("cluster: beacon not sent: %s", exc)
+                try:
+                    await asyncio.wait_for(stopping.wait(), every)
+                except TimeoutError:
+                    pass
+
+        async def outbound() -> None:
+            while True:
+                frames = await pair.recv_multipart(copy=True)
+                if frames[0] == _STOP:
+                    stopping.set()
+                    return
+                if not nc.is_connected and not nc.is_reconnecting:
+                    continue  # never connected yet: routes cannot exist, nothing to deliver
+                target, blob = frames[0].decode(), frames[1]
+                try:
+                    await nc.publish(wire.inbox(target), wire.route_message(self.name, self.epoch, blob))
+                except Exception as exc:  # buffer full while reconnecting: the route is lost anyway
+                    self.counters["dropped"] = self.counters.get("dropped", 0) + 1
+                    log.debug("cluster: route message to %s dropped: %s", target, exc)
+
+        sender = loop.create_task(outbound())
+        ticker: asyncio.Task[None] | None = None
+        try:
+            if await connect():
+                self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
+                for subject, callback in ((wire.HELLO_SUBJECT, on_hello), (wire.inbox(self.name), on_route)):
+                    await nc.subscribe(
+                        subject, cb=callback, pending_msgs_limit=PENDING_MSGS, pending_bytes_limit=PENDING_BYTES
+                    )
+                await nc.flush(int(CONNECT_TIMEOUT_S))
+                self.connected = True
+                log.info("cluster: connected to NATS %s", self.server)
+                post((_UP,))
+                ticker = loop.create_task(beacons())
+            await stopping.wait()
+        finally:
+            self.connected = False
+            if ticker is not None:
+                ticker.cancel()
+            sender.cancel()
+            if nc.is_connected:
+                try:
+                    await asyncio.wait_for(nc.flush(), CLOSE_FLUSH_S)
+                except Exception:
+                    pass
+            try:
+                await asyncio.wait_for(nc.close(), CLOSE_FLUSH_S)
+            except Exception:
+                pass
+            pair.close(linger=0)
