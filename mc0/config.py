@@ -144,6 +144,9 @@ def _check(config: Config) -> Config:
             "broker.limits.max_message_bytes",
             f"{limits.max_message_bytes} exceeds max_frame_bytes {limits.max_frame_bytes}",
         )
+    if broker.max_consumers_per_identity > broker.max_consumers:
+        reason = f"{broker.max_consumers_per_identity} exceeds max_consumers {broker.max_consumers}"
+        raise ConfigError("broker.max_consumers_per_identity", reason)
     if config.memodb.identity == ANONYMOUS:
         raise ConfigError("memodb.identity", f"choose a name of its own, not {ANONYMOUS!r} (see docs/SECURITY.md)")
     return config

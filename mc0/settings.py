@@ -56,6 +56,11 @@ class CoreSettings:
     mailbox_max_bytes: int = 16 * 1024 * 1024
     mailbox_ttl_ms: int = 3_600_000
     mailboxes_max_bytes: int = 256 * 1024 * 1024
+    # Durable consumers (mc0.consumer create): at most max_consumers on the broker, and at most
+    # max_consumers_per_identity owned by one identity (429 beyond either), so one identity
+    # cannot take every slot.  Saved consumers are restored whatever these say.
+    max_consumers: int = 1_000
+    max_consumers_per_identity: int = 100
 
 
 @dataclass(frozen=True, slots=True)

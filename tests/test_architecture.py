@@ -31,7 +31,9 @@ LAYERS: list[list[str]] = [
         "mc0.broker.telemetry",
         "mc0.broker.store",
         "mc0.broker.consumerfiles",
+        "mc0.broker.access",
     ],
+    ["mc0.broker.consumerstate"],
     [
         "mc0.aio.streams",
         "mc0.aio.consumer",
@@ -98,6 +100,8 @@ PURE = (
     "mc0.broker.pubsub",
     "mc0.broker.mailboxes",
     "mc0.broker.consumers",
+    "mc0.broker.consumerstate",
+    "mc0.broker.access",
     "mc0.broker.rpc",
     "mc0.broker.jobs",
     "mc0.broker.streams",
