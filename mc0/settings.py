@@ -143,8 +143,9 @@ class MemodbConfig:
     enabled: bool = False
     listen: str = "tcp://127.0.0.1:12703"  # any NNG address: tcp://host:port, tcp://[::1]:port, ipc:///path
     identity: str = "memodb"
-    # NNG contexts, each holding one request until its reply: requests waiting at once, a
-    # waiting (parked) worker's included, so keep it above the number of MemoDB workers.
+    # NNG contexts, each holding one request until its reply: clients' JOBs (and anything not a
+    # worker's) waiting at once.  A waiting (parked) worker's request is held on a context of its
+    # own beside these, at most max_workers of them, so parked workers never crowd out JOBs.
     max_pending: int = field(default=256, metadata={"min": 1})
     max_workers: int = field(default=1024, metadata={"min": 1})
     heartbeat_ms: int = field(default=5_000, metadata={"min": 10})  # a waiting worker's HEARTBEAT
