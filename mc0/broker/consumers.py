@@ -160,29 +160,34 @@ class Consumers:
             return self._create(client, rid, user, query, now)
         consumer = self._find(query, rid)
         self._check_owner(client, consumer, rid)
-        if op != "delete":  # its owner may always delete it (and free its quota)
-            self._check_grants(client, consumer, rid)
-        self._claim(client, consumer)
+        if op == "delete":  # its owner may always delete it (and free its quota)
+            return self._delete(client, rid, user, consumer, now)
+        if op not in ("info", "pull", "ack", "nak", "term"):
+            ops = "create, pull, ack, nak, term, info, delete, list"
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+        self._check_grants(client, consumer, rid)
         if op == "info":
+            self._claim(client, consumer)
             return [self._final(client, rid, user, self.info(consumer))]
         if op == "pull":
-            return self._pull(client, rid, user, consumer, query, deadline, now)
-        if op in ("ack", "nak", "term"):
-            return self._settle(client, rid, user, consumer, op, query, now)
-        if op == "delete":
-            key = consumer.key
-            del self.consumers[key]
-            self._owned[consumer.owner] -= 1
-            if not self._owned[consumer.owner]:
-                del self._owned[consumer.owner]
-            self._dirty.discard(key)
-            self._deleted.add(key)
-            for waiting in consumer.waiting:
-                self._answer_pull(consumer, waiting, [], now)
-            self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
-            return []
-        ops = "create, pull, ack, nak, term, info, delete, list"
-        raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+            out = self._pull(client, rid, user, consumer, query, deadline, now)
+        else:
+            out = self._settle(client, rid, user, consumer, op, query, now)
+        self._claim(client, consumer)  # once the request was valid: a bad one changes nothing
+        return out
+
+    def _delete(self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, now: float) -> list[Out]:
+        key = consumer.key
+        del self.consumers[key]
+        self._owned[consumer.owner] -= 1
+        if not self._owned[consumer.owner]:
+            del self._owned[consumer.owner]
+        self._dirty.discard(key)
+        self._deleted.add(key)
+        for waiting in consumer.waiting:
+            self._answer_pull(consumer, waiting, [], now)
+        self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
+        return []
 
     def _final(self, client: Peer, rid: str, user: dict[str, str], data: object) -> Out:
         body = json.dumps(data, sort_keys=True).encode()
