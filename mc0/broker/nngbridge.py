@@ -15,8 +15,9 @@ nothing leaks).  A worker's request (READY, RESULT, HEARTBEAT:
 job or a heartbeat, so a context that receives one hands its place in the
 pool to a new context and is closed once answered: parked workers (at most
 ``max_workers`` on contexts of their own) never take the ``max_pending``
-contexts that clients' JOBs are received on.  A message over the broker's ``max_message_bytes`` (plus the
-header's room) is refused by NNG itself (``recv_max_size``).
+contexts that clients' JOBs are received on.  A message over the broker's
+``max_message_bytes`` (plus the header's room) is refused by NNG itself
+(``recv_max_size``).
 
 The broker loop polls :attr:`socket` like its ROUTER and calls
 :meth:`receive` (requests -> :class:`~mc0.broker.memodb.MemoDB`), :meth:`flush`
