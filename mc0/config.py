@@ -147,6 +147,9 @@ def _check(config: Config) -> Config:
             f"{limits.max_message_bytes} exceeds max_frame_bytes {limits.max_frame_bytes}",
         )
     parse_endpoints(config.client.endpoint, where="client.endpoint")  # one line naming a bad entry
+    if broker.max_consumers_per_identity > broker.max_consumers:
+        reason = f"{broker.max_consumers_per_identity} exceeds max_consumers {broker.max_consumers}"
+        raise ConfigError("broker.max_consumers_per_identity", reason)
     cluster = config.cluster
     for i, url in enumerate(cluster.nats):
         routes.check_url(url, f"cluster.nats[{i}]")

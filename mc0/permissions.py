@@ -105,6 +105,12 @@ class Grants:
         """False when a subscribe-deny pattern matches this topic."""
         return not any(pattern_matches(d, topic) for d in self.deny_subscribe)
 
+    def may_receive(self, topic: tuple[str, ...]) -> bool:
+        """A message on this literal topic may be handed to this identity: a SUB naming the topic
+        would be accepted and the delivery not filtered.  The check for what the broker hands
+        out without a SUB pattern of the identity's own (fetches, durable consumers, dead letters)."""
+        return self.may_subscribe(topic) and self.delivers(topic)
+
     def may_call(self, service: tuple[str, ...]) -> bool:
         return self._literal("call", service)
 

@@ -56,6 +56,11 @@ class CoreSettings:
     mailbox_max_bytes: int = 16 * 1024 * 1024
     mailbox_ttl_ms: int = 3_600_000
     mailboxes_max_bytes: int = 256 * 1024 * 1024
+    # Durable consumers (mc0.consumer create): at most max_consumers on the broker, and at most
+    # max_consumers_per_identity owned by one identity (429 beyond either), so one identity
+    # cannot take every slot.  Saved consumers are restored whatever these say.
+    max_consumers: int = 1_000
+    max_consumers_per_identity: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +144,9 @@ class MemodbConfig:
     enabled: bool = False
     listen: str = "tcp://127.0.0.1:12703"  # any NNG address: tcp://host:port, tcp://[::1]:port, ipc:///path
     identity: str = "memodb"
-    # NNG contexts, each holding one request until its reply: requests waiting at once, a
-    # waiting (parked) worker's included, so keep it above the number of MemoDB workers.
+    # NNG contexts, each holding one request until its reply: clients' JOBs (and anything not a
+    # worker's) waiting at once.  A waiting (parked) worker's request is held on a context of its
+    # own beside these, at most max_workers of them, so parked workers never crowd out JOBs.
     max_pending: int = field(default=256, metadata={"min": 1})
     max_workers: int = field(default=1024, metadata={"min": 1})
     heartbeat_ms: int = field(default=5_000, metadata={"min": 10})  # a waiting worker's HEARTBEAT

@@ -34,6 +34,26 @@ def test_the_newest_state_comes_back_and_one_save_is_one_append(tmp_path: Path, 
     files.close()  # idempotent
 
 
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_descriptors_stay_bounded_however_many_consumers_save(tmp_path: Path, sync: bool) -> None:
+    """One descriptor per consumer ran a broker out of them (1,018 open for 1,000 consumers)."""
+    files = ConsumerFiles(tmp_path, sync=sync)
+    before = open_fds()
+    names = [f"c{i}" for i in range(3 * consumerfiles.MAX_OPEN_LOGS)]
+    for turn in range(3):  # every log is closed and reopened between saves
+        for name in names:
+            files.save(name, f"{name}-{turn}".encode())
+        assert open_fds() - before <= consumerfiles.MAX_OPEN_LOGS
+    assert reopened(tmp_path) == {name: f"{name}-2".encode() for name in names}
+    assert (tmp_path / "c0.log").stat().st_size == sum(8 + len(f"c0-{t}") for t in range(3))  # appended
+    files.close()
+    assert open_fds() == before
+
+
 def test_a_torn_last_record_falls_back_to_the_one_before(tmp_path: Path) -> None:
     files = ConsumerFiles(tmp_path, sync=False)
     files.save("c", b"first")

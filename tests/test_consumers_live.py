@@ -244,3 +244,63 @@ def test_cli_consume_continues_where_the_last_run_stopped_and_stats_show_it(tmp_
         assert "durable consumers" in table.stdout and "main/c" in table.stdout
         missing = mc0_cli("consume", "nope", "c", "--count", "1", "--endpoint", broker.endpoint)
         assert missing.returncode == 1 and missing.stderr.startswith("mc0: error: 404 unknown journal 'nope'")
+
+
+def test_one_identity_cannot_take_every_consumer_slot_nor_the_brokers_descriptors(tmp_path: Path) -> None:
+    """With the default quotas: alice creates consumers (each saved: a state log) until 429; the
+    broker's open descriptors stay bounded, and bob still creates his."""
+    import psutil
+
+    quota = 100  # max_consumers_per_identity's default
+    setup = CurveSetup(tmp_path, extra=JOURNAL)
+    with setup.start() as broker, mc0.Client(broker.endpoint, **setup.client_options("alice")) as alice:
+        assert broker.proc is not None
+        process = psutil.Process(broker.proc.pid)
+        alice.consume("main", "first", topics=["jobs.>"])
+        before = process.num_fds()
+        created = 1
+        with pytest.raises(mc0.OverLimit, match="max_consumers_per_identity"):
+            for i in range(1000):  # bounded: max_consumers' default
+                alice.consume("main", f"a{i}", topics=["jobs.>"])
+                created += 1
+        assert created == quota
+        assert process.num_fds() <= before + 40  # not one per consumer (consumerfiles.MAX_OPEN_LOGS = 32)
+        with mc0.Client(broker.endpoint, **setup.client_options("bob")) as bob:
+            mine = bob.consume("main", "bobs", topics=["jobs.>"])
+            publish(broker.endpoint, 1, **setup.client_options("bob"))
+            assert [m.body for m in mine.fetch(10, wait=5.0)] == [b"0", b"last"]
+            with pytest.raises(mc0.Forbidden, match="belongs to another identity"):
+                bob.consume("main", "first", topics=["jobs.>"]).fetch(1, wait=0)
+
+
+def test_sighup_that_removes_the_grant_withdraws_a_waiting_pull(tmp_path: Path) -> None:
+    """bob waits on his consumer; the reloaded policy no longer lets him subscribe to its topics:
+    the pull is answered 403 at once, and a record published after is not delivered to it."""
+    import asyncio
+    import signal
+    import time
+
+    import mc0.aio
+
+    setup = CurveSetup(tmp_path, extra=JOURNAL + '[permissions.identity.bob]\nsubscribe = ["jobs.>"]\n')
+
+    async def run(broker: BrokerProcess) -> None:
+        async with mc0.aio.Client(broker.endpoint, **setup.client_options("bob")) as bob:
+            consumer = await bob.consume("main", "bobs", topics=["jobs.>"], deliver="new")
+            waiting = asyncio.ensure_future(consumer.fetch(10, wait=20.0))
+            for _ in range(100):  # bounded: until the broker holds the pull
+                if (await consumer.info())["waiting_pulls"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            setup.config.write_text(setup.config.read_text().replace('["jobs.>"]', '["other.>"]'))
+            broker.signal(signal.SIGHUP)
+            started = time.monotonic()
+            with pytest.raises(mc0.Forbidden, match="withdrawn by policy"):
+                await asyncio.wait_for(waiting, 10)
+            assert time.monotonic() - started < 5  # answered by the reload, not by the pull's 20 s wait
+            publish(broker.endpoint, 1, **setup.client_options("alice"))
+            with pytest.raises(mc0.Forbidden):
+                await consumer.fetch(10, wait=0.5)
+
+    with setup.start() as broker:
+        asyncio.run(run(broker))

@@ -12,6 +12,7 @@ import pytest
 import mc0
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.mailboxes import MAILBOX_OVERHEAD
 from mc0.permissions import Permissions
 from mc0.protocol import batch
 
@@ -97,7 +98,7 @@ def test_kept_while_offline_then_delivered_after_the_connect_ok_in_order() -> No
         assert h(core, b"a", f("PUT", "TOPIC", "t", "TO", "bob", "ID", str(i), "", str(i)), 0.0) == [
             (b"a", P.ok_mailbox(str(i), "stored"))
         ]
-    assert core.mailboxes.report() == {"bob": {"messages": 3, "bytes": core.mailboxes.total_bytes}}
+    assert core.mailboxes.report() == {"bob": {"messages": 3, "bytes": core.mailboxes.total_bytes - MAILBOX_OVERHEAD}}
     out = connect(core, b"b", "bob", 1.0, "1.0", "BATCH", "1")
     assert [frames_of(item)[0] for _, item in out] == [b"OK", b"MESSAGE", b"MESSAGE", b"MESSAGE"]
     assert [frames_of(item)[-1] for _, item in out[1:]] == [b"0", b"1", b"2"]
@@ -108,8 +109,10 @@ def test_kept_while_offline_then_delivered_after_the_connect_ok_in_order() -> No
     ("settings", "sizes", "refused_at", "needle"),
     [
         ({"mailbox_max_messages": 2}, [1, 1, 1], 2, "mailbox of bob is full (2 messages"),
-        ({"mailbox_max_bytes": 1200}, [500, 500, 500], 2, "the limits are 1000 messages, 1200 bytes"),
-        ({"mailboxes_max_bytes": 2048}, [900, 900, 900], 2, "mailboxes hold"),
+        # a letter counts its bytes (~570 for a 500-byte body) and LETTER_OVERHEAD (150)
+        ({"mailbox_max_bytes": 1600}, [500, 500, 500], 2, "the limits are 1000 messages, 1600 bytes"),
+        # and a mailbox MAILBOX_OVERHEAD (300): 300 + 2 x 1120 fit in 3000, a third does not
+        ({"mailboxes_max_bytes": 3000}, [900, 900, 900], 2, "mailboxes hold"),
     ],
 )
 def test_bounds_are_a_clear_429_and_keep_nothing(
@@ -137,6 +140,63 @@ def test_letters_expire_after_the_ttl() -> None:
     out = connect(core, b"b", "bob", 1.5)
     assert [item[-1] for _, item in out[1:]] == [b"new"]
     assert core.counters["mailbox_expired"] == 1
+
+
+# (letters, identities they go to, body bytes): every letter to its own identity costs the most
+MEMORY_SHAPES = [(20_000, 20_000, 1), (20_000, 20, 1), (5_000, 5_000, 1_000), (5_000, 1, 1_000)]
+
+
+@pytest.mark.parametrize(("letters", "identities", "size"), MEMORY_SHAPES)
+def test_the_bounds_count_what_kept_letters_cost(letters: int, identities: int, size: int) -> None:
+    """tracemalloc: the Python memory the kept letters hold is at most what the bounds count
+    (1-byte letters used to count ~47 bytes each and cost ~1.3 KB)."""
+    import gc
+    import tracemalloc
+
+    core = small_core(mailbox_max_messages=letters, mailbox_max_bytes=1 << 40, mailboxes_max_bytes=1 << 40)
+    connect(core, b"a", "alice")
+    puts = [f("PUT", "TOPIC", "t.x", "TO", f"node{i % identities}", "", b"x" * size) for i in range(letters)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for put in puts:
+            assert core.handle(b"a", put, 0.0, "alice") == []
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = core.mailboxes.total_bytes
+    assert core.mailboxes.summary()["messages"] == letters
+    assert held <= counted, f"{held / letters:.0f} bytes held per letter, {counted / letters:.0f} counted"
+    assert counted <= 2 * held + letters * size  # and not wildly more
+
+
+@pytest.mark.timeout(150)
+def test_kept_letters_cost_what_the_bounds_count_in_a_real_broker(broker: Any) -> None:
+    """200,000 one-byte letters to as many offline identities: the broker's RSS grows by at most
+    max(128 MiB, twice what the bounds count)."""
+    import asyncio
+
+    import psutil
+
+    process = psutil.Process(broker.proc.pid)
+    letters = 200_000
+
+    async def send() -> int:
+        async with mc0.aio.Client(broker.endpoint) as client:
+            for i in range(letters - 1):
+                await client.send_to(f"node{i}", "t.x", b"x")
+            # all before it are kept once this one is
+            assert await client.send_to("last", "t.x", b"x", confirm=True, timeout=60) == "stored"
+            stats = json.loads((await client.request("mc0.broker", b"stats")).body)
+            return int(stats["mailboxes"]["bytes"]) if stats["mailboxes"]["messages"] == letters else -1
+
+    before = process.memory_info().rss
+    counted = asyncio.run(asyncio.wait_for(send(), 120))
+    grown = process.memory_info().rss - before
+    assert counted > 0
+    assert grown <= max(128 << 20, 2 * counted), f"RSS +{grown >> 20} MiB, counted {counted >> 20} MiB"
 
 
 def test_send_to_needs_the_grant() -> None:

@@ -363,3 +363,24 @@ def test_malformed_gets_the_seeds_reaction_and_everyone_is_still_answered(
     assert payload == b"after"
     net.nng(msg(M.RESULT, worker, payload=b"fine"))
     assert net.answer(client)[1] == b"fine"
+
+
+# What the bridge's thread reads off a request's first bytes: a worker's (it parks at the broker,
+# on a context of its own) or not (a client's JOB, or anything else, on the pool's contexts).
+WORKER_SHAPED = [
+    (msg(M.READY, b"", ["svc"]), True),
+    (msg(M.RESULT, b"w" * 16, payload=b"answer"), True),
+    (msg(M.RESULT, b"w" * 16, True), True),
+    (msg(M.HEARTBEAT, b"w" * 16), True),
+    (msg(M.JOB, b"", "svc", 1000, payload=b"q"), False),
+    (msg(M.DISCONNECT, b"w" * 16), False),
+    (cbor2.dumps(["memo02", M.READY, b"", ["svc"]]), False),
+    (cbor2.dumps(["memo01", M.READY, b"", ["svc"], 1, 2]), False),  # 6 items: no worker's header
+    (b"", False),
+    (b"\x84fmemo0", False),
+]
+
+
+@pytest.mark.parametrize(("data", "worker"), WORKER_SHAPED)
+def test_a_workers_request_is_told_from_its_first_bytes(data: bytes, worker: bool) -> None:
+    assert M.is_worker_request(data) is worker

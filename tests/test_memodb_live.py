@@ -304,6 +304,51 @@ def test_malformed_table_gets_the_seeds_reactions_and_everyone_is_still_answered
         memo.close()
 
 
+def test_parked_workers_never_hold_up_a_clients_job(tmp_path: Path) -> None:
+    """max_workers (1,024) anonymous workers park (READY, never a job for them) with the default
+    max_pending (256) NNG contexts: a good client's JOB is still answered at once (it took 2-4 s
+    when parked workers held every context until their next heartbeat)."""
+    port = free_port()
+    path = tmp_path / "mc0.toml"
+    path.write_text(  # max_pending, max_workers and heartbeat_ms: the defaults
+        f'[memodb]\nenabled = true\nlisten = "tcp://127.0.0.1:{port}"\n'
+        '[permissions.default]\nsubscribe = [">", "mc0.sys.>"]\n'
+        '[permissions.identity.memodb]\nserve = ["park.>"]\ncall = ["good"]\n'
+    )
+    address = f"tcp://127.0.0.1:{port}"
+    parkers = [Memo(address) for _ in range(4)]
+    good = Memo(address, timeout_ms=10_000)
+    try:
+        with BrokerProcess(config=str(path), insecure=True) as broker, mc0.Client(broker.endpoint) as client:
+            worker = mc0.Worker(broker.endpoint)
+            worker.service("good")(lambda r: b"good " + r.body)
+            with worker:
+                _wait_served(client, "good")
+                for i in range(1024):
+                    parkers[i % 4].context().send(msg(READY, b"", [f"park.{i}"]))
+
+                def parked(at_least: int) -> None:
+                    deadline = time.monotonic() + 20
+                    while True:  # bounded: until the broker holds them parked (their heartbeat is 5 s off)
+                        peers = json.loads(client.request(P.BROKER_SERVICE, b'{"op":"peers"}', timeout=5).body)
+                        if sum(p["kind"] == "memodb-worker" for p in peers) >= at_least:
+                            return
+                        assert time.monotonic() < deadline, f"fewer than {at_least} workers parked"
+                        time.sleep(0.05)
+
+                parked(256)  # as many as there are contexts for requests
+                for k in range(5):
+                    started = time.monotonic()
+                    head, payload = good.ask(good.context(), msg(JOB, b"", "good", 5000, payload=b"%d" % k))
+                    assert (head, payload) == (["memo01", RESULT, b""], b"good %d" % k)
+                    assert time.monotonic() - started < 1.0, f"JOB {k} took {time.monotonic() - started:.1f} s"
+                parked(1024)  # parked workers have contexts of their own, up to max_workers
+    finally:
+        good.close()
+        for memo in parkers:
+            memo.close()
+
+
 def test_identity_without_a_grant_may_do_nothing(tmp_path: Path) -> None:
     port = free_port()
     path = tmp_path / "mc0.toml"

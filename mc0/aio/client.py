@@ -70,7 +70,8 @@ class Client(Connection):
     ) -> Consumer:
         """A durable consumer named ``name`` on ``journal`` (created if new; the same
         config again is fine, another one is ``Conflict``).  The broker keeps its
-        position across restarts; clients share its messages.  ``deliver``: ``"all"``
+        position across restarts; it belongs to this client's identity, whose clients
+        share its messages (another identity gets ``Forbidden``).  ``deliver``: ``"all"``
         (from the oldest record kept) or ``"new"`` (from the journal's end now).
         A message not settled within ``ack_wait`` seconds is delivered again, at
         most ``max_deliver`` times in all, then published to

@@ -2,8 +2,9 @@
 
 Contract: :class:`Consumer` talks to the broker's ``mc0.consumer`` service
 over its client (one request per pull or per settle); it holds no position
-of its own, so any number of clients may share one consumer (competing
-consumers) and a restarted client resumes where the consumer stands.
+of its own, so any number of clients of the identity that created the
+consumer may share it (competing consumers) and a restarted client resumes
+where the consumer stands.
 ``fetch`` returns up to ``max`` :class:`ConsumedMessage` (waiting up to
 ``wait`` for the first); each is settled once with ``ack()``, ``nak(delay)``
 or ``term()`` (or in bulk with ``Consumer.ack(*messages)``).  A message not

@@ -4,14 +4,20 @@ Contract: the constructor does no I/O; ``start(context)`` binds a zmq PAIR
 socket on an inproc address of the broker's context, opens the pynng
 ``Rep0`` socket and listens (a bad or taken address raises
 :class:`~mc0.errors.ConfigError` naming ``memodb.listen``), then starts the
-thread.  The thread runs an asyncio loop with a bounded pool of
-``max_pending`` NNG contexts (pynng ``Context``); each receives one request
-at a time, tags it with a fresh token (8 bytes, never reused), forwards
-``[token, data]`` over the PAIR socket and waits for the broker's answer for
-that token: ``[token, reply]`` is sent on the context, ``[token]`` alone drops
-the request (the context receives again; NNG discards the old request, so
-nothing leaks).  A message over the broker's ``max_message_bytes`` (plus the
-header's room) is refused by NNG itself (``recv_max_size``).
+thread.  The thread runs an asyncio loop with a pool of ``max_pending`` NNG
+contexts (pynng ``Context``); each receives one request at a time, tags it
+with a fresh token (8 bytes, never reused), forwards ``[token, data]`` over
+the PAIR socket and waits for the broker's answer for that token:
+``[token, reply]`` is sent on the context, ``[token]`` alone drops the
+request (the context receives again; NNG discards the old request, so
+nothing leaks).  A worker's request (READY, RESULT, HEARTBEAT:
+:func:`~mc0.broker.memodb.is_worker_request`) parks at the broker until a
+job or a heartbeat, so a context that receives one hands its place in the
+pool to a new context and is closed once answered: parked workers (at most
+``max_workers`` on contexts of their own) never take the ``max_pending``
+contexts that clients' JOBs are received on.  A message over the broker's
+``max_message_bytes`` (plus the header's room) is refused by NNG itself
+(``recv_max_size``).
 
 The broker loop polls :attr:`socket` like its ROUTER and calls
 :meth:`receive` (requests -> :class:`~mc0.broker.dialects.memodb.MemoDB`), :meth:`flush`
@@ -38,7 +44,7 @@ import zmq.asyncio
 from ..errors import ConfigError
 from ..settings import Config, MemodbConfig
 from .core.peers import Out
-from .dialects.memodb import MAX_HEADER_BYTES, MemoDB, Reply
+from .dialects.memodb import MAX_HEADER_BYTES, MemoDB, Reply, is_worker_request
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -216,6 +222,9 @@ class NngBridge:
         waiting: dict[bytes, asyncio.Future[bytes | None]] = {}
         tokens = itertools.count(1)
         sending: set[asyncio.Task[None]] = set()
+        contexts: set[pynng.Context] = set()
+        servers: set[asyncio.Task[None]] = set()
+        parked = 0  # contexts holding a worker's request, beside the pool
 
         async def send(ctx: pynng.Context, data: bytes) -> None:
             try:
@@ -223,12 +232,25 @@ class NngBridge:
             except pynng.NNGException:  # the requester went away: nothing to answer
                 pass
 
+        def receiver() -> None:
+            """One more context receiving requests (the pool's, or one taking a parked one's place)."""
+            ctx = rep.new_context()
+            contexts.add(ctx)
+            task = loop.create_task(serve(ctx))
+            servers.add(task)
+            task.add_done_callback(servers.discard)
+
         async def serve(ctx: pynng.Context) -> None:
+            nonlocal parked
             while True:
                 try:
                     data = await ctx.arecv()
                 except pynng.NNGException:
                     return  # closed
+                worker = is_worker_request(data) and parked < self.config.max_workers
+                if worker:  # it may wait a heartbeat interval: a new context takes its place at once
+                    parked += 1
+                    receiver()
                 token = next(tokens).to_bytes(8, "big")
                 answer = waiting[token] = loop.create_future()
                 self.pending = len(waiting)
@@ -239,9 +261,14 @@ class NngBridge:
                     sending.add(task)
                     await task
                     sending.discard(task)
+                if worker:  # the pool has its size already: this context goes
+                    parked -= 1
+                    contexts.discard(ctx)
+                    ctx.close()
+                    return
 
-        contexts = [rep.new_context() for _ in range(self.config.max_pending)]
-        servers = [loop.create_task(serve(ctx)) for ctx in contexts]
+        for _ in range(self.config.max_pending):
+            receiver()
         try:
             while True:
                 frames = await pair.recv_multipart()
@@ -255,7 +282,7 @@ class NngBridge:
             if sending:
                 await asyncio.wait(list(sending), timeout=SEND_LINGER)
         finally:
-            for task in servers:
+            for task in list(servers):
                 task.cancel()
             await asyncio.gather(*servers, return_exceptions=True)
             for ctx in contexts:

@@ -128,6 +128,10 @@ ECHO_OFF = "0"  # CONNECT ... ECHO 0
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request
 SYS_PEER_TOPIC = RESERVED_TOPIC_PREFIX + "peer"  # connects and disconnects
+# A durable consumer's dead letters: mc0.sys.dead.<journal>.<consumer>, the message's body and X-
+# headers plus X-Dead-*; X-Dead-Topic (its original topic) decides who may be handed it.
+SYS_DEAD_PREFIX = RESERVED_TOPIC_PREFIX + "dead."
+DEAD_TOPIC_HEADER = "X-Dead-Topic"
 # A journal that keeps mailboxes ([journals.NAME] mailboxes = true) holds only these records:
 # a kept letter, and which kept letters were settled (delivered, expired, dropped).
 SYS_MAILBOX_PATTERN = RESERVED_TOPIC_PREFIX + "mailbox.>"

@@ -90,7 +90,8 @@ class Builtins:
         sender, headers, parts = how many body frames follow) then the body
         frames; the FINAL's JSON says ``next_seq`` (where to continue),
         ``records`` and the journal's ``first_seq``/``end_seq``.  Only records
-        the caller may subscribe to are returned.  Deterministic; 410 when
+        the caller may subscribe to are returned (a dead letter: only if it may
+        subscribe to the topic it died on too).  Deterministic; 410 when
         ``from_seq`` was trimmed.
         """
         journals = self.streams.journals
@@ -145,8 +146,7 @@ class Builtins:
                 verdict = (
                     tokens is not None
                     and (not wanted or any(pattern_matches(p, tokens) for p in wanted))
-                    and grants.may_subscribe(tokens)
-                    and grants.delivers(tokens)
+                    and grants.may_receive(tokens)
                 )
                 if len(verdicts) < TOPIC_CACHE_SIZE:
                     verdicts[topic] = verdict

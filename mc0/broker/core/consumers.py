@@ -23,128 +23,46 @@ from __future__ import annotations
 
 import heapq
 import json
-import re
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import asdict
 from typing import Any
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...message import Record
+from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
-from ...topics import pattern_matches, split_pattern
+from ...topics import split_topic
 from ..storage.port import JournalStore, StateUnreadable, Trimmed
+from .access import is_dead_letter, origin_allowed
+from .consumerstate import (
+    TRANSITIONS,
+    Consumer,
+    ConsumerConfig,
+    Delivery,
+    Event,
+    Held,
+    Waiting,
+    consumer_of,
+    delivery_transition,
+    int_field,
+    parse_config,
+)
 from .peers import Out, Peer
 
-MAX_CONSUMERS = 1_000  # per broker
+__all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "Delivery", "Event", "delivery_transition"]
+
+log = logging.getLogger("mc0.broker")
+
+MAX_CONSUMERS = 1_000  # per broker (the default of [broker] max_consumers)
+MAX_CONSUMERS_PER_IDENTITY = 100  # the default of [broker] max_consumers_per_identity
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)
 MAX_PULL = 1_000  # messages per pull
 MAX_ACKS = 10_000  # sequence numbers per ack/nak/term
-DEAD_LETTER_PREFIX = P.RESERVED_TOPIC_PREFIX + "dead."
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
-
-
-class Delivery(Enum):
-    PENDING = "pending"  # delivered, waiting for ack/nak/term until its ack_wait passes
-    DUE = "due"  # to be delivered again (nak, ack_wait passed, or a restart)
-    SETTLED = "settled"  # acked, termed or dead-lettered: never delivered again
-
-
-class Event(Enum):
-    DELIVER = "deliver"  # a pull hands it out
-    ACK = "ack"
-    NAK = "nak"
-    TERM = "term"
-    ACK_WAIT = "ack_wait"  # its ack_wait passed without an answer
-    EXHAUSTED = "exhausted"  # due, and it already had max_deliver deliveries
-
-
-# (state, event) -> the next state; a missing pair leaves the state as it is (a late ack of a
-# settled message, say) and is counted by the caller as ignored.
-TRANSITIONS: dict[tuple[Delivery, Event], Delivery] = {
-    (Delivery.DUE, Event.DELIVER): Delivery.PENDING,
-    (Delivery.PENDING, Event.ACK): Delivery.SETTLED,
-    (Delivery.PENDING, Event.TERM): Delivery.SETTLED,
-    (Delivery.PENDING, Event.NAK): Delivery.DUE,
-    (Delivery.PENDING, Event.ACK_WAIT): Delivery.DUE,
-    (Delivery.DUE, Event.ACK): Delivery.SETTLED,  # an ack that arrives after ack_wait still counts
-    (Delivery.DUE, Event.TERM): Delivery.SETTLED,
-    (Delivery.DUE, Event.EXHAUSTED): Delivery.SETTLED,
-}
-
-
-def delivery_transition(state: Delivery, event: Event) -> Delivery | None:
-    """The next state, or None when the event does not apply (nothing changes)."""
-    return TRANSITIONS.get((state, event))
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerConfig:
-    journal: str
-    name: str
-    topics: tuple[str, ...] = (">",)
-    ack_wait_ms: int = 30_000
-    max_deliver: int = 5
-    max_ack_pending: int = 1_000
-    deliver: str = "all"  # "all": from the journal's first record; "new": from its end at creation
-
-
-@dataclass(slots=True)
-class Held:
-    """A delivered message the consumer has not settled."""
-
-    state: Delivery
-    deliveries: int
-    due: float  # PENDING: when ack_wait passes; DUE: when it may be delivered again
-
-
-@dataclass(slots=True)
-class Waiting:
-    peer: Peer
-    rid: str
-    user: dict[str, str]
-    max: int
-    until: float
-
-
-@dataclass(slots=True)
-class Consumer:
-    config: ConsumerConfig
-    journal: JournalStore
-    patterns: tuple[tuple[str, ...], ...]
-    cursor: int  # the next journal seq never looked at; every seq below it is settled unless held
-    held: dict[int, Held] = field(default_factory=dict)
-    timers: list[tuple[float, int]] = field(default_factory=list)  # (due, seq) heap, stale entries skipped
-    waiting: list[Waiting] = field(default_factory=list)
-    stats: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def ack_floor(self) -> int:
-        """Every seq up to this one is settled (or never matched)."""
-        return min(self.held, default=self.cursor) - 1
-
-    def matches(self, topic_tokens: tuple[str, ...] | None) -> bool:
-        return topic_tokens is not None and any(pattern_matches(p, topic_tokens) for p in self.patterns)
-
-    def state(self) -> bytes:
-        """What is persisted (JSON)."""
-        return json.dumps(
-            {
-                "config": asdict(self.config),
-                "cursor": self.cursor,
-                "held": {str(seq): h.deliveries for seq, h in self.held.items()},
-            },
-            separators=(",", ":"),
-        ).encode()
-
-
-def _int(query: dict[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:
-    value = query.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
-    return value
+DEAD_LETTER_PREFIX = P.SYS_DEAD_PREFIX
+_SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
 
 
 class Consumers:
@@ -156,13 +74,18 @@ class Consumers:
         tokens_of: Callable[[str], tuple[str, ...] | None],
         is_current: Callable[[Peer], bool],
         max_wait_ms: int,
+        max_consumers: int = MAX_CONSUMERS,
+        max_per_identity: int = MAX_CONSUMERS_PER_IDENTITY,
     ) -> None:
         self.journals = journals
         self.counters = counters
         self._tokens_of = tokens_of
         self._is_current = is_current
         self._max_wait_ms = max_wait_ms
+        self.max_consumers = max_consumers
+        self.max_per_identity = max_per_identity
         self.consumers: dict[tuple[str, str], Consumer] = {}
+        self._owned: Counter[str] = Counter()  # consumers per owner identity (the quota)
         self._dirty: set[tuple[str, str]] = set()
         self._deleted: set[tuple[str, str]] = set()
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
@@ -174,13 +97,9 @@ class Consumers:
 
     # ------------------------------------------------------------ persistence
     def _restore(self, journal: JournalStore, name: str, raw: bytes) -> None:
+        """A saved consumer back (over today's quotas too: they bound creation, never drop state)."""
         try:
-            saved = json.loads(raw)
-            config = ConsumerConfig(**{**saved["config"], "topics": tuple(saved["config"]["topics"])})
-            consumer = Consumer(config, journal, tuple(split_pattern(t) for t in config.topics), int(saved["cursor"]))
-            for seq_text, deliveries in saved["held"].items():  # due at once: whoever held them is gone
-                consumer.held[int(seq_text)] = Held(Delivery.DUE, int(deliveries), 0.0)
-                heapq.heappush(consumer.timers, (0.0, int(seq_text)))
+            consumer = consumer_of(journal, raw)
         except (ValueError, KeyError, TypeError, InvalidTopic) as exc:
             self.counters["consumer_state_unreadable"] += 1
             raise StateUnreadable(
@@ -188,6 +107,7 @@ class Consumers:
                 f"move its files (NAME.log, NAME.json) out of the journal's consumers/ folder to start without it"
             ) from None
         self.consumers[journal.name, name] = consumer
+        self._owned[consumer.owner] += 1
 
     @property
     def uncommitted(self) -> bool:
@@ -233,30 +153,41 @@ class Consumers:
         if not isinstance(query, dict):
             raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
         op = query.get("op")
-        if op == "list":
-            names = sorted(f"{j}/{n}" for j, n in self.consumers)
+        if op == "list":  # the caller's own
+            names = sorted(f"{j}/{n}" for (j, n), c in self.consumers.items() if c.owner == client.identity)
             return [self._final(client, rid, user, names)]
         if op == "create":
             return self._create(client, rid, user, query, now)
         consumer = self._find(query, rid)
+        self._check_owner(client, consumer, rid)
+        if op == "delete":  # its owner may always delete it (and free its quota)
+            return self._delete(client, rid, user, consumer, now)
+        if op not in ("info", "pull", "ack", "nak", "term"):
+            ops = "create, pull, ack, nak, term, info, delete, list"
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
         self._check_grants(client, consumer, rid)
         if op == "info":
+            self._claim(client, consumer)
             return [self._final(client, rid, user, self.info(consumer))]
         if op == "pull":
-            return self._pull(client, rid, user, consumer, query, deadline, now)
-        if op in ("ack", "nak", "term"):
-            return self._settle(client, rid, user, consumer, op, query, now)
-        if op == "delete":
-            key = (consumer.config.journal, consumer.config.name)
-            del self.consumers[key]
-            self._dirty.discard(key)
-            self._deleted.add(key)
-            for waiting in consumer.waiting:
-                self._answer_pull(consumer, waiting, [], now)
-            self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
-            return []
-        ops = "create, pull, ack, nak, term, info, delete, list"
-        raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+            out = self._pull(client, rid, user, consumer, query, deadline, now)
+        else:
+            out = self._settle(client, rid, user, consumer, op, query, now)
+        self._claim(client, consumer)  # once the request was valid: a bad one changes nothing
+        return out
+
+    def _delete(self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, now: float) -> list[Out]:
+        key = consumer.key
+        del self.consumers[key]
+        self._owned[consumer.owner] -= 1
+        if not self._owned[consumer.owner]:
+            del self._owned[consumer.owner]
+        self._dirty.discard(key)
+        self._deleted.add(key)
+        for waiting in consumer.waiting:
+            self._answer_pull(consumer, waiting, [], now)
+        self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
+        return []
 
     def _final(self, client: Peer, rid: str, user: dict[str, str], data: object) -> Out:
         body = json.dumps(data, sort_keys=True).encode()
@@ -270,10 +201,41 @@ class Consumers:
         return consumer
 
     @staticmethod
-    def _check_grants(client: Peer, consumer: Consumer, rid: str) -> None:
+    def _check_owner(client: Peer, consumer: Consumer, rid: str) -> None:
+        """A consumer is its owner's: what it delivers passes the owner's grants, so another
+        identity (with other deny lists) never shares it."""
+        if consumer.owner and consumer.owner != client.identity:
+            reason = f"consumer {consumer.config.name} on journal {consumer.config.journal} belongs to another identity"
+            raise ProtocolError(Status.FORBIDDEN, reason, rid)
+
+    def _claim(self, client: Peer, consumer: Consumer) -> None:
+        """A consumer saved before owners were kept becomes the first allowed user's."""
+        if not consumer.owner:
+            log.warning("consumer %s/%s (saved without an owner) claimed by %s", *consumer.key, client.identity)
+            self._owned[""] -= 1
+            if not self._owned[""]:
+                del self._owned[""]
+            consumer.owner = client.identity
+            self._owned[client.identity] += 1
+            self._dirty.add(consumer.key)
+
+    @staticmethod
+    def _refusal(peer: Peer, consumer: Consumer) -> str | None:
+        """Why ``peer``'s grants no longer allow it to use ``consumer`` (None: they do)."""
+        if not peer.grants.may_call(_SERVICE_TOKENS):
+            return f"{peer.identity} may not call {CONSUMER_SERVICE}"
         for pattern, tokens in zip(consumer.config.topics, consumer.patterns, strict=True):
-            if not client.grants.may_subscribe(tokens):
-                raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not subscribe to {pattern}", rid)
+            if not peer.grants.may_subscribe(tokens):
+                return f"{peer.identity} may not subscribe to {pattern}"
+        return None
+
+    @classmethod
+    def _check_grants(cls, client: Peer, consumer: Consumer, rid: str) -> None:
+        """Like a SUB: each pattern must be allowed and not wholly denied; a pattern that only
+        overlaps a deny is accepted, and what the deny covers is filtered at delivery."""
+        reason = cls._refusal(client, consumer)
+        if reason is not None:
+            raise ProtocolError(Status.FORBIDDEN, reason, rid)
 
     def _create(self, client: Peer, rid: str, user: dict[str, str], query: dict[str, Any], now: float) -> list[Out]:
         journal = self.journals.get(str(query.get("journal", "")))
@@ -283,41 +245,30 @@ class Consumers:
         if journal.settings.mailboxes:
             reason = f"journal {journal.name} keeps mailboxes: its letters are private"
             raise ProtocolError(Status.FORBIDDEN, reason, rid)
-        name = query.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ProtocolError(Status.BAD_REQUEST, "name must be 1-64 letters, digits, '-' or '_'", rid)
-        topics = query.get("topics", [">"])
-        if isinstance(topics, str):
-            topics = [topics]
-        if not isinstance(topics, list) or not topics or not all(isinstance(t, str) for t in topics):
-            raise ProtocolError(Status.BAD_REQUEST, "topics must be a non-empty list of patterns", rid)
-        try:
-            patterns = tuple(split_pattern(t) for t in topics)
-        except InvalidTopic as exc:
-            raise ProtocolError(Status.BAD_REQUEST, str(exc), rid) from None
-        deliver = query.get("deliver", "all")
-        if deliver not in ("all", "new"):
-            raise ProtocolError(Status.BAD_REQUEST, "deliver must be 'all' or 'new'", rid)
-        config = ConsumerConfig(
-            journal.name,
-            name,
-            tuple(topics),
-            _int(query, "ack_wait_ms", 30_000, 1, 86_400_000, rid),
-            _int(query, "max_deliver", 5, 1, 1_000_000, rid),
-            _int(query, "max_ack_pending", 1_000, 1, 100_000, rid),
-            deliver,
-        )
-        consumer = Consumer(config, journal, patterns, journal.first_seq if deliver == "all" else journal.next_seq)
+        config, patterns = parse_config(journal.name, query, rid)
+        cursor = journal.first_seq if config.deliver == "all" else journal.next_seq
+        consumer = Consumer(config, journal, patterns, cursor, client.identity)
         self._check_grants(client, consumer, rid)
-        existing = self.consumers.get((journal.name, name))
+        existing = self.consumers.get(consumer.key)
         if existing is not None:
+            self._check_owner(client, existing, rid)
             if existing.config != config:
-                raise ProtocolError(Status.CONFLICT, f"consumer {name} exists with another config", rid)
+                raise ProtocolError(Status.CONFLICT, f"consumer {config.name} exists with another config", rid)
+            self._claim(client, existing)
             return [self._final(client, rid, user, self.info(existing))]
-        if len(self.consumers) >= MAX_CONSUMERS:
-            raise ProtocolError(Status.OVER_LIMIT, f"{len(self.consumers)} consumers, the limit", rid)
-        self.consumers[journal.name, name] = consumer
-        self._dirty.add((journal.name, name))
+        mine = self._owned[client.identity]
+        if mine >= self.max_per_identity:
+            reason = (
+                f"{client.identity} has {mine} consumers, the limit per identity "
+                f"(max_consumers_per_identity {self.max_per_identity})"
+            )
+            raise ProtocolError(Status.OVER_LIMIT, reason, rid)
+        if len(self.consumers) >= self.max_consumers:
+            reason = f"{len(self.consumers)} consumers, the broker's limit (max_consumers {self.max_consumers})"
+            raise ProtocolError(Status.OVER_LIMIT, reason, rid)
+        self.consumers[consumer.key] = consumer
+        self._owned[client.identity] += 1
+        self._dirty.add(consumer.key)
         self.counters["consumers_created"] += 1
         self._held_answers.append((client, rid, self._final(client, rid, user, self.info(consumer))))
         return []
@@ -339,7 +290,7 @@ class Consumers:
             or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
         ):
             raise ProtocolError(Status.BAD_REQUEST, f"seqs must be a list of at most {MAX_ACKS} positive integers", rid)
-        delay = _int(query, "delay_ms", 0, 0, 86_400_000, rid) / 1000.0 if op == "nak" else 0.0
+        delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) / 1000.0 if op == "nak" else 0.0
         event = {"ack": Event.ACK, "nak": Event.NAK, "term": Event.TERM}[op]
         done = ignored = 0
         for seq in seqs:
@@ -357,7 +308,7 @@ class Consumers:
                 heapq.heappush(consumer.timers, (held.due, seq))
                 consumer.stats["naked"] += 1
         if done:
-            self._dirty.add((consumer.config.journal, consumer.config.name))
+            self._dirty.add(consumer.key)
         answer = self._final(client, rid, user, {op: done, "ignored": ignored})
         if done:
             self._held_answers.append((client, rid, answer))  # released once the new state is saved
@@ -379,9 +330,9 @@ class Consumers:
         deadline: float,
         now: float,
     ) -> list[Out]:
-        count = _int(query, "max", 100, 1, MAX_PULL, rid)
-        wait_ms = _int(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
-        taken = self._take(consumer, count, now)
+        count = int_field(query, "max", 100, 1, MAX_PULL, rid)
+        wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
+        taken = self._take(consumer, count, now, client.grants)
         if taken or not wait_ms:
             return [self._page(client, rid, user, consumer, taken)]
         if len(consumer.waiting) >= MAX_WAITING_PULLS:
@@ -389,8 +340,12 @@ class Consumers:
         consumer.waiting.append(Waiting(client, rid, user, count, min(deadline, now + wait_ms / 1000.0)))
         return []
 
-    def _take(self, consumer: Consumer, count: int, now: float) -> list[tuple[Record, int]]:
-        """Up to ``count`` messages: due redeliveries first (oldest seq first), then new records."""
+    def _take(self, consumer: Consumer, count: int, now: float, grants: Grants) -> list[tuple[Record, int]]:
+        """Up to ``count`` messages: due redeliveries first (oldest seq first), then new records.
+
+        ``grants`` are the owner's, as they are now: a record they may not be handed (a deny
+        list, a grant withdrawn since it was first delivered) is settled unsent and counted
+        ``filtered``, as a SUB's delivery filter drops it."""
         taken: list[tuple[Record, int]] = []
         self._expire(consumer, now)
         due = sorted(seq for seq, h in consumer.held.items() if h.state is Delivery.DUE and h.due <= now)
@@ -403,6 +358,11 @@ class Consumers:
                 self._settle_seq(consumer, seq)
                 consumer.stats["lost_to_retention"] += 1
                 continue
+            if not self._readable(grants, record):
+                self._settle_seq(consumer, seq)
+                consumer.stats["filtered"] += 1
+                self._dirty.add(consumer.key)
+                continue
             held.state, held.deliveries, held.due = Delivery.PENDING, held.deliveries + 1, now + self._wait(consumer)
             heapq.heappush(consumer.timers, (held.due, seq))
             consumer.stats["redelivered"] += 1
@@ -411,12 +371,16 @@ class Consumers:
         journal = consumer.journal
         while room > 0 and consumer.cursor < journal.next_seq:
             try:
-                records, next_seq = journal.read(consumer.cursor, None, self._match(consumer), max_records=room)
+                records, next_seq = journal.read(consumer.cursor, None, self._match(consumer, grants), max_records=room)
             except Trimmed as exc:
                 consumer.stats["lost_to_retention"] += exc.first - consumer.cursor
                 consumer.cursor = exc.first
                 continue
             consumer.cursor = next_seq
+            if any(r.topic.startswith(DEAD_LETTER_PREFIX) for r in records):  # and the topic it died on
+                kept = [r for r in records if not is_dead_letter(split_topic(r.topic)) or self._readable(grants, r)]
+                consumer.stats["filtered"] += len(records) - len(kept)
+                records = kept
             for record in records:
                 due_at = now + self._wait(consumer)
                 consumer.held[record.seq] = Held(Delivery.PENDING, 1, due_at)
@@ -427,7 +391,7 @@ class Consumers:
             if not records:
                 break
         if taken:
-            self._dirty.add((consumer.config.journal, consumer.config.name))
+            self._dirty.add(consumer.key)
         return taken
 
     @staticmethod
@@ -438,9 +402,28 @@ class Consumers:
     def _pending_count(consumer: Consumer) -> int:
         return sum(1 for h in consumer.held.values() if h.state is Delivery.PENDING)
 
-    def _match(self, consumer: Consumer) -> Callable[[str], bool]:
+    def _match(self, consumer: Consumer, grants: Grants) -> Callable[[str], bool]:
+        """A journal read's filter: the consumer's topics, then the owner's grants (counted when they refuse)."""
         tokens_of = self._tokens_of
-        return lambda topic: consumer.matches(tokens_of(topic))
+        verdicts: dict[str, int] = {}  # for this read (a page holds few distinct topics): 0 no, 1 yes, 2 refused
+
+        def match(topic: str) -> bool:
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                tokens = tokens_of(topic)
+                verdict = 0 if not consumer.matches(tokens) else 1 if grants.may_receive(tokens or ()) else 2
+                verdicts[topic] = verdict
+            if verdict == 2:
+                consumer.stats["filtered"] += 1
+            return verdict == 1
+
+        return match
+
+    def _readable(self, grants: Grants, record: Record) -> bool:
+        tokens = self._tokens_of(record.topic)
+        if tokens is None or not grants.may_receive(tokens):
+            return False
+        return not is_dead_letter(tokens) or origin_allowed(grants, record.headers)
 
     @staticmethod
     def _read_one(consumer: Consumer, seq: int) -> Record | None:
@@ -471,7 +454,7 @@ class Consumers:
                     self.dead_letters.append((topic, record, reason, held.deliveries))
                 self._settle_seq(consumer, seq)
                 consumer.stats["dead_lettered"] += 1
-                self._dirty.add((config.journal, config.name))
+                self._dirty.add(consumer.key)
 
     def _page(
         self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, taken: list[tuple[Record, int]]
@@ -492,7 +475,7 @@ class Consumers:
         for waiting in consumer.waiting:
             if not self._is_current(waiting.peer):
                 continue
-            taken = self._take(consumer, waiting.max, now)
+            taken = self._take(consumer, waiting.max, now, waiting.peer.grants)
             if taken or waiting.until <= now:
                 out.append(self._answer_pull(consumer, waiting, taken, now))
             else:
@@ -543,11 +526,34 @@ class Consumers:
             if consumer.waiting:
                 consumer.waiting = [w for w in consumer.waiting if w.peer is not peer]
 
+    def withdraw_denied(self) -> list[Out]:
+        """A new policy (the peers' grants already recomputed): each waiting pull whose peer may no
+        longer use its consumer is answered 403 and dropped.  The consumer stays, with its state;
+        its owner's pulls are refused while the policy says so, and resume when it allows again."""
+        out: list[Out] = []
+        for consumer in self.consumers.values():
+            if not consumer.waiting:
+                continue
+            still: list[Waiting] = []
+            for waiting in consumer.waiting:
+                reason = self._refusal(waiting.peer, consumer)
+                if reason is None:
+                    still.append(waiting)
+                    continue
+                self.counters["consumer_pulls_withdrawn"] += 1
+                peer, config = waiting.peer, consumer.config
+                reason = f"pull from consumer {config.name} on journal {config.journal} withdrawn by policy: {reason}"
+                refused = peer.dialect.error(waiting.rid, CONSUMER_SERVICE, Status.FORBIDDEN, reason)
+                out.append((peer.routing_id, refused))
+            consumer.waiting = still
+        return out
+
     # ------------------------------------------------------------ reports
     def info(self, consumer: Consumer) -> dict[str, object]:
         pending = self._pending_count(consumer)
         return {
             "config": asdict(consumer.config),
+            "owner": consumer.owner,
             "ack_floor": consumer.ack_floor,
             "cursor": consumer.cursor,
             "pending": pending,
@@ -555,7 +561,10 @@ class Consumers:
             "waiting_pulls": len(consumer.waiting),
             # Records after the cursor not yet looked at (an upper bound: the topic filter is not applied).
             "lag": max(0, consumer.journal.next_seq - consumer.cursor),
-            **{k: consumer.stats[k] for k in ("delivered", "redelivered", "acked", "naked", "termed", "dead_lettered")},
+            **{
+                k: consumer.stats[k]
+                for k in ("delivered", "redelivered", "acked", "naked", "termed", "dead_lettered", "filtered")
+            },
         }
 
     def report(self) -> dict[str, object]:

@@ -108,6 +108,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
             tokens_of=self.pubsub.tokens_of,
             is_current=self.peers.is_current,
             max_wait_ms=self.settings.max_request_timeout_ms,
+            max_consumers=self.settings.max_consumers,
+            max_per_identity=self.settings.max_consumers_per_identity,
         )
         self.builtins = Builtins(
             self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers
@@ -506,7 +508,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.peers.revoked -= identities
 
     def set_permissions(self, permissions: Permissions, now: float) -> list[Out]:
-        """New policy: recompute grants; withdraw subscriptions and services it no longer allows."""
+        """New policy: recompute grants; withdraw subscriptions, services and durable consumers'
+        waiting pulls it no longer allows (each told 403)."""
         self.permissions = permissions
         out: list[Out] = []
         for peer in list(self.peers.by_id.values()):
@@ -517,6 +520,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 out += sent
                 reason = f"serving {dropped} withdrawn by policy"
                 out.append((peer.routing_id, peer.dialect.error(None, "", Status.FORBIDDEN, reason)))
+        out += self.consumers.withdraw_denied()
         return self._with_finished(out, now)
 
     def shutdown(self, now: float) -> list[Out]:

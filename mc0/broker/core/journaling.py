@@ -23,10 +23,11 @@ from typing import NamedTuple
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...message import Record
-from ...protocol import JOURNAL_SERVICE, Command, Header, Status
+from ...protocol import JOURNAL_SERVICE, SYS_DEAD_PREFIX, Command, Header, Status
 from ...topics import pattern_covers, pattern_matches, split_pattern
 from ...trie import TopicTrie
 from ..storage.port import JournalStore, Trimmed
+from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
 log = logging.getLogger("mc0.broker")
@@ -392,6 +393,8 @@ class Streams:
                 continue
             if peer.grants.deny_subscribe and not peer.grants.delivers(tokens):
                 continue
+            if is_dead_letter(tokens) and not origin_allowed(peer.grants, record.headers):
+                continue  # a dead letter of a topic this reader may not see
             out.append(StreamOut(rid, record_message(record, name), "replay", name, record.seq, 1))
         self.counters["replayed"] += len(out)
         replay.cursor = next_seq
@@ -420,6 +423,11 @@ class Streams:
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
                 failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
                 return [StreamOut(rid, failed, "error", fetch.rid, 0, 0)]
+            if fetch.match is not None:  # a dead letter also needs its original topic's grant
+                grants = peer.grants
+                records = [
+                    r for r in records if not r.topic.startswith(SYS_DEAD_PREFIX) or origin_allowed(grants, r.headers)
+                ]
             spent = sum(len(p) for r in records for p in r.parts) or 1  # a page that matched nothing still costs
             fetch.records_left -= len(records) or 1
             fetch.bytes_left -= spent

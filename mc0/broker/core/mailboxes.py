@@ -7,7 +7,10 @@ rules are the caller's) before ``send`` changes anything.  ``send`` hands the
 MESSAGE (with ``TO``) to the identity's most recently connected session, or
 keeps it, bounded per identity by count and bytes and overall by bytes,
 each letter for at most ``mailbox_ttl_ms``; beyond a bound it raises 429 and
-keeps nothing.  ``online`` returns the letters kept for a session that just
+keeps nothing.  A kept letter is one bytes object (its MESSAGE as a batch
+FRAMES record, sent as is to a batched session) and counts its length plus
+``LETTER_OVERHEAD``; each mailbox counts ``MAILBOX_OVERHEAD`` more: the bounds
+count what keeping them costs, not only the bodies.  ``online`` returns the letters kept for a session that just
 connected, oldest first; ``expire`` drops letters past their time.
 
 Without a mailbox journal, letters live in memory only: a broker restart
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -52,14 +55,34 @@ log = logging.getLogger("mc0.broker")
 DELIVERED, EXPIRED, DROPPED = "delivered", "expired", "dropped"
 SETTLED_REASONS = (DELIVERED, EXPIRED, DROPPED)
 RESTORE_PAGE = 1000  # records read per step when rebuilding from the journal
+# What keeping a letter costs besides its record's bytes, and what a mailbox (an identity with
+# letters kept) costs besides its letters: counted against the bounds, so that the bounds are
+# what the broker's memory pays (measured with tracemalloc by tests/test_mailboxes.py: a Letter,
+# its float, its bytes object's header, its list slot; a dict entry, a list, the identity's str).
+LETTER_OVERHEAD = 150
+MAILBOX_OVERHEAD = 300
+FRAMES_START = 5  # a FRAMES record's body starts after its size (u32) and code (u8)
 
 
 @dataclass(slots=True)
 class Letter:
     expires: float
-    frames: list[bytes]  # the MESSAGE as it will be sent (TOPIC, SENDER, TO, X- headers, body)
-    size: int
+    record: bytes  # the MESSAGE as it will be sent (TOPIC, SENDER, TO, X- headers, body), one FRAMES record
     seq: int = 0  # its record in the mailbox journal (0: not journaled)
+
+    @property
+    def size(self) -> int:
+        """What it counts against the bounds: its bytes and what keeping it costs."""
+        return len(self.record) + LETTER_OVERHEAD
+
+    @property
+    def frames(self) -> list[bytes]:
+        return batch.frames_of(self.record, batch.FRAMES, FRAMES_START, len(self.record))
+
+
+def compact(expires: float, frames: Sequence[bytes], seq: int = 0) -> Letter:
+    """A letter kept as one bytes object (a list of frames cost a Python object each)."""
+    return Letter(expires, batch.frames_record(frames), seq)
 
 
 def identity_tokens(identity: str) -> tuple[str, ...]:
@@ -89,7 +112,7 @@ def letter_of(record: Record, wall_offset: float) -> tuple[str, Letter]:
         raise LetterUnreadable(f"TOPIC: {exc}") from None
     user = P.user_header_frames(headers)
     frames = P.message(topic.encode(), record.sender.encode(), user, list(record.parts), to=to.encode())
-    return to, Letter(expires_ms / 1000.0 - wall_offset, frames, sum(map(len, frames)), record.seq)
+    return to, compact(expires_ms / 1000.0 - wall_offset, frames, record.seq)
 
 
 def settled_of(record: Record) -> dict[str, list[int]]:
@@ -123,9 +146,9 @@ class Mailboxes:
         # until then a journaled letter handed to a session is not recorded delivered.
         self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
         self._sessions: dict[str, list[Peer]] = {}  # identity -> its 1.0 sessions, most recent last
-        self._letters: dict[str, deque[Letter]] = {}
-        self._bytes: dict[str, int] = {}
-        self.total_bytes = 0
+        self._letters: dict[str, list[Letter]] = {}  # oldest first
+        self._bytes: dict[str, int] = {}  # each mailbox's letters' sizes (LETTER_OVERHEAD included)
+        self.total_bytes = 0  # all mailboxes: their letters' sizes and MAILBOX_OVERHEAD each
         self.next_expiry = float("inf")
         # Journaled only: letters appended since the last commit (withdrawn if it fails), letters
         # handed to a session and not yet recorded delivered, and settlements to record.
@@ -142,10 +165,10 @@ class Mailboxes:
         if peer.legacy:
             return []
         self._sessions.setdefault(peer.identity, []).append(peer)
-        letters = self._letters.pop(peer.identity, None)
+        letters = self._letters.get(peer.identity)
         if not letters:
             return []
-        self.total_bytes -= self._bytes.pop(peer.identity, 0)
+        self._drop_mailbox(peer.identity)
         self._floor_stale = True
         out = self._hand(peer, letters, now)
         peer.last_sent = now
@@ -153,13 +176,13 @@ class Mailboxes:
 
     def _hand(self, peer: Peer, letters: Sequence[Letter], now: float) -> list[Out]:
         out: list[Out] = []
-        for letter in letters:
-            if letter.expires > now:
-                out.append(self._to(peer, letter.frames))
-                if letter.seq:
-                    self._handed.append((peer, letter))
+        for kept in letters:
+            if kept.expires > now:
+                out.append(self._to(peer, kept))
+                if kept.seq:
+                    self._handed.append((peer, kept))
             else:
-                self._settle(EXPIRED, letter)
+                self._settle(EXPIRED, kept)
         self.counters["mailbox_delivered"] += len(out)
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
@@ -226,10 +249,10 @@ class Mailboxes:
             target.last_sent = now
             target.delivered += 1
             self.counters["mailbox_delivered"] += 1
-            return [self._to(target, frames)], P.MAILBOX_DELIVERED
-        size = sum(map(len, frames))
-        self._check_room(to, size, request_id)
-        letter = Letter(now + self.settings.mailbox_ttl_ms / 1000.0, frames, size)
+            payload = batch.frames_record(frames) if target.batched else frames
+            return [(target.routing_id, payload)], P.MAILBOX_DELIVERED
+        letter = compact(now + self.settings.mailbox_ttl_ms / 1000.0, frames)
+        self._check_room(to, letter.size, request_id)
         if self.journal is not None:
             if record is None:
                 raise ValueError("a mailbox journal keeps the letter's record: pass record=")
@@ -252,20 +275,29 @@ class Mailboxes:
             )
             self.counters[counted] += 1
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
-        if self.total_bytes + size > settings.mailboxes_max_bytes:
+        if self.total_bytes + size + (0 if held else MAILBOX_OVERHEAD) > settings.mailboxes_max_bytes:
             self.counters[counted] += 1
             reason = f"mailboxes hold {self.total_bytes} bytes, the limit is {settings.mailboxes_max_bytes}"
             raise ProtocolError(Status.OVER_LIMIT, reason, request_id)
 
     def _keep(self, to: str, letter: Letter, *, first: bool = False) -> None:
-        letters = self._letters.setdefault(to, deque())
+        letters = self._letters.get(to)
+        if letters is None:
+            letters = self._letters[to] = []
+            self._bytes[to] = 0
+            self.total_bytes += MAILBOX_OVERHEAD
         if first:
-            letters.appendleft(letter)
+            letters.insert(0, letter)  # rare (a session gone before its letters left); at most a mailbox long
         else:
             letters.append(letter)
-        self._bytes[to] = self._bytes.get(to, 0) + letter.size
+        self._bytes[to] += letter.size
         self.total_bytes += letter.size
         self.next_expiry = min(self.next_expiry, letter.expires)
+
+    def _drop_mailbox(self, identity: str) -> None:
+        """``identity``'s mailbox goes (its letters were handed out or are gone)."""
+        del self._letters[identity]
+        self.total_bytes -= self._bytes.pop(identity) + MAILBOX_OVERHEAD
 
     def _append(
         self, to: str, letter: Letter, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], rid: str | None
@@ -287,8 +319,8 @@ class Mailboxes:
         return seq
 
     @staticmethod
-    def _to(peer: Peer, frames: Sequence[bytes]) -> Out:
-        return (peer.routing_id, batch.frames_record(frames) if peer.batched else frames)
+    def _to(peer: Peer, letter: Letter) -> Out:
+        return (peer.routing_id, letter.record if peer.batched else letter.frames)
 
     # ------------------------------------------------------------ the mailbox journal
     @property
@@ -337,7 +369,7 @@ class Mailboxes:
                     self._bytes[to] -= letter.size
                     self.total_bytes -= letter.size
                     if not letters:
-                        del self._letters[to], self._bytes[to]
+                        self._drop_mailbox(to)
                     self.counters["mailbox_withdrawn"] += 1
                 if letter.seq >= end:
                     letter.seq = 0  # handed out already: no record of it to settle
@@ -423,18 +455,20 @@ class Mailboxes:
             earliest = float("inf")
             for identity in list(self._letters):
                 letters = self._letters[identity]
-                while letters and letters[0].expires <= now:
-                    letter = letters.popleft()
+                gone = 0
+                while gone < len(letters) and letters[gone].expires <= now:
+                    letter = letters[gone]
+                    gone += 1
                     self._bytes[identity] -= letter.size
                     self.total_bytes -= letter.size
                     self.counters["mailbox_expired"] += 1
                     self._settle(EXPIRED, letter)
                     self._floor_stale = True
+                del letters[:gone]  # one shift for all that expired
                 if letters:
                     earliest = min(earliest, letters[0].expires)
                 else:
-                    del self._letters[identity]
-                    del self._bytes[identity]
+                    self._drop_mailbox(identity)
             self.next_expiry = earliest
         if self._floor_stale:  # O(identities): only after a kept letter left
             self._floor_stale = False

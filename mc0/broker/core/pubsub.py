@@ -260,9 +260,12 @@ class PubSub:
     def wanted(self, tokens: tuple[str, ...]) -> bool:
         return bool(self.subscriptions.match(tokens)) or bool(self._group_patterns and self.groups.match(tokens))
 
-    def _chosen(self, tokens: tuple[str, ...], skip: Peer | None) -> list[Member]:
+    def _chosen(
+        self, tokens: tuple[str, ...], skip: Peer | None, admits: Callable[[Grants], bool] | None = None
+    ) -> list[Member]:
         """One member per queue group matching ``tokens``: the least recently chosen that
-        ``can_take`` (else the least recently chosen of all); ``skip`` is never chosen."""
+        ``can_take`` (else the least recently chosen of all); ``skip`` is never chosen, nor a
+        member whose grants ``admits`` refuses."""
         matched = self.groups.match(tokens)
         if not matched:
             return []
@@ -272,6 +275,8 @@ class PubSub:
         for member in matched:
             group, peer = member
             if peer is skip or (peer.grants.deny_subscribe and not peer.grants.delivers(tokens)):
+                continue
+            if admits is not None and not admits(peer.grants):
                 continue
             rank = (0 if can_take(peer.routing_id) else 1, chosen_at.get(member, 0), member)
             held = best.get(group)
@@ -310,17 +315,19 @@ class PubSub:
         position: tuple[str, int] | None = None,
         held_back: set[Peer] | None = None,
         publisher: Peer | None = None,
+        admits: Callable[[Grants], bool] | None = None,
     ) -> list[Out]:
         """One MESSAGE built once, handed to every subscriber that may see it, and one
         copy to a member of each queue group it matches.
 
         ``position`` is ``(journal, seq)`` of a journaled message;
         ``held_back`` are peers whose running replay will deliver it instead;
-        ``publisher`` is skipped when it connected with ``ECHO 0``.
+        ``publisher`` is skipped when it connected with ``ECHO 0``;
+        ``admits``: a further check of each receiver's grants (a dead letter's original topic).
         """
         skip = publisher if publisher is not None and not publisher.echo else None
         targets = self.subscriptions.match(tokens)
-        chosen = self._chosen(tokens, skip) if self._group_patterns else []
+        chosen = self._chosen(tokens, skip, admits) if self._group_patterns else []
         out: list[Out] = []
         if not targets and not chosen:
             return out
@@ -343,6 +350,8 @@ class PubSub:
             if held_back and target in held_back:
                 continue
             if target is skip:
+                continue
+            if admits is not None and not admits(target.grants):
                 continue
             if target.batched:
                 if record is None:

@@ -5,7 +5,8 @@ keeps, a telemetry topic (checked before a record is built: the common case
 costs two cached trie lookups, and ``wants_rpc`` caches even that until the
 subscriptions change); ``publish(record, now)`` appends the record's JSON
 body to the journals that keep its topic and fans it out like a PUT from
-``mc0.broker``.  Pure: no sockets, no clock.
+``mc0.broker``.  A dead letter goes only to subscribers allowed the topic it died on
+(:mod:`.access`).  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from collections import Counter
 
 from ... import protocol as P
 from ...message import Record
+from ...permissions import Grants
 from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
 from ...topics import split_topic
 from . import telemetry
+from .access import dead_letter_origin
 from .journaling import Streams, primary
 from .peers import Out
 from .pubsub import PubSub
@@ -69,7 +72,7 @@ class SysBus:
         headers = {
             **{k: v for k, v in record.headers.items() if P.is_user_header(k)},
             "X-Dead-Reason": reason,
-            "X-Dead-Topic": record.topic,
+            P.DEAD_TOPIC_HEADER: record.topic,
             "X-Dead-Seq": str(record.seq),
             "X-Dead-Deliveries": str(deliveries),
             "X-Dead-Sender": record.sender,
@@ -84,4 +87,9 @@ class SysBus:
             if seq is not None:
                 position = (first.name, seq)
                 held = self.streams.held_back(journals, tokens)
-        return self.pubsub.fan_out(topic, tokens, _SENDER, headers, record.parts, now, position, held)
+        origin = dead_letter_origin(headers)  # it reaches only those allowed the topic it died on
+
+        def admits(grants: Grants) -> bool:
+            return origin is not None and grants.may_receive(origin)
+
+        return self.pubsub.fan_out(topic, tokens, _SENDER, headers, record.parts, now, position, held, admits=admits)

@@ -167,6 +167,19 @@ def decode(data: bytes, max_payload: int) -> Message:
     return Message(kind, wid)
 
 
+_VERSION_CBOR = cbor2.dumps(VERSION)  # b"\x66memo01"
+_PARKING = frozenset({READY, RESULT, HEARTBEAT})
+
+
+def is_worker_request(data: bytes) -> bool:
+    """Whether an NNG request is a worker's (READY, RESULT or HEARTBEAT: it parks at the broker
+    until a job or a heartbeat), read from its first bytes: a deterministic header starts with
+    an array of 3 or 4 items, ``"memo01"``, the kind.  A client's JOB, or anything malformed, is
+    not.  The shell keeps the two apart (parked workers must not take the contexts clients' JOBs
+    need); a request that lies about its kind is refused at once by ``handle`` anyway."""
+    return len(data) >= 9 and data[0] in (0x83, 0x84) and data[1:8] == _VERSION_CBOR and data[8] in _PARKING
+
+
 def _service_ok(name: object) -> bool:
     return isinstance(name, str) and 0 < len(name.encode("utf-8", "replace")) <= MAX_SERVICE_BYTES
 

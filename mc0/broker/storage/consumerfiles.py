@@ -8,6 +8,9 @@ owned by :class:`mc0.broker.storage.filestore.Journal`; the core never sees file
   an acking loop turn costs one system call, not an open, a write and a
   rename (which were a third of the broker's time when acking one by one).
   Under ``fsync = "always"`` the log is fsynced too (one fsync per save).
+  At most ``MAX_OPEN_LOGS`` descriptors stay open per journal: the least
+  recently saved log is closed when another opens, so a thousand consumers
+  do not cost a thousand descriptors (a log reopened costs an open, once).
 * When the log has grown past ``max(COMPACT_MIN_BYTES, COMPACT_RATIO x state)``
   the latest state is written to ``consumers/NAME.json`` atomically (write,
   rename; fsynced under ``always``) and the log starts over, so disk use stays
@@ -27,6 +30,7 @@ import logging
 import os
 import struct
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("mc0.journal")
@@ -35,6 +39,7 @@ SNAPSHOT_SUFFIX = ".json"
 LOG_SUFFIX = ".log"
 COMPACT_MIN_BYTES = 1 << 20  # a log this long (or COMPACT_RATIO states) becomes a snapshot
 COMPACT_RATIO = 64
+MAX_OPEN_LOGS = 32  # log descriptors kept open per journal (least recently saved closed first)
 _FRAME = struct.Struct("<II")
 
 
@@ -44,7 +49,8 @@ class ConsumerFiles:
     def __init__(self, folder: Path, *, sync: bool) -> None:
         self.folder = folder
         self.sync = sync  # fsync = "always"
-        self._logs: dict[str, tuple[int, int]] = {}  # name -> (open fd, bytes in the log)
+        self._logs: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> (open fd, bytes in the log)
+        self._intact: set[str] = set()  # logs whose tail was checked (and cut if torn) since start
 
     def load_all(self) -> dict[str, bytes]:
         """Each consumer's newest saved state (name -> bytes); leftovers of an interrupted save ignored."""
@@ -85,6 +91,7 @@ class ConsumerFiles:
     def save(self, name: str, state: bytes | None) -> None:
         if state is None:
             self._close_log(name)
+            self._intact.discard(name)
             for suffix in (LOG_SUFFIX, SNAPSHOT_SUFFIX):
                 (self.folder / (name + suffix)).unlink(missing_ok=True)
             if self.sync:
@@ -103,17 +110,23 @@ class ConsumerFiles:
     def _log(self, name: str) -> tuple[int, int]:
         held = self._logs.get(name)
         if held is not None:
+            self._logs.move_to_end(name)
             return held
+        while len(self._logs) >= MAX_OPEN_LOGS:
+            _, (oldest, _) = self._logs.popitem(last=False)
+            os.close(oldest)
         self.folder.mkdir(exist_ok=True)
         path = self.folder / (name + LOG_SUFFIX)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         size = os.fstat(fd).st_size
-        _, intact = self._scan(name)
-        if size > intact:  # a torn tail (a crash mid-write): cut it, or what follows would never be read
-            os.ftruncate(fd, intact)
-            size = intact
-        if self.sync:
-            fsync_dir(self.folder)
+        if name not in self._intact:  # once per start: a log reopened later was written whole by us
+            _, intact = self._scan(name)
+            if size > intact:  # a torn tail (a crash mid-write): cut it, or what follows would never be read
+                os.ftruncate(fd, intact)
+                size = intact
+            if self.sync:
+                fsync_dir(self.folder)
+            self._intact.add(name)
         self._logs[name] = (fd, size)
         return fd, size
 

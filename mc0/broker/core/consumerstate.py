@@ -1,0 +1,186 @@
+"""A durable consumer's state: the delivery state table, the consumer record, its saved form, its config.
+
+Contract: each delivered message is in one :class:`Delivery` state, moved
+only by ``delivery_transition`` (one table, tested as one): ``ack``/``term``
+settle it, ``nak`` makes it due again (after a delay), ``ack_wait`` passing
+makes it due, and a due message that already had ``max_deliver`` deliveries
+is dead-lettered and settled.  :class:`Consumer` holds one consumer (its
+config, its owner: the identity that created it, its cursor, what it
+delivered and has not heard about, its waiting pulls); ``state()`` is what is
+saved and ``consumer_of`` reads it back (ValueError/KeyError/TypeError/
+InvalidTopic when it cannot).  ``parse_config`` validates a ``create`` request
+whole (ProtocolError 400).  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from ...errors import InvalidTopic, ProtocolError
+from ...protocol import Status
+from ...topics import pattern_matches, split_pattern
+from ..storage.port import JournalStore
+from .peers import Peer
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
+
+
+class Delivery(Enum):
+    PENDING = "pending"  # delivered, waiting for ack/nak/term until its ack_wait passes
+    DUE = "due"  # to be delivered again (nak, ack_wait passed, or a restart)
+    SETTLED = "settled"  # acked, termed or dead-lettered: never delivered again
+
+
+class Event(Enum):
+    DELIVER = "deliver"  # a pull hands it out
+    ACK = "ack"
+    NAK = "nak"
+    TERM = "term"
+    ACK_WAIT = "ack_wait"  # its ack_wait passed without an answer
+    EXHAUSTED = "exhausted"  # due, and it already had max_deliver deliveries
+
+
+# (state, event) -> the next state; a missing pair leaves the state as it is (a late ack of a
+# settled message, say) and is counted by the caller as ignored.
+TRANSITIONS: dict[tuple[Delivery, Event], Delivery] = {
+    (Delivery.DUE, Event.DELIVER): Delivery.PENDING,
+    (Delivery.PENDING, Event.ACK): Delivery.SETTLED,
+    (Delivery.PENDING, Event.TERM): Delivery.SETTLED,
+    (Delivery.PENDING, Event.NAK): Delivery.DUE,
+    (Delivery.PENDING, Event.ACK_WAIT): Delivery.DUE,
+    (Delivery.DUE, Event.ACK): Delivery.SETTLED,  # an ack that arrives after ack_wait still counts
+    (Delivery.DUE, Event.TERM): Delivery.SETTLED,
+    (Delivery.DUE, Event.EXHAUSTED): Delivery.SETTLED,
+}
+
+
+def delivery_transition(state: Delivery, event: Event) -> Delivery | None:
+    """The next state, or None when the event does not apply (nothing changes)."""
+    return TRANSITIONS.get((state, event))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    journal: str
+    name: str
+    topics: tuple[str, ...] = (">",)
+    ack_wait_ms: int = 30_000
+    max_deliver: int = 5
+    max_ack_pending: int = 1_000
+    deliver: str = "all"  # "all": from the journal's first record; "new": from its end at creation
+
+
+@dataclass(slots=True)
+class Held:
+    """A delivered message the consumer has not settled."""
+
+    state: Delivery
+    deliveries: int
+    due: float  # PENDING: when ack_wait passes; DUE: when it may be delivered again
+
+
+@dataclass(slots=True)
+class Waiting:
+    peer: Peer
+    rid: str
+    user: dict[str, str]
+    max: int
+    until: float
+
+
+@dataclass(slots=True)
+class Consumer:
+    config: ConsumerConfig
+    journal: JournalStore
+    patterns: tuple[tuple[str, ...], ...]
+    cursor: int  # the next journal seq never looked at; every seq below it is settled unless held
+    # The identity that created it: only its sessions use it, and what it delivers passes that
+    # identity's current subscribe grants.  "" = saved before owners were kept: the first
+    # identity allowed its topics that uses it claims it.
+    owner: str = ""
+    held: dict[int, Held] = field(default_factory=dict)
+    timers: list[tuple[float, int]] = field(default_factory=list)  # (due, seq) heap, stale entries skipped
+    waiting: list[Waiting] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.config.journal, self.config.name
+
+    @property
+    def ack_floor(self) -> int:
+        """Every seq up to this one is settled (or never matched)."""
+        return min(self.held, default=self.cursor) - 1
+
+    def matches(self, topic_tokens: tuple[str, ...] | None) -> bool:
+        return topic_tokens is not None and any(pattern_matches(p, topic_tokens) for p in self.patterns)
+
+    def state(self) -> bytes:
+        """What is persisted (JSON)."""
+        return json.dumps(
+            {
+                "config": asdict(self.config),
+                "owner": self.owner,
+                "cursor": self.cursor,
+                "held": {str(seq): h.deliveries for seq, h in self.held.items()},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+def consumer_of(journal: JournalStore, raw: bytes) -> Consumer:
+    """A saved state read back: what it delivered and was not settled is due at once (whoever held
+    it is gone), with its delivery counts.  ValueError, KeyError, TypeError or InvalidTopic if unreadable."""
+    saved = json.loads(raw)
+    config = ConsumerConfig(**{**saved["config"], "topics": tuple(saved["config"]["topics"])})
+    owner = saved.get("owner", "")
+    if not isinstance(owner, str):
+        raise TypeError(f"owner must be a string, not {type(owner).__name__}")
+    patterns = tuple(split_pattern(t) for t in config.topics)
+    consumer = Consumer(config, journal, patterns, int(saved["cursor"]), owner)
+    for seq_text, deliveries in saved["held"].items():
+        consumer.held[int(seq_text)] = Held(Delivery.DUE, int(deliveries), 0.0)
+        heapq.heappush(consumer.timers, (0.0, int(seq_text)))
+    return consumer
+
+
+def int_field(query: dict[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:
+    value = query.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
+    return value
+
+
+def parse_config(journal: str, query: dict[str, Any], rid: str) -> tuple[ConsumerConfig, tuple[tuple[str, ...], ...]]:
+    """A ``create`` request's config and its topics' tokens, validated whole (400 otherwise)."""
+    name = query.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ProtocolError(Status.BAD_REQUEST, "name must be 1-64 letters, digits, '-' or '_'", rid)
+    topics = query.get("topics", [">"])
+    if isinstance(topics, str):
+        topics = [topics]
+    if not isinstance(topics, list) or not topics or not all(isinstance(t, str) for t in topics):
+        raise ProtocolError(Status.BAD_REQUEST, "topics must be a non-empty list of patterns", rid)
+    try:
+        patterns = tuple(split_pattern(t) for t in topics)
+    except InvalidTopic as exc:
+        raise ProtocolError(Status.BAD_REQUEST, str(exc), rid) from None
+    deliver = query.get("deliver", "all")
+    if deliver not in ("all", "new"):
+        raise ProtocolError(Status.BAD_REQUEST, "deliver must be 'all' or 'new'", rid)
+    config = ConsumerConfig(
+        journal,
+        name,
+        tuple(topics),
+        int_field(query, "ack_wait_ms", 30_000, 1, 86_400_000, rid),
+        int_field(query, "max_deliver", 5, 1, 1_000_000, rid),
+        int_field(query, "max_ack_pending", 1_000, 1, 100_000, rid),
+        deliver,
+    )
+    return config, patterns
