@@ -194,6 +194,20 @@ class Mc0BatchedDialect(Mc0Dialect):
 MC0_BATCHED_DIALECT = Mc0BatchedDialect()
 
 
+class Mc0RouteDialect(Mc0BatchedDialect):
+    """Renders what goes to another broker of a cluster (a route): the batched wire, without
+    heartbeats (a route's liveness is its broker's beacon, not a NOOP per pair of brokers)."""
+
+    name = "route"
+    heartbeats = False
+
+    def heartbeat(self) -> Sequence[bytes] | None:
+        return None
+
+
+MC0_ROUTE_DIALECT = Mc0RouteDialect()
+
+
 class Dialect(Protocol):
     """How the broker renders RPC traffic and heartbeats for one kind of peer."""
 

@@ -58,6 +58,7 @@ class Peer:
         "batched",
         "sender_block",
         "echo",
+        "route",
     )
 
     _serials = itertools.count(1)
@@ -92,6 +93,7 @@ class Peer:
         self.grants: Grants = ALLOW_ALL
         self.batched = False  # granted BATCH 1 at CONNECT: what it is sent goes out as batch records
         self.echo = True  # False (CONNECT ECHO 0): never handed its own publishes
+        self.route = False  # another broker of the cluster (mc0.broker.core.routes), not a client
 
     def __repr__(self) -> str:
         return f"<Peer {self.name} {self.dialect.name} v{self.version}>"
