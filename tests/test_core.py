@@ -41,8 +41,8 @@ def test_heartbeat_noop_after_ttl_and_expiry_removes_subscriptions() -> None:
     connect(core, b"p", now=0.0, ttl=1000)
     core.handle(b"a", f("SUB", "", "x.>"), 0.0)
     assert len(core.subscriptions) == 1
-    assert core.tick(0.5) == []
-    out = core.tick(1.0)
+    assert core.tick(0.4) == []
+    out = core.tick(0.5)  # HEARTBEAT_FRACTION x TTL of the broker's silence toward each
     assert (b"a", P.NOOP_FRAMES) in out and (b"p", P.NOOP_FRAMES) in out
     core.handle(b"p", f("NOOP"), 2.5)  # p stays alive, a stays silent
     core.tick(2.9)

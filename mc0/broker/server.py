@@ -123,7 +123,6 @@ class Broker:
         self.core = BrokerCore(
             self.config.broker,
             with_memodb_identity(self.config.permissions, self.config.memodb.identity),
-            generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
         )
@@ -491,6 +490,8 @@ class Broker:
             for routing_id, payload in pending:
                 peer = sessions.get(routing_id)
                 batched = peer is not None and peer.batched
+                if peer is not None and peer.enveloped:  # an mc0d-era DEALER's session
+                    payload = peer.framed(payload)
                 if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now):
                     follow_up += core.send_failed(routing_id, now, unreachable=False)
             if not follow_up and not core.forgotten:
@@ -505,6 +506,8 @@ class Broker:
             return
         shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
         for routing_id in outbox.ready(now):
+            if self.core.closing and self.core.peers.is_closing(routing_id):  # another key may hold it by now
+                continue
             if self.nng is not None and self.nng.memodb.owns(routing_id):
                 self._apply(self.nng.flush(self.core, outbox, routing_id, now), now)
                 continue
@@ -543,7 +546,7 @@ class Broker:
                 routing_id in blocked
                 or peer is None
                 or outbox.backlog(routing_id) > STREAM_WINDOW
-                or not outbox.put(routing_id, item.frames, batched=peer.batched, known=True, now=now)
+                or not outbox.put(routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now)
             ):
                 blocked.add(routing_id)
                 self.core.stream_blocked(item, now)

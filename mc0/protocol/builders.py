@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from . import batch as _batch
-from .model import USER_HEADER_PREFIX, Verb
+from .model import ENVELOPE, USER_HEADER_PREFIX, Verb
 
 
 def ok(request_id: str, *, ttl_ms: int | None = None, batch: bool = False) -> list[bytes]:
@@ -83,6 +83,11 @@ def message(
     frames.append(b"")
     frames += body
     return frames
+
+
+def enveloped(frames: Sequence[bytes]) -> list[bytes]:
+    """``frames`` behind the empty frame an enveloped (mc0d-era DEALER) session expects."""
+    return [ENVELOPE, *frames]
 
 
 NOOP_FRAMES: tuple[bytes, ...] = (b"NOOP",)
