@@ -152,8 +152,8 @@ def test_what_a_closed_connection_sent_is_handled_before_its_session_goes() -> N
     assert b"n" not in core.sessions
 
 
-def test_under_curve_peers_may_not_choose_their_routing_id() -> None:
-    core = BrokerCore(generated_ids_only=True)
+def test_the_generated_ids_only_option_refuses_chosen_routing_ids() -> None:
+    core = BrokerCore(generated_ids_only=True)  # an embedding's choice; the broker admits chosen ids
     ((_, frames),) = connect(core, b"chosen-name", who="alice")
     assert frames[:5] == f("ERROR", "ID", "c", "CODE", "400")
     assert connect(core, b"\x00\x01\x02\x03\x04", who="alice")[0][1][0] == b"OK"

@@ -155,7 +155,7 @@ class PeerTable:
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None and peer.routing_id not in self._closing:
             self._by_fd[peer.fd] = peer.routing_id
-        self.next_sweep = min(self.next_sweep, now + peer.ttl)
+        self.next_sweep = min(self.next_sweep, now + peer.beat)  # its first heartbeat (beat <= ttl)
 
     def remove(self, peer: Peer) -> bool:
         """Forget ``peer`` if it is still the current one; True if it was."""
