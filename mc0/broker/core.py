@@ -400,13 +400,15 @@ class BrokerCore(BatchedInput, VerbHandlers):
         rid: str | None = None,
         timeout_ms: int | None = None,
         user: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> list[Out]:
         """A request from a foreign client (a broker-made request id unless it brings its own;
-        the broker's default timeout unless it asks for one; ``user``: its X- headers)."""
+        the broker's default timeout unless it asks for one; ``user``: its X- headers;
+        ``quiet``: it wants no answer)."""
         name = self.rpc.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
         timeout_ms = timeout_ms or self.settings.request_timeout_ms
-        return self._call(client, name, rid, timeout_ms, False, user or {}, body, now)
+        return self._request_for(client, name, rid, timeout_ms, False, user or {}, body, now, quiet=quiet)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
         checked = [self.rpc.service_name(n, None) for n in names]

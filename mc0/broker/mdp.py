@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ProtocolError
-from ..protocol import Dialect, Status, Verb
+from ..protocol import Dialect, Status, Verb, in_band_body, in_band_error
 from ..settings import CoreSettings
 from .peers import Out, Peer, generated_routing_id
 
@@ -109,6 +109,7 @@ class MdpClientDialect:
 
     name = "mdp-client"
     heartbeats = False
+    one_frame = False
 
     def __init__(self, envelope: bool) -> None:
         self._head = [b"", CLIENT] if envelope else [CLIENT]
@@ -124,15 +125,15 @@ class MdpClientDialect:
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [*self._head, PARTIAL, service.encode(), *body]
+        return [*self._head, PARTIAL, service.encode(), *in_band_body(body)]
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [*self._head, FINAL, service.encode(), *body]
+        return [*self._head, FINAL, service.encode(), *in_band_body(body)]
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
-        return [*self._head, FINAL, service.encode(), ERROR_MARK, str(int(code)).encode(), reason.encode()]
+        return [*self._head, FINAL, service.encode(), *in_band_error(code, reason)]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return None
@@ -146,6 +147,7 @@ class MdpWorkerDialect:
 
     name = "mdp-worker"
     heartbeats = True
+    one_frame = False
 
     def __init__(self, envelope: bool) -> None:
         self._head = [b"", WORKER] if envelope else [WORKER]
@@ -205,6 +207,7 @@ class CoreOps(Protocol):
         rid: str | None = None,
         timeout_ms: int | None = None,
         user: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> list[Out]: ...
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]: ...

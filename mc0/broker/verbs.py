@@ -198,12 +198,31 @@ class VerbHandlers:
         body: Sequence[bytes],
         now: float,
     ) -> list[Out]:
+        return self._request_for(client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
+
+    def _request_for(
+        self,
+        client: Peer,
+        name: str,
+        rid: str,
+        timeout_ms: int,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        *,
+        quiet: bool,
+    ) -> list[Out]:
+        """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
         busy = self.streams.fetch_running(client, rid) or (
             name == P.CONSUMER_SERVICE and self.consumers.waiting_for(client, rid)
         )
         deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
         self.counters["requests"] += 1
         client.last_sent = now
+        if quiet and (name == P.CONSUMER_SERVICE or name in BUILTIN_SERVICES):
+            self.counters["answers_unwanted"] += 1  # the broker's own services only answer
+            return []
         if name == P.CONSUMER_SERVICE:
             try:
                 return self.consumers.handle(client, rid, user, body, deadline, now)
@@ -212,7 +231,13 @@ class VerbHandlers:
         if name in BUILTIN_SERVICES:
             # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
             return self.builtins.answer(client, name, rid, user, body)
-        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now)
+        service = self.rpc.services.get(name)
+        if len(body) > 1 and service is not None and any(w.dialect.one_frame for w in service.workers):
+            # An eMQP or MemoDB worker takes one body frame: refused before anything is queued, not run together.
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"{name} has workers that take one body frame, not {len(body)}", rid
+            )
+        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
 
     def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
         """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""

@@ -104,6 +104,8 @@ from .codec import (
     decimal,
     decode,
     find_id,
+    in_band_body,
+    in_band_error,
     parse_int,
     worker_error,
 )
@@ -212,6 +214,8 @@ __all__ = [
     "enveloped",
     "error",
     "find_id",
+    "in_band_body",
+    "in_band_error",
     "is_user_header",
     "journal_page",
     "json_body",

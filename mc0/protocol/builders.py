@@ -137,6 +137,7 @@ class Mc0Dialect:
 
     name = "mc0"
     heartbeats = True
+    one_frame = False
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -200,10 +201,16 @@ MC0_BATCHED_DIALECT = Mc0BatchedDialect()
 
 
 class Dialect(Protocol):
-    """How the broker renders RPC traffic and heartbeats for one kind of peer."""
+    """How the broker renders RPC traffic and heartbeats for one kind of peer.
+
+    ``one_frame``: a worker of this dialect takes a request body of one frame only (eMQP, MemoDB),
+    so a service it serves refuses multi-frame requests.  ``partial`` returns None when the
+    dialect has no partial replies for a client: the PARTIAL is not forwarded (counted).
+    """
 
     name: str
     heartbeats: bool
+    one_frame: bool
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -213,7 +220,7 @@ class Dialect(Protocol):
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes] | bytes: ...
+    ) -> list[bytes] | bytes | None: ...
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
