@@ -179,9 +179,10 @@ JOBMANAGER = Path(__file__).with_name("emqp_jobmanager.py")
 class JobManagerProcess:
     """eventmq's JobManager in its own process group (it forks worker processes)."""
 
-    def __init__(self, endpoint: str, queue: str) -> None:
+    def __init__(self, endpoint: str, queue: str, *keys: str) -> None:
+        """``keys``: its secret key file and the broker's public key file, for a CURVE broker."""
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOBMANAGER), endpoint, queue],
+            [sys.executable, str(JOBMANAGER), endpoint, queue, *keys],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
