@@ -94,6 +94,8 @@ def test_the_framing_belongs_to_the_session_and_a_connect_may_change_it() -> Non
     core = BrokerCore()
     core.handle(b"p", f("", "CONNECT", "ID", "c"), 0.0)
     assert core.sessions[b"p"].enveloped
+    core.handle(b"p", f("", "CONNECT", "VERSION", "0.3", "TTL", "1000"), 0.0)  # again, in its own framing
+    assert core.sessions[b"p"].enveloped and core.sessions[b"p"].version == "0.3"
     ((_, answer),) = core.handle(b"p", f("NOOP", "ID", "bare"), 0.0)
     assert list(answer)[:5] == f("ERROR", "ID", "bare", "CODE", "400")  # framed by the shell: enveloped
     ((_, answer),) = core.handle(b"p", f("CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "c2"), 0.0)

@@ -53,6 +53,7 @@ __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
+_CONNECT = Verb.CONNECT
 Handler = Callable[[Peer, Command, float], list[Out]]
 
 
@@ -181,13 +182,14 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 return out
             return out + foreign(self, peer, routing_id, frames, now, identity, fd)
         if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
-            answers = self._command(routing_id, peer, frames[1:], now, identity, fd, enveloped=True)
+            answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
             if routing_id not in self.peers.by_id:  # no session carries the framing (the shell's job): here
                 answers = [
                     (r, P.enveloped(p)) if r == routing_id and not isinstance(p, bytes) else (r, p) for r, p in answers
                 ]
-            return out + answers
-        return out + self._command(routing_id, peer, frames, now, identity, fd, enveloped=False)
+        else:
+            answers = self._command(routing_id, peer, frames, now, identity, fd, False)
+        return out + answers if out else answers
 
     def _command(
         self,
@@ -197,7 +199,6 @@ class BrokerCore(BatchedInput, VerbHandlers):
         now: float,
         identity: str,
         fd: int | None,
-        *,
         enveloped: bool,
     ) -> list[Out]:
         """One mc0 command (its envelope, if any, removed) from ``peer`` (None: not connected)."""
@@ -216,10 +217,10 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
             if peer.dialect.name != P.MC0_DIALECT.name:
                 raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
-            if command.verb is Verb.CONNECT:  # a new session, framed as this CONNECT is
-                out += self._connect(routing_id, identity, command, now, replacing=peer, enveloped=enveloped)
-                return self._with_finished(out, now)
-            if enveloped != peer.enveloped:
+            if peer.enveloped is not enveloped:  # a new CONNECT may change the framing, nothing else
+                if command.verb is _CONNECT:
+                    out += self._connect(routing_id, identity, command, now, replacing=peer, enveloped=enveloped)
+                    return self._with_finished(out, now)
                 framing = "behind an empty frame" if peer.enveloped else "without an empty first frame"
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"this session was opened {framing}: keep its framing", command.id
@@ -320,8 +321,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return out + self.mailboxes.online(peer, now)  # letters kept for it, after the OK
 
     def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        """A CONNECT inside a batch (a batched peer is never enveloped)."""
-        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer)
+        """A CONNECT in the session's own framing (one that changes it is handled in ``_command``)."""
+        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer, enveloped=peer.enveloped)
 
     def _disconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
         out = self._forget(peer, "disconnected", now)
