@@ -98,6 +98,17 @@ EXCHANGES: dict[str, list[tuple[list[bytes], list[list[bytes]]]]] = {
         (b("PUT", "TOPIC", "", "ID", "e", "", "y"), [b("ERROR", "ID", "e", "CODE", "400", "...")]),
         (b("PUT", "TOPIC", "x" * 1025, "ID", "l", "", "y"), [b("ERROR", "ID", "l", "CODE", "413", "...")]),
     ],
+    "5 a routing id the peer chose (spaces and all) is a session like any": [
+        (
+            b("CONNECT", "ID", "node1 4242 #<Thread:0x0 run>"),
+            [b("OK", "ID", "node1 4242 #<Thread:0x0 run>", "TTL", "5000")],
+        ),
+        (b("SUB", "ID", "s", "", "mcollective nodes node1"), [b("OK", "ID", "s")]),
+        (
+            b("PUT", "TOPIC", "mcollective nodes node1", "ID", "p", "", "x"),
+            [b("MESSAGE", "TOPIC", "mcollective nodes node1", "", "x"), b("OK", "ID", "p")],
+        ),
+    ],
     "4 the broker answers NOOP with ID, heartbeats itself, and 1.0 verbs stay out of 0.x": [
         (CONNECT, [CONNECTED]),
         (b("NOOP"), []),
@@ -116,7 +127,7 @@ def _matches(got: list[bytes], want: list[bytes]) -> bool:
 @pytest.mark.parametrize("name", EXCHANGES)
 def test_each_point_in_both_framings(peers: Any, name: str, framing: str) -> None:
     prefix = FRAMINGS[framing]
-    peer = peers(f"{framing} {name[:20]}".encode())  # a chosen routing id, as both original clients set
+    peer = peers(f"{framing} {name[:20]}".encode())  # a chosen routing id, as both original clients set (5)
     for sent, answers in EXCHANGES[name]:
         peer.send(*prefix, *sent)
         for want in answers:
