@@ -15,6 +15,10 @@ consults.  Rules, NATS style:
   inside a denied one; a wildcard that merely overlaps a denied topic is
   accepted, and the broker never delivers the denied topics to it (checked
   at delivery, as NATS does).
+* a 0.x peer's *opaque* topic (one that is not a 1.0 topic, such as
+  ``mcollective discovery``: see :mod:`mc0.topics`) has no tokens to match,
+  so it may be published (subscribed) only by an identity whose publish
+  (subscribe) list allows ``>`` and denies nothing;
 * peer telemetry (``mc0.sys.peer``: who connects and disconnects) is for
   identities granted it by name: once a ``[permissions]`` table exists, a
   SUB pattern that can match ``mc0.sys.peer`` (``mc0.sys.peer``,
@@ -37,6 +41,7 @@ from .topics import SYSTEM_TOKENS, pattern_covers, pattern_matches, split_patter
 
 ACTIONS = ("publish", "subscribe", "call", "serve", "send_to")
 ALL: tuple[str, ...] = (">",)
+ALL_TOKENS: tuple[str, ...] = (">",)  # the pattern ">" split
 PEER_TELEMETRY: tuple[str, ...] = ("mc0", "sys", "peer")  # mc0.protocol.SYS_PEER_TOPIC, split
 _CACHE_SIZE = 1024
 
@@ -110,6 +115,11 @@ class Grants:
         would be accepted and the delivery not filtered.  The check for what the broker hands
         out without a SUB pattern of the identity's own (fetches, durable consumers, dead letters)."""
         return self.may_subscribe(topic) and self.delivers(topic)
+
+    def may_use_opaque(self, action: str) -> bool:
+        """A 0.x peer's opaque topic (not a 1.0 topic: no tokens to match): only for an
+        identity whose ``action`` list allows ``>`` and denies nothing."""
+        return self.unrestricted or (ALL_TOKENS in self._allow[action] and not self._deny[action])
 
     def may_call(self, service: tuple[str, ...]) -> bool:
         return self._literal("call", service)

@@ -5,7 +5,8 @@ frames and the time, send the frames it returns, and act on the events it
 reports.  It owns everything a client must get right by itself:
 
 * request ids, and which answer belongs to the CONNECT in flight;
-* heartbeats (NOOP after TTL of silence on our side) and broker liveness
+* heartbeats (NOOP after ``HEARTBEAT_FRACTION`` x TTL of silence on our side:
+  a broker may consider us gone at TTL) and broker liveness
   (``liveness x TTL`` without hearing from it -> CONNECT again);
 * healing: on ``ERROR 401`` or ``DISCONNECT`` from the broker, on the
   socket reporting its connection lost then back (``link_lost``/``link_up``)
@@ -544,7 +545,7 @@ class ClientSession(BatchedReceive):
             if self.failover:
                 return self._lost(f"{reason} for {silent_for:.1f}s", now), []
             return [Reconnecting(f"{reason} for {silent_for:.1f}s", lost=True)], [self.connect(now)]
-        if self.connected and now - self.last_sent >= self.ttl:
+        if self.connected and now - self.last_sent >= self.ttl * P.HEARTBEAT_FRACTION:
             return [], [list(P.NOOP_FRAMES)]
         return [], []
 
@@ -552,7 +553,7 @@ class ClientSession(BatchedReceive):
         heal = self.last_recv + self.ttl * self.liveness
         if not self.connected:
             return heal
-        return min(heal, self.last_sent + self.ttl)
+        return min(heal, self.last_sent + self.ttl * P.HEARTBEAT_FRACTION)
 
 
 def _parts(body: bytes | str | Sequence[bytes] | None) -> list[bytes]:

@@ -14,6 +14,14 @@ Contract:
   an absurd input (say 10,000 tokens) is rejected in O(length) with no
   recursion.
 
+Protocol 0.x (the seed, as mc0d did it) has no wildcards and no grammar: a
+0.x peer's topic, in a PUT or a SUB, is an exact string (non-empty, at most
+``max_bytes``).  ``seed_topic`` says how the two meet: a 0.x topic that is
+also a 1.0 topic *is* that topic (its tokens: it reaches 1.0 wildcard
+subscribers, and a 0.x SUB of it is a literal pattern a 1.0 PUT reaches);
+any other (``mcollective discovery``, ``a.*``, ``a..b``) is *opaque* (no
+tokens) and matches only the same string from another 0.x peer.
+
 Violations raise :class:`mc0.errors.InvalidTopic`.
 """
 
@@ -79,6 +87,24 @@ def split_pattern(
     if TAIL in tokens[:-1]:
         raise InvalidTopic(pattern, f"{TAIL!r} may only be the last token")
     return tuple(tokens)
+
+
+def seed_topic(
+    topic: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
+    max_tokens: int = DEFAULT_MAX_TOPIC_TOKENS,
+) -> tuple[str, ...]:
+    """A 0.x peer's topic (PUT or SUB): its 1.0 tokens when it is a 1.0 topic, else ``()`` (opaque:
+    matched as an exact string); InvalidTopic when empty or over ``max_bytes``."""
+    if not topic:
+        raise InvalidTopic(topic, "empty")
+    if len(topic) > max_bytes or len(topic.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise InvalidTopic(topic, f"longer than {max_bytes} UTF-8 bytes", oversize=True)
+    try:
+        return split_topic(topic, max_bytes=max_bytes, max_tokens=max_tokens)
+    except InvalidTopic:
+        return ()
 
 
 def is_literal(tokens: tuple[str, ...]) -> bool:

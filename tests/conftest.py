@@ -13,6 +13,8 @@ import zmq
 
 from mc0.process import BrokerProcess
 
+NOOPS = ([b"NOOP"], [b"", b"NOOP"])  # a heartbeat, bare or enveloped
+
 
 class RawPeer:
     """A bare DEALER socket speaking frames, for wire-level tests."""
@@ -36,7 +38,7 @@ class RawPeer:
         deadline = time.monotonic() + timeout
         while True:
             frames = self.recv(max(0.01, deadline - time.monotonic()))
-            if frames != [b"NOOP"]:
+            if frames not in NOOPS:
                 return frames
 
     def nothing(self, timeout: float = 0.3) -> bool:
@@ -45,7 +47,7 @@ class RawPeer:
         while (left := deadline - time.monotonic()) > 0:
             if not self.socket.poll(int(left * 1000) + 1):
                 return True
-            if self.socket.recv_multipart() != [b"NOOP"]:
+            if self.socket.recv_multipart() not in NOOPS:
                 return False
         return True
 

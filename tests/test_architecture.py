@@ -34,7 +34,15 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "core": ("mc0.broker.core",),
     "dialects": ("mc0.broker.dialects",),
     "monitoring": ("mc0.broker.monitoring",),
-    "shell": ("mc0.broker.server", "mc0.broker.outbox", "mc0.broker.nngbridge", "mc0.broker.check", "mc0.broker"),
+    "cluster": ("mc0.broker.cluster",),
+    "shell": (
+        "mc0.broker.server",
+        "mc0.broker.embedded",
+        "mc0.broker.outbox",
+        "mc0.broker.nngbridge",
+        "mc0.broker.check",
+        "mc0.broker",
+    ),
     "spark": ("mc0.spark",),
     "app": ("mc0.cli", "mc0.demo", "mc0.__main__"),
 }
@@ -48,7 +56,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "core": BELOW_THE_BROKER,  # and, of storage, only the port: CORE_MAY_ALSO_IMPORT
     "dialects": (*BELOW_THE_BROKER, "core"),
     "monitoring": (*BELOW_THE_BROKER, "core"),
-    "shell": (*BELOW_THE_BROKER, "storage", "core", "dialects", "monitoring"),
+    "cluster": BELOW_THE_BROKER,  # the NATS link carries route traffic; what it means is the core's (routes)
+    "shell": (*BELOW_THE_BROKER, "storage", "core", "dialects", "monitoring", "cluster"),
     "spark": (*BELOW_THE_BROKER, "client"),
     "app": tuple(FLOORS),  # the CLI, the demo and the package's front door may use anything
 }

@@ -131,7 +131,7 @@ MALFORMED = [
     [b"SUB", b"", b"\xff"],
     [b"UNSUB", b"", b""],
     [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"soon"],
-    [b"CONNECT", b"VERSION", b"1.0"],
+    [b"CONNECT", b"VERSION", b"1.0", b"TOPIC", b"t"],  # a header CONNECT does not take
     [b"PING"],
     [b"NOOP", b"", b"payload"],
     [b"MESSAGE", b"TOPIC", b"t", b"", b"forged"],

@@ -41,8 +41,8 @@ def test_heartbeat_noop_after_ttl_and_expiry_removes_subscriptions() -> None:
     connect(core, b"p", now=0.0, ttl=1000)
     core.handle(b"a", f("SUB", "", "x.>"), 0.0)
     assert len(core.subscriptions) == 1
-    assert core.tick(0.5) == []
-    out = core.tick(1.0)
+    assert core.tick(0.4) == []
+    out = core.tick(0.5)  # HEARTBEAT_FRACTION x TTL of the broker's silence toward each
     assert (b"a", P.NOOP_FRAMES) in out and (b"p", P.NOOP_FRAMES) in out
     core.handle(b"p", f("NOOP"), 2.5)  # p stays alive, a stays silent
     core.tick(2.9)
@@ -152,8 +152,8 @@ def test_what_a_closed_connection_sent_is_handled_before_its_session_goes() -> N
     assert b"n" not in core.sessions
 
 
-def test_under_curve_peers_may_not_choose_their_routing_id() -> None:
-    core = BrokerCore(generated_ids_only=True)
+def test_the_generated_ids_only_option_refuses_chosen_routing_ids() -> None:
+    core = BrokerCore(generated_ids_only=True)  # an embedding's choice; the broker admits chosen ids
     ((_, frames),) = connect(core, b"chosen-name", who="alice")
     assert frames[:5] == f("ERROR", "ID", "c", "CODE", "400")
     assert connect(core, b"\x00\x01\x02\x03\x04", who="alice")[0][1][0] == b"OK"

@@ -329,7 +329,7 @@ def test_live_dcp_hand_off_from_a_dcp_worker_to_an_mc0_worker_answers_an_emqp_cl
         with worker, mc0.Client(broker.endpoint) as client:
             _wait_served(client, "parse")
             _wait_served(client, "render")
-            emqp_client.send(b"", E.VERSION, E.REQUEST, b"job-1", b"parse", b"", b"text")
+            emqp_client.send(b"", E.VERSION, E.REQUEST, b"job-1", b"parse", b"reply-requested", b"text")
             assert emqp_client.recv(10) == [b"", E.VERSION, E.REPLY, b"job-1", b"<p>parsed:text</p>"]
     finally:
         emqp_client.close()

@@ -27,6 +27,7 @@ from mc0.process import BrokerProcess
 from .conftest import RawPeer
 
 V = E.VERSION
+RR = b"reply-requested"  # the header that asks for the REPLY
 
 
 class Core:
@@ -60,9 +61,9 @@ def request_for(out: list[tuple[bytes, list[bytes]]], worker: bytes, queue: byte
 def test_inform_ready_request_reply_in_the_seeds_form_and_eventmqs() -> None:
     net = Core()
     net.worker(b"w", b"jobs,other")  # the seed: csv queue names
-    token = request_for(net.emqp(b"c", E.REQUEST, b"m1", b"jobs", b"", b"work"), b"w", b"jobs", b"work")
+    token = request_for(net.emqp(b"c", E.REQUEST, b"m1", b"jobs", RR, b"work"), b"w", b"jobs", b"work")
     # Its one READY is used: the next request waits for the next READY.
-    assert net.emqp(b"c", E.REQUEST, b"m2", b"other", b"", b"more") == []
+    assert net.emqp(b"c", E.REQUEST, b"m2", b"other", RR, b"more") == []
     # The seed's REPLY: msgid is the request's.
     out = net.emqp(b"w", E.REPLY, token, b"done")
     assert out == [(b"c", [b"", V, E.REPLY, b"m1", b"done"])]
@@ -76,7 +77,7 @@ def test_inform_ready_request_reply_in_the_seeds_form_and_eventmqs() -> None:
     assert b"jm" not in net.core.sessions
     # HEARTBEAT is silent; an unknown queue is a 503 REPLY.
     assert net.emqp(b"w", E.HEARTBEAT, b"h", b"1700000000") == []
-    assert net.emqp(b"c", E.REQUEST, b"m3", b"nobody", b"", b"x") == [
+    assert net.emqp(b"c", E.REQUEST, b"m3", b"nobody", RR, b"x") == [
         (b"c", [b"", V, E.REPLY, b"m3", b"ERROR", b"503", b"no worker for nobody"])
     ]
 
@@ -84,8 +85,8 @@ def test_inform_ready_request_reply_in_the_seeds_form_and_eventmqs() -> None:
 def test_ready_is_credit_so_a_worker_gets_as_many_jobs_as_it_said_ready() -> None:
     net = Core()
     net.worker(b"w", b"q", readies=2)
-    tokens = [request_for(net.emqp(b"c", E.REQUEST, b"m%d" % i, b"q", b"", b"x"), b"w", b"q", b"x") for i in range(2)]
-    assert net.emqp(b"c", E.REQUEST, b"m2", b"q", b"", b"x") == []  # no third READY
+    tokens = [request_for(net.emqp(b"c", E.REQUEST, b"m%d" % i, b"q", RR, b"x"), b"w", b"q", b"x") for i in range(2)]
+    assert net.emqp(b"c", E.REQUEST, b"m2", b"q", RR, b"x") == []  # no third READY
     net.emqp(b"w", E.REPLY, tokens[0], b"a")
     assert net.core.report("services")["q"]["queued"] == 1  # type: ignore[index]
     request_for(net.emqp(b"w", E.READY, b"r"), b"w", b"q", b"x")
@@ -108,15 +109,15 @@ def test_cross_dialect_an_emqp_client_calls_mc0_and_seed000_workers_and_an_mc0_c
     net = Core()
     net.mc0(b"mw", "CONNECT", "VERSION", "1.0", "TTL", "5000")
     net.mc0(b"mw", "READY", "CAPACITY", "2", "", "m0")
-    ((rid, frames),) = net.emqp(b"c", E.REQUEST, b"e1", b"m0", b"", b"to mc0")
+    ((rid, frames),) = net.emqp(b"c", E.REQUEST, b"e1", b"m0", RR, b"to mc0")
     assert rid == b"mw" and frames[-1] == b"to mc0"
     bid = frames[frames.index(b"ID") + 1].decode()
-    ((rid, frames),) = net.mc0(b"mw", "PARTIAL", "ID", bid, "", "p")  # no partials in eMQP: a HEARTBEAT
-    assert rid == b"c" and frames[:3] == [b"", V, E.HEARTBEAT]
+    assert net.mc0(b"mw", "PARTIAL", "ID", bid, "", "p") == []  # no partials in eMQP: not forwarded
+    assert net.core.counters["partials_unsent"] == 1
     ((rid, frames),) = net.mc0(b"mw", "FINAL", "ID", bid, "", "fine")
     assert (rid, frames) == (b"c", [b"", V, E.REPLY, b"e1", b"fine"])
     net.send(b"sw", S.WORKER, S.READY, b"s0")
-    ((rid, frames),) = net.emqp(b"c", E.REQUEST, b"e2", b"s0", b"", b"to seed000")
+    ((rid, frames),) = net.emqp(b"c", E.REQUEST, b"e2", b"s0", RR, b"to seed000")
     assert rid == b"sw"
     assert net.send(b"sw", S.WORKER, S.W_FINAL, frames[2], b"", frames[2], b"ok") == [
         (b"c", [b"", V, E.REPLY, b"e2", b"ok"])
@@ -130,12 +131,12 @@ def test_cross_dialect_an_emqp_client_calls_mc0_and_seed000_workers_and_an_mc0_c
 
 MALFORMED: list[tuple[str, bytes, tuple[bytes, ...]]] = [
     ("no msgid", b"c", (b"", V, E.REQUEST)),
-    ("empty msgid", b"c", (b"", V, E.REQUEST, b"", b"q", b"", b"x")),
+    ("empty msgid", b"c", (b"", V, E.REQUEST, b"", b"q", RR, b"x")),
     ("msgid too long", b"c", (b"", V, E.REQUEST, b"m" * 256, b"q", b"", b"x")),
-    ("msgid not UTF-8", b"c", (b"", V, E.REQUEST, b"\xff", b"q", b"", b"x")),
-    ("REQUEST short", b"c", (b"", V, E.REQUEST, b"m", b"q", b"")),
-    ("REQUEST long", b"c", (b"", V, E.REQUEST, b"m", b"q", b"", b"x", b"y")),
-    ("REQUEST empty queue", b"c", (b"", V, E.REQUEST, b"m", b"", b"", b"x")),
+    ("msgid not UTF-8", b"c", (b"", V, E.REQUEST, b"\xff", b"q", RR, b"x")),
+    ("REQUEST short", b"c", (b"", V, E.REQUEST, b"m", b"q", RR)),
+    ("REQUEST long", b"c", (b"", V, E.REQUEST, b"m", b"q", RR, b"x", b"y")),
+    ("REQUEST empty queue", b"c", (b"", V, E.REQUEST, b"m", b"", RR, b"x")),
     ("REQUEST bad timeout", b"c", (b"", V, E.REQUEST, b"m", b"q", b"timeout:soon", b"x")),
     ("REQUEST huge timeout", b"c", (b"", V, E.REQUEST, b"m", b"q", b"timeout:" + b"9" * 50, b"x")),
     ("unknown command", b"c", (b"", V, b"SCHEDULE", b"m", b"x")),
@@ -162,11 +163,11 @@ def test_malformed_emqp_is_dropped_as_eventmqs_router_does_and_everyone_is_still
     net = Core()
     net.mc0(b"m", "CONNECT", "VERSION", "1.0", "TTL", "5000")
     net.worker(b"w", b"q", readies=3)  # one held, one a stray REPLY may use up, one left
-    request_for(net.emqp(b"c0", E.REQUEST, b"held", b"q", b"", b"x"), b"w", b"q", b"x")
+    request_for(net.emqp(b"c0", E.REQUEST, b"held", b"q", RR, b"x"), b"w", b"q", b"x")
     out = net.send(who, *frames)  # must not raise
     assert [rid for rid, fr in out if fr[2:3] != [E.HEARTBEAT]] == []
     assert net.mc0(b"m", "PING", "ID", "p")[0][1][0] == b"PONG"
-    token = request_for(net.emqp(b"c9", E.REQUEST, b"m9", b"q", b"", b"y"), b"w", b"q", b"y")
+    token = request_for(net.emqp(b"c9", E.REQUEST, b"m9", b"q", RR, b"y"), b"w", b"q", b"y")
     assert net.emqp(b"w", E.REPLY, token, b"ok") == [(b"c9", [b"", V, E.REPLY, b"m9", b"ok"])]
 
 
@@ -179,9 +180,10 @@ JOBMANAGER = Path(__file__).with_name("emqp_jobmanager.py")
 class JobManagerProcess:
     """eventmq's JobManager in its own process group (it forks worker processes)."""
 
-    def __init__(self, endpoint: str, queue: str) -> None:
+    def __init__(self, endpoint: str, queue: str, *keys: str) -> None:
+        """``keys``: its secret key file and the broker's public key file, for a CURVE broker."""
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOBMANAGER), endpoint, queue],
+            [sys.executable, str(JOBMANAGER), endpoint, queue, *keys],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -228,9 +230,8 @@ def test_live_eventmq_jobmanager_serves_mc0_eventmq_and_seed000_clients(
             assert json.loads(client.request("emq-jobs", _job("add", 2, 3), timeout=20).body) == {"value": 5}
             # eventmq's own client: send_request on its Sender; the REPLY carries its msgid.
             sender.connect(broker.endpoint)
-            msgid = send_request(
-                sender, ["run", {"path": "operator", "callable": "mul", "args": [6, 7]}], queue="emq-jobs"
-            )
+            job = ["run", {"path": "operator", "callable": "mul", "args": [6, 7]}]
+            msgid = send_request(sender, job, queue="emq-jobs", reply_requested=True)
             assert sender.zsocket.poll(20_000), "no REPLY for eventmq's client"
             reply = sender.zsocket.recv_multipart()
             assert reply[:4] == [b"", V, E.REPLY, msgid.encode()] and json.loads(reply[4]) == {"value": 42}
@@ -278,14 +279,18 @@ def test_live_eventmq_client_calls_an_mc0_worker_and_a_seed_written_emqp_worker(
             _wait_served(client, "mc0-echo")
             _wait_served(client, "seed-q")
             sender.connect(broker.endpoint)
-            msgid = send_request(sender, ["run", {"x": 1}], queue="mc0-echo", timeout=5)
+            msgid = send_request(sender, ["run", {"x": 1}], queue="mc0-echo", timeout=5, reply_requested=True)
             assert sender.zsocket.poll(10_000)
             reply = sender.zsocket.recv_multipart()
             assert reply[:4] == [b"", V, E.REPLY, msgid.encode()]
             assert json.loads(reply[4].removeprefix(b"mc0 got ")) == ["run", {"x": 1}]
-            msgid = send_request(sender, "hello", queue="seed-q")
+            msgid = send_request(sender, "hello", queue="seed-q", reply_requested=True)
             assert sender.zsocket.poll(10_000)
             assert sender.zsocket.recv_multipart() == [b"", V, E.REPLY, msgid.encode(), b'"HELLO"']
+            # Without reply-requested (eventmq's default) the job runs and no REPLY comes.
+            send_request(sender, ["run", {"x": 2}], queue="mc0-echo", guarantee=True)
+            assert client.request(P.MMI_SERVICE, b"mc0-echo", timeout=5).body == b"200"  # a round trip later
+            assert not sender.zsocket.poll(500)
     finally:
         sender.zsocket.close(linger=0)
     thread.join(10)
@@ -295,13 +300,13 @@ def test_live_eventmq_client_calls_an_mc0_worker_and_a_seed_written_emqp_worker(
 def test_a_queue_serves_its_clients_round_robin_so_a_busy_client_cannot_starve_another() -> None:
     net = Core()
     net.worker(b"w", b"q")
-    tokens = [request_for(net.emqp(b"busy", E.REQUEST, b"b0", b"q", b"", b"b0"), b"w", b"q", b"b0")]
+    tokens = [request_for(net.emqp(b"busy", E.REQUEST, b"b0", b"q", RR, b"b0"), b"w", b"q", b"b0")]
     for i in range(1, 6):
-        assert net.emqp(b"busy", E.REQUEST, b"b%d" % i, b"q", b"", b"b%d" % i) == []
+        assert net.emqp(b"busy", E.REQUEST, b"b%d" % i, b"q", RR, b"b%d" % i) == []
     # mc0 and eMQP clients alike wait in the same queue, each its turn.
     net.mc0(b"m", "CONNECT", "VERSION", "1.0", "TTL", "5000")
     net.mc0(b"m", "REQUEST", "SERVICE", "q", "ID", "m0", "", "m0")
-    net.emqp(b"calm", E.REQUEST, b"c0", b"q", b"", b"c0")
+    net.emqp(b"calm", E.REQUEST, b"c0", b"q", RR, b"c0")
     served = []
     for _ in range(7):  # bounded: 7 requests are waiting
         out = net.emqp(b"w", E.REPLY, tokens[-1], b"ok")

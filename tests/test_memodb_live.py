@@ -386,7 +386,8 @@ def test_check_config_reports_memodb_and_refuses_a_bad_address(tmp_path: Path) -
 
 
 def test_in_process_oversize_refused_by_nng_foreign_dialects_false_opens_nothing_close_is_idempotent() -> None:
-    from mc0.broker.server import Broker, BrokerThread
+    from mc0.broker.embedded import BrokerThread
+    from mc0.broker.server import Broker
     from mc0.config import parse
 
     port = free_port()
@@ -422,7 +423,7 @@ def test_in_process_oversize_refused_by_nng_foreign_dialects_false_opens_nothing
 
 
 def test_a_waiting_worker_is_told_disconnect_when_the_broker_stops() -> None:
-    from mc0.broker.server import BrokerThread
+    from mc0.broker.embedded import BrokerThread
     from mc0.config import parse
 
     port = free_port()

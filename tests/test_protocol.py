@@ -26,6 +26,8 @@ GOOD_FROM_PEER = [
     (f("PUT", "TOPIC", "t", "", "", ""), Verb.PUT, {"TOPIC": "t"}, [b"", b""]),
     (f("PING", "ID", "7"), Verb.PING, {"ID": "7"}, []),
     (f("DISCONNECT", "ID", "x"), Verb.DISCONNECT, {"ID": "x"}, []),
+    (f("CONNECT", "ID", "chattyClient 0"), Verb.CONNECT, {"ID": "chattyClient 0"}, []),  # mc0torture's: defaults
+    (f("CONNECT", "VERSION", "0.2"), Verb.CONNECT, {"VERSION": "0.2"}, []),  # no TTL: the default
 ]
 
 
@@ -54,7 +56,8 @@ BAD_FROM_PEER = [
     (f("PUT", b"X-\xff", "v", "TOPIC", "t", "", "x"), Status.BAD_REQUEST, None),
     (f("NOOP", "", "extra"), Status.BAD_REQUEST, None),
     (f("SUB", "ID", "3"), Status.BAD_REQUEST, "3"),  # no patterns
-    (f("CONNECT", "VERSION", "1.0"), Status.BAD_REQUEST, None),
+    (f("CONNECT", "VERSION", "1.0", "TTL"), Status.BAD_REQUEST, None),  # key without value
+    (f("CONNECT", "TOPIC", "t", "ID", "c"), Status.BAD_REQUEST, "c"),  # a header CONNECT does not take
     (f("PING"), Status.BAD_REQUEST, None),
     (f("MESSAGE", "TOPIC", "t", "", "x"), Status.BAD_REQUEST, None),  # broker-only verb
     (f("OK", "ID", "1"), Status.BAD_REQUEST, "1"),

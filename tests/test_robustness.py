@@ -30,8 +30,8 @@ CRASHERS = [
     ("stranger", ("MDPC02", "\x02", "mc0.journal", DEEP)),
     ("stranger", ("MDPXC01", "\x01", "mc0.broker", "r", DEEP)),  # a seed-000 client
     ("stranger", ("MDPXC01", "\x01", "mc0.journal", "r", DEEP)),
-    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.broker", "", DEEP)),  # an eMQP client
-    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.journal", "", DEEP)),
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.broker", "reply-requested", DEEP)),  # an eMQP client
+    ("stranger", ("", "eMQP/1.0", "REQUEST", "m", "mc0.journal", "reply-requested", DEEP)),
     ("stranger", ("", "DGBX\x01", "\x04", "mc0.broker", "", "", DEEP)),  # a DCP client
     ("stranger", ("", "DGBX\x01", "\x04", "mc0.journal", "", "", DEEP)),
 ]

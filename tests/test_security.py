@@ -184,15 +184,49 @@ def test_an_exception_in_the_key_lookup_does_not_stop_later_clients(tmp_path: Pa
         context.term()
 
 
-def test_under_curve_a_peer_may_not_choose_its_routing_id(
+def test_under_curve_a_chosen_routing_id_is_admitted_and_a_squatter_with_another_key_gets_nothing(
     curve: tuple[CurveSetup, BrokerProcess], zctx: zmq.Context[Any]
 ) -> None:
+    """mc0torture and the MCollective connector set ZMQ_IDENTITY: admitted under CURVE, the session
+    bound to (routing id, key, connection).  A second connection presenting the same routing id with
+    another key gets none of the first one's traffic and does not knock it off (libzmq 4.3.5, with
+    ROUTER_HANDOVER off, never reads a connection whose routing id is in use); once the first has
+    gone, the newcomer holds the name with nothing of the first's session."""
     setup, broker = curve
     server_key = keys.load_public(setup.broker_key).public
-    peer = curve_peer(broker.endpoint, zctx, setup.secret("alice"), server_key, routing_id=b"victim")
-    reply = peer.connect()
-    assert reply[0] == b"ERROR" and headers_of(reply)["CODE"] == "400" and "routing id" in headers_of(reply)["MESSAGE"]
-    peer.close()
+    name = b"chattyClient 0"
+    first = curve_peer(broker.endpoint, zctx, setup.secret("alice"), server_key, routing_id=name)
+    first.send("", "CONNECT", "ID", name)
+    assert first.recv() == [b"", b"OK", b"ID", name, b"TTL", b"5000"]
+    first.send("", "SUB", "ID", "s", "", "mcollective discovery")
+    assert first.recv() == [b"", b"OK", b"ID", b"s"]
+    squatter = curve_peer(broker.endpoint, zctx, setup.secret("bob"), server_key, routing_id=name)
+    squatter.send("", "CONNECT", "ID", "c2")
+    squatter.send("", "UNSUB", "", "mcollective discovery")  # would end the first's subscription, were it read
+    publisher = curve_peer(broker.endpoint, zctx, setup.secret("carol"), server_key)
+    publisher.send("", "CONNECT", "VERSION", "0.3", "TTL", "5000", "ID", "p")
+    assert publisher.recv()[:2] == [b"", b"OK"]
+    publisher.send("", "PUT", "TOPIC", "mcollective discovery", "X-REPLY-TO", "mcollective reply carol 1", "ID", "1",
+                   "", "ping")  # fmt: skip
+    assert publisher.recv() == [b"", b"OK", b"ID", b"1"]
+    assert first.recv_skipping_noop() == [b"", b"MESSAGE", b"TOPIC", b"mcollective discovery",
+                                          b"X-REPLY-TO", b"mcollective reply carol 1", b"", b"ping"]  # fmt: skip
+    assert squatter.nothing(0.5)  # not even an answer to its CONNECT
+    first.send("", "NOOP", "ID", "alive")
+    assert first.recv_skipping_noop() == [b"", b"OK", b"ID", b"alive"]  # unaffected
+    squatter.close()
+    # The first goes; a newcomer with bob's key takes the name and finds no session of alice's.
+    first.close()
+    time.sleep(0.3)
+    newcomer = curve_peer(broker.endpoint, zctx, setup.secret("bob"), server_key, routing_id=name)
+    newcomer.send("", "NOOP", "ID", "n")
+    reply = newcomer.recv_skipping_noop()
+    assert reply[:2] == [b"", b"ERROR"] and headers_of(reply[1:])["CODE"] == "401"
+    publisher.send("", "PUT", "TOPIC", "mcollective discovery", "ID", "2", "", "again")
+    assert publisher.recv() == [b"", b"OK", b"ID", b"2"]
+    assert newcomer.nothing(0.5)
+    for peer in (newcomer, publisher):
+        peer.close()
 
 
 def test_routing_id_squatting_gets_none_of_the_victims_traffic(

@@ -376,7 +376,9 @@ class Connection(Failover):
         """Heartbeats, healing and request timeouts at the next deadline; re-armed whenever a
         deadline moved earlier (a CONNECT answered, a request with a closer deadline)."""
         rearm = self._rearm
-        while True:
+        # Ends once close() began: asyncio.wait_for (3.11) may swallow the cancel close() sends
+        # when its waiter finished at the same moment, and a heal sent then would raise ClosedError.
+        while not self._closing:
             deadline = self.session.next_deadline()
             local = self._next_local_deadline()
             if local is not None:
@@ -387,6 +389,8 @@ class Connection(Failover):
                 continue  # a deadline changed: compute it again
             except TimeoutError:
                 pass
+            if self._closing:
+                return
             now = time.monotonic()
             self._expire_calls(now)
             events, frames = self.session.tick(now)

@@ -124,7 +124,6 @@ class Broker:
         self.core = BrokerCore(
             self.config.broker,
             with_memodb_identity(self.config.permissions, self.config.memodb.identity),
-            generated_ids_only=self.config.security.curve,
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
             dialects=dialect_route,
@@ -493,6 +492,8 @@ class Broker:
             for routing_id, payload in pending:
                 peer = sessions.get(routing_id)
                 batched = peer is not None and peer.batched
+                if peer is not None and peer.enveloped:  # an mc0d-era DEALER's session
+                    payload = peer.framed(payload)
                 if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now):
                     follow_up += core.send_failed(routing_id, now, unreachable=False)
             if not follow_up and not core.forgotten:
@@ -507,6 +508,8 @@ class Broker:
             return
         shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
         for routing_id in outbox.ready(now):
+            if self.core.closing and self.core.peers.is_closing(routing_id):  # another key may hold it by now
+                continue
             if self.nng is not None and self.nng.memodb.owns(routing_id):
                 self._apply(self.nng.flush(self.core, outbox, routing_id, now), now)
                 continue
@@ -545,7 +548,7 @@ class Broker:
                 routing_id in blocked
                 or peer is None
                 or outbox.backlog(routing_id) > STREAM_WINDOW
-                or not outbox.put(routing_id, item.frames, batched=peer.batched, known=True, now=now)
+                or not outbox.put(routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now)
             ):
                 blocked.add(routing_id)
                 self.core.stream_blocked(item, now)
@@ -567,32 +570,4 @@ class Broker:
         return previous
 
 
-class BrokerThread:
-    """A broker running in a background thread (for embedding)."""
-
-    def __init__(self, config: Config | None = None) -> None:
-        self.broker = Broker(config)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> list[str]:
-        endpoints = self.broker.bind()
-        self._thread = threading.Thread(
-            target=self.broker.run, kwargs={"install_signals": False}, name="mc0-broker", daemon=True
-        )
-        self._thread.start()
-        return endpoints
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.broker.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def __enter__(self) -> BrokerThread:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-__all__ = ["Broker", "BrokerThread"]
+__all__ = ["Broker"]

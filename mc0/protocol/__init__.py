@@ -15,7 +15,8 @@ non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
 
 Peer -> broker::
 
-    CONNECT    VERSION v TTL ms [ID id] [BATCH 1] [ECHO 0]  -> OK ID id TTL ms [BATCH 1]
+    CONNECT    [VERSION v] [TTL ms] [ID id] [BATCH 1] [ECHO 0]  -> OK ID id TTL ms [BATCH 1]
+               (no VERSION: 0.1; no TTL: DEFAULT_TTL_MS, and no expiry for silence)
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
@@ -49,8 +50,11 @@ A command carrying ``ID`` is answered ``OK``/``ERROR`` with that ID; without
 ``ID`` nothing comes back unless something exceptional happened, which always
 gets an ``ERROR``.  A REQUEST's ID names the request instead: it is answered
 by zero or more PARTIAL and exactly one terminal FINAL or ERROR with that ID.
-Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed verbs only);
-``1.0`` is the full protocol.
+Versions ``0.1``-``0.3`` are the seed's pub/sub (the seed verbs only; a topic
+is an exact string, no wildcards); ``1.0`` is the full protocol.  A message
+whose first frame is empty (``"" VERB ...``, the original mc0d peers, which are
+DEALERs) is *enveloped*: the session opened by such a CONNECT gets the empty
+frame in front of everything sent to it.
 
 Status codes: see :class:`Status`.  Limits: see :class:`Limits`.
 docs/PROTOCOL.md is the prose version of this docstring.
@@ -85,6 +89,7 @@ from .builders import (
     Mc0Dialect,
     cancel,
     encode,
+    enveloped,
     error,
     message,
     ok,
@@ -100,6 +105,8 @@ from .codec import (
     decimal,
     decode,
     find_id,
+    in_band_body,
+    in_band_error,
     parse_int,
     worker_error,
 )
@@ -110,9 +117,12 @@ from .model import (
     CONSUMER_SERVICE,
     DEAD_TOPIC_HEADER,
     DEFAULT_LIMITS,
+    DEFAULT_TTL_MS,
     ECHO_OFF,
+    ENVELOPE,
     FULL_VERSION,
     GRAMMAR,
+    HEARTBEAT_FRACTION,
     JOURNAL_SERVICE,
     MAILBOX_DELIVERED,
     MAILBOX_EXPIRES,
@@ -120,6 +130,7 @@ from .model import (
     MAX_GROUP_BYTES,
     MAX_SERVICE_BYTES,
     MMI_SERVICE,
+    OLDEST_VERSION,
     PEER_GRAMMAR,
     REMOTE_ERRORS,
     RESERVED_TOPIC_PREFIX,
@@ -152,6 +163,10 @@ __all__ = [
     "BROKER_SERVICE",
     "Command",
     "DEFAULT_LIMITS",
+    "DEFAULT_TTL_MS",
+    "ENVELOPE",
+    "HEARTBEAT_FRACTION",
+    "OLDEST_VERSION",
     "DISCONNECT_FRAMES",
     "Dialect",
     "FULL_VERSION",
@@ -202,8 +217,11 @@ __all__ = [
     "decimal",
     "decode",
     "encode",
+    "enveloped",
     "error",
     "find_id",
+    "in_band_body",
+    "in_band_error",
     "is_user_header",
     "journal_page",
     "json_body",

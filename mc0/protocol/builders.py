@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from . import batch as _batch
-from .model import USER_HEADER_PREFIX, Verb
+from .model import ENVELOPE, USER_HEADER_PREFIX, Verb
 
 
 def ok(request_id: str, *, ttl_ms: int | None = None, batch: bool = False) -> list[bytes]:
@@ -85,6 +85,11 @@ def message(
     return frames
 
 
+def enveloped(frames: Sequence[bytes]) -> list[bytes]:
+    """``frames`` behind the empty frame an enveloped (mc0d-era DEALER) session expects."""
+    return [ENVELOPE, *frames]
+
+
 NOOP_FRAMES: tuple[bytes, ...] = (b"NOOP",)
 DISCONNECT_FRAMES: tuple[bytes, ...] = (b"DISCONNECT",)
 
@@ -132,6 +137,7 @@ class Mc0Dialect:
 
     name = "mc0"
     heartbeats = True
+    one_frame = False
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -209,10 +215,16 @@ MC0_ROUTE_DIALECT = Mc0RouteDialect()
 
 
 class Dialect(Protocol):
-    """How the broker renders RPC traffic and heartbeats for one kind of peer."""
+    """How the broker renders RPC traffic and heartbeats for one kind of peer.
+
+    ``one_frame``: a worker of this dialect takes a request body of one frame only (eMQP, MemoDB),
+    so a service it serves refuses multi-frame requests.  ``partial`` returns None when the
+    dialect has no partial replies for a client: the PARTIAL is not forwarded (counted).
+    """
 
     name: str
     heartbeats: bool
+    one_frame: bool
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -222,7 +234,7 @@ class Dialect(Protocol):
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes] | bytes: ...
+    ) -> list[bytes] | bytes | None: ...
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]

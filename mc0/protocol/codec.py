@@ -186,6 +186,35 @@ def parse_int(command: Command, header: Header, *, minimum: int = 0) -> int:
     return value
 
 
+IN_BAND_ERROR = b"ERROR"  # first body frame of an error for a dialect with no error reply (MDP, seed 000, DCP, eMQP)
+
+
+def in_band_error(code: int, reason: str) -> list[bytes]:
+    """An error as the body of a final reply, for dialects without an error reply: ERROR, code, reason."""
+    return [IN_BAND_ERROR, str(int(code)).encode(), reason.encode()]
+
+
+def in_band_body(body: Sequence[bytes]) -> Sequence[bytes]:
+    """A worker's reply body for a client whose errors arrive in-band (``in_band_error``).
+
+    A body shaped like one (three frames: ERROR, a three-digit code, a reason) whose code is not an
+    application's (``WORKER_CODES``) is shown as the broker shows an mc0 worker's ERROR with that
+    code: 500 ``[worker sent code ...]``.  So 401, 499, 502, 503, 504, 505 and 507 in-band always
+    come from the broker, never from a worker speaking for it.
+    """
+    if len(body) != 3 or body[0] != IN_BAND_ERROR:
+        return body
+    try:
+        code_text = bytes(body[1]).decode("ascii")
+    except UnicodeDecodeError:
+        return body
+    code = decimal(code_text, 3)
+    if code is None or len(code_text) != 3 or code in WORKER_CODES:
+        return body
+    reason = bytes(body[2]).decode("utf-8", "replace")
+    return in_band_error(*worker_error(code_text, reason))
+
+
 def worker_error(code_text: str, reason: str) -> tuple[int, str]:
     """A worker's ERROR CODE and MESSAGE -> what its caller gets (see ``WORKER_CODES``)."""
     code = decimal(code_text, 3)

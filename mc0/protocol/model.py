@@ -117,6 +117,18 @@ def remote_error(code: int, reason: str) -> errors.RemoteError:
 SEED_VERSIONS = frozenset({"0.1", "0.2", "0.3"})
 FULL_VERSION = "1.0"
 VERSIONS = SEED_VERSIONS | {FULL_VERSION}
+# CONNECT without VERSION or TTL (the seed gives no default; mc0d and its load tester
+# mc0torture send "CONNECT ID x"): the oldest version, and this TTL (answered in the OK).
+# Such a peer promised no heartbeat rate, so it is not expired for silence (see PROTOCOL.md).
+OLDEST_VERSION = "0.1"
+DEFAULT_TTL_MS = 5_000
+# Each side sends NOOP once it has sent nothing to the other for this fraction of the TTL:
+# the original peers give up at exactly TTL (the Ruby mc0d at 1.05 x TTL), so the other
+# side's silence must stay clearly under it, with room for a loop turn and the sweep's step.
+HEARTBEAT_FRACTION = 0.5
+# A peer whose first frame is empty is "enveloped" (the original mc0d peers are DEALERs that
+# send ["", VERB, ...]): its session puts this frame in front of everything sent to it.
+ENVELOPE = b""
 
 ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
 BROKER_SERVICE = "mc0.broker"  # built-in: stats / services / topics / peers reports
@@ -201,7 +213,7 @@ _ID = _h(Header.ID)
 
 # What a peer may send to the broker.
 PEER_GRAMMAR: dict[Verb, Grammar] = {
-    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL), _h(Header.ID, Header.BATCH, Header.ECHO)),
+    Verb.CONNECT: Grammar(optional=_h(Header.VERSION, Header.TTL, Header.ID, Header.BATCH, Header.ECHO)),
     Verb.DISCONNECT: Grammar(optional=_ID),
     Verb.NOOP: Grammar(optional=_ID),
     Verb.PING: Grammar(_ID, seed=False),

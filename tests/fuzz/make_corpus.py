@@ -140,6 +140,24 @@ def seeds() -> list[bytes]:
         connect
         + step(0, 0, P.encode(Verb.REQUEST, {Header.SERVICE: "mc0.broker", Header.ID: "s"}, [b'{"op":"peers"}']))
     )
+    # The original mc0d peers (seed 004): enveloped sessions, CONNECT without VERSION/TTL, exact-string
+    # topics (opaque ones with spaces, and 1.0 ones meeting 1.0 wildcards), a framing switch, a chosen id.
+    old = step(0, 3, [b"", b"CONNECT", b"ID", b"chattyClient 0"])
+    opaque = [b"", b"SUB", b"ID", b"s", b"", b"mcollective discovery", b"a.*", b"j.a"]
+    put = [b"", b"PUT", b"TOPIC", b"mcollective discovery", b"X-REPLY-TO", b"mcollective reply c 1", b"", b"x"]
+    out.append(old + step(0, 3, opaque) + step(0, 3, put) + step(4, 0x80, []) + step(0, 3, [b"", b"NOOP", b"ID", b"n"]))
+    out.append(
+        old
+        + connect
+        + step(0, 3, opaque)
+        + step(0, 0, P.encode(Verb.SUB, {}, [b"j.*"]))
+        + step(0, 3, [b"", b"PUT", b"TOPIC", b"j.a", b"", b"y"])
+        + step(0, 0, P.encode(Verb.PUT, {Header.TOPIC: "j.a"}, [b"z"]))
+    )
+    out.append(old + step(0, 3, [b"NOOP", b"ID", b"bare"]) + step(0, 3, [b"CONNECT", b"VERSION", b"0.2"]))
+    out.append(step(0, 1, [b"", b"CONNECT", b"VERSION", b"1.0", b"TTL", b"100", b"BATCH", b"1"]) + step(5, 1, []))
+    out.append(e_worker + step(0, 0, [*e, b"REQUEST", b"m", b"eq", b"reply-requested,guarantee,retry-count:3", b"x"]))
+    out.append(s0_worker + step(0, 0, [b"MDPXC01", b"\x01", b"s0", b"r1"]))
     return out
 
 

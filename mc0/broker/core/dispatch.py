@@ -52,6 +52,7 @@ __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
+_CONNECT = Verb.CONNECT
 Handler = Callable[[Peer, Command, float], list[Out]]
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
 ForeignHandler = Callable[["BrokerCore", Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
@@ -75,7 +76,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         wall_offset: float = 0.0,
         dialects: DialectRouter = _mc0_only,
     ) -> None:
-        """``generated_ids_only`` (the broker sets it under CURVE): refuse peers that choose their routing id.
+        """``generated_ids_only``: refuse peers that choose their routing id (off in the broker: a session
+        is bound to its routing id, identity and connection, see docs/SECURITY.md).
 
         ``journals`` are opened by the caller (the shell owns them); the core
         appends to them and ``commit()`` makes the appends durable, through the
@@ -193,20 +195,50 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 self.counters["foreign_refused"] += 1
                 return out
             return out + foreign(self, peer, routing_id, frames, now, identity, fd)
+        if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
+            answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
+            if routing_id not in self.peers.by_id:  # no session carries the framing (the shell's job): here
+                answers = [
+                    (r, P.enveloped(p)) if r == routing_id and not isinstance(p, bytes) else (r, p) for r, p in answers
+                ]
+        else:
+            answers = self._command(routing_id, peer, frames, now, identity, fd, False)
+        return out + answers if out else answers
+
+    def _command(
+        self,
+        routing_id: bytes,
+        peer: Peer | None,
+        frames: Sequence[bytes],
+        now: float,
+        identity: str,
+        fd: int | None,
+        enveloped: bool,
+    ) -> list[Out]:
+        """One mc0 command (its envelope, if any, removed) from ``peer`` (None: not connected)."""
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
-                return out + self._batch(peer, frames[2], now)
+                return self._batch(peer, frames[2], now)
+        out: list[Out] = []
         try:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if peer is None:
                 if command.verb is Verb.CONNECT:
-                    return out + self._connect(routing_id, identity, command, now, fd=fd)
+                    return self._connect(routing_id, identity, command, now, fd=fd, enveloped=enveloped)
                 if command.verb is Verb.DISCONNECT:
-                    return out + ([(routing_id, P.ok(command.id))] if command.id is not None else [])
+                    return [(routing_id, P.ok(command.id))] if command.id is not None else []
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
             if peer.dialect.name != P.MC0_DIALECT.name:
                 raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
+            if peer.enveloped is not enveloped:  # a new CONNECT may change the framing, nothing else
+                if command.verb is _CONNECT:
+                    out += self._connect(routing_id, identity, command, now, replacing=peer, enveloped=enveloped)
+                    return self._with_finished(out, now)
+                framing = "behind an empty frame" if peer.enveloped else "without an empty first frame"
+                raise ProtocolError(
+                    Status.BAD_REQUEST, f"this session was opened {framing}: keep its framing", command.id
+                )
             if peer.legacy and not P.PEER_GRAMMAR[command.verb].seed:
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"{command.verb} is not part of protocol {peer.version}", command.id
@@ -230,7 +262,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         reason = f"internal error: {type(exc).__name__}"
         if peer is not None:
             return [(routing_id, peer.dialect.error(request_id, "", Status.HANDLER_FAILED, reason))]
-        return [(routing_id, P.error(Status.HANDLER_FAILED, reason, request_id))]
+        answer = P.error(Status.HANDLER_FAILED, reason, request_id)
+        return [(routing_id, P.enveloped(answer) if frames and not frames[0] else answer)]
 
     def _reject(
         self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
@@ -253,39 +286,57 @@ class BrokerCore(BatchedInput, VerbHandlers):
         now: float,
         replacing: Peer | None = None,
         fd: int | None = None,
+        enveloped: bool = False,
     ) -> list[Out]:
-        """Open a session; a repeated CONNECT replaces the old one only once it is valid."""
+        """Open a session; a repeated CONNECT replaces the old one only once it is valid.
+
+        Without VERSION the peer speaks the oldest (0.1); without TTL it gets
+        ``DEFAULT_TTL_MS`` (in the OK) and is never expired for silence (mc0d
+        and mc0torture send ``CONNECT ID x``).  An ``enveloped`` session is
+        never batched (its frames, not records, carry the envelope).
+        """
         if self.generated_ids_only and not generated_routing_id(routing_id):
             raise ProtocolError(
                 Status.BAD_REQUEST,
-                "under CURVE a peer may not choose its routing id (unset ZMQ_ROUTING_ID)",
+                "this broker refuses chosen routing ids (unset ZMQ_ROUTING_ID)",
                 command.id,
             )
-        version = command.headers[Header.VERSION]
+        version = command.headers.get(Header.VERSION, P.OLDEST_VERSION)
         if version not in P.VERSIONS:
             raise ProtocolError(
                 Status.UNSUPPORTED_VERSION,
                 f"version {version[:16]!r} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
                 command.id,
             )
-        asked = P.parse_int(command, Header.TTL, minimum=1)
+        named_ttl = Header.TTL in command.headers
+        asked = P.parse_int(command, Header.TTL, minimum=1) if named_ttl else P.DEFAULT_TTL_MS
         ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
         batched, echo = (connect_flag(command, header, version) for header in (Header.BATCH, Header.ECHO))
         out: list[Out] = []
         if replacing is not None:
             out = self._forget(replacing, "reconnected", now)
             fd = replacing.fd
+        batched = batched and not enveloped
         dialect = P.MC0_BATCHED_DIALECT if batched else P.MC0_DIALECT
         peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, dialect, fd)
-        peer.batched, peer.echo = batched, echo
+        peer.batched, peer.echo, peer.enveloped, peer.expires = batched, echo, enveloped, named_ttl
+        peer.beat = ttl_ms / 1000.0 * P.HEARTBEAT_FRACTION
         out += self._open(peer, now)
-        log.info("peer %s connected as %s (protocol %s, ttl %d ms)", peer.name, identity, version, ttl_ms)
+        log.info(
+            "peer %s connected as %s (protocol %s, ttl %d ms%s)",
+            peer.name,
+            identity,
+            version,
+            ttl_ms,
+            ", enveloped" if enveloped else "",
+        )
         if command.id is not None:
             out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
         return out + self.mailboxes.online(peer, now)  # letters kept for it, after the OK
 
     def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer)
+        """A CONNECT in the session's own framing (one that changes it is handled in ``_command``)."""
+        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer, enveloped=peer.enveloped)
 
     def _disconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
         out = self._forget(peer, "disconnected", now)
@@ -364,13 +415,15 @@ class BrokerCore(BatchedInput, VerbHandlers):
         rid: str | None = None,
         timeout_ms: int | None = None,
         user: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> list[Out]:
         """A request from a foreign client (a broker-made request id unless it brings its own;
-        the broker's default timeout unless it asks for one; ``user``: its X- headers)."""
+        the broker's default timeout unless it asks for one; ``user``: its X- headers;
+        ``quiet``: it wants no answer)."""
         name = self.rpc.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
         timeout_ms = timeout_ms or self.settings.request_timeout_ms
-        return self._call(client, name, rid, timeout_ms, False, user or {}, body, now)
+        return self._request_for(client, name, rid, timeout_ms, False, user or {}, body, now, quiet=quiet)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
         checked = [self.rpc.service_name(n, None) for n in names]
@@ -488,8 +541,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
         out = self._forget(peer, "too_slow", now)
         reason = f"consumer too slow: {peer.drops} messages dropped; disconnected"
-        out.append((routing_id, P.error(Status.OVER_LIMIT, reason)))
-        out.append((routing_id, P.DISCONNECT_FRAMES))
+        out.append((routing_id, _last_words(peer, P.error(Status.OVER_LIMIT, reason))))
+        out.append((routing_id, _last_words(peer, P.DISCONNECT_FRAMES)))
         return self._with_finished(out, now)
 
     # ================================================================ security changes
@@ -500,7 +553,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         for peer in [p for p in self.peers.by_id.values() if p.identity in identities]:
             log.warning("identity %s revoked: dropping %s", peer.identity, peer.name)
             out += self._forget(peer, "revoked", now)
-            out.append((peer.routing_id, peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")))
+            revoked = peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")
+            out.append((peer.routing_id, _last_words(peer, revoked)))
         return self._with_finished(out, now)
 
     def allow(self, identities: set[str]) -> None:
@@ -529,8 +583,14 @@ class BrokerCore(BatchedInput, VerbHandlers):
         for peer in list(self.peers.by_id.values()):
             frames = peer.dialect.disconnect()
             if frames is not None:
-                out.append((peer.routing_id, frames))
+                out.append((peer.routing_id, _last_words(peer, frames)))
         for peer in list(self.peers.by_id.values()):
             self._forget(peer, "broker_shutdown", now)
         self._with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
         return out
+
+
+def _last_words(peer: Peer, frames: Sequence[bytes]) -> Sequence[bytes]:
+    """What is sent to a peer the core just forgot, in its session's framing: the shell
+    envelopes only what it sends to a known peer."""
+    return P.enveloped(frames) if peer.enveloped else frames

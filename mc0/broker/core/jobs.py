@@ -166,6 +166,7 @@ class Job:
         "parent",
         "size",
         "bytes_out",
+        "quiet",
     )
 
     def __init__(
@@ -179,6 +180,8 @@ class Job:
         now: float,
         deadline: float,
         parent: Scatter | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
         self.bid = bid
         self.client = client
@@ -194,6 +197,7 @@ class Job:
         self.parent = parent
         self.size = sum(map(len, body))
         self.bytes_out = 0
+        self.quiet = quiet  # the client wants no answer (eMQP without reply-requested): none is sent
 
     @property
     def done(self) -> bool:

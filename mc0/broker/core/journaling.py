@@ -435,6 +435,9 @@ class Streams:
                 return []
             fetch.count += len(records)
             page = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
+            if page is None:  # the client's dialect has no partial replies: only the FINAL's summary reaches it
+                self.counters["partials_unsent"] += 1
+                return []
             return [StreamOut(rid, page, "fetch", fetch.rid, start, len(records), spent)]
         summary = {
             "next_seq": fetch.cursor,

@@ -59,6 +59,9 @@ class Peer:
         "sender_block",
         "echo",
         "route",
+        "enveloped",
+        "beat",
+        "expires",
     )
 
     _serials = itertools.count(1)
@@ -94,9 +97,18 @@ class Peer:
         self.batched = False  # granted BATCH 1 at CONNECT: what it is sent goes out as batch records
         self.echo = True  # False (CONNECT ECHO 0): never handed its own publishes
         self.route = False  # another broker of the cluster (mc0.broker.core.routes), not a client
+        # Its session came behind an empty frame (an mc0d-era DEALER): everything sent to it gets one too.
+        self.enveloped = False
+        self.beat = ttl  # the broker heartbeats it after this much silence toward it (mc0 peers: a fraction of TTL)
+        self.expires = True  # False: it named no TTL, so promised no rate: only its connection's close ends it
 
     def __repr__(self) -> str:
         return f"<Peer {self.name} {self.dialect.name} v{self.version}>"
+
+    def framed(self, payload: Sequence[bytes] | bytes) -> Sequence[bytes] | bytes:
+        """``payload`` as this peer's session takes it: behind an empty frame when it is enveloped
+        (never a batch record: an enveloped session is never batched)."""
+        return P.enveloped(payload) if self.enveloped and not isinstance(payload, bytes) else payload
 
 
 # CONNECT's on/off options: the value a peer gets when it does not say.
@@ -145,7 +157,7 @@ class PeerTable:
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None and peer.routing_id not in self._closing:
             self._by_fd[peer.fd] = peer.routing_id
-        self.next_sweep = min(self.next_sweep, now + peer.ttl)
+        self.next_sweep = min(self.next_sweep, now + peer.beat)  # its first heartbeat (beat <= ttl)
 
     def remove(self, peer: Peer) -> bool:
         """Forget ``peer`` if it is still the current one; True if it was."""
@@ -166,6 +178,15 @@ class PeerTable:
     @property
     def closing(self) -> bool:
         return bool(self._closing)
+
+    def is_closing(self, routing_id: bytes) -> bool:
+        """The session on ``routing_id`` is bound to a connection reported closed: what is queued for
+        it must not be sent (a new connection, maybe another key's, may hold the routing id already)."""
+        entry = self._closing.get(routing_id)
+        if entry is None:
+            return False
+        peer = self.by_id.get(routing_id)
+        return peer is not None and peer.fd == entry[0]
 
     def closed_peers(self, now: float, *, drained: bool) -> list[Peer]:
         """Peers whose connection closed and whose last messages have been handled.
@@ -188,30 +209,36 @@ class PeerTable:
         """Peers not heard from for ``liveness`` x TTL; call when ``now >= next_sweep``.
 
         A peer whose dialect takes no heartbeats (an MDP client) is kept
-        past its liveness while ``busy(peer)`` (it waits for replies).
+        past its liveness while ``busy(peer)`` (it waits for replies); one
+        that named no TTL (``expires`` False) is never expired for silence.
         """
         return [
             peer
             for peer in self.by_id.values()
-            if now >= peer.last_recv + peer.ttl * liveness and (peer.dialect.heartbeats or not busy(peer))
+            if peer.expires
+            and now >= peer.last_recv + peer.ttl * liveness
+            and (peer.dialect.heartbeats or not busy(peer))
         ]
 
     def heartbeats(self, now: float, liveness: int) -> list[Out]:
-        """Heartbeats due to the remaining peers; sets ``next_sweep`` to the earliest next deadline."""
+        """Heartbeats due to the remaining peers (a peer's is due ``beat`` after the broker last
+        sent it anything); sets ``next_sweep`` to the earliest next deadline."""
         beats: list[Out] = []
         earliest = now + 1.0
         for peer in self.by_id.values():
-            expires = peer.last_recv + peer.ttl * liveness
-            if now >= expires:
-                expires = now + peer.ttl  # kept while busy (see expired)
-            beat = peer.last_sent + peer.ttl
+            if peer.expires:
+                expires = peer.last_recv + peer.ttl * liveness
+                if now >= expires:
+                    expires = now + peer.ttl  # kept while busy (see expired)
+                earliest = min(earliest, expires)
+            beat = peer.last_sent + peer.beat
             if now >= beat:
                 frames = peer.dialect.heartbeat()
                 if frames is not None:
                     beats.append((peer.routing_id, frames))
                 peer.last_sent = now
-                beat = now + peer.ttl
-            earliest = min(earliest, expires, beat)
+                beat = now + peer.beat
+            earliest = min(earliest, beat)
         self.next_sweep = max(earliest, now + MIN_SWEEP_INTERVAL)
         return beats
 

@@ -27,7 +27,7 @@ from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Limits, Status, batch
-from ...topics import split_pattern, split_topic
+from ...topics import seed_topic, split_pattern, split_topic
 from ...trie import TopicTrie
 from .peers import Out, Peer
 
@@ -54,6 +54,8 @@ class PubSub:
         self._patterns: dict[Peer, dict[str, tuple[str, ...]]] = {}
         self._topics: dict[str, tuple[str, ...]] = {}
         self._routes: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
+        self._seed_topics: dict[str, tuple[str, ...]] = {}  # a 0.x PUT's topic -> tokens, () when opaque
+        self._opaque: dict[str, dict[Peer, None]] = {}  # an opaque 0.x topic -> its (0.x) subscribers
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
         self.groups: TopicTrie[Member] = TopicTrie()
         self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
@@ -76,6 +78,20 @@ class PubSub:
             if len(self._topics) >= TOPIC_CACHE_SIZE:
                 self._topics.clear()
             self._topics[topic] = tokens
+        return tokens
+
+    def seed_topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:
+        """A 0.x peer's topic, validated once and cached: its tokens, or ``()`` when opaque (400/413)."""
+        tokens = self._seed_topics.get(topic)
+        if tokens is None:
+            limits = self.limits
+            try:
+                tokens = seed_topic(topic, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
+            except InvalidTopic as exc:
+                raise topic_error(exc, request_id) from None
+            if len(self._seed_topics) >= TOPIC_CACHE_SIZE:
+                self._seed_topics.clear()
+            self._seed_topics[topic] = tokens
         return tokens
 
     def route_of(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
@@ -102,7 +118,8 @@ class PubSub:
                 return None
         return tokens
 
-    def parse_patterns(self, command: Command) -> list[Pattern]:
+    def parse_patterns(self, command: Command, *, legacy: bool = False) -> list[Pattern]:
+        """A SUB/UNSUB's patterns; a 0.x (``legacy``) peer's are exact topics (``seed_topic``)."""
         limits = self.limits
         result = []
         for frame in command.payload:
@@ -110,6 +127,9 @@ class PubSub:
                 pattern = bytes(frame).decode("utf-8")
             except UnicodeDecodeError:
                 raise ProtocolError(Status.BAD_REQUEST, "pattern is not UTF-8", command.id) from None
+            if legacy:
+                result.append((pattern, self.seed_topic_tokens(pattern, command.id)))
+                continue
             try:
                 tokens = split_pattern(pattern, max_bytes=limits.max_topic_bytes, max_tokens=limits.max_topic_tokens)
             except InvalidTopic as exc:
@@ -151,7 +171,7 @@ class PubSub:
         """The patterns ``peer`` does not hold yet (in ``group``, if given), once every one
         is allowed and within the limit (plain and group patterns count together)."""
         for pattern, tokens in patterns:
-            if not peer.grants.may_subscribe(tokens):
+            if not (peer.grants.may_subscribe(tokens) if tokens else peer.grants.may_use_opaque("subscribe")):
                 reason = f"{peer.identity} may not subscribe to {pattern}"
                 if peer.grants.hides_peers(tokens):
                     reason += f" (it reaches {P.SYS_PEER_TOPIC}, which needs a subscribe grant naming it)"
@@ -184,8 +204,18 @@ class PubSub:
         held = self._patterns.setdefault(peer, {})
         for pattern, tokens in new.items():
             held[pattern] = tokens
-            self.subscriptions.insert(tokens, peer)
+            if tokens:
+                self.subscriptions.insert(tokens, peer)
+            else:
+                self._opaque.setdefault(pattern, {})[peer] = None
         self.version += 1
+
+    def _remove_opaque(self, topic: str, peer: Peer) -> None:
+        subscribers = self._opaque.get(topic)
+        if subscribers is not None:
+            subscribers.pop(peer, None)
+            if not subscribers:
+                del self._opaque[topic]
 
     def _remove_member(self, peer: Peer, group: str, patterns: Sequence[Pattern] | None) -> None:
         """Drop ``patterns`` (None: all) of ``peer`` in ``group``."""
@@ -217,17 +247,22 @@ class PubSub:
             return removed
         for pattern, _ in patterns:
             tokens = held.pop(pattern, None)
-            if tokens is not None:
+            if tokens:
                 self.subscriptions.remove(tokens, peer)
                 removed.append(tokens)
+            elif tokens is not None:
+                self._remove_opaque(pattern, peer)
         if not held:
             del self._patterns[peer]
         self.version += 1
         return removed
 
     def drop_peer(self, peer: Peer) -> None:
-        for tokens in self._patterns.pop(peer, {}).values():
-            self.subscriptions.remove(tokens, peer)
+        for pattern, tokens in self._patterns.pop(peer, {}).items():
+            if tokens:
+                self.subscriptions.remove(tokens, peer)
+            else:
+                self._remove_opaque(pattern, peer)
         for group in list(self._groups_of.get(peer, ())):
             self._remove_member(peer, group, None)
         self.version += 1
@@ -237,9 +272,12 @@ class PubSub:
         out: list[Out] = []
         held = self._patterns.get(peer, {})
         for pattern, tokens in list(held.items()):
-            if not grants.may_subscribe(tokens):
+            if not (grants.may_subscribe(tokens) if tokens else grants.may_use_opaque("subscribe")):
                 del held[pattern]
-                self.subscriptions.remove(tokens, peer)
+                if tokens:
+                    self.subscriptions.remove(tokens, peer)
+                else:
+                    self._remove_opaque(pattern, peer)
                 reason = f"subscription {pattern} withdrawn by policy"
                 out.append((peer.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern)))
         if not held:
@@ -374,6 +412,21 @@ class PubSub:
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
 
+    def fan_out_opaque(self, topic: str, headers: dict[str, str], body: Sequence[bytes], now: float) -> list[Out]:
+        """A 0.x PUT on an opaque topic: to the 0.x peers that subscribed that exact string
+        (the seed's MESSAGE shape, every X- header kept)."""
+        targets = self._opaque.get(topic)
+        if not targets:
+            return []
+        frames = P.message(topic.encode(), None, P.user_header_frames(headers), body)
+        out: list[Out] = []
+        for target in targets:
+            out.append((target.routing_id, frames))
+            target.last_sent = now
+            target.delivered += 1
+        self.counters["delivered"] += len(out)
+        return out
+
     def fan_out_put(
         self,
         topic: str,
@@ -461,7 +514,11 @@ class PubSub:
         return dict(sorted(report.items()))
 
     def report(self) -> dict[str, int]:
-        return {
+        """Subscribers per pattern (and per opaque 0.x topic)."""
+        report = {
             ".".join(pattern): len(values)
             for pattern, values in sorted(self.subscriptions.patterns(), key=lambda pv: pv[0])
         }
+        for topic, subscribers in sorted(self._opaque.items()):
+            report[topic] = report.get(topic, 0) + len(subscribers)  # "a.*" may be both
+        return report

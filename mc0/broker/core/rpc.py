@@ -257,20 +257,24 @@ class Rpc:
         user: dict[str, str],
         body: Sequence[bytes],
         now: float,
+        *,
+        quiet: bool = False,
     ) -> list[Out]:
-        """Queue an admitted request (or answer 503 at once when nobody serves ``name``)."""
+        """Queue an admitted request (or answer 503 at once when nobody serves ``name``); ``quiet``: answer nothing."""
         service = self.services.get(name)
         if service is None or not service.workers:
             self.counters["no_worker"] += 1
             self._finished(name, client, None, now, Status.NO_WORKER, sum(map(len, body)), 0, now)
-            return [(client.routing_id, client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}"))]
+            self.counters["answers_unwanted"] += quiet
+            answer = client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}")
+            return [] if quiet else [(client.routing_id, answer)]
         if scatter:
             service.requests += 1
             return self._scatter(client, service, rid, user, body, now, deadline)
         if service.queued >= self.settings.max_queue and not service.ready:
             raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
         service.requests += 1
-        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline)
+        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet)
         self._hold(client, rid, job)
         heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
         self._enqueue(service, job)
@@ -370,19 +374,14 @@ class Rpc:
         user = user or job.user  # the request's X- headers unless the worker set its own
         client = job.client
         client.last_sent = now
-        event = (
-            JobEvent.PARTIAL
-            if verb is Verb.PARTIAL
-            else JobEvent.FINAL
-            if verb is Verb.FINAL
-            else JobEvent.WORKER_ERROR
-        )
-        action = self._fire(job, event)
+        action = self._fire(job, _REPLY_EVENTS[verb])
         if job.parent is not None:
             return self._leg_reply(state, job, action, user, body, now, code, reason)
         if action is Action.FORWARD:
             job.bytes_out += sum(map(len, body))
-            return [(client.routing_id, client.dialect.partial(job.rid, job.service, {}, user, body))]
+            partial = None if job.quiet else client.dialect.partial(job.rid, job.service, {}, user, body)
+            self.counters["partials_unsent"] += partial is None  # unwanted, or the dialect has no partials
+            return [(client.routing_id, partial)] if partial is not None else []
         self._forget_request(client, job.rid)
         service = self.services.get(job.service)
         state.served += 1
@@ -396,7 +395,9 @@ class Rpc:
             frames = client.dialect.final(job.rid, job.service, {}, user, body)
         else:
             frames = client.dialect.error(job.rid, job.service, code, reason)
-        out = [(client.routing_id, frames), *self._release(worker, job, now)]
+        self.counters["answers_unwanted"] += job.quiet
+        out: list[Out] = [] if job.quiet else [(client.routing_id, frames)]
+        out += self._release(worker, job, now)
         status = 200 if action is Action.REPLY_FINAL else code
         bytes_out = job.bytes_out + sum(map(len, body))
         self._finished(job.service, client, worker, job.created, status, job.size, bytes_out, now)
@@ -421,6 +422,7 @@ class Rpc:
         state.served += 1
         out = self._release(worker, job, now)
         handed = Job(str(next(self._seq)), job.client, job.rid, name, {**job.user, **user}, body, now, job.deadline)
+        handed.quiet = job.quiet
         self._hold(job.client, job.rid, handed)
         heapq.heappush(self._deadlines, (job.deadline, int(handed.bid), handed))
         service.requests += 1
@@ -446,7 +448,8 @@ class Rpc:
             fields[Header.CODE] = str(code)
             fields[Header.MESSAGE] = reason
         client = job.client
-        out: list[Out] = [(client.routing_id, client.dialect.partial(job.rid, job.service, fields, user, body))]
+        partial = client.dialect.partial(job.rid, job.service, fields, user, body)
+        out: list[Out] = [(client.routing_id, partial)] if partial is not None else []
         if action is Action.FORWARD:
             return out
         state.served += 1
@@ -492,7 +495,7 @@ class Rpc:
                 service.timeouts += 1
         self.counters[f"requests_failed_{code}"] += 1
         self._finished(job.service, client, job.worker, job.created, code, job.size, job.bytes_out, now)
-        if not self._is_current(client):
+        if not self._is_current(client) or job.quiet:
             return []
         client.last_sent = now
         return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason))]

@@ -50,11 +50,16 @@ class VerbHandlers:
     def _put(self, peer: Peer, command: Command, now: float) -> list[Out]:
         headers = command.headers
         topic = headers[Header.TOPIC]
-        tokens = self.pubsub.topic_tokens(topic, command.id)
+        if peer.legacy:  # an exact string: its 1.0 tokens, or () when opaque (mc0.topics.seed_topic)
+            tokens = self.pubsub.seed_topic_tokens(topic, command.id)
+        else:
+            tokens = self.pubsub.topic_tokens(topic, command.id)
         if topic.startswith(P.RESERVED_TOPIC_PREFIX):
             raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
         if Header.TO in headers:
             return self._put_to(peer, command, topic, now)
+        if not tokens:
+            return self._put_opaque(peer, command, topic, now)
         if not peer.grants.may_publish(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
         self.counters["published"] += 1
@@ -66,6 +71,15 @@ class VerbHandlers:
             peer.last_sent = now
             out.append((peer.routing_id, P.ok(command.id)))
         return out
+
+    def _put_opaque(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+        """A 0.x PUT on a topic that is not a 1.0 topic: to the 0.x peers that subscribed that exact
+        string, never journaled (journals keep 1.0 topics)."""
+        if not peer.grants.may_use_opaque("publish"):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
+        self.counters["published"] += 1
+        out = self.pubsub.fan_out_opaque(topic, command.headers, command.payload, now)
+        return out + self._answer(peer, command, now)
 
     def _put_to(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
         """A direct message: to the identity's newest session, else kept in its mailbox (no
@@ -128,7 +142,7 @@ class VerbHandlers:
         return out
 
     def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        patterns = self.pubsub.parse_patterns(command)  # all validated before any change
+        patterns = self.pubsub.parse_patterns(command, legacy=peer.legacy)  # all validated before any change
         group = self.pubsub.check_group(peer, command)
         new = self.pubsub.check_subscribe(peer, patterns, command.id, group)
         if group is not None:
@@ -141,7 +155,7 @@ class VerbHandlers:
         return self._answer(peer, command, now)
 
     def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        patterns = self.pubsub.parse_patterns(command)
+        patterns = self.pubsub.parse_patterns(command, legacy=peer.legacy)
         group = self.pubsub.check_group(peer, command)
         removed = self.pubsub.remove(peer, patterns, group)
         self.streams.unsubscribed(peer, removed)
@@ -184,12 +198,31 @@ class VerbHandlers:
         body: Sequence[bytes],
         now: float,
     ) -> list[Out]:
+        return self._request_for(client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
+
+    def _request_for(
+        self,
+        client: Peer,
+        name: str,
+        rid: str,
+        timeout_ms: int,
+        scatter: bool,
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        *,
+        quiet: bool,
+    ) -> list[Out]:
+        """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
         busy = self.streams.fetch_running(client, rid) or (
             name == P.CONSUMER_SERVICE and self.consumers.waiting_for(client, rid)
         )
         deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
         self.counters["requests"] += 1
         client.last_sent = now
+        if quiet and (name == P.CONSUMER_SERVICE or name in BUILTIN_SERVICES):
+            self.counters["answers_unwanted"] += 1  # the broker's own services only answer
+            return []
         if name == P.CONSUMER_SERVICE:
             try:
                 return self.consumers.handle(client, rid, user, body, deadline, now)
@@ -198,7 +231,13 @@ class VerbHandlers:
         if name in BUILTIN_SERVICES:
             # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
             return self.builtins.answer(client, name, rid, user, body)
-        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now)
+        service = self.rpc.services.get(name)
+        if len(body) > 1 and service is not None and any(w.dialect.one_frame for w in service.workers):
+            # An eMQP or MemoDB worker takes one body frame: refused before anything is queued, not run together.
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"{name} has workers that take one body frame, not {len(body)}", rid
+            )
+        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
 
     def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
         """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""

@@ -40,6 +40,7 @@ class CoreOps(Protocol):
         rid: str | None = None,
         timeout_ms: int | None = None,
         user: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> list[Out]: ...
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]: ...

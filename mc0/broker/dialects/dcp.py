@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import InvalidTopic, ProtocolError
-from ...protocol import MAX_SERVICE_BYTES, Status, Verb
+from ...protocol import MAX_SERVICE_BYTES, Status, Verb, in_band_body, in_band_error
 from ...topics import split_topic
 from ..core.peers import Out, Peer, generated_routing_id
 
@@ -176,6 +176,8 @@ def _reply_head(rid: str | None) -> tuple[bytes, list[bytes]]:
 class DcpDialect:
     """Broker -> DCP peer rendering; one instance for clients (no heartbeats), one for workers."""
 
+    one_frame = False
+
     def __init__(self, name: str, heartbeats: bool) -> None:
         self.name = name
         self.heartbeats = heartbeats
@@ -191,18 +193,18 @@ class DcpDialect:
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]:
-        return [*HEAD, PONG]  # DCP has no partial replies; a pong says the broker is alive
+    ) -> list[bytes] | None:
+        return None  # DCP has no partial replies: not forwarded (a pong to a client would be unsolicited)
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
         address, meta = _reply_head(rid)
-        return [*HEAD, REPLY, address, b"", *meta, b"", *body]
+        return [*HEAD, REPLY, address, b"", *meta, b"", *in_band_body(body)]
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
         address, meta = _reply_head(rid)
-        return [*HEAD, REPLY, address, b"", *meta, b"", ERROR_MARK, str(int(code)).encode(), reason.encode()]
+        return [*HEAD, REPLY, address, b"", *meta, b"", *in_band_error(code, reason)]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return None  # workers ping; the broker only answers

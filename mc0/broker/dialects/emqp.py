@@ -25,13 +25,18 @@ package (0.3.13) sends them where it differs::
 
 Flow control is eMQP's: INFORM registers the queues with no capacity; each
 READY is room for one more job; each REPLY uses one up (so an mc0 worker's
-capacity here is READYs minus REPLYs).  The headers the broker sends a worker
-always include ``reply-requested`` (every mc0 request ends in one answer, and
-eventmq's JobManager replies only when asked) and ``timeout:S`` (the seconds
-left before the request's deadline).  A client's ``timeout:S`` header sets the
-request's deadline; other headers do not cross to the worker.  eMQP has no
-partial replies and no error command: a PARTIAL for an eMQP client is sent as
-a HEARTBEAT, an error as a REPLY whose body is ``ERROR``, code, reason.
+capacity here is READYs minus REPLYs).  A client's headers: ``timeout:S``
+sets the request's deadline, ``reply-requested`` asks for the REPLY (without
+it the client is sent nothing: the job runs, its answer is dropped and
+counted), and every other header crosses to the worker as it came (an mc0
+worker sees them as ``X-Emqp-Headers``, the csv; an mc0 client may send that
+header to an eMQP worker).  The headers a worker gets always include
+``reply-requested`` (its REPLY is what frees its slot) and ``timeout:S`` (the
+seconds left before the request's deadline).  eMQP has no partial replies
+(a PARTIAL is not forwarded) and no error command (an error is a REPLY of
+three frames, ``ERROR``, code, reason, where a result is one).  A message is one frame: a service with an
+eMQP worker refuses multi-frame requests (400), and a multi-frame reply for an
+eMQP client is an error REPLY (500) rather than its frames run together.
 Invalid or unexpected messages are dropped and counted, as eventmq's router
 does; a broker restart is seen by the worker's heartbeat check.
 """
@@ -46,7 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
-from ...protocol import MAX_SERVICE_BYTES, Status, Verb, json_body
+from ...protocol import MAX_SERVICE_BYTES, Status, Verb, in_band_error, json_body
 from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
@@ -60,6 +65,8 @@ HEARTBEAT, DISCONNECT, KBYE, ACK = b"HEARTBEAT", b"DISCONNECT", b"KBYE", b"ACK"
 WORKER_TYPE = b"worker"
 DEFAULT_QUEUE = "default"  # eventmq's queue when INFORM names none
 REPLY_REQUESTED = "reply-requested"
+TIMEOUT_HEADER = "timeout"
+HEADERS_HEADER = "X-Emqp-Headers"  # an eMQP client's other headers, for (and from) mc0 peers
 ERROR_MARK = b"ERROR"
 MAX_MSGID_BYTES = 255
 MAX_QUEUES = 64  # queues one INFORM may name
@@ -71,6 +78,8 @@ class EmqpCommand:
     msgid: str
     queues: tuple[str, ...] = ()  # INFORM; REQUEST: the one queue
     timeout_ms: int | None = None  # REQUEST: from its "timeout:S" header
+    reply_requested: bool = False  # REQUEST: its "reply-requested" header
+    headers: str = ""  # REQUEST: its other headers, csv, as they came
     request_id: str | None = None  # REPLY: the request it answers
     body: Sequence[bytes] = ()
 
@@ -112,13 +121,33 @@ def parse_queues(frame: bytes) -> tuple[str, ...]:
 
 def timeout_of(headers: bytes) -> int | None:
     """The ``timeout:S`` header of a csv header frame, in ms (None: absent or 0)."""
-    for header in bytes(headers).split(b","):
-        key, _, value = header.strip().partition(b":")
-        if key == b"timeout":
-            if not value.isdigit() or len(value) > 9:
+    return parse_headers(headers)[0]
+
+
+def parse_headers(frame: bytes) -> tuple[int | None, bool, str]:
+    """A REQUEST's csv header frame -> (timeout ms or None, reply-requested, the other headers as csv)."""
+    text = _text(frame, "headers", 4096) if frame else ""
+    timeout: int | None = None
+    reply = False
+    others: list[str] = []
+    for header in (h.strip() for h in text.split(",")):
+        key, _, value = header.partition(":")
+        if key == TIMEOUT_HEADER:
+            if not (value.isascii() and value.isdigit()) or len(value) > 9:
                 raise ProtocolError(Status.BAD_REQUEST, "eMQP timeout header is not a number of seconds")
-            return int(value) * 1000 or None
-    return None
+            timeout = int(value) * 1000 or None
+        elif header == REPLY_REQUESTED:
+            reply = True
+        elif header:
+            others.append(header)
+    return timeout, reply, ",".join(others)
+
+
+def worker_headers(timeout_ms: int, user: Mapping[str, str]) -> bytes:
+    """The header frame an eMQP worker gets: reply-requested, the time left, then the client's others."""
+    _, _, others = parse_headers(user.get(HEADERS_HEADER, "").encode()) if HEADERS_HEADER in user else (0, 0, "")
+    fixed = f"{REPLY_REQUESTED},{TIMEOUT_HEADER}:{max(1, math.ceil(timeout_ms / 1000))}"
+    return f"{fixed},{others}".encode() if others else fixed.encode()
 
 
 def decode(frames: Sequence[bytes]) -> EmqpCommand:
@@ -131,7 +160,8 @@ def decode(frames: Sequence[bytes]) -> EmqpCommand:
         if size != 7:
             raise ProtocolError(Status.BAD_REQUEST, "eMQP REQUEST is msgid, queue, headers, message")
         queue = _text(frames[4], "queue", MAX_SERVICE_BYTES)
-        return EmqpCommand(command, msgid, (queue,), timeout_of(frames[5]), body=frames[6:])
+        timeout, reply, others = parse_headers(frames[5])
+        return EmqpCommand(command, msgid, (queue,), timeout, reply, others, body=frames[6:])
     if command == INFORM:
         if size not in (5, 6) or (size == 6 and frames[5] != WORKER_TYPE):
             raise ProtocolError(Status.BAD_REQUEST, "eMQP INFORM is msgid, queues [, worker]")
@@ -156,6 +186,8 @@ def decode(frames: Sequence[bytes]) -> EmqpCommand:
 class EmqpDialect:
     """Broker -> eMQP peer rendering; one instance for clients (no heartbeats), one for workers."""
 
+    one_frame = True  # a worker's REQUEST carries one message frame
+
     def __init__(self, name: str, heartbeats: bool) -> None:
         self.name = name
         self.heartbeats = heartbeats
@@ -167,24 +199,31 @@ class EmqpDialect:
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        headers = f"{REPLY_REQUESTED},timeout:{max(1, math.ceil(timeout_ms / 1000))}".encode()
-        return [b"", VERSION, REQUEST, bid.encode(), service.encode(), headers, b"".join(body)]
+        if len(body) > 1:  # queued before the service's first eMQP worker came (new ones are refused): joined
+            log.warning("an eMQP worker is given a request of %d frames, joined into one", len(body))
+        message = body[0] if len(body) == 1 else b"".join(body)
+        return [b"", VERSION, REQUEST, bid.encode(), service.encode(), worker_headers(timeout_ms, user), message]
 
     def cancel(self, bid: str) -> list[bytes] | None:
         return None  # eMQP has no cancel: a late REPLY is dropped and counted
 
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
-    ) -> list[bytes]:
-        return self.frames(HEARTBEAT)  # eMQP has no partial replies; it still says the request is alive
+    ) -> list[bytes] | None:
+        return None  # eMQP has no partial replies (a HEARTBEAT to a client would be unsolicited)
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [b"", VERSION, REPLY, rid.encode(), b"".join(body)]
+        # A REPLY carries one message frame; an error three (ERROR, code, reason), so a worker's
+        # reply is never taken for the broker's error.  Several frames would run together: refused.
+        if len(body) != 1:
+            reason = f"[the reply has {len(body)} frames; eMQP carries one]"
+            return self.error(rid, service, Status.HANDLER_FAILED, reason)
+        return [b"", VERSION, REPLY, rid.encode(), body[0]]
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
-        return [b"", VERSION, REPLY, (rid or "").encode(), ERROR_MARK, str(int(code)).encode(), reason.encode()]
+        return [b"", VERSION, REPLY, (rid or "").encode(), *in_band_error(code, reason)]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return self.frames(HEARTBEAT) if self.heartbeats else None
@@ -240,8 +279,12 @@ def handle(
     peer.last_recv = now
     try:
         if verb == REQUEST:
-            timeout = command.timeout_ms
-            out += core.call(peer, command.queues[0], command.body, now, rid=command.msgid, timeout_ms=timeout)
+            user = {HEADERS_HEADER: command.headers} if command.headers else {}
+            quiet = not command.reply_requested  # it asked for no REPLY: none is sent, errors included
+            out += core.call(
+                peer, command.queues[0], command.body, now, rid=command.msgid, timeout_ms=command.timeout_ms,
+                user=user, quiet=quiet,
+            )  # fmt: skip
         elif verb == INFORM:
             peer.dialect = WORKER_DIALECT  # a client may become a worker too; heartbeats from now on
             _, capacity, _ = core.worker_load(peer)
@@ -258,7 +301,9 @@ def handle(
             out += core.forget(peer, "disconnected", now)
     except ProtocolError as exc:
         core.counters["emqp_rejected"] += 1
-        if verb == REQUEST:
+        if verb == REQUEST and not command.reply_requested:
+            core.counters["answers_unwanted"] += 1
+        elif verb == REQUEST:
             out.append((routing_id, peer.dialect.error(command.msgid, command.queues[0], exc.code, exc.reason)))
         else:  # an INFORM for a reserved or forbidden queue: the worker is told to go
             out += core.forget(peer, "refused", now)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
-from ...protocol import Dialect, Status, Verb
+from ...protocol import Dialect, Status, Verb, in_band_body, in_band_error
 from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
@@ -110,6 +110,7 @@ class MdpClientDialect:
 
     name = "mdp-client"
     heartbeats = False
+    one_frame = False
 
     def __init__(self, envelope: bool) -> None:
         self._head = [b"", CLIENT] if envelope else [CLIENT]
@@ -125,15 +126,15 @@ class MdpClientDialect:
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [*self._head, PARTIAL, service.encode(), *body]
+        return [*self._head, PARTIAL, service.encode(), *in_band_body(body)]
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [*self._head, FINAL, service.encode(), *body]
+        return [*self._head, FINAL, service.encode(), *in_band_body(body)]
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
-        return [*self._head, FINAL, service.encode(), ERROR_MARK, str(int(code)).encode(), reason.encode()]
+        return [*self._head, FINAL, service.encode(), *in_band_error(code, reason)]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return None
@@ -147,6 +148,7 @@ class MdpWorkerDialect:
 
     name = "mdp-worker"
     heartbeats = True
+    one_frame = False
 
     def __init__(self, envelope: bool) -> None:
         self._head = [b"", WORKER] if envelope else [WORKER]

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
-from ...protocol import Status, Verb
+from ...protocol import Status, Verb, in_band_body, in_band_error
 from ..core.peers import Out, Peer, generated_routing_id
 
 if TYPE_CHECKING:
@@ -141,11 +141,18 @@ def decode(frames: Sequence[bytes]) -> Seed000Command:
     raise ProtocolError(Status.BAD_REQUEST, f"seed-000 worker command {command[:8]!r} unknown")
 
 
+def _reply_body(body: Sequence[bytes]) -> Sequence[bytes]:
+    """A reply's body for a seed-000 client: at least one frame (the seed's PARTIAL and FINAL are
+    "5 or more frames"), and never a worker's imitation of the broker's in-band error."""
+    return in_band_body(body) if body else (b"",)
+
+
 class ClientDialect:
     """Broker -> seed-000 client rendering (clients take no heartbeats)."""
 
     name = "seed000-client"
     heartbeats = False
+    one_frame = False
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -158,16 +165,15 @@ class ClientDialect:
     def partial(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [CLIENT, C_PARTIAL, service.encode(), rid.encode(), *body]
+        return [CLIENT, C_PARTIAL, service.encode(), rid.encode(), *_reply_body(body)]
 
     def final(
         self, rid: str, service: str, fields: Mapping[str, str], user: Mapping[str, str], body: Sequence[bytes]
     ) -> list[bytes]:
-        return [CLIENT, C_FINAL, service.encode(), rid.encode(), *body]
+        return [CLIENT, C_FINAL, service.encode(), rid.encode(), *_reply_body(body)]
 
     def error(self, rid: str | None, service: str, code: int, reason: str) -> list[bytes]:
-        head = [CLIENT, C_FINAL, service.encode(), (rid or "").encode()]
-        return [*head, ERROR_MARK, str(int(code)).encode(), reason.encode()]
+        return [CLIENT, C_FINAL, service.encode(), (rid or "").encode(), *in_band_error(code, reason)]
 
     def heartbeat(self) -> Sequence[bytes] | None:
         return None
@@ -181,6 +187,7 @@ class WorkerDialect:
 
     name = "seed000-worker"
     heartbeats = True  # liveness applies: a worker silent for liveness x TTL is forgotten
+    one_frame = False
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -259,6 +266,8 @@ def handle(
     try:
         if command.role == CLIENT:
             assert command.service is not None and command.request_id is not None
+            if not command.body:  # "a REQUEST command consists of ... 5 or more frames"
+                raise ProtocolError(Status.BAD_REQUEST, "a seed-000 REQUEST needs a body frame (5 or more frames)")
             out += core.call(peer, command.service, command.body, now, rid=command.request_id)
         elif command.command == READY:
             assert command.service is not None

@@ -189,6 +189,7 @@ class MemoWorkerDialect:
 
     name = "memodb-worker"
     heartbeats = True
+    one_frame = True  # a MemoDB payload is one frame
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -220,6 +221,7 @@ class MemoClientDialect:
 
     name = "memodb-client"
     heartbeats = False
+    one_frame = False
 
     def to_worker(
         self, bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
@@ -333,6 +335,11 @@ class MemoDB:
         return core.published(out, now), replies
 
     def _call(self, core: CoreOps, token: bytes, message: Message, now: float) -> Result:
+        limit = core.settings.max_request_timeout_ms
+        if message.timeout_ms > limit:  # refused, not cut short: a capped job would be given up on and resent
+            core.counters["memodb_timeout_over_limit"] += 1
+            log.warning("a MemoDB JOB asks %d ms, over max_request_timeout_ms (%d): dropped", message.timeout_ms, limit)
+            return [], [(token, None)]
         routing_id = CLIENT_PREFIX + token
         if routing_id in self.clients:  # the shell never reuses a token; two requests on one would leak
             core.counters["memodb_token_reused"] += 1
@@ -340,9 +347,8 @@ class MemoDB:
         peer = Peer(routing_id, self.identity, PEER_VERSION, self.ttl, now, CLIENT_DIALECT)
         out = core.open_peer(peer, now)
         self.clients[routing_id] = (token, peer)
-        timeout = min(message.timeout_ms, core.settings.max_request_timeout_ms)
         try:
-            out += core.call(peer, message.service, [message.payload], now, timeout_ms=timeout)
+            out += core.call(peer, message.service, [message.payload], now, timeout_ms=message.timeout_ms)
         except ProtocolError as exc:  # a bad or forbidden service name: dropped, as the seed does
             core.counters["memodb_rejected"] += 1
             log.debug("a MemoDB client's JOB: %s %s", exc.code, exc.reason)
