@@ -357,7 +357,7 @@ def id_of(blob: bytes | memoryview, code: int, start: int, end: int) -> str | No
     return None
 
 
-def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits) -> Command:
+def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, side: Side = Side.PEER) -> Command:
     """A peer's record as the Command ``decode`` would make of its frames (ProtocolError if it would refuse them).
 
     The shortcuts become Commands directly, checked as ``decode`` would
@@ -395,4 +395,4 @@ def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits) -> 
         raise ProtocolError(Status.BAD_REQUEST, "batch record too short for its fields") from None
     except UnicodeDecodeError:
         raise ProtocolError(Status.BAD_REQUEST, "a header value is not UTF-8", id_of(blob, code, start, end)) from None
-    return decode(frames_of(blob, code, start, end), sender=Side.PEER, limits=limits)
+    return decode(frames_of(blob, code, start, end), sender=side, limits=limits)

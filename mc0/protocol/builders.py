@@ -114,10 +114,21 @@ def _finish(frames: list[bytes], *headers: Mapping[str, str], body: Sequence[byt
 
 
 def request_to_worker(
-    bid: str, service: str, caller: str, timeout_ms: int, user: Mapping[str, str], body: Sequence[bytes]
+    bid: str,
+    service: str,
+    caller: str,
+    timeout_ms: int,
+    user: Mapping[str, str],
+    body: Sequence[bytes],
+    *,
+    every_worker: bool = False,
 ) -> list[bytes]:
+    """A REQUEST as a worker gets it; ``every_worker``: ``ALL 1``, a scatter leg sent to another
+    broker of the cluster (a route), which scatters it to its own workers."""
     frames = [b"REQUEST", b"SERVICE", service.encode(), b"ID", bid.encode(), b"CALLER", caller.encode()]
     frames += (b"TIMEOUT", str(timeout_ms).encode())
+    if every_worker:
+        frames += (b"ALL", b"1")
     return _finish(frames, user, body=body)
 
 

@@ -59,6 +59,7 @@ class Header(StrEnum):
     GROUP = "GROUP"  # SUB / UNSUB: a queue group (each message to one member); MESSAGE: delivered for it
     TO = "TO"  # PUT: a direct message to one identity (its mailbox); MESSAGE: the identity it was sent to
     MAILBOX = "MAILBOX"  # OK to a PUT TO: "delivered" (to a session now) or "stored" (kept until it connects)
+    EXACT = "EXACT"  # SUB / UNSUB between brokers (routes): "1" = the patterns are 0.x peers' exact topics
 
 
 USER_HEADER_PREFIX = "X-"
@@ -186,6 +187,7 @@ class Side(Enum):
 
     PEER = "peer"
     BROKER = "broker"
+    ROUTE = "route"  # another broker of the cluster (mc0.broker.core.routes)
 
 
 class Payload(Enum):
@@ -251,7 +253,42 @@ BROKER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.BATCH: Grammar(payload=Payload.REQUIRED, seed=False),
 }
 
-GRAMMAR: dict[Side, dict[Verb, Grammar]] = {Side.PEER: PEER_GRAMMAR, Side.BROKER: BROKER_GRAMMAR}
+# What one broker of a cluster may send another (a route; docs/PROTOCOL.md "Between brokers"): the
+# interest, services and identities of its own peers, then the traffic they cause.  Never a 0.x shape.
+ROUTE_GRAMMAR: dict[Verb, Grammar] = {
+    # It (re)opens its side of the session: the receiver resets its route to it and answers its own state.
+    Verb.CONNECT: Grammar(_h(Header.VERSION, Header.TTL)),
+    Verb.DISCONNECT: Grammar(),  # it stops: forget its route now, not after its beacons stop
+    Verb.NOOP: Grammar(),
+    # Its own peers' patterns (GROUP: of that queue group; EXACT 1: 0.x peers' exact topics); TO: an
+    # identity with a session there (letters for it may go there).
+    Verb.SUB: Grammar(optional=_h(Header.GROUP, Header.EXACT, Header.TO), payload=Payload.OPTIONAL),
+    Verb.UNSUB: Grammar(optional=_h(Header.GROUP, Header.EXACT, Header.TO), payload=Payload.OPTIONAL),
+    # One service and the total capacity of the workers that serve it there (0: none left).
+    Verb.READY: Grammar(_h(Header.CAPACITY), payload=Payload.REQUIRED),
+    # A request of one of its clients (CALLER: who; ALL: scatter to every worker here).
+    Verb.REQUEST: Grammar(
+        _h(Header.SERVICE, Header.ID, Header.CALLER, Header.TIMEOUT), _h(Header.ALL), True, Payload.OPTIONAL
+    ),
+    Verb.CANCEL: Grammar(_ID),
+    Verb.PARTIAL: Grammar(_ID, _h(Header.WORKER, Header.CODE, Header.MESSAGE), True, Payload.OPTIONAL),
+    Verb.FINAL: Grammar(_ID, _h(Header.COUNT, Header.MISSING), True, Payload.OPTIONAL),
+    Verb.ERROR: Grammar(_h(Header.ID, Header.CODE, Header.MESSAGE)),
+    # A publication there that our peers want (GROUP: for our members of that group; TO: a letter).
+    Verb.MESSAGE: Grammar(
+        _h(Header.TOPIC, Header.SENDER),
+        _h(Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO),
+        True,
+        Payload.REQUIRED,
+    ),
+    Verb.BATCH: Grammar(payload=Payload.REQUIRED),
+}
+
+GRAMMAR: dict[Side, dict[Verb, Grammar]] = {
+    Side.PEER: PEER_GRAMMAR,
+    Side.BROKER: BROKER_GRAMMAR,
+    Side.ROUTE: ROUTE_GRAMMAR,
+}
 
 
 def is_user_header(key: str) -> bool:

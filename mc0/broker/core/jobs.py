@@ -167,6 +167,7 @@ class Job:
         "size",
         "bytes_out",
         "quiet",
+        "caller",
     )
 
     def __init__(
@@ -182,6 +183,7 @@ class Job:
         parent: Scatter | None = None,
         *,
         quiet: bool = False,
+        caller: str | None = None,
     ) -> None:
         self.bid = bid
         self.client = client
@@ -198,6 +200,7 @@ class Job:
         self.size = sum(map(len, body))
         self.bytes_out = 0
         self.quiet = quiet  # the client wants no answer (eMQP without reply-requested): none is sent
+        self.caller = caller  # who asked, when the client is a route (another broker): its client's identity
 
     @property
     def done(self) -> bool:
@@ -230,15 +233,32 @@ Request = Job | Scatter
 
 
 class WorkerState:
-    """What a peer serves and holds as a worker."""
+    """What a peer serves and holds as a worker: one capacity for all it serves, or, for a route
+    (another broker), a capacity per service (its own workers' total for each)."""
 
-    __slots__ = ("services", "capacity", "jobs", "served")
+    __slots__ = ("services", "capacity", "jobs", "served", "per_service", "_held")
 
     def __init__(self) -> None:
         self.services: tuple[str, ...] = ()
         self.capacity = 0
         self.jobs: dict[str, Job] = {}  # bid -> request held
         self.served = 0
+        self.per_service: dict[str, int] | None = None  # a route's capacity for each service
+        self._held: dict[str, int] = {}  # a route's jobs held per service
+
+    def full(self, service: str) -> bool:
+        """No room for another job of ``service``."""
+        if self.per_service is None:
+            return len(self.jobs) >= self.capacity
+        return self._held.get(service, 0) >= self.per_service.get(service, 0)
+
+    def took(self, service: str) -> None:
+        if self.per_service is not None:
+            self._held[service] = self._held.get(service, 0) + 1
+
+    def released(self, service: str) -> None:
+        if self.per_service is not None and self._held.get(service, 0) > 0:
+            self._held[service] -= 1
 
 
 class FairQueue:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
@@ -34,6 +35,17 @@ from .peers import Out, Peer
 TOPIC_CACHE_SIZE = 4096
 
 Pattern = tuple[str, tuple[str, ...]]  # (text, tokens)
+
+
+class InterestListener(Protocol):
+    """Told when this broker's own peers start or stop wanting a pattern (the cluster's routes:
+    :class:`mc0.broker.core.routes.Routes`); ``exact``: a 0.x peer's opaque topic."""
+
+    def subscribed(self, group: str | None, pattern: str, exact: bool) -> None: ...
+
+    def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None: ...
+
+
 Member = tuple[str, Peer]  # (queue group, peer)
 
 
@@ -62,6 +74,8 @@ class PubSub:
         self._groups_of: dict[Peer, set[str]] = {}
         self._chosen_at: dict[Member, int] = {}  # the turn a member was last chosen (least recent first)
         self._turn = 0
+        # Told of every pattern this broker's own peers start or stop holding (None: standalone).
+        self.interest: InterestListener | None = None
         # Set by the shell: False while a peer's outgoing queue is backing up (group members are skipped then).
         self.can_take: Callable[[bytes], bool] = _always
 
@@ -199,6 +213,7 @@ class PubSub:
             for pattern, tokens in new.items():
                 held[pattern] = tokens
                 self.groups.insert(tokens, member)
+                self._announce(peer, group, pattern, tokens, True)
             self.version += 1
             return
         held = self._patterns.setdefault(peer, {})
@@ -208,7 +223,14 @@ class PubSub:
                 self.subscriptions.insert(tokens, peer)
             else:
                 self._opaque.setdefault(pattern, {})[peer] = None
+            self._announce(peer, None, pattern, tokens, True)
         self.version += 1
+
+    def _announce(self, peer: Peer, group: str | None, pattern: str, tokens: tuple[str, ...], held: bool) -> None:
+        """Tell the interest listener that one of this broker's own peers took or dropped a pattern."""
+        interest = self.interest
+        if interest is not None and not peer.route:
+            (interest.subscribed if held else interest.unsubscribed)(group, pattern, not tokens)
 
     def _remove_opaque(self, topic: str, peer: Peer) -> None:
         subscribers = self._opaque.get(topic)
@@ -226,6 +248,7 @@ class PubSub:
                 tokens = held.pop(pattern, None)
                 if tokens is not None:
                     self.groups.remove(tokens, member)
+                    self._announce(peer, group, pattern, tokens, False)
         if not held:
             self._group_patterns.pop(member, None)
             self._chosen_at.pop(member, None)
@@ -252,6 +275,8 @@ class PubSub:
                 removed.append(tokens)
             elif tokens is not None:
                 self._remove_opaque(pattern, peer)
+            if tokens is not None:
+                self._announce(peer, None, pattern, tokens, False)
         if not held:
             del self._patterns[peer]
         self.version += 1
@@ -263,6 +288,7 @@ class PubSub:
                 self.subscriptions.remove(tokens, peer)
             else:
                 self._remove_opaque(pattern, peer)
+            self._announce(peer, None, pattern, tokens, False)
         for group in list(self._groups_of.get(peer, ())):
             self._remove_member(peer, group, None)
         self.version += 1
@@ -278,6 +304,7 @@ class PubSub:
                     self.subscriptions.remove(tokens, peer)
                 else:
                     self._remove_opaque(pattern, peer)
+                self._announce(peer, None, pattern, tokens, False)
                 reason = f"subscription {pattern} withdrawn by policy"
                 out.append((peer.routing_id, P.error(Status.FORBIDDEN, reason, topic=pattern)))
         if not held:
@@ -299,11 +326,16 @@ class PubSub:
         return bool(self.subscriptions.match(tokens)) or bool(self._group_patterns and self.groups.match(tokens))
 
     def _chosen(
-        self, tokens: tuple[str, ...], skip: Peer | None, admits: Callable[[Grants], bool] | None = None
+        self,
+        tokens: tuple[str, ...],
+        skip: Peer | None,
+        admits: Callable[[Grants], bool] | None = None,
+        only: str | None = None,
     ) -> list[Member]:
         """One member per queue group matching ``tokens``: the least recently chosen that
         ``can_take`` (else the least recently chosen of all); ``skip`` is never chosen, nor a
-        member whose grants ``admits`` refuses."""
+        member whose grants ``admits`` refuses.  ``only``: the copy of group ``only`` that
+        another broker chose this one for: one of this broker's own members of it."""
         matched = self.groups.match(tokens)
         if not matched:
             return []
@@ -313,6 +345,8 @@ class PubSub:
         for member in matched:
             group, peer = member
             if peer is skip or (peer.grants.deny_subscribe and not peer.grants.delivers(tokens)):
+                continue
+            if only is not None and (group != only or peer.route):
                 continue
             if admits is not None and not admits(peer.grants):
                 continue
@@ -354,6 +388,7 @@ class PubSub:
         held_back: set[Peer] | None = None,
         publisher: Peer | None = None,
         admits: Callable[[Grants], bool] | None = None,
+        from_route: tuple[str | None] | None = None,
     ) -> list[Out]:
         """One MESSAGE built once, handed to every subscriber that may see it, and one
         copy to a member of each queue group it matches.
@@ -361,11 +396,22 @@ class PubSub:
         ``position`` is ``(journal, seq)`` of a journaled message;
         ``held_back`` are peers whose running replay will deliver it instead;
         ``publisher`` is skipped when it connected with ``ECHO 0``;
-        ``admits``: a further check of each receiver's grants (a dead letter's original topic).
+        ``admits``: a further check of each receiver's grants (a dead letter's original topic);
+        ``from_route``: the message came from another broker, which handled the other brokers:
+        ``(None,)`` its plain copy (this broker's own plain subscribers only), ``(g,)`` the copy
+        for queue group g it chose this broker for (one own member of g, nobody else).
         """
         skip = publisher if publisher is not None and not publisher.echo else None
-        targets = self.subscriptions.match(tokens)
-        chosen = self._chosen(tokens, skip, admits) if self._group_patterns else []
+        targets: Sequence[Peer]
+        if from_route is None:
+            targets = self.subscriptions.match(tokens)
+            chosen = self._chosen(tokens, skip, admits) if self._group_patterns else []
+        elif from_route[0] is None:
+            targets = tuple(t for t in self.subscriptions.match(tokens) if not t.route)
+            chosen = []
+        else:
+            targets = ()
+            chosen = self._chosen(tokens, skip, admits, only=from_route[0])
         out: list[Out] = []
         if not targets and not chosen:
             return out
@@ -412,16 +458,24 @@ class PubSub:
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
 
-    def fan_out_opaque(self, topic: str, headers: dict[str, str], body: Sequence[bytes], now: float) -> list[Out]:
+    def fan_out_opaque(
+        self, topic: str, headers: dict[str, str], body: Sequence[bytes], now: float, *, from_route: bool = False
+    ) -> list[Out]:
         """A 0.x PUT on an opaque topic: to the 0.x peers that subscribed that exact string
-        (the seed's MESSAGE shape, every X- header kept)."""
+        (the seed's MESSAGE shape, every X- header kept), and to the other brokers that have
+        such peers (unless it came from one: ``from_route``)."""
         targets = self._opaque.get(topic)
         if not targets:
             return []
         frames = P.message(topic.encode(), None, P.user_header_frames(headers), body)
         out: list[Out] = []
         for target in targets:
-            out.append((target.routing_id, frames))
+            if target.route:
+                if from_route:
+                    continue
+                out.append((target.routing_id, batch.frames_record(frames)))
+            else:
+                out.append((target.routing_id, frames))
             target.last_sent = now
             target.delivered += 1
         self.counters["delivered"] += len(out)

@@ -38,8 +38,8 @@ def is_route_id(routing_id: bytes) -> bool:
     return routing_id.startswith(ROUTE_PREFIX)
 
 
-# What a route learns at once, as records: a group of None is a plain subscription.
-Interest = tuple[str | None, str]  # (queue group or None, pattern)
+# A pattern this broker's own peers hold: (queue group or None, pattern, a 0.x peer's exact topic?).
+Interest = tuple[str | None, str, bool]
 
 
 def _record(verb: Verb, headers: Mapping[str, str], payload: tuple[bytes, ...] = ()) -> bytes:
@@ -96,9 +96,9 @@ class Routes:
 
     def full_state(self) -> list[bytes]:
         records = []
-        for (group, pattern), holders in self._interest.items():
+        for (group, pattern, exact), holders in self._interest.items():
             if holders > 0:
-                records.append(self._sub(Verb.SUB, group, pattern))
+                records.append(self._sub(Verb.SUB, group, pattern, exact))
         for service, capacity in self._capacity.items():
             records.append(self._ready(service, capacity))
         for identity, sessions in self._identities.items():
@@ -118,27 +118,29 @@ class Routes:
 
     # ------------------------------------------------------------ local interest (hooks of the rooms)
     @staticmethod
-    def _sub(verb: Verb, group: str | None, pattern: str) -> bytes:
+    def _sub(verb: Verb, group: str | None, pattern: str, exact: bool) -> bytes:
         headers: dict[str, str] = {Header.GROUP: group} if group is not None else {}
+        if exact:
+            headers[Header.EXACT] = "1"
         return _record(verb, headers, (pattern.encode(),))
 
     @staticmethod
     def _ready(service: str, capacity: int) -> bytes:
         return _record(Verb.READY, {Header.CAPACITY: str(capacity)}, (service.encode(),))
 
-    def subscribed(self, group: str | None, pattern: str) -> None:
-        key = (group, pattern)
+    def subscribed(self, group: str | None, pattern: str, exact: bool) -> None:
+        key = (group, pattern, exact)
         self._interest[key] += 1
         if self._interest[key] == 1 and self.enabled:
-            self._pending.append(self._sub(Verb.SUB, group, pattern))
+            self._pending.append(self._sub(Verb.SUB, group, pattern, exact))
 
-    def unsubscribed(self, group: str | None, pattern: str) -> None:
-        key = (group, pattern)
+    def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None:
+        key = (group, pattern, exact)
         held = self._interest.get(key, 0)
         if held <= 1:
             self._interest.pop(key, None)
             if held == 1 and self.enabled:
-                self._pending.append(self._sub(Verb.UNSUB, group, pattern))
+                self._pending.append(self._sub(Verb.UNSUB, group, pattern, exact))
         else:
             self._interest[key] = held - 1
 

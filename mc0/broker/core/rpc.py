@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
-from ...protocol import MAX_SERVICE_BYTES, Header, Status, Verb
+from ...protocol import MAX_SERVICE_BYTES, Header, Status, Verb, decimal, request_to_worker
 from ...settings import CoreSettings
 from ...topics import split_topic
 from .jobs import (
@@ -42,6 +42,7 @@ from .jobs import (
 )
 from .peers import Out, Peer
 from .telemetry import RpcDone
+from .workers import Workers
 
 log = logging.getLogger("mc0.broker")
 
@@ -59,8 +60,9 @@ class Rpc:
     ) -> None:
         self.settings = settings
         self.counters = counters
-        self.services: dict[str, Service] = {}
-        self.workers: dict[Peer, WorkerState] = {}
+        self.pool = Workers()
+        self.services: dict[str, Service] = self.pool.services
+        self.workers: dict[Peer, WorkerState] = self.pool.workers
         self.requests: dict[Peer, dict[str, Request]] = {}
         self.finished: list[RpcDone] = []
         self._is_current = is_current
@@ -132,101 +134,68 @@ class Rpc:
             )
 
     # ================================================================ workers
-    def _service(self, name: str) -> Service:
-        service = self.services.get(name)
-        if service is None:
-            service = self.services[name] = Service(name)
-        return service
-
-    def _drop_if_idle(self, name: str) -> None:
-        service = self.services.get(name)
-        if service is not None and not service.workers and not service.queued:
-            del self.services[name]
-
     def ready(self, worker: Peer, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
         """Register (or re-register) a worker for services with a capacity."""
-        state = self.workers.get(worker)
-        if state is None:
-            state = self.workers[worker] = WorkerState()
-        for old in state.services:
-            if old not in names and old in self.services:
-                self.services[old].workers.pop(worker, None)
-                self.services[old].ready.pop(worker, None)
-                self._drop_if_idle(old)
-        state.services = names
-        state.capacity = capacity
         out: list[Out] = []
-        for name in names:
-            service = self._service(name)
-            service.workers[worker] = None
-            if len(state.jobs) >= capacity:
-                service.ready.pop(worker, None)  # full at its (new) capacity: no more until a slot frees
-            elif worker not in service.ready:
-                # Never used is least recently used: a new worker goes first.
-                service.ready = {worker: None, **service.ready}
-            log.info("worker %s serves %s (capacity %d)", worker.name, name, capacity)
-        for name in names:
-            out += self._pump(self.services[name], now)
+        for service in self.pool.ready(worker, names, capacity):
+            out += self._pump(service, now)
+        return out
+
+    def route_ready(self, route: Peer, name: str, capacity: int, now: float) -> list[Out]:
+        """Another broker serves ``name`` with ``capacity`` in all (0: no longer)."""
+        out: list[Out] = []
+        for service in self.pool.route_ready(route, name, capacity):
+            out += self._pump(service, now)
         return out
 
     def withdraw_denied(self, peer: Peer, grants: Grants, now: float) -> tuple[list[Out], str]:
         """A new policy: stop ``peer`` serving what it may no longer serve; returns what, if anything."""
-        state = self.workers.get(peer)
-        if state is None or not state.services:
+        kept, dropped = self.pool.withdraw_denied(peer, grants, lambda name: self.service_tokens(name, None))
+        if not dropped:
             return [], ""
-        kept = tuple(n for n in state.services if grants.may_serve(self.service_tokens(n, None)))
-        if kept == state.services:
-            return [], ""
-        dropped = ", ".join(n for n in state.services if n not in kept)
-        return self.ready(peer, kept, state.capacity, now), dropped
+        return self.ready(peer, kept, self.pool.workers[peer].capacity, now), dropped
 
     def _assign(self, worker: Peer, job: Job, now: float) -> Out:
         self._fire(job, JobEvent.DISPATCH)
-        state = self.workers[worker]
         job.worker = worker
         job.attempts += 1
-        state.jobs[job.bid] = job
-        full = len(state.jobs) >= state.capacity
-        for name in state.services:
-            ready = self.services[name].ready
-            ready.pop(worker, None)
-            if not full:
-                ready[worker] = None  # now the most recently used
+        self.pool.took(worker, job)
         remaining = max(1, round((job.deadline - now) * 1000))
         worker.last_sent = now
-        frames = worker.dialect.to_worker(job.bid, job.service, job.client.identity, remaining, job.user, job.body)
+        caller = job.caller or job.client.identity
+        if worker.route and job.parent is not None:  # a scatter leg: that broker scatters to its own workers
+            frames: list[bytes] | bytes = request_to_worker(
+                job.bid, job.service, caller, remaining, job.user, job.body, every_worker=True
+            )
+        else:
+            frames = worker.dialect.to_worker(job.bid, job.service, caller, remaining, job.user, job.body)
         return (worker.routing_id, frames)
 
     def _pump(self, service: Service, now: float) -> list[Out]:
-        """Dispatch queued requests while some worker has spare capacity."""
+        """Dispatch queued requests while some worker has spare capacity (a route's request waits for
+        one of this broker's own workers)."""
         out: list[Out] = []
         queue, ready = service.queue, service.ready
+        waiting: list[Job] = []
         while queue and ready:
             job = queue.popleft()
             if job.state is not JobState.QUEUED:
                 service.dead -= 1  # ended while it waited (deadline, cancel, client gone)
                 continue
-            out.append(self._assign(next(iter(ready)), job, now))
+            worker = self.pool.pick(service, job)
+            if worker is None:
+                waiting.append(job)
+                continue
+            out.append(self._assign(worker, job, now))
+        for job in reversed(waiting):
+            queue.appendleft(job)
         return out
 
     def _release(self, worker: Peer, job: Job, now: float) -> list[Out]:
         """A worker finished (or lost) a job: free its slot and give it more work."""
-        state = self.workers.get(worker)
         job.worker = None
-        if state is None:
-            return []
-        state.jobs.pop(job.bid, None)
-        if not self._is_current(worker) or len(state.jobs) >= state.capacity:
-            return []
-        heads: list[tuple[float, Service]] = []
-        for name in state.services:
-            service = self.services[name]
-            if worker not in service.ready:
-                service.ready[worker] = None
-            if service.queued:
-                heads.append((service.queue.first().created, service))
         out: list[Out] = []
-        for _, service in sorted(heads, key=lambda h: h[0]):  # oldest waiting request first
+        for service in self.pool.released(worker, job, self._is_current(worker)):
             out += self._pump(service, now)
         return out
 
@@ -243,7 +212,7 @@ class Rpc:
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         outstanding = len(held) if held is not None else 0
-        if outstanding >= self.settings.max_requests:
+        if outstanding >= self.settings.max_requests and not client.route:  # a route carries many clients' requests
             raise ProtocolError(Status.OVER_LIMIT, f"{outstanding} requests outstanding, the limit", rid)
         return now + min(timeout_ms, self.settings.max_request_timeout_ms) / 1000.0
 
@@ -259,10 +228,12 @@ class Rpc:
         now: float,
         *,
         quiet: bool = False,
+        caller: str | None = None,
     ) -> list[Out]:
-        """Queue an admitted request (or answer 503 at once when nobody serves ``name``); ``quiet``: answer nothing."""
+        """Queue an admitted request (or answer 503 at once when nobody serves ``name``); ``quiet``: answer
+        nothing; ``caller``: who asked, when ``client`` is a route (then only this broker's own workers serve)."""
         service = self.services.get(name)
-        if service is None or not service.workers:
+        if service is None or not service.workers or (client.route and not self.pool.has_local(service)):
             self.counters["no_worker"] += 1
             self._finished(name, client, None, now, Status.NO_WORKER, sum(map(len, body)), 0, now)
             self.counters["answers_unwanted"] += quiet
@@ -270,11 +241,11 @@ class Rpc:
             return [] if quiet else [(client.routing_id, answer)]
         if scatter:
             service.requests += 1
-            return self._scatter(client, service, rid, user, body, now, deadline)
+            return self._scatter(client, service, rid, user, body, now, deadline, caller)
         if service.queued >= self.settings.max_queue and not service.ready:
             raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
         service.requests += 1
-        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet)
+        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)
         self._hold(client, rid, job)
         heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
         self._enqueue(service, job)
@@ -289,14 +260,18 @@ class Rpc:
         body: Sequence[bytes],
         now: float,
         deadline: float,
+        caller: str | None,
     ) -> list[Out]:
-        """Every worker of the service gets its own leg at once, regardless of capacity."""
+        """Every worker of the service gets its own leg at once, regardless of capacity (another
+        broker's leg: to each of its workers; a leg from another broker: this broker's own workers)."""
         gather = Scatter(client, rid, service.name, user, now, deadline)
         self._hold(client, rid, gather)
         heapq.heappush(self._deadlines, (deadline, next(self._seq), gather))
         out: list[Out] = []
-        for worker in list(service.workers):
-            leg = Job(str(next(self._seq)), client, rid, service.name, user, body, now, deadline, parent=gather)
+        for worker in [w for w in service.workers if not (client.route and w.route)]:
+            leg = Job(
+                str(next(self._seq)), client, rid, service.name, user, body, now, deadline, parent=gather, caller=caller
+            )
             gather.legs[leg.bid] = leg
             gather.total += 1
             out.append(self._assign(worker, leg, now))
@@ -457,6 +432,34 @@ class Rpc:
         out += self._leg_done(job, answered=True, now=now)
         return out
 
+    def route_reply(
+        self,
+        route: Peer,
+        verb: Verb,
+        bid: str,
+        fields: dict[str, str],
+        user: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+    ) -> list[Out]:
+        """PARTIAL / FINAL from another broker for a job it holds: a scatter leg's PARTIALs keep the
+        WORKER (CODE, MESSAGE) it named, and its FINAL's COUNT n MISSING m count n + m workers."""
+        state = self.workers.get(route)
+        job = state.jobs.get(bid) if state is not None else None
+        if job is None or state is None or job.parent is None:
+            return self.reply(route, verb, bid, user, body, now)
+        if verb is Verb.PARTIAL:
+            self._fire(job, JobEvent.PARTIAL)
+            partial = job.client.dialect.partial(job.rid, job.service, fields, user, body)
+            return [(job.client.routing_id, partial)] if partial is not None else []
+        self._fire(job, JobEvent.FINAL)
+        gather = job.parent
+        count, missing = (decimal(fields.get(h, "0")) or 0 for h in (Header.COUNT, Header.MISSING))
+        gather.total += count + missing - 1
+        gather.answered += count
+        state.served += 1
+        return self._release(route, job, now) + self._leg_done(job, answered=False, now=now)
+
     def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
         """A scatter leg finished (``answered``) or lost its worker."""
         gather = job.parent
@@ -508,14 +511,9 @@ class Rpc:
             if isinstance(request, Scatter):
                 request.state, _ = gather_transition(request.state, GatherEvent.CLIENT_GONE)
             out += self._stop_work(request, now)
-        state = self.workers.pop(peer, None)
+        state = self.pool.drop(peer)
         if state is None:
             return out
-        for name in state.services:
-            service = self.services.get(name)
-            if service is not None:
-                service.workers.pop(peer, None)
-                service.ready.pop(peer, None)
         held = list(state.jobs.values())
         state.jobs.clear()
         touched: dict[str, None] = {}
@@ -530,15 +528,15 @@ class Rpc:
             action = self._fire(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
             if action is Action.REQUEUE:
                 self.counters["requests_requeued"] += 1
-                self._enqueue(self._service(job.service), job, front=True)
+                self._enqueue(self.pool.service(job.service), job, front=True)
                 touched[job.service] = None
             else:
                 why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
                 out += self._fail(job, Status.WORKER_LOST, f"worker lost {why}", now)
         for name in touched:
-            out += self._pump(self._service(name), now)
+            out += self._pump(self.pool.service(name), now)
         for name in list(self.services):
-            self._drop_if_idle(name)
+            self.pool.drop_if_idle(name)
         return out
 
     def expire(self, now: float) -> list[Out]:

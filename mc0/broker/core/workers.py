@@ -1,0 +1,180 @@
+"""Workers: which peer serves which service, with what capacity, and who is free to take a job next.
+
+Contract: owns the services (:class:`~mc0.broker.core.jobs.Service`: workers,
+the least-recently-used list of those with spare capacity, the queue the
+:mod:`.rpc` room fills) and each worker's :class:`~mc0.broker.core.jobs.WorkerState`.
+A worker is a peer that said READY (one capacity for all it serves) or a
+*route*, another broker of the cluster, which announces each service with
+the total capacity of its own workers (one count per service).  ``pick``
+chooses the worker for a job (least recently used with spare capacity; a
+job that came from a route goes to this broker's own workers only: one hop),
+``took``/``released`` keep the counts, and what they return are the services
+whose queue may now move.  Decides nothing about requests: :mod:`.rpc` does.
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from ...permissions import Grants
+from .jobs import Job, Service, WorkerState
+from .peers import Peer
+
+log = logging.getLogger("mc0.broker")
+
+
+class Workers:
+    def __init__(self) -> None:
+        self.services: dict[str, Service] = {}
+        self.workers: dict[Peer, WorkerState] = {}
+        # Each service's total capacity over this broker's own workers (what routes are told).
+        self.local_capacity: Counter[str] = Counter()
+        self.capacity_changed: set[str] = set()  # services whose local capacity changed (the dispatcher drains it)
+
+    def service(self, name: str) -> Service:
+        service = self.services.get(name)
+        if service is None:
+            service = self.services[name] = Service(name)
+        return service
+
+    def drop_if_idle(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is not None and not service.workers and not service.queued:
+            del self.services[name]
+
+    def has_local(self, service: Service) -> bool:
+        """Some worker of ``service`` is this broker's own (a route's job may go there)."""
+        return any(not w.route for w in service.workers)
+
+    # ------------------------------------------------------------ capacity as routes see it
+    def _count(self, worker: Peer, state: WorkerState, sign: int) -> None:
+        if worker.route:
+            return
+        for name in state.services:
+            self.local_capacity[name] += sign * state.capacity
+            if self.local_capacity[name] <= 0:
+                del self.local_capacity[name]
+            self.capacity_changed.add(name)
+
+    # ------------------------------------------------------------ registration
+    def ready(self, worker: Peer, names: tuple[str, ...], capacity: int) -> list[Service]:
+        """Register (or re-register) a worker for ``names`` with one ``capacity``; the services to pump."""
+        state = self.workers.get(worker)
+        if state is None:
+            state = self.workers[worker] = WorkerState()
+        self._count(worker, state, -1)
+        for old in state.services:
+            if old not in names and old in self.services:
+                self.services[old].workers.pop(worker, None)
+                self.services[old].ready.pop(worker, None)
+                self.drop_if_idle(old)
+        state.services = names
+        state.capacity = capacity
+        self._count(worker, state, +1)
+        for name in names:
+            service = self.service(name)
+            service.workers[worker] = None
+            if state.full(name):
+                service.ready.pop(worker, None)  # full at its (new) capacity: no more until a slot frees
+            elif worker not in service.ready:
+                # Never used is least recently used: a new worker goes first.
+                service.ready = {worker: None, **service.ready}
+            log.info("worker %s serves %s (capacity %d)", worker.name, name, capacity)
+        return [self.services[name] for name in names]
+
+    def route_ready(self, route: Peer, name: str, capacity: int) -> list[Service]:
+        """Another broker serves ``name`` with ``capacity`` in all (0: no longer); the services to pump."""
+        state = self.workers.get(route)
+        if state is None:
+            state = self.workers[route] = WorkerState()
+            state.per_service = {}
+        assert state.per_service is not None
+        if capacity > 0:
+            state.per_service[name] = capacity
+        else:
+            state.per_service.pop(name, None)
+        state.services = tuple(state.per_service)
+        service = self.service(name) if capacity > 0 else self.services.get(name)
+        if service is None:
+            return []
+        if capacity <= 0:
+            service.workers.pop(route, None)
+            service.ready.pop(route, None)
+            self.drop_if_idle(name)
+            return []
+        service.workers[route] = None
+        if state.full(name):
+            service.ready.pop(route, None)
+        elif route not in service.ready:
+            service.ready[route] = None  # behind this broker's own idle workers: they answer sooner
+        return [service]
+
+    def withdraw_denied(
+        self, peer: Peer, grants: Grants, tokens_of: Callable[[str], tuple[str, ...]]
+    ) -> tuple[tuple[str, ...], str]:
+        """What ``peer`` may still serve under ``grants``, and what it may not (``""``: nothing changes)."""
+        state = self.workers.get(peer)
+        if state is None or not state.services or peer.route:
+            return (), ""
+        kept = tuple(n for n in state.services if grants.may_serve(tokens_of(n)))
+        if kept == state.services:
+            return (), ""
+        return kept, ", ".join(n for n in state.services if n not in kept)
+
+    # ------------------------------------------------------------ dispatch bookkeeping
+    def pick(self, service: Service, job: Job) -> Peer | None:
+        """The worker ``job`` goes to now (None: none may take it)."""
+        ready = service.ready
+        worker = next(iter(ready), None)
+        if worker is not None and worker.route and job.client.route:
+            worker = next((w for w in ready if not w.route), None)  # one hop: never on to a third broker
+        return worker
+
+    def took(self, worker: Peer, job: Job) -> WorkerState:
+        """``worker`` now holds ``job``: it goes to the back of the least-recently-used order, or
+        out of it for each service it has no room left for."""
+        state = self.workers[worker]
+        state.jobs[job.bid] = job
+        state.took(job.service)
+        for name in state.services:
+            ready = self.services[name].ready
+            ready.pop(worker, None)
+            if not state.full(name):
+                ready[worker] = None  # now the most recently used
+        return state
+
+    def released(self, worker: Peer, job: Job, current: bool) -> list[Service]:
+        """``worker`` no longer holds ``job``; the services whose queues it may now serve, oldest
+        waiting request first (none when it is gone, ``current`` False, or still full)."""
+        state = self.workers.get(worker)
+        if state is None or state.jobs.pop(job.bid, None) is None:
+            return []
+        state.released(job.service)
+        if not current:
+            return []
+        heads: list[tuple[float, Service]] = []
+        for name in state.services:
+            if state.full(name):
+                continue
+            service = self.services[name]
+            if worker not in service.ready:
+                service.ready[worker] = None
+            if service.queued:
+                heads.append((service.queue.first().created, service))
+        return [service for _, service in sorted(heads, key=lambda h: h[0])]
+
+    def drop(self, peer: Peer) -> WorkerState | None:
+        """``peer`` is gone: it serves nothing any more; its state (and the jobs it held) returned."""
+        state = self.workers.pop(peer, None)
+        if state is None:
+            return None
+        self._count(peer, state, -1)
+        for name in state.services:
+            service = self.services.get(name)
+            if service is not None:
+                service.workers.pop(peer, None)
+                service.ready.pop(peer, None)
+        return state

