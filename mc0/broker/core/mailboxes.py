@@ -39,6 +39,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
@@ -127,6 +128,14 @@ def settled_of(record: Record) -> dict[str, list[int]]:
     return out
 
 
+class PresenceListener(Protocol):
+    """Told when an identity gets its first session on this broker and loses its last (the routes)."""
+
+    def online(self, identity: str) -> None: ...
+
+    def offline(self, identity: str) -> None: ...
+
+
 class Mailboxes:
     def __init__(
         self,
@@ -145,7 +154,10 @@ class Mailboxes:
         # The shell's answer to "has everything queued for this routing id left?" (the outbox);
         # until then a journaled letter handed to a session is not recorded delivered.
         self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
-        self._sessions: dict[str, list[Peer]] = {}  # identity -> its 1.0 sessions, most recent last
+        # identity -> its 1.0 sessions, most recent last (and the routes, other brokers, that have some)
+        self._sessions: dict[str, list[Peer]] = {}
+        # Told when an identity gets its first session here and when its last one goes (the cluster's routes).
+        self.presence: PresenceListener | None = None
         self._letters: dict[str, list[Letter]] = {}  # oldest first
         self._bytes: dict[str, int] = {}  # each mailbox's letters' sizes (LETTER_OVERHEAD included)
         self.total_bytes = 0  # all mailboxes: their letters' sizes and MAILBOX_OVERHEAD each
@@ -160,15 +172,23 @@ class Mailboxes:
         self._floor_stale = False  # a journaled letter left a mailbox since the floor was computed
 
     # ------------------------------------------------------------ sessions
-    def online(self, peer: Peer, now: float) -> list[Out]:
-        """``peer`` connected: it receives its identity's kept letters (and later ones)."""
+    def online(self, peer: Peer, now: float, identity: str | None = None) -> list[Out]:
+        """``peer`` connected: it receives its identity's kept letters (and later ones).  A route (another
+        broker) comes ``online`` for each ``identity`` it has sessions of, behind this broker's own."""
         if peer.legacy:
             return []
-        self._sessions.setdefault(peer.identity, []).append(peer)
-        letters = self._letters.get(peer.identity)
+        identity = identity or peer.identity
+        sessions = self._sessions.setdefault(identity, [])
+        if peer.route:
+            sessions.insert(0, peer)
+        else:
+            if self.presence is not None and not any(not p.route for p in sessions):
+                self.presence.online(identity)
+            sessions.append(peer)
+        letters = self._letters.get(identity)
         if not letters:
             return []
-        self._drop_mailbox(peer.identity)
+        self._drop_mailbox(identity)
         self._floor_stale = True
         out = self._hand(peer, letters, now)
         peer.last_sent = now
@@ -187,12 +207,25 @@ class Mailboxes:
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
 
+    def route_offline(self, route: Peer, identities: Sequence[str] | None = None) -> None:
+        """A route no longer has sessions of these identities (None: of any: it is gone)."""
+        for identity in list(self._sessions) if identities is None else identities:
+            sessions = self._sessions.get(identity)
+            if sessions is not None and route in sessions:
+                sessions.remove(route)
+                if not sessions:
+                    del self._sessions[identity]
+
     def offline(self, peer: Peer, now: float) -> list[Out]:
         """``peer`` went; journaled letters it was handed that may not have left are kept again
         (for its identity's newest other session at once, else until the next connect)."""
+        if peer.route:
+            self.route_offline(peer)
         sessions = self._sessions.get(peer.identity)
         if sessions is not None and peer in sessions:
             sessions.remove(peer)
+            if self.presence is not None and not peer.legacy and not any(not p.route for p in sessions):
+                self.presence.offline(peer.identity)
             if not sessions:
                 del self._sessions[peer.identity]
         if not self._handed:
@@ -236,16 +269,20 @@ class Mailboxes:
         now: float,
         *,
         record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None = None,
+        local_only: bool = False,
     ) -> tuple[list[Out], str]:
         """Deliver to ``to``'s newest session or keep the letter; returns (what to send, outcome).
+        ``local_only``: a letter another broker sent here: this broker's own sessions or its mailbox.
 
         ``record`` is (topic, sender identity, headers, body): what a mailbox
         journal keeps of a letter (needed only when there is one).  A kept
         letter is durable only after the core's commit: the caller holds its OK.
         """
         sessions = self._sessions.get(to)
+        if sessions and local_only:
+            sessions = [p for p in sessions if not p.route]
         if sessions:
-            target = sessions[-1]
+            target = sessions[-1]  # the newest of this broker's own sessions, else a route's
             target.last_sent = now
             target.delivered += 1
             self.counters["mailbox_delivered"] += 1
