@@ -106,9 +106,7 @@ class ClusterBus:
         live = among if among is not None else tuple(i for i, b in enumerate(self.brokers) if b is not None)
         started = time.monotonic()
         for _ in range(int(timeout / 0.05)):
-            if all(
-                set(self.cluster_report(i)["brokers"]) >= {self.name(j) for j in live if j != i} for i in live
-            ):
+            if all(set(self.cluster_report(i)["brokers"]) >= {self.name(j) for j in live if j != i} for i in live):
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
                 break

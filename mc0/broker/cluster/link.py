@@ -27,6 +27,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +100,9 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
 class ClusterLink:
     def __init__(self, config: ClusterConfig, *, epoch: int | None = None) -> None:
         self.config = config
-        self.epoch = epoch if epoch is not None else int.from_bytes(os.urandom(8), "big")
+        # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
+        # so a late message of the run before is told from the new one (ordered as the clocks are).
+        self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
         self.name = ""
         self.socket: zmq.Socket[bytes] | None = None  # the broker loop's end of the PAIR
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)

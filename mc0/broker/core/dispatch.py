@@ -42,6 +42,7 @@ from .journaling import StreamOut, Streams
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
 from .pubsub import PubSub
+from .routes import Routes, is_route_id
 from .rpc import Rpc
 from .sysbus import SysBus
 from .telemetry import PeerEvent
@@ -117,6 +118,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers
         )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
+        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = self.settings.limits.max_message_bytes
         # The verb table: what a connected mc0 peer's command does.
@@ -150,14 +152,6 @@ class BrokerCore(BatchedInput, VerbHandlers):
     def services(self) -> dict[str, Service]:
         return self.rpc.services
 
-    @property
-    def journals(self) -> dict[str, JournalStore]:
-        return self.streams.journals
-
-    @property
-    def revoked(self) -> set[str]:
-        return self.peers.revoked
-
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
         return self.builtins.report(op)
@@ -180,6 +174,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
         anything else (nothing of it reaches the newcomer).
         """
         self.counters["received"] += 1
+        if is_route_id(routing_id):  # a route speaks only through the cluster link (routed.py), never here
+            self.counters["route_id_refused"] += 1
+            return []
         if identity in self.peers.revoked:
             self.counters["revoked_dropped"] += 1
             return []
@@ -363,6 +360,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.streams.drop_peer(peer)
         kept_again = self.mailboxes.offline(peer, now)
         self.consumers.drop_peer(peer)
+        self.routes.dropped(peer)
         self.counters[f"forgotten_{why}"] += 1
         log.info("peer %s %s", peer.name, why)
         out = kept_again + self.rpc.drop_peer(peer, now)
@@ -420,15 +418,15 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """A request from a foreign client (a broker-made request id unless it brings its own;
         the broker's default timeout unless it asks for one; ``user``: its X- headers;
         ``quiet``: it wants no answer)."""
-        name = self.rpc.service_name(name, rid)
+        name = self.rpc.pool.service_name(name, rid)
         rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
         timeout_ms = timeout_ms or self.settings.request_timeout_ms
         return self._request_for(client, name, rid, timeout_ms, False, user or {}, body, now, quiet=quiet)
 
     def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
-        checked = [self.rpc.service_name(n, None) for n in names]
+        checked = [self.rpc.pool.service_name(n, None) for n in names]
         for name in checked:
-            self.rpc.check_serve(worker, name, None, RESERVED_SERVICES)
+            self.rpc.pool.check_serve(worker, name, None, RESERVED_SERVICES)
         return self.rpc.ready(worker, tuple(dict.fromkeys(checked)), capacity, now)
 
     def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
@@ -443,7 +441,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
     ) -> list[Out] | None:
         """DCP: ``worker`` passes the request it holds as ``bid`` on to service ``name`` (None: it holds none)."""
-        return self.rpc.hand_off(worker, bid, self.rpc.service_name(name, None), user, body, now)
+        return self.rpc.hand_off(worker, bid, self.rpc.pool.service_name(name, None), user, body, now)
 
     def _wants_rpc_telemetry(self) -> bool:
         return self.sysbus.wants_rpc()

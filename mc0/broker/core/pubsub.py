@@ -168,7 +168,8 @@ class PubSub:
             )
         return group
 
-    def _held(self, peer: Peer, group: str | None) -> dict[str, tuple[str, ...]]:
+    def held(self, peer: Peer, group: str | None) -> dict[str, tuple[str, ...]]:
+        """``peer``'s patterns (in ``group``, if given)."""
         if group is None:
             return self._patterns.get(peer, {})
         return self._group_patterns.get((group, peer), {})
@@ -190,7 +191,7 @@ class PubSub:
                 if peer.grants.hides_peers(tokens):
                     reason += f" (it reaches {P.SYS_PEER_TOPIC}, which needs a subscribe grant naming it)"
                 raise ProtocolError(Status.FORBIDDEN, reason, request_id)
-        held = self._held(peer, group)
+        held = self.held(peer, group)
         new = {p: t for p, t in patterns if p not in held}
         limit = self.limits.max_subscriptions
         total = self._count_all(peer) + len(new)

@@ -20,11 +20,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import ProtocolError
 from ...permissions import Grants
-from ...protocol import MAX_SERVICE_BYTES, Header, Status, Verb, decimal, request_to_worker
+from ...protocol import Header, Status, Verb, decimal, request_to_worker
 from ...settings import CoreSettings
-from ...topics import split_topic
 from .jobs import (
     JOB_TRANSITIONS,
     Action,
@@ -46,8 +45,6 @@ from .workers import Workers
 
 log = logging.getLogger("mc0.broker")
 
-SERVICE_CACHE_SIZE = 4096
-
 
 class Rpc:
     def __init__(
@@ -60,14 +57,13 @@ class Rpc:
     ) -> None:
         self.settings = settings
         self.counters = counters
-        self.pool = Workers()
+        self.pool = Workers(settings)
         self.services: dict[str, Service] = self.pool.services
         self.workers: dict[Peer, WorkerState] = self.pool.workers
         self.requests: dict[Peer, dict[str, Request]] = {}
         self.finished: list[RpcDone] = []
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
-        self._service_names: dict[str, tuple[str, ...]] = {}
         self._deadlines: list[tuple[float, int, Request]] = []
         self._seq = itertools.count(1)
 
@@ -101,38 +97,6 @@ class Rpc:
             service.queue.append(job)
         service.queued += 1
 
-    # ================================================================ names and permissions
-    def service_name(self, raw: str | bytes, request_id: str | None) -> str:
-        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        self.service_tokens(name, request_id)
-        return name
-
-    def service_tokens(self, name: str, request_id: str | None) -> tuple[str, ...]:
-        tokens = self._service_names.get(name)  # validated once, not per request
-        if tokens is None:
-            try:
-                tokens = split_topic(
-                    name, max_bytes=MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens
-                )
-            except InvalidTopic as exc:
-                raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
-            if len(self._service_names) >= SERVICE_CACHE_SIZE:
-                self._service_names.clear()
-            self._service_names[name] = tokens
-        return tokens
-
-    def check_serve(self, peer: Peer, name: str, request_id: str | None, reserved: frozenset[str]) -> None:
-        if name in reserved:
-            raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", request_id)
-        if not peer.grants.may_serve(self.service_tokens(name, request_id)):
-            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not serve {name}", request_id)
-
-    def check_capacity(self, capacity: int, request_id: str | None) -> None:
-        if capacity > self.settings.max_capacity:
-            raise ProtocolError(
-                Status.BAD_REQUEST, f"CAPACITY {capacity} exceeds {self.settings.max_capacity}", request_id
-            )
-
     # ================================================================ workers
     def ready(self, worker: Peer, names: tuple[str, ...], capacity: int, now: float) -> list[Out]:
         """Register (or re-register) a worker for services with a capacity."""
@@ -150,7 +114,7 @@ class Rpc:
 
     def withdraw_denied(self, peer: Peer, grants: Grants, now: float) -> tuple[list[Out], str]:
         """A new policy: stop ``peer`` serving what it may no longer serve; returns what, if anything."""
-        kept, dropped = self.pool.withdraw_denied(peer, grants, lambda name: self.service_tokens(name, None))
+        kept, dropped = self.pool.withdraw_denied(peer, grants, lambda name: self.pool.service_tokens(name, None))
         if not dropped:
             return [], ""
         return self.ready(peer, kept, self.pool.workers[peer].capacity, now), dropped
@@ -163,7 +127,10 @@ class Rpc:
         remaining = max(1, round((job.deadline - now) * 1000))
         worker.last_sent = now
         caller = job.caller or job.client.identity
-        if worker.route and job.parent is not None:  # a scatter leg: that broker scatters to its own workers
+        if worker.route and job.parent is not None:
+            # A scatter leg: that broker scatters to its own workers, and its summary (COUNT, MISSING) must
+            # arrive before this broker's own deadline: it gets a tenth (at most half a second) less.
+            remaining = max(1, remaining - min(remaining // 10, 500))
             frames: list[bytes] | bytes = request_to_worker(
                 job.bid, job.service, caller, remaining, job.user, job.body, every_worker=True
             )
@@ -208,7 +175,7 @@ class Rpc:
         held = self.requests.get(client)
         if busy or (held is not None and rid in held):
             raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
-        tokens = self.service_tokens(name, rid)
+        tokens = self.pool.service_tokens(name, rid)
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         outstanding = len(held) if held is not None else 0
@@ -387,7 +354,7 @@ class Rpc:
         job = state.jobs.get(bid) if state is not None else None
         if job is None or state is None or job.parent is not None:
             return None
-        tokens = self.service_tokens(name, job.rid)  # checked before anything changes
+        tokens = self.pool.service_tokens(name, job.rid)  # checked before anything changes
         service = self.services.get(name)
         if not worker.grants.may_call(tokens):
             return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.FORBIDDEN, f"hand-off to {name} forbidden")
@@ -459,6 +426,23 @@ class Rpc:
         gather.answered += count
         state.served += 1
         return self._release(route, job, now) + self._leg_done(job, answered=False, now=now)
+
+    def route_error(self, route: Peer, bid: str, code: int, reason: str, now: float) -> list[Out]:
+        """ERROR from another broker for a job it holds: its verdict as it is (no mapping to 500: it is a
+        broker, not a worker); 503 (it has no worker for it any more) puts the job back in the queue
+        for another worker while attempts remain."""
+        state = self.workers.get(route)
+        job = state.jobs.get(bid) if state is not None else None
+        retry = job is not None and job.parent is None and job.attempts < self.settings.max_attempts
+        if job is None or not retry or code != Status.NO_WORKER or job.state is not JobState.ASSIGNED:
+            return self.reply(route, Verb.ERROR, bid, {}, (), now, code, reason)
+        self._fire(job, JobEvent.WORKER_LOST)
+        self.counters["requests_requeued"] += 1
+        self.pool.released(route, job, False)
+        job.worker = None
+        service = self.pool.service(job.service)
+        self._enqueue(service, job, front=True)
+        return self._pump(service, now)
 
     def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
         """A scatter leg finished (``answered``) or lost its worker."""

@@ -166,10 +166,10 @@ class VerbHandlers:
         capacity = 1
         if Header.CAPACITY in command.headers:
             capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
-            self.rpc.check_capacity(capacity, command.id)
-        names = [self.rpc.service_name(bytes(f), command.id) for f in command.payload]
+            self.rpc.pool.check_capacity(capacity, command.id)
+        names = [self.rpc.pool.service_name(bytes(f), command.id) for f in command.payload]
         for name in names:
-            self.rpc.check_serve(peer, name, command.id, RESERVED_SERVICES)
+            self.rpc.pool.check_serve(peer, name, command.id, RESERVED_SERVICES)
         out = self.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
         return out + self._answer(peer, command, now)
 

@@ -19,20 +19,60 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
+from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
+from ...protocol import MAX_SERVICE_BYTES, Status
+from ...settings import CoreSettings
+from ...topics import split_topic
 from .jobs import Job, Service, WorkerState
 from .peers import Peer
 
 log = logging.getLogger("mc0.broker")
 
+SERVICE_CACHE_SIZE = 4096
+
 
 class Workers:
-    def __init__(self) -> None:
+    def __init__(self, settings: CoreSettings) -> None:
+        self.settings = settings
+        self._service_names: dict[str, tuple[str, ...]] = {}
         self.services: dict[str, Service] = {}
         self.workers: dict[Peer, WorkerState] = {}
         # Each service's total capacity over this broker's own workers (what routes are told).
         self.local_capacity: Counter[str] = Counter()
         self.capacity_changed: set[str] = set()  # services whose local capacity changed (the dispatcher drains it)
+
+    # ------------------------------------------------------------ names and permissions
+    def service_name(self, raw: str | bytes, request_id: str | None) -> str:
+        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        self.service_tokens(name, request_id)
+        return name
+
+    def service_tokens(self, name: str, request_id: str | None) -> tuple[str, ...]:
+        tokens = self._service_names.get(name)  # validated once, not per request
+        if tokens is None:
+            try:
+                tokens = split_topic(
+                    name, max_bytes=MAX_SERVICE_BYTES, max_tokens=self.settings.limits.max_topic_tokens
+                )
+            except InvalidTopic as exc:
+                raise ProtocolError(Status.BAD_REQUEST, f"service name: {exc}", request_id) from None
+            if len(self._service_names) >= SERVICE_CACHE_SIZE:
+                self._service_names.clear()
+            self._service_names[name] = tokens
+        return tokens
+
+    def check_serve(self, peer: Peer, name: str, request_id: str | None, reserved: frozenset[str]) -> None:
+        if name in reserved:
+            raise ProtocolError(Status.FORBIDDEN, f"service {name} is the broker's own", request_id)
+        if not peer.grants.may_serve(self.service_tokens(name, request_id)):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not serve {name}", request_id)
+
+    def check_capacity(self, capacity: int, request_id: str | None) -> None:
+        if capacity > self.settings.max_capacity:
+            raise ProtocolError(
+                Status.BAD_REQUEST, f"CAPACITY {capacity} exceeds {self.settings.max_capacity}", request_id
+            )
 
     def service(self, name: str) -> Service:
         service = self.services.get(name)

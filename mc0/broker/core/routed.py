@@ -1,0 +1,332 @@
+"""Route traffic: what another broker of the cluster sends this one, handled (``ROUTE_GRAMMAR``).
+
+Contract: ``receive(core, route, blob, now)`` takes one route message (a
+batched-wire blob from the broker ``route`` stands for) record by record and
+returns what to send.  The rules that keep a cluster one hop deep and
+exactly once: a route's ``MESSAGE`` reaches this broker's *own* peers only
+(its plain copy the plain subscribers, its ``GROUP g`` copy one own member
+of g, its ``TO x`` letter x's own session or x's mailbox here); a route's
+``REQUEST`` goes to this broker's own workers only; what a route announces
+(``SUB``, ``READY``, ``SUB TO``) makes it a subscriber, a worker and an
+identity's session holder here, like any peer, so this broker's own traffic
+reaches it once.  A route is trusted (only brokers reach the cluster's NATS
+subjects; it checked its own peers' rights), so nothing it announces is held
+to a peer's limits.  A record this broker cannot take is counted and
+dropped, never answered: an answer to another broker's mistake would only
+echo between them.  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...permissions import Grants
+from ...protocol import Command, Header, Side, Status, Verb, batch
+from ...topics import seed_topic, split_pattern, split_topic
+from .access import dead_letter_origin, is_dead_letter
+from .peers import Out, Peer
+from .routes import ROUTE_IDENTITY_PREFIX
+
+if TYPE_CHECKING:
+    from .dispatch import BrokerCore
+
+log = logging.getLogger("mc0.broker")
+
+_RECORD_HEAD = 5  # a record's size:u32 and code:u8, in front of its body
+
+
+# ---------------------------------------------------------------- the sessions with other brokers
+def join(core: BrokerCore, name: str, route_ttl: float) -> None:
+    """This broker is ``name`` in a cluster: from now on its own peers' interest, services and
+    identities are announced to the other brokers (call before any peer connects)."""
+    routes = core.routes
+    routes.name, routes.ttl = name, route_ttl
+    core.pubsub.interest = routes
+    core.mailboxes.presence = routes
+
+
+def hello(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:
+    """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session."""
+    route = core.routes.known(name, epoch)
+    if route is not None:
+        route.last_recv = now
+        return []
+    if epoch < core.routes.epochs.get(name, -1):
+        core.counters["route_stale_epoch"] += 1  # a beacon of a run that has since restarted
+        return []
+    return _open(core, name, epoch, now)
+
+
+def _open(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:
+    out: list[Out] = []
+    old = core.routes.by_name.get(name)
+    if old is not None:
+        out += core.forget(old, "route_restarted", now)
+    route = core.routes.make_peer(name, epoch, now)
+    core.peers.add(route, now)
+    log.info("cluster: route to broker %s open", name)
+    out.append((route.routing_id, b"".join(core.routes.hello())))
+    return core.published(out, now)
+
+
+def received(core: BrokerCore, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
+    """A route message from broker ``name`` (started under ``epoch``)."""
+    out: list[Out] = []
+    route = core.routes.known(name, epoch)
+    if route is None:
+        if epoch < core.routes.epochs.get(name, -1):
+            core.counters["route_stale_epoch"] += 1
+            return []
+        out += _open(core, name, epoch, now)  # it spoke before its beacon reached us
+        route = core.routes.known(name, epoch)
+        assert route is not None
+    route.last_recv = now
+    return core.published(out + receive(core, route, blob, now), now)
+
+
+def resync(core: BrokerCore, route: Peer, now: float) -> list[Out]:
+    """The route (re)opened its side: what it knew of us is gone, and what it told us before is
+    stale (it follows with all of it again): a fresh route, and all we have to say to it."""
+    name = route.identity[len(ROUTE_IDENTITY_PREFIX) :]
+    epoch = core.routes.epochs[name]
+    out = core.forget(route, "route_resync", now)
+    fresh = core.routes.make_peer(name, epoch, now)
+    core.peers.add(fresh, now)
+    out.append((fresh.routing_id, b"".join(core.routes.full_state())))
+    return out
+
+
+def lost(core: BrokerCore, now: float) -> list[Out]:
+    """The link to the other brokers is down: every route goes (their jobs requeued or failed)."""
+    out: list[Out] = []
+    for route in list(core.routes.by_name.values()):
+        out += core.forget(route, "route_link_down", now)
+    return core.published(out, now)
+
+
+def news(core: BrokerCore) -> list[Out]:
+    """What the other brokers must hear of this one since the last call (its own peers' changes)."""
+    routes = core.routes
+    pool = core.rpc.pool
+    if pool.capacity_changed:
+        for service in sorted(pool.capacity_changed):
+            routes.capacity(service, pool.local_capacity.get(service, 0))
+        pool.capacity_changed.clear()
+    return routes.drain()
+
+
+# ---------------------------------------------------------------- one route message
+def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]:
+    """One route message, every record in order; a record it cannot take spoils none after it."""
+    limits = core.settings.limits
+    out: list[Out] = []
+    try:
+        for code, start, end in batch.records(blob):
+            try:
+                if code == batch.MESSAGE:
+                    out += _message_record(core, blob, start, end, now)
+                elif code == batch.PARTIAL or code == batch.FINAL:
+                    rid, data = batch.reply_fields(blob, start, end)
+                    verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
+                    out += core.rpc.route_reply(route, verb, rid, {}, {}, (data,), now)
+                else:
+                    command = batch.command_of(blob, code, start, end, limits, Side.ROUTE)
+                    out += _VERBS[command.verb](core, route, command, now)
+                    if command.verb is Verb.CONNECT:  # its records that follow go to the fresh route
+                        route = core.routes.by_name.get(route.identity[len(ROUTE_IDENTITY_PREFIX) :], route)
+            except (ProtocolError, UnicodeDecodeError, ValueError) as exc:
+                core.counters["route_records_refused"] += 1
+                log.debug("route %s: record refused: %s", route.name, exc)
+    except ProtocolError as exc:  # the blob stopped splitting into records here
+        core.counters["route_records_refused"] += 1
+        log.debug("route %s: message damaged: %s", route.name, exc)
+    return out
+
+
+# ---------------------------------------------------------------- publications
+def _tokens(topic: str) -> tuple[str, ...]:
+    """A route message's topic: its 1.0 tokens, or () for a 0.x peer's opaque topic."""
+    return seed_topic(topic)
+
+
+def _message_record(core: BrokerCore, blob: bytes, start: int, end: int, now: float) -> list[Out]:
+    """A plain MESSAGE record (topic, sender, one body frame): to this broker's own subscribers,
+    the record itself to the batched ones (it is already what they are sent)."""
+    sender, topic_b, data = batch.message_fields(blob, start, end)
+    topic = bytes(topic_b).decode()
+    tokens = _tokens(topic)
+    if not tokens or topic.startswith(P.RESERVED_TOPIC_PREFIX):  # opaque, or the broker's own: the general path
+        return _publication(core, topic, tokens, bytes(sender), {}, (bytes(data),), now, None, None)
+    record: bytes | None = None
+    frames: list[bytes] | None = None
+    seed_frames: list[bytes] | None = None
+    out: list[Out] = []
+    for target in core.pubsub.subscriptions.match(tokens):
+        if target.route or (target.grants.deny_subscribe and not target.grants.delivers(tokens)):
+            continue
+        if target.batched:
+            record = record or blob[start - _RECORD_HEAD : end]
+            out.append((target.routing_id, record))
+        elif target.legacy:
+            seed_frames = seed_frames or P.message(topic_b, None, (), (bytes(data),))
+            out.append((target.routing_id, seed_frames))
+        else:
+            frames = frames or P.message(topic_b, bytes(sender), (), (bytes(data),))
+            out.append((target.routing_id, frames))
+        target.last_sent = now
+        target.delivered += 1
+    core.counters["delivered"] += len(out)
+    return out
+
+
+def _message(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    headers = command.headers
+    topic = headers[Header.TOPIC]
+    tokens = _tokens(topic)
+    sender = headers[Header.SENDER].encode()
+    body = [bytes(part) for part in command.payload]
+    to = headers.get(Header.TO)
+    if to is not None:
+        frames = P.message(topic.encode(), sender, P.user_header_frames(headers), body, to=to.encode())
+        record = (topic, headers[Header.SENDER], headers, body)
+        out, _ = core.mailboxes.send(to, frames, None, now, record=record, local_only=True)
+        return out
+    position = None
+    if Header.JOURNAL in headers:
+        seq = P.decimal(headers.get(Header.SEQ, ""))
+        if seq is None:
+            raise ProtocolError(Status.BAD_REQUEST, "SEQ must be a decimal integer")
+        position = (headers[Header.JOURNAL], seq)
+    return _publication(core, topic, tokens, sender, headers, body, now, position, headers.get(Header.GROUP))
+
+
+def _publication(
+    core: BrokerCore,
+    topic: str,
+    tokens: tuple[str, ...],
+    sender: bytes,
+    headers: dict[str, str],
+    body: Sequence[bytes],
+    now: float,
+    position: tuple[str, int] | None,
+    group: str | None,
+) -> list[Out]:
+    if not tokens:
+        return core.pubsub.fan_out_opaque(topic, headers, body, now, from_route=True)
+    admits: Callable[[Grants], bool] | None = None
+    if is_dead_letter(tokens):  # it reaches only those allowed the topic it died on, here as there
+        origin = dead_letter_origin(headers)
+
+        def admits(grants: Grants) -> bool:
+            return origin is not None and grants.may_receive(origin)
+
+    return core.pubsub.fan_out(topic, tokens, sender, headers, body, now, position, admits=admits, from_route=(group,))
+
+
+# ---------------------------------------------------------------- what a route announces
+def _patterns(command: Command) -> list[tuple[str, tuple[str, ...]]]:
+    exact = command.headers.get(Header.EXACT) == "1"
+    found = []
+    for frame in command.payload:
+        pattern = bytes(frame).decode()
+        try:
+            found.append((pattern, () if exact else split_pattern(pattern)))
+        except InvalidTopic as exc:
+            raise ProtocolError(Status.BAD_REQUEST, str(exc)) from None
+    return found
+
+
+def _subscribe(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    to = command.headers.get(Header.TO)
+    if to is not None:  # it has a session of this identity: letters for it may go there
+        return core.mailboxes.online(route, now, to)
+    group = command.headers.get(Header.GROUP)
+    patterns = _patterns(command)
+    held = core.pubsub.held(route, group)
+    core.pubsub.add(route, {p: t for p, t in patterns if p not in held}, group)
+    return []
+
+
+def _unsubscribe(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    to = command.headers.get(Header.TO)
+    if to is not None:
+        core.mailboxes.route_offline(route, (to,))
+        return []
+    core.pubsub.remove(route, _patterns(command), command.headers.get(Header.GROUP))
+    return []
+
+
+def _ready(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    capacity = P.parse_int(command, Header.CAPACITY)
+    (name,) = (core.rpc.pool.service_name(bytes(f), None) for f in command.payload[:1])
+    return core.rpc.route_ready(route, name, min(capacity, 1 << 30), now)
+
+
+# ---------------------------------------------------------------- requests and replies
+def _request(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    """A request of one of the route's clients: to this broker's own workers, as its CALLER."""
+    headers = command.headers
+    rid, name, caller = headers[Header.ID], headers[Header.SERVICE], headers[Header.CALLER]
+    timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
+    scatter = headers.get(Header.ALL) == "1"
+    split_topic(name)  # a service name (InvalidTopic is a ValueError: counted, dropped)
+    deadline = core.rpc.admit(route, name, rid, timeout_ms, now, busy=False)
+    core.counters["route_requests"] += 1
+    user, body = command.user_headers(), command.payload
+    return core.rpc.submit(route, name, rid, deadline, scatter, user, body, now, caller=caller)
+
+
+def _cancel(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    out = core.rpc.cancel(route, command.headers[Header.ID], now)
+    return [o for o in out if o[0] != route.routing_id] if out is not None else []  # it asked: no 499 back
+
+
+def _reply(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    headers = command.headers
+    bid = headers[Header.ID]
+    if command.verb is Verb.ERROR:
+        # The other broker's verdict on the request (503, 504, 499 ... or its worker's own code): kept.
+        code = P.decimal(headers[Header.CODE])
+        if code is None or not 400 <= code <= 599:
+            raise ProtocolError(Status.BAD_REQUEST, "CODE must be a status code")
+        return core.rpc.route_error(route, bid, code, headers[Header.MESSAGE], now)
+    fields = {h: v for h, v in headers.items() if h in _REPLY_FIELDS}
+    return core.rpc.route_reply(route, command.verb, bid, fields, command.user_headers(), command.payload, now)
+
+
+_REPLY_FIELDS = frozenset({Header.WORKER, Header.CODE, Header.MESSAGE, Header.COUNT, Header.MISSING})
+
+
+# ---------------------------------------------------------------- the session
+def _connect(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    """It (re)opened its side: what it knew of us is gone, so it gets all of it again."""
+    return resync(core, route, now)
+
+
+def _disconnect(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    return core.forget(route, "route_disconnected", now)
+
+
+def _nothing(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+    return []
+
+
+_VERBS: dict[Verb, Callable[[BrokerCore, Peer, Command, float], list[Out]]] = {
+    Verb.CONNECT: _connect,
+    Verb.DISCONNECT: _disconnect,
+    Verb.NOOP: _nothing,
+    Verb.SUB: _subscribe,
+    Verb.UNSUB: _unsubscribe,
+    Verb.READY: _ready,
+    Verb.REQUEST: _request,
+    Verb.CANCEL: _cancel,
+    Verb.PARTIAL: _reply,
+    Verb.FINAL: _reply,
+    Verb.ERROR: _reply,
+    Verb.MESSAGE: _message,
+    Verb.BATCH: _nothing,
+}

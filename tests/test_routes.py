@@ -1,0 +1,327 @@
+"""The cluster in the broker core: several BrokerCores joined as routes, back to back, no sockets, no NATS.
+
+A route message is what the shell would publish to another broker's inbox; ``Net`` carries it at once
+(in order, per sender) and collects what each core hands its own peers.  The live tests with real
+nats-server nodes are tests/test_cluster_live.py."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.broker.core import routed
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.routes import ROUTE_PREFIX, is_route_id, route_id
+from mc0.protocol import batch
+
+
+def f(*parts: str | bytes) -> list[bytes]:
+    return [p.encode() if isinstance(p, str) else p for p in parts]
+
+
+def commands(item: object) -> list[list[bytes]]:
+    if isinstance(item, bytes):
+        return [batch.frames_of(item, code, start, end) for code, start, end in batch.records(item)]
+    assert isinstance(item, (list, tuple))
+    return [list(item)]
+
+
+class Net:
+    """Brokers a, b, c (or as named) joined to each other; ``inbox[(broker, peer)]`` holds what a
+    peer was handed (as frames, in order)."""
+
+    def __init__(self, names: tuple[str, ...] = ("a", "b", "c"), **settings: object) -> None:
+        self.cores = {n: BrokerCore(CoreSettings(min_ttl_ms=10, **settings)) for n in names}  # type: ignore[arg-type]
+        self.epochs = {n: 1000 + i for i, n in enumerate(names)}
+        self.inbox: dict[tuple[str, bytes], list[list[bytes]]] = defaultdict(list)
+        self.route_messages = 0
+        self.now = 0.0
+        for name, core in self.cores.items():
+            routed.join(core, name, route_ttl=1.0)
+        self.beacons()
+
+    def beacons(self) -> None:
+        for sender in self.cores:
+            for receiver, core in self.cores.items():
+                if receiver != sender:
+                    self.deliver(receiver, routed.hello(core, sender, self.epochs[sender], self.now))
+
+    def deliver(self, at: str, out: list[tuple[bytes, object]]) -> None:
+        """What core ``at`` returned: route messages travel on (grouped per route, as one blob), the rest
+        lands in the inboxes."""
+        core = self.cores[at]
+        out = out + routed.news(core)
+        blobs: dict[str, list[bytes]] = defaultdict(list)
+        for rid, payload in out:
+            if is_route_id(rid):
+                blobs[rid[len(ROUTE_PREFIX) :].decode()].append(
+                    payload if isinstance(payload, bytes) else batch.frames_record(payload)
+                )
+            else:
+                self.inbox[(at, rid)] += commands(payload)
+        for target, records in blobs.items():
+            self.route_messages += 1
+            self.deliver(target, routed.received(self.cores[target], at, self.epochs[at], b"".join(records), self.now))
+
+    def send(self, at: str, rid: bytes, *frames: str | bytes, who: str = "anonymous") -> None:
+        self.deliver(at, self.cores[at].handle(rid, f(*frames), self.now, who))
+
+    def connect(self, at: str, rid: bytes, who: str = "anonymous", *extra: str) -> None:
+        self.send(at, rid, "CONNECT", "VERSION", "1.0", "TTL", "60000", *extra, "ID", "c", who=who)
+        assert self.inbox[(at, rid)].pop(0)[0] == b"OK"  # what follows it (kept letters) stays
+
+    def take(self, at: str, rid: bytes) -> list[list[bytes]]:
+        got = self.inbox.pop((at, rid), [])
+        return [frames for frames in got if frames[0] != b"NOOP"]
+
+    def messages(self, at: str, rid: bytes) -> list[bytes]:
+        return [frames[-1] for frames in self.take(at, rid) if frames[0] == b"MESSAGE"]
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.beacons()  # the brokers stay alive to each other
+        for name, core in self.cores.items():
+            self.deliver(name, core.tick(self.now))
+
+
+def header(frames: list[bytes], name: str) -> str | None:
+    for i in range(1, len(frames) - 1, 2):
+        if not frames[i]:
+            return None
+        if frames[i] == name.encode():
+            return frames[i + 1].decode()
+    return None
+
+
+def test_each_broker_has_a_route_to_every_other_and_routes_are_not_peers_of_the_router() -> None:
+    net = Net()
+    for name, core in net.cores.items():
+        assert sorted(core.routes.by_name) == sorted(n for n in net.cores if n != name)
+    # A ROUTER peer that picks a route's routing id is dropped unanswered (an answer would go over NATS).
+    out = net.cores["a"].handle(route_id("b"), f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0)
+    assert out == [] and net.cores["a"].counters["route_id_refused"] == 1
+
+
+def test_a_put_reaches_every_matching_subscriber_on_every_broker_exactly_once_in_order() -> None:
+    net = Net()
+    for at, rid in (("a", b"sa"), ("b", b"sb"), ("c", b"sc")):
+        net.connect(at, rid)
+    net.send("b", b"sb", "SUB", "", "orders.>", "orders.*", "orders.eu")  # overlapping: still once
+    net.send("c", b"sc", "SUB", "", "orders.eu")
+    net.send("a", b"sa", "SUB", "", "orders.*")
+    net.connect("a", b"pub", "alice", "ECHO", "0")
+    net.send("a", b"pub", "SUB", "", "orders.>", who="alice")  # its own publications never come back (ECHO 0)
+    before = net.route_messages
+    for i in range(5):
+        net.send("a", b"pub", "PUT", "TOPIC", "orders.eu", "X-Trace", f"t{i}", "", f"m{i}", who="alice")
+    want = [f"m{i}".encode() for i in range(5)]
+    for at, rid in (("a", b"sa"), ("b", b"sb"), ("c", b"sc")):
+        got = net.take(at, rid)
+        assert [g[-1] for g in got] == want, (at, got)
+        assert [header(g, "SENDER") for g in got] == ["alice"] * 5
+        assert [header(g, "X-Trace") for g in got] == [f"t{i}" for i in range(5)]
+    assert net.messages("a", b"pub") == []
+    assert net.route_messages - before == 10  # one per PUT per broker with interest: b and c
+
+
+def test_interest_is_driven_by_subscriptions_and_withdrawn_with_them() -> None:
+    net = Net()
+    net.connect("b", b"sb")
+    net.connect("a", b"pub")
+    before = net.route_messages
+    net.send("a", b"pub", "PUT", "TOPIC", "quiet.x", "", "nobody")
+    assert net.route_messages == before  # no broker wants it: nothing crosses
+    net.send("b", b"sb", "SUB", "", "quiet.>")
+    net.send("a", b"pub", "PUT", "TOPIC", "quiet.x", "", "1")
+    assert net.messages("b", b"sb") == [b"1"]
+    net.send("b", b"sb", "UNSUB", "", "quiet.>")
+    before = net.route_messages
+    net.send("a", b"pub", "PUT", "TOPIC", "quiet.x", "", "2")
+    assert net.route_messages == before and net.messages("b", b"sb") == []
+
+
+def test_a_queue_group_gets_each_message_once_in_the_whole_cluster() -> None:
+    net = Net()
+    members = [("a", b"m1"), ("b", b"m2"), ("b", b"m3"), ("c", b"m4")]
+    for at, rid in members:
+        net.connect(at, rid)
+        net.send(at, rid, "SUB", "GROUP", "billing", "", "work.>")
+    net.connect("c", b"plain")
+    net.send("c", b"plain", "SUB", "", "work.>")
+    net.connect("a", b"pub")
+    n = 60
+    for i in range(n):
+        net.send("a", b"pub", "PUT", "TOPIC", "work.item", "", str(i))
+    got = {m: net.messages(*m) for m in members}
+    merged = sorted(int(b) for bodies in got.values() for b in bodies)
+    assert merged == list(range(n))  # each message to exactly one member
+    assert all(got.values())  # and every broker's members got some
+    assert net.messages("c", b"plain") == [str(i).encode() for i in range(n)]
+
+
+def test_a_request_at_one_broker_is_served_by_a_worker_behind_another() -> None:
+    net = Net()
+    net.connect("c", b"w", "bob")
+    net.send("c", b"w", "READY", "CAPACITY", "2", "", "echo", who="bob")
+    net.connect("a", b"cl", "alice")
+    net.send("a", b"cl", "REQUEST", "SERVICE", "echo", "ID", "r1", "TIMEOUT", "5000", "X-K", "v", "", "hi", who="alice")
+    ((request,),) = [net.take("c", b"w")]
+    assert request[0] == b"REQUEST" and header(request, "CALLER") == "alice" and header(request, "X-K") == "v"
+    bid = header(request, "ID")
+    assert bid is not None
+    net.send("c", b"w", "PARTIAL", "ID", bid, "", "p1", who="bob")
+    net.send("c", b"w", "PARTIAL", "ID", bid, "", "p2", who="bob")
+    net.send("c", b"w", "FINAL", "ID", bid, "", "done", who="bob")
+    got = net.take("a", b"cl")
+    assert [(g[0], header(g, "ID"), g[-1]) for g in got] == [
+        (b"PARTIAL", "r1", b"p1"),
+        (b"PARTIAL", "r1", b"p2"),
+        (b"FINAL", "r1", b"done"),
+    ]
+
+
+def test_no_worker_anywhere_is_503_at_once_and_a_worker_gone_is_withdrawn_from_the_others() -> None:
+    net = Net()
+    net.connect("a", b"cl")
+    net.send("a", b"cl", "REQUEST", "SERVICE", "echo", "ID", "r1", "", "x")
+    ((answer,),) = [net.take("a", b"cl")]
+    assert answer[0] == b"ERROR" and header(answer, "CODE") == "503"
+    net.connect("c", b"w")
+    net.send("c", b"w", "READY", "", "echo")
+    assert "echo" in net.cores["a"].rpc.services
+    net.send("c", b"w", "DISCONNECT")
+    assert "echo" not in net.cores["a"].rpc.services
+    net.send("a", b"cl", "REQUEST", "SERVICE", "echo", "ID", "r2", "", "x")
+    ((answer,),) = [net.take("a", b"cl")]
+    assert header(answer, "CODE") == "503"
+
+
+def test_capacity_holds_across_brokers_and_the_rest_waits_in_the_callers_broker() -> None:
+    net = Net()
+    net.connect("c", b"w")
+    net.send("c", b"w", "READY", "CAPACITY", "2", "", "slow")
+    net.connect("a", b"cl")
+    for i in range(5):
+        net.send("a", b"cl", "REQUEST", "SERVICE", "slow", "ID", f"r{i}", "TIMEOUT", "60000", "", str(i))
+    first = net.take("c", b"w")
+    assert [g[-1] for g in first] == [b"0", b"1"]  # never more than its capacity at the worker
+    assert net.cores["a"].rpc.services["slow"].queued == 3  # the rest waits at a, for any worker
+    net.send("c", b"w", "FINAL", "ID", header(first[0], "ID") or "", "", "ok")
+    assert [g[-1] for g in net.take("c", b"w")] == [b"2"]
+
+
+def test_the_deadline_gives_504_at_the_client_and_cancel_at_the_worker_and_cancel_reaches_it() -> None:
+    net = Net()
+    net.connect("c", b"w")
+    net.send("c", b"w", "READY", "", "slow")
+    net.connect("a", b"cl")
+    net.send("a", b"cl", "REQUEST", "SERVICE", "slow", "ID", "r1", "TIMEOUT", "100", "", "x")
+    (request,) = net.take("c", b"w")
+    net.tick(0.2)
+    ((answer,),) = [net.take("a", b"cl")]
+    assert header(answer, "CODE") == "504"
+    assert [(g[0], header(g, "ID")) for g in net.take("c", b"w")] == [(b"CANCEL", header(request, "ID"))]
+    net.send("a", b"cl", "REQUEST", "SERVICE", "slow", "ID", "r2", "TIMEOUT", "60000", "", "y")
+    (request,) = net.take("c", b"w")
+    net.send("a", b"cl", "CANCEL", "ID", "r2")
+    ((answer,),) = [net.take("a", b"cl")]
+    assert header(answer, "CODE") == "499"
+    assert [(g[0], header(g, "ID")) for g in net.take("c", b"w")] == [(b"CANCEL", header(request, "ID"))]
+
+
+def test_scatter_counts_the_workers_of_the_whole_cluster() -> None:
+    net = Net()
+    for at, rid in (("a", b"w1"), ("b", b"w2"), ("c", b"w3"), ("c", b"w4")):
+        net.connect(at, rid)
+        net.send(at, rid, "READY", "", "census")
+    net.connect("a", b"cl")
+    net.send("a", b"cl", "REQUEST", "SERVICE", "census", "ID", "r1", "ALL", "1", "TIMEOUT", "60000", "", "?")
+    for at, rid in (("a", b"w1"), ("b", b"w2"), ("c", b"w3")):  # w4 never answers
+        (request,) = net.take(at, rid)
+        net.send(at, rid, "FINAL", "ID", header(request, "ID") or "", "", rid)
+    assert [g[-1] for g in net.take("a", b"cl")] == [b"w1", b"w2", b"w3"]
+    net.tick(59.6)  # c's own deadline: a little earlier than a's, so its summary arrives in time
+    net.tick(1.0)
+    got = net.take("a", b"cl")
+    assert [(g[0], header(g, "COUNT"), header(g, "MISSING")) for g in got] == [(b"FINAL", "3", "1")]
+
+
+def test_a_broker_gone_requeues_what_it_held_and_the_client_gets_one_terminal() -> None:
+    net = Net()
+    net.connect("c", b"wc")
+    net.send("c", b"wc", "READY", "", "job")
+    net.connect("b", b"wb")
+    net.send("b", b"wb", "READY", "", "job")
+    net.connect("a", b"cl")
+    net.send("a", b"cl", "REQUEST", "SERVICE", "job", "ID", "r1", "TIMEOUT", "60000", "", "x")
+    holder = "c" if net.inbox.get(("c", b"wc")) else "b"
+    other = "b" if holder == "c" else "c"
+    net.take(holder, b"w" + holder.encode())
+    # The holder's broker dies: no more beacons; the others forget it after its liveness.
+    del net.cores[holder]
+    for _ in range(40):
+        net.now += 0.1
+        for name, core in list(net.cores.items()):
+            for sender in net.cores:
+                if sender != name:
+                    net.deliver(name, routed.hello(core, sender, net.epochs[sender], net.now))
+            net.deliver(name, core.tick(net.now))
+        if net.inbox.get((other, b"w" + other.encode())):
+            break
+    (request,) = net.take(other, b"w" + other.encode())
+    net.send(other, b"w" + other.encode(), "FINAL", "ID", header(request, "ID") or "", "", "second")
+    assert [(g[0], g[-1]) for g in net.take("a", b"cl")] == [(b"FINAL", b"second")]
+
+
+def test_a_letter_reaches_its_identity_on_any_broker_and_waits_for_it_to_come() -> None:
+    net = Net()
+    net.connect("a", b"pub", "alice")
+    net.connect("c", b"bob1", "bob")
+    net.send("a", b"pub", "PUT", "TOPIC", "note", "TO", "bob", "ID", "p1", "", "hi", who="alice")
+    assert [header(g, "MAILBOX") for g in net.take("a", b"pub")] == [P.MAILBOX_DELIVERED]
+    (letter,) = net.take("c", b"bob1")
+    assert letter[-1] == b"hi" and header(letter, "TO") == "bob" and header(letter, "SENDER") == "alice"
+    net.send("c", b"bob1", "DISCONNECT")
+    net.send("a", b"pub", "PUT", "TOPIC", "note", "TO", "bob", "ID", "p2", "", "later", who="alice")
+    assert [header(g, "MAILBOX") for g in net.take("a", b"pub")] == [P.MAILBOX_STORED]
+    net.connect("b", b"bob2", "bob")  # bob comes back at another broker: the kept letter follows him
+    assert [g[-1] for g in net.take("b", b"bob2") if g[0] == b"MESSAGE"] == [b"later"]
+
+
+def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() -> None:
+    net = Net(("a", "b"))
+    net.connect("b", b"s")
+    net.send("b", b"s", "SUB", "", "x.>")
+    assert net.cores["a"].pubsub.subscriptions.match(("x", "y"))
+    # b restarts: a new core, a new (larger) epoch; its old subscriber is gone.
+    net.cores["b"] = BrokerCore(CoreSettings(min_ttl_ms=10))
+    routed.join(net.cores["b"], "b", route_ttl=1.0)
+    net.epochs["b"] += 1
+    net.beacons()
+    assert not net.cores["a"].pubsub.subscriptions.match(("x", "y"))
+    assert sorted(net.cores["a"].routes.by_name) == ["b"]
+    # A late message of b's first run is dropped, not taken for the new one.
+    assert routed.received(net.cores["a"], "b", net.epochs["b"] - 1, b"", net.now) == []
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        b"\xff\xff",  # not even a record
+        batch.frames_record([b"BOGUS"]),
+        batch.frames_record(f("SUB", "", "a..b")),
+        batch.frames_record(f("READY", "CAPACITY", "x", "", "svc")),
+        batch.frames_record(f("REQUEST", "SERVICE", "s", "ID", "1", "TIMEOUT", "5")),  # no CALLER
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "", "body")),  # no SENDER
+        batch.frames_record(f("ERROR", "ID", "1", "CODE", "2000", "MESSAGE", "m")),
+        batch.frames_record(f("PUT", "TOPIC", "t", "", "x")),  # not something a route says
+    ],
+)
+def test_a_route_record_that_cannot_be_taken_is_counted_and_dropped_unanswered(records: bytes) -> None:
+    net = Net(("a", "b"))
+    out = routed.received(net.cores["a"], "b", net.epochs["b"], records, net.now)
+    assert [o for o in out if not is_route_id(o[0])] == []
+    assert net.cores["a"].counters["route_records_refused"] >= 1
+    net.connect("a", b"x")  # the broker carries on
