@@ -101,6 +101,25 @@ class ClusterBus:
         report: dict[str, Any] = stats["cluster"]
         return report
 
+    def interest(self, i: int, topic: str, group: str | None = None) -> int:
+        """How many routes of broker ``i`` want ``topic`` (in queue group ``group``): what the other
+        brokers' peers have announced there."""
+        from mc0.topics import pattern_matches, split_pattern, split_topic
+
+        tokens = split_topic(topic) if " " not in topic else None
+        count = 0
+        for route in self.cluster_report(i)["routes"].values():
+            if tokens is None:
+                count += topic in route["exact"]
+                continue
+            patterns = route["groups"].get(group, []) if group is not None else route["patterns"]
+            count += any(pattern_matches(split_pattern(p), tokens) for p in patterns)
+        return count
+
+    def identities(self, i: int) -> set[str]:
+        """The identities other brokers told broker ``i`` they have sessions of."""
+        return {identity for route in self.cluster_report(i)["routes"].values() for identity in route["identities"]}
+
     def wait_joined(self, timeout: float = 20.0, *, among: tuple[int, ...] | None = None) -> float:
         """Poll until each running broker (of ``among``) has a route to every other one; seconds taken."""
         live = among if among is not None else tuple(i for i, b in enumerate(self.brokers) if b is not None)

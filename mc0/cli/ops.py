@@ -13,7 +13,8 @@ import click
 
 from .. import config as cfg
 from ..endpoints import check_endpoint
-from ..errors import Error
+from ..errors import ConfigError, Error
+from ..protocol import routes
 from .base import Connection, _load_config, _one_line_errors, cli, config_option, connection_options
 
 
@@ -31,15 +32,29 @@ from .base import Connection, _load_config, _one_line_errors, cli, config_option
     is_flag=True,
     help="Check the config, keys and journal folders (what the broker would use), then exit: 0 = fine.",
 )
+@click.option(
+    "--cluster",
+    "cluster_urls",
+    metavar="URL,URL",
+    help="Join other brokers over these NATS servers ([cluster] nats), e.g. nats://user:pass@10.0.0.1:4222,...",
+)
+@click.option("--name", "cluster_name", help="This broker's name in the cluster ([cluster] name; default: HOST-PORT).")
 @config_option
 @_one_line_errors
 def broker(
-    binds: tuple[str, ...], insecure: bool, http_listen: str | None, check_config: bool, config_path: str | None
+    binds: tuple[str, ...],
+    insecure: bool,
+    http_listen: str | None,
+    check_config: bool,
+    cluster_urls: str | None,
+    cluster_name: str | None,
+    config_path: str | None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
     from ..broker import Broker
 
     config = _load_config(config_path)
+    config = _with_cluster(config, cluster_urls, cluster_name)
     for endpoint in binds:
         check_endpoint(endpoint, bind=True, where="--bind")
     if binds:
@@ -73,6 +88,21 @@ def broker(
         click.echo(f"mc0 broker MemoDB (NNG rep0) on {server.nng.address}")
     sys.stdout.flush()
     server.run()
+
+
+def _with_cluster(config: cfg.Config, urls: str | None, name: str | None) -> cfg.Config:
+    """``--cluster`` / ``--name`` over ``[cluster]`` (each URL and the name checked: one line naming it)."""
+    cluster = config.cluster
+    if urls is not None:
+        entries = [u.strip() for u in urls.split(",")]
+        for i, url in enumerate(entries):
+            routes.check_url(url, f"--cluster entry {i + 1}")
+        cluster = dataclasses.replace(cluster, nats=tuple(entries))
+    if name is not None:
+        cluster = dataclasses.replace(cluster, name=routes.check_name(name, "--name"))
+    if cluster.name and not cluster.nats:
+        raise ConfigError("--name", "a name is for a broker in a cluster: give --cluster URL,URL (or [cluster] nats)")
+    return dataclasses.replace(config, cluster=cluster)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -25,6 +25,7 @@ from .journaling import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams, private
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
+from .routes import Routes
 from .rpc import Rpc
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE})
@@ -42,8 +43,10 @@ class Builtins:
         counters: Counter[str],
         mailboxes: Mailboxes,
         consumers: Consumers,
+        routes: Routes | None = None,
     ) -> None:
         self.peers = peers
+        self.routes = routes
         self.mailboxes = mailboxes
         self.consumers = consumers
         self.pubsub = pubsub
@@ -203,8 +206,29 @@ class Builtins:
                 "counters": dict(sorted(self.counters.items())),
                 "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
                 "mailboxes": self.mailboxes.summary(),
+                "cluster": self.cluster_report(),
             }
         return None
+
+    def cluster_report(self, limit: int = 1000) -> dict[str, object]:
+        """This broker's name in its cluster ("" standalone), the brokers it has a route to and what
+        each announced: its peers' patterns (plain, exact 0.x topics, per queue group), services with
+        their capacity, identities with a session there (at most ``limit`` of each)."""
+        routes = self.routes
+        if routes is None or not routes.enabled:
+            return {"name": "", "brokers": [], "routes": {}}
+        report: dict[str, object] = {}
+        for name, route in sorted(routes.by_name.items()):
+            held = self.pubsub.held(route, None)
+            state = self.rpc.worker_state(route)
+            report[name] = {
+                "patterns": sorted(p for p, t in held.items() if t)[:limit],
+                "exact": sorted(p for p, t in held.items() if not t)[:limit],
+                "groups": {g: ps[:limit] for g, ps in self.pubsub.groups_of(route).items()},
+                "services": dict(state.per_service or {}) if state is not None else {},
+                "identities": self.mailboxes.identities_of(route)[:limit],
+            }
+        return {"name": routes.name, "brokers": sorted(routes.by_name), "routes": report}
 
     def _in_flight(self, service: Service) -> int:
         workers = self.rpc.workers

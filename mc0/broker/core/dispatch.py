@@ -114,11 +114,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
             max_consumers=self.settings.max_consumers,
             max_per_identity=self.settings.max_consumers_per_identity,
         )
+        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(
-            self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers
+            self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
         )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
-        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = self.settings.limits.max_message_bytes
         # The verb table: what a connected mc0 peer's command does.

@@ -207,6 +207,10 @@ class Mailboxes:
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
 
+    def identities_of(self, route: Peer) -> list[str]:
+        """The identities a route (another broker) has sessions of, as it announced them."""
+        return sorted(identity for identity, sessions in self._sessions.items() if route in sessions)
+
     def route_offline(self, route: Peer, identities: Sequence[str] | None = None) -> None:
         """A route no longer has sessions of these identities (None: of any: it is gone)."""
         for identity in list(self._sessions) if identities is None else identities:
