@@ -75,6 +75,7 @@ def _open(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:
 
 def received(core: BrokerCore, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
     """A route message from broker ``name`` (started under ``epoch``)."""
+    core.counters["route_messages_in"] += 1
     out: list[Out] = []
     route = core.routes.known(name, epoch)
     if route is None:
