@@ -70,8 +70,17 @@ from . import batch
 from .bodies import (
     MAX_JSON_BYTES,
     MAX_JSON_DEPTH,
+    PAGE_COLUMNS,
+    PAGE_FORMATS,
+    PAGE_JSON,
+    ColumnsPage,
+    PageColumns,
+    columns_page,
+    is_columns_page,
     journal_page,
     json_body,
+    page_columns,
+    parse_columns_page,
     parse_journal_page,
 )
 from .builders import (
@@ -144,6 +153,11 @@ from .model import (
 
 __all__ = [
     "batch",
+    "PAGE_COLUMNS",
+    "PAGE_FORMATS",
+    "PAGE_JSON",
+    "ColumnsPage",
+    "PageColumns",
     "ANONYMOUS",
     "BROKER_GRAMMAR",
     "BROKER_SERVICE",
@@ -199,6 +213,8 @@ __all__ = [
     "error",
     "find_id",
     "is_user_header",
+    "columns_page",
+    "is_columns_page",
     "journal_page",
     "json_body",
     "message",
@@ -206,6 +222,8 @@ __all__ = [
     "ok_journaled",
     "ok_mailbox",
     "parse_int",
+    "page_columns",
+    "parse_columns_page",
     "parse_journal_page",
     "remote_error",
     "reply",
