@@ -85,10 +85,11 @@ class Builtins:
         """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
 
         fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
-        "topics": [pattern...], "max_records": n, "max_bytes": m}``.  Each
-        PARTIAL's body is a JSON list of record metadata (seq, ts, topic,
-        sender, headers, parts = how many body frames follow) then the body
-        frames; the FINAL's JSON says ``next_seq`` (where to continue),
+        "topics": [pattern...], "max_records": n, "max_bytes": m, "page": f}``.
+        With ``page`` ``json`` (the default) each PARTIAL's body is a JSON list
+        of record metadata (seq, ts, topic, sender, headers, parts = how many
+        body frames follow) then the body frames; with ``columns/1`` it is one
+        columns page (``mc0.protocol.columns_page``).  The FINAL's JSON says ``next_seq`` (where to continue),
         ``records`` and the journal's ``first_seq``/``end_seq``.  Only records
         the caller may subscribe to are returned.  Deterministic; 410 when
         ``from_seq`` was trimmed.
@@ -124,6 +125,9 @@ class Builtins:
         to_seq = integer("to_seq", None, 0, 1 << 62)
         max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
         max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
+        page = query.get("page", P.PAGE_JSON)
+        if page not in P.PAGE_FORMATS:
+            raise ProtocolError(Status.BAD_REQUEST, f"page must be one of {', '.join(P.PAGE_FORMATS)}", rid)
         raw_topics = query.get("topics") or []
         if isinstance(raw_topics, str):
             raw_topics = [raw_topics]
@@ -153,7 +157,7 @@ class Builtins:
             return verdict
 
         self.streams.start_fetch(
-            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes
+            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes, str(page)
         )
         return []  # pages follow from stream(), one per loop turn
 

@@ -78,6 +78,7 @@ class Fetch:
         "count",
         "resume_at",
         "done",
+        "page",
     )
 
     def __init__(
@@ -90,6 +91,7 @@ class Fetch:
         match: Callable[[str], bool] | None,
         records_left: int,
         bytes_left: int,
+        page: str = P.PAGE_JSON,
     ) -> None:
         self.rid = rid
         self.user = user
@@ -102,6 +104,7 @@ class Fetch:
         self.count = 0
         self.resume_at = 0.0
         self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
+        self.page = page  # P.PAGE_JSON or P.PAGE_COLUMNS: how each PARTIAL encodes its records
 
 
 class StreamOut(NamedTuple):
@@ -322,6 +325,7 @@ class Streams:
         match: Callable[[str], bool] | None,
         max_records: int,
         max_bytes: int,
+        page: str = P.PAGE_JSON,
     ) -> None:
         """Check and start a fetch; its pages follow from ``stream()``, one per loop turn."""
         from_seq = start_seq(journal, from_seq, rid)
@@ -331,7 +335,7 @@ class Streams:
         if running >= MAX_FETCHES_PER_PEER:
             raise ProtocolError(Status.OVER_LIMIT, f"{running} fetches under way, the limit per peer", rid)
         self._fetches.setdefault(peer, {})[rid] = Fetch(
-            rid, user, journal, from_seq, end, match, max_records, max_bytes
+            rid, user, journal, from_seq, end, match, max_records, max_bytes, page
         )
         self.counters["journal_fetches"] += 1
 
@@ -407,27 +411,36 @@ class Streams:
         dialect = peer.dialect
         start = fetch.cursor
         if start < fetch.end and fetch.records_left > 0 and fetch.bytes_left > 0:
+            max_records = min(FETCH_PAGE_RECORDS, fetch.records_left)
+            max_bytes = min(FETCH_PAGE_BYTES, fetch.bytes_left)
             try:
-                records, fetch.cursor = journal.read(
-                    start,
-                    fetch.end,
-                    fetch.match,
-                    max_records=min(FETCH_PAGE_RECORDS, fetch.records_left),
-                    max_bytes=min(FETCH_PAGE_BYTES, fetch.bytes_left),
-                )
+                if fetch.page == P.PAGE_COLUMNS:
+                    columns, fetch.cursor = journal.read_columns(
+                        start, fetch.end, fetch.match, max_records=max_records, max_bytes=max_bytes
+                    )
+                    count = len(columns.seqs)
+                    spent = sum(map(len, columns.parts))
+                    body = [P.columns_page(columns, fetch.cursor)] if count else []
+                else:
+                    records, fetch.cursor = journal.read(
+                        start, fetch.end, fetch.match, max_records=max_records, max_bytes=max_bytes
+                    )
+                    count = len(records)
+                    spent = sum(len(p) for r in records for p in r.parts)
+                    body = P.journal_page(records) if count else []
             except (Trimmed, OSError) as exc:  # retention overtook a slow fetch, or a segment unreadable
                 self.cancel_fetch(peer, fetch.rid)
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
                 failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
                 return [StreamOut(rid, failed, "error", fetch.rid, 0, 0)]
-            spent = sum(len(p) for r in records for p in r.parts) or 1  # a page that matched nothing still costs
-            fetch.records_left -= len(records) or 1
+            spent = spent or 1  # a page that matched nothing still costs
+            fetch.records_left -= count or 1
             fetch.bytes_left -= spent
-            if not records:
+            if not count:
                 return []
-            fetch.count += len(records)
-            page = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, P.journal_page(records))
-            return [StreamOut(rid, page, "fetch", fetch.rid, start, len(records), spent)]
+            fetch.count += count
+            page = dialect.partial(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, body)
+            return [StreamOut(rid, page, "fetch", fetch.rid, start, count, spent)]
         summary = {
             "next_seq": fetch.cursor,
             "records": fetch.count,
