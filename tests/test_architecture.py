@@ -49,11 +49,12 @@ LAYERS: list[list[str]] = [
         "mc0.broker.outbox",
         "mc0.aio.link",
     ],
-    ["mc0.aio.connection", "mc0.broker.dialects"],
+    ["mc0.aio.connection", "mc0.aio.pages", "mc0.broker.dialects"],
     ["mc0.aio.client", "mc0.broker.builtins", "mc0.broker.sysbus", "mc0.process"],
     ["mc0.broker.verbs", "mc0.broker.batched"],
     ["mc0.aio.worker"],
     ["mc0.aio"],
+    ["mc0.sync_streams"],
     ["mc0.client"],
     ["mc0.broker.core", "mc0.spark.options"],
     ["mc0.broker.monitor"],
@@ -71,12 +72,14 @@ LAYER = {module: i for i, layer in enumerate(LAYERS) for module in layer}
 
 CLIENT_SIDE = (
     "mc0.client",
+    "mc0.sync_streams",
     "mc0.aio",
     "mc0.aio.client",
     "mc0.aio.connection",
     "mc0.aio.link",
     "mc0.aio.worker",
     "mc0.aio.streams",
+    "mc0.aio.pages",
     "mc0.session",
 )
 # The sans-I/O rooms: no sockets, no clock, no disk.

@@ -27,6 +27,7 @@ from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_p
 from ..session import MAILBOX_ROUTE, group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .consumer import Consumer
+from .pages import PageStream
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -358,6 +359,35 @@ class Client(Connection):
         assert stream.final is not None
         summary = json.loads(stream.final.body)
         return FetchResult(records, int(summary["next_seq"]), int(summary["first_seq"]), int(summary["end_seq"]))
+
+    async def fetch_pages(
+        self,
+        journal: str,
+        *,
+        from_seq: int = 0,
+        to_seq: int | None = None,
+        topics: Sequence[str] = (),
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> PageStream:
+        """``fetch`` as a stream of columns pages, each handed out as it arrives (for bulk readers:
+        ``mc0.spark`` builds Arrow batches from their buffers).  Same range, limits and
+        determinism as ``fetch``; continue from the stream's ``next_seq`` once it ended."""
+        query: dict[str, object] = {
+            "op": "fetch",
+            "journal": journal,
+            "from_seq": from_seq,
+            "topics": list(topics),
+            "page": P.PAGE_COLUMNS,
+        }
+        if to_seq is not None:
+            query["to_seq"] = to_seq
+        if max_records is not None:
+            query["max_records"] = max_records
+        if max_bytes is not None:
+            query["max_bytes"] = max_bytes
+        return PageStream(await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout))
 
     async def ping(self, *, timeout: float | None = None) -> float:
         """Round trip to the broker in seconds (everything sent before it has reached the broker)."""
