@@ -132,24 +132,31 @@ def _payload_columns(data: bytes, match: Callable[[str], bool] | None, columns: 
     unpack_part = _PART.unpack_from
     pos = 0
     size = len(data)
+    head, record_head, part_head = _RECORD_HEAD.size, _HEAD.size, _PART.size  # locals: read per record
     while pos < size:
         length, _crc, seq, ts, topic_len, sender_len, n_headers, n_parts = unpack_record(data, pos)
-        end = pos + _HEAD.size + length
-        p = pos + _RECORD_HEAD.size
-        pos = end
-        topic = data[p : p + topic_len]
+        p = pos + head
+        pos += record_head + length  # the next record: this one ends here
+        t = p + topic_len
+        topic = data[p:t]
         if match is not None:
             verdict = verdicts.get(topic)
             if verdict is None:
                 verdict = verdicts[topic] = match(topic.decode())
             if not verdict:
                 continue
-        p += topic_len
         seqs.append(seq)
         tss.append(ts)
         topics.append(topic)
-        senders.append(data[p : p + sender_len])
-        p += sender_len
+        p = t + sender_len
+        senders.append(data[t:p])
+        if n_headers == 0 and n_parts == 1:  # the common record: no headers, one body frame
+            header_counts.append(0)
+            part_counts.append(1)
+            if unpack_part(data, p)[0] != pos - p - part_head:
+                raise ValueError(f"record {seq}: payload length mismatch")
+            parts.append(data[p + part_head : pos])
+            continue
         for _ in range(n_headers):
             klen, vlen = unpack_header(data, p)
             p += _HEADER.size
@@ -158,12 +165,12 @@ def _payload_columns(data: bytes, match: Callable[[str], bool] | None, columns: 
             p += klen + vlen
         for _ in range(n_parts):
             (n,) = unpack_part(data, p)
-            p += 4
+            p += part_head
             parts.append(data[p : p + n])
             p += n
         header_counts.append(n_headers)
         part_counts.append(n_parts)
-        if p != end:
+        if p != pos:
             raise ValueError(f"record {seq}: payload length mismatch")
 
 

@@ -5,6 +5,7 @@ column so a reader makes Arrow arrays from its buffers (validated whole by ``par
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import sys
@@ -192,12 +193,19 @@ def columns_page(columns: PageColumns, next_seq: int) -> bytes:
     section(_fixed("d", columns.tss))
     strings(columns.topics)
     strings(columns.senders)
-    section(_fixed("i", accumulate(columns.header_counts, initial=0)))
+    section(_fixed("i", accumulate(columns.header_counts, initial=0)) if h else bytes(4 * (n + 1)))
     strings(columns.header_keys)
     strings(columns.header_values)
-    section(_fixed("i", accumulate(columns.part_counts, initial=0)))
+    one_each = p == n and columns.part_counts.count(1) == n  # the common page: one body frame per record
+    section(_counting(n) if one_each else _fixed("i", accumulate(columns.part_counts, initial=0)))
     strings(columns.parts)
     return b"".join(chunks)
+
+
+@functools.lru_cache(maxsize=8)
+def _counting(n: int) -> bytes:
+    """0, 1, ..., n as the page's int32s: the part index of records with one body frame each."""
+    return _fixed("i", range(n + 1))
 
 
 @dataclass(frozen=True, slots=True)
