@@ -275,6 +275,8 @@ class Client:
         topics: Sequence[str] = (),
         max_records: int | None = None,
         max_bytes: int | None = None,
+        page_records: int | None = None,
+        page_bytes: int | None = None,
         timeout: float | None = None,
     ) -> PageStream:
         inner = self._aio.fetch_pages(
@@ -284,6 +286,8 @@ class Client:
             topics=topics,
             max_records=max_records,
             max_bytes=max_bytes,
+            page_records=page_records,
+            page_bytes=page_bytes,
             timeout=timeout,
         )
         return PageStream(_run(inner))

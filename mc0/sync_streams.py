@@ -11,6 +11,7 @@ name for name; :mod:`mc0.client` re-exports them.
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
@@ -156,10 +157,15 @@ class ReplyStream:
 
 
 class PageStream:
-    """Sync view of :class:`mc0.aio.PageStream`: iterate a fetch's columns pages as they arrive."""
+    """Sync view of :class:`mc0.aio.PageStream`: iterate a fetch's columns pages as they arrive.
+
+    Pages cross from the client's loop thread in bunches (``next_pages``:
+    everything that arrived while the caller was busy), not one by one.
+    """
 
     def __init__(self, inner: aio.PageStream) -> None:
         self._inner = inner
+        self._ready: collections.deque[ColumnsPage] = collections.deque()
 
     @property
     def next_seq(self) -> int | None:
@@ -181,12 +187,14 @@ class PageStream:
         return self
 
     def __next__(self) -> ColumnsPage:
-        try:
-            return _run(self._inner.__anext__())
-        except StopAsyncIteration:
-            raise StopIteration from None
+        if not self._ready:
+            self._ready.extend(_run(self._inner.next_pages()))
+            if not self._ready:
+                raise StopIteration
+        return self._ready.popleft()
 
     def close(self) -> None:
+        self._ready.clear()
         _run(self._inner.close())
 
     def __enter__(self) -> PageStream:

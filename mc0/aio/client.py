@@ -369,11 +369,15 @@ class Client(Connection):
         topics: Sequence[str] = (),
         max_records: int | None = None,
         max_bytes: int | None = None,
+        page_records: int | None = None,
+        page_bytes: int | None = None,
         timeout: float | None = None,
     ) -> PageStream:
         """``fetch`` as a stream of columns pages, each handed out as it arrives (for bulk readers:
         ``mc0.spark`` builds Arrow batches from their buffers).  Same range, limits and
-        determinism as ``fetch``; continue from the stream's ``next_seq`` once it ended."""
+        determinism as ``fetch``; continue from the stream's ``next_seq`` once it ended.
+        ``page_records`` / ``page_bytes`` ask for larger pages than the broker's 1,000 records /
+        1 MiB (at most 4,000 / 4 MiB; fewer hand-overs per record, the same broker time per turn)."""
         query: dict[str, object] = {
             "op": "fetch",
             "journal": journal,
@@ -387,6 +391,10 @@ class Client(Connection):
             query["max_records"] = max_records
         if max_bytes is not None:
             query["max_bytes"] = max_bytes
+        if page_records is not None:
+            query["page_records"] = page_records
+        if page_bytes is not None:
+            query["page_bytes"] = page_bytes
         return PageStream(await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout))
 
     async def ping(self, *, timeout: float | None = None) -> float:

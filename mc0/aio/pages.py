@@ -4,7 +4,8 @@ Contract: the fetch asks the broker for ``columns/1`` pages, and each page is
 handed out as it arrives, checked whole (:func:`mc0.protocol.parse_columns_page`)
 and not turned into Record objects (``page.records()`` does that on demand),
 while the broker keeps streaming the next ones (paced by its window), so
-the reader decodes one page while the next is on the wire.  A broker from
+the reader decodes one page while the next is on the wire; ``next_pages``
+takes every page already received at once.  A broker from
 before columns pages answers with JSON pages; they are converted, so the
 reader sees the same pages either way.  A malformed page ends the stream
 (CANCEL) and raises ``ValueError``; the broker's ERROR raises as for any
@@ -31,6 +32,7 @@ class PageStream:
         self.first_seq: int | None = None
         self.end_seq: int | None = None
         self.records = 0  # records handed out so far
+        self._failed: Exception | None = None  # raised by the next next_pages() call
 
     @property
     def done(self) -> bool:
@@ -51,6 +53,29 @@ class PageStream:
             raise
         self.records += page.count
         return page
+
+    async def next_pages(self) -> list[ColumnsPage]:
+        """The next page and every page already received after it; ``[]`` once the fetch ended.
+
+        A sync reader takes pages this way, one hand-over between threads for
+        all that arrived while it was busy; a failure after some pages is
+        raised by the next call, after those pages.
+        """
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        pages: list[ColumnsPage] = []
+        try:
+            pages.append(await self.__anext__())
+            while self._stream.queued:
+                pages.append(await self.__anext__())
+        except StopAsyncIteration:
+            pass
+        except Exception as exc:
+            if not pages:
+                raise
+            self._failed = exc
+        return pages
 
     def _finished(self, final: Reply) -> None:
         try:
