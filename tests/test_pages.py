@@ -291,6 +291,40 @@ def test_a_columns_page_says_where_the_fetch_continues(tmp_path: Path) -> None:
     assert [(p.count, p.next_seq) for p in pages] == [(500, 1001)]  # scanned 1000, matched 500
 
 
+def test_a_columns_fetch_may_ask_for_larger_pages_within_a_bound(tmp_path: Path) -> None:
+    core, _ = core_with(tmp_path)
+    for i in range(9000):
+        handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
+    query = '{"op":"fetch","journal":"main","page":"columns/1","page_records":4000,"page_bytes":4194304}'
+    handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0)
+    counts = []
+    for _ in range(10):  # one page per loop turn, then the FINAL
+        for out in core.stream(0.0):
+            if out.frames[0] == b"PARTIAL":
+                counts.append(P.parse_columns_page(payload_of(list(out.frames))[0]).count)
+    assert counts == [4000, 4000, 1000]
+    query = '{"op":"fetch","journal":"main","page":"columns/1","page_bytes":1000}'  # the byte bound holds too
+    handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "s", "", query), 0.0)
+    assert P.parse_columns_page(payload_of(list(core.stream(0.0)[0].frames))[0]).count < 1000
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"page_records": 4001, "page": "columns/1"}, b"page_records must be an integer in [1, 4000]"),
+        ({"page_bytes": (4 << 20) + 1, "page": "columns/1"}, b"page_bytes must be an integer in [1, 4194304]"),
+        ({"page_records": 1001}, b"page_records must be an integer in [1, 1000]"),  # JSON pages stay as they were
+        ({"page_records": 0, "page": "columns/1"}, b"page_records must be"),
+        ({"page_bytes": "big", "page": "columns/1"}, b"page_bytes must be"),
+    ],
+)
+def test_a_page_larger_than_its_bound_is_400(tmp_path: Path, extra: dict[str, object], reason: bytes) -> None:
+    core, _ = core_with(tmp_path)
+    body = json.dumps({"op": "fetch", "journal": "main", **extra})
+    out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", "400") and reason in out[0][1][-1]
+
+
 @pytest.mark.parametrize("value", ["columns", "columns/2", "JSON", 1, None])
 def test_an_unknown_page_encoding_is_400(tmp_path: Path, value: object) -> None:
     core, _ = core_with(tmp_path)

@@ -132,10 +132,30 @@ def test_a_read_returns_every_record_exactly_once_with_its_content(spark: Any, j
 
 
 @pytest.mark.parametrize(
+    ("start", "end", "per", "at_least", "ranges"),
+    [
+        (1, 31, 7, 1, [(1, 7), (7, 13), (13, 19), (19, 25), (25, 31)]),
+        (1, 200_001, 100_000, 1, [(1, 100_001), (100_001, 200_001)]),
+        (1, 150_001, 100_000, 1, [(1, 75_001), (75_001, 150_001)]),  # equal halves, not 100,000 + 50,000
+        (1, 101, 100_000, 4, [(1, 26), (26, 51), (51, 76), (76, 101)]),  # minPartitions
+        (1, 4, 10, 8, [(1, 2), (2, 3), (3, 4)]),  # never an empty range
+        (5, 5, 3, 1, []),
+    ],
+)
+def test_ranges_tile_the_read_in_equal_parts(
+    start: int, end: int, per: int, at_least: int, ranges: list[tuple[int, int]]
+) -> None:
+    from mc0.spark.source import split_range
+
+    assert [(r.start, r.end) for r in split_range(start, end, per, at_least)] == ranges
+
+
+@pytest.mark.parametrize(
     ("option", "value", "message"),
     [
         ("startingOffsets", "soon", "option startingOffsets"),
         ("maxRecordsPerPartition", "0", "option maxRecordsPerPartition"),
+        ("minPartitions", "x", "option minPartitions"),
         ("failOnDataLoss", "maybe", "option failOnDataLoss"),
         ("journal", "nope", "no journal 'nope'"),
     ],

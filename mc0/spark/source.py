@@ -41,11 +41,22 @@ class SeqRange(InputPartition):
         self.end = end
 
 
-def split_range(start: int, end: int, per_partition: int) -> list[SeqRange]:
-    return [SeqRange(s, min(end, s + per_partition)) for s in range(start, end, per_partition)]
+def split_range(start: int, end: int, per_partition: int, at_least: int = 1) -> list[SeqRange]:
+    """``[start, end)`` in equal ranges (within one seq) of at most ``per_partition`` seqs, at least
+    ``at_least`` of them when there are that many seqs; the same arguments give the same ranges."""
+    size = end - start
+    if size <= 0:
+        return []
+    count = min(size, max(-(-size // per_partition), at_least))
+    bounds = [start + size * k // count for k in range(count + 1)]
+    return [SeqRange(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body"]
+# Pages as large as the broker builds (a RecordBatch each): per page the reader pays a hand-over
+# between the client's thread and Spark's and a batch to serialize, so fewer, larger pages are cheaper.
+PAGE_RECORDS = 4000
+PAGE_BYTES = 4 << 20
 
 
 def arrow_schema() -> Any:
@@ -148,6 +159,8 @@ def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
                     from_seq=seq,
                     to_seq=partition.end,
                     topics=settings.topics,
+                    page_records=PAGE_RECORDS,
+                    page_bytes=PAGE_BYTES,
                     timeout=settings.connection.timeout,
                 ) as pages:
                     for page in pages:
@@ -181,7 +194,8 @@ class Mc0Reader(DataSourceReader):
         end = next_seq if settings.ending < 0 else min(settings.ending, next_seq)
         if 0 < start < first and settings.fail_on_data_loss:
             raise Gone(410, f"journal {settings.journal}: seq {start} was trimmed; the first kept is {first}")
-        return split_range(max(start, first), end, settings.max_per_partition) or [SeqRange(0, 0)]
+        ranges = split_range(max(start, first), end, settings.max_per_partition, settings.min_partitions)
+        return ranges or [SeqRange(0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)
@@ -224,7 +238,7 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = int(start["seq"]), int(end["seq"])
         if begin < 0:
             return []
-        return split_range(begin, stop, self.settings.max_per_partition)
+        return split_range(begin, stop, self.settings.max_per_partition, self.settings.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)
