@@ -2,7 +2,9 @@
 same rows and the client's own fetch loop, all in one invocation.
 
 - **client fetch**: one process paging the journal through ``mc0.Client.fetch``
-  (the library's own loop: Record objects, no Spark).
+  (the library's own loop: JSON pages, Record objects, no Spark).
+- **client fetch_pages**: the same through ``mc0.Client.fetch_pages`` (columns
+  pages of 4,000 records, no Record objects: what each Spark partition runs).
 - **plain Python source**: a Python data source (no broker) whose partitions
   read the same rows from an Arrow IPC file on local disk and yield them as
   Arrow record batches of 1,000 rows: the ceiling of what Spark's Python data
@@ -38,6 +40,22 @@ AGGREGATE = [
     "sum(size(headers)) AS headers",
     "sum(length(body)) AS bytes",
 ]
+
+
+def arrow_schema() -> Any:
+    """The source's schema in Arrow (written out here, so this bench also runs against older checkouts)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("topic", pa.string()),
+            ("sender", pa.string()),
+            ("headers", pa.map_(pa.string(), pa.string())),
+            ("body", pa.binary()),
+        ]
+    )
 
 
 def _config(folder: Path) -> str:
@@ -81,11 +99,29 @@ def fetch_all(endpoint: str, count: int) -> tuple[float, list[Any]]:
     return len(records) / (time.perf_counter() - started), records
 
 
+def fetch_pages_all(endpoint: str, count: int) -> tuple[float, dict[str, int]]:
+    """``Client.fetch_pages`` over the journal (columns pages, no Record objects): (rows/s, the
+    aggregate of what it read, computed after the clock stopped)."""
+    from mc0.client import Client
+
+    pages: list[Any] = []
+    started = time.perf_counter()
+    with Client(endpoint, timeout=60) as client:
+        seq = 0
+        for _ in range(count + 1):  # bounded: every call advances
+            stream = client.fetch_pages("main", from_seq=seq, page_records=4000, page_bytes=4 << 20)
+            pages += stream
+            if stream.next_seq is None or stream.end_seq is None or stream.next_seq >= stream.end_seq:
+                break
+            seq = stream.next_seq
+    rate = sum(p.count for p in pages) / (time.perf_counter() - started)
+    records = [r for p in pages for r in p.records()]
+    return rate, expected_aggregate(records)
+
+
 def write_arrow_file(records: list[Any], path: Path) -> None:
     """The records in SCHEMA's Arrow layout, one IPC file (the plain source's input)."""
     import pyarrow as pa
-
-    from mc0.spark.source import arrow_schema
 
     table = pa.Table.from_pylist(
         [
@@ -121,7 +157,9 @@ def plain_source(path: Path, per_partition: int) -> type:
             self.rows = rows
 
         def partitions(self) -> list[InputPartition]:
-            return [Slice(s, min(self.rows, s + per_partition)) for s in range(0, self.rows, per_partition)]
+            count = max(1, -(-self.rows // per_partition))  # equal slices, as the mc0 source plans its ranges
+            bounds = [self.rows * k // count for k in range(count + 1)]
+            return [Slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
 
         def read(self, partition: InputPartition) -> Iterator[Any]:
             import pyarrow as pa
@@ -173,10 +211,17 @@ def scan_rates(
     import pyspark.cloudpickle as cloudpickle
 
     import benchmarks.spark_scan as this
+    from mc0.client import Client
     from mc0.spark import make_session
 
     cloudpickle.register_pickle_by_value(this)  # the executors cannot import benchmarks/
-    rates: dict[str, list[float]] = {"client fetch": [], "plain Python source": [], "spark read": []}
+    has_pages = hasattr(Client, "fetch_pages")  # not in a checkout from before columns pages
+    rates: dict[str, list[float]] = {
+        "client fetch": [],
+        "client fetch_pages": [],
+        "plain Python source": [],
+        "spark read": [],
+    }
     failed = {name: 0 for name in rates}
     with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp:
         with BrokerProcess(config=_config(Path(tmp)), insecure=True) as broker:
@@ -205,6 +250,11 @@ def scan_rates(
                     del fetched
                     if {k: v for k, v in want.items() if k != "digest"} != got:
                         failed["client fetch"] += 1
+                    if has_pages:
+                        rate, got = fetch_pages_all(broker.endpoint, count)
+                        rates["client fetch_pages"].append(rate)
+                        if {k: v for k, v in want.items() if k != "digest"} != got:
+                            failed["client fetch_pages"] += 1
                     for name, frame in (("plain Python source", plain), ("spark read", reader)):
                         started = time.perf_counter()
                         result = _scan(frame.load())
@@ -214,11 +264,11 @@ def scan_rates(
                             say(f"run {run + 1}: {name} FAILING: {result} != {want}")
                     say(
                         f"run {run + 1}: "
-                        + ", ".join(f"{name} {values[-1]:,.0f} rows/s" for name, values in rates.items())
+                        + ", ".join(f"{name} {values[-1]:,.0f} rows/s" for name, values in rates.items() if values)
                     )
             finally:
                 spark.stop()
-    return rates, failed
+    return {name: values for name, values in rates.items() if values}, failed
 
 
 def median(values: list[float]) -> float:

@@ -96,6 +96,17 @@ def cpu_by_role(broker_pid: int) -> dict[str, float]:
     return out
 
 
+def _is_daemon(process: psutil.Process) -> bool:
+    """pyspark's daemon itself (its forked workers share its command line: py-spy follows them)."""
+    try:
+        parent = process.parent()
+        return "pyspark.daemon" in " ".join(process.cmdline()) and (
+            parent is None or "pyspark.daemon" not in " ".join(parent.cmdline())
+        )
+    except psutil.Error:  # gone, or a zombie
+        return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000)
@@ -139,11 +150,7 @@ def main() -> int:
                 plain_cpu = {k: v - before[k] for k, v in cpu_by_role(broker.proc.pid).items()}
                 spies = []
                 if spy:
-                    daemons = [
-                        p.pid
-                        for p in psutil.Process(os.getpid()).children(recursive=True)
-                        if "pyspark.daemon" in " ".join(p.cmdline())
-                    ]
+                    daemons = [p.pid for p in psutil.Process(os.getpid()).children(recursive=True) if _is_daemon(p)]
                     targets = [("broker", broker.proc.pid, []), *(("workers", d, ["--subprocesses"]) for d in daemons)]
                     for role, pid, extra in targets:
                         out = folder / f"{role}-{pid}.txt"
@@ -165,6 +172,10 @@ def main() -> int:
                     process.send_signal(2)
                 for _, _, process in spies:
                     process.wait(60)
+                if os.environ.get("KEEP_PROFILES"):
+                    for _, out, _ in spies:
+                        if out.exists():
+                            shutil.copy(out, os.environ["KEEP_PROFILES"])
             finally:
                 spark.stop()
         rows = args.count * args.scans
