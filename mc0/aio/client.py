@@ -31,6 +31,8 @@ from .pages import PageStream
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+# How fetch() asks for its pages: columns, as large as the broker builds them.
+FETCH_PAGES = {"page": P.PAGE_COLUMNS, "page_records": 4000, "page_bytes": 4 << 20}
 
 __all__ = ["DEFAULT_MAX_OUTGOING", "DEFAULT_REQUEST_TIMEOUT", "Client", "ack_of"]
 
@@ -343,7 +345,15 @@ class Client(Connection):
         trimmed by retention; only topics this identity may subscribe to are
         returned.
         """
-        query: dict[str, object] = {"op": "fetch", "journal": journal, "from_seq": from_seq, "topics": list(topics)}
+        # Columns pages (the broker builds them ~3x cheaper than JSON ones); a broker from before
+        # them ignores the option and sends JSON pages, read as ever.
+        query: dict[str, object] = {
+            "op": "fetch",
+            "journal": journal,
+            "from_seq": from_seq,
+            "topics": list(topics),
+            **FETCH_PAGES,
+        }
         if to_seq is not None:
             query["to_seq"] = to_seq
         if max_records is not None:
@@ -354,7 +364,11 @@ class Client(Connection):
         stream = await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout)
         async with stream:
             async for reply in stream:
-                if not reply.final:
+                if reply.final:
+                    pass
+                elif reply.parts and P.is_columns_page(reply.parts[0]):
+                    records += P.parse_columns_page(reply.parts[0]).records()
+                else:
                     records += parse_journal_page(reply.parts)
         assert stream.final is not None
         summary = json.loads(stream.final.body)
