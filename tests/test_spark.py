@@ -150,6 +150,76 @@ def test_ranges_tile_the_read_in_equal_parts(
     assert [(r.start, r.end) for r in split_range(start, end, per, at_least)] == ranges
 
 
+class _Stream:
+    """A fetch_pages stream of canned pages, then Gone (retention overtook the reader) or the FINAL."""
+
+    def __init__(self, pages: list[Any], gone: bool, next_seq: int) -> None:
+        self.pages, self.gone, self.next_seq = pages, gone, next_seq
+        self.records = 0
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.pages
+        if self.gone:
+            raise mc0.Gone(410, "trimmed")
+
+
+class _Client:
+    def __init__(self, streams: dict[int, _Stream], first_seq: int) -> None:
+        self.streams, self.first_seq, self.asked = streams, first_seq, []
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def fetch_pages(self, journal: str, *, from_seq: int, **options: Any) -> _Stream:
+        self.asked.append(from_seq)
+        return self.streams[from_seq]
+
+    def journal_info(self) -> dict[str, dict[str, int]]:
+        return {"main": {"first_seq": self.first_seq}}
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_gone_in_the_middle_of_a_range_resumes_at_the_oldest_kept_or_fails(fail_on_data_loss: bool) -> None:
+    """Pages already yielded stay yielded; with failOnDataLoss=false the read goes on from the oldest
+    kept seq (never before where it was), otherwise Gone fails the task, as before columns pages."""
+    from dataclasses import replace
+
+    from mc0 import protocol as P
+    from mc0.message import Record
+    from mc0.spark.options import Connection, ReadSettings
+    from mc0.spark.source import SeqRange, read_range
+
+    def page(first: int, last: int) -> Any:
+        records = [Record(s, 1.0, "orders.x", "a", {}, (b"%d" % s,)) for s in range(first, last + 1)]
+        return P.parse_columns_page(P.columns_page(P.page_columns(records), last + 1))
+
+    client = _Client({1: _Stream([page(1, 3)], gone=True, next_seq=0), 7: _Stream([page(7, 9)], False, 10)}, 7)
+
+    class Fake(Connection):
+        def client(self) -> Any:
+            return client
+
+    settings = ReadSettings.from_options({"failOnDataLoss": str(fail_on_data_loss).lower()})
+    settings = replace(settings, connection=Fake(None, None, None, 1.0))
+    read = read_range(settings, SeqRange(1, 10))
+    assert next(read).column("seq").to_pylist() == [1, 2, 3]
+    if fail_on_data_loss:
+        with pytest.raises(mc0.Gone):
+            next(read)
+    else:
+        assert [s for batch in read for s in batch.column("seq").to_pylist()] == [7, 8, 9]
+        assert client.asked == [1, 7]
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
