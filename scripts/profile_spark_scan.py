@@ -36,19 +36,21 @@ from mc0.process import BrokerProcess  # noqa: E402
 
 # (stage, substrings of a py-spy frame "function (file:line)"), first match from the leaf wins.
 STAGES = [
-    ("journal read (segment -> records)", ("broker/journal.py", "broker/store.py")),
-    ("page decoding (client)", ("parse_journal_page", "parse_columns_page", "ColumnsPage")),
-    ("page encoding", ("journal_page", "columns_page", "protocol/bodies.py")),
+    ("journal read (segment -> records or columns)", ("broker/journal.py", "broker/store.py")),
+    ("page build / parse (protocol/bodies.py)", ("protocol/bodies.py",)),
     ("stream pacing / fetch state", ("broker/streams.py",)),
     ("batch framing", ("protocol/batch.py", "broker/batched.py", "broker/outbox.py")),
-    ("zmq send / receive", ("zmq/sugar/socket.py", "send", "recv")),
+    ("zmq send / receive", ("zmq/sugar/socket.py",)),
     ("poll (idle)", ("poll",)),
     ("Record objects", ("message.py",)),
-    ("Arrow building", ("pyarrow", "spark/source.py", "spark/arrowpage.py")),
-    ("client loop (asyncio, link, session)", ("asyncio", "mc0/aio/", "mc0/session", "selectors.py")),
-    ("threads waiting", ("wait (threading.py", "_wait_for_tstate_lock", "acquire")),
+    ("Arrow building", ("pyarrow", "spark/source.py")),
+    ("threads waiting", ("wait (threading.py", "_wait_for_tstate_lock")),
+    (
+        "client loop and hand-over (asyncio, link, session)",
+        ("asyncio", "mc0/aio/", "mc0/session", "selectors.py", "mc0/sync_streams", "threading.py"),
+    ),
     ("pyspark daemon waiting for tasks", ("manager (daemon.py",)),
-    ("Spark's Python worker (serialize, socket)", ("pyspark",)),
+    ("Spark's Python worker", ("pyspark", "serializers.py", "conversion.py", "plan_data_source_read.py")),
 ]
 
 
