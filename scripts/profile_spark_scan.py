@@ -54,6 +54,9 @@ STAGES = [
 ]
 
 
+WAITING = {"poll (idle)", "threads waiting", "pyspark daemon waiting for tasks"}
+
+
 def stage_of(stack: list[str]) -> str:
     for frame in reversed(stack):
         for stage, needles in STAGES:
@@ -197,11 +200,13 @@ def main() -> int:
                     stages += got
                     total += n
             if total:
-                print(f"{role}: {total} samples (py-spy, idle threads left out)")
+                busy = total - sum(stages[s] for s in WAITING) or 1
+                print(f"{role}: {total} samples (py-spy); share of all, share of the busy ones")
                 for stage, n in stages.most_common():
-                    print(f"  {n / total:6.1%} {stage}")
+                    share = "" if stage in WAITING else f"{n / busy:6.1%}"
+                    print(f"  {n / total:6.1%} {share:>6} {stage}")
                 for frame, n in leaves.most_common(args.top):
-                    print(f"  {n / total:6.1%} leaf {frame}")
+                    print(f"  {n / total:6.1%}        leaf {frame}")
     return 0
 
 
