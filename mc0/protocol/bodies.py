@@ -243,6 +243,11 @@ class ColumnsPage:
     def part_count(self) -> int:
         return len(self.part_offsets) // 4 - 1
 
+    @property
+    def one_part_each(self) -> bool:
+        """Every record has one body frame (the part offsets are then the bodies' offsets)."""
+        return self.part_count == self.count and self.part_index == _counting(self.count)
+
     def __len__(self) -> int:
         return self.count
 

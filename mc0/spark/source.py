@@ -10,9 +10,7 @@ live in :mod:`mc0.spark.sink`).
 
 from __future__ import annotations
 
-import functools
 import sys
-from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,7 +104,7 @@ def record_batch(page: ColumnsPage) -> Any:
         text(page.header_count, page.value_offsets, page.values),
     )
     body_offsets = buffer(page.part_offsets)
-    if page.part_count != n or page.part_index != _one_each(n):  # not one part per record
+    if not page.one_part_each:  # a record's body spans its parts: its offsets are its first part's
         parts = pa.Array.from_buffers(pa.int32(), page.part_count + 1, [None, body_offsets])
         firsts = pa.Array.from_buffers(pa.int32(), n + 1, [None, buffer(page.part_index)])
         body_offsets = pc.take(parts, firsts).buffers()[1]
@@ -121,12 +119,6 @@ def record_batch(page: ColumnsPage) -> Any:
         ],
         names=COLUMNS,
     )
-
-
-@functools.lru_cache(maxsize=4)
-def _one_each(n: int) -> bytes:
-    """The part index of a page whose records have one body part each: 0, 1, ..., n as int32."""
-    return array("i", range(n + 1)).tobytes()
 
 
 def _record_batch_of(records: list[Record]) -> Any:  # pragma: no cover - big-endian hosts
