@@ -1,5 +1,6 @@
 """Journal benchmark: confirmed PUT rate into a journal (per fsync policy) relative to a plain
-confirmed PUT, and rows/s read into Spark relative to fetching the same records with the client.
+confirmed PUT, and the Spark scan of a journal (benchmarks/spark_scan.py) beside a plain Python
+source over the same rows and the client's own fetch loops.
 
 Every broker is a real process on 127.0.0.1 with its own journal folder; each
 figure is the median of ``--runs`` runs, and every ratio compares numbers
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -58,43 +60,9 @@ def put_rates(count: int, size: int, window: int, runs: int, say: Any) -> dict[s
     return rates
 
 
-def spark_rates(count: int, size: int, runs: int, say: Any) -> dict[str, list[float]]:
-    """Rows/s of spark.read.format('mc0') over ``count`` records vs the client's own fetch loop."""
-    from mc0.client import Client
-    from mc0.spark import make_session
-
-    rates: dict[str, list[float]] = {"client fetch": [], "spark read": []}
-    with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp:
-        with BrokerProcess(config=_config(Path(tmp), "never"), insecure=True) as broker:
-            asyncio.run(_publish(broker.endpoint, count, size, 500))
-            spark = make_session("local[2]", app="mc0-bench", scratch=str(Path(tmp) / "spark"))
-            try:
-                reader = spark.read.format("mc0").option("endpoint", broker.endpoint)
-                reader.load().count()  # warm up: Python workers, the data source lookup
-                for run in range(runs):
-                    started = time.perf_counter()
-                    with Client(broker.endpoint) as client:
-                        seq, seen = 0, 0
-                        for _ in range(count):  # bounded: at least one record per page
-                            page = client.fetch("main", from_seq=seq)
-                            seen += len(page.records)
-                            if page.next_seq >= page.end_seq:
-                                break
-                            seq = page.next_seq
-                    rates["client fetch"].append(seen / (time.perf_counter() - started))
-                    started = time.perf_counter()
-                    rows = reader.load().count()
-                    rates["spark read"].append(rows / (time.perf_counter() - started))
-                    client_rate, spark_rate = rates["client fetch"][-1], rates["spark read"][-1]
-                    say(f"run {run + 1}: client {client_rate:,.0f} rows/s, spark {spark_rate:,.0f} rows/s")
-                    if rows != count or seen != count:
-                        raise RuntimeError(f"read {rows} rows in Spark, {seen} by fetch; published {count}")
-            finally:
-                spark.stop()
-    return rates
-
-
-def summarize(rates: dict[str, list[float]], baseline: str, unit: str) -> list[dict[str, Any]]:
+def summarize(
+    rates: dict[str, list[float]], baseline: str, unit: str, failed: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
     base = statistics.median(rates[baseline])
     return [
         {
@@ -106,6 +74,7 @@ def summarize(rates: dict[str, list[float]], baseline: str, unit: str) -> list[d
             "runs": len(values),
             "ratio": statistics.median(values) / base,
             "baseline": baseline,
+            "failed": (failed or {}).get(name, 0),
         }
         for name, values in rates.items()
     ]
@@ -116,23 +85,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=20_000, help="messages per PUT run")
     parser.add_argument("--size", type=int, default=256, help="body bytes")
     parser.add_argument("--window", type=int, default=256, help="confirmed PUTs in flight")
-    parser.add_argument("--spark-count", type=int, default=100_000, help="records read into Spark")
+    parser.add_argument("--spark-count", type=int, default=200_000, help="records scanned by Spark")
+    parser.add_argument("--spark-size", type=int, default=100, help="body bytes of the scanned records")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--no-spark", action="store_true", help="skip the Spark read (no JVM)")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark scan (no JVM)")
+    parser.add_argument("--spark-only", action="store_true", help="only the Spark scan (no PUT rates)")
+    parser.add_argument("--option", action="append", default=[], help="a mc0 source option KEY=VALUE (Spark scan)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    for name in ("count", "size", "window", "spark_count", "runs"):
+    for name in ("count", "size", "window", "spark_count", "spark_size", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     from rich.console import Console
     from rich.table import Table
 
     console = Console(stderr=True)
-    rows = summarize(put_rates(args.count, args.size, args.window, args.runs, console.log), "plain PUT", "msg/s")
+    options = dict(o.split("=", 1) for o in args.option if "=" in o)
+    rows = []
+    if not args.spark_only:
+        puts = put_rates(args.count, args.size, args.window, args.runs, console.log)
+        rows += summarize(puts, "plain PUT", "msg/s")
     if not args.no_spark:
-        rows += summarize(spark_rates(args.spark_count, args.size, args.runs, console.log), "client fetch", "rows/s")
-    table = Table(title=f"journal benchmark (median of {args.runs}; ratios within this run)")
-    for column in ("", "median", "min", "max", "ratio"):
+        from benchmarks.spark_scan import scan_rates
+
+        scans, failed = scan_rates(args.spark_count, args.spark_size, args.runs, console.log, options=options)
+        rows += summarize(scans, "plain Python source", "rows/s", failed)
+    load = os.getloadavg()[0]
+    table = Table(title=f"journal benchmark (median of {args.runs}; ratios within this run; load average {load:.1f})")
+    for column in ("", "median", "min", "max", "ratio", "failed runs"):
         table.add_column(column, justify="right" if column else "left")
     for row in rows:
         table.add_row(
@@ -141,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['min']:,.0f}",
             f"{row['max']:,.0f}",
             f"{row['ratio']:.2f}x {row['baseline']}",
+            f"{row['failed']} FAILING" if row["failed"] else "0",
         )
-    Console().print(table)
+    Console(width=160).print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-    return 0
+    return 1 if any(row["failed"] for row in rows) else 0

@@ -8,7 +8,7 @@ rooted at :class:`Error`.
 
 from typing import TYPE_CHECKING, Any
 
-from .client import Client, ConsumedMessage, Consumer, ReplyStream, Subscription, Worker
+from .client import Client, ConsumedMessage, Consumer, PageStream, ReplyStream, Subscription, Worker
 from .errors import (
     AuthFailed,
     BadRequest,
@@ -86,6 +86,7 @@ __all__ = [
     "RemoteError",
     "SlowConsumer",
     "Reply",
+    "PageStream",
     "ReplyStream",
     "Request",
     "Subscription",

@@ -2,7 +2,8 @@
 
 Contract: the same names and options as the asyncio API.  Each call runs the
 asyncio implementation on one shared background event loop (a daemon thread
-started on first use), so heartbeats and healing continue while the caller's
+started on first use; :mod:`mc0.sync_streams` holds it and the views of
+subscriptions and streams), so heartbeats and healing continue while the caller's
 thread is busy or blocked.  Blocking calls are bounded by the client's
 ``timeout`` (``Timeout``); ``Subscription.next(timeout=None)`` waits until a
 message arrives or the subscription is closed.
@@ -15,7 +16,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
@@ -26,141 +27,11 @@ from .keys import KeyPair
 from .message import Ack, FetchResult, Message, Reply
 from .protocol import DEFAULT_LIMITS, Limits
 from .settings import ClientConfig
+from .sync_streams import PageStream, ReplyStream, Subscription, _background_loop, _in_loop_thread, _run
+
+__all__ = ["Client", "ConsumedMessage", "Consumer", "PageStream", "ReplyStream", "Subscription", "Worker"]
 
 log = logging.getLogger("mc0.client")
-
-R = TypeVar("R")
-
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="mc0-io", daemon=True).start()
-            _loop = loop
-        return _loop
-
-
-def _run(coro: Coroutine[Any, Any, R]) -> R:
-    loop = _background_loop()
-    if _in_loop_thread(loop):
-        coro.close()
-        raise RuntimeError("the sync mc0 API cannot be called from its own event loop; use mc0.aio")
-    future: Future[R] = asyncio.run_coroutine_threadsafe(coro, loop)
-    return future.result()
-
-
-def _in_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-class Subscription:
-    """Sync view of :class:`mc0.aio.Subscription`: an iterator with ``next(timeout)``."""
-
-    def __init__(self, inner: aio.Subscription) -> None:
-        self._inner = inner
-
-    @property
-    def pattern(self) -> str:
-        return self._inner.pattern
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        return self._inner.patterns
-
-    @property
-    def group(self) -> str | None:
-        return self._inner.group
-
-    @property
-    def dropped(self) -> int:
-        return self._inner.dropped
-
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    @property
-    def pending(self) -> int:
-        return self._inner.pending
-
-    def next(self, timeout: float | None = None) -> Message:
-        """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed.
-
-        Taken straight from the subscription's buffer in this thread (no hop
-        into the client's event loop while messages are waiting)."""
-        return self._inner.next_threadsafe(timeout)
-
-    def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
-        """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
-        first = self.next(timeout)
-        rest = [self._inner._take() for _ in range(min(max_messages - 1, self._inner.pending))]
-        return [first, *rest]
-
-    def __iter__(self) -> Iterator[Message]:
-        return self
-
-    def __next__(self) -> Message:
-        try:
-            return self.next()
-        except ClosedError:
-            raise StopIteration from None
-
-    def close(self) -> None:
-        _run(self._inner.close())
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ReplyStream:
-    """Sync view of :class:`mc0.aio.ReplyStream`: iterate PARTIALs then the FINAL."""
-
-    def __init__(self, inner: aio.ReplyStream) -> None:
-        self._inner = inner
-
-    @property
-    def final(self) -> Reply | None:
-        return self._inner.final
-
-    @property
-    def count(self) -> int | None:
-        return self._inner.count
-
-    @property
-    def missing(self) -> int | None:
-        return self._inner.missing
-
-    def __iter__(self) -> Iterator[Reply]:
-        return self
-
-    def __next__(self) -> Reply:
-        try:
-            return _run(self._inner.__anext__())
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def cancel(self) -> None:
-        _run(self._inner.cancel())
-
-    def close(self) -> None:
-        _run(self._inner.close())
-
-    def __enter__(self) -> ReplyStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ConsumedMessage:
@@ -398,6 +269,32 @@ class Client:
                 timeout=timeout,
             )
         )
+
+    def fetch_pages(
+        self,
+        journal: str,
+        *,
+        from_seq: int = 0,
+        to_seq: int | None = None,
+        topics: Sequence[str] = (),
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        page_records: int | None = None,
+        page_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> PageStream:
+        inner = self._aio.fetch_pages(
+            journal,
+            from_seq=from_seq,
+            to_seq=to_seq,
+            topics=topics,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            page_records=page_records,
+            page_bytes=page_bytes,
+            timeout=timeout,
+        )
+        return PageStream(_run(inner))
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
         target = subscription if isinstance(subscription, str) else subscription._inner

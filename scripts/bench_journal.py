@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Journal append rate per fsync policy vs plain PUT, and rows/s read into Spark vs the client's fetch.
+"""Journal append rate per fsync policy vs plain PUT, and the Spark scan vs a plain Python source.
 
 python scripts/bench_journal.py                      # full run (needs mc0[spark] and Java)
 python scripts/bench_journal.py --no-spark --runs 1  # the append rates only
+python scripts/bench_journal.py --spark-only         # the Spark scan: 200,000 rows of 100 B, local[2]
 """
 
 import sys

@@ -29,7 +29,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
-    "client": ("mc0.events", "mc0.session", "mc0.session_batch", "mc0.aio", "mc0.client"),
+    "client": ("mc0.events", "mc0.session", "mc0.session_batch", "mc0.aio", "mc0.sync_streams", "mc0.client"),
     "storage": ("mc0.broker.storage",),
     "core": ("mc0.broker.core",),
     "dialects": ("mc0.broker.dialects",),

@@ -334,7 +334,7 @@ def test_sigkilled_worker_with_a_spare_gives_exactly_one_final_20_times(
             try:
                 stream = client.stream("job", str(marker), timeout=10)
                 for _ in range(100):  # bounded wait until the victim holds the request
-                    if marker.exists():
+                    if marker.exists() and marker.read_text():  # written, not only created
                         break
                     time.sleep(0.02)
                 assert marker.read_text() == str(victim.proc.pid)

@@ -79,6 +79,24 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
     assert all(r["median"] > 0 and r["baseline"] == "plain PUT" for r in rows.values())
 
 
+@pytest.mark.timeout(300)
+def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    out = tmp_path / "scan.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_journal.py"), "--spark-only", "--runs", "1", "--spark-count", "3000",
+         "--option", "maxRecordsPerPartition=1000", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"client fetch", "client fetch_pages", "plain Python source", "spark read"}
+    assert all(r["median"] > 0 and r["failed"] == 0 and r["baseline"] == "plain Python source" for r in rows.values())
+    assert "spark read" in result.stdout and "FAILING" not in result.stdout
+
+
 @pytest.mark.timeout(120)
 def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
     out, md = tmp_path / "queues.json", tmp_path / "queues.md"

@@ -101,11 +101,131 @@ def test_batch_read_returns_exactly_the_requested_range(spark: Any, journaled: B
     assert empty.count() == 0
 
 
+def test_a_read_returns_every_record_exactly_once_with_its_content(spark: Any, journaled: BrokerProcess) -> None:
+    """Through columns pages and Arrow batches made from their buffers: every field of every record,
+    across partitions, pages and segments, equals what the client's own fetch returns."""
+    with mc0.Client(journaled.endpoint) as client:
+        for i in range(2500):
+            parts = [b"o%d" % i, b"-" * (i % 5)] if i % 3 == 0 else [b"" if i % 7 == 0 else f"order {i}".encode()]
+            headers = {"X-n": str(i), "X-text": "ü €"} if i % 4 == 0 else None
+            client.publish(f"orders.{i % 3}", parts, headers=headers, confirm=i == 2499)
+        want = []
+        seq = 0
+        for _ in range(100):  # bounded: a page per call
+            page = client.fetch("main", from_seq=seq, topics=["orders.>"])
+            want += page.records
+            if page.next_seq >= page.end_seq:
+                break
+            seq = page.next_seq
+    assert len(want) == 2500
+    df = (
+        spark.read.format("mc0")
+        .option("endpoint", journaled.endpoint)
+        .option("topics", "orders.>")
+        .option("maxRecordsPerPartition", "700")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 4
+    rows = df.selectExpr("seq", "unix_micros(ts) AS us", "topic", "sender", "headers", "body").collect()
+    got = sorted((r.seq, r.us, r.topic, r.sender, dict(r.headers), bytes(r.body)) for r in rows)
+    assert got == [(r.seq, round(r.ts * 1_000_000), r.topic, r.sender, r.headers, r.body) for r in want]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "per", "at_least", "ranges"),
+    [
+        (1, 31, 7, 1, [(1, 7), (7, 13), (13, 19), (19, 25), (25, 31)]),
+        (1, 200_001, 100_000, 1, [(1, 100_001), (100_001, 200_001)]),
+        (1, 150_001, 100_000, 1, [(1, 75_001), (75_001, 150_001)]),  # equal halves, not 100,000 + 50,000
+        (1, 101, 100_000, 4, [(1, 26), (26, 51), (51, 76), (76, 101)]),  # minPartitions
+        (1, 4, 10, 8, [(1, 2), (2, 3), (3, 4)]),  # never an empty range
+        (5, 5, 3, 1, []),
+    ],
+)
+def test_ranges_tile_the_read_in_equal_parts(
+    start: int, end: int, per: int, at_least: int, ranges: list[tuple[int, int]]
+) -> None:
+    from mc0.spark.source import split_range
+
+    assert [(r.start, r.end) for r in split_range(start, end, per, at_least)] == ranges
+
+
+class _Stream:
+    """A fetch_pages stream of canned pages, then Gone (retention overtook the reader) or the FINAL."""
+
+    def __init__(self, pages: list[Any], gone: bool, next_seq: int) -> None:
+        self.pages, self.gone, self.next_seq = pages, gone, next_seq
+        self.records = 0
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.pages
+        if self.gone:
+            raise mc0.Gone(410, "trimmed")
+
+
+class _Client:
+    def __init__(self, streams: dict[int, _Stream], first_seq: int) -> None:
+        self.streams, self.first_seq, self.asked = streams, first_seq, []
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def fetch_pages(self, journal: str, *, from_seq: int, **options: Any) -> _Stream:
+        self.asked.append(from_seq)
+        return self.streams[from_seq]
+
+    def journal_info(self) -> dict[str, dict[str, int]]:
+        return {"main": {"first_seq": self.first_seq}}
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_gone_in_the_middle_of_a_range_resumes_at_the_oldest_kept_or_fails(fail_on_data_loss: bool) -> None:
+    """Pages already yielded stay yielded; with failOnDataLoss=false the read goes on from the oldest
+    kept seq (never before where it was), otherwise Gone fails the task, as before columns pages."""
+    from dataclasses import replace
+
+    from mc0 import protocol as P
+    from mc0.message import Record
+    from mc0.spark.options import Connection, ReadSettings
+    from mc0.spark.source import SeqRange, read_range
+
+    def page(first: int, last: int) -> Any:
+        records = [Record(s, 1.0, "orders.x", "a", {}, (b"%d" % s,)) for s in range(first, last + 1)]
+        return P.parse_columns_page(P.columns_page(P.page_columns(records), last + 1))
+
+    client = _Client({1: _Stream([page(1, 3)], gone=True, next_seq=0), 7: _Stream([page(7, 9)], False, 10)}, 7)
+
+    class Fake(Connection):
+        def client(self) -> Any:
+            return client
+
+    settings = ReadSettings.from_options({"failOnDataLoss": str(fail_on_data_loss).lower()})
+    settings = replace(settings, connection=Fake(None, None, None, 1.0))
+    read = read_range(settings, SeqRange(1, 10))
+    assert next(read).column("seq").to_pylist() == [1, 2, 3]
+    if fail_on_data_loss:
+        with pytest.raises(mc0.Gone):
+            next(read)
+    else:
+        assert [s for batch in read for s in batch.column("seq").to_pylist()] == [7, 8, 9]
+        assert client.asked == [1, 7]
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
         ("startingOffsets", "soon", "option startingOffsets"),
         ("maxRecordsPerPartition", "0", "option maxRecordsPerPartition"),
+        ("minPartitions", "x", "option minPartitions"),
         ("failOnDataLoss", "maybe", "option failOnDataLoss"),
         ("journal", "nope", "no journal 'nope'"),
     ],

@@ -1,4 +1,4 @@
-"""asyncio API: ``mc0.aio.Client``, ``Worker``, ``Subscription``, ``ReplyStream`` and ``Consumer``.
+"""asyncio API: ``mc0.aio.Client``, ``Worker``, ``Subscription``, ``ReplyStream``, ``PageStream`` and ``Consumer``.
 
 The sync :mod:`mc0.client` mirrors these names.  See :mod:`mc0.aio.client`
 for the contract.
@@ -6,6 +6,7 @@ for the contract.
 
 from .client import DEFAULT_MAX_OUTGOING, DEFAULT_REQUEST_TIMEOUT, Client, ack_of
 from .consumer import ConsumedMessage, Consumer
+from .pages import PageStream
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 from .worker import Handler, Worker
 
@@ -18,6 +19,7 @@ __all__ = [
     "ConsumedMessage",
     "Consumer",
     "Handler",
+    "PageStream",
     "ReplyStream",
     "Subscription",
     "Worker",

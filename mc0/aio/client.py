@@ -27,9 +27,12 @@ from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_p
 from ..session import MAILBOX_ROUTE, group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .consumer import Consumer
+from .pages import PageStream
 from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+# How fetch() asks for its pages: columns, as large as the broker builds them.
+FETCH_PAGES = {"page": P.PAGE_COLUMNS, "page_records": 4000, "page_bytes": 4 << 20}
 
 __all__ = ["DEFAULT_MAX_OUTGOING", "DEFAULT_REQUEST_TIMEOUT", "Client", "ack_of"]
 
@@ -343,7 +346,15 @@ class Client(Connection):
         trimmed by retention; only topics this identity may subscribe to are
         returned.
         """
-        query: dict[str, object] = {"op": "fetch", "journal": journal, "from_seq": from_seq, "topics": list(topics)}
+        # Columns pages (the broker builds them ~3x cheaper than JSON ones); a broker from before
+        # them ignores the option and sends JSON pages, read as ever.
+        query: dict[str, object] = {
+            "op": "fetch",
+            "journal": journal,
+            "from_seq": from_seq,
+            "topics": list(topics),
+            **FETCH_PAGES,
+        }
         if to_seq is not None:
             query["to_seq"] = to_seq
         if max_records is not None:
@@ -354,11 +365,52 @@ class Client(Connection):
         stream = await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout)
         async with stream:
             async for reply in stream:
-                if not reply.final:
+                if reply.final:
+                    pass
+                elif reply.parts and P.is_columns_page(reply.parts[0]):
+                    records += P.parse_columns_page(reply.parts[0]).records()
+                else:
                     records += parse_journal_page(reply.parts)
         assert stream.final is not None
         summary = json.loads(stream.final.body)
         return FetchResult(records, int(summary["next_seq"]), int(summary["first_seq"]), int(summary["end_seq"]))
+
+    async def fetch_pages(
+        self,
+        journal: str,
+        *,
+        from_seq: int = 0,
+        to_seq: int | None = None,
+        topics: Sequence[str] = (),
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        page_records: int | None = None,
+        page_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> PageStream:
+        """``fetch`` as a stream of columns pages, each handed out as it arrives (for bulk readers:
+        ``mc0.spark`` builds Arrow batches from their buffers).  Same range, limits and
+        determinism as ``fetch``; continue from the stream's ``next_seq`` once it ended.
+        ``page_records`` / ``page_bytes`` ask for larger pages than the broker's 1,000 records /
+        1 MiB (at most 4,000 / 4 MiB; fewer hand-overs per record, the same broker time per turn)."""
+        query: dict[str, object] = {
+            "op": "fetch",
+            "journal": journal,
+            "from_seq": from_seq,
+            "topics": list(topics),
+            "page": P.PAGE_COLUMNS,
+        }
+        if to_seq is not None:
+            query["to_seq"] = to_seq
+        if max_records is not None:
+            query["max_records"] = max_records
+        if max_bytes is not None:
+            query["max_bytes"] = max_bytes
+        if page_records is not None:
+            query["page_records"] = page_records
+        if page_bytes is not None:
+            query["page_bytes"] = page_bytes
+        return PageStream(await self.stream(JOURNAL_SERVICE, json.dumps(query).encode(), timeout=timeout))
 
     async def ping(self, *, timeout: float | None = None) -> float:
         """Round trip to the broker in seconds (everything sent before it has reached the broker)."""

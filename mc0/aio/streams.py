@@ -226,6 +226,11 @@ class ReplyStream:
     def _feed(self, item: Command | BaseException) -> None:
         self._queue.put_nowait(item)
 
+    @property
+    def queued(self) -> int:
+        """Replies received and not yet taken (the next ``__anext__`` of each returns at once)."""
+        return self._queue.qsize()
+
     def _finish(self) -> None:
         self.done = True
         self.client._streams.pop(self.request_id, None)

@@ -74,8 +74,17 @@ from . import batch
 from .bodies import (
     MAX_JSON_BYTES,
     MAX_JSON_DEPTH,
+    PAGE_COLUMNS,
+    PAGE_FORMATS,
+    PAGE_JSON,
+    ColumnsPage,
+    PageColumns,
+    columns_page,
+    is_columns_page,
     journal_page,
     json_body,
+    page_columns,
+    parse_columns_page,
     parse_journal_page,
 )
 from .builders import (
@@ -158,6 +167,11 @@ from .model import (
 
 __all__ = [
     "batch",
+    "PAGE_COLUMNS",
+    "PAGE_FORMATS",
+    "PAGE_JSON",
+    "ColumnsPage",
+    "PageColumns",
     "ANONYMOUS",
     "BROKER_GRAMMAR",
     "BROKER_SERVICE",
@@ -223,6 +237,8 @@ __all__ = [
     "in_band_body",
     "in_band_error",
     "is_user_header",
+    "columns_page",
+    "is_columns_page",
     "journal_page",
     "json_body",
     "message",
@@ -230,6 +246,8 @@ __all__ = [
     "ok_journaled",
     "ok_mailbox",
     "parse_int",
+    "page_columns",
+    "parse_columns_page",
     "parse_journal_page",
     "remote_error",
     "reply",

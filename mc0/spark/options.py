@@ -18,7 +18,9 @@ from ..errors import ConfigError
 SOURCE_NAME = "mc0"
 SCHEMA = "seq long, ts timestamp, topic string, sender string, headers map<string,string>, body binary"
 DEFAULT_JOURNAL = "main"
-DEFAULT_PARTITION_RECORDS = 10_000
+# Seqs per partition: a Spark task costs tens of ms of JVM and Python worker CPU whatever it reads
+# (measured: 10,000-row partitions spent 7 us per row in the JVM, 100,000-row ones 2.4 us).
+DEFAULT_PARTITION_RECORDS = 100_000
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's micro-batch engine on every task
 
 
@@ -101,6 +103,7 @@ class ReadSettings:
     max_per_trigger: int | None
     max_per_partition: int
     fail_on_data_loss: bool
+    min_partitions: int = 1
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ReadSettings:
@@ -114,6 +117,7 @@ class ReadSettings:
             _int_option(options, "maxRecordsPerTrigger", None),
             _int_option(options, "maxRecordsPerPartition", DEFAULT_PARTITION_RECORDS) or DEFAULT_PARTITION_RECORDS,
             _bool_option(options, "failOnDataLoss", True),
+            _int_option(options, "minPartitions", 1) or 1,
         )
 
     def head(self) -> tuple[int, int]:

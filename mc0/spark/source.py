@@ -1,14 +1,16 @@
 """The ``mc0`` source: ``spark.read.format("mc0")`` and ``spark.readStream.format("mc0")``.
 
 Contract: a partition is a journal range ``[start, end)`` fetched by an
-executor over its own connection, page by page as Arrow RecordBatches, so a
-replayed (micro-)batch reads the same records; offsets are ``{"seq": n}``.
+executor over its own connection as a stream of columns pages, each made an
+Arrow RecordBatch from its buffers as it arrives, so a replayed
+(micro-)batch reads the same records; offsets are ``{"seq": n}``.
 :class:`Mc0DataSource` is what ``format("mc0")`` names (the sink's writers
 live in :mod:`mc0.spark.sink`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +24,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError, Gone
+from ..message import Record
+from ..protocol import ColumnsPage
 from .options import SCHEMA, SOURCE_NAME, ReadSettings
 from .sink import Mc0StreamWriter, Mc0Writer
 
@@ -35,12 +39,89 @@ class SeqRange(InputPartition):
         self.end = end
 
 
-def split_range(start: int, end: int, per_partition: int) -> list[SeqRange]:
-    return [SeqRange(s, min(end, s + per_partition)) for s in range(start, end, per_partition)]
+def split_range(start: int, end: int, per_partition: int, at_least: int = 1) -> list[SeqRange]:
+    """``[start, end)`` in equal ranges (within one seq) of at most ``per_partition`` seqs, at least
+    ``at_least`` of them when there are that many seqs; the same arguments give the same ranges."""
+    size = end - start
+    if size <= 0:
+        return []
+    count = min(size, max(-(-size // per_partition), at_least))
+    bounds = [start + size * k // count for k in range(count + 1)]
+    return [SeqRange(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def _record_batch(records: list[Any]) -> Any:
-    """One fetched page as an Arrow RecordBatch in SCHEMA's order (Spark takes it without per-row conversion)."""
+COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body"]
+# Pages as large as the broker builds (a RecordBatch each): per page the reader pays a hand-over
+# between the client's thread and Spark's and a batch to serialize, so fewer, larger pages are cheaper.
+PAGE_RECORDS = 4000
+PAGE_BYTES = 4 << 20
+
+
+def arrow_schema() -> Any:
+    """SCHEMA as Arrow types (what Spark checks each RecordBatch against)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("topic", pa.string()),
+            ("sender", pa.string()),
+            ("headers", pa.map_(pa.string(), pa.string())),
+            ("body", pa.binary()),
+        ]
+    )
+
+
+def record_batch(page: ColumnsPage) -> Any:
+    """One columns page as an Arrow RecordBatch in SCHEMA's order, made from the page's buffers.
+
+    No per-record Python work: the page's offsets and data are Arrow's own
+    string/binary layout (``parse_columns_page`` checked them; the text
+    columns are checked as UTF-8 here), a record's body parts are adjacent
+    so its body is one slice, and ``ts`` becomes microseconds in Arrow
+    (rounded half to even, as Python's ``round``).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if sys.byteorder != "little":  # pragma: no cover - the page is little endian; Arrow buffers are native
+        return _record_batch_of(page.records())
+    n = page.count
+    buffer = pa.py_buffer
+
+    def text(count: int, offsets: memoryview, data: memoryview) -> Any:
+        column = pa.Array.from_buffers(pa.string(), count, [None, buffer(offsets), buffer(data)])
+        column.validate(full=True)  # UTF-8 (ArrowInvalid, a ValueError, if not)
+        return column
+
+    seconds = pa.Array.from_buffers(pa.float64(), n, [None, buffer(page.tss)])
+    micros = pc.cast(pc.round(pc.multiply(seconds, 1_000_000.0)), pa.int64())
+    index = pa.Array.from_buffers(pa.int32(), n + 1, [None, buffer(page.header_index)])
+    headers = pa.MapArray.from_arrays(
+        index,
+        text(page.header_count, page.key_offsets, page.keys),
+        text(page.header_count, page.value_offsets, page.values),
+    )
+    body_offsets = buffer(page.part_offsets)
+    if not page.one_part_each:  # a record's body spans its parts: its offsets are its first part's
+        parts = pa.Array.from_buffers(pa.int32(), page.part_count + 1, [None, body_offsets])
+        firsts = pa.Array.from_buffers(pa.int32(), n + 1, [None, buffer(page.part_index)])
+        body_offsets = pc.take(parts, firsts).buffers()[1]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(pa.int64(), n, [None, buffer(page.seqs)]),
+            micros.cast(pa.timestamp("us", tz="UTC")),
+            text(n, page.topic_offsets, page.topics),
+            text(n, page.sender_offsets, page.senders),
+            headers,
+            pa.Array.from_buffers(pa.binary(), n, [None, body_offsets, buffer(page.bodies)]),
+        ],
+        names=COLUMNS,
+    )
+
+
+def _record_batch_of(records: list[Record]) -> Any:  # pragma: no cover - big-endian hosts
     import pyarrow as pa
 
     return pa.RecordBatch.from_arrays(
@@ -52,25 +133,33 @@ def _record_batch(records: list[Any]) -> Any:
             pa.array([list(r.headers.items()) for r in records], pa.map_(pa.string(), pa.string())),
             pa.array([r.body for r in records], pa.binary()),
         ],
-        names=["seq", "ts", "topic", "sender", "headers", "body"],
+        names=COLUMNS,
     )
 
 
 def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
-    """Fetch ``[start, end)`` page by page as Arrow batches; runs on an executor."""
+    """Fetch ``[start, end)`` as Arrow batches, one per columns page as it arrives; runs on an executor."""
     seq = partition.start
     if seq >= partition.end:
         return  # an empty range (a batch read of an empty journal): no connection needed
     with settings.connection.client() as client:
         while seq < partition.end:
+            begin = seq
             try:
-                page = client.fetch(
+                with client.fetch_pages(
                     settings.journal,
                     from_seq=seq,
                     to_seq=partition.end,
                     topics=settings.topics,
+                    page_records=PAGE_RECORDS,
+                    page_bytes=PAGE_BYTES,
                     timeout=settings.connection.timeout,
-                )
+                ) as pages:
+                    for page in pages:
+                        if page.count:
+                            yield record_batch(page)
+                        seq = page.next_seq  # a later Gone resumes after what was yielded
+                    next_seq = pages.next_seq
             except Gone:
                 if settings.fail_on_data_loss:
                     raise
@@ -79,11 +168,9 @@ def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
                     raise
                 seq = first
                 continue
-            if page.records:
-                yield _record_batch(page.records)
-            if page.next_seq <= seq:  # pragma: no cover - the broker always advances
-                raise RuntimeError(f"journal {settings.journal}: fetch did not advance past {seq}")
-            seq = page.next_seq
+            if next_seq is None or next_seq <= begin:  # pragma: no cover - the broker always advances
+                raise RuntimeError(f"journal {settings.journal}: fetch did not advance past {begin}")
+            seq = next_seq
 
 
 class Mc0Reader(DataSourceReader):
@@ -99,7 +186,8 @@ class Mc0Reader(DataSourceReader):
         end = next_seq if settings.ending < 0 else min(settings.ending, next_seq)
         if 0 < start < first and settings.fail_on_data_loss:
             raise Gone(410, f"journal {settings.journal}: seq {start} was trimmed; the first kept is {first}")
-        return split_range(max(start, first), end, settings.max_per_partition) or [SeqRange(0, 0)]
+        ranges = split_range(max(start, first), end, settings.max_per_partition, settings.min_partitions)
+        return ranges or [SeqRange(0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)
@@ -142,7 +230,7 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = int(start["seq"]), int(end["seq"])
         if begin < 0:
             return []
-        return split_range(begin, stop, self.settings.max_per_partition)
+        return split_range(begin, stop, self.settings.max_per_partition, self.settings.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)

@@ -137,6 +137,11 @@ def one_input(data: bytes) -> None:
                 P.parse_journal_page(frames)
             except ValueError:
                 pass
+            for frame in frames:
+                try:
+                    P.parse_columns_page(frame).records()
+                except ValueError:
+                    pass
     memo.route(core.shutdown(now), now)
     memo.check()
 

@@ -87,6 +87,18 @@ def seeds() -> list[bytes]:
         )
         + step(6, 0x40, [])
     )
+    columns_fetch = b'{"op":"fetch","journal":"main","page":"columns/1","max_records":2}'
+    out.append(
+        connect
+        + step(0, 0, P.encode(Verb.PUT, {Header.TOPIC: "j.a", Header.ID: "p", "X-k": "v"}, [b"x", b"y"]))
+        + step(0, 0, P.encode(Verb.PUT, {Header.TOPIC: "j.b"}, [b"z"]))
+        + step(6, 0, [])
+        + step(0, 0, P.encode(Verb.REQUEST, {Header.SERVICE: "mc0.journal", Header.ID: "c"}, [columns_fetch]))
+        + step(6, 0x40, [])
+        + step(6, 0, [])
+    )
+    records = [P.Record(1, 1.5, "j.a", "alice", {"X-k": "v"}, (b"x", b"y")), P.Record(3, 2.0, "j.b", "bob", {}, ())]
+    out.append(step(0x24, 0, [P.columns_page(P.page_columns(records), 4)]))  # a columns page for the parser
     for verb, grammar in P.PEER_GRAMMAR.items():
         for header in NUMERIC:
             if header in grammar.required or header in grammar.optional:

@@ -21,7 +21,17 @@ from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
 from .consumers import Consumers
 from .jobs import Service
-from .journaling import FETCH_MAX_BYTES, FETCH_MAX_RECORDS, Streams, private
+from .journaling import (
+    COLUMNS_PAGE_BYTES,
+    COLUMNS_PAGE_RECORDS,
+    FETCH_MAX_BYTES,
+    FETCH_MAX_RECORDS,
+    FETCH_PAGE_BYTES,
+    FETCH_PAGE_RECORDS,
+    PageShape,
+    Streams,
+    private,
+)
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
@@ -88,11 +98,16 @@ class Builtins:
         """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
 
         fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
-        "topics": [pattern...], "max_records": n, "max_bytes": m}``.  Each
-        PARTIAL's body is a JSON list of record metadata (seq, ts, topic,
-        sender, headers, parts = how many body frames follow) then the body
-        frames; the FINAL's JSON says ``next_seq`` (where to continue),
-        ``records`` and the journal's ``first_seq``/``end_seq``.  Only records
+        "topics": [pattern...], "max_records": n, "max_bytes": m, "page": f,
+        "page_records": r, "page_bytes": s}``.  With ``page`` ``json`` (the
+        default) each PARTIAL's body is a JSON list of record metadata (seq,
+        ts, topic, sender, headers, parts = how many body frames follow) then
+        the body frames; with ``columns/1`` it is one columns page
+        (``mc0.protocol.columns_page``).  A PARTIAL holds at most
+        ``page_records`` records / about ``page_bytes`` of bodies (default and
+        most 1,000 / 1 MiB; a columns page may ask up to 4,000 / 4 MiB).  The
+        FINAL's JSON says ``next_seq`` (where to continue), ``records`` and the
+        journal's ``first_seq``/``end_seq``.  Only records
         the caller may subscribe to are returned (a dead letter: only if it may
         subscribe to the topic it died on too).  Deterministic; 410 when
         ``from_seq`` was trimmed.
@@ -128,6 +143,17 @@ class Builtins:
         to_seq = integer("to_seq", None, 0, 1 << 62)
         max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
         max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
+        encoding = query.get("page", P.PAGE_JSON)
+        if encoding not in P.PAGE_FORMATS:
+            raise ProtocolError(Status.BAD_REQUEST, f"page must be one of {', '.join(P.PAGE_FORMATS)}", rid)
+        columns = encoding == P.PAGE_COLUMNS
+        most_records = COLUMNS_PAGE_RECORDS if columns else FETCH_PAGE_RECORDS
+        most_bytes = COLUMNS_PAGE_BYTES if columns else FETCH_PAGE_BYTES
+        page = PageShape(
+            str(encoding),
+            integer("page_records", FETCH_PAGE_RECORDS, 1, most_records) or 1,
+            integer("page_bytes", FETCH_PAGE_BYTES, 1, most_bytes) or 1,
+        )
         raw_topics = query.get("topics") or []
         if isinstance(raw_topics, str):
             raw_topics = [raw_topics]
@@ -156,7 +182,7 @@ class Builtins:
             return verdict
 
         self.streams.start_fetch(
-            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes
+            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes, page
         )
         return []  # pages follow from stream(), one per loop turn
 

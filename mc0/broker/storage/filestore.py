@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ...errors import Error
 from ...message import Record
-from ...protocol import Header
+from ...protocol import Header, PageColumns
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
 from .port import Trimmed
@@ -64,6 +64,7 @@ _SEQ_TS = struct.Struct("<Qd")
 _PAYLOAD_HEAD = struct.Struct("<HHHH")
 _HEADER = struct.Struct("<HI")
 _PART = struct.Struct("<I")
+_RECORD_HEAD = struct.Struct("<IIQdHHHH")  # head then the payload's head: one unpack per record
 # A length field beyond this is corruption, not a record (the broker's frame limit is far below).
 _MAX_PAYLOAD = 1 << 30
 
@@ -113,6 +114,64 @@ def decode_payload(seq: int, ts: float, data: bytes | memoryview, pos: int, end:
     if pos != end:
         raise ValueError("record payload length mismatch")
     return Record(seq, ts, topic, sender, headers, tuple(parts))
+
+
+def _payload_columns(data: bytes, match: Callable[[str], bool] | None, columns: PageColumns) -> None:
+    """Append the records in ``data`` (whole records) whose topic passes ``match`` to ``columns``.
+
+    The hot loop of a columns fetch: one struct unpack per record and slices
+    of ``data``; a record's topic is decoded only to ask ``match``, once per
+    distinct topic.  struct.error / ValueError if a record is inconsistent.
+    """
+    seqs, tss, topics, senders = columns.seqs, columns.tss, columns.topics, columns.senders
+    header_counts, keys, values = columns.header_counts, columns.header_keys, columns.header_values
+    part_counts, parts = columns.part_counts, columns.parts
+    verdicts: dict[bytes, bool] = {}
+    unpack_record = _RECORD_HEAD.unpack_from
+    unpack_header = _HEADER.unpack_from
+    unpack_part = _PART.unpack_from
+    pos = 0
+    size = len(data)
+    head, record_head, part_head = _RECORD_HEAD.size, _HEAD.size, _PART.size  # locals: read per record
+    while pos < size:
+        length, _crc, seq, ts, topic_len, sender_len, n_headers, n_parts = unpack_record(data, pos)
+        p = pos + head
+        pos += record_head + length  # the next record: this one ends here
+        t = p + topic_len
+        topic = data[p:t]
+        if match is not None:
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                verdict = verdicts[topic] = match(topic.decode())
+            if not verdict:
+                continue
+        seqs.append(seq)
+        tss.append(ts)
+        topics.append(topic)
+        p = t + sender_len
+        senders.append(data[t:p])
+        if n_headers == 0 and n_parts == 1:  # the common record: no headers, one body frame
+            header_counts.append(0)
+            part_counts.append(1)
+            if unpack_part(data, p)[0] != pos - p - part_head:
+                raise ValueError(f"record {seq}: payload length mismatch")
+            parts.append(data[p + part_head : pos])
+            continue
+        for _ in range(n_headers):
+            klen, vlen = unpack_header(data, p)
+            p += _HEADER.size
+            keys.append(data[p : p + klen])
+            values.append(data[p + klen : p + klen + vlen])
+            p += klen + vlen
+        for _ in range(n_parts):
+            (n,) = unpack_part(data, p)
+            p += part_head
+            parts.append(data[p : p + n])
+            p += n
+        header_counts.append(n_headers)
+        part_counts.append(n_parts)
+        if p != pos:
+            raise ValueError(f"record {seq}: payload length mismatch")
 
 
 class _Segment:
@@ -413,12 +472,42 @@ class Journal:
         ``max_records`` records scanned or about ``max_bytes`` read (at least
         one record), so a page is bounded whatever the filter skips.
         """
+        records: list[Record] = []
+        chunks, seq = self._chunks(from_seq, to_seq, max_records, max_bytes)
+        for segment, start, stop in chunks:
+            records += self._read_segment(segment, start, stop, match)
+        return records, seq
+
+    def read_columns(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[PageColumns, int]:
+        """``read`` as columns, straight from the segment bytes (no Record objects: a columns page's input)."""
+        columns = PageColumns([], [], [], [], [], [], [], [], [])
+        chunks, seq = self._chunks(from_seq, to_seq, max_records, max_bytes)
+        for segment, start, stop in chunks:
+            data = self._segment_bytes(segment, start, stop)
+            try:
+                _payload_columns(data, match, columns)
+            except (struct.error, ValueError) as exc:
+                raise JournalError(f"journal {self.name}: {segment.path.name}: {exc}") from None
+        return columns, seq
+
+    def _chunks(
+        self, from_seq: int, to_seq: int | None, max_records: int, max_bytes: int
+    ) -> tuple[list[tuple[_Segment, int, int]], int]:
+        """The segment ranges ``[start, stop)`` a read covers within its budgets, and where it ends."""
         if from_seq < self.first_seq:
             raise Trimmed(self.name, from_seq, self.first_seq)
         end = self.next_seq if to_seq is None else min(to_seq, self.next_seq)
         if self._buffer:
             self.commit(sync=False)  # readers see everything appended, synced or not
-        records: list[Record] = []
+        chunks: list[tuple[_Segment, int, int]] = []
         seq = from_seq
         budget_records = max_records
         budget_bytes = max_bytes
@@ -435,21 +524,20 @@ class Journal:
                 limit = bisect.bisect_right(segment.offsets, start_offset + budget_bytes, i + 1, j)
                 j = max(i + 1, min(j, limit))
                 chunk_end = segment.offsets[j] if j < len(segment.offsets) else segment.size
-                records += self._read_segment(segment, seq, segment.first_seq + j, match)
+                chunks.append((segment, seq, segment.first_seq + j))
                 budget_records -= j - i
                 budget_bytes -= chunk_end - start_offset
                 seq = segment.first_seq + j
             else:
                 index += 1
-        return records, seq
+        return chunks, seq
 
-    def _read_segment(
-        self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None
-    ) -> list[Record]:
+    def _segment_bytes(self, segment: _Segment, from_seq: int, to_seq: int) -> bytes:
+        """The bytes of records ``[from_seq, to_seq)`` of a segment (JournalError if the file is short)."""
         i = from_seq - segment.first_seq
         j = to_seq - segment.first_seq
         if i >= j:
-            return []
+            return b""
         start = segment.offsets[i]
         stop = segment.offsets[j] if j < len(segment.offsets) else segment.size
         with open(segment.path, "rb") as f:
@@ -457,6 +545,12 @@ class Journal:
             data = f.read(stop - start)
         if len(data) != stop - start:
             raise JournalError(f"journal {self.name}: {segment.path.name} is shorter than its index")
+        return data
+
+    def _read_segment(
+        self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None
+    ) -> list[Record]:
+        data = self._segment_bytes(segment, from_seq, to_seq)
         out: list[Record] = []
         pos = 0
         view = memoryview(data)

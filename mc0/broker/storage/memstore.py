@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ...message import Record
-from ...protocol import Header
+from ...protocol import Header, PageColumns, page_columns
 from ...settings import JournalSettings
 from .port import Trimmed
 
@@ -132,6 +132,18 @@ class MemoryStore:
             if match is None or match(record.topic):
                 out.append(record)
         return out, seq
+
+    def read_columns(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[PageColumns, int]:
+        records, next_seq = self.read(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+        return page_columns(records), next_seq
 
     def info(self) -> dict[str, object]:
         return {

@@ -2,7 +2,8 @@
 
 Contract: :class:`JournalStore` is the whole interface between the core and
 storage.  ``append`` gives a record the next sequence number (1, 2, ...) and
-is durable only after ``commit`` (which may fsync); ``read`` is deterministic
+is durable only after ``commit`` (which may fsync); ``read`` (and
+``read_columns``, the same records column by column) is deterministic
 for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
 raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
 size/age, never a record at or after the seq last given to ``retain_from``
@@ -22,6 +23,7 @@ from typing import Protocol
 
 from ...errors import Error
 from ...message import Record
+from ...protocol import PageColumns
 from ...settings import JournalSettings
 
 
@@ -75,6 +77,18 @@ class JournalStore(Hashable, Protocol):
         max_records: int = 1000,
         max_bytes: int = 1 << 20,
     ) -> tuple[list[Record], int]: ...
+
+    def read_columns(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[PageColumns, int]:
+        """``read`` as columns (a columns page's input), the same records and ``next_seq``."""
+        ...
 
     def info(self) -> dict[str, object]: ...
 
