@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from mc0.broker.batched import REFUSALS_ANSWERED
 from mc0.broker.core import BrokerCore, CoreSettings
 from mc0.broker.loglimit import PER_KEY, LogLimiter
 from mc0.broker.outbox import Outbox
+from mc0.config import load
+from mc0.errors import ConfigError
 from mc0.protocol import Limits, batch
 
 from .test_batch import as_frames, connect_batched
@@ -255,3 +258,29 @@ def test_a_batchs_refusals_are_answered_one_by_one_only_at_first_then_counted_in
     text = summary[4].decode()
     assert f"{1000 - REFUSALS_ANSWERED} more records of this batch refused" in text and f"r{REFUSALS_ANSWERED}" in text
     assert core.counters["rejected_400"] == 1000
+
+
+# ---------------------------------------------------------------- item 4: configs that raised anything but ConfigError
+# (name, config text, where the one-line error points); "loop" is a symlink to itself in the config's folder.
+BROKEN_CONFIGS = [
+    ("nested-arrays", "x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("nested-inline-tables", "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n", "nested too deeply"),
+    ("nested-known-key", "[broker]\nbind = " + "[" * 300 + "]" * 300 + "\n", "broker.bind"),
+    ("data-dir-nul", 'data_dir = "a\\u0000b"\n', "data_dir: must not contain a NUL"),
+    ("keys-dir-nul", '[security]\nkeys_dir = "k\\u0000"\n', "security.keys_dir: must not contain a NUL"),
+    ("bind-nul", '[broker]\nbind = ["tcp://127.0.0.1:1\\u0000"]\n', "broker.bind: must not contain a NUL"),
+    ("data-dir-symlink-loop", 'data_dir = "loop/x"\n', "data_dir: cannot resolve"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "where"), BROKEN_CONFIGS, ids=[c[0] for c in BROKEN_CONFIGS])
+def test_a_config_that_raised_anything_but_config_error_is_a_config_error_naming_the_key(
+    tmp_path: Path, name: str, text: str, where: str
+) -> None:
+    (tmp_path / "loop").symlink_to("loop")
+    path = tmp_path / "mc0.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert where in message and "\n" not in message and len(message) < 400

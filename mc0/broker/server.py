@@ -133,6 +133,7 @@ class Broker:
         self._wake_w: socket.socket | None = None
         self._stopping = threading.Event()
         self._reload_asked = False
+        self._reload_errors: dict[str, str] = {}  # keys / config -> why its last reload failed (logged once)
         self._closed = False
         self.allowed: AllowedKeys | None = None
         self.zap: ZapHandler | None = None
@@ -470,27 +471,47 @@ class Broker:
                 self.core.connection_closed(int(event["value"]), now)
 
     def _reload(self, now: float) -> None:
-        """Re-read the allowed folder (and the config's permissions); apply the difference."""
+        """Re-read the allowed folder (and the config's permissions); apply the difference.
+
+        A reload never stops the broker: whatever cannot be read (a broken
+        config, an unreadable folder) leaves what is in force as it is, and
+        one line says why (once per distinct reason)."""
         asked, self._reload_asked = self._reload_asked, False
+        if asked:
+            self.core.counters["reloads"] += 1
         out: list[Out] = []
         if self.allowed is not None and (asked or self.allowed.changed()):
-            revoked = self.allowed.load(strict=False)
-            self.core.allow(self.allowed.identities)
-            if revoked:
-                log.warning("keys revoked: %s", ", ".join(sorted(revoked)))
-                out += self.core.revoke(revoked, now)
+            try:
+                revoked = self.allowed.load(strict=False)
+            except Exception as exc:  # (an OSError, or anything a broken folder makes of the loader)
+                self._reload_failed("keys", f"keys not reloaded (those in force stay): {self.allowed.folder}: {exc}")
+            else:
+                self._reload_errors.pop("keys", None)
+                self.core.allow(self.allowed.identities)
+                if revoked:
+                    log.warning("keys revoked: %s", ", ".join(sorted(revoked)))
+                    out += self.core.revoke(revoked, now)
             asked = True
         if asked and self.config_path:
             try:
                 fresh = load(self.config_path)
-            except ConfigError as exc:
-                log.error("permissions not reloaded: %s", exc)
-            else:
-                self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 permissions = with_memodb_identity(fresh.permissions, self.config.memodb.identity)
+            except Exception as exc:  # ConfigError, or anything else: the configuration in force stays
+                reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                self._reload_failed("config", f"configuration not reloaded (the one in force stays): {reason}")
+            else:
+                self._reload_errors.pop("config", None)
+                self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 out += self.core.set_permissions(permissions, now)
         if out:
             self.delivery.apply(out, now)
+
+    def _reload_failed(self, what: str, line: str) -> None:
+        self.core.counters["reload_failed"] += 1
+        line = " ".join(line.split())[:500]  # one line, bounded
+        if self._reload_errors.get(what) != line:  # a folder checked every reload_ms says it once
+            self._reload_errors[what] = line
+            log.error("%s", line)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
