@@ -8,7 +8,9 @@ Each test here failed on the code before the fix it names."""
 from __future__ import annotations
 
 import json
+import select
 import signal
+import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -279,3 +281,55 @@ def test_sighup_with_a_broken_config_never_stops_the_broker_and_the_one_in_force
     lines = [line for line in log.splitlines() if "configuration not reloaded" in line]
     assert all(any(where in line for line in lines) for _, _, where in BROKEN_CONFIGS), log[-3000:]
     assert len(lines) <= len(BROKEN_CONFIGS) and "Traceback" not in log  # one line each (a repeat: none)
+
+
+# ---------------------------------------------------------------- items 13 and 16
+@pytest.mark.timeout(60)
+def test_varz_right_after_each_connect_counts_it(zctx: zmq.Context[Any]) -> None:
+    """Item 13: /varz showed the snapshot made for the previous request (connections 0 right
+    after a peer connected)."""
+    from .test_monitor import _free_port, _get
+
+    port = _free_port()
+    with BrokerProcess("--http", f"127.0.0.1:{port}", insecure=True) as broker:
+        base = f"http://127.0.0.1:{port}"
+        peers = []
+        for i in range(1, 21):
+            peer = RawPeer(broker.endpoint, zctx)
+            assert peer.connect()[0] == b"OK"  # the broker has the session now
+            peers.append(peer)
+            status, _, text = _get(base + "/varz")
+            assert status == 200 and json.loads(text)["connections"] == i
+            assert json.loads(_get(base + "/connz")[2])["count"] == i
+        for peer in peers:
+            peer.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_monitoring_listener_queues_a_burst_of_connections_instead_of_refusing_them() -> None:
+    """Item 16: the accept backlog was 5 (http.server's default): a scrape storm met refusals.
+    The server stops accepting (its thread ends; the socket still listens) and 200 clients
+    connect at once: the kernel completes every handshake into the backlog."""
+    from mc0.broker.httpd import MonitorServer
+
+    server = MonitorServer("127.0.0.1:0", wake=lambda: None)
+    server.start()
+    assert server._httpd is not None
+    server._httpd.shutdown()  # no more accept() calls; the listening socket stays open
+    clients = [socket.socket() for _ in range(200)]
+    try:
+        for client in clients:
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", server.port))
+        pending = set(clients)
+        deadline = time.monotonic() + 5
+        while pending and time.monotonic() < deadline:  # bounded: each round waits at most 0.1 s
+            _, writable, _ = select.select([], list(pending), [], 0.1)
+            for client in writable:
+                assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                pending.discard(client)
+        assert not pending, f"{len(pending)} of 200 connections never completed"
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
