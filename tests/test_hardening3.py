@@ -16,7 +16,7 @@ from mc0 import protocol as P
 from mc0.broker.batched import REFUSALS_ANSWERED
 from mc0.broker.core import BrokerCore, CoreSettings
 from mc0.broker.loglimit import PER_KEY, LogLimiter
-from mc0.broker.outbox import Outbox
+from mc0.broker.outbox import MAX_ORPHANS, ORPHAN_BYTES, ORPHAN_TTL, Outbox
 from mc0.config import load
 from mc0.errors import ConfigError
 from mc0.protocol import Limits, batch
@@ -284,3 +284,30 @@ def test_a_config_that_raised_anything_but_config_error_is_a_config_error_naming
         load(path)
     message = str(caught.value)
     assert where in message and "\n" not in message and len(message) < 400
+
+
+# ---------------------------------------------------------------- item 15: the evicted peer's last words
+def test_an_evicted_peers_last_words_wait_for_it_however_long_it_stalls_within_a_bound() -> None:
+    outbox = Outbox(max_bytes=1 << 20, max_messages=100, batch_bytes=1 << 16)
+    last_words = [P.error(429, "consumer too slow"), list(P.DISCONNECT_FRAMES)]
+    for frames in last_words:  # (the peer is forgotten: an orphan's queue)
+        assert outbox.put(b"slow", frames, batched=False, known=False, now=0.0)
+    for now in (0.0, 1.0, 11.0, 60.0, 300.0):  # the peer stalls: the socket will not take them
+        assert list(outbox.ready(now)) == [b"slow"]
+        assert outbox.next_message(b"slow") == last_words[0]
+        outbox.blocked(b"slow", now)
+    assert outbox.next_retry() is not None and outbox.next_retry() - 300.0 <= 0.5  # retried, slowly
+    assert drain(outbox, b"slow") == last_words  # it reads again: told why, then the DISCONNECT
+    assert b"slow" not in outbox.queues
+    outbox.put(b"gone", last_words[0], batched=False, known=False, now=0.0)
+    assert list(outbox.ready(ORPHAN_TTL + 1)) == [] and b"gone" not in outbox.queues  # but not forever
+
+
+def test_orphan_queues_are_bounded_in_bytes_and_in_number() -> None:
+    outbox = Outbox(max_bytes=1 << 30, max_messages=10**6, batch_bytes=1 << 16)
+    answer = P.error(401, "not connected: send CONNECT first")
+    accepted = sum(outbox.put(b"stranger", answer, batched=False, known=False, now=0.0) for _ in range(10_000))
+    assert accepted * sum(map(len, answer)) <= ORPHAN_BYTES + sum(map(len, answer))
+    for i in range(MAX_ORPHANS + 100):
+        outbox.put(b"s%d" % i, answer, batched=False, known=False, now=0.0)
+    assert len(outbox.queues) == MAX_ORPHANS and b"s0" not in outbox.queues  # the oldest went first

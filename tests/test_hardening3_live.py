@@ -333,3 +333,39 @@ def test_the_monitoring_listener_queues_a_burst_of_connections_instead_of_refusi
         for client in clients:
             client.close()
         server.close()
+
+
+# ---------------------------------------------------------------- item 15
+@pytest.mark.timeout(90)
+def test_a_slow_consumer_that_stalls_past_its_eviction_still_reads_the_429_when_it_reads_again(
+    tmp_path: Path, zctx: zmq.Context[Any]
+) -> None:
+    """Item 15: the last 429 waited 10 s for an evicted peer, then was dropped: a peer that stalled
+    longer was never told why.  It now waits until the socket takes it (or the connection goes)."""
+    config = tmp_path / "mc0.toml"
+    config.write_text("[broker]\nmax_queue_bytes = 200000\nslow_consumer_ms = 300\nsend_hwm = 4\n")
+    with BrokerProcess(config=str(config), insecure=True) as broker:
+        stuck = RawPeer(broker.endpoint, zctx)
+        stuck.socket.setsockopt(zmq.RCVHWM, 1)
+        assert stuck.connect()[0] == b"OK"
+        stuck.send("SUB", "ID", "s", "", "flood")
+        assert stuck.recv() == [b"OK", b"ID", b"s"]  # and it stops reading
+        with mc0.Client(broker.endpoint) as publisher:
+            deadline = time.monotonic() + 30
+            while counter(publisher, "forgotten_too_slow") == 0:
+                assert time.monotonic() < deadline, "never evicted"
+                for _ in range(50):
+                    publisher.publish("flood", b"x" * 10_000)
+            evicted = time.monotonic()
+            while time.monotonic() - evicted < 11.0:  # past the old 10 s orphan TTL (the broker stays busy)
+                assert publisher.ping() < 5.0
+                time.sleep(0.5)
+        told = None
+        for _ in range(10_000):  # it reads again: its backlog in libzmq (a few messages), then why
+            frames = stuck.recv(timeout=5)
+            if frames[0] == b"ERROR":
+                told = frames
+                break
+        assert told is not None and told[:3] == [b"ERROR", b"CODE", b"429"] and b"too slow" in told[4], told
+        assert stuck.recv(timeout=5) == [b"DISCONNECT"]
+        stuck.close()
