@@ -7,6 +7,7 @@ Each test here failed on the code before the fix it names."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
 import signal
@@ -22,6 +23,7 @@ import pytest
 import zmq
 
 import mc0
+import mc0.aio
 from mc0.process import BrokerProcess
 from mc0.protocol import batch
 
@@ -369,3 +371,78 @@ def test_a_slow_consumer_that_stalls_past_its_eviction_still_reads_the_429_when_
         assert told is not None and told[:3] == [b"ERROR", b"CODE", b"429"] and b"too slow" in told[4], told
         assert stuck.recv(timeout=5) == [b"DISCONNECT"]
         stuck.close()
+
+
+# ---------------------------------------------------------------- item 14
+def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
+    """A subscriber that keeps reading, with a little CPU work per 20 messages (its event loop reads
+    nothing meanwhile): slower than the publisher, steady.  Reports what it got, in order or not."""
+
+    async def run() -> None:
+        async with mc0.aio.Client(endpoint) as client:
+            sub = await client.subscribe("burst.>", max_pending=total, max_pending_bytes=1 << 31)
+            ready.put(True)
+            seen: list[int] = []
+            deadline = time.monotonic() + 90
+            while len(seen) < total and time.monotonic() < deadline:
+                try:
+                    batch_ = await sub.next_batch(20, timeout=10)
+                except mc0.Timeout:
+                    break
+                seen += [int(m.body[:8]) for m in batch_]
+                time.sleep(0.003)  # the work
+            done.put((seen == list(range(total)), len(seen), sub.dropped, [str(f) for f in client.faults]))
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(180)
+def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_reading_whole(
+    tmp_path: Path, zctx: zmq.Context[Any]
+) -> None:
+    """Item 14: 1 KiB then 64 KiB messages published while two subscribers stall: the one that kept
+    reading lost messages once its queue passed its byte budget.  Scaled down (4 MiB budgets,
+    20,000 x 1 KiB + 1,000 x 64 KiB = 84 MB), big enough to overflow them many times over."""
+    import multiprocessing
+
+    small, big = 20_000, 1_000
+    total = small + big
+    config = tmp_path / "mc0.toml"
+    config.write_text(f"[broker]\nmax_queue_bytes = {4 * 1024 * 1024}\nslow_consumer_ms = 1000\n")
+    spawn = multiprocessing.get_context("spawn")
+    with BrokerProcess(config=str(config), insecure=True) as broker:
+        assert broker.proc is not None
+        process = psutil.Process(broker.proc.pid)
+        stalled = []
+        for _ in range(2):
+            peer = RawPeer(broker.endpoint, zctx)
+            peer.socket.setsockopt(zmq.RCVHWM, 1)
+            assert peer.connect()[0] == b"OK"
+            peer.send("SUB", "ID", "s", "", "burst.>")
+            assert peer.recv() == [b"OK", b"ID", b"s"]  # and they never read again
+            stalled.append(peer)
+        ready, done = spawn.Queue(), spawn.Queue()
+        reader = spawn.Process(target=_paced_reader, args=(broker.endpoint, total, ready, done))
+        reader.start()
+        try:
+            ready.get(timeout=30)
+            before = process.memory_info().rss
+            peak = before
+            with mc0.Client(broker.endpoint) as publisher:
+                for i in range(total):  # fire and forget: publish waits when the broker pushes back
+                    publisher.publish("burst.x", b"%08d" % i + (b"s" * 1016 if i < small else b"b" * 65528))
+                    if i % 500 == 0:
+                        peak = max(peak, process.memory_info().rss)
+                publisher.ping(timeout=60)
+                in_order, count, dropped, faults = done.get(timeout=120)
+                counters = json.loads(publisher.request("mc0.broker", "stats").body)["counters"]
+                assert publisher.faults == []
+        finally:
+            reader.join(10)
+            if reader.is_alive():
+                reader.kill()
+        assert (in_order, count, dropped, faults) == (True, total, 0, [])  # 100%, in order, once each
+        assert counters["forgotten_too_slow"] == 2 and counters["input_held"] >= 1  # the stalled ones went
+        assert peak - before < 128 * 1024 * 1024, f"grew {(peak - before) / 2**20:.0f} MiB"
+        for peer in stalled:
+            peer.close()

@@ -31,15 +31,18 @@ gone, or ``orphan_ttl`` passes (long: an evicted peer that stalls for
 minutes still learns why when it reads again); at most ``MAX_ORPHANS`` of
 them, the oldest dropped first.
 
-Back-pressure (``holding_input``): a peer that reads (the socket took
-something for it within ``READING_WINDOW``) and whose queue is over the hold
-mark (a quarter of its budget) asks the shell to stop reading input until
-the queue is back under half the mark: publishers then wait (libzmq's
-receive queue, TCP and the client library's bounded buffer push back on
-them) instead of the reader losing messages.  A peer that does not read
-holds nothing (its queue fills, it is dropped for, and evicted as a slow
-consumer), and one that reads may hold the input at most ``hold_limit``
-seconds in a row (a trickle reader cannot stall the bus for longer).
+Back-pressure (``holding_input``): a peer that reads and whose queue is
+over the hold mark (a quarter of its budget) asks the shell to stop reading
+input until the queue is back under half the mark: publishers then wait
+(libzmq's receive queue, TCP and the client library's bounded buffer push
+back on them) instead of the reader losing messages.  "Reads" means the
+socket took something for it recently: within ``READING_WINDOW``, or three
+times the longest stall it recently came back from (libzmq frees a full pipe
+in bursts: a steady reader is seen to stall as long as it takes it to read
+half its ``send_hwm``).  A
+peer that does not read holds nothing for long (its queue fills, it is
+dropped for, and evicted as a slow consumer), and one that reads may hold
+the input at most ``hold_limit`` seconds in a row.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ ORPHAN_RETRY_MAX = 0.5  # an orphan's last words wait for a stalled reader: retr
 ORPHAN_TTL = 600.0  # seconds an orphan's queue waits for the socket to take it
 ORPHAN_BYTES = 16 * 1024  # an orphan's queue holds last words, not a backlog
 MAX_ORPHANS = 4096
-READING_WINDOW = 0.5  # seconds: a peer the socket took something for this recently is reading
-HOLD_LIMIT = 5.0  # seconds a reading peer may hold the input in a row, when slow consumers are never evicted
+READING_WINDOW = 1.0  # seconds: a peer the socket took something for this recently is reading
+STALL_HALF_LIFE = 30.0  # seconds: how fast the longest stall a reader came back from is forgotten
+HOLD_LIMIT = 5.0  # seconds a reading peer may hold the input in a row (at most)
 
 
 class PeerQueue:
@@ -75,6 +79,9 @@ class PeerQueue:
         "expires",
         "progress",
         "over_since",
+        "blocked_at",
+        "stall",
+        "stall_at",
     )
 
     def __init__(self, batched: bool, expires: float | None, now: float) -> None:
@@ -88,6 +95,13 @@ class PeerQueue:
         self.expires = expires  # None: a known peer's queue
         self.progress = now  # when the socket last took a message of this queue
         self.over_since: float | None = None  # when it went over the hold mark (None: under it)
+        self.blocked_at: float | None = None  # the first refusal since the socket last took one
+        self.stall = 0.0  # the longest the socket recently refused it before taking again ...
+        self.stall_at = now  # ... as of then (it halves every STALL_HALF_LIFE)
+
+
+def _recent_stall(queue: PeerQueue, now: float) -> float:
+    return queue.stall * 0.5 ** ((now - queue.stall_at) / STALL_HALF_LIFE) if queue.stall else 0.0
 
 
 def size_of(payload: Payload) -> int:
@@ -254,6 +268,10 @@ class Outbox:
         queue.backoff = 0.0
         if now is not None:
             queue.progress = now
+            if queue.blocked_at is not None:  # the longest recent stall, slowly forgotten
+                queue.stall = max(_recent_stall(queue, now), now - queue.blocked_at)
+                queue.stall_at = now
+                queue.blocked_at = None
         if queue.over_since is not None and queue.bytes <= self.hold_bytes // 2:
             if len(queue.items) <= self.hold_messages // 2:
                 queue.over_since = None
@@ -267,6 +285,8 @@ class Outbox:
         """The socket would not take the head message: retry later (sooner while it keeps moving)."""
         queue = self.queues.get(routing_id)
         if queue is not None:
+            if queue.blocked_at is None:
+                queue.blocked_at = now
             longest = RETRY_MAX if queue.expires is None else ORPHAN_RETRY_MAX
             queue.backoff = min(longest, max(RETRY_FIRST, queue.backoff * 2))
             queue.retry_at = now + queue.backoff
@@ -276,13 +296,11 @@ class Outbox:
         (see the module's contract).  Costs nothing while no queue is over the mark."""
         if not self._over:
             return False
+        limit = self.hold_limit
         for routing_id in self._over:
             queue = self.queues[routing_id]
-            if (
-                queue.expires is None
-                and now - queue.progress <= READING_WINDOW
-                and now - (queue.over_since or now) < self.hold_limit
-            ):
+            window = min(limit, max(READING_WINDOW, 3 * _recent_stall(queue, now)))
+            if queue.expires is None and now - queue.progress <= window and now - (queue.over_since or now) < limit:
                 return True
         return False
 

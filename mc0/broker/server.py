@@ -43,7 +43,7 @@ from .journal import Journal
 from .memodb import with_memodb_identity
 from .monitor import snapshot
 from .nngbridge import NngBridge
-from .outbox import GROUP_SKIP_BYTES, Outbox
+from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 
 log = logging.getLogger("mc0.broker")
 
@@ -115,8 +115,13 @@ class Broker:
             wall_offset=time.time() - time.monotonic(),
         )
         cfg = self.config.broker
+        # A reader may hold the input (back-pressure) for at most half the time a slow consumer is given.
+        hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT
         self.outbox = Outbox(
-            max_bytes=cfg.max_queue_bytes, max_messages=cfg.max_queue_messages, batch_bytes=BATCH_OUT_BYTES
+            max_bytes=cfg.max_queue_bytes,
+            max_messages=cfg.max_queue_messages,
+            batch_bytes=BATCH_OUT_BYTES,
+            hold_limit=hold_limit,
         )
         # A queue-group member whose queue holds more than this is skipped while another can take it.
         group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
