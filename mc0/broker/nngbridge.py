@@ -37,6 +37,7 @@ import zmq.asyncio
 
 from ..errors import ConfigError
 from ..settings import Config, MemodbConfig
+from .loglimit import LogLimiter
 from .memodb import MAX_HEADER_BYTES, MemoDB, Reply
 from .outbox import Outbox
 from .peers import Out
@@ -77,6 +78,7 @@ class NngBridge:
             max_payload=max_message_bytes,
         )
         self.max_message_bytes = max_message_bytes
+        self.log_limit = LogLimiter()  # what MemoDB peers' requests may make the broker log
         self.address = ""  # what the listener is bound to, once started ("tcp://127.0.0.1:PORT")
         self.socket: zmq.Socket[bytes] | None = None
         self._rep: pynng.Rep0 | None = None
@@ -164,7 +166,8 @@ class NngBridge:
                 more, replies = self.memodb.handle(core, token, data, now)
             except Exception:  # the per-message guard: a bug costs this request (dropped), never the loop
                 core.counters["internal_errors"] += 1
-                log.exception("internal error handling a MemoDB request")
+                if self.log_limit.allow("memodb", "handling", now):  # (every MemoDB peer is one identity)
+                    log.exception("internal error handling a MemoDB request")
                 more, replies = [], [(token, None)]
             out += more
             self._send(replies)
@@ -179,7 +182,8 @@ class NngBridge:
                 more, replies = self.memodb.deliver(core, routing_id, message, now)
             except Exception:
                 core.counters["internal_errors"] += 1
-                log.exception("internal error delivering to a MemoDB peer")
+                if self.log_limit.allow("memodb", "delivering", now):
+                    log.exception("internal error delivering to a MemoDB peer")
                 continue
             out += more
             self._send(replies)
