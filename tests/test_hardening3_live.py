@@ -27,7 +27,7 @@ import mc0.aio
 from mc0.process import BrokerProcess
 from mc0.protocol import batch
 
-from .conftest import CurveSetup, RawPeer
+from .conftest import CurveSetup, RawPeer, headers_of
 from .test_security import curve_peer
 
 CONNECT_BATCHED = ("CONNECT", "VERSION", "1.0", "TTL", "5000", "BATCH", "1", "ID", "c")
@@ -446,3 +446,42 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
         assert peak - before < 128 * 1024 * 1024, f"grew {(peak - before) / 2**20:.0f} MiB"
         for peer in stalled:
             peer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fault_while_sending_to_one_peer_costs_that_peer_only(zctx: zmq.Context[Any]) -> None:
+    """Items 1/2 at depth: sending was the one per-peer step no guard covered (a raise in the flush
+    stopped the broker).  A fault there now drops that peer's queue and closes its session."""
+    from mc0.broker.server import BrokerThread
+    from mc0.config import parse
+
+    with BrokerThread(parse('[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n')) as thread:
+        broker = thread.broker
+        endpoint = broker.endpoints[0]
+        victim = RawPeer(endpoint, zctx, routing_id=b"victim")
+        assert victim.connect()[0] == b"OK"
+        next_message = broker.outbox.next_message
+
+        def faulty(routing_id: bytes) -> list[bytes] | None:
+            if routing_id == b"victim":
+                raise RuntimeError("a bug in rendering this peer's queue")
+            return next_message(routing_id)
+
+        broker.outbox.next_message = faulty  # type: ignore[method-assign]
+        victim.send("PING", "ID", "boom")  # its PONG cannot be sent
+        bystander = RawPeer(endpoint, zctx)
+        assert bystander.connect()[0] == b"OK"
+        deadline = time.monotonic() + 10
+        while broker.core.counters["forgotten_internal_error"] == 0:  # bounded by the deadline
+            assert time.monotonic() < deadline, "the fault was never handled"
+            time.sleep(0.01)
+        bystander.send("PING", "ID", "fine")
+        assert bystander.recv_skipping_noop() == [b"PONG", b"ID", b"fine"]
+        assert thread._thread is not None and thread._thread.is_alive()
+        assert b"victim" not in broker.core.sessions and broker.core.counters["internal_errors"] >= 1
+        broker.outbox.next_message = next_message  # type: ignore[method-assign]
+        victim.send("PING", "ID", "again")  # it is told to connect again, and may
+        answer = victim.recv_skipping_noop()
+        assert answer[0] == b"ERROR" and headers_of(answer)["CODE"] == "401", answer
+        victim.close()
+        bystander.close()

@@ -214,7 +214,7 @@ class BatchedInput:
                         done = True
                         break
                 except ProtocolError as exc:
-                    if exc.request_id is None:
+                    if exc.request_id is None and (cursor.refused < REFUSALS_ANSWERED or cursor.first_refusal is None):
                         exc = ProtocolError(exc.code, exc.reason, batch.id_of(blob, code, start, end))
                     if sink:
                         _drain(sink, out)

@@ -199,7 +199,9 @@ class MonitorServer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._wanted = True  # (a snapshot published meanwhile, taken too early, cleared it)
+                if not self._wanted:  # a snapshot taken too early was published meanwhile: ask again
+                    self._wanted = True
+                    self._wake()
                 self._fresh.wait(left)
             return self._latest
 
