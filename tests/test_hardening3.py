@@ -311,3 +311,53 @@ def test_orphan_queues_are_bounded_in_bytes_and_in_number() -> None:
     for i in range(MAX_ORPHANS + 100):
         outbox.put(b"s%d" % i, answer, batched=False, known=False, now=0.0)
     assert len(outbox.queues) == MAX_ORPHANS and b"s0" not in outbox.queues  # the oldest went first
+
+
+# ---------------------------------------------------------------- item 14: what the hold must not hide
+def test_a_peer_whose_queue_refuses_and_never_moves_is_stuck_after_slow_consumer_ms_even_with_no_drops() -> None:
+    """While the input is held for a reader nothing is dropped for a stalled peer, so the drop rule
+    alone would never evict it: a queue that refused a message and has not moved since is stuck."""
+    outbox = Outbox(max_bytes=4096, max_messages=100, batch_bytes=1 << 16)
+    frames = f("MESSAGE", "TOPIC", "t", "SENDER", "s", "", "x" * 1000)
+    while outbox.put(b"stalled", frames, batched=False, known=True, now=0.0):
+        pass  # (bounded: the budget is 4 KiB)
+    assert outbox.stuck(2.9, 3.0) == [] and outbox.stuck(3.0, 3.0) == [b"stalled"]
+    assert outbox.next_message(b"stalled") is not None
+    outbox.sent(b"stalled", 3.1)  # it moved: not stuck
+    assert outbox.stuck(10.0, 3.0) == []
+    core = batched_core(slow_consumer_ms=3000)
+    (why, bye) = answers(core.evict_stalled(b"p", 3.0))
+    assert why[:3] == f("ERROR", "CODE", "429") and bye == [b"DISCONNECT"] and b"p" not in core.sessions
+    assert core.counters["forgotten_too_slow"] == 1
+
+
+def test_the_input_is_held_for_a_reading_peer_over_its_mark_until_it_is_under_half_or_it_stops_reading() -> None:
+    frames = f("MESSAGE", "TOPIC", "t", "SENDER", "s", "", "x" * 980)  # 1,000 bytes each
+
+    def filled(hold_limit: float, now: float) -> Outbox:
+        outbox = Outbox(max_bytes=40_000, max_messages=1000, batch_bytes=1 << 16, hold_limit=hold_limit)
+        for _ in range(9):  # the hold mark is a quarter of the budget: 10,000
+            outbox.put(b"r", frames, batched=False, known=True, now=now)
+        assert not outbox.holding_input(now)  # under the mark
+        outbox.put(b"r", frames, batched=False, known=True, now=now)
+        outbox.put(b"r", frames, batched=False, known=True, now=now)
+        return outbox
+
+    outbox = filled(100.0, 0.0)
+    assert outbox.holding_input(0.5)  # over it, and nothing says it does not read (yet)
+    assert not outbox.holding_input(1.1)  # the socket took nothing for it in READING_WINDOW: not reading
+    outbox.next_message(b"r")
+    outbox.blocked(b"r", 1.0)  # libzmq's pipe is full ...
+    outbox.sent(b"r", 2.5)  # ... and it took again 1.5 s later: a reader that stalls that long
+    assert outbox.holding_input(6.4) and not outbox.holding_input(7.1)  # about 3 x its stall (slowly forgotten)
+    for now in (7.2, 7.3, 7.4, 7.5, 7.6):  # it reads again: under half the mark
+        outbox.next_message(b"r")
+        outbox.sent(b"r", now)
+    assert outbox.backlog(b"r") == 5_000 and not outbox.holding_input(7.6)  # released
+
+    outbox = filled(5.0, 8.0)
+    for now in (8.5, 9.0, 9.5, 10.0, 10.5, 11.0, 11.5, 12.0, 12.5):  # it reads, one message at a time ...
+        outbox.next_message(b"r")
+        outbox.sent(b"r", now)
+        outbox.put(b"r", frames, batched=False, known=True, now=now)  # ... and as much comes in
+    assert outbox.holding_input(12.9) and not outbox.holding_input(13.0)  # hold_limit (5 s) in a row, no more

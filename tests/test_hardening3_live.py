@@ -408,7 +408,7 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
     small, big = 20_000, 1_000
     total = small + big
     config = tmp_path / "mc0.toml"
-    config.write_text(f"[broker]\nmax_queue_bytes = {4 * 1024 * 1024}\nslow_consumer_ms = 1000\n")
+    config.write_text(f"[broker]\nmax_queue_bytes = {4 * 1024 * 1024}\nslow_consumer_ms = 3000\n")
     spawn = multiprocessing.get_context("spawn")
     with BrokerProcess(config=str(config), insecure=True) as broker:
         assert broker.proc is not None

@@ -522,6 +522,17 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.counters["dropped"] += 1
         if not self.peers.dropped(peer, now, self.settings.slow_consumer_ms):
             return []
+        return self._evict_slow(peer, now)
+
+    def evict_stalled(self, routing_id: bytes, now: float) -> list[Out]:
+        """The shell says this peer's queue has refused messages and the socket has taken nothing
+        for it for ``slow_consumer_ms``: a slow consumer, whether or not input kept coming (while
+        the input is held for a reader nothing is dropped for it, but it is no less stuck)."""
+        peer = self.peers.get(routing_id)
+        return self._evict_slow(peer, now) if peer is not None and self.settings.slow_consumer_ms else []
+
+    def _evict_slow(self, peer: Peer, now: float) -> list[Out]:
+        routing_id = peer.routing_id
         if self.log_limit.allow(peer.identity, "too slow", now):
             log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
         else:

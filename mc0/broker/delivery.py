@@ -61,6 +61,14 @@ class Delivery:
         self.holding = held
         return held
 
+    def evict_stuck(self, now: float, slow_consumer_ms: int) -> None:
+        """Evict the peers whose queue refused messages ``slow_consumer_ms`` ago and has not moved
+        since (the drop rule alone would miss one while the input is held: nothing is dropped)."""
+        if slow_consumer_ms:
+            for routing_id in self.outbox.stuck(now, slow_consumer_ms / 1000.0):
+                self.outbox.discard(routing_id)
+                self.apply(self.core.evict_stalled(routing_id, now), now)
+
     def apply(self, out: Iterable[Out], now: float) -> None:
         """Queue what the core returned, each message in its peer's outbox.
 

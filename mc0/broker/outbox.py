@@ -82,6 +82,7 @@ class PeerQueue:
         "blocked_at",
         "stall",
         "stall_at",
+        "refused_since",
     )
 
     def __init__(self, batched: bool, expires: float | None, now: float) -> None:
@@ -98,6 +99,7 @@ class PeerQueue:
         self.blocked_at: float | None = None  # the first refusal since the socket last took one
         self.stall = 0.0  # the longest the socket recently refused it before taking again ...
         self.stall_at = now  # ... as of then (it halves every STALL_HALF_LIFE)
+        self.refused_since: float | None = None  # a put was refused and nothing was taken since
 
 
 def _recent_stall(queue: PeerQueue, now: float) -> float:
@@ -128,6 +130,7 @@ class Outbox:
         self.queues: dict[bytes, PeerQueue] = {}
         self._orphans: dict[bytes, None] = {}  # orphan queues, oldest first
         self._over: dict[bytes, None] = {}  # queues over the hold mark
+        self._refusing: dict[bytes, None] = {}  # queues that refused a put and have not moved since
         self._pending: dict[bytes, None] = {}  # queues with something to send, in the order they got it
         self._last_frames: object = None  # fan-out hands the same frames to many batched peers:
         self._last_record = b""  # the record is built once
@@ -153,6 +156,9 @@ class Outbox:
         size = len(payload) if isinstance(payload, bytes) else sum(map(len, payload))
         budget = self.max_bytes if queue.expires is None else ORPHAN_BYTES
         if (queue.bytes + size > budget or len(queue.items) >= self.max_messages) and queue.bytes:
+            if queue.refused_since is None:
+                queue.refused_since = now
+                self._refusing[routing_id] = None
             return False  # (one message always fits an empty queue, however large)
         queue.items.append(payload)
         queue.bytes += size
@@ -188,6 +194,7 @@ class Outbox:
         self._pending.pop(routing_id, None)
         self._over.pop(routing_id, None)
         self._orphans.pop(routing_id, None)
+        self._refusing.pop(routing_id, None)
         if queue is None:
             return 0
         self.queued_bytes -= queue.bytes
@@ -266,6 +273,9 @@ class Outbox:
         self.sent_bytes += queue.head_bytes
         queue.head = None
         queue.backoff = 0.0
+        if queue.refused_since is not None:
+            queue.refused_since = None
+            self._refusing.pop(routing_id, None)
         if now is not None:
             queue.progress = now
             if queue.blocked_at is not None:  # the longest recent stall, slowly forgotten
@@ -300,9 +310,21 @@ class Outbox:
         for routing_id in self._over:
             queue = self.queues[routing_id]
             window = min(limit, max(READING_WINDOW, 3 * _recent_stall(queue, now)))
-            if queue.expires is None and now - queue.progress <= window and now - (queue.over_since or now) < limit:
+            since = now if queue.over_since is None else queue.over_since
+            if queue.expires is None and now - queue.progress <= window and now - since < limit:
                 return True
         return False
+
+    def stuck(self, now: float, seconds: float) -> list[bytes]:
+        """Known peers whose queue refused messages ``seconds`` ago and has not moved since."""
+        if not self._refusing:
+            return []
+        stuck = []
+        for routing_id in self._refusing:
+            queue = self.queues[routing_id]
+            if queue.expires is None and queue.refused_since is not None and now - queue.refused_since >= seconds:
+                stuck.append(routing_id)
+        return stuck
 
     def next_retry(self) -> float | None:
         """When the earliest blocked queue should be tried again (None: nothing waits)."""

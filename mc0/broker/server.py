@@ -340,6 +340,7 @@ class Broker:
                     self._guarded(self._reload, now)
                     next_reload = now + reload_every
                 self._guarded(self._timers, now)
+                delivery.evict_stuck(now, self.config.broker.slow_consumer_ms)
                 delivery.flush(sock, now)
                 if http is not None and http.wanted and now >= self._next_snapshot:
                     self._publish_snapshot(http)
