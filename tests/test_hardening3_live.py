@@ -435,6 +435,9 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
                         peak = max(peak, process.memory_info().rss)
                 publisher.ping(timeout=60)
                 in_order, count, dropped, faults = done.get(timeout=120)
+                deadline = time.monotonic() + 20  # the stalled ones go slow_consumer_ms after they stuck
+                while counter(publisher, "forgotten_too_slow") < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 counters = json.loads(publisher.request("mc0.broker", "stats").body)["counters"]
                 assert publisher.faults == []
         finally:

@@ -317,7 +317,9 @@ class Broker:
                 if http is not None and http.wanted:
                     deadline = min(deadline, self._next_snapshot)
                 wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
-                ready = dict((holding if held else poller).poll(int(min(wait_ms, 1000.0)) + (wait_ms > 0)))
+                # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
+                timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
+                ready = dict((holding if held else poller).poll(timeout))
                 if self._wake_r in ready:
                     self._drain_wake()
                 if zap is not None and zap.zap_socket in ready:
