@@ -68,10 +68,6 @@ class BatchCursor:
         self.refused = 0  # records of this blob refused (and internal errors)
         self.first_refusal: ProtocolError | None = None  # the first one not answered on its own
 
-    def start(self, peer: Peer, blob: bytes) -> None:
-        self.peer, self.blob, self.pos = peer, blob, 0
-        self.refused, self.first_refusal = 0, None
-
 
 class BatchedInput:
     settings: CoreSettings
@@ -83,11 +79,12 @@ class BatchedInput:
     _plain_topics: dict[bytes, tuple[str, tuple[str, ...]]]
     _max_message_bytes: int
     _unfinished: dict[bytes, BatchCursor]  # routing id -> its batch walk, while there is work
+    _scratch_cursor: BatchCursor  # reused by every batch walked in one slice (no allocation per batch)
     batch_slice: int
 
     # Provided by the dispatcher and the verb handlers (annotations only: nothing is shadowed).
     _reject: Callable[[bytes, Peer | None, Sequence[bytes], ProtocolError, float], list[Out]]
-    _handle: Callable[[bytes, Sequence[bytes], float, str, int | None], list[Out]]
+    handle: Callable[[bytes, Sequence[bytes], float, str, int | None], list[Out]]
     internal_error: Callable[..., list[Out]]
     _with_finished: Callable[[list[Out], float], list[Out]]
     _put: Callable[[Peer, Command, float], list[Out]]
@@ -110,16 +107,16 @@ class BatchedInput:
         if len(blob) > limits.max_batch_bytes:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
             return self._reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
-        routing_id = peer.routing_id
-        cursor = self._unfinished.get(routing_id)  # (one is draining what waited behind an earlier batch)
-        if cursor is None:
-            cursor = BatchCursor(peer)
-        cursor.start(peer, blob)
+        cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
+        cursor.peer, cursor.blob, cursor.pos, cursor.refused, cursor.first_refusal = peer, blob, 0, 0, None
         out, _ = self._walk(cursor, self.batch_slice, now)
-        if cursor.blob or cursor.deferred:
-            self._unfinished[routing_id] = cursor
-        else:
-            self._unfinished.pop(routing_id, None)
+        if cursor.blob:  # work left: the scratch cursor becomes this peer's
+            self._scratch_cursor = BatchCursor(peer)
+            earlier = self._unfinished.get(peer.routing_id)
+            if earlier is not None:  # (never: handle() defers a peer's messages while it has a cursor)
+                cursor.deferred.extend(earlier.deferred)
+                cursor.deferred_bytes += earlier.deferred_bytes
+            self._unfinished[peer.routing_id] = cursor
         return out
 
     @property
@@ -142,18 +139,29 @@ class BatchedInput:
                     more, walked = self._walk(cursor, max(1, min(self.batch_slice, budget - spent)), now)
                     out += more
                     spent += walked
-                elif cursor.deferred:
+                    if cursor.blob or cursor.deferred:
+                        unfinished[routing_id] = unfinished.pop(routing_id)  # round robin: to the back
+                    else:
+                        del unfinished[routing_id]
+                elif cursor.deferred:  # its batch is done: the next message that waited, as it came
                     frames, identity, fd = cursor.deferred.popleft()
                     cursor.deferred_bytes -= sum(map(len, frames))
                     spent += 1
-                    try:  # (a batch among them reuses this cursor)
-                        out += self._handle(routing_id, frames, now, identity, fd)
+                    del unfinished[routing_id]  # (so that handle() does not make it wait again)
+                    self.counters["received"] -= 1  # (counted when it came; handle() counts it again)
+                    try:
+                        out += self.handle(routing_id, frames, now, identity, fd)
                     except Exception as exc:  # the per-message guard, as the shell's for what it reads
                         out += self.internal_error(routing_id, frames, exc, now=now)
-                if not cursor.blob and not cursor.deferred and unfinished.get(routing_id) is cursor:
+                    if cursor.deferred:
+                        again = unfinished.get(routing_id)
+                        if again is None:
+                            unfinished[routing_id] = cursor
+                        else:  # that message was a batch with work left: the rest wait behind it too
+                            again.deferred.extend(cursor.deferred)
+                            again.deferred_bytes += cursor.deferred_bytes
+                else:
                     del unfinished[routing_id]
-                elif routing_id in unfinished:  # round robin: to the back of the line
-                    unfinished[routing_id] = unfinished.pop(routing_id)
                 if spent >= budget:
                     break
         return out

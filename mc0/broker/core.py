@@ -106,6 +106,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self._max_message_bytes = self.settings.limits.max_message_bytes
         self.log_limit = LogLimiter()  # what a peer's faults may write to the log
         self._unfinished: dict[bytes, BatchCursor] = {}  # batches walked in slices (see batched.py)
+        self._scratch_cursor = BatchCursor(Peer(b"", P.ANONYMOUS, P.FULL_VERSION, 1.0, 0.0, P.MC0_BATCHED_DIALECT))
         self.batch_slice = BATCH_SLICE  # records of a batch walked per call (the shell may set it)
         # The verb table: what a connected mc0 peer's command does.
         self._verbs: dict[Verb, Handler] = {
@@ -170,11 +171,6 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.counters["received"] += 1
         if self._unfinished and routing_id in self._unfinished:  # behind its own batch, in order
             return self._defer(routing_id, frames, now, identity, fd)
-        return self._handle(routing_id, frames, now, identity, fd)
-
-    def _handle(
-        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
-    ) -> list[Out]:
         if identity in self.peers.revoked:
             self.counters["revoked_dropped"] += 1
             return []
@@ -334,9 +330,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """Drop a peer and everything it held, in every room; returns what that means for others."""
         if self.peers.remove(peer):
             self.forgotten.append(peer.routing_id)
-        cursor = self._unfinished.get(peer.routing_id)
+        cursor = self._unfinished.get(peer.routing_id) if self._unfinished else None
         if cursor is not None and cursor.peer is peer:
             cursor.blob = b""  # the rest of its batch goes with it (what it sent after still waits its turn)
+            if not cursor.deferred:
+                del self._unfinished[peer.routing_id]
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
         kept_again = self.mailboxes.offline(peer, now)

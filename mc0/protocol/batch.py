@@ -62,11 +62,14 @@ _REQUEST_B, _SERVICE_B, _ID_B, _TIMEOUT_B, _CALLER_B = b"REQUEST", b"SERVICE", b
 _PARTIAL_B, _FINAL_B, _OK_B = b"PARTIAL", b"FINAL", b"OK"
 
 
+_SHORT = "record shorter than its fixed fields"
+
+
 def _fixed(packer: struct.Struct, blob: bytes | memoryview, start: int, end: int) -> tuple[int, ...]:
     """A record's fixed fields; ``struct.error`` when the record is shorter than them (they are
     never read from the record after it)."""
     if end - start < packer.size:
-        raise struct.error("record shorter than its fixed fields")
+        raise struct.error(_SHORT)
     return packer.unpack_from(blob, start)
 
 
@@ -301,9 +304,13 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
 
 def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[bytes, bytes, bytes]:
     """A MESSAGE record's ``(sender, topic, data)`` (struct.error / ProtocolError if malformed)."""
-    (sl,) = _fixed(_U16, blob, start, end)
+    if end - start < 2:  # (the hot paths check the fixed fields inline: see _fixed)
+        raise struct.error(_SHORT)
+    (sl,) = _U16.unpack_from(blob, start)
     s = start + 2 + sl
-    (tl,) = _fixed(_U16, blob, s, end)
+    if end - s < 2:
+        raise struct.error(_SHORT)
+    (tl,) = _U16.unpack_from(blob, s)
     t = s + 2 + tl
     _check(t <= end)
     return blob[start + 2 : s], blob[s + 2 : t], blob[t:end]  # type: ignore[return-value]
@@ -311,7 +318,9 @@ def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[byte
 
 def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, bytes]:
     """A WORK record's ``(service, bid, caller, timeout_ms, data)``; malformed raises struct.error or ProtocolError."""
-    sl, il, cl, timeout_ms = _fixed(_WORK, blob, start, end)
+    if end - start < 10:
+        raise struct.error(_SHORT)
+    sl, il, cl, timeout_ms = _WORK.unpack_from(blob, start)
     s = start + 10 + sl
     i = s + il
     c = i + cl
@@ -321,7 +330,9 @@ def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, 
 
 def call_fields(blob: bytes, start: int, end: int) -> tuple[str, str, int, bytes]:
     """A CALL record's ``(service, request id, timeout_ms, data)``."""
-    sl, il, timeout_ms = _fixed(_CALL, blob, start, end)
+    if end - start < 8:
+        raise struct.error(_SHORT)
+    sl, il, timeout_ms = _CALL.unpack_from(blob, start)
     s = start + 8 + sl
     i = s + il
     _check(i <= end)
@@ -330,7 +341,9 @@ def call_fields(blob: bytes, start: int, end: int) -> tuple[str, str, int, bytes
 
 def reply_fields(blob: bytes, start: int, end: int) -> tuple[str, bytes]:
     """A PARTIAL or FINAL record's ``(request id, data)``."""
-    (il,) = _fixed(_U16, blob, start, end)
+    if end - start < 2:
+        raise struct.error(_SHORT)
+    (il,) = _U16.unpack_from(blob, start)
     i = start + 2 + il
     _check(i <= end)
     return blob[start + 2 : i].decode(), blob[i:end]
