@@ -111,7 +111,7 @@ def test_the_log_limiter_bounds_lines_per_peer_and_per_kind_and_counts_the_rest(
     assert limiter.suppressed_total == 3
 
 
-def test_short_paths_do_not_leak_into_the_table_of_keys() -> None:
+def test_the_log_limiters_table_of_keys_is_bounded() -> None:
     limiter = LogLimiter(per_key=1, per_kind=10**9, window=10.0, max_keys=16)
     for i in range(1000):
         limiter.allow(f"peer{i}", "kind", 0.0)
