@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import reprlib
 import tomllib
 import typing
 from pathlib import Path
@@ -58,6 +59,20 @@ __all__ = [
 
 C = TypeVar("C")
 
+_SHOWN = reprlib.Repr()  # a value quoted in an error: bounded in length and depth, whatever it is
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlevel = 3
+
+
+def _shown(value: object) -> str:
+    return _SHOWN.repr(value)
+
+
+def _no_nul(path: str, value: str) -> str:
+    if "\x00" in value:
+        raise ConfigError(path, "must not contain a NUL character")
+    return value
+
 
 def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
     hints = typing.get_type_hints(cls)
@@ -74,7 +89,7 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
             values[key] = Permissions.from_table(raw, path)
         elif kind is bool:
             if not isinstance(raw, bool):
-                raise ConfigError(path, f"must be true or false, got {raw!r}")
+                raise ConfigError(path, f"must be true or false, got {_shown(raw)}")
             values[key] = raw
         elif kind == dict[str, JournalSettings]:
             if not isinstance(raw, dict):
@@ -96,24 +111,28 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
             values[key] = _build(kind, raw, path)  # type: ignore[arg-type]
         elif kind is int:
             if not isinstance(raw, int) or isinstance(raw, bool):
-                raise ConfigError(path, f"must be an integer, got {raw!r}")
+                raise ConfigError(path, f"must be an integer, got {_shown(raw)}")
             minimum = known[key].metadata.get("min", 1)  # integers are at least 1 unless a field says
             if raw < minimum:
                 raise ConfigError(path, f"must be at least {minimum}, got {raw}")
             values[key] = raw
         elif kind is str:
             if not isinstance(raw, str) or not (raw or known[key].metadata.get("empty")):
-                raise ConfigError(path, f"must be a non-empty string, got {raw!r}")
+                raise ConfigError(path, f"must be a non-empty string, got {_shown(raw)}")
             choices = known[key].metadata.get("choices")
             if choices and raw not in choices:
-                raise ConfigError(path, f"must be one of {', '.join(choices)}, got {raw!r}")
-            values[key] = raw
+                raise ConfigError(path, f"must be one of {', '.join(choices)}, got {_shown(raw)}")
+            values[key] = _no_nul(path, raw)
         elif kind == tuple[str, ...]:
             if isinstance(raw, str):
                 raw = [raw]
             may_be_empty = known[key].metadata.get("empty")
             if not isinstance(raw, list) or not (raw or may_be_empty) or not all(isinstance(v, str) and v for v in raw):
-                raise ConfigError(path, f"must be a {'' if may_be_empty else 'non-empty '}list of strings, got {raw!r}")
+                raise ConfigError(
+                    path, f"must be a {'' if may_be_empty else 'non-empty '}list of strings, got {_shown(raw)}"
+                )
+            for value in raw:
+                _no_nul(path, value)
             if key == "topics":
                 for pattern in raw:
                     try:
@@ -168,10 +187,14 @@ def parse(text: str, source: str = "<string>") -> Config:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, f"not valid TOML: {exc}") from None
+    except RecursionError:  # (tomllib parses nested arrays and inline tables recursively)
+        raise ConfigError(source, "not valid TOML here: arrays or tables nested too deeply") from None
     try:
         return _check(_build(Config, table, ""))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.where}", exc.reason) from None
+    except RecursionError:
+        raise ConfigError(source, "values nested too deeply") from None
 
 
 def resolve_paths(config: Config, base: Path) -> Config:
@@ -223,9 +246,12 @@ def load(path: str | os.PathLike[str]) -> Config:
     except UnicodeDecodeError:
         raise ConfigError(str(path), "not UTF-8 text") from None
     config = parse(text, str(path))
-    base = path.resolve().parent
-    if config.data_dir:
-        base = (base / config.data_dir).resolve()
+    try:
+        base = path.resolve().parent
+        if config.data_dir:
+            base = (base / config.data_dir).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a path the OS refuses
+        raise ConfigError(f"{path}: data_dir", f"cannot resolve {_shown(config.data_dir)}: {exc}") from None
     return resolve_paths(config, base)
 
 

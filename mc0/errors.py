@@ -29,11 +29,16 @@ class ProtocolError(Error, ValueError):
         self.request_id = request_id
 
 
+def _one_line(text: str) -> str:
+    """``text`` with control characters (a config key or value may hold any) shown as escapes."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class ConfigError(Error, ValueError):
-    """A bad configuration value; ``where`` names the file and key."""
+    """A bad configuration value; ``where`` names the file and key (its message is one line)."""
 
     def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
+        super().__init__(_one_line(f"{where}: {reason}"))
         self.where = where
         self.reason = reason
 

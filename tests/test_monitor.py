@@ -153,7 +153,7 @@ def test_http_pages_and_metrics_under_traffic() -> None:
                 assert families["mc0_connections"].samples[0].value >= 3
                 assert families["process_resident_memory_bytes"].samples[0].value > 0
                 first = families["mc0_in_messages"].samples[0].value
-                # Counters move with traffic (poll: snapshots are reused for 0.25 s).
+                # Counters move with traffic (poll: the traffic takes a moment to arrive).
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and _metrics(base)["mc0_in_messages"].samples[0].value <= first:
                     time.sleep(0.05)

@@ -43,6 +43,7 @@ import zmq.asyncio
 
 from ..errors import ConfigError
 from ..settings import Config, MemodbConfig
+from .core.loglimit import LogLimiter
 from .core.peers import Out
 from .dialects.memodb import MAX_HEADER_BYTES, MemoDB, Reply, is_worker_request
 from .outbox import Outbox
@@ -83,6 +84,7 @@ class NngBridge:
             max_payload=max_message_bytes,
         )
         self.max_message_bytes = max_message_bytes
+        self.log_limit = LogLimiter()  # what MemoDB peers' requests may make the broker log
         self.address = ""  # what the listener is bound to, once started ("tcp://127.0.0.1:PORT")
         self.socket: zmq.Socket[bytes] | None = None
         self._rep: pynng.Rep0 | None = None
@@ -170,7 +172,8 @@ class NngBridge:
                 more, replies = self.memodb.handle(core, token, data, now)
             except Exception:  # the per-message guard: a bug costs this request (dropped), never the loop
                 core.counters["internal_errors"] += 1
-                log.exception("internal error handling a MemoDB request")
+                if self.log_limit.allow("memodb", "handling", now):  # (every MemoDB peer is one identity)
+                    log.exception("internal error handling a MemoDB request")
                 more, replies = [], [(token, None)]
             out += more
             self._send(replies)
@@ -185,7 +188,8 @@ class NngBridge:
                 more, replies = self.memodb.deliver(core, routing_id, message, now)
             except Exception:
                 core.counters["internal_errors"] += 1
-                log.exception("internal error delivering to a MemoDB peer")
+                if self.log_limit.allow("memodb", "delivering", now):
+                    log.exception("internal error delivering to a MemoDB peer")
                 continue
             out += more
             self._send(replies)

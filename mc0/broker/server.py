@@ -19,13 +19,11 @@ the batch's appends once (group commit) and only then returns their OKs.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
@@ -39,13 +37,13 @@ from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
 from .core.dispatch import BrokerCore, Out
-from .core.journaling import StreamOut
+from .delivery import Delivery
 from .dialects import route as dialect_route
 from .dialects.memodb import with_memodb_identity
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
 from .nngbridge import NngBridge
-from .outbox import GROUP_SKIP_BYTES, Outbox
+from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 from .storage.filestore import Journal
 
 log = logging.getLogger("mc0.broker")
@@ -57,19 +55,18 @@ RECV_BATCH = 512
 # ~2,000 commands; reading 512 of them before sending anything would stall every subscriber).
 RECV_BYTES = 256 * 1024
 RECV_HWM = 128  # messages libzmq holds per peer before the broker reads them
+# Seconds of a loop turn spent walking on through big batches (BrokerCore.resume), a slice at a time.
+WALK_BUDGET = 0.01
+# While the input is held (back-pressure), how often the loop looks whether it still is.
+HOLD_RECHECK = 0.01
+# The loop builds at most one monitoring snapshot per this many seconds (a scrape storm's cost).
+SNAPSHOT_INTERVAL = 0.02
 LINGER_MS = 500
-# Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
-# (4x at 64 KiB, 10 subscribers) and loses below.
-SHARE_FRAMES_FROM = 4096
-MAX_FOLLOW_UP_ROUNDS = 64
 # A batch sent to a peer holds at most this (more waiting goes in the next one).
 BATCH_OUT_BYTES = 256 * 1024
-# A replay or fetch queues its next page only while its peer's backlog is below this.
-STREAM_WINDOW = 1 << 20
 # pyzmq's constants are enum.Flag members: combining them per send builds enum
 # objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
 NOBLOCK = int(zmq.NOBLOCK)
-MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SRCFD = int(zmq.SRCFD)
 RCVMORE = int(zmq.RCVMORE)
 EVENTS = int(zmq.EVENTS)
@@ -83,16 +80,6 @@ def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
     while sock.getsockopt(RCVMORE):
         rest.append(recv(NOBLOCK))
     return rest
-
-
-def _send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any], copy: bool = True) -> None:
-    """Send one routed message. pyzmq's send_multipart computes ``zmq.SNDMORE | flags``
-    per frame, on enum.Flag members: measured at 13% of the broker's time."""
-    send = sock.send
-    send(routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
-    for frame in frames[:-1]:
-        send(frame, MORE_NOBLOCK, copy=copy)
-    send(frames[-1], NOBLOCK, copy=copy)
 
 
 def raise_fd_limit(wanted: int = 65_536) -> int:
@@ -129,8 +116,13 @@ class Broker:
             dialects=dialect_route,
         )
         cfg = self.config.broker
+        # A reader may hold the input (back-pressure) for at most half the time a slow consumer is given.
+        hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT
         self.outbox = Outbox(
-            max_bytes=cfg.max_queue_bytes, max_messages=cfg.max_queue_messages, batch_bytes=BATCH_OUT_BYTES
+            max_bytes=cfg.max_queue_bytes,
+            max_messages=cfg.max_queue_messages,
+            batch_bytes=BATCH_OUT_BYTES,
+            hold_limit=hold_limit,
         )
         # A queue-group member whose queue holds more than this is skipped while another can take it.
         group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
@@ -138,6 +130,7 @@ class Broker:
         # A journaled letter is recorded delivered only once nothing for its session waits here.
         self.core.mailboxes.sent_all = lambda routing_id: self.outbox.backlog(routing_id) == 0
         self.nng = NngBridge.configured(self.config)  # MemoDB (seed 003): NNG in its own thread, or None
+        self.delivery = Delivery(self.core, self.outbox, self.nng)
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -146,6 +139,7 @@ class Broker:
         self._wake_w: socket.socket | None = None
         self._stopping = threading.Event()
         self._reload_asked = False
+        self._reload_errors: dict[str, str] = {}  # keys / config -> why its last reload failed (logged once)
         self._closed = False
         self.allowed: AllowedKeys | None = None
         self.zap: ZapHandler | None = None
@@ -155,6 +149,7 @@ class Broker:
         listen = self.config.http.listen
         self.http = MonitorServer(listen, wake=self._wake) if listen else None
         self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
+        self._next_snapshot = 0.0  # the loop builds no snapshot before this (SNAPSHOT_INTERVAL)
         self._started = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
@@ -286,68 +281,102 @@ class Broker:
         assert sock is not None and self._wake_r is not None
         previous = self._install_signals() if install_signals else {}
         poller = zmq.Poller()
+        holding = zmq.Poller()  # the same sockets but the ROUTER: while the input is held (back-pressure)
         poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        for pollers in (poller, holding):
+            pollers.register(self._wake_r, zmq.POLLIN)
         if (nng := self.nng.socket if self.nng is not None else None) is not None:
-            poller.register(nng, zmq.POLLIN)
+            for pollers in (poller, holding):
+                pollers.register(nng, zmq.POLLIN)
         monitor = self._monitor
         assert monitor is not None
-        poller.register(monitor, zmq.POLLIN)
         zap = self.zap
-        if zap is not None:
-            assert zap.zap_socket is not None
-            poller.register(zap.zap_socket, zmq.POLLIN)
+        for pollers in (poller, holding):
+            pollers.register(monitor, zmq.POLLIN)
+            if zap is not None:
+                assert zap.zap_socket is not None
+                pollers.register(zap.zap_socket, zmq.POLLIN)
         core = self.core
         http = self.http
+        delivery = self.delivery
         reload_every = self.config.security.reload_ms / 1000.0
         next_reload = time.monotonic() + reload_every
         try:
             while not self._stopping.is_set():
+                start = time.monotonic()
+                held = delivery.holding_input(start)
                 deadline = core.next_deadline()
                 if self.allowed is not None:
                     deadline = min(deadline, next_reload)
                 retry = self.outbox.next_retry()
                 if retry is not None:
                     deadline = min(deadline, retry)
+                if held:
+                    deadline = min(deadline, start + HOLD_RECHECK)
+                elif core.unfinished:
+                    deadline = start  # batches to walk on: look at the socket and go on at once
+                if http is not None and http.wanted:
+                    deadline = min(deadline, self._next_snapshot)
                 wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
-                ready = dict(poller.poll(int(min(wait_ms, 1000.0)) + 1))
+                # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
+                timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
+                ready = dict((holding if held else poller).poll(timeout))
                 if self._wake_r in ready:
                     self._drain_wake()
                 if zap is not None and zap.zap_socket in ready:
                     zap.handle()
                 if monitor in ready:  # closes first: see _receive
                     self._connections_closed(monitor, time.monotonic())
-                if sock in ready or core.closing:
-                    self._receive(sock, time.monotonic())
+                if not held:
+                    now = time.monotonic()
+                    if sock in ready or core.closing:
+                        if self._receive(sock, now):
+                            core.caught_up(now)  # read empty: every peer's silence up to now is real
+                    else:
+                        core.caught_up(now)  # polled empty
+                    if core.unfinished:
+                        self._walk_batches(time.monotonic())
                 if nng in ready and self.nng is not None:  # MemoDB requests
-                    self._apply(self.nng.receive(core, time.monotonic()), time.monotonic())
+                    delivery.apply(self.nng.receive(core, time.monotonic()), time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
-                    self._reload(now)
+                    self._guarded(self._reload, now)
                     next_reload = now + reload_every
                 self._guarded(self._timers, now)
-                self._flush(sock, now)
-                if http is not None and http.wanted:  # an HTTP request waits (one attribute read per turn)
+                delivery.evict_stuck(now, self.config.broker.slow_consumer_ms)
+                delivery.flush(sock, now)
+                if http is not None and http.wanted and now >= self._next_snapshot:
                     self._publish_snapshot(http)
             now = time.monotonic()
-            self._apply(core.shutdown(now), now)
+            delivery.apply(core.shutdown(now), now)
             if core.uncommitted:
-                self._apply(core.commit(), time.monotonic())
-            self._flush(sock, time.monotonic())
+                delivery.apply(core.commit(), time.monotonic())
+            delivery.flush(sock, time.monotonic())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.close()
             log.info("broker stopped")
 
+    def _walk_batches(self, now: float) -> None:
+        """Walk on through big batches, a slice at a time, for at most ``WALK_BUDGET`` seconds of
+        this turn (the next turn reads the socket first: other peers are served between slices)."""
+        core = self.core
+        delivery = self.delivery
+        stop = now + WALK_BUDGET
+        while core.unfinished:
+            delivery.apply(core.resume(now, core.batch_slice), now)
+            if time.monotonic() >= stop or delivery.holding_input(now):
+                return
+
     def _timers(self, now: float) -> None:
         core = self.core
         if now >= core.next_deadline():
-            self._apply(core.tick(now), now)
+            self.delivery.apply(core.tick(now), now)
         if core.streaming:
-            self._queue_stream(core.stream(now), now)
+            self.delivery.queue_stream(core.stream(now), now)
         if core.uncommitted:
-            self._apply(core.commit(), now)
+            self.delivery.apply(core.commit(), now)
 
     def _guarded(self, work: Any, now: float) -> None:
         """Timer work (ticks, streams, commits) that raises is logged and counted, never fatal."""
@@ -359,6 +388,7 @@ class Broker:
 
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()
+        self._next_snapshot = now + SNAPSHOT_INTERVAL
         try:
             snap = snapshot(
                 self.core, self.outbox, now=now, started=self._started, wall=time.time(), in_bytes=self.bytes_in
@@ -377,7 +407,8 @@ class Broker:
         except OSError:
             pass
 
-    def _receive(self, sock: zmq.Socket[bytes], now: float) -> None:
+    def _receive(self, sock: zmq.Socket[bytes], now: float) -> bool:
+        """One turn's messages (bounded in count and bytes); True when the socket read empty."""
         handle = self.core.handle
         sessions = self.core.sessions
         forgotten = self.core.forgotten
@@ -402,9 +433,9 @@ class Broker:
                 # Read empty: whatever a connection reported closed sent before it
                 # closed has been handled, so its session can go now.
                 if self.core.closing:
-                    self._apply(self.core.forget_closed(now, drained=True), now)
+                    self.delivery.apply(self.core.forget_closed(now, drained=True), now)
                 self.bytes_in += received
-                return
+                return True
             rest = _recv_rest(sock) if first.more else []
             identity = ANONYMOUS
             if curve:
@@ -422,16 +453,17 @@ class Broker:
             try:
                 out = handle(routing_id, rest, now, identity, first.get(SRCFD))
             except Exception as exc:  # the per-message guard: one message's fault costs that message only
-                out = self.core.internal_error(routing_id, rest, exc)
+                out = self.core.internal_error(routing_id, rest, exc, now=now)
             if out or forgotten:
-                self._apply(out, now)
+                self.delivery.apply(out, now)
             if rest:
                 received += len(rest[-1])
                 if received >= RECV_BYTES:
                     break
         self.bytes_in += received
         if self.core.closing:  # a full batch, not read empty: only overdue closes
-            self._apply(self.core.forget_closed(now, drained=False), now)
+            self.delivery.apply(self.core.forget_closed(now, drained=False), now)
+        return False
 
     def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
         """Report the closes the monitor has; the core forgets them once the socket reads empty.
@@ -448,110 +480,47 @@ class Broker:
                 self.core.connection_closed(int(event["value"]), now)
 
     def _reload(self, now: float) -> None:
-        """Re-read the allowed folder (and the config's permissions); apply the difference."""
+        """Re-read the allowed folder (and the config's permissions); apply the difference.
+
+        A reload never stops the broker: whatever cannot be read (a broken
+        config, an unreadable folder) leaves what is in force as it is, and
+        one line says why (once per distinct reason)."""
         asked, self._reload_asked = self._reload_asked, False
+        if asked:
+            self.core.counters["reloads"] += 1
         out: list[Out] = []
         if self.allowed is not None and (asked or self.allowed.changed()):
-            revoked = self.allowed.load(strict=False)
-            self.core.allow(self.allowed.identities)
-            if revoked:
-                log.warning("keys revoked: %s", ", ".join(sorted(revoked)))
-                out += self.core.revoke(revoked, now)
+            try:
+                revoked = self.allowed.load(strict=False)
+            except Exception as exc:  # (an OSError, or anything a broken folder makes of the loader)
+                self._reload_failed("keys", f"keys not reloaded (those in force stay): {self.allowed.folder}: {exc}")
+            else:
+                self._reload_errors.pop("keys", None)
+                self.core.allow(self.allowed.identities)
+                if revoked:
+                    log.warning("keys revoked: %s", ", ".join(sorted(revoked)))
+                    out += self.core.revoke(revoked, now)
             asked = True
         if asked and self.config_path:
             try:
                 fresh = load(self.config_path)
-            except ConfigError as exc:
-                log.error("permissions not reloaded: %s", exc)
-            else:
-                self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 permissions = with_memodb_identity(fresh.permissions, self.config.memodb.identity)
+            except Exception as exc:  # ConfigError, or anything else: the configuration in force stays
+                reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                self._reload_failed("config", f"configuration not reloaded (the one in force stays): {reason}")
+            else:
+                self._reload_errors.pop("config", None)
+                self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 out += self.core.set_permissions(permissions, now)
         if out:
-            self._apply(out, now)
+            self.delivery.apply(out, now)
 
-    def _apply(self, out: Iterable[Out], now: float) -> None:
-        """Queue what the core returned, each message in its peer's outbox.
-
-        First the queues of peers the core just forgot are discarded (their
-        backlog is freed at once; what ``out`` still says to them, such as a
-        429, gets a short-lived queue of its own).  A message over its
-        peer's budget is refused and reported to the core as a drop; the
-        core's answer to that (an eviction) is queued in turn, boundedly.
-        """
-        core = self.core
-        outbox = self.outbox
-        sessions = core.sessions
-        pending: Iterable[Out] = out
-        for _ in range(MAX_FOLLOW_UP_ROUNDS):
-            for routing_id in core.take_forgotten():
-                outbox.discard(routing_id)
-                if self.nng is not None:
-                    self.nng.forgotten(routing_id)  # its waiting NNG request is answered
-            follow_up: list[Out] = []
-            for routing_id, payload in pending:
-                peer = sessions.get(routing_id)
-                batched = peer is not None and peer.batched
-                if peer is not None and peer.enveloped:  # an mc0d-era DEALER's session
-                    payload = peer.framed(payload)
-                if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now):
-                    follow_up += core.send_failed(routing_id, now, unreachable=False)
-            if not follow_up and not core.forgotten:
-                return
-            pending = follow_up
-
-    def _flush(self, sock: zmq.Socket[bytes], now: float) -> None:
-        """Send what is queued: per peer, everything it accumulated (batched peers: in as few
-        BATCH messages as fit); a peer whose pipe is full keeps the rest for a retry."""
-        outbox = self.outbox
-        if not outbox.pending:
-            return
-        shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
-        for routing_id in outbox.ready(now):
-            if self.core.closing and self.core.peers.is_closing(routing_id):  # another key may hold it by now
-                continue
-            if self.nng is not None and self.nng.memodb.owns(routing_id):
-                self._apply(self.nng.flush(self.core, outbox, routing_id, now), now)
-                continue
-            while (message := outbox.next_message(routing_id)) is not None:
-                try:
-                    if len(message) > 3 and max(map(len, message)) >= SHARE_FRAMES_FROM:
-                        frames = shared.get(id(message))
-                        if frames is None:
-                            frames = shared[id(message)] = [zmq.Frame(f) for f in message]
-                        _send_frames(sock, routing_id, frames, copy=False)
-                    else:
-                        _send_frames(sock, routing_id, message)
-                except zmq.Again:
-                    outbox.blocked(routing_id, now)
-                    break
-                except zmq.ZMQError as exc:
-                    if exc.errno != errno.EHOSTUNREACH:
-                        raise
-                    outbox.discard(routing_id)
-                    self._apply(self.core.send_failed(routing_id, now, unreachable=True), now)
-                    break
-                outbox.sent(routing_id)
-
-    def _queue_stream(self, out: list[StreamOut], now: float) -> None:
-        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the stream
-        is paused and rewound (``core.stream_blocked``), so a replay never overruns a slow reader's
-        budget and is never counted as a drop.  Once one page of a peer is held back, every later
-        one is too, so each stream resumes at its first unsent message, in order."""
-        outbox = self.outbox
-        sessions = self.core.sessions
-        blocked: set[bytes] = set()
-        for item in out:
-            routing_id = item.routing_id
-            peer = sessions.get(routing_id)
-            if (
-                routing_id in blocked
-                or peer is None
-                or outbox.backlog(routing_id) > STREAM_WINDOW
-                or not outbox.put(routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now)
-            ):
-                blocked.add(routing_id)
-                self.core.stream_blocked(item, now)
+    def _reload_failed(self, what: str, line: str) -> None:
+        self.core.counters["reload_failed"] += 1
+        line = " ".join(line.split())[:500]  # one line, bounded
+        if self._reload_errors.get(what) != line:  # a folder checked every reload_ms says it once
+            self._reload_errors[what] = line
+            log.error("%s", line)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

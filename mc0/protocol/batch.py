@@ -62,6 +62,17 @@ _REQUEST_B, _SERVICE_B, _ID_B, _TIMEOUT_B, _CALLER_B = b"REQUEST", b"SERVICE", b
 _PARTIAL_B, _FINAL_B, _OK_B = b"PARTIAL", b"FINAL", b"OK"
 
 
+_SHORT = "record shorter than its fixed fields"
+
+
+def _fixed(packer: struct.Struct, blob: bytes | memoryview, start: int, end: int) -> tuple[int, ...]:
+    """A record's fixed fields; ``struct.error`` when the record is shorter than them (they are
+    never read from the record after it)."""
+    if end - start < packer.size:
+        raise struct.error(_SHORT)
+    return packer.unpack_from(blob, start)
+
+
 def batch_frames(blob: bytes) -> list[bytes]:
     """The message that carries ``blob``."""
     return [BATCH, b"", blob]
@@ -194,14 +205,14 @@ def record_of(frames: Sequence[bytes]) -> bytes:
 # ---------------------------------------------------------------- decoding
 
 
-def records(blob: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
-    """``(code, start, end)`` of each record's body in ``blob``.
+def records(blob: bytes | memoryview, pos: int = 0) -> Iterator[tuple[int, int, int]]:
+    """``(code, start, end)`` of each record's body in ``blob``, from the record at ``pos`` on
+    (a record's end is where the next one starts: a walk resumes there).
 
     Raises ``ProtocolError`` (400) where the blob stops splitting into
     records (a size running past the end, an unknown code): the records
     before it are yielded first.
     """
-    pos = 0
     end = len(blob)
     unpack = _HEAD.unpack_from
     while pos < end:
@@ -221,7 +232,7 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
     """A record's command as frames (what an unbatched peer would have sent); ProtocolError if malformed."""
     try:
         if code == PUT:
-            (tl,) = _U16.unpack_from(blob, start)
+            (tl,) = _fixed(_U16, blob, start, end)
             t = start + 2 + tl
             _check(t <= end)
             return [_PUT_B, _TOPIC_B, bytes(blob[start + 2 : t]), b"", bytes(blob[t:end])]
@@ -229,7 +240,7 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
             sender, topic, data = message_fields(blob, start, end)
             return [_MESSAGE_B, _TOPIC_B, bytes(topic), _SENDER_B, bytes(sender), b"", bytes(data)]
         if code == CALL:
-            sl, il, timeout = _CALL.unpack_from(blob, start)
+            sl, il, timeout = _fixed(_CALL, blob, start, end)
             s = start + 8 + sl
             i = s + il
             _check(i <= end)
@@ -246,7 +257,7 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
                 bytes(blob[i:end]),
             ]
         if code == WORK:
-            sl, il, cl, timeout = _WORK.unpack_from(blob, start)
+            sl, il, cl, timeout = _fixed(_WORK, blob, start, end)
             s = start + 10 + sl
             i = s + il
             c = i + cl
@@ -265,7 +276,7 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
                 bytes(blob[c:end]),
             ]
         if code == PARTIAL or code == FINAL:
-            (il,) = _U16.unpack_from(blob, start)
+            (il,) = _fixed(_U16, blob, start, end)
             i = start + 2 + il
             _check(i <= end)
             return [
@@ -277,7 +288,7 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
             ]
         if code == OK:
             return [_OK_B, _ID_B, bytes(blob[start:end])]
-        (n,) = _U16.unpack_from(blob, start)
+        (n,) = _fixed(_U16, blob, start, end)
         pos = start + 2 + 4 * n
         _check(pos <= end)
         lengths = struct.unpack_from(f"<{n}I", blob, start + 2)
@@ -293,8 +304,12 @@ def frames_of(blob: bytes | memoryview, code: int, start: int, end: int) -> list
 
 def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[bytes, bytes, bytes]:
     """A MESSAGE record's ``(sender, topic, data)`` (struct.error / ProtocolError if malformed)."""
+    if end - start < 2:  # (the hot paths check the fixed fields inline: see _fixed)
+        raise struct.error(_SHORT)
     (sl,) = _U16.unpack_from(blob, start)
     s = start + 2 + sl
+    if end - s < 2:
+        raise struct.error(_SHORT)
     (tl,) = _U16.unpack_from(blob, s)
     t = s + 2 + tl
     _check(t <= end)
@@ -303,6 +318,8 @@ def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[byte
 
 def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, bytes]:
     """A WORK record's ``(service, bid, caller, timeout_ms, data)``; malformed raises struct.error or ProtocolError."""
+    if end - start < 10:
+        raise struct.error(_SHORT)
     sl, il, cl, timeout_ms = _WORK.unpack_from(blob, start)
     s = start + 10 + sl
     i = s + il
@@ -313,6 +330,8 @@ def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, 
 
 def call_fields(blob: bytes, start: int, end: int) -> tuple[str, str, int, bytes]:
     """A CALL record's ``(service, request id, timeout_ms, data)``."""
+    if end - start < 8:
+        raise struct.error(_SHORT)
     sl, il, timeout_ms = _CALL.unpack_from(blob, start)
     s = start + 8 + sl
     i = s + il
@@ -322,6 +341,8 @@ def call_fields(blob: bytes, start: int, end: int) -> tuple[str, str, int, bytes
 
 def reply_fields(blob: bytes, start: int, end: int) -> tuple[str, bytes]:
     """A PARTIAL or FINAL record's ``(request id, data)``."""
+    if end - start < 2:
+        raise struct.error(_SHORT)
     (il,) = _U16.unpack_from(blob, start)
     i = start + 2 + il
     _check(i <= end)
@@ -337,12 +358,12 @@ def id_of(blob: bytes | memoryview, code: int, start: int, end: int) -> str | No
     """Best-effort read of a record's ID (to answer a refused record with it)."""
     try:
         if code in (CALL, WORK):
-            sl, il = U16_PAIR.unpack_from(blob, start)
+            sl, il = _fixed(U16_PAIR, blob, start, end)
             offset = start + (8 if code == CALL else 10) + sl
-            return bytes(blob[offset : offset + il]).decode()
+            return bytes(blob[offset : offset + il]).decode() if offset + il <= end else None
         if code == PARTIAL or code == FINAL:
-            (il,) = _U16.unpack_from(blob, start)
-            return bytes(blob[start + 2 : start + 2 + il]).decode()
+            (il,) = _fixed(_U16, blob, start, end)
+            return bytes(blob[start + 2 : start + 2 + il]).decode() if start + 2 + il <= end else None
         if code == OK:
             return bytes(blob[start:end]).decode()
         if code == FRAMES:
@@ -369,12 +390,12 @@ def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, sid
         raise ProtocolError(Status.TOO_LARGE, reason, id_of(blob, code, start, end))
     try:
         if code == PUT:
-            (tl,) = _U16.unpack_from(blob, start)
+            (tl,) = _fixed(_U16, blob, start, end)
             t = start + 2 + tl
             _check(t <= end)
             return Command(Verb.PUT, {Header.TOPIC: blob[start + 2 : t].decode()}, (blob[t:end],))
         if code == CALL:
-            sl, il, timeout = _CALL.unpack_from(blob, start)
+            sl, il, timeout = _fixed(_CALL, blob, start, end)
             s = start + 8 + sl
             i = s + il
             _check(i <= end)
@@ -386,7 +407,7 @@ def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, sid
             }
             return Command(Verb.REQUEST, headers, (blob[i:end],))
         if code == PARTIAL or code == FINAL:
-            (il,) = _U16.unpack_from(blob, start)
+            (il,) = _fixed(_U16, blob, start, end)
             i = start + 2 + il
             _check(i <= end)
             verb = Verb.FINAL if code == FINAL else Verb.PARTIAL

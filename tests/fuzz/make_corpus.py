@@ -9,12 +9,13 @@ Files named regression-* (inputs that once crashed) are kept.
 from __future__ import annotations
 
 import hashlib
+import struct
 from pathlib import Path
 
 import cbor2
 
 from mc0 import protocol as P
-from mc0.protocol import Header, Verb
+from mc0.protocol import Header, Verb, batch
 
 HERE = Path(__file__).parent
 VALUES = {
@@ -170,7 +171,59 @@ def seeds() -> list[bytes]:
     out.append(step(0, 1, [b"", b"CONNECT", b"VERSION", b"1.0", b"TTL", b"100", b"BATCH", b"1"]) + step(5, 1, []))
     out.append(e_worker + step(0, 0, [*e, b"REQUEST", b"m", b"eq", b"reply-requested,guarantee,retry-count:3", b"x"]))
     out.append(s0_worker + step(0, 0, [b"MDPXC01", b"\x01", b"s0", b"r1"]))
+    return out + batched_seeds()
+
+
+BATCHED = 0x08  # fuzz_core.py: a handle step whose frames are raw batch records, sent as one BATCH
+
+
+def batched_seeds() -> list[bytes]:
+    """Batched input: every record shape, short records, a batch longer than the harness's slice
+    with a message waiting behind it, refusals, and a loop turn (tick) to send what accumulated."""
+    connect = step(0, 0, [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"1000", b"BATCH", b"1", b"ID", b"c"])
+    worker = step(0, 1, [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"1000", b"BATCH", b"1"]) + step(
+        BATCHED, 1, [batch.record_of([b"READY", b"", b"svc"])]
+    )
+    records = [
+        batch.record_of([b"SUB", b"ID", b"s", b"", b"t.>"]),
+        batch.put_record(b"t.a", b"x"),
+        batch.call_record(b"svc", b"r1", 100, b"q"),
+        batch.reply_record(False, b"1", b"p"),
+        batch.reply_record(True, b"1", b"f"),
+        batch.record_of([b"PING", b"ID", b"p"]),
+        batch.record_of([b"NOOP"]),
+    ]
+    tick = step(4, 0x10, [])
+    out = [connect + worker + step(BATCHED, 0, records) + step(BATCHED, 1, records[3:5]) + tick]
+    for code in (batch.PUT, batch.CALL, batch.PARTIAL, batch.FINAL, batch.FRAMES):
+        for body in (b"", b"x", b"\x01\x00\x01\x00\x05"):
+            short = struct.pack("<IB", 1 + len(body), code) + body
+            out.append(connect + step(BATCHED, 0, [short, records[5]]) + tick)
+    noops = [batch.record_of([b"NOOP"])] * 20
+    out.append(connect + step(BATCHED, 0, [*noops, records[5]]) + step(0, 0, [b"PING", b"ID", b"behind"]) + tick)
+    out.append(connect + step(BATCHED, 0, noops) + step(6, 0x13, []) + step(0, 0, [b"DISCONNECT"]) + tick)
+    refused = [batch.record_of([b"PUT", b"TOPIC", b"bad..t", b"ID", b"r%d" % i, b"", b"x"]) for i in range(20)]
+    out.append(connect + step(BATCHED, 0, refused) + step(6, 0x1F, []) + tick)
     return out
+
+
+def regressions() -> dict[str, bytes]:
+    """Inputs that crashed the broker (issue 18): kept as regression-* seeds."""
+    connect_batched = [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"1000", b"BATCH", b"1", b"ID", b"c"]
+    tick = step(4, 0x10, [])
+    return {
+        # A 401 made the routing id's queue unbatched; CONNECT BATCH 1, then a record for it.
+        "regression-401-then-batched": step(0, 0, [b"NOOP"])
+        + step(0, 0, connect_batched)
+        + step(0, 0, [b"REQUEST", b"SERVICE", b"mc0.broker", b"ID", b"r", b"", b"stats"])
+        + tick,
+        # A letter kept for bob; bob's NOOP and CONNECT BATCH 1 in one loop turn.
+        "regression-letter-then-batched": step(0, 1, [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"1000"])
+        + step(0, 1, [b"PUT", b"TOPIC", b"cmd.x", b"TO", b"bob", b"ID", b"m", b"", b"hi"])
+        + step(0, 2, [b"NOOP"])
+        + step(0, 2, connect_batched)
+        + tick,
+    }
 
 
 def main() -> None:
@@ -181,6 +234,8 @@ def main() -> None:
             old.unlink()
     for seed in seeds():
         (corpus / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+    for name, seed in regressions().items():
+        (corpus / name).write_bytes(seed)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The batched wire's input: one ``BATCH "" blob`` message, record by record, with hot paths.
+"""The batched wire's input: one ``BATCH "" blob`` message, record by record, in slices, with hot paths.
 
 Contract: a mixin of :class:`~mc0.broker.core.dispatch.BrokerCore` (which creates
 the rooms and the verb table it uses).  ``_batch`` handles each record as if
@@ -6,11 +6,22 @@ it came alone, in order; PUT records take ``_put_record`` (every check
 ``_put`` makes, no Command built unless a journal keeps the topic) and CALL /
 PARTIAL / FINAL records ``_rpc_record``.  A refused record gets its own
 ERROR and spoils nothing after it.  Pure: no sockets, no clock.
+
+A batch is walked at most ``batch_slice`` records at a time: a longer one
+leaves a :class:`BatchCursor`, and ``resume(now, budget)`` walks on (one
+slice per peer in turn), so the shell serves other peers between slices.
+Until a peer's batch is done its later messages wait behind it, in order
+(``_defer``), up to ``DEFER_MESSAGES`` messages / twice ``max_batch_bytes``;
+beyond that a message is refused 429 and changes nothing.  A batch's
+refusals are coalesced: the first ``REFUSALS_ANSWERED`` get their own ERROR
+(with the record's ID); the rest are counted and, when the batch is done,
+answered by one ERROR that says how many and why the first of them was.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import struct
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from ... import protocol as P
@@ -27,6 +38,10 @@ _U16 = P.batch.U16
 _CALL_RECORD, _FINAL_RECORD = P.batch.CALL, P.batch.FINAL
 _RPC_RECORDS = frozenset({P.batch.CALL, P.batch.PARTIAL, P.batch.FINAL})
 _PLAIN_TOPICS = 4096  # PUT-record topics known to be valid, unjournaled and not the broker's own
+BATCH_SLICE = 2048  # records walked per call before the cursor is kept (the shell may change it)
+REFUSALS_ANSWERED = 16  # refused records of one batch answered one by one; the rest are counted
+DEFER_MESSAGES = 1024  # a peer's messages waiting behind its unfinished batch, at most
+_SHORT = "batch record too short for its fields"
 
 
 def _drain(sink: dict[bytes, list[bytes]], out: list[Out]) -> None:
@@ -39,6 +54,21 @@ def _drain(sink: dict[bytes, list[bytes]], out: list[Out]) -> None:
 _NOT_BATCHED = "BATCH needs CONNECT ... BATCH 1 first"
 
 
+class BatchCursor:
+    """Where a peer's batch walk stands, and what the peer sent after it (handled once it is done)."""
+
+    __slots__ = ("peer", "blob", "pos", "deferred", "deferred_bytes", "refused", "first_refusal")
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.blob = b""  # b"": no records left to walk
+        self.pos = 0
+        self.deferred: deque[tuple[Sequence[bytes], str, int | None]] = deque()  # (frames, identity, fd)
+        self.deferred_bytes = 0
+        self.refused = 0  # records of this blob refused (and internal errors)
+        self.first_refusal: ProtocolError | None = None  # the first one not answered on its own
+
+
 class BatchedInput:
     settings: CoreSettings
     counters: Counter[str]
@@ -48,16 +78,21 @@ class BatchedInput:
     _verbs: dict[Verb, Callable[[Peer, Command, float], list[Out]]]
     _plain_topics: dict[bytes, tuple[str, tuple[str, ...]]]
     _max_message_bytes: int
+    _unfinished: dict[bytes, BatchCursor]  # routing id -> its batch walk, while there is work
+    _scratch_cursor: BatchCursor  # reused by every batch walked in one slice (no allocation per batch)
+    batch_slice: int
 
     # Provided by the dispatcher and the verb handlers (annotations only: nothing is shadowed).
     _reject: Callable[[bytes, Peer | None, Sequence[bytes], ProtocolError, float], list[Out]]
+    handle: Callable[[bytes, Sequence[bytes], float, str, int | None], list[Out]]
     internal_error: Callable[..., list[Out]]
     _with_finished: Callable[[list[Out], float], list[Out]]
     _put: Callable[[Peer, Command, float], list[Out]]
     _call: Callable[[Peer, str, str, int, bool, dict[str, str], Sequence[bytes], float], list[Out]]
 
     def _batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
-        """``BATCH "" blob``: each record handled as if it came alone, in order.
+        """``BATCH "" blob``: each record handled as if it came alone, in order; the first
+        ``batch_slice`` records now, the rest by ``resume``.
 
         A refused record is answered with its own ERROR (and ID) and a record
         that raises is one internal error: neither spoils the records after it.
@@ -72,12 +107,103 @@ class BatchedInput:
         if len(blob) > limits.max_batch_bytes:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
             return self._reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
+        cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
+        cursor.peer, cursor.blob, cursor.pos, cursor.refused, cursor.first_refusal = peer, blob, 0, 0, None
+        out, _ = self._walk(cursor, self.batch_slice, now)
+        if cursor.blob:  # work left: the scratch cursor becomes this peer's
+            self._scratch_cursor = BatchCursor(peer)
+            earlier = self._unfinished.get(peer.routing_id)
+            if earlier is not None:  # (never: handle() defers a peer's messages while it has a cursor)
+                cursor.deferred.extend(earlier.deferred)
+                cursor.deferred_bytes += earlier.deferred_bytes
+            self._unfinished[peer.routing_id] = cursor
+        return out
+
+    @property
+    def unfinished(self) -> bool:
+        """Batches (or messages waiting behind them) are left for ``resume``."""
+        return bool(self._unfinished)
+
+    def resume(self, now: float, budget: int) -> list[Out]:
+        """Walk on through unfinished batches, one slice per peer in turn, about ``budget`` records
+        (a message that waited behind a batch counts one); then the messages that waited, in order."""
+        out: list[Out] = []
+        spent = 0
+        unfinished = self._unfinished
+        while unfinished and spent < budget:
+            for routing_id in list(unfinished):
+                cursor = unfinished.get(routing_id)
+                if cursor is None:
+                    continue
+                if cursor.blob:
+                    more, walked = self._walk(cursor, max(1, min(self.batch_slice, budget - spent)), now)
+                    out += more
+                    spent += walked
+                    if cursor.blob or cursor.deferred:
+                        unfinished[routing_id] = unfinished.pop(routing_id)  # round robin: to the back
+                    else:
+                        del unfinished[routing_id]
+                elif cursor.deferred:  # its batch is done: the next message that waited, as it came
+                    frames, identity, fd = cursor.deferred.popleft()
+                    cursor.deferred_bytes -= sum(map(len, frames))
+                    spent += 1
+                    del unfinished[routing_id]  # (so that handle() does not make it wait again)
+                    self.counters["received"] -= 1  # (counted when it came; handle() counts it again)
+                    try:
+                        out += self.handle(routing_id, frames, now, identity, fd)
+                    except Exception as exc:  # the per-message guard, as the shell's for what it reads
+                        out += self.internal_error(routing_id, frames, exc, now=now)
+                    if cursor.deferred:
+                        again = unfinished.get(routing_id)
+                        if again is None:
+                            unfinished[routing_id] = cursor
+                        else:  # that message was a batch with work left: the rest wait behind it too
+                            again.deferred.extend(cursor.deferred)
+                            again.deferred_bytes += cursor.deferred_bytes
+                else:
+                    del unfinished[routing_id]
+                if spent >= budget:
+                    break
+        return out
+
+    def _defer(
+        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
+    ) -> list[Out]:
+        """A message from a peer whose batch is still being walked: it waits its turn (bounded)."""
+        cursor = self._unfinished[routing_id]
+        size = sum(map(len, frames))
+        limit = 2 * self.settings.limits.max_batch_bytes
+        if len(cursor.deferred) >= DEFER_MESSAGES or cursor.deferred_bytes + size > limit:
+            self.counters["refused_busy"] += 1
+            left = len(cursor.blob) - cursor.pos if cursor.blob else 0
+            reason = (
+                f"busy: {left} bytes of an earlier batch and {len(cursor.deferred)} messages of yours are still "
+                "waiting to be handled; send slower"
+            )
+            exc = ProtocolError(Status.OVER_LIMIT, reason, P.find_id(frames, self.settings.limits.max_headers))
+            return self._reject(routing_id, None, frames, exc, now)
+        cursor.deferred.append((frames, identity, fd))
+        cursor.deferred_bytes += size
+        cursor.peer.last_recv = now  # heard: waiting here is not silence
+        return []
+
+    def _walk(self, cursor: BatchCursor, limit: int, now: float) -> tuple[list[Out], int]:
+        """Up to ``limit`` records of the cursor's batch; returns what to send and the records walked."""
+        peer, blob = cursor.peer, cursor.blob
+        limits = self.settings.limits
         verbs = self._verbs
         out: list[Out] = []
         sink: dict[bytes, list[bytes]] = {}
         published = 0
+        walked = 0
+        pos = cursor.pos
+        done = False
         try:
-            for code, start, end in batch.records(blob):
+            for code, start, end in batch.records(blob, pos):
+                if walked >= limit:
+                    break
+                walked += 1
+                pos = end
                 try:
                     if code == _PUT_RECORD:
                         published += self._put_record(peer, blob, start, end, now, out, sink)
@@ -93,26 +219,60 @@ class BatchedInput:
                         raise ProtocolError(Status.BAD_REQUEST, f"{verb} cannot be batched", command.id)
                     out += verbs[verb](peer, command, now)
                     if verb is Verb.DISCONNECT:
+                        done = True
                         break
                 except ProtocolError as exc:
-                    if exc.request_id is None:
+                    if exc.request_id is None and (cursor.refused < REFUSALS_ANSWERED or cursor.first_refusal is None):
                         exc = ProtocolError(exc.code, exc.reason, batch.id_of(blob, code, start, end))
                     if sink:
                         _drain(sink, out)
-                    out += self._reject(peer.routing_id, peer, (), exc, now)
+                    out += self._refused(cursor, exc, now)
                 except Exception as exc:  # one record's bug costs that record only
                     if sink:
                         _drain(sink, out)
-                    out += self.internal_error(peer.routing_id, (), exc, batch.id_of(blob, code, start, end))
+                    cursor.refused += 1
+                    out += self.internal_error(peer.routing_id, (), exc, batch.id_of(blob, code, start, end), now=now)
+            else:
+                done = True
         except ProtocolError as exc:  # the blob stopped splitting into records here
             if sink:
                 _drain(sink, out)
             out += self._reject(peer.routing_id, peer, (), exc, now)
+            done = True
         if sink:
             _drain(sink, out)
         if published:
             self.counters["published"] += published
-        return self._with_finished(out, now)
+        cursor.pos = pos
+        if done or pos >= len(blob):
+            cursor.blob = b""
+            if cursor.first_refusal is not None:
+                out += self._refusals_summary(cursor, now)
+        return self._with_finished(out, now), walked
+
+    def _refused(self, cursor: BatchCursor, exc: ProtocolError, now: float) -> list[Out]:
+        """A refused record: answered on its own while few are; counted once there are many."""
+        cursor.refused += 1
+        if cursor.refused <= REFUSALS_ANSWERED:
+            return self._reject(cursor.peer.routing_id, cursor.peer, (), exc, now)
+        self.counters[f"rejected_{exc.code}"] += 1
+        if cursor.first_refusal is None:
+            cursor.first_refusal = exc
+        return []
+
+    def _refusals_summary(self, cursor: BatchCursor, now: float) -> list[Out]:
+        first = cursor.first_refusal
+        assert first is not None
+        unanswered = cursor.refused - REFUSALS_ANSWERED
+        cursor.first_refusal = None
+        self.counters["refusals_coalesced"] += unanswered
+        where = f" (ID {first.request_id[:64]})" if first.request_id else ""
+        reason = (
+            f"{unanswered} more records of this batch refused, not answered one by one; "
+            f"the first{where}: {first.code} {first.reason[:200]}"
+        )
+        cursor.peer.last_sent = now
+        return [(cursor.peer.routing_id, P.error(first.code, reason))]
 
     def _put_record(
         self,
@@ -129,6 +289,8 @@ class BatchedInput:
         the count of plain publishes (the caller adds them up)."""
         if end - start > self._max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{end - start} bytes, the limit is {self._max_message_bytes}")
+        if end - start < 2:
+            raise ProtocolError(Status.BAD_REQUEST, _SHORT)
         (tl,) = _U16.unpack_from(blob, start)
         data_at = 2 + tl
         if start + data_at > end:
@@ -162,11 +324,15 @@ class BatchedInput:
         try:
             if code == _CALL_RECORD:
                 service, rid, timeout_ms, data = batch.call_fields(blob, start, end)
-                if timeout_ms < 1:
-                    raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1, got 0", rid)
-                return self._call(peer, service, rid, timeout_ms, False, {}, (data,), now)
-            rid, data = batch.reply_fields(blob, start, end)
-            verb = Verb.FINAL if code == _FINAL_RECORD else Verb.PARTIAL
-            return self.rpc.reply(peer, verb, rid, {}, (data,), now)
+            else:
+                rid, data = batch.reply_fields(blob, start, end)
+        except struct.error:  # shorter than its fixed fields
+            raise ProtocolError(Status.BAD_REQUEST, _SHORT) from None
         except UnicodeDecodeError:
             raise ProtocolError(Status.BAD_REQUEST, "a header value is not UTF-8") from None
+        if code == _CALL_RECORD:
+            if timeout_ms < 1:
+                raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1, got 0", rid)
+            return self._call(peer, service, rid, timeout_ms, False, {}, (data,), now)
+        verb = Verb.FINAL if code == _FINAL_RECORD else Verb.PARTIAL
+        return self.rpc.reply(peer, verb, rid, {}, (data,), now)

@@ -34,11 +34,12 @@ from ...protocol import Command, Header, Side, Status, Verb
 from ...settings import CoreSettings
 from ...trie import TopicTrie
 from ..storage.port import JournalStore
-from .batched import BatchedInput
+from .batched import BATCH_SLICE, BatchCursor, BatchedInput
 from .builtin_services import RESERVED_SERVICES, Builtins
 from .consumers import Consumers
 from .jobs import Service
 from .journaling import StreamOut, Streams
+from .loglimit import LogLimiter
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
 from .pubsub import PubSub
@@ -121,6 +122,10 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = self.settings.limits.max_message_bytes
+        self.log_limit = LogLimiter()  # what a peer's faults may write to the log
+        self._unfinished: dict[bytes, BatchCursor] = {}  # batches walked in slices (see batched.py)
+        self._scratch_cursor = BatchCursor(Peer(b"", P.ANONYMOUS, P.FULL_VERSION, 1.0, 0.0, P.MC0_BATCHED_DIALECT))
+        self.batch_slice = BATCH_SLICE  # records of a batch walked per call (the shell may set it)
         # The verb table: what a connected mc0 peer's command does.
         self._verbs: dict[Verb, Handler] = {
             Verb.PUT: self._put,
@@ -177,6 +182,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
         if is_route_id(routing_id):  # a route speaks only through the cluster link (routed.py), never here
             self.counters["route_id_refused"] += 1
             return []
+        if self._unfinished and routing_id in self._unfinished:  # behind its own batch, in order
+            return self._defer(routing_id, frames, now, identity, fd)
         if identity in self.peers.revoked:
             self.counters["revoked_dropped"] += 1
             return []
@@ -246,14 +253,20 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return self._with_finished(out, now)
 
     def internal_error(
-        self, routing_id: bytes, frames: Sequence[bytes], exc: BaseException, request_id: str | None = None
+        self,
+        routing_id: bytes,
+        frames: Sequence[bytes],
+        exc: BaseException,
+        request_id: str | None = None,
+        *,
+        now: float = 0.0,
     ) -> list[Out]:
         """A per-message guard caught ``exc`` while this message was handled (a bug):
-        count it, log it, answer its sender ERROR 500 (with its ID if it had one); nothing else."""
+        count it, log it (within the log's per-peer bound), answer its sender ERROR 500
+        (with its ID if it had one); nothing else."""
         self.counters["internal_errors"] += 1
         peer = self.peers.get(routing_id)
-        who = peer.name if peer is not None else "an unconnected peer"
-        log.error("internal error handling a message from %s", who, exc_info=exc)
+        self._log_fault(peer, "handling a message from", exc, now)
         if request_id is None and frames:
             request_id = P.find_id(frames, self.settings.limits.max_headers)
         reason = f"internal error: {type(exc).__name__}"
@@ -261,6 +274,29 @@ class BrokerCore(BatchedInput, VerbHandlers):
             return [(routing_id, peer.dialect.error(request_id, "", Status.HANDLER_FAILED, reason))]
         answer = P.error(Status.HANDLER_FAILED, reason, request_id)
         return [(routing_id, P.enveloped(answer) if frames and not frames[0] else answer)]
+
+    def _log_fault(self, peer: Peer | None, doing: str, exc: BaseException, now: float) -> None:
+        """An internal error caused by a peer's input, logged with its traceback within the bound
+        (``LogLimiter``): no peer can grow the log without bound; the rest are counted."""
+        who = peer.name if peer is not None else "an unconnected peer"
+        if self.log_limit.allow(peer.identity if peer is not None else "", f"{doing}:{type(exc).__name__}", now):
+            log.error("internal error %s %s", doing, who, exc_info=exc)
+        else:
+            self.counters["log_lines_left_out"] += 1
+
+    def peer_fault(self, routing_id: bytes, doing: str, exc: BaseException, now: float) -> list[Out]:
+        """The shell's per-peer guard caught ``exc`` while ``doing`` something for this peer (a bug;
+        its queue is already gone): count and log it, close the session (it heals by reconnecting)
+        and tell it so; nothing else changes."""
+        self.counters["internal_errors"] += 1
+        peer = self.peers.get(routing_id)
+        self._log_fault(peer, doing, exc, now)
+        if peer is None:
+            return []
+        out = self._forget(peer, "internal_error", now)
+        reason = f"internal error: {type(exc).__name__}; session closed"
+        out.append((routing_id, peer.dialect.error(None, "", Status.HANDLER_FAILED, reason)))
+        return self._with_finished(out, now)
 
     def _reject(
         self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
@@ -356,6 +392,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """Drop a peer and everything it held, in every room; returns what that means for others."""
         if self.peers.remove(peer):
             self.forgotten.append(peer.routing_id)
+        cursor = self._unfinished.get(peer.routing_id) if self._unfinished else None
+        if cursor is not None and cursor.peer is peer:
+            cursor.blob = b""  # the rest of its batch goes with it (what it sent after still waits its turn)
+            if not cursor.deferred:
+                del self._unfinished[peer.routing_id]
         self.pubsub.drop_peer(peer)
         self.streams.drop_peer(peer)
         kept_again = self.mailboxes.offline(peer, now)
@@ -377,6 +418,12 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """
         self.peers.connection_closed(fd, now)
 
+    def caught_up(self, when: float) -> None:
+        """The shell read every message peers sent before ``when`` (its socket read empty, or
+        polled empty): a peer's silence is measured up to here, never into time the broker
+        spent busy without reading (``PeerTable.expired``)."""
+        self.peers.heard_until = when
+
     @property
     def closing(self) -> bool:
         """Closes are waiting for the shell to read its socket empty."""
@@ -391,7 +438,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         ``CLOSE_WAIT_LIMIT`` go: fair queueing has read their last messages by then.
         """
         out: list[Out] = []
-        for peer in self.peers.closed_peers(now, drained=drained):
+        for peer in self.peers.closed_peers(now, drained=drained, reading=self._unfinished):
             out += self._forget(peer, "closed", now)
         return self._with_finished(out, now)
 
@@ -507,6 +554,8 @@ class BrokerCore(BatchedInput, VerbHandlers):
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
         self.streams.enforce_retention(now)
+        for line in self.log_limit.summary(now):
+            log.warning("%s", line)
         self.mailboxes.expire(now)
         out = self.rpc.expire(now) + self.consumers.tick(now)
         if now >= self.peers.next_sweep:
@@ -536,7 +585,21 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self.counters["dropped"] += 1
         if not self.peers.dropped(peer, now, self.settings.slow_consumer_ms):
             return []
-        log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
+        return self._evict_slow(peer, now)
+
+    def evict_stalled(self, routing_id: bytes, now: float) -> list[Out]:
+        """The shell says this peer's queue has refused messages and the socket has taken nothing
+        for it for ``slow_consumer_ms``: a slow consumer, whether or not input kept coming (while
+        the input is held for a reader nothing is dropped for it, but it is no less stuck)."""
+        peer = self.peers.get(routing_id)
+        return self._evict_slow(peer, now) if peer is not None and self.settings.slow_consumer_ms else []
+
+    def _evict_slow(self, peer: Peer, now: float) -> list[Out]:
+        routing_id = peer.routing_id
+        if self.log_limit.allow(peer.identity, "too slow", now):
+            log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
+        else:
+            self.counters["log_lines_left_out"] += 1
         out = self._forget(peer, "too_slow", now)
         reason = f"consumer too slow: {peer.drops} messages dropped; disconnected"
         out.append((routing_id, _last_words(peer, P.error(Status.OVER_LIMIT, reason))))
@@ -584,6 +647,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 out.append((peer.routing_id, _last_words(peer, frames)))
         for peer in list(self.peers.by_id.values()):
             self._forget(peer, "broker_shutdown", now)
+        self._unfinished.clear()
         self._with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
         return out
 

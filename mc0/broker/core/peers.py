@@ -14,7 +14,7 @@ is passed in.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from ... import protocol as P
 from ...errors import ProtocolError
@@ -142,6 +142,9 @@ class PeerTable:
         self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
         self.next_sweep = 0.0
+        # Everything peers sent before this was read (the shell says so: BrokerCore.caught_up);
+        # silence is measured up to here.  None: the shell does not say (silence is up to now).
+        self.heard_until: float | None = None
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -188,15 +191,17 @@ class PeerTable:
         peer = self.by_id.get(routing_id)
         return peer is not None and peer.fd == entry[0]
 
-    def closed_peers(self, now: float, *, drained: bool) -> list[Peer]:
+    def closed_peers(self, now: float, *, drained: bool, reading: Container[bytes] = ()) -> list[Peer]:
         """Peers whose connection closed and whose last messages have been handled.
 
         ``drained``: the shell read its socket empty since; otherwise only
-        closes older than ``CLOSE_WAIT_LIMIT`` qualify.
+        closes older than ``CLOSE_WAIT_LIMIT`` qualify.  Routing ids in
+        ``reading`` still have messages being handled (a batch walked in
+        slices): they wait until it is done.
         """
         gone: list[Peer] = []
         for routing_id, (fd, reported) in list(self._closing.items()):
-            if not drained and now - reported < CLOSE_WAIT_LIMIT:
+            if (not drained and now - reported < CLOSE_WAIT_LIMIT) or routing_id in reading:
                 continue
             del self._closing[routing_id]
             peer = self.by_id.get(routing_id)
@@ -212,11 +217,12 @@ class PeerTable:
         past its liveness while ``busy(peer)`` (it waits for replies); one
         that named no TTL (``expires`` False) is never expired for silence.
         """
+        heard = now if self.heard_until is None else min(now, self.heard_until)
         return [
             peer
             for peer in self.by_id.values()
             if peer.expires
-            and now >= peer.last_recv + peer.ttl * liveness
+            and heard >= peer.last_recv + peer.ttl * liveness
             and (peer.dialect.heartbeats or not busy(peer))
         ]
 

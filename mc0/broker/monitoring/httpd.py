@@ -3,14 +3,18 @@
 Contract: ``MonitorServer(listen, wake=...)`` does no I/O; ``start()`` binds
 (``host:port``; port 0 picks one) and serves from one daemon thread;
 ``close()`` is idempotent.  The HTTP side never touches the broker's rooms
-and never blocks the loop: a request that needs fresh figures raises a flag
-and wakes the loop (``wake``), the loop builds a :class:`Snapshot` at the end
-of its turn (``wanted`` / ``publish``) and the request waits for it at most
-``SNAPSHOT_WAIT`` seconds.  Snapshots younger than ``MAX_AGE`` are shared by
-requests, so a scraper hammering the port costs the loop at most one
-snapshot per ``MAX_AGE``.  ``/healthz`` is 200 while the loop answers within
-``SNAPSHOT_WAIT``, 503 when it is stalled.  Process CPU and memory come from
-``prometheus_client``'s process collector, read on this thread.
+and never blocks the loop: each request raises a flag and wakes the loop
+(``wake``), the loop builds a :class:`Snapshot` at the end of its turn
+(``wanted`` / ``publish``) and the request waits for it at most
+``SNAPSHOT_WAIT`` seconds.  Every answer reflects the broker after its
+request arrived (a snapshot taken before is never served to it); requests
+waiting at once share the next snapshot, and the loop builds at most one
+per ``SNAPSHOT_INTERVAL`` (mc0.broker.server), so a scraper hammering the
+port costs the loop a bounded share.  ``/healthz`` is 200 while the loop
+answers within ``SNAPSHOT_WAIT``, 503 when it is stalled.  The listening
+socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
+refused).  Process CPU and memory come from ``prometheus_client``'s process
+collector, read on this thread.
 """
 
 from __future__ import annotations
@@ -36,10 +40,15 @@ from .snapshot import Snapshot
 
 log = logging.getLogger("mc0.broker.http")
 
-MAX_AGE = 0.25  # seconds a snapshot is reused for
 SNAPSHOT_WAIT = 1.0  # seconds a request waits for the loop before /healthz says stalled
 DEFAULT_PORT = 8222  # nats-server's monitoring port
 PATHS = ("/healthz", "/varz", "/connz", "/subsz", "/servicez", "/metrics")
+ACCEPT_BACKLOG = 1024  # connections the kernel queues before they are accepted (http.server's default: 5)
+
+
+class _HttpServer(ThreadingHTTPServer):
+    request_queue_size = ACCEPT_BACKLOG
+    daemon_threads = True
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -87,7 +96,7 @@ class _Collector(Collector):
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.server.current()
+        snap = self.server.rendering  # (rendered under the server's render lock)
         if snap is None:
             return
         varz = snap.varz
@@ -152,7 +161,6 @@ class MonitorServer:
         self.host, self.port = parse_listen(listen)
         self._wake = wake
         self._latest: Snapshot | None = None
-        self._published_at = 0.0  # time.monotonic() of the latest publish (the HTTP side's clock)
         self._wanted = False
         self._fresh = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
@@ -162,6 +170,7 @@ class MonitorServer:
         self._render_lock = threading.Lock()
         self._rendered_for: Snapshot | None = None
         self._rendered: dict[str, tuple[str, bytes]] = {}
+        self.rendering: Snapshot | None = None  # the snapshot /metrics is rendered from (the collector reads it)
         self.url = ""
         self.version = "unknown"
 
@@ -174,25 +183,25 @@ class MonitorServer:
     def publish(self, snap: Snapshot) -> None:
         with self._fresh:
             self._latest = snap
-            self._published_at = time.monotonic()
             self._wanted = False
             self._fresh.notify_all()
 
     # ------------------------------------------------------------ HTTP side
     def current(self) -> Snapshot | None:
-        """A snapshot at most MAX_AGE old, asking the loop for one if needed (waits <= SNAPSHOT_WAIT);
+        """A snapshot the loop took after this call began (waits <= SNAPSHOT_WAIT for it);
         None when the loop did not answer in time."""
         with self._fresh:
-            if self._latest is not None and time.monotonic() - self._published_at < MAX_AGE:
-                return self._latest
-            asked = time.monotonic()
+            asked = time.monotonic()  # (the loop's clock too: a snapshot's ``taken``)
             self._wanted = True
             self._wake()
             deadline = asked + SNAPSHOT_WAIT
-            while self._published_at < asked:
+            while self._latest is None or self._latest.taken < asked:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
+                if not self._wanted:  # a snapshot taken too early was published meanwhile: ask again
+                    self._wanted = True
+                    self._wake()
                 self._fresh.wait(left)
             return self._latest
 
@@ -215,12 +224,11 @@ class MonitorServer:
                 log.debug("http %s", format % args)
 
         try:
-            self._httpd = ThreadingHTTPServer((self.host, self.port), Handler)
+            self._httpd = _HttpServer((self.host, self.port), Handler)
         except OSError as exc:
             raise ConfigError(
                 "http.listen", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
             ) from None
-        self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{self.port}"
@@ -240,15 +248,16 @@ class MonitorServer:
         elif path not in PATHS:
             status, content_type, body = 404, "application/json", _json({"error": f"pages: {', '.join(PATHS)}"})
         else:
-            with self._render_lock:  # one render at a time, each page once per snapshot
-                snap = self.current()
-                if snap is None:
-                    reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
-                    status, content_type, body = 503, "application/json", _json({"status": "stalled", "reason": reason})
-                else:
+            snap = self.current()  # requests waiting at once share one
+            if snap is None:
+                reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
+                status, content_type, body = 503, "application/json", _json({"status": "stalled", "reason": reason})
+            else:
+                with self._render_lock:  # one render at a time, each page once per snapshot
                     if snap is not self._rendered_for:
                         self._rendered_for, self._rendered = snap, {}
                     if path not in self._rendered:
+                        self.rendering = snap
                         self._rendered[path] = self._render(path, snap)
                     status, (content_type, body) = 200, self._rendered[path]
         request.send_response(status)
