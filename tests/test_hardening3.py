@@ -182,7 +182,7 @@ def ping(rid: str) -> bytes:
 def test_a_big_batch_is_walked_in_slices_and_other_peers_are_served_between_them() -> None:
     core = batched_core()
     connect(core, b"other")
-    core.batch_slice = 100
+    core.batched.batch_slice = 100
     out = core.handle(b"p", batch.batch_frames(ping("first") + NOOP * 1000 + ping("last")), 0.0)
     assert answers(out) == [f("PONG", "ID", "first")] and core.unfinished  # one slice, then a cursor
     assert answers(core.handle(b"other", f("PING", "ID", "bystander"), 0.0), b"other") == [
@@ -200,7 +200,7 @@ def test_a_big_batch_is_walked_in_slices_and_other_peers_are_served_between_them
 
 def test_what_waits_behind_a_batch_is_bounded_and_the_rest_is_a_429_that_changes_nothing() -> None:
     core = batched_core(limits=Limits(max_batch_bytes=1000))
-    core.batch_slice = 10
+    core.batched.batch_slice = 10
     core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0)
     assert core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0) == []  # 900 bytes wait
     assert core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0) == []  # 1,800: within twice the limit
@@ -211,7 +211,7 @@ def test_what_waits_behind_a_batch_is_bounded_and_the_rest_is_a_429_that_changes
 
 def test_a_batch_cut_short_by_its_peer_being_forgotten_goes_with_it_and_what_followed_is_still_handled() -> None:
     core = batched_core()
-    core.batch_slice = 10
+    core.batched.batch_slice = 10
     core.handle(b"p", batch.batch_frames(NOOP * 100 + ping("never")), 0.0)
     core.handle(b"p", f("CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "again"), 0.0)  # waits behind it
     core.revoke({"anonymous"}, 0.0)  # forgotten mid-batch
@@ -224,7 +224,7 @@ def test_a_batch_cut_short_by_its_peer_being_forgotten_goes_with_it_and_what_fol
 def test_a_closed_connection_waits_for_its_batch_to_be_walked_before_its_peer_is_forgotten() -> None:
     core = BrokerCore()
     core.handle(b"p", f("CONNECT", "VERSION", "1.0", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0, fd=7)
-    core.batch_slice = 10
+    core.batched.batch_slice = 10
     core.handle(b"p", batch.batch_frames(NOOP * 100 + ping("last")), 0.0, fd=7)
     core.connection_closed(7, 0.0)
     assert core.forget_closed(0.0, drained=True) == [] and b"p" in core.sessions  # its messages are not all read

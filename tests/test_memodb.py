@@ -51,7 +51,7 @@ class Net:
             more: list[Any] = []
             for routing_id, frames in pending:
                 if self.memo.owns(routing_id):
-                    out, replies = self.memo.deliver(self.core, routing_id, frames, self.now)
+                    out, replies = self.memo.deliver(self.core.dialect_ops, routing_id, frames, self.now)
                     self._replies(replies)
                     more += out
                 else:
@@ -64,7 +64,7 @@ class Net:
         """One NNG request; returns its token (its answer, if any yet, in ``answers``)."""
         self.tokens += 1
         token = b"t%d" % self.tokens
-        out, replies = self.memo.handle(self.core, token, data, self.now)
+        out, replies = self.memo.handle(self.core.dialect_ops, token, data, self.now)
         self._replies(replies)
         self.route(out)
         return token

@@ -121,7 +121,7 @@ class Delivery:
     ) -> None:
         outbox = self.outbox
         if self.nng is not None and self.nng.memodb.owns(routing_id):
-            self.apply(self.nng.flush(self.core, outbox, routing_id, now), now)
+            self.apply(self.nng.flush(self.core.dialect_ops, outbox, routing_id, now), now)
             return
         while (message := outbox.next_message(routing_id)) is not None:
             try:

@@ -337,7 +337,7 @@ class Broker:
                     if core.unfinished:
                         self._walk_batches(time.monotonic())
                 if nng in ready and self.nng is not None:  # MemoDB requests
-                    delivery.apply(self.nng.receive(core, time.monotonic()), time.monotonic())
+                    delivery.apply(self.nng.receive(core.dialect_ops, time.monotonic()), time.monotonic())
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._guarded(self._reload, now)
@@ -365,7 +365,7 @@ class Broker:
         delivery = self.delivery
         stop = now + WALK_BUDGET
         while core.unfinished:
-            delivery.apply(core.resume(now, core.batch_slice), now)
+            delivery.apply(core.resume(now, core.batched.batch_slice), now)
             if time.monotonic() >= stop or delivery.holding_input(now):
                 return
 

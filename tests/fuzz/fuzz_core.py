@@ -89,7 +89,7 @@ class Memo:
             more = []
             for routing_id, frames in out:
                 if self.memo.owns(routing_id) and not isinstance(frames, bytes):
-                    follow, replies = self.memo.deliver(self.core, routing_id, frames, now)
+                    follow, replies = self.memo.deliver(self.core.dialect_ops, routing_id, frames, now)
                     self.replies(replies)
                     more += follow
                 else:
@@ -115,7 +115,7 @@ class Memo:
 
     def handle(self, data: bytes, now: float) -> None:
         self.issued += 1
-        out, replies = self.memo.handle(self.core, b"%d" % self.issued, data, now)
+        out, replies = self.memo.handle(self.core.dialect_ops, b"%d" % self.issued, data, now)
         self.replies(replies)
         self.route(out, now)
 
@@ -132,7 +132,7 @@ def one_input(data: bytes) -> None:
     core = BrokerCore(
         CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), MEMO_PERMISSIONS, journals=[journal], dialects=route
     )
-    core.batch_slice = SLICE
+    core.batched.batch_slice = SLICE
     memo = Memo(core)
     now = 0.0
     for op, peer, frames in steps(data):

@@ -1,9 +1,10 @@
 """The batched wire's input: one ``BATCH "" blob`` message, record by record, in slices, with hot paths.
 
-Contract: a mixin of :class:`~mc0.broker.core.dispatch.BrokerCore` (which creates
-the rooms and the verb table it uses).  ``_batch`` handles each record as if
+Contract: :class:`BatchedInput` owns the batch walks under way and the PUT
+records' topic cache, and drives the rooms of the dispatcher
+(:class:`~mc0.broker.core.dispatch.BrokerCore`) it is given.  ``batch`` handles each record as if
 it came alone, in order; PUT records take ``_put_record`` (every check
-``_put`` makes, no Command built unless a journal keeps the topic) and CALL /
+``verbs.put`` makes, no Command built unless a journal keeps the topic) and CALL /
 PARTIAL / FINAL records ``_rpc_record``.  A refused record gets its own
 ERROR and spoils nothing after it.  Pure: no sockets, no clock.
 
@@ -11,7 +12,7 @@ A batch is walked at most ``batch_slice`` records at a time: a longer one
 leaves a :class:`BatchCursor`, and ``resume(now, budget)`` walks on (one
 slice per peer in turn), so the shell serves other peers between slices.
 Until a peer's batch is done its later messages wait behind it, in order
-(``_defer``), up to ``DEFER_MESSAGES`` messages / twice ``max_batch_bytes``;
+(``defer``), up to ``DEFER_MESSAGES`` messages / twice ``max_batch_bytes``;
 beyond that a message is refused 429 and changes nothing.  A batch's
 refusals are coalesced: the first ``REFUSALS_ANSWERED`` get their own ERROR
 (with the record's ID); the rest are counted and, when the batch is done,
@@ -21,24 +22,25 @@ answered by one ERROR that says how many and why the first of them was.
 from __future__ import annotations
 
 import struct
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ... import protocol as P
 from ...errors import ProtocolError
-from ...protocol import Command, Header, Status, Verb, batch
-from ...settings import CoreSettings
-from .journaling import Streams
+from ...protocol import Header, Status, Verb, batch
 from .peers import Out, Peer
-from .pubsub import PubSub
-from .rpc import Rpc
+from .verbs import call, put
+
+if TYPE_CHECKING:
+    from .dispatch import BrokerCore
 
 _PUT_RECORD = P.batch.PUT
 _U16 = P.batch.U16
 _CALL_RECORD, _FINAL_RECORD = P.batch.CALL, P.batch.FINAL
 _RPC_RECORDS = frozenset({P.batch.CALL, P.batch.PARTIAL, P.batch.FINAL})
 _PLAIN_TOPICS = 4096  # PUT-record topics known to be valid, unjournaled and not the broker's own
-BATCH_SLICE = 2048  # records walked per call before the cursor is kept (the shell may change it)
+BATCH_SLICE = 2048  # records walked per call before the cursor is kept
 REFUSALS_ANSWERED = 16  # refused records of one batch answered one by one; the rest are counted
 DEFER_MESSAGES = 1024  # a peer's messages waiting behind its unfinished batch, at most
 _SHORT = "batch record too short for its fields"
@@ -59,8 +61,8 @@ class BatchCursor:
 
     __slots__ = ("peer", "blob", "pos", "deferred", "deferred_bytes", "refused", "first_refusal")
 
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
+    def __init__(self, peer: Peer | None) -> None:
+        self.peer: Peer = peer  # type: ignore[assignment]  # (None only in the unused scratch cursor)
         self.blob = b""  # b"": no records left to walk
         self.pos = 0
         self.deferred: deque[tuple[Sequence[bytes], str, int | None]] = deque()  # (frames, identity, fd)
@@ -70,27 +72,26 @@ class BatchCursor:
 
 
 class BatchedInput:
-    settings: CoreSettings
-    counters: Counter[str]
-    pubsub: PubSub
-    rpc: Rpc
-    streams: Streams
-    _verbs: dict[Verb, Callable[[Peer, Command, float], list[Out]]]
-    _plain_topics: dict[bytes, tuple[str, tuple[str, ...]]]
-    _max_message_bytes: int
-    _unfinished: dict[bytes, BatchCursor]  # routing id -> its batch walk, while there is work
-    _scratch_cursor: BatchCursor  # reused by every batch walked in one slice (no allocation per batch)
-    batch_slice: int
+    """The batch walks under way and the PUT-record topic cache: the state of the batched wire's input.
 
-    # Provided by the dispatcher and the verb handlers (annotations only: nothing is shadowed).
-    _reject: Callable[[bytes, Peer | None, Sequence[bytes], ProtocolError, float], list[Out]]
-    handle: Callable[[bytes, Sequence[bytes], float, str, int | None], list[Out]]
-    internal_error: Callable[..., list[Out]]
-    _with_finished: Callable[[list[Out], float], list[Out]]
-    _put: Callable[[Peer, Command, float], list[Out]]
-    _call: Callable[[Peer, str, str, int, bool, dict[str, str], Sequence[bytes], float], list[Out]]
+    It drives the rooms of the dispatcher it is given (``core``) and answers through it
+    (``reject``, ``internal_error``, ``with_finished``), as a verb handler does.
+    """
 
-    def _batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self.settings = core.settings
+        self.counters = core.counters
+        self.pubsub = core.pubsub
+        self.rpc = core.rpc
+        self.streams = core.streams
+        self.batch_slice = BATCH_SLICE  # records walked per call before the cursor is kept (the shell may change it)
+        self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
+        self._max_message_bytes = core.settings.limits.max_message_bytes
+        self.cursors: dict[bytes, BatchCursor] = {}  # routing id -> its batch walk, while there is work
+        self._scratch_cursor = BatchCursor(None)  # reused by every batch walked in one slice (no allocation)
+
+    def batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
         """``BATCH "" blob``: each record handled as if it came alone, in order; the first
         ``batch_slice`` records now, the rest by ``resume``.
 
@@ -103,33 +104,33 @@ class BatchedInput:
         """
         limits = self.settings.limits
         if not peer.batched:
-            return self._reject(peer.routing_id, peer, (), ProtocolError(Status.BAD_REQUEST, _NOT_BATCHED), now)
+            return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.BAD_REQUEST, _NOT_BATCHED), now)
         if len(blob) > limits.max_batch_bytes:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
-            return self._reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
+            return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
         cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
         cursor.peer, cursor.blob, cursor.pos, cursor.refused, cursor.first_refusal = peer, blob, 0, 0, None
         out, _ = self._walk(cursor, self.batch_slice, now)
         if cursor.blob:  # work left: the scratch cursor becomes this peer's
             self._scratch_cursor = BatchCursor(peer)
-            earlier = self._unfinished.get(peer.routing_id)
+            earlier = self.cursors.get(peer.routing_id)
             if earlier is not None:  # (never: handle() defers a peer's messages while it has a cursor)
                 cursor.deferred.extend(earlier.deferred)
                 cursor.deferred_bytes += earlier.deferred_bytes
-            self._unfinished[peer.routing_id] = cursor
+            self.cursors[peer.routing_id] = cursor
         return out
 
     @property
     def unfinished(self) -> bool:
         """Batches (or messages waiting behind them) are left for ``resume``."""
-        return bool(self._unfinished)
+        return bool(self.cursors)
 
     def resume(self, now: float, budget: int) -> list[Out]:
         """Walk on through unfinished batches, one slice per peer in turn, about ``budget`` records
         (a message that waited behind a batch counts one); then the messages that waited, in order."""
         out: list[Out] = []
         spent = 0
-        unfinished = self._unfinished
+        unfinished = self.cursors
         while unfinished and spent < budget:
             for routing_id in list(unfinished):
                 cursor = unfinished.get(routing_id)
@@ -150,9 +151,9 @@ class BatchedInput:
                     del unfinished[routing_id]  # (so that handle() does not make it wait again)
                     self.counters["received"] -= 1  # (counted when it came; handle() counts it again)
                     try:
-                        out += self.handle(routing_id, frames, now, identity, fd)
+                        out += self.core.handle(routing_id, frames, now, identity, fd)
                     except Exception as exc:  # the per-message guard, as the shell's for what it reads
-                        out += self.internal_error(routing_id, frames, exc, now=now)
+                        out += self.core.internal_error(routing_id, frames, exc, now=now)
                     if cursor.deferred:
                         again = unfinished.get(routing_id)
                         if again is None:
@@ -166,11 +167,9 @@ class BatchedInput:
                     break
         return out
 
-    def _defer(
-        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
-    ) -> list[Out]:
+    def defer(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None) -> list[Out]:
         """A message from a peer whose batch is still being walked: it waits its turn (bounded)."""
-        cursor = self._unfinished[routing_id]
+        cursor = self.cursors[routing_id]
         size = sum(map(len, frames))
         limit = 2 * self.settings.limits.max_batch_bytes
         if len(cursor.deferred) >= DEFER_MESSAGES or cursor.deferred_bytes + size > limit:
@@ -181,7 +180,7 @@ class BatchedInput:
                 "waiting to be handled; send slower"
             )
             exc = ProtocolError(Status.OVER_LIMIT, reason, P.find_id(frames, self.settings.limits.max_headers))
-            return self._reject(routing_id, None, frames, exc, now)
+            return self.core.reject(routing_id, None, frames, exc, now)
         cursor.deferred.append((frames, identity, fd))
         cursor.deferred_bytes += size
         cursor.peer.last_recv = now  # heard: waiting here is not silence
@@ -191,7 +190,7 @@ class BatchedInput:
         """Up to ``limit`` records of the cursor's batch; returns what to send and the records walked."""
         peer, blob = cursor.peer, cursor.blob
         limits = self.settings.limits
-        verbs = self._verbs
+        verbs = self.core.verbs
         out: list[Out] = []
         sink: dict[bytes, list[bytes]] = {}
         published = 0
@@ -217,7 +216,7 @@ class BatchedInput:
                     verb = command.verb
                     if verb is Verb.CONNECT or verb is Verb.BATCH:
                         raise ProtocolError(Status.BAD_REQUEST, f"{verb} cannot be batched", command.id)
-                    out += verbs[verb](peer, command, now)
+                    out += verbs[verb](self.core, peer, command, now)
                     if verb is Verb.DISCONNECT:
                         done = True
                         break
@@ -231,13 +230,14 @@ class BatchedInput:
                     if sink:
                         _drain(sink, out)
                     cursor.refused += 1
-                    out += self.internal_error(peer.routing_id, (), exc, batch.id_of(blob, code, start, end), now=now)
+                    record_id = batch.id_of(blob, code, start, end)
+                    out += self.core.internal_error(peer.routing_id, (), exc, record_id, now=now)
             else:
                 done = True
         except ProtocolError as exc:  # the blob stopped splitting into records here
             if sink:
                 _drain(sink, out)
-            out += self._reject(peer.routing_id, peer, (), exc, now)
+            out += self.core.reject(peer.routing_id, peer, (), exc, now)
             done = True
         if sink:
             _drain(sink, out)
@@ -248,13 +248,13 @@ class BatchedInput:
             cursor.blob = b""
             if cursor.first_refusal is not None:
                 out += self._refusals_summary(cursor, now)
-        return self._with_finished(out, now), walked
+        return self.core.with_finished(out, now), walked
 
     def _refused(self, cursor: BatchCursor, exc: ProtocolError, now: float) -> list[Out]:
         """A refused record: answered on its own while few are; counted once there are many."""
         cursor.refused += 1
         if cursor.refused <= REFUSALS_ANSWERED:
-            return self._reject(cursor.peer.routing_id, cursor.peer, (), exc, now)
+            return self.core.reject(cursor.peer.routing_id, cursor.peer, (), exc, now)
         self.counters[f"rejected_{exc.code}"] += 1
         if cursor.first_refusal is None:
             cursor.first_refusal = exc
@@ -285,7 +285,7 @@ class BatchedInput:
         sink: dict[bytes, list[bytes]],
     ) -> int:
         """A PUT shortcut record (TOPIC and one body frame): the publish hot path, with every check
-        ``_put`` makes, without building a Command unless a journal keeps the topic.  Returns
+        ``verbs.put`` makes, without building a Command unless a journal keeps the topic.  Returns
         the count of plain publishes (the caller adds them up)."""
         if end - start > self._max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{end - start} bytes, the limit is {self._max_message_bytes}")
@@ -303,7 +303,7 @@ class BatchedInput:
                 if sink:
                     _drain(sink, out)
                 command = P.Command(Verb.PUT, {Header.TOPIC: topic}, (blob[start + data_at : end],))
-                out += self._put(peer, command, now)  # journaled (or refused): the general path
+                out += put(self.core, peer, command, now)  # journaled (or refused): the general path
                 return 0
             if len(self._plain_topics) >= _PLAIN_TOPICS:
                 self._plain_topics.clear()
@@ -333,6 +333,6 @@ class BatchedInput:
         if code == _CALL_RECORD:
             if timeout_ms < 1:
                 raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1, got 0", rid)
-            return self._call(peer, service, rid, timeout_ms, False, {}, (data,), now)
+            return call(self.core, peer, service, rid, timeout_ms, False, {}, (data,), now)
         verb = Verb.FINAL if code == _FINAL_RECORD else Verb.PARTIAL
         return self.rpc.reply(peer, verb, rid, {}, (data,), now)

@@ -30,24 +30,25 @@ from collections.abc import Callable, Sequence
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...permissions import Permissions
-from ...protocol import Command, Header, Side, Status, Verb
+from ...protocol import Side, Status, Verb
 from ...settings import CoreSettings
 from ...trie import TopicTrie
 from ..storage.port import JournalStore
-from .batched import BATCH_SLICE, BatchCursor, BatchedInput
-from .builtin_services import RESERVED_SERVICES, Builtins
+from . import sessions, verbs
+from .batched import BatchedInput
+from .builtin_services import Builtins
 from .consumers import Consumers
+from .dialect_ops import DialectOps
 from .jobs import Service
 from .journaling import StreamOut, Streams
 from .loglimit import LogLimiter
 from .mailboxes import Mailboxes
-from .peers import Out, Peer, PeerTable, connect_flag, generated_routing_id
+from .peers import Out, Peer, PeerTable
 from .pubsub import PubSub
 from .routes import Routes, is_route_id
 from .rpc import Rpc
 from .sysbus import SysBus
 from .telemetry import PeerEvent
-from .verbs import VerbHandlers
 
 __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 
@@ -55,9 +56,8 @@ log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
-Handler = Callable[[Peer, Command, float], list[Out]]
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
-ForeignHandler = Callable[["BrokerCore", Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
+ForeignHandler = Callable[[DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
 # What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.route, handed in by
 # the shell: the core never imports a dialect): its handler, or None for mc0's own protocol.
 DialectRouter = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
@@ -67,7 +67,7 @@ def _mc0_only(frames: Sequence[bytes], peer: Peer | None) -> ForeignHandler | No
     return None
 
 
-class BrokerCore(BatchedInput, VerbHandlers):
+class BrokerCore:
     def __init__(
         self,
         settings: CoreSettings | None = None,
@@ -120,28 +120,16 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
         )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
-        self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
-        self._max_message_bytes = self.settings.limits.max_message_bytes
         self.log_limit = LogLimiter()  # what a peer's faults may write to the log
-        self._unfinished: dict[bytes, BatchCursor] = {}  # batches walked in slices (see batched.py)
-        self._scratch_cursor = BatchCursor(Peer(b"", P.ANONYMOUS, P.FULL_VERSION, 1.0, 0.0, P.MC0_BATCHED_DIALECT))
-        self.batch_slice = BATCH_SLICE  # records of a batch walked per call (the shell may set it)
-        # The verb table: what a connected mc0 peer's command does.
-        self._verbs: dict[Verb, Handler] = {
-            Verb.PUT: self._put,
-            Verb.REQUEST: self._request,
-            Verb.PARTIAL: self._worker_reply,
-            Verb.FINAL: self._worker_reply,
-            Verb.ERROR: self._worker_reply,
-            Verb.NOOP: self._answer,
-            Verb.SUB: self._subscribe,
-            Verb.UNSUB: self._unsubscribe,
-            Verb.READY: self._ready,
-            Verb.CANCEL: self._cancel,
-            Verb.PING: self._ping,
-            Verb.CONNECT: self._reconnect,
-            Verb.DISCONNECT: self._disconnect,
+        # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions: this dispatcher's.
+        self.verbs: dict[Verb, verbs.Handler] = {
+            **verbs.VERBS,
+            Verb.CONNECT: sessions.reconnect,
+            Verb.DISCONNECT: sessions.disconnect,
         }
+        self.batched = BatchedInput(self)  # batches walked in slices (see batched.py)
+        self.dialect_ops = DialectOps(self)  # the core as foreign dialects see it
+        self._unfinished = self.batched.cursors  # (read per message: the dict itself, not a property)
 
     # ------------------------------------------------------------ views the shell and reports use
     @property
@@ -183,7 +171,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
             self.counters["route_id_refused"] += 1
             return []
         if self._unfinished and routing_id in self._unfinished:  # behind its own batch, in order
-            return self._defer(routing_id, frames, now, identity, fd)
+            return self.batched.defer(routing_id, frames, now, identity, fd)
         if identity in self.peers.revoked:
             self.counters["revoked_dropped"] += 1
             return []
@@ -191,14 +179,14 @@ class BrokerCore(BatchedInput, VerbHandlers):
         peer = self.peers.by_id.get(routing_id)
         if peer is not None and (peer.identity != identity or (fd is not None and peer.fd != fd)):
             self.counters["routing_id_changed_hands"] += 1
-            out = self._forget(peer, "replaced", now)
+            out = self.forget(peer, "replaced", now)
             peer = None
         foreign = self._dialect_of(frames, peer) if frames else None
         if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
             if not self.settings.foreign_dialects:
                 self.counters["foreign_refused"] += 1
                 return out
-            return out + foreign(self, peer, routing_id, frames, now, identity, fd)
+            return out + foreign(self.dialect_ops, peer, routing_id, frames, now, identity, fd)
         if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
             answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
             if routing_id not in self.peers.by_id:  # no session carries the framing (the shell's job): here
@@ -223,13 +211,13 @@ class BrokerCore(BatchedInput, VerbHandlers):
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
-                return self._batch(peer, frames[2], now)
+                return self.batched.batch(peer, frames[2], now)
         out: list[Out] = []
         try:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if peer is None:
                 if command.verb is Verb.CONNECT:
-                    return self._connect(routing_id, identity, command, now, fd=fd, enveloped=enveloped)
+                    return sessions.connect(self, routing_id, identity, command, now, fd=fd, enveloped=enveloped)
                 if command.verb is Verb.DISCONNECT:
                     return [(routing_id, P.ok(command.id))] if command.id is not None else []
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
@@ -237,8 +225,10 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 raise ProtocolError(Status.BAD_REQUEST, "an MDP peer cannot switch to mc0 frames", command.id)
             if peer.enveloped is not enveloped:  # a new CONNECT may change the framing, nothing else
                 if command.verb is _CONNECT:
-                    out += self._connect(routing_id, identity, command, now, replacing=peer, enveloped=enveloped)
-                    return self._with_finished(out, now)
+                    out += sessions.connect(
+                        self, routing_id, identity, command, now, replacing=peer, enveloped=enveloped
+                    )
+                    return self.with_finished(out, now)
                 framing = "behind an empty frame" if peer.enveloped else "without an empty first frame"
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"this session was opened {framing}: keep its framing", command.id
@@ -247,10 +237,10 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"{command.verb} is not part of protocol {peer.version}", command.id
                 )
-            out += self._verbs[command.verb](peer, command, now)
+            out += self.verbs[command.verb](self, peer, command, now)
         except ProtocolError as exc:
-            out += self._reject(routing_id, peer, frames, exc, now)
-        return self._with_finished(out, now)
+            out += self.reject(routing_id, peer, frames, exc, now)
+        return self.with_finished(out, now)
 
     def internal_error(
         self,
@@ -293,12 +283,12 @@ class BrokerCore(BatchedInput, VerbHandlers):
         self._log_fault(peer, doing, exc, now)
         if peer is None:
             return []
-        out = self._forget(peer, "internal_error", now)
+        out = self.forget(peer, "internal_error", now)
         reason = f"internal error: {type(exc).__name__}; session closed"
         out.append((routing_id, peer.dialect.error(None, "", Status.HANDLER_FAILED, reason)))
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
-    def _reject(
+    def reject(
         self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
     ) -> list[Out]:
         self.counters[f"rejected_{exc.code}"] += 1
@@ -311,84 +301,27 @@ class BrokerCore(BatchedInput, VerbHandlers):
         return [(routing_id, P.error(exc.code, exc.reason, exc.request_id))]
 
     # ================================================================ connections
-    def _connect(
-        self,
-        routing_id: bytes,
-        identity: str,
-        command: Command,
-        now: float,
-        replacing: Peer | None = None,
-        fd: int | None = None,
-        enveloped: bool = False,
-    ) -> list[Out]:
-        """Open a session; a repeated CONNECT replaces the old one only once it is valid.
-
-        Without VERSION the peer speaks the oldest (0.1); without TTL it gets
-        ``DEFAULT_TTL_MS`` (in the OK) and is never expired for silence (mc0d
-        and mc0torture send ``CONNECT ID x``).  An ``enveloped`` session is
-        never batched (its frames, not records, carry the envelope).
-        """
-        if self.generated_ids_only and not generated_routing_id(routing_id):
-            raise ProtocolError(
-                Status.BAD_REQUEST,
-                "this broker refuses chosen routing ids (unset ZMQ_ROUTING_ID)",
-                command.id,
-            )
-        version = command.headers.get(Header.VERSION, P.OLDEST_VERSION)
-        if version not in P.VERSIONS:
-            raise ProtocolError(
-                Status.UNSUPPORTED_VERSION,
-                f"version {version[:16]!r} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
-                command.id,
-            )
-        named_ttl = Header.TTL in command.headers
-        asked = P.parse_int(command, Header.TTL, minimum=1) if named_ttl else P.DEFAULT_TTL_MS
-        ttl_ms = min(max(asked, self.settings.min_ttl_ms), self.settings.max_ttl_ms)
-        batched, echo = (connect_flag(command, header, version) for header in (Header.BATCH, Header.ECHO))
-        out: list[Out] = []
-        if replacing is not None:
-            out = self._forget(replacing, "reconnected", now)
-            fd = replacing.fd
-        batched = batched and not enveloped
-        dialect = P.MC0_BATCHED_DIALECT if batched else P.MC0_DIALECT
-        peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, dialect, fd)
-        peer.batched, peer.echo, peer.enveloped, peer.expires = batched, echo, enveloped, named_ttl
-        peer.beat = ttl_ms / 1000.0 * P.HEARTBEAT_FRACTION
-        out += self._open(peer, now)
-        log.info(
-            "peer %s connected as %s (protocol %s, ttl %d ms%s)",
-            peer.name,
-            identity,
-            version,
-            ttl_ms,
-            ", enveloped" if enveloped else "",
-        )
-        if command.id is not None:
-            out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
-        return out + self.mailboxes.online(peer, now)  # letters kept for it, after the OK
-
-    def _reconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        """A CONNECT in the session's own framing (one that changes it is handled in ``_command``)."""
-        return self._connect(peer.routing_id, peer.identity, command, now, replacing=peer, enveloped=peer.enveloped)
-
-    def _disconnect(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        out = self._forget(peer, "disconnected", now)
-        if command.id is not None:
-            out.append((peer.routing_id, P.ok(command.id)))
-        return out
-
-    def _open(self, peer: Peer, now: float) -> list[Out]:
+    def open_peer(self, peer: Peer, now: float) -> list[Out]:
         peer.grants = self.permissions.grants(peer.identity)
         self.peers.add(peer, now)
         self.counters["connects"] += 1
         return self._peer_event("connect", peer, "", now)
+
+    @property
+    def unfinished(self) -> bool:
+        """Batches (or messages waiting behind them) are left for ``resume``."""
+        return bool(self._unfinished)
+
+    def resume(self, now: float, budget: int) -> list[Out]:
+        """Walk on through unfinished batches (see :meth:`BatchedInput.resume`)."""
+        return self.batched.resume(now, budget)
 
     def take_forgotten(self) -> list[bytes]:
         """Routing ids whose peers were forgotten since the last call: the shell frees their queues."""
         forgotten, self.forgotten = self.forgotten, []
         return forgotten
 
-    def _forget(self, peer: Peer, why: str, now: float) -> list[Out]:
+    def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
         """Drop a peer and everything it held, in every room; returns what that means for others."""
         if self.peers.remove(peer):
             self.forgotten.append(peer.routing_id)
@@ -439,63 +372,16 @@ class BrokerCore(BatchedInput, VerbHandlers):
         """
         out: list[Out] = []
         for peer in self.peers.closed_peers(now, drained=drained, reading=self._unfinished):
-            out += self._forget(peer, "closed", now)
-        return self._with_finished(out, now)
-
-    # ================================================================ operations for foreign dialects
-    # (the narrow interface foreign dialects drive the core through: see mdp.CoreOps)
-    def open_peer(self, peer: Peer, now: float) -> list[Out]:
-        return self._open(peer, now)
-
-    def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
-        return self._forget(peer, why, now)
-
-    def call(
-        self,
-        client: Peer,
-        name: str,
-        body: Sequence[bytes],
-        now: float,
-        *,
-        rid: str | None = None,
-        timeout_ms: int | None = None,
-        user: dict[str, str] | None = None,
-        quiet: bool = False,
-    ) -> list[Out]:
-        """A request from a foreign client (a broker-made request id unless it brings its own;
-        the broker's default timeout unless it asks for one; ``user``: its X- headers;
-        ``quiet``: it wants no answer)."""
-        name = self.rpc.pool.service_name(name, rid)
-        rid = rid if rid is not None else f"{client.dialect.name}{self.rpc.next_id()}"
-        timeout_ms = timeout_ms or self.settings.request_timeout_ms
-        return self._request_for(client, name, rid, timeout_ms, False, user or {}, body, now, quiet=quiet)
-
-    def serve(self, worker: Peer, names: Sequence[str], capacity: int, now: float) -> list[Out]:
-        checked = [self.rpc.pool.service_name(n, None) for n in names]
-        for name in checked:
-            self.rpc.pool.check_serve(worker, name, None, RESERVED_SERVICES)
-        return self.rpc.ready(worker, tuple(dict.fromkeys(checked)), capacity, now)
-
-    def worker_reply(self, worker: Peer, verb: Verb, bid: str, body: Sequence[bytes], now: float) -> list[Out]:
-        return self.rpc.reply(worker, verb, bid, {}, body, now)
-
-    def worker_load(self, worker: Peer) -> tuple[tuple[str, ...], int, int]:
-        """What ``worker`` serves, its capacity and the requests it holds (dialects with credit adjust it)."""
-        state = self.rpc.worker_state(worker)
-        return (state.services, state.capacity, len(state.jobs)) if state is not None else ((), 0, 0)
-
-    def hand_off(
-        self, worker: Peer, bid: str, name: str, user: dict[str, str], body: Sequence[bytes], now: float
-    ) -> list[Out] | None:
-        """DCP: ``worker`` passes the request it holds as ``bid`` on to service ``name`` (None: it holds none)."""
-        return self.rpc.hand_off(worker, bid, self.rpc.pool.service_name(name, None), user, body, now)
+            out += self.forget(peer, "closed", now)
+        return self.with_finished(out, now)
 
     def _wants_rpc_telemetry(self) -> bool:
         return self.sysbus.wants_rpc()
 
+    # (the foreign dialects reach the core through ``dialect_ops``: mc0.broker.core.dialect_ops)
     def published(self, out: list[Out], now: float) -> list[Out]:
         """``out`` plus the telemetry of what just finished."""
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
     # ================================================================ journals
     @property
@@ -538,7 +424,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         record = PeerEvent(event, peer.name, peer.identity, peer.dialect.name, peer.version, reason)
         return self.sysbus.publish(record, now)
 
-    def _with_finished(self, out: list[Out], now: float) -> list[Out]:
+    def with_finished(self, out: list[Out], now: float) -> list[Out]:
         """``out`` plus the mc0.sys.rpc records of the requests that just finished (and dead letters)."""
         if self.consumers.dead_letters:
             letters, self.consumers.dead_letters = self.consumers.dead_letters, []
@@ -561,9 +447,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
         if now >= self.peers.next_sweep:
             liveness = self.settings.liveness
             for peer in self.peers.expired(now, liveness, self.rpc.has_requests):
-                out += self._forget(peer, "expired", now)
+                out += self.forget(peer, "expired", now)
             out += self.peers.heartbeats(now, liveness)
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
     def next_deadline(self) -> float:
         """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
@@ -581,7 +467,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         if peer is None:
             return []
         if unreachable:
-            return self._with_finished(self._forget(peer, "unreachable", now), now)
+            return self.with_finished(self.forget(peer, "unreachable", now), now)
         self.counters["dropped"] += 1
         if not self.peers.dropped(peer, now, self.settings.slow_consumer_ms):
             return []
@@ -600,11 +486,11 @@ class BrokerCore(BatchedInput, VerbHandlers):
             log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
         else:
             self.counters["log_lines_left_out"] += 1
-        out = self._forget(peer, "too_slow", now)
+        out = self.forget(peer, "too_slow", now)
         reason = f"consumer too slow: {peer.drops} messages dropped; disconnected"
         out.append((routing_id, _last_words(peer, P.error(Status.OVER_LIMIT, reason))))
         out.append((routing_id, _last_words(peer, P.DISCONNECT_FRAMES)))
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
     # ================================================================ security changes
     def revoke(self, identities: set[str], now: float) -> list[Out]:
@@ -613,10 +499,10 @@ class BrokerCore(BatchedInput, VerbHandlers):
         out: list[Out] = []
         for peer in [p for p in self.peers.by_id.values() if p.identity in identities]:
             log.warning("identity %s revoked: dropping %s", peer.identity, peer.name)
-            out += self._forget(peer, "revoked", now)
+            out += self.forget(peer, "revoked", now)
             revoked = peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")
             out.append((peer.routing_id, _last_words(peer, revoked)))
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
     def allow(self, identities: set[str]) -> None:
         """Keys (re)admitted: stop dropping their messages."""
@@ -627,7 +513,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
         waiting pulls it no longer allows (each told 403)."""
         self.permissions = permissions
         out: list[Out] = []
-        for peer in list(self.peers.by_id.values()):
+        for peer in [p for p in self.peers.by_id.values() if not p.route]:  # routes: their peers checked there
             grants = peer.grants = permissions.grants(peer.identity)
             out += self.pubsub.withdraw_denied(peer, grants)
             sent, dropped = self.rpc.withdraw_denied(peer, grants, now)
@@ -636,7 +522,7 @@ class BrokerCore(BatchedInput, VerbHandlers):
                 reason = f"serving {dropped} withdrawn by policy"
                 out.append((peer.routing_id, peer.dialect.error(None, "", Status.FORBIDDEN, reason)))
         out += self.consumers.withdraw_denied()
-        return self._with_finished(out, now)
+        return self.with_finished(out, now)
 
     def shutdown(self, now: float) -> list[Out]:
         """DISCONNECT every peer (that has a way to be told) and forget them all."""
@@ -646,9 +532,9 @@ class BrokerCore(BatchedInput, VerbHandlers):
             if frames is not None:
                 out.append((peer.routing_id, _last_words(peer, frames)))
         for peer in list(self.peers.by_id.values()):
-            self._forget(peer, "broker_shutdown", now)
+            self.forget(peer, "broker_shutdown", now)
         self._unfinished.clear()
-        self._with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
+        self.with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
         return out
 
 

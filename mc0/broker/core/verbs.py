@@ -1,262 +1,279 @@
 """What each mc0 verb does, across the rooms: the handlers the dispatcher's verb table points at.
 
-Contract: a mixin of :class:`~mc0.broker.core.dispatch.BrokerCore` (which creates the
-rooms it names); each handler takes ``(peer, command, now)`` for a command
-``decode`` already accepted, validates the rest of it before changing
-anything (a ``ProtocolError`` leaves no trace), and returns what to send.
-Pure: no sockets, no clock.
+Contract: plain functions of ``(core, peer, command, now)`` for a command
+``decode`` already accepted, as the dialects' handlers are: each validates
+the rest of it before changing anything (a ``ProtocolError`` leaves no
+trace) and returns what to send, driving the rooms the dispatcher
+(:class:`~mc0.broker.core.dispatch.BrokerCore`) owns.  ``VERBS`` is the
+verb table.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
-from ...settings import CoreSettings
 from ..storage.port import JournalStore
-from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES, Builtins
-from .consumers import Consumers
-from .journaling import Streams, primary
-from .mailboxes import Mailboxes
+from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
+from .journaling import primary
 from .peers import Out, Peer
-from .pubsub import PubSub
-from .rpc import Rpc
+
+if TYPE_CHECKING:
+    from .dispatch import BrokerCore
 
 
-class VerbHandlers:
-    settings: CoreSettings
-    counters: Counter[str]
-    pubsub: PubSub
-    rpc: Rpc
-    streams: Streams
-    builtins: Builtins
-    mailboxes: Mailboxes
-    consumers: Consumers
-
-    def _answer(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        if command.id is None:
-            return []
-        peer.last_sent = now
-        return [(peer.routing_id, P.ok(command.id))]
-
-    def _ping(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        peer.last_sent = now
-        return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
-
-    # ================================================================ pub/sub
-    def _put(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        headers = command.headers
-        topic = headers[Header.TOPIC]
-        if peer.legacy:  # an exact string: its 1.0 tokens, or () when opaque (mc0.topics.seed_topic)
-            tokens = self.pubsub.seed_topic_tokens(topic, command.id)
-        else:
-            tokens = self.pubsub.topic_tokens(topic, command.id)
-        if topic.startswith(P.RESERVED_TOPIC_PREFIX):
-            raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
-        if Header.TO in headers:
-            return self._put_to(peer, command, topic, now)
-        if not tokens:
-            return self._put_opaque(peer, command, topic, now)
-        if not peer.grants.may_publish(tokens):
-            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
-        self.counters["published"] += 1
-        journals = self.streams.routes(tokens) if self.streams.journals else ()
-        if journals:
-            return self._put_journaled(peer, command, topic, tokens, journals, now)
-        out = self.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
-        if command.id is not None:
-            peer.last_sent = now
-            out.append((peer.routing_id, P.ok(command.id)))
-        return out
-
-    def _put_opaque(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
-        """A 0.x PUT on a topic that is not a 1.0 topic: to the 0.x peers that subscribed that exact
-        string, never journaled (journals keep 1.0 topics)."""
-        if not peer.grants.may_use_opaque("publish"):
-            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
-        self.counters["published"] += 1
-        out = self.pubsub.fan_out_opaque(topic, command.headers, command.payload, now)
-        return out + self._answer(peer, command, now)
-
-    def _put_to(self, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
-        """A direct message: to the identity's newest session, else kept in its mailbox (no
-        subscriber sees it; only a journal that keeps mailboxes does); the OK says which, and
-        ``stored`` waits for the commit when a journal keeps the letter."""
-        to = self.mailboxes.check(peer, command)
-        user = P.user_header_frames(command.headers)
-        body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
-        frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
-        record = (topic, peer.identity, command.headers, body)
-        out, outcome = self.mailboxes.send(to, frames, command.id, now, record=record)
-        if command.id is not None:
-            peer.last_sent = now
-            ok = P.ok_mailbox(command.id, outcome)
-            keeper = self.mailboxes.journal
-            if keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
-                self.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
-            else:
-                out.append((peer.routing_id, ok))
-        return out
-
-    def _put_journaled(
-        self,
-        peer: Peer,
-        command: Command,
-        topic: str,
-        tokens: tuple[str, ...],
-        journals: Sequence[JournalStore],
-        now: float,
-    ) -> list[Out]:
-        """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
-
-        The OK names the first journal (by name) and the record's SEQ there; a
-        repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
-        is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
-        """
-        headers = command.headers
-        first = primary(journals)
-        msgid = headers.get(Header.MSGID)
-        if msgid is not None:
-            earlier = first.duplicate_of(peer.identity, msgid)
-            if earlier is not None:
-                self.counters["duplicates"] += 1
-                if command.id is not None:
-                    ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
-                    self.streams.hold_ok(first, peer.routing_id, command.id, ok)
-                return []
-        stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-        seq = self.streams.append(journals, first, topic, peer.identity, stored, command.payload)
-        if seq is None:
-            raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
-        self.counters["journaled"] += 1
-        held = self.streams.held_back(journals, tokens)
-        out = self.pubsub.fan_out(
-            topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
-        )
-        if command.id is not None:
-            peer.last_sent = now
-            self.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
-        return out
-
-    def _subscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        patterns = self.pubsub.parse_patterns(command, legacy=peer.legacy)  # all validated before any change
-        group = self.pubsub.check_group(peer, command)
-        new = self.pubsub.check_subscribe(peer, patterns, command.id, group)
-        if group is not None:
-            self.pubsub.add(peer, new, group)
-            return self._answer(peer, command, now)
-        replay = self.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
-        self.pubsub.add(peer, new)
-        if replay is not None:
-            self.streams.start_replay(peer, replay)
-        return self._answer(peer, command, now)
-
-    def _unsubscribe(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        patterns = self.pubsub.parse_patterns(command, legacy=peer.legacy)
-        group = self.pubsub.check_group(peer, command)
-        removed = self.pubsub.remove(peer, patterns, group)
-        self.streams.unsubscribed(peer, removed)
-        return self._answer(peer, command, now)
-
-    # ================================================================ RPC
-    def _ready(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        capacity = 1
-        if Header.CAPACITY in command.headers:
-            capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
-            self.rpc.pool.check_capacity(capacity, command.id)
-        names = [self.rpc.pool.service_name(bytes(f), command.id) for f in command.payload]
-        for name in names:
-            self.rpc.pool.check_serve(peer, name, command.id, RESERVED_SERVICES)
-        out = self.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
-        return out + self._answer(peer, command, now)
-
-    def _request(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        headers = command.headers
-        rid = headers[Header.ID]
-        timeout_ms = self.settings.request_timeout_ms
-        if Header.TIMEOUT in headers:
-            timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
-        scatter = False
-        if Header.ALL in headers:
-            if headers[Header.ALL] not in ("0", "1"):
-                raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
-            scatter = headers[Header.ALL] == "1"
-        name = headers[Header.SERVICE]
-        return self._call(peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
-
-    def _call(
-        self,
-        client: Peer,
-        name: str,
-        rid: str,
-        timeout_ms: int,
-        scatter: bool,
-        user: dict[str, str],
-        body: Sequence[bytes],
-        now: float,
-    ) -> list[Out]:
-        return self._request_for(client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
-
-    def _request_for(
-        self,
-        client: Peer,
-        name: str,
-        rid: str,
-        timeout_ms: int,
-        scatter: bool,
-        user: dict[str, str],
-        body: Sequence[bytes],
-        now: float,
-        *,
-        quiet: bool,
-    ) -> list[Out]:
-        """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
-        busy = self.streams.fetch_running(client, rid) or (
-            name == P.CONSUMER_SERVICE and self.consumers.waiting_for(client, rid)
-        )
-        deadline = self.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
-        self.counters["requests"] += 1
-        client.last_sent = now
-        if quiet and (name == P.CONSUMER_SERVICE or name in BUILTIN_SERVICES):
-            self.counters["answers_unwanted"] += 1  # the broker's own services only answer
-            return []
-        if name == P.CONSUMER_SERVICE:
-            try:
-                return self.consumers.handle(client, rid, user, body, deadline, now)
-            except ProtocolError as exc:
-                return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
-        if name in BUILTIN_SERVICES:
-            # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
-            return self.builtins.answer(client, name, rid, user, body)
-        service = self.rpc.services.get(name)
-        if len(body) > 1 and service is not None and any(w.dialect.one_frame for w in service.workers):
-            # An eMQP or MemoDB worker takes one body frame: refused before anything is queued, not run together.
-            raise ProtocolError(
-                Status.BAD_REQUEST, f"{name} has workers that take one body frame, not {len(body)}", rid
-            )
-        return self.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
-
-    def _cancel(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
-        rid = command.headers[Header.ID]
-        out = self.rpc.cancel(peer, rid, now)
-        if out is not None:
-            return out
-        if self.consumers.cancel(peer, rid):
-            peer.last_sent = now
-            return [(peer.routing_id, peer.dialect.error(rid, P.CONSUMER_SERVICE, Status.CANCELLED, "cancelled"))]
-        if self.streams.cancel_fetch(peer, rid):
-            peer.last_sent = now
-            return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
-        self.counters["cancel_unknown"] += 1
+def answer(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    if command.id is None:
         return []
+    peer.last_sent = now
+    return [(peer.routing_id, P.ok(command.id))]
 
-    def _worker_reply(self, peer: Peer, command: Command, now: float) -> list[Out]:
-        bid = command.headers[Header.ID]
-        if command.verb is Verb.ERROR:
-            code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
-            return self.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
-        return self.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
+
+def ping(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    peer.last_sent = now
+    return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
+
+
+# ---------------------------------------------------------------- pub/sub
+def put(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    headers = command.headers
+    topic = headers[Header.TOPIC]
+    if peer.legacy:  # an exact string: its 1.0 tokens, or () when opaque (mc0.topics.seed_topic)
+        tokens = core.pubsub.seed_topic_tokens(topic, command.id)
+    else:
+        tokens = core.pubsub.topic_tokens(topic, command.id)
+    if topic.startswith(P.RESERVED_TOPIC_PREFIX):
+        raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
+    if Header.TO in headers:
+        return put_to(core, peer, command, topic, now)
+    if not tokens:
+        return put_opaque(core, peer, command, topic, now)
+    if not peer.grants.may_publish(tokens):
+        raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
+    core.counters["published"] += 1
+    journals = core.streams.routes(tokens) if core.streams.journals else ()
+    if journals:
+        return put_journaled(core, peer, command, topic, tokens, journals, now)
+    out = core.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
+    if command.id is not None:
+        peer.last_sent = now
+        out.append((peer.routing_id, P.ok(command.id)))
+    return out
+
+
+def put_opaque(core: BrokerCore, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+    """A 0.x PUT on a topic that is not a 1.0 topic: to the 0.x peers that subscribed that exact
+    string, never journaled (journals keep 1.0 topics)."""
+    if not peer.grants.may_use_opaque("publish"):
+        raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
+    core.counters["published"] += 1
+    out = core.pubsub.fan_out_opaque(topic, command.headers, command.payload, now)
+    return out + answer(core, peer, command, now)
+
+
+def put_to(core: BrokerCore, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+    """A direct message: to the identity's newest session, else kept in its mailbox (no
+    subscriber sees it; only a journal that keeps mailboxes does); the OK says which, and
+    ``stored`` waits for the commit when a journal keeps the letter."""
+    to = core.mailboxes.check(peer, command)
+    user = P.user_header_frames(command.headers)
+    body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
+    frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
+    record = (topic, peer.identity, command.headers, body)
+    out, outcome = core.mailboxes.send(to, frames, command.id, now, record=record)
+    if command.id is not None:
+        peer.last_sent = now
+        ok = P.ok_mailbox(command.id, outcome)
+        keeper = core.mailboxes.journal
+        if keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
+            core.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
+        else:
+            out.append((peer.routing_id, ok))
+    return out
+
+
+def put_journaled(
+    core: BrokerCore,
+    peer: Peer,
+    command: Command,
+    topic: str,
+    tokens: tuple[str, ...],
+    journals: Sequence[JournalStore],
+    now: float,
+) -> list[Out]:
+    """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
+
+    The OK names the first journal (by name) and the record's SEQ there; a
+    repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
+    is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
+    """
+    headers = command.headers
+    first = primary(journals)
+    msgid = headers.get(Header.MSGID)
+    if msgid is not None:
+        earlier = first.duplicate_of(peer.identity, msgid)
+        if earlier is not None:
+            core.counters["duplicates"] += 1
+            if command.id is not None:
+                ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
+                core.streams.hold_ok(first, peer.routing_id, command.id, ok)
+            return []
+    stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
+    seq = core.streams.append(journals, first, topic, peer.identity, stored, command.payload)
+    if seq is None:
+        raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
+    core.counters["journaled"] += 1
+    held = core.streams.held_back(journals, tokens)
+    out = core.pubsub.fan_out(
+        topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
+    )
+    if command.id is not None:
+        peer.last_sent = now
+        core.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
+    return out
+
+
+def subscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    patterns = core.pubsub.parse_patterns(command, legacy=peer.legacy)  # all validated before any change
+    group = core.pubsub.check_group(peer, command)
+    new = core.pubsub.check_subscribe(peer, patterns, command.id, group)
+    if group is not None:
+        core.pubsub.add(peer, new, group)
+        return answer(core, peer, command, now)
+    replay = core.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
+    core.pubsub.add(peer, new)
+    if replay is not None:
+        core.streams.start_replay(peer, replay)
+    return answer(core, peer, command, now)
+
+
+def unsubscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    patterns = core.pubsub.parse_patterns(command, legacy=peer.legacy)
+    group = core.pubsub.check_group(peer, command)
+    removed = core.pubsub.remove(peer, patterns, group)
+    core.streams.unsubscribed(peer, removed)
+    return answer(core, peer, command, now)
+
+
+# ---------------------------------------------------------------- RPC
+def ready(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    capacity = 1
+    if Header.CAPACITY in command.headers:
+        capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
+        core.rpc.pool.check_capacity(capacity, command.id)
+    names = [core.rpc.pool.service_name(bytes(f), command.id) for f in command.payload]
+    for name in names:
+        core.rpc.pool.check_serve(peer, name, command.id, RESERVED_SERVICES)
+    out = core.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
+    return out + answer(core, peer, command, now)
+
+
+def request(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    headers = command.headers
+    rid = headers[Header.ID]
+    timeout_ms = core.settings.request_timeout_ms
+    if Header.TIMEOUT in headers:
+        timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
+    scatter = False
+    if Header.ALL in headers:
+        if headers[Header.ALL] not in ("0", "1"):
+            raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
+        scatter = headers[Header.ALL] == "1"
+    name = headers[Header.SERVICE]
+    return call(core, peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
+
+
+def call(
+    core: BrokerCore,
+    client: Peer,
+    name: str,
+    rid: str,
+    timeout_ms: int,
+    scatter: bool,
+    user: dict[str, str],
+    body: Sequence[bytes],
+    now: float,
+) -> list[Out]:
+    return request_for(core, client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
+
+
+def request_for(
+    core: BrokerCore,
+    client: Peer,
+    name: str,
+    rid: str,
+    timeout_ms: int,
+    scatter: bool,
+    user: dict[str, str],
+    body: Sequence[bytes],
+    now: float,
+    *,
+    quiet: bool,
+) -> list[Out]:
+    """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
+    busy = core.streams.fetch_running(client, rid) or (
+        name == P.CONSUMER_SERVICE and core.consumers.waiting_for(client, rid)
+    )
+    deadline = core.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
+    core.counters["requests"] += 1
+    client.last_sent = now
+    if quiet and (name == P.CONSUMER_SERVICE or name in BUILTIN_SERVICES):
+        core.counters["answers_unwanted"] += 1  # the broker's own services only answer
+        return []
+    if name == P.CONSUMER_SERVICE:
+        try:
+            return core.consumers.handle(client, rid, user, body, deadline, now)
+        except ProtocolError as exc:
+            return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
+    if name in BUILTIN_SERVICES:
+        # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
+        return core.builtins.answer(client, name, rid, user, body)
+    service = core.rpc.services.get(name)
+    if len(body) > 1 and service is not None and any(w.dialect.one_frame for w in service.workers):
+        # An eMQP or MemoDB worker takes one body frame: refused before anything is queued, not run together.
+        raise ProtocolError(Status.BAD_REQUEST, f"{name} has workers that take one body frame, not {len(body)}", rid)
+    return core.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
+
+
+def cancel(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
+    rid = command.headers[Header.ID]
+    out = core.rpc.cancel(peer, rid, now)
+    if out is not None:
+        return out
+    if core.consumers.cancel(peer, rid):
+        peer.last_sent = now
+        return [(peer.routing_id, peer.dialect.error(rid, P.CONSUMER_SERVICE, Status.CANCELLED, "cancelled"))]
+    if core.streams.cancel_fetch(peer, rid):
+        peer.last_sent = now
+        return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
+    core.counters["cancel_unknown"] += 1
+    return []
+
+
+def worker_reply(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    bid = command.headers[Header.ID]
+    if command.verb is Verb.ERROR:
+        code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
+        return core.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
+    return core.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
+
+
+Handler = Callable[["BrokerCore", Peer, Command, float], list[Out]]
+# What a connected mc0 peer's command does (CONNECT and DISCONNECT are the dispatcher's: sessions).
+VERBS: dict[Verb, Handler] = {
+    Verb.PUT: put,
+    Verb.REQUEST: request,
+    Verb.PARTIAL: worker_reply,
+    Verb.FINAL: worker_reply,
+    Verb.ERROR: worker_reply,
+    Verb.NOOP: answer,
+    Verb.SUB: subscribe,
+    Verb.UNSUB: unsubscribe,
+    Verb.READY: ready,
+    Verb.CANCEL: cancel,
+    Verb.PING: ping,
+}

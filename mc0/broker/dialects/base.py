@@ -23,8 +23,10 @@ class CoreOps(Protocol):
     """What a foreign dialect may ask of the broker core (implemented by BrokerCore)."""
 
     settings: CoreSettings
-    generated_ids_only: bool
     counters: Counter[str]
+
+    @property
+    def generated_ids_only(self) -> bool: ...
 
     def open_peer(self, peer: Peer, now: float) -> list[Out]: ...
 
