@@ -455,7 +455,7 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
 def test_a_fault_while_sending_to_one_peer_costs_that_peer_only(zctx: zmq.Context[Any]) -> None:
     """Items 1/2 at depth: sending was the one per-peer step no guard covered (a raise in the flush
     stopped the broker).  A fault there now drops that peer's queue and closes its session."""
-    from mc0.broker.server import BrokerThread
+    from mc0.broker.embedded import BrokerThread
     from mc0.config import parse
 
     with BrokerThread(parse('[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n')) as thread:
