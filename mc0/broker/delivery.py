@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from .core.dispatch import BrokerCore, Out
 from .core.journaling import StreamOut
-from .nngbridge import NngBridge
 from .outbox import Outbox
+
+if TYPE_CHECKING:
+    from .listeners import Listener
 
 MAX_FOLLOW_UP_ROUNDS = 64
 # Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
@@ -48,10 +50,12 @@ def send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any
 
 
 class Delivery:
-    def __init__(self, core: BrokerCore, outbox: Outbox, nng: NngBridge | None) -> None:
+    def __init__(self, core: BrokerCore, outbox: Outbox, listeners: Sequence[Listener] = ()) -> None:
+        """``listeners``: the ways besides the ROUTER socket that peers reach this broker (MemoDB
+        over NNG, the other brokers of a cluster): each sends what is queued for its own peers."""
         self.core = core
         self.outbox = outbox
-        self.nng = nng
+        self.listeners = tuple(listeners)
         self.holding = False  # the input is held (back-pressure) as of the last look
 
     def holding_input(self, now: float) -> bool:
@@ -85,8 +89,9 @@ class Delivery:
         for _ in range(MAX_FOLLOW_UP_ROUNDS):
             for routing_id in core.take_forgotten():
                 outbox.discard(routing_id)
-                if self.nng is not None:
-                    self.nng.forgotten(routing_id)  # its waiting NNG request is answered
+                for listener in self.listeners:
+                    if listener.owns(routing_id):
+                        listener.forgotten(routing_id)
             follow_up: list[Out] = []
             for routing_id, payload in pending:
                 peer = sessions.get(routing_id)
@@ -120,9 +125,10 @@ class Delivery:
         self, sock: zmq.Socket[bytes], routing_id: bytes, shared: dict[int, list[zmq.Frame]], now: float
     ) -> None:
         outbox = self.outbox
-        if self.nng is not None and self.nng.memodb.owns(routing_id):
-            self.apply(self.nng.flush(self.core.dialect_ops, outbox, routing_id, now), now)
-            return
+        for listener in self.listeners:
+            if listener.owns(routing_id):  # not a ROUTER peer: its listener sends it what is queued
+                self.apply(listener.flush(self.core, outbox, routing_id, now), now)
+                return
         while (message := outbox.next_message(routing_id)) is not None:
             try:
                 if len(message) > 3 and max(map(len, message)) >= SHARE_FRAMES_FROM:

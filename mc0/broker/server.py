@@ -36,13 +36,14 @@ from ..config import Config, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
+from . import listeners as listening
 from .core.dispatch import BrokerCore, Out
 from .delivery import Delivery
 from .dialects import route as dialect_route
 from .dialects.memodb import with_memodb_identity
+from .listeners import ClusterListener, NngListener
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
-from .nngbridge import NngBridge
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 from .storage.filestore import Journal
 
@@ -129,8 +130,11 @@ class Broker:
         self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
         # A journaled letter is recorded delivered only once nothing for its session waits here.
         self.core.mailboxes.sent_all = lambda routing_id: self.outbox.backlog(routing_id) == 0
-        self.nng = NngBridge.configured(self.config)  # MemoDB (seed 003): NNG in its own thread, or None
-        self.delivery = Delivery(self.core, self.outbox, self.nng)
+        # MemoDB over NNG, the other brokers of a cluster over NATS: each with its own thread and socket.
+        self.listeners = listening.configured(self.config)
+        self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)
+        self.cluster = next((x for x in self.listeners if isinstance(x, ClusterListener)), None)
+        self.delivery = Delivery(self.core, self.outbox, self.listeners)
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -212,8 +216,8 @@ class Broker:
         self._wake_w.setblocking(False)
         if self.http is not None:
             self.http.start()  # ConfigError (names http.listen) when the port is taken
-        if self.nng is not None:
-            self.nng.start(self._context)  # ConfigError (names memodb.listen) when it cannot listen
+        for listener in self.listeners:
+            listener.start(self._context, self.endpoints, self.core)  # ConfigError naming its key
         return self.endpoints
 
     def _wake(self) -> None:
@@ -247,8 +251,8 @@ class Broker:
         self._closed = True
         if self.http is not None:
             self.http.close()
-        if self.nng is not None:
-            self.nng.close()
+        for listener in self.listeners:
+            listener.close()
         if self._monitor is not None:
             if self._socket is not None:
                 self._socket.disable_monitor()
@@ -285,9 +289,10 @@ class Broker:
         poller.register(sock, zmq.POLLIN)
         for pollers in (poller, holding):
             pollers.register(self._wake_r, zmq.POLLIN)
-        if (nng := self.nng.socket if self.nng is not None else None) is not None:
+        for listener in self.listeners:
+            assert listener.socket is not None  # (started by bind)
             for pollers in (poller, holding):
-                pollers.register(nng, zmq.POLLIN)
+                pollers.register(listener.socket, zmq.POLLIN)
         monitor = self._monitor
         assert monitor is not None
         zap = self.zap
@@ -336,8 +341,10 @@ class Broker:
                         core.caught_up(now)  # polled empty
                     if core.unfinished:
                         self._walk_batches(time.monotonic())
-                if nng in ready and self.nng is not None:  # MemoDB requests
-                    delivery.apply(self.nng.receive(core.dialect_ops, time.monotonic()), time.monotonic())
+                for listener in self.listeners:  # MemoDB requests, other brokers' traffic
+                    if listener.socket in ready:
+                        now = time.monotonic()
+                        delivery.apply(listener.receive(core, now), now)
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._guarded(self._reload, now)
@@ -371,6 +378,8 @@ class Broker:
 
     def _timers(self, now: float) -> None:
         core = self.core
+        for listener in self.listeners:
+            self.delivery.apply(listener.turn(core, now), now)
         if now >= core.next_deadline():
             self.delivery.apply(core.tick(now), now)
         if core.streaming:
@@ -391,7 +400,13 @@ class Broker:
         self._next_snapshot = now + SNAPSHOT_INTERVAL
         try:
             snap = snapshot(
-                self.core, self.outbox, now=now, started=self._started, wall=time.time(), in_bytes=self.bytes_in
+                self.core,
+                self.outbox,
+                now=now,
+                started=self._started,
+                wall=time.time(),
+                in_bytes=self.bytes_in,
+                cluster=self.cluster.status(self.core) if self.cluster is not None else None,
             )
         except Exception:
             self.core.counters["internal_errors"] += 1

@@ -271,7 +271,10 @@ class MonitorServer:
             return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
         data: object
         if path == "/healthz":
-            data = {"status": "ok"}
+            cluster = snap.varz.get("cluster")
+            cut_off = isinstance(cluster, dict) and cluster.get("name") and not cluster.get("nats_connected")
+            # Cut off from NATS the broker still serves its own peers: degraded, not down (200).
+            data = {"status": "degraded", "reason": "NATS unreachable"} if cut_off else {"status": "ok"}
         elif path == "/varz":
             data = {**snap.varz, "version": self.version, **process_figures()}
         else:

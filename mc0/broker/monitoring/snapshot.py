@@ -45,11 +45,18 @@ class Snapshot:
 
 
 def snapshot(
-    core: BrokerCore, outbox: QueueFigures, *, now: float, started: float, wall: float, in_bytes: int
+    core: BrokerCore,
+    outbox: QueueFigures,
+    *,
+    now: float,
+    started: float,
+    wall: float,
+    in_bytes: int,
+    cluster: dict[str, object] | None = None,
 ) -> Snapshot:
     """Everything the monitor serves, as of ``now`` (``started``: the loop's clock at start;
     ``wall``: wall-clock seconds now, for the timestamps people read; ``in_bytes``: the
-    message bytes the shell has received)."""
+    message bytes the shell has received; ``cluster``: the cluster link's state, if any)."""
     peers = list(core.peers.by_id.values())
     rpc = core.rpc
     pubsub = core.pubsub
@@ -72,6 +79,7 @@ def snapshot(
         "pending_bytes": outbox.queued_bytes,
         "journals": journals,
         "counters": counters,
+        "cluster": cluster if cluster is not None else {"name": "", "nats_connected": False, "brokers": []},
     }
     rows = []
     for peer in peers:

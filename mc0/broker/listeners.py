@@ -1,0 +1,176 @@
+"""Listeners: the ways peers reach the broker besides its ROUTER socket, each behind one small interface.
+
+Contract: a :class:`Listener` is polled by the broker loop on its ``socket``;
+``receive(core, now)`` hands what arrived to the core and returns what the
+core answered; the shell's outbox queues what the core says to the
+listener's own peers (``owns`` tells them by routing id) and ``flush`` sends
+what is queued for one of them; ``forgotten`` is told when the core forgot
+one; ``turn`` is called once a loop turn (what the listener owes peers
+without being asked).  ``start`` opens it (once the ROUTER is bound, so its
+endpoints are known), ``close`` is idempotent, and ``status`` is what
+monitoring shows of it.  The ROUTER side is the default: whatever no
+listener owns goes out of the ROUTER socket (:mod:`mc0.broker.delivery`).
+
+Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
+:mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers
+of a cluster over NATS, :mod:`mc0.broker.cluster.link`; what crosses is
+decided by :mod:`mc0.broker.core.routed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any, Protocol
+
+import zmq
+
+from ..protocol import routes as route_wire
+from ..settings import Config
+from .cluster.link import ClusterLink, Hello, LinkChange, RouteBlob
+from .core import routed
+from .core.dispatch import BrokerCore, Out
+from .core.routes import ROUTE_PREFIX, is_route_id
+from .nngbridge import NngBridge
+from .outbox import Outbox
+
+log = logging.getLogger("mc0.broker")
+
+
+class Listener(Protocol):
+    name: str
+
+    @property
+    def socket(self) -> zmq.Socket[bytes] | None: ...
+
+    def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None: ...
+
+    def receive(self, core: BrokerCore, now: float) -> list[Out]: ...
+
+    def owns(self, routing_id: bytes) -> bool: ...
+
+    def flush(self, core: BrokerCore, outbox: Outbox, routing_id: bytes, now: float) -> list[Out]: ...
+
+    def forgotten(self, routing_id: bytes) -> None: ...
+
+    def turn(self, core: BrokerCore, now: float) -> list[Out]: ...
+
+    def status(self, core: BrokerCore) -> dict[str, object]: ...
+
+    def close(self) -> None: ...
+
+
+class NngListener:
+    """MemoDB (seed 003) over NNG req/rep: the bridge thread and the pure dialect behind it."""
+
+    name = "memodb"
+
+    def __init__(self, bridge: NngBridge) -> None:
+        self.bridge = bridge
+
+    @property
+    def socket(self) -> zmq.Socket[bytes] | None:
+        return self.bridge.socket
+
+    def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
+        self.bridge.start(context)  # ConfigError (names memodb.listen) when it cannot listen
+
+    def receive(self, core: BrokerCore, now: float) -> list[Out]:
+        return self.bridge.receive(core.dialect_ops, now)
+
+    def owns(self, routing_id: bytes) -> bool:
+        return self.bridge.memodb.owns(routing_id)
+
+    def flush(self, core: BrokerCore, outbox: Outbox, routing_id: bytes, now: float) -> list[Out]:
+        return self.bridge.flush(core.dialect_ops, outbox, routing_id, now)
+
+    def forgotten(self, routing_id: bytes) -> None:
+        self.bridge.forgotten(routing_id)  # its waiting NNG request is answered
+
+    def turn(self, core: BrokerCore, now: float) -> list[Out]:
+        return []
+
+    def status(self, core: BrokerCore) -> dict[str, object]:
+        return {"address": self.bridge.address}
+
+    def close(self) -> None:
+        self.bridge.close()
+
+
+class ClusterListener:
+    """The other brokers of a cluster: route traffic over NATS (``[cluster]``)."""
+
+    name = "cluster"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config.cluster
+        self.link = ClusterLink(config.cluster)
+        self.broker_name = config.cluster.name
+
+    @property
+    def socket(self) -> zmq.Socket[bytes] | None:
+        return self.link.socket
+
+    def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
+        name = self.broker_name or route_wire.derived_name(socket.gethostname(), endpoints[0] if endpoints else "")
+        self.broker_name = route_wire.check_name(name, "cluster.name")
+        # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
+        gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
+        routed.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
+        self.link.start(context, self.broker_name)
+
+    def receive(self, core: BrokerCore, now: float) -> list[Out]:
+        out: list[Out] = []
+        for item in self.link.receive():
+            if isinstance(item, RouteBlob):
+                out += routed.received(core, item.name, item.epoch, item.blob, now)
+            elif isinstance(item, Hello):
+                out += routed.hello(core, item.name, item.epoch, now)
+            elif isinstance(item, LinkChange) and not item.up:
+                out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+        return out
+
+    def owns(self, routing_id: bytes) -> bool:
+        return is_route_id(routing_id)
+
+    def flush(self, core: BrokerCore, outbox: Outbox, routing_id: bytes, now: float) -> list[Out]:
+        """What is queued for a route: one NATS message per BATCH (a route is a batched peer)."""
+        name = routing_id[len(ROUTE_PREFIX) :].decode()
+        while (message := outbox.next_message(routing_id)) is not None:
+            blob = message[2] if len(message) == 3 and message[0] == b"BATCH" else None
+            if blob is None:  # (never: a route's queue is batched) counted, not sent raw over NATS
+                core.counters["route_unbatched_dropped"] += 1
+            else:
+                self.link.send(name, bytes(blob))
+            outbox.sent(routing_id, now)
+        return []
+
+    def forgotten(self, routing_id: bytes) -> None:
+        pass
+
+    def turn(self, core: BrokerCore, now: float) -> list[Out]:
+        """The news of this broker's own peers (interest, services, identities) for every route."""
+        return routed.news(core)
+
+    def status(self, core: BrokerCore) -> dict[str, object]:
+        return {
+            "name": self.broker_name,
+            "nats_connected": self.link.connected,
+            "nats_server": self.link.server,
+            "brokers": sorted(core.routes.by_name),
+            "link": dict(self.link.counters),
+        }
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def configured(config: Config) -> list[Listener]:
+    """The listeners ``config`` asks for (none for a plain standalone broker)."""
+    found: list[Listener] = []
+    bridge = NngBridge.configured(config)  # MemoDB: NNG in its own thread, or None
+    if bridge is not None:
+        found.append(NngListener(bridge))
+    if config.cluster.nats:
+        found.append(ClusterListener(config))
+    return found
