@@ -120,11 +120,17 @@ class NatsCluster:
         if self.jetstream:
             sync = "  sync_interval: always\n" if self.sync_always else ""
             jetstream = f'jetstream {{\n  store_dir: "{store}"\n{sync}}}\n'
+        # One node alone is no cluster (JetStream refuses a cluster block without routes).
+        cluster = (
+            f"cluster {{\n  name: {self.name}\n  listen: 127.0.0.1:{self.route_ports[i]}\n  routes: [{routes}]\n}}\n"
+            if self.size > 1
+            else ""
+        )
         text = (
             f"server_name: n{i + 1}\n"
             f"listen: 127.0.0.1:{self.client_ports[i]}\n"
             f"http: 127.0.0.1:{self.http_ports[i]}\n"
-            f"cluster {{\n  name: {self.name}\n  listen: 127.0.0.1:{self.route_ports[i]}\n  routes: [{routes}]\n}}\n"
+            f"{cluster}"
             f"{jetstream}"
             "authorization {\n  users = [\n"
             f"    {{ user: {BROKER_USER}, password: {json.dumps(self.broker_password)}, permissions: {{\n"

@@ -108,7 +108,7 @@ def test_0x_topics_with_spaces_and_lookalike_topics_cross_brokers_without_collid
             publisher = RawPeer(bus.endpoint(0), context)
             assert publisher.connect(version="0.3")[0] == b"OK"
             until(lambda: bus.interest(0, "mcollective discovery") >= 1, 5, "b2's exact-topic interest at b1")
-            until(lambda: bus.interest(0, "mcollective.discovery") >= 2, 5, "dotted interest at b1")
+            until(lambda: bus.interest(0, "mcollective.discovery") >= 1, 5, "b3's dotted interest at b1")
             for topic in ("mcollective discovery", "mcollective_discovery", "mcollective.discovery"):
                 publisher.send("PUT", "TOPIC", topic, "X-REPLY-TO", "mcollective reply client-0 4242", "", topic)
             for topic, peer in legacy.items():
@@ -142,7 +142,8 @@ def test_a_broker_with_no_matching_peer_receives_no_traffic_for_that_topic(bus: 
 def test_permissions_are_checked_where_each_peer_is(tmp_path: Path, nats: NatsCluster) -> None:
     policy = (
         '[permissions.identity.alice]\npublish = ["orders.>"]\nsubscribe = [">"]\n'
-        '[permissions.identity.bob]\npublish = []\nsubscribe = ["orders.>"]\nsubscribe_deny = ["orders.secret.>"]\n'
+        '[permissions.identity.bob]\npublish = []\nsubscribe = ["orders.>"]\n'
+        '[permissions.identity.bob.deny]\nsubscribe = ["orders.secret.>"]\n'
         '[permissions.identity.carol]\npublish = ["orders.>"]\nsubscribe = [">"]\n'
     )
     with ClusterBus(tmp_path, nats, curve=True, extra=policy) as secure:
@@ -168,7 +169,7 @@ def test_a_queue_group_gets_each_message_once_in_the_whole_cluster(bus: ClusterB
     try:
         members = [c.subscribe("work.>", group="billing") for c in clients]
         with bus.client(0) as pub:
-            until(lambda: bus.interest(0, "work.item", group="billing") >= 3, 5, "every broker's group known at b1")
+            until(lambda: bus.interest(0, "work.item", group="billing") >= 2, 5, "b2's and b3's members known at b1")
             n = 3000
             for i in range(n):
                 pub.publish("work.item", str(i).encode())
@@ -209,8 +210,8 @@ def _served(bus: ClusterBus, at: int, service: str, workers: int = 1, timeout: f
 def test_a_request_is_served_by_the_only_worker_behind_another_broker_with_partials_in_order(bus: ClusterBus) -> None:
     def chatty(request: mc0.Request) -> Iterator[bytes]:
         for i in range(5):
-            yield f"p{i}".encode()
-        yield b"done by " + request.caller.encode()
+            yield f"p{i}".encode()  # PARTIALs
+        return b"done by " + request.caller.encode()  # the FINAL
 
     worker = _worker(bus, 2, "chatty", chatty)
     try:
@@ -358,6 +359,7 @@ def test_kill_9_of_a_broker_its_clients_resume_on_another_within_2_s(bus: Cluste
     with mc0.Client(bus.endpoints(1, 2), **bus.options()) as sub, bus.client(0) as pub:
         messages = sub.subscribe("fo.>")
         assert sub.endpoint == bus.endpoint(1)
+        until(lambda: bus.interest(0, "fo.a") >= 1, 5, "b2's interest known at b1")
         pub.publish("fo.a", b"before", confirm=True)
         assert [m.body for m in drain(messages, 1)] == [b"before"]
         killed = time.monotonic()
@@ -382,6 +384,7 @@ def test_kill_9_of_a_nats_node_brokers_carry_on_through_the_others_within_2_s(tm
             bus.wait_joined()
             with bus.client(0) as pub, bus.client(1) as sub:
                 messages = sub.subscribe("n.>")
+                until(lambda: bus.interest(0, "n.x") >= 1, 5, "b2's interest known at b1")
                 pub.publish("n.x", b"before", confirm=True)
                 assert [m.body for m in drain(messages, 1)] == [b"before"]
                 killed = time.monotonic()
@@ -403,6 +406,7 @@ def test_a_broker_cut_off_from_nats_serves_its_own_peers_and_rejoins_without_dup
             bus.wait_joined()
             with bus.client(0) as pub, bus.client(0) as local, bus.client(1) as remote:
                 mine, theirs = local.subscribe("c.>"), remote.subscribe("c.>")
+                until(lambda: bus.interest(0, "c.x") >= 1, 5, "b2's interest known at b1")
                 own.kill(0)  # NATS gone: each broker alone
                 until(lambda: bus.cluster_report(0)["brokers"] == [], 5, "routes dropped")
                 for i in range(100):
@@ -412,6 +416,7 @@ def test_a_broker_cut_off_from_nats_serves_its_own_peers_and_rejoins_without_dup
                 own.start_node(0)
                 own.wait_ready()
                 bus.wait_joined(20)
+                until(lambda: bus.interest(0, "c.x") >= 1, 5, "b2's interest known at b1 again")
                 for i in range(100):
                     pub.publish("c.x", f"again{i}".encode())
                 pub.flush(timeout=5)

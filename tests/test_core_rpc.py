@@ -186,6 +186,31 @@ def test_attempts_are_bounded() -> None:
     assert only(out, "c").headers["CODE"] == "502"
 
 
+def test_a_request_whose_only_worker_was_lost_waits_a_grace_for_another_then_fails_502() -> None:
+    from mc0.broker.core.rpc import ORPHAN_GRACE
+
+    net = Net(max_attempts=3)
+    net.connect("c")
+    net.worker("a", "s")
+    net.send("c", "REQUEST", "SERVICE", "s", "ID", "r", "TIMEOUT", "60000")
+    net.send("a", "DISCONNECT")
+    assert b"c" not in net.tick(ORPHAN_GRACE / 2)  # still waiting: a worker may come back
+    out = net.tick(ORPHAN_GRACE + 0.01)
+    answer = only(out, "c")
+    assert answer.verb is P.Verb.ERROR and answer.headers["CODE"] == "502"
+    assert "no other serves s" in answer.headers["MESSAGE"]  # at once, not at the request's deadline
+
+
+def test_a_request_whose_only_worker_was_lost_is_served_by_one_that_comes_within_the_grace() -> None:
+    net = Net(max_attempts=3)
+    net.connect("c")
+    net.worker("a", "s")
+    net.send("c", "REQUEST", "SERVICE", "s", "ID", "r", "TIMEOUT", "60000")
+    net.send("a", "DISCONNECT")
+    assert only(net.worker("b", "s"), "b").verb is P.Verb.REQUEST
+    assert b"c" not in net.tick(5.0)  # b holds it: the grace passing changes nothing
+
+
 def test_scatter_gathers_finals_as_partials_then_final_with_count_and_missing() -> None:
     net = Net()
     for w in ("w1", "w2", "w3"):

@@ -32,6 +32,7 @@ JOB_TABLE: dict[tuple[JobState, JobEvent], tuple[JobState, Action]] = {
     (Q, E.DEADLINE): (D, X.FAIL_DEADLINE),
     (Q, E.CANCEL): (D, X.FAIL_CANCELLED),
     (Q, E.CLIENT_GONE): (D, X.ABANDON),
+    (Q, E.ORPHANED): (D, X.FAIL_LOST),  # put back after its worker was lost, and no worker came
     (A, E.DISPATCH): (A, X.IGNORE),
     (A, E.PARTIAL): (S, X.FORWARD),
     (A, E.FINAL): (D, X.REPLY_FINAL),
@@ -41,6 +42,7 @@ JOB_TABLE: dict[tuple[JobState, JobEvent], tuple[JobState, Action]] = {
     (A, E.DEADLINE): (D, X.FAIL_DEADLINE),
     (A, E.CANCEL): (D, X.FAIL_CANCELLED),
     (A, E.CLIENT_GONE): (D, X.ABANDON),
+    (A, E.ORPHANED): (A, X.IGNORE),
     (S, E.DISPATCH): (S, X.IGNORE),
     (S, E.PARTIAL): (S, X.FORWARD),
     (S, E.FINAL): (D, X.REPLY_FINAL),
@@ -50,6 +52,7 @@ JOB_TABLE: dict[tuple[JobState, JobEvent], tuple[JobState, Action]] = {
     (S, E.DEADLINE): (D, X.FAIL_DEADLINE),
     (S, E.CANCEL): (D, X.FAIL_CANCELLED),
     (S, E.CLIENT_GONE): (D, X.ABANDON),
+    (S, E.ORPHANED): (S, X.IGNORE),
     **{(D, event): (D, X.IGNORE) for event in JobEvent},
 }
 

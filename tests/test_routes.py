@@ -126,6 +126,23 @@ def test_a_put_reaches_every_matching_subscriber_on_every_broker_exactly_once_in
     assert net.route_messages - before == 10  # one per PUT per broker with interest: b and c
 
 
+def test_0x_exact_topics_cross_brokers_as_they_are_and_only_to_their_own_string() -> None:
+    net = Net()
+    net.send("b", b"old1", "CONNECT", "VERSION", "0.3", "TTL", "60000", "ID", "c")
+    net.send("b", b"old1", "SUB", "ID", "s", "", "mcollective discovery")
+    net.send("c", b"old2", "CONNECT", "VERSION", "0.3", "TTL", "60000", "ID", "c")
+    net.send("c", b"old2", "SUB", "ID", "s", "", "mcollective_discovery")
+    for at, rid in (("b", b"old1"), ("c", b"old2")):
+        net.take(at, rid)
+    net.send("a", b"pub", "CONNECT", "VERSION", "0.3", "TTL", "60000", "ID", "c")
+    for topic in ("mcollective discovery", "mcollective_discovery", "mcollective.discovery"):
+        net.send("a", b"pub", "PUT", "TOPIC", topic, "X-REPLY-TO", "mcollective reply c 1", "", topic)
+    (got,) = net.take("b", b"old1")
+    assert got[-1] == b"mcollective discovery" and header(got, "X-REPLY-TO") == "mcollective reply c 1"
+    assert header(got, "SENDER") is None  # the seed's MESSAGE shape for a 0.x peer, as on one broker
+    assert [g[-1] for g in net.take("c", b"old2")] == [b"mcollective_discovery"]
+
+
 def test_interest_is_driven_by_subscriptions_and_withdrawn_with_them() -> None:
     net = Net()
     net.connect("b", b"sb")

@@ -49,6 +49,9 @@ class JobEvent(Enum):
     DEADLINE = "deadline"  # the request's deadline passed
     CANCEL = "cancel"  # the client sent CANCEL
     CLIENT_GONE = "client_gone"  # the client vanished: nobody to answer
+    # Put back in the queue when its worker was lost, it waited a grace period for another worker
+    # (a worker restarting, another broker's route coming back) and none serves its service.
+    ORPHANED = "orphaned"
 
 
 class Action(Enum):
@@ -94,6 +97,7 @@ def _job_table() -> dict[tuple[JobState, JobEvent], tuple[JobState, Action]]:
         table[state, JobEvent.WORKER_ERROR] = (JobState.DONE, Action.REPLY_ERROR)
         table[state, JobEvent.WORKER_LOST_LAST] = (JobState.DONE, Action.FAIL_LOST)
     table[JobState.ASSIGNED, JobEvent.WORKER_LOST] = (JobState.QUEUED, Action.REQUEUE)
+    table[JobState.QUEUED, JobEvent.ORPHANED] = (JobState.DONE, Action.FAIL_LOST)
     # Replies were forwarded: running it again could repeat them.
     table[JobState.STREAMING, JobEvent.WORKER_LOST] = (JobState.DONE, Action.FAIL_LOST)
     for state in (JobState.QUEUED, *_HELD):

@@ -460,21 +460,29 @@ class PubSub:
         return out
 
     def fan_out_opaque(
-        self, topic: str, headers: dict[str, str], body: Sequence[bytes], now: float, *, from_route: bool = False
+        self,
+        topic: str,
+        sender: bytes,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        *,
+        from_route: bool = False,
     ) -> list[Out]:
         """A 0.x PUT on an opaque topic: to the 0.x peers that subscribed that exact string
         (the seed's MESSAGE shape, every X- header kept), and to the other brokers that have
-        such peers (unless it came from one: ``from_route``)."""
+        such peers, with the SENDER (unless it came from one: ``from_route``)."""
         targets = self._opaque.get(topic)
         if not targets:
             return []
-        frames = P.message(topic.encode(), None, P.user_header_frames(headers), body)
+        user = P.user_header_frames(headers)
+        frames = P.message(topic.encode(), None, user, body)
         out: list[Out] = []
         for target in targets:
             if target.route:
                 if from_route:
                     continue
-                out.append((target.routing_id, batch.frames_record(frames)))
+                out.append((target.routing_id, batch.frames_record(P.message(topic.encode(), sender, user, body))))
             else:
                 out.append((target.routing_id, frames))
             target.last_sent = now

@@ -217,7 +217,7 @@ def _publication(
     group: str | None,
 ) -> list[Out]:
     if not tokens:
-        return core.pubsub.fan_out_opaque(topic, headers, body, now, from_route=True)
+        return core.pubsub.fan_out_opaque(topic, sender, headers, body, now, from_route=True)
     admits: Callable[[Grants], bool] | None = None
     if is_dead_letter(tokens):  # it reaches only those allowed the topic it died on, here as there
         origin = dead_letter_origin(headers)

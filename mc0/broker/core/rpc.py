@@ -45,6 +45,10 @@ from .workers import Workers
 
 log = logging.getLogger("mc0.broker")
 
+# How long a request put back after its worker was lost waits for a worker of its service to appear
+# (one restarting, another broker's route coming back) when none is left, before it fails 502.
+ORPHAN_GRACE = 1.0
+
 
 class Rpc:
     def __init__(
@@ -65,6 +69,7 @@ class Rpc:
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
         self._deadlines: list[tuple[float, int, Request]] = []
+        self._orphans: list[tuple[float, int, Job]] = []  # requeued after a worker was lost (see _requeue)
         self._seq = itertools.count(1)
 
     def next_id(self) -> int:
@@ -437,12 +442,17 @@ class Rpc:
         if job is None or not retry or code != Status.NO_WORKER or job.state is not JobState.ASSIGNED:
             return self.reply(route, Verb.ERROR, bid, {}, (), now, code, reason)
         self._fire(job, JobEvent.WORKER_LOST)
-        self.counters["requests_requeued"] += 1
         self.pool.released(route, job, False)
         job.worker = None
-        service = self.pool.service(job.service)
-        self._enqueue(service, job, front=True)
-        return self._pump(service, now)
+        self._requeue(job, now)
+        return self._pump(self.pool.service(job.service), now)
+
+    def _requeue(self, job: Job, now: float) -> None:
+        """Back to the front of its queue after its worker was lost; if no worker serves it when
+        ``ORPHAN_GRACE`` has passed (none restarted, no broker's route came back), 502 then."""
+        self.counters["requests_requeued"] += 1
+        self._enqueue(self.pool.service(job.service), job, front=True)
+        heapq.heappush(self._orphans, (now + ORPHAN_GRACE, int(job.bid), job))
 
     def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
         """A scatter leg finished (``answered``) or lost its worker."""
@@ -511,8 +521,7 @@ class Rpc:
             retry = job.attempts < self.settings.max_attempts
             action = self._fire(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
             if action is Action.REQUEUE:
-                self.counters["requests_requeued"] += 1
-                self._enqueue(self.pool.service(job.service), job, front=True)
+                self._requeue(job, now)
                 touched[job.service] = None
             else:
                 why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
@@ -526,6 +535,14 @@ class Rpc:
     def expire(self, now: float) -> list[Out]:
         """Requests whose deadline passed: 504 (a scatter: its FINAL with what arrived)."""
         out: list[Out] = []
+        orphans = self._orphans
+        while orphans and orphans[0][0] <= now:
+            _, _, job = heapq.heappop(orphans)
+            service = self.services.get(job.service)
+            if job.state is JobState.QUEUED and (service is None or not service.workers):
+                self._fire(job, JobEvent.ORPHANED)
+                grace = f"{ORPHAN_GRACE:g} s"
+                out += self._fail(job, Status.WORKER_LOST, f"worker lost; no other serves {job.service} ({grace})", now)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, _, request = heapq.heappop(deadlines)
@@ -544,7 +561,8 @@ class Rpc:
         return out
 
     def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        deadlines = [heap[0][0] for heap in (self._deadlines, self._orphans) if heap]
+        return min(deadlines) if deadlines else None
 
     # ================================================================ telemetry and reports
     def _finished(

@@ -70,7 +70,7 @@ def put_opaque(core: BrokerCore, peer: Peer, command: Command, topic: str, now: 
     if not peer.grants.may_use_opaque("publish"):
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
     core.counters["published"] += 1
-    out = core.pubsub.fan_out_opaque(topic, command.headers, command.payload, now)
+    out = core.pubsub.fan_out_opaque(topic, peer.sender, command.headers, command.payload, now)
     return out + answer(core, peer, command, now)
 
 
