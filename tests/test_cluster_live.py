@@ -424,3 +424,22 @@ def test_a_broker_cut_off_from_nats_serves_its_own_peers_and_rejoins_without_dup
                 assert got == [f"again{i}".encode() for i in range(100)]  # no duplicates, nothing replayed
                 assert drain(theirs, 1, timeout=0.5) == []
                 print(f"rejoined (beacons every {HELLO_MS} ms, {ROUTE_LIVENESS} may be missed)")
+
+
+def test_the_cluster_demo_runs_end_to_end_and_exits_zero(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mc0", "cluster-demo"], cwd=tmp_path, capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for step in (
+        "joined: b1 sees b2, b3",
+        "bob at b2 got orders.eu.0 'order 0' from alice (at b1)",
+        "alice at b1 -> 'hello alice, from the worker behind b3'",
+        "bob resumed on",
+        "stopped: three brokers, three NATS nodes",
+    ):
+        assert step in result.stdout, (step, result.stdout)
+    assert "Traceback" not in result.stderr

@@ -243,3 +243,14 @@ def demo() -> None:
     started = time.monotonic()
     run_demo(click.echo)
     click.echo(f"demo finished in {time.monotonic() - started:.1f}s")
+
+
+@cli.command("cluster-demo")
+@_one_line_errors
+def cluster_demo() -> None:
+    """Three NATS nodes and three brokers on loopback: pub/sub, RPC and failover across them (exits 0)."""
+    from ..cluster_demo import run_cluster_demo
+
+    started = time.monotonic()
+    run_cluster_demo(click.echo)
+    click.echo(f"cluster demo finished in {time.monotonic() - started:.1f}s")
