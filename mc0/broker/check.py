@@ -20,6 +20,7 @@ from .. import keys as keyfiles
 from ..config import Config
 from ..endpoints import check_endpoint
 from ..errors import ConfigError
+from .cluster.link import redacted
 from .monitoring.httpd import parse_listen
 from .nngbridge import check_listen
 
@@ -58,6 +59,17 @@ def check_config(config: Config) -> list[str]:
         lines.append(f"memodb: NNG rep0 on {memodb.listen} ({where}), peers are identity {memodb.identity!r}")
     else:
         lines.append("memodb: off" + (" (foreign_dialects = false)" if memodb.enabled else ""))
+    cluster = config.cluster
+    if cluster.nats:
+        try:
+            import nats  # noqa: F401
+        except ImportError:
+            raise ConfigError("cluster.nats", "joining a cluster needs nats-py: pip install 'mc0[cluster]'") from None
+        shown = ", ".join(redacted(url) for url in cluster.nats)
+        name = cluster.name or "derived from the host and the first bind"
+        lines.append(f"cluster: broker {name} joins over NATS {shown}")
+    else:
+        lines.append("cluster: off (standalone)")
     security = config.security
     if security.curve:
         path = keyfiles.resolve(security.broker_key, security.keys_dir, keyfiles.SECRET_SUFFIX)

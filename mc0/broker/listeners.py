@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from ..errors import ConfigError
 from ..protocol import routes as route_wire
 from ..settings import Config
 from .cluster.link import ClusterLink, Hello, LinkChange, RouteBlob
@@ -112,6 +113,10 @@ class ClusterListener:
         return self.link.socket
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
+        try:
+            import nats  # noqa: F401  (the link's thread imports it; say here, in one line, if it cannot)
+        except ImportError:
+            raise ConfigError("cluster.nats", "joining a cluster needs nats-py: pip install 'mc0[cluster]'") from None
         name = self.broker_name or route_wire.derived_name(socket.gethostname(), endpoints[0] if endpoints else "")
         self.broker_name = route_wire.check_name(name, "cluster.name")
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
