@@ -17,7 +17,8 @@ acknowledged write is on disk on every node that acknowledged it).
 Authentication: a ``broker`` user allowed the ``mc0.>`` subjects (and what
 JetStream needs), and an ``outsider`` allowed only ``other.>``, so tests can
 show that a NATS client without the brokers' credentials can neither read
-nor inject.
+nor inject, and an ``open`` user allowed everything (plain NATS clients: the
+benchmarks' baseline).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .errors import Error, Timeout
 ROUTES_PER_PEER = 4
 BROKER_USER = "broker"
 OUTSIDER_USER = "outsider"
+OPEN_USER = "open"  # every subject: plain NATS clients (the benchmarks' NATS baseline)
 # What a broker needs of NATS: its own subjects, request inboxes and the JetStream API, acks, flow control.
 BROKER_PUBLISH = ("mc0.>", "_INBOX.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
 BROKER_SUBSCRIBE = ("mc0.>", "_INBOX.>")
@@ -87,6 +89,7 @@ class NatsCluster:
         sync_always: bool = True,
         broker_password: str = "broker-secret",
         outsider_password: str = "outsider-secret",
+        open_password: str = "open-secret",
     ) -> None:
         self.folder = Path(folder)
         self.size = nodes
@@ -95,6 +98,7 @@ class NatsCluster:
         self.sync_always = sync_always
         self.broker_password = broker_password
         self.outsider_password = outsider_password
+        self.open_password = open_password
         ports = free_ports(3 * nodes)
         self.client_ports = ports[:nodes]
         self.route_ports = ports[nodes : 2 * nodes]
@@ -106,7 +110,12 @@ class NatsCluster:
     # ------------------------------------------------------------ addresses
     def urls(self, user: str | None = BROKER_USER) -> list[str]:
         """Client URLs of every node (with the user's credentials, for ``[cluster] nats``)."""
-        password = {BROKER_USER: self.broker_password, OUTSIDER_USER: self.outsider_password}.get(user or "")
+        passwords = {
+            BROKER_USER: self.broker_password,
+            OUTSIDER_USER: self.outsider_password,
+            OPEN_USER: self.open_password,
+        }
+        password = passwords.get(user or "")
         auth = f"{user}:{password}@" if user and password else ""
         return [f"nats://{auth}127.0.0.1:{port}" for port in self.client_ports]
 
@@ -138,6 +147,7 @@ class NatsCluster:
             f"        subscribe: {{ allow: [{_quoted(BROKER_SUBSCRIBE)}] }} }} }}\n"
             f"    {{ user: {OUTSIDER_USER}, password: {json.dumps(self.outsider_password)}, permissions: {{\n"
             '        publish: { allow: ["other.>"] }, subscribe: { allow: ["other.>", "_INBOX.>"] } } }\n'
+            f"    {{ user: {OPEN_USER}, password: {json.dumps(self.open_password)} }}\n"
             "  ]\n}\n"
         )
         path = self.folder / f"n{i + 1}.conf"

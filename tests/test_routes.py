@@ -334,6 +334,9 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
         batch.frames_record(f("MESSAGE", "TOPIC", "t", "", "body")),  # no SENDER
         batch.frames_record(f("ERROR", "ID", "1", "CODE", "2000", "MESSAGE", "m")),
         batch.frames_record(f("PUT", "TOPIC", "t", "", "x")),  # not something a route says
+        batch.work_record(b"svc", b"1", b"alice", 100, b"x")[:-3],  # a WORK record cut short
+        batch.work_record(b"bad..name", b"1", b"alice", 100, b"x"),
+        b"\x05\x00\x00\x00\x02\x01\x00",  # a MESSAGE record too short for its fields
     ],
 )
 def test_a_route_record_that_cannot_be_taken_is_counted_and_dropped_unanswered(records: bytes) -> None:

@@ -19,6 +19,7 @@ echo between them.  Pure: no sockets, no clock.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
-from ...topics import seed_topic, split_pattern, split_topic
+from ...topics import seed_topic, split_pattern
 from .access import dead_letter_origin, is_dead_letter
 from .peers import Out, Peer
 from .routes import ROUTE_IDENTITY_PREFIX
@@ -130,6 +131,9 @@ def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]
             try:
                 if code == batch.MESSAGE:
                     out += _message_record(core, blob, start, end, now)
+                elif code == batch.WORK:  # a request of one of its clients, the common shape: no Command built
+                    service, rid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
+                    out += _call(core, route, service, rid, caller, timeout_ms, False, {}, (data,), now)
                 elif code == batch.PARTIAL or code == batch.FINAL:
                     rid, data = batch.reply_fields(blob, start, end)
                     verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
@@ -139,7 +143,7 @@ def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]
                     out += _VERBS[command.verb](core, route, command, now)
                     if command.verb is Verb.CONNECT:  # its records that follow go to the fresh route
                         route = core.routes.by_name.get(route.identity[len(ROUTE_IDENTITY_PREFIX) :], route)
-            except (ProtocolError, UnicodeDecodeError, ValueError) as exc:
+            except (ProtocolError, ValueError, struct.error) as exc:  # (UnicodeDecodeError is a ValueError)
                 core.counters["route_records_refused"] += 1
                 log.debug("route %s: record refused: %s", route.name, exc)
     except ProtocolError as exc:  # the blob stopped splitting into records here
@@ -274,10 +278,26 @@ def _request(core: BrokerCore, route: Peer, command: Command, now: float) -> lis
     rid, name, caller = headers[Header.ID], headers[Header.SERVICE], headers[Header.CALLER]
     timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
     scatter = headers.get(Header.ALL) == "1"
-    split_topic(name)  # a service name (InvalidTopic is a ValueError: counted, dropped)
+    return _call(core, route, name, rid, caller, timeout_ms, scatter, command.user_headers(), command.payload, now)
+
+
+def _call(
+    core: BrokerCore,
+    route: Peer,
+    name: str,
+    rid: str,
+    caller: str,
+    timeout_ms: int,
+    scatter: bool,
+    user: dict[str, str],
+    body: Sequence[bytes],
+    now: float,
+) -> list[Out]:
+    core.rpc.pool.service_tokens(name, rid)  # a service name (400 otherwise: counted, dropped)
+    if timeout_ms < 1:
+        raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1")
     deadline = core.rpc.admit(route, name, rid, timeout_ms, now, busy=False)
     core.counters["route_requests"] += 1
-    user, body = command.user_headers(), command.payload
     return core.rpc.submit(route, name, rid, deadline, scatter, user, body, now, caller=caller)
 
 

@@ -1,0 +1,290 @@
+"""Across brokers: pub/sub and RPC through a cluster of mc0 brokers, beside one broker and a NATS cluster.
+
+Contract: ``run_cluster(options, say)`` returns one :class:`Row` per scenario and
+system (``suite="cluster"``), each the median of ``options.runs`` runs, with the
+same load processes as the library suite (:mod:`benchmarks.library_mc0`,
+:mod:`benchmarks.library_nats`).  One NATS cluster of three nodes (routes,
+JetStream with ``sync_interval: always``: :class:`mc0.natsproc.NatsCluster`)
+serves the whole invocation.  Systems:
+
+- ``mc0 cluster``: three fresh brokers per run joined over that NATS cluster;
+  the publisher (or RPC client) at b1, the subscribers at b2 (1->4: two at b2,
+  two at b3), the worker at b3: every message and request crosses a broker.
+- ``mc0 single``: one fresh broker per run, every process on it (the baseline
+  the cluster is held to: >= 0.8x).
+- ``nats cluster``: nats-py on the same three nodes, publisher on n1,
+  subscribers on n2 (and n3), responder on n3, requester on n1 (the baseline:
+  >= 1.0x).
+
+The load starts only once the publisher's broker knows the subscribers'
+interest (cross-broker interest is eventual: docs/ARCHITECTURE.md "The
+cluster").  A row that lost a message or had an RPC error is failing.  CPU per
+delivered message (per call) is summed over every broker (every nats-server
+node) of the system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mc0.natsproc import NatsCluster
+from mc0.process import BrokerProcess
+
+from .common import BODY, WINDOW, Options, Row, cpu_seconds
+from .library import MAINS, Crew, errors_of
+from .library_load import QUIET, TOPIC, percentile
+
+SYSTEMS = ("mc0 cluster", "mc0 single", "nats cluster")
+HELLO_MS = 100
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each role connects, and the processes whose CPU the row counts."""
+
+    publisher: str
+    subscribers: tuple[str, ...]  # one per subscriber, round the brokers
+    worker: str
+    client: str
+    pids: tuple[int, ...]
+
+
+def scenarios(options: Options) -> list[dict[str, Any]]:
+    count = 300 if options.quick else options.count
+    seconds = 0.3 if options.quick else options.seconds
+    return [
+        {"name": "cluster pub/sub 1->1", "kind": "pubsub", "subs": 1, "count": count, "unit": "deliveries/s"},
+        {"name": "cluster pub/sub 1->4", "kind": "pubsub", "subs": 4, "count": count, "unit": "deliveries/s"},
+        {"name": "cluster RPC sequential", "kind": "rpc", "window": 1, "seconds": seconds, "unit": "calls/s"},
+        {"name": "cluster RPC 100 in flight", "kind": "rpc", "window": WINDOW, "seconds": seconds, "unit": "calls/s"},
+    ]
+
+
+def _broker_config(root: Path, name: str, urls: list[str]) -> Path:
+    path = root / f"{name}.toml"
+    path.write_text(f"[cluster]\nnats = {json.dumps(urls)}\nname = {json.dumps(name)}\nhello_ms = {HELLO_MS}\n")
+    return path
+
+
+def _joined(endpoint: str, others: int, timeout: float = 20.0) -> None:
+    import mc0
+
+    with mc0.Client(endpoint) as client:
+        for _ in range(int(timeout / 0.05)):
+            stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
+            if len(stats["cluster"]["brokers"]) >= others:
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"brokers not joined within {timeout:g} s")
+
+
+def _knows(endpoint: str, what: str, count: int, timeout: float = 20.0) -> None:
+    """Poll the broker at ``endpoint`` until ``count`` routes announced something that names ``what``."""
+    import mc0
+
+    with mc0.Client(endpoint) as client:
+        for _ in range(int(timeout / 0.05)):
+            stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
+            routes = stats["cluster"]["routes"].values()
+            if sum(1 for route in routes if what in json.dumps(route)) >= count:
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} not announced by {count} brokers within {timeout:g} s")
+
+
+@contextlib.contextmanager
+def layout(system: str, nats: NatsCluster, subs: int) -> Iterator[Layout]:
+    if system == "nats cluster":
+        urls = nats.urls(user="open")
+        pids = tuple(p.pid for p in nats.procs if p is not None)
+        spread = tuple(urls[1 + i % 2] for i in range(subs))
+        yield Layout(urls[0], spread, urls[2], urls[0], pids)
+        return
+    with tempfile.TemporaryDirectory() as folder:  # cwd: `python -m mc0` must not import ./mc0
+        root = Path(folder)
+        if system == "mc0 single":
+            with BrokerProcess(insecure=True, cwd=folder) as broker:
+                assert broker.proc is not None
+                e = broker.endpoint
+                yield Layout(e, (e,) * subs, e, e, (broker.proc.pid,))
+            return
+        urls = nats.urls()
+        brokers = [
+            BrokerProcess(config=str(_broker_config(root, f"b{i + 1}", urls[i:] + urls[:i])), insecure=True, cwd=folder)
+            for i in range(3)
+        ]
+        with contextlib.ExitStack() as stack:
+            for broker in brokers:
+                stack.enter_context(broker)
+            e = [b.endpoint for b in brokers]
+            _joined(e[0], 2)
+            pids = tuple(b.proc.pid for b in brokers if b.proc is not None)
+            yield Layout(e[0], tuple(e[1 + i % 2] for i in range(subs)), e[2], e[0], pids)
+
+
+def _cpu(pids: tuple[int, ...]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def pubsub_once(system: str, where: Layout, spec: dict[str, Any], options: Options) -> dict[str, Any]:
+    mains = MAINS["nats" if system == "nats cluster" else "mc0-aio"]
+    assert mains.subscriber is not None and mains.publisher is not None
+    subs, count = spec["subs"], spec["count"]
+    limit_s = 60 + count / 2000
+    quiet_s = 1.0 if options.quick else QUIET
+    with Crew() as crew:
+        for endpoint in where.subscribers:
+            crew.start(mains.subscriber, endpoint, {}, count, False, limit_s, quiet_s)
+        crew.start(mains.publisher, where.publisher, {}, count, BODY, 0)
+        crew.wait_ready(subs + 1, 90)
+        if system == "mc0 cluster":
+            _knows(where.publisher, TOPIC.rpartition(".")[0], len(set(where.subscribers)))
+        cpu = _cpu(where.pids)
+        crew.link.go.set()
+        results = crew.collect({"pub": 1, "sub": subs}, limit_s + 60)
+        cpu = _cpu(where.pids) - cpu
+    pub = next((r for role, r in results if role == "pub"), {})
+    received = [r for role, r in results if role == "sub"]
+    published = int(pub.get("published", 0))
+    delivered = sum(int(r.get("delivered", 0)) for r in received)
+    times = [r for r in received if r.get("delivered")]
+    span = (max(r["last_ns"] for r in times) - min(r["first_ns"] for r in times)) / 1e9 if times else 0.0
+    return {
+        "rate": delivered / span if span > 0 else 0.0,
+        "published": published,
+        "expected": published * subs,
+        "delivered": delivered,
+        "lost": max(0, published * subs - delivered),
+        "cpu_us_per_msg": cpu * 1e6 / delivered if delivered else 0.0,
+        "crashes": errors_of(results),
+    }
+
+
+def rpc_once(system: str, where: Layout, spec: dict[str, Any]) -> dict[str, Any]:
+    mains = MAINS["nats" if system == "nats cluster" else "mc0-aio"]
+    with Crew() as crew:
+        crew.start(mains.worker, where.worker, {}, 0)
+        crew.wait_ready(1, 90)
+        if system == "mc0 cluster":
+            _knows(where.client, '"bench"', 1)
+        crew.start(mains.client, where.client, {}, spec["window"], spec["seconds"], 0)
+        crew.wait_ready(1, 90)
+        cpu = _cpu(where.pids)
+        crew.link.go.set()
+        results = crew.collect({"client": 1}, spec["seconds"] + 120)
+        cpu = _cpu(where.pids) - cpu
+    client = next((r for role, r in results if role == "client"), {})
+    latencies = sorted(client.get("latencies_ns", ()))
+    calls = len(latencies)
+    return {
+        "rate": calls / client["seconds"] if client.get("seconds") else 0.0,
+        "calls": calls,
+        "errors": int(client.get("errors", 0)),
+        "p50_ms": percentile(latencies, 0.50) / 1e6,
+        "cpu_us_per_msg": cpu * 1e6 / calls if calls else 0.0,
+        "crashes": errors_of(results) + ([f"client: {client['first_error']}"] if "first_error" in client else []),
+    }
+
+
+def measure_row(spec: dict[str, Any], system: str, nats: NatsCluster, options: Options) -> Row:
+    row = Row(spec["name"], system, spec["unit"], suite="cluster")
+    problems: list[str] = []
+    try:
+        for _ in range(1 if options.quick else options.runs):
+            with layout(system, nats, spec.get("subs", 1)) as where:
+                if spec["kind"] == "rpc":
+                    got = rpc_once(system, where, spec)
+                    row.add_counts(calls=got["calls"], errors=got["errors"] + len(got["crashes"]))
+                    row.add_extra("p50_ms", got["p50_ms"])
+                else:
+                    got = pubsub_once(system, where, spec, options)
+                    row.add_counts(
+                        published=got["published"],
+                        expected=got["expected"],
+                        delivered=got["delivered"],
+                        lost=got["lost"],
+                        errors=len(got["crashes"]),
+                    )
+                problems += got["crashes"]
+                row.values.append(got["rate"])
+                row.add_extra("cpu_us_per_msg", got["cpu_us_per_msg"])
+    except Exception as exc:  # a broken run is reported, not fatal (and the row fails)
+        problems.append(f"failed: {type(exc).__name__}: {exc}")
+        row.add_counts(errors=1)
+    notes = [f"LOSS {row.counts['lost']}"] if row.counts.get("lost") else []
+    if row.counts.get("errors"):
+        notes.append(f"ERRORS {row.counts['errors']}")
+    row.note = "; ".join(notes + list(dict.fromkeys(problems))[:2])[:300]
+    return row
+
+
+def run_cluster(options: Options, say: Callable[[str], None] = print) -> list[Row]:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as folder, NatsCluster(Path(folder) / "nats") as nats:
+        nats.wait_ready()
+        for spec in scenarios(options):
+            if not options.wants(spec["name"]):
+                continue
+            for system in SYSTEMS:
+                if not options.wants_system(system):
+                    continue
+                started = time.monotonic()
+                row = measure_row(spec, system, nats, options)
+                rows.append(row)
+                say(f"  {spec['name']:<28} {system:<13} {row.median:>12,.1f} {spec['unit']}"
+                    f" ({time.monotonic() - started:.0f} s) {row.note}")  # fmt: skip
+    return rows
+
+
+def ratios(rows: list[Row]) -> list[tuple[str, float, float, bool]]:
+    """Per scenario: mc0 cluster / mc0 single and mc0 cluster / nats cluster, and whether any row failed."""
+    found = []
+    for name in dict.fromkeys(r.scenario for r in rows):
+        by = {r.system: r for r in rows if r.scenario == name}
+        cluster, single, nats = (by.get(s) for s in SYSTEMS)
+        if cluster is None or single is None or nats is None:
+            continue
+        failing = any(r.failing for r in (cluster, single, nats))
+        found.append(
+            (name, cluster.median / max(single.median, 1e-9), cluster.median / max(nats.median, 1e-9), failing)
+        )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="mc0 across brokers vs one broker vs a NATS cluster (nats-py)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--count", type=int, default=20_000, help="pub/sub: messages per run")
+    parser.add_argument("--seconds", type=float, default=1.5, help="RPC: length of each run")
+    parser.add_argument("--only", default="", help="comma-separated scenario name substrings")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny loads, one run")
+    parser.add_argument("--json", default="", help="write the rows here")
+    args = parser.parse_args(argv)
+    options = Options(
+        runs=args.runs,
+        count=args.count,
+        seconds=args.seconds,
+        quick=args.quick,
+        only=tuple(o for o in args.only.split(",") if o),
+    )
+    started = time.monotonic()
+    rows = run_cluster(options)
+    took = time.monotonic() - started
+    print(f"\nacross brokers (3 brokers over 3 NATS nodes), median of {options.runs} runs, {took:.0f} s")
+    print(f"{'scenario':<28} {'vs one broker':>14} {'vs NATS cluster':>16}")
+    failed = False
+    for name, vs_single, vs_nats, failing in ratios(rows):
+        failed |= failing
+        print(f"{name:<28} {vs_single:>13.2f}x {vs_nats:>15.2f}x{'  FAILING' if failing else ''}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1, default=str))
+    return 1 if failed or any(r.failing for r in rows) else 0
