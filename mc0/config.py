@@ -13,6 +13,7 @@ The settings classes are re-exported here for existing imports.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import reprlib
 import tomllib
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 C = TypeVar("C")
+log = logging.getLogger("mc0.config")
 
 _SHOWN = reprlib.Repr()  # a value quoted in an error: bounded in length and depth, whatever it is
 _SHOWN.maxstring = _SHOWN.maxother = 60
@@ -181,6 +183,24 @@ def _check(config: Config) -> Config:
     return config
 
 
+# Keys renamed since a release: (table, old name) -> new name.  The old name is still read (a warning
+# says so); both at once is an error naming them.
+RENAMED = {("broker", "mdp_ttl_ms"): "foreign_ttl_ms"}
+
+
+def _renamed(table: dict[str, Any]) -> dict[str, Any]:
+    for (section, old), new in RENAMED.items():
+        sub = table.get(section)
+        if isinstance(sub, dict) and old in sub:
+            if new in sub:
+                raise ConfigError(f"{section}.{old}", f"renamed {new}, which is set too: keep {new} only")
+            log.warning("config: %s.%s is now %s.%s (the old name still works)", section, old, section, new)
+            sub = dict(sub)
+            sub[new] = sub.pop(old)
+            table = {**table, section: sub}
+    return table
+
+
 def parse(text: str, source: str = "<string>") -> Config:
     """TOML text -> Config; errors name ``source`` and the key."""
     try:
@@ -190,7 +210,7 @@ def parse(text: str, source: str = "<string>") -> Config:
     except RecursionError:  # (tomllib parses nested arrays and inline tables recursively)
         raise ConfigError(source, "not valid TOML here: arrays or tables nested too deeply") from None
     try:
-        return _check(_build(Config, table, ""))
+        return _check(_build(Config, _renamed(table), ""))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.where}", exc.reason) from None
     except RecursionError:

@@ -44,7 +44,9 @@ class CoreSettings:
     max_requests: int = 10_000  # outstanding requests per client (429 beyond)
     max_attempts: int = 3  # dispatches of one request before 502
     max_capacity: int = 1_000  # CAPACITY a worker may claim
-    mdp_ttl_ms: int = 2_500  # heartbeat interval for MDP/0.2 workers (majortomo's default)
+    # Heartbeat interval of every foreign dialect's workers, and how long a foreign peer may be
+    # silent (x liveness): MDP/0.2 (majortomo's default), seed 000, eMQP, DCP.  Was ``mdp_ttl_ms``.
+    foreign_ttl_ms: int = 2_500
     # MDP/0.2, seed 000, eMQP and DCP peers on the broker's socket (mc0.broker.dialects); false:
     # their messages are dropped and counted, and only mc0's own protocol is spoken.
     foreign_dialects: bool = True

@@ -44,7 +44,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "mc0.broker",
     ),
     "spark": ("mc0.spark",),
-    "app": ("mc0.cli", "mc0.demo", "mc0.__main__"),
+    "app": ("mc0.cli", "mc0.demo", "mc0.cluster_demo", "mc0.__main__"),
 }
 BELOW_THE_BROKER = ("base", "protocol", "settings")
 MAY_IMPORT: dict[str, tuple[str, ...]] = {

@@ -222,3 +222,23 @@ def test_group_message_record_is_the_frames_record_of_the_group_message(
 
     expected = batch.frames_record(builders.message(topic, sender, (), [data], group=group))
     assert batch.group_message_record(topic, sender, group, data) == expected
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"BATCH", b"", b"x", b"y"],  # four frames
+        [b"BATCH", b"ID", b"1", b"", b"x"],  # headers
+        [b"BATCH", b"", b""],  # three frames from a peer that never asked for batching
+    ],
+)
+def test_a_misframed_batch_is_a_400_and_changes_nothing(frames: list[bytes]) -> None:
+    """Found by the fuzzer: BATCH in any shape but its own reached the verb table, which had no entry."""
+    from mc0.broker.core.dispatch import BrokerCore
+
+    core = BrokerCore()
+    core.handle(b"a", [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"1000"], 0.0)
+    ((rid, answer),) = core.handle(b"a", frames, 0.0)
+    answer = list(answer)
+    assert rid == b"a" and answer[0] == b"ERROR" and answer[answer.index(b"CODE") + 1] == b"400"
+    assert core.counters["internal_errors"] == 0 and b"a" in core.sessions

@@ -93,7 +93,7 @@ def test_ready_is_credit_so_a_worker_gets_as_many_jobs_as_it_said_ready() -> Non
 
 
 def test_timeout_header_sets_the_deadline_and_heartbeats_go_to_workers_only() -> None:
-    net = Core(mdp_ttl_ms=1000)
+    net = Core(foreign_ttl_ms=1000)
     net.worker(b"w", b"q")
     net.emqp(b"c", E.REQUEST, b"m", b"q", b"reply-requested,timeout:2", b"x")
     net.now = 1.5

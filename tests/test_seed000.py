@@ -113,7 +113,7 @@ def test_mc0_and_mdp_clients_call_a_seed000_worker_and_a_seed000_client_calls_mc
 
 
 def test_a_deadline_reaches_the_client_as_an_error_final_and_a_silent_worker_is_forgotten() -> None:
-    net = Core(request_timeout_ms=1000, mdp_ttl_ms=500)
+    net = Core(request_timeout_ms=1000, foreign_ttl_ms=500)
     net.send(b"w", W, S.READY, b"slow")
     net.send(b"c", C, S.REQUEST, b"slow", b"r", b"x")
     net.now = 1.01

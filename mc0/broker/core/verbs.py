@@ -262,6 +262,11 @@ def worker_reply(core: BrokerCore, peer: Peer, command: Command, now: float) -> 
     return core.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
 
 
+def misframed_batch(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+    """BATCH in any other shape than its own three frames (which never reach the verb table)."""
+    raise ProtocolError(Status.BAD_REQUEST, 'a BATCH is three frames: BATCH, "", the records', command.id)
+
+
 Handler = Callable[["BrokerCore", Peer, Command, float], list[Out]]
 # What a connected mc0 peer's command does (CONNECT and DISCONNECT are the dispatcher's: sessions).
 VERBS: dict[Verb, Handler] = {
@@ -276,4 +281,5 @@ VERBS: dict[Verb, Handler] = {
     Verb.READY: ready,
     Verb.CANCEL: cancel,
     Verb.PING: ping,
+    Verb.BATCH: misframed_batch,
 }

@@ -41,15 +41,12 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import InvalidTopic, ProtocolError
-from ...protocol import MAX_SERVICE_BYTES, Status, Verb, in_band_body, in_band_error
+from ...protocol import MAX_SERVICE_BYTES, Dialect, Status, Verb, in_band_body, in_band_error
 from ...topics import split_topic
-from ..core.peers import Out, Peer, generated_routing_id
-
-if TYPE_CHECKING:
-    from .base import CoreOps
+from ..core.peers import Out, Peer
+from .base import Admission, CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -229,64 +226,60 @@ def _request(core: CoreOps, peer: Peer, command: DcpCommand, now: float) -> list
     return core.call(peer, name, command.data, now, rid=rid, user=user)
 
 
-def handle(
-    core: CoreOps,
-    peer: Peer | None,
-    routing_id: bytes,
-    frames: Sequence[bytes],
-    now: float,
-    identity: str,
-    fd: int | None,
-) -> list[Out]:
-    """One DCP message (``is_dcp(frames)``) from ``peer`` (None: not known yet) -> what to send."""
-    try:
-        command = decode(frames)
-    except ProtocolError as exc:
-        core.counters["dcp_malformed"] += 1
-        log.debug("a DCP peer: %s", exc.reason)
-        return []
-    if peer is not None and peer.dialect not in (CLIENT_DIALECT, WORKER_DIALECT):
-        core.counters["dcp_mismatch"] += 1
-        return []
-    kind = command.kind
-    registered = peer is not None and peer.dialect is WORKER_DIALECT
-    if kind == PING and not registered:
-        core.counters["dcp_reconnect"] += 1  # a heartbeat from a worker not registered: reconnect
-        return [(routing_id, [*HEAD, RECONNECT])]
-    if kind == REPLY and not registered:
-        core.counters["dcp_unexpected"] += 1
-        return []
-    out: list[Out] = []
-    if peer is None:
-        if core.generated_ids_only and not generated_routing_id(routing_id):
-            core.counters["dcp_chosen_routing_id"] += 1
+class DcpAdmission(Admission[DcpCommand]):
+    """DCP v1 through the shared skeleton (``base.Admission``)."""
+
+    name = "dcp"
+
+    def decode(self, frames: Sequence[bytes]) -> DcpCommand:
+        return decode(frames)
+
+    def owns(self, dialect: Dialect) -> bool:
+        return dialect is CLIENT_DIALECT or dialect is WORKER_DIALECT
+
+    def newcomer(self, command: DcpCommand) -> Dialect:
+        return WORKER_DIALECT if command.kind == REGISTER else CLIENT_DIALECT
+
+    def early(
+        self, core: CoreOps, peer: Peer | None, routing_id: bytes, command: DcpCommand, now: float
+    ) -> list[Out] | None:
+        registered = peer is not None and peer.dialect is WORKER_DIALECT
+        if command.kind == PING and not registered:
+            core.counters["dcp_reconnect"] += 1  # a heartbeat from a worker not registered: reconnect
+            return [(routing_id, [*HEAD, RECONNECT])]
+        if command.kind == REPLY and not registered:
+            core.counters["dcp_unexpected"] += 1
             return []
-        dialect = WORKER_DIALECT if kind == REGISTER else CLIENT_DIALECT
-        peer = Peer(routing_id, identity, "dcp", core.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-        out = core.open_peer(peer, now)
-    peer.last_recv = now
-    try:
+        return None
+
+    def act(self, core: CoreOps, peer: Peer, routing_id: bytes, command: DcpCommand, now: float) -> list[Out]:
+        kind = command.kind
         if kind == REQUEST:
-            out += _request(core, peer, command, now)
-        elif kind == REGISTER:
+            return _request(core, peer, command, now)
+        if kind == REGISTER:
             name = service_name(command.service)
             services, capacity, _ = core.worker_load(peer)
-            out += core.serve(peer, (*services, name), max(capacity, 1), now)
+            out = core.serve(peer, (*services, name), max(capacity, 1), now)
             peer.dialect = WORKER_DIALECT  # a client becomes a worker by registering
             peer.last_sent = now
             out.append((routing_id, [*HEAD, REGISTER, command.service]))  # confirmed: the same message
-        elif kind == PING:
+            return out
+        if kind == PING:
             services, capacity, held = core.worker_load(peer)
-            out += core.serve(peer, services, min(held + 1, core.settings.max_capacity), now)  # "more work"
+            out = core.serve(peer, services, min(held + 1, core.settings.max_capacity), now)  # "more work"
             peer.last_sent = now
             out.append((routing_id, [*HEAD, PONG]))
-        else:
-            assert command.address is not None
-            out += core.worker_reply(peer, Verb.FINAL, command.address.decode("utf-8", "replace"), command.data, now)
-    except ProtocolError as exc:
-        core.counters["dcp_rejected"] += 1
-        if kind == REQUEST:  # refused at once (403, 409, 429, a bad name): an error reply
+            return out
+        assert command.address is not None
+        return core.worker_reply(peer, Verb.FINAL, command.address.decode("utf-8", "replace"), command.data, now)
+
+    def refused(
+        self, core: CoreOps, peer: Peer, routing_id: bytes, command: DcpCommand, exc: ProtocolError, now: float
+    ) -> list[Out]:
+        if command.kind == REQUEST:  # refused at once (403, 409, 429, a bad name): an error reply
             rid = _request_id(command.address, command.meta)
-            out.append((routing_id, peer.dialect.error(rid, "", exc.code, exc.reason)))
-        # a refused registration is not confirmed (the seed's only way to say no)
-    return core.published(out, now)
+            return [(routing_id, peer.dialect.error(rid, "", exc.code, exc.reason))]
+        return []  # a refused registration is not confirmed (the seed's only way to say no)
+
+
+handle = DcpAdmission().handle  # (the dialect router's handler)

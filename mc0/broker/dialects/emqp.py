@@ -48,14 +48,11 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
-from ...protocol import MAX_SERVICE_BYTES, Status, Verb, in_band_error, json_body
-from ..core.peers import Out, Peer, generated_routing_id
-
-if TYPE_CHECKING:
-    from .base import CoreOps
+from ...protocol import MAX_SERVICE_BYTES, Dialect, Status, Verb, in_band_error, json_body
+from ..core.peers import Out, Peer
+from .base import Admission, CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -242,70 +239,68 @@ def _set_capacity(core: CoreOps, worker: Peer, change: int, now: float) -> list[
     return core.serve(worker, services, capacity, now)
 
 
-def handle(
-    core: CoreOps,
-    peer: Peer | None,
-    routing_id: bytes,
-    frames: Sequence[bytes],
-    now: float,
-    identity: str,
-    fd: int | None,
-) -> list[Out]:
-    """One eMQP message (``is_emqp(frames)``) from ``peer`` (None: not known yet) -> what to send."""
-    try:
-        command = decode(frames)
-    except ProtocolError as exc:
-        core.counters["emqp_malformed"] += 1
-        log.debug("an eMQP peer: %s", exc.reason)
-        return []
-    if peer is not None and peer.dialect not in (CLIENT_DIALECT, WORKER_DIALECT):
-        core.counters["emqp_mismatch"] += 1
-        return []
-    verb = command.command
-    out: list[Out] = []
-    if peer is None:
-        if verb not in (REQUEST, INFORM):
+class EmqpAdmission(Admission[EmqpCommand]):
+    """eMQP/1.0 through the shared skeleton (``base.Admission``)."""
+
+    name = "emqp"
+
+    def decode(self, frames: Sequence[bytes]) -> EmqpCommand:
+        return decode(frames)
+
+    def owns(self, dialect: Dialect) -> bool:
+        return dialect is CLIENT_DIALECT or dialect is WORKER_DIALECT
+
+    def newcomer(self, command: EmqpCommand) -> Dialect:
+        return WORKER_DIALECT if command.command == INFORM else CLIENT_DIALECT
+
+    def early(
+        self, core: CoreOps, peer: Peer | None, routing_id: bytes, command: EmqpCommand, now: float
+    ) -> list[Out] | None:
+        verb = command.command
+        if peer is None and verb not in (REQUEST, INFORM):
             core.counters["emqp_unexpected"] += 1  # eventmq's router ignores unknown peers too
             return []
-        if core.generated_ids_only and not generated_routing_id(routing_id):
-            core.counters["emqp_chosen_routing_id"] += 1
+        if peer is not None and verb in (READY, REPLY) and peer.dialect is not WORKER_DIALECT:
+            core.counters["emqp_unexpected"] += 1  # no INFORM yet
             return []
-        dialect = WORKER_DIALECT if verb == INFORM else CLIENT_DIALECT
-        peer = Peer(routing_id, identity, "emqp", core.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-        out = core.open_peer(peer, now)
-    elif verb in (READY, REPLY) and peer.dialect is not WORKER_DIALECT:
-        core.counters["emqp_unexpected"] += 1  # no INFORM yet
-        return []
-    peer.last_recv = now
-    try:
+        return None
+
+    def act(self, core: CoreOps, peer: Peer, routing_id: bytes, command: EmqpCommand, now: float) -> list[Out]:
+        verb = command.command
         if verb == REQUEST:
             user = {HEADERS_HEADER: command.headers} if command.headers else {}
             quiet = not command.reply_requested  # it asked for no REPLY: none is sent, errors included
-            out += core.call(
+            return core.call(
                 peer, command.queues[0], command.body, now, rid=command.msgid, timeout_ms=command.timeout_ms,
                 user=user, quiet=quiet,
             )  # fmt: skip
-        elif verb == INFORM:
+        if verb == INFORM:
             peer.dialect = WORKER_DIALECT  # a client may become a worker too; heartbeats from now on
             _, capacity, _ = core.worker_load(peer)
-            out += core.serve(peer, command.queues, capacity, now)
+            out = core.serve(peer, command.queues, capacity, now)
             peer.last_sent = now
             out.append((routing_id, WORKER_DIALECT.frames(ACK, command.msgid.encode())))
-        elif verb == READY:
-            out += _set_capacity(core, peer, +1, now)
-        elif verb == REPLY:
+            return out
+        if verb == READY:
+            return _set_capacity(core, peer, +1, now)
+        if verb == REPLY:
             assert command.request_id is not None
-            out += _set_capacity(core, peer, -1, now)  # first: the freed slot is not room for more
-            out += core.worker_reply(peer, Verb.FINAL, command.request_id, command.body, now)
-        elif verb == DISCONNECT:
-            out += core.forget(peer, "disconnected", now)
-    except ProtocolError as exc:
-        core.counters["emqp_rejected"] += 1
-        if verb == REQUEST and not command.reply_requested:
+            out = _set_capacity(core, peer, -1, now)  # first: the freed slot is not room for more
+            return out + core.worker_reply(peer, Verb.FINAL, command.request_id, command.body, now)
+        if verb == DISCONNECT:
+            return core.forget(peer, "disconnected", now)
+        return []
+
+    def refused(
+        self, core: CoreOps, peer: Peer, routing_id: bytes, command: EmqpCommand, exc: ProtocolError, now: float
+    ) -> list[Out]:
+        if command.command == REQUEST and not command.reply_requested:
             core.counters["answers_unwanted"] += 1
-        elif verb == REQUEST:
-            out.append((routing_id, peer.dialect.error(command.msgid, command.queues[0], exc.code, exc.reason)))
-        else:  # an INFORM for a reserved or forbidden queue: the worker is told to go
-            out += core.forget(peer, "refused", now)
-            out.append((routing_id, WORKER_DIALECT.frames(DISCONNECT)))
-    return core.published(out, now)
+            return []
+        if command.command == REQUEST:
+            return [(routing_id, peer.dialect.error(command.msgid, command.queues[0], exc.code, exc.reason))]
+        # an INFORM for a reserved or forbidden queue: the worker is told to go
+        return [*core.forget(peer, "refused", now), (routing_id, WORKER_DIALECT.frames(DISCONNECT))]
+
+
+handle = EmqpAdmission().handle  # (the dialect router's handler)

@@ -32,14 +32,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
 from ...protocol import Dialect, Status, Verb, in_band_body, in_band_error
-from ..core.peers import Out, Peer, generated_routing_id
-
-if TYPE_CHECKING:
-    from .base import CoreOps
+from ..core.peers import Out, Peer
+from .base import Admission, CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -187,55 +184,57 @@ DIALECTS: dict[tuple[bytes, bool], Dialect] = {
 }
 
 
-def handle(
-    core: CoreOps,
-    peer: Peer | None,
-    routing_id: bytes,
-    frames: Sequence[bytes],
-    now: float,
-    identity: str,
-    fd: int | None,
-) -> list[Out]:
-    """One MDP message (``is_mdp(frames)``) from ``peer`` (None: not known yet) -> what to send."""
-    try:
-        command = decode(frames)
-    except ProtocolError as exc:
-        core.counters["mdp_malformed"] += 1
-        log.debug("an MDP peer: %s", exc.reason)
-        return []
-    dialect = DIALECTS[(command.role, command.envelope)]
-    if peer is not None and peer.dialect is not dialect:
-        core.counters["mdp_mismatch"] += 1
-        return []
-    out: list[Out] = []
-    if peer is None:
-        if command.command == DISCONNECT:
+class MdpAdmission(Admission[MdpCommand]):
+    """MDP/0.2 through the shared skeleton (``base.Admission``)."""
+
+    name = "mdp"
+
+    def decode(self, frames: Sequence[bytes]) -> MdpCommand:
+        return decode(frames)
+
+    def owns(self, dialect: Dialect) -> bool:
+        return dialect in _OWN
+
+    def newcomer(self, command: MdpCommand) -> Dialect:
+        return DIALECTS[(command.role, command.envelope)]
+
+    def early(
+        self, core: CoreOps, peer: Peer | None, routing_id: bytes, command: MdpCommand, now: float
+    ) -> list[Out] | None:
+        dialect = DIALECTS[(command.role, command.envelope)]
+        if peer is not None and peer.dialect is not dialect:  # a client turned worker, or a framing switch
+            core.counters["mdp_mismatch"] += 1
             return []
-        if core.generated_ids_only and not generated_routing_id(routing_id):
-            core.counters["mdp_chosen_routing_id"] += 1
+        if peer is None and command.command == DISCONNECT:
             return []
-        if command.role == WORKER and command.command != READY:
+        if peer is None and command.role == WORKER and command.command != READY:
             # MDP: a worker the broker does not know is told to reconnect.
             disconnect = dialect.disconnect()
             return [(routing_id, disconnect)] if disconnect is not None else []
-        peer = Peer(routing_id, identity, "mdp", core.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-        out = core.open_peer(peer, now)
-    peer.last_recv = now
-    try:
+        return None
+
+    def act(self, core: CoreOps, peer: Peer, routing_id: bytes, command: MdpCommand, now: float) -> list[Out]:
         if command.role == CLIENT:
             assert command.service is not None
-            out += core.call(peer, command.service, command.body, now)
-        elif command.command == READY:
+            return core.call(peer, command.service, command.body, now)
+        if command.command == READY:
             assert command.service is not None
-            out += core.serve(peer, (command.service,), 1, now)
-        elif command.command == DISCONNECT:
-            out += core.forget(peer, "disconnected", now)
-        elif command.command != HEARTBEAT:
-            assert command.token is not None
-            verb = Verb.FINAL if command.command == FINAL else Verb.PARTIAL
-            out += core.worker_reply(peer, verb, command.token, command.body, now)
-    except ProtocolError as exc:
-        core.counters["mdp_rejected"] += 1
-        if command.role == CLIENT:
-            out.append((routing_id, dialect.error(None, command.service or "", exc.code, exc.reason)))
-    return core.published(out, now)
+            return core.serve(peer, (command.service,), 1, now)
+        if command.command == DISCONNECT:
+            return core.forget(peer, "disconnected", now)
+        if command.command == HEARTBEAT:
+            return []
+        assert command.token is not None
+        verb = Verb.FINAL if command.command == FINAL else Verb.PARTIAL
+        return core.worker_reply(peer, verb, command.token, command.body, now)
+
+    def refused(
+        self, core: CoreOps, peer: Peer, routing_id: bytes, command: MdpCommand, exc: ProtocolError, now: float
+    ) -> list[Out]:
+        if command.role != CLIENT:  # MDP has no refusal for a worker
+            return []
+        return [(routing_id, peer.dialect.error(None, command.service or "", exc.code, exc.reason))]
+
+
+_OWN = frozenset(DIALECTS.values())
+handle = MdpAdmission().handle  # (the dialect router's handler)

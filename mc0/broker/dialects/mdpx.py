@@ -37,7 +37,7 @@ Refusals, as the seed prescribes: an invalid message is dropped and counted
 invalid"); a valid but unexpected worker command (PING or a reply before
 READY, a second READY) is answered with DISCONNECT and the worker forgotten.
 The broker never PINGs: it answers PING with PONG and forgets a worker
-silent for ``liveness`` x ``mdp_ttl_ms``.
+silent for ``liveness`` x ``foreign_ttl_ms``.
 """
 
 from __future__ import annotations
@@ -45,14 +45,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import ProtocolError
-from ...protocol import Status, Verb, in_band_body, in_band_error
-from ..core.peers import Out, Peer, generated_routing_id
-
-if TYPE_CHECKING:
-    from .base import CoreOps
+from ...protocol import Dialect, Status, Verb, in_band_body, in_band_error
+from ..core.peers import Out, Peer
+from .base import Admission, CoreOps
 
 log = logging.getLogger("mc0.broker")
 
@@ -224,67 +221,66 @@ def _drop_worker(core: CoreOps, peer: Peer, why: str, now: float) -> list[Out]:
     return [(peer.routing_id, list(DISCONNECT_FRAMES)), *core.forget(peer, why, now)]
 
 
-def handle(
-    core: CoreOps,
-    peer: Peer | None,
-    routing_id: bytes,
-    frames: Sequence[bytes],
-    now: float,
-    identity: str,
-    fd: int | None,
-) -> list[Out]:
-    """One seed-000 message (``is_mdpx(frames, peer)``) from ``peer`` (None: not known yet) -> what to send."""
-    try:
-        command = decode(frames)
-    except ProtocolError as exc:
-        core.counters["seed000_malformed"] += 1
-        log.debug("a seed-000 peer: %s", exc.reason)
+class MdpxAdmission(Admission[Seed000Command]):
+    """Seed 000 through the shared skeleton (``base.Admission``)."""
+
+    name = "seed000"  # (its counters and the protocol its peers are shown with, as before)
+
+    def decode(self, frames: Sequence[bytes]) -> Seed000Command:
+        return decode(frames)
+
+    def owns(self, dialect: Dialect) -> bool:
+        return dialect is CLIENT_DIALECT or dialect is WORKER_DIALECT
+
+    def newcomer(self, command: Seed000Command) -> Dialect:
+        return CLIENT_DIALECT if command.role == CLIENT else WORKER_DIALECT
+
+    def malformed(self, core: CoreOps, peer: Peer | None, now: float) -> list[Out]:
         if peer is not None and peer.dialect is WORKER_DIALECT:
-            return core.published(_drop_worker(core, peer, "invalid", now), now)
+            return _drop_worker(core, peer, "invalid", now)
         return []
-    dialect = CLIENT_DIALECT if command.role == CLIENT else WORKER_DIALECT
-    if peer is not None and peer.dialect is not dialect:
-        core.counters["seed000_mismatch"] += 1
-        return []
-    out: list[Out] = []
-    if peer is None:
-        if command.command == DISCONNECT and command.role == WORKER:
+
+    def early(
+        self, core: CoreOps, peer: Peer | None, routing_id: bytes, command: Seed000Command, now: float
+    ) -> list[Out] | None:
+        if peer is not None and peer.dialect is not self.newcomer(command):
+            core.counters["seed000_mismatch"] += 1
             return []
-        if core.generated_ids_only and not generated_routing_id(routing_id):
-            core.counters["seed000_chosen_routing_id"] += 1
+        if peer is None and command.command == DISCONNECT and command.role == WORKER:
             return []
-        if command.role == WORKER and command.command != READY:
+        if peer is None and command.role == WORKER and command.command != READY:
             # Valid but unexpected (nothing before READY but DISCONNECT): DISCONNECT.
             core.counters["seed000_unexpected"] += 1
             return [(routing_id, list(DISCONNECT_FRAMES))]
-        peer = Peer(routing_id, identity, "seed000", core.settings.mdp_ttl_ms / 1000.0, now, dialect, fd)
-        out = core.open_peer(peer, now)
-    elif command.role == WORKER and command.command == READY:
-        core.counters["seed000_unexpected"] += 1  # "The worker MUST NOT send a further READY"
-        return core.published(_drop_worker(core, peer, "unexpected", now), now)
-    peer.last_recv = now
-    try:
+        if peer is not None and command.role == WORKER and command.command == READY:
+            core.counters["seed000_unexpected"] += 1  # "The worker MUST NOT send a further READY"
+            return _drop_worker(core, peer, "unexpected", now)
+        return None
+
+    def act(self, core: CoreOps, peer: Peer, routing_id: bytes, command: Seed000Command, now: float) -> list[Out]:
         if command.role == CLIENT:
             assert command.service is not None and command.request_id is not None
             if not command.body:  # "a REQUEST command consists of ... 5 or more frames"
                 raise ProtocolError(Status.BAD_REQUEST, "a seed-000 REQUEST needs a body frame (5 or more frames)")
-            out += core.call(peer, command.service, command.body, now, rid=command.request_id)
-        elif command.command == READY:
+            return core.call(peer, command.service, command.body, now, rid=command.request_id)
+        if command.command == READY:
             assert command.service is not None
-            out += core.serve(peer, (command.service,), 1, now)
-        elif command.command == DISCONNECT:
-            out += core.forget(peer, "disconnected", now)
-        elif command.command == PING:
+            return core.serve(peer, (command.service,), 1, now)
+        if command.command == DISCONNECT:
+            return core.forget(peer, "disconnected", now)
+        if command.command == PING:
             peer.last_sent = now
-            out.append((routing_id, [WORKER, PONG]))
-        else:
-            assert command.token is not None
-            verb = Verb.FINAL if command.command == W_FINAL else Verb.PARTIAL
-            out += core.worker_reply(peer, verb, command.token, command.body, now)
-    except ProtocolError as exc:
-        core.counters["seed000_rejected"] += 1
+            return [(routing_id, [WORKER, PONG])]
+        assert command.token is not None
+        verb = Verb.FINAL if command.command == W_FINAL else Verb.PARTIAL
+        return core.worker_reply(peer, verb, command.token, command.body, now)
+
+    def refused(
+        self, core: CoreOps, peer: Peer, routing_id: bytes, command: Seed000Command, exc: ProtocolError, now: float
+    ) -> list[Out]:
         if command.role == CLIENT:
-            out.append((routing_id, dialect.error(command.request_id, command.service or "", exc.code, exc.reason)))
-        else:  # refused READY (a reserved or forbidden service): the seed's only refusal is DISCONNECT
-            out += _drop_worker(core, peer, "refused", now)
-    return core.published(out, now)
+            return [(routing_id, peer.dialect.error(command.request_id, command.service or "", exc.code, exc.reason))]
+        return _drop_worker(core, peer, "refused", now)  # a refused READY: the seed's only refusal is DISCONNECT
+
+
+handle = MdpxAdmission().handle  # (the dialect router's handler)
