@@ -383,7 +383,7 @@ def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
             sub = await client.subscribe("burst.>", max_pending=total, max_pending_bytes=1 << 31)
             ready.put(True)
             seen: list[int] = []
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 150  # a loaded box (the whole suite beside it) is slow
             while len(seen) < total and time.monotonic() < deadline:
                 try:
                     batch_ = await sub.next_batch(20, timeout=10)
@@ -391,12 +391,14 @@ def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
                     break
                 seen += [int(m.body[:8]) for m in batch_]
                 time.sleep(0.003)  # the work
-            done.put((seen == list(range(total)), len(seen), sub.dropped, [str(f) for f in client.faults]))
+            gaps = sum(1 for a, b in zip(seen, seen[1:]) if b != a + 1)  # out of order, repeated or lost
+            stopped = "all" if len(seen) == total else f"stopped at {len(seen)}, first {seen[:1]}, gaps {gaps}"
+            done.put((seen == list(range(total)), stopped, sub.dropped, [str(f) for f in client.faults]))
 
     asyncio.run(run())
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_reading_whole(
     tmp_path: Path, zctx: zmq.Context[Any]
 ) -> None:
@@ -434,7 +436,7 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
                     if i % 500 == 0:
                         peak = max(peak, process.memory_info().rss)
                 publisher.ping(timeout=60)
-                in_order, count, dropped, faults = done.get(timeout=120)
+                in_order, stopped, dropped, faults = done.get(timeout=170)
                 deadline = time.monotonic() + 20  # the stalled ones go slow_consumer_ms after they stuck
                 while counter(publisher, "forgotten_too_slow") < 2 and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -444,7 +446,8 @@ def test_a_burst_with_two_stalled_subscribers_reaches_the_reader_that_keeps_read
             reader.join(10)
             if reader.is_alive():
                 reader.kill()
-        assert (in_order, count, dropped, faults) == (True, total, 0, [])  # 100%, in order, once each
+        # 100%, in order, once each; the counters say whether the reader was forgotten as too slow
+        assert (in_order, stopped, dropped, faults) == (True, "all", 0, []), counters
         assert counters["forgotten_too_slow"] == 2 and counters["input_held"] >= 1  # the stalled ones went
         assert peak - before < 128 * 1024 * 1024, f"grew {(peak - before) / 2**20:.0f} MiB"
         for peer in stalled:
