@@ -188,6 +188,18 @@ def test_unreachable_peer_is_forgotten() -> None:
     assert b"gone" not in core.sessions and len(core.subscriptions) == 0
 
 
+def test_the_forgotten_are_taken_once_from_a_list_the_shell_may_hold() -> None:
+    core = BrokerCore()
+    held = core.forgotten  # the shell's loop tests this list, per message, for work waiting
+    for rid in (b"a", b"b"):
+        connect(core, rid)
+    core.send_failed(b"a", 0.0, unreachable=True)
+    assert held == [b"a"]
+    core.send_failed(b"b", 0.0, unreachable=True)
+    assert core.take_forgotten() == [b"a", b"b"]
+    assert core.take_forgotten() == [] and held == [] and core.forgotten is held
+
+
 def test_reserved_topics_are_forbidden_and_put_needs_a_literal_topic() -> None:
     core = BrokerCore()
     connect(core, b"a")

@@ -391,7 +391,7 @@ def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
                     break
                 seen += [int(m.body[:8]) for m in batch_]
                 time.sleep(0.003)  # the work
-            gaps = sum(1 for a, b in zip(seen, seen[1:]) if b != a + 1)  # out of order, repeated or lost
+            gaps = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b != a + 1)  # out of order, repeated or lost
             stopped = "all" if len(seen) == total else f"stopped at {len(seen)}, first {seen[:1]}, gaps {gaps}"
             done.put((seen == list(range(total)), stopped, sub.dropped, [str(f) for f in client.faults]))
 

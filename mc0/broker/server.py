@@ -109,13 +109,6 @@ class Broker:
         self.config = config or Config()
         self.config_path = config_path  # re-read for permissions on reload
         self.journals = [Journal(name, settings) for name, settings in sorted(self.config.journals.items())]
-        self.core = BrokerCore(
-            self.config.broker,
-            with_memodb_identity(self.config.permissions, self.config.memodb.identity),
-            journals=self.journals,
-            wall_offset=time.time() - time.monotonic(),
-            dialects=dialect_route,
-        )
         cfg = self.config.broker
         # A reader may hold the input (back-pressure) for at most half the time a slow consumer is given.
         hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT
@@ -125,11 +118,16 @@ class Broker:
             batch_bytes=BATCH_OUT_BYTES,
             hold_limit=hold_limit,
         )
-        # A queue-group member whose queue holds more than this is skipped while another can take it.
-        group_skip = min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES)
-        self.core.pubsub.can_take = lambda routing_id: self.outbox.backlog(routing_id) < group_skip
-        # A journaled letter is recorded delivered only once nothing for its session waits here.
-        self.core.mailboxes.sent_all = lambda routing_id: self.outbox.backlog(routing_id) == 0
+        self.core = BrokerCore(
+            self.config.broker,
+            with_memodb_identity(self.config.permissions, self.config.memodb.identity),
+            journals=self.journals,
+            wall_offset=time.time() - time.monotonic(),
+            dialects=dialect_route,
+            backlog=self.outbox.backlog,
+            # A queue-group member whose queue holds more than this is skipped while another can take it.
+            group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
+        )
         # MemoDB over NNG, the other brokers of a cluster over NATS: each with its own thread and socket.
         self.listeners = listening.configured(self.config)
         self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)

@@ -77,6 +77,8 @@ class BrokerCore:
         journals: Sequence[JournalStore] = (),
         wall_offset: float = 0.0,
         dialects: DialectRouter = _mc0_only,
+        backlog: Callable[[bytes], int] | None = None,
+        group_skip_bytes: int = 0,
     ) -> None:
         """``generated_ids_only``: refuse peers that choose their routing id (off in the broker: a session
         is bound to its routing id, identity and connection, see docs/SECURITY.md).
@@ -87,6 +89,12 @@ class BrokerCore:
         into wall-clock time for telemetry records and retention.  ``dialects``
         recognises foreign dialects (the shell passes ``mc0.broker.dialects.route``;
         by default every message is read as mc0's own).
+
+        ``backlog`` is the shell's figure of the bytes still queued for a routing id
+        (the outbox; None: everything leaves at once).  A queue-group member with more
+        than ``group_skip_bytes`` queued is passed over while another can take the
+        message, and a journaled letter is recorded delivered only once its session's
+        queue is empty.
         """
         self.settings = settings or CoreSettings()
         self.permissions = permissions or Permissions()
@@ -94,7 +102,9 @@ class BrokerCore:
         self.wall_offset = wall_offset
         self._dialect_of = dialects
         self.counters: Counter[str] = Counter()
-        self.forgotten: list[bytes] = []  # routing ids forgotten since the shell last asked (take_forgotten)
+        # Routing ids forgotten since the shell last took them (take_forgotten).  The list object never
+        # changes, so a shell may hold it and test it for work waiting (cheaper than a call per message).
+        self.forgotten: list[bytes] = []
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
         self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
@@ -115,6 +125,9 @@ class BrokerCore:
             max_consumers=self.settings.max_consumers,
             max_per_identity=self.settings.max_consumers_per_identity,
         )
+        if backlog is not None:
+            self.pubsub.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
+            self.mailboxes.sent_all = lambda routing_id: backlog(routing_id) == 0
         self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(
             self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
@@ -318,8 +331,9 @@ class BrokerCore:
 
     def take_forgotten(self) -> list[bytes]:
         """Routing ids whose peers were forgotten since the last call: the shell frees their queues."""
-        forgotten, self.forgotten = self.forgotten, []
-        return forgotten
+        taken = self.forgotten[:]
+        self.forgotten.clear()  # in place: see __init__
+        return taken
 
     def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
         """Drop a peer and everything it held, in every room; returns what that means for others."""

@@ -151,8 +151,8 @@ class Mailboxes:
         self.counters = counters
         self.journal = journal
         self.wall_offset = wall_offset
-        # The shell's answer to "has everything queued for this routing id left?" (the outbox);
-        # until then a journaled letter handed to a session is not recorded delivered.
+        # "Has everything queued for this routing id left?" (from BrokerCore's backlog: the shell's
+        # outbox); until then a journaled letter handed to a session is not recorded delivered.
         self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
         # identity -> its 1.0 sessions, most recent last (and the routes, other brokers, that have some)
         self._sessions: dict[str, list[Peer]] = {}

@@ -76,7 +76,7 @@ class PubSub:
         self._turn = 0
         # Told of every pattern this broker's own peers start or stop holding (None: standalone).
         self.interest: InterestListener | None = None
-        # Set by the shell: False while a peer's outgoing queue is backing up (group members are skipped then).
+        # False while a peer's outgoing queue is backing up (group members are skipped then): BrokerCore's backlog.
         self.can_take: Callable[[bytes], bool] = _always
 
     # ------------------------------------------------------------ validation
