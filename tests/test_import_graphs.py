@@ -1,8 +1,12 @@
-"""The client's rooms show their arrows: no circle between the client's modules, not through an
-import (at the top, inside a function or kept for types only) and not through a call back into the
-client at run time.  A subscription, a reply stream and a durable consumer are handed their owner
-(the client) through a small Protocol that names exactly what they ask of it; they import nothing
-of the client and touch nothing private of any object but themselves."""
+"""Import graphs the floors of test_architecture do not see.
+
+The client's rooms show their arrows: no circle between the client's modules,
+not through an import (at the top, inside a function or kept for types only)
+and not through a call back into the client at run time.  A subscription, a
+reply stream and a durable consumer are handed their owner (the client)
+through a small Protocol that names exactly what they ask of it; they import
+nothing of the client and touch nothing private of any object but
+themselves.  ``benchmarks/`` has no import circle either."""
 
 from __future__ import annotations
 
@@ -123,3 +127,33 @@ def test_each_owner_protocol_names_exactly_what_its_module_asks_and_the_client_h
 def test_the_owned_modules_are_where_this_test_looks() -> None:
     for name in OWNED:
         assert modules()[name].is_relative_to(PACKAGE / "aio")
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def test_the_benchmarks_form_no_import_circle() -> None:
+    """``benchmarks/`` (outside the package) follows the same rule: its arrows point one way."""
+    names = {p.stem: p for p in BENCHMARKS.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                graph[name] |= {t.split(".")[0] for t in targets if t.split(".")[0] in names}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(target) :], target]))
+            if target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    assert {"frames", "frames_batched", "wire"} <= set(graph)
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
