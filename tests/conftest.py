@@ -1,11 +1,14 @@
-"""Shared fixtures: real broker processes, raw DEALER peers, sync/async client variants."""
+"""Shared fixtures: real broker processes, raw DEALER peers, sync/async client variants; the
+suite's rules: a missing dependency fails loudly (``require``), and a skipped test fails the run."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -14,6 +17,61 @@ import zmq
 from mc0.process import BrokerProcess
 
 NOOPS = ([b"NOOP"], [b"", b"NOOP"])  # a heartbeat, bare or enveloped
+
+# Where each dependency a test needs beyond the package comes from (pyproject's extras; eventmq is
+# installed by ./run test with --no-deps: its 2019 pins do not build on Python 3.11).
+INSTALLED_BY = {
+    "pyspark": "the spark extra",
+    "pyarrow": "the spark extra",
+    "atheris": "the test extra",
+    "nats": "the bench extra",
+    "majortomo": "the test extra",
+    "eventmq": "./run test (pip install --no-deps eventmq==0.3.13)",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import a dependency a test needs, or fail loudly saying how to install it (never a skip:
+    ``./run test`` installs everything the suite needs, and a skipped test fails the run)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        where = INSTALLED_BY.get(module, "the test extra")
+        raise ImportError(
+            f"{module} is not installed: the tests need it ({where}); `./run test` installs every extra the"
+            " suite needs, or: pip install -e '.[test,spark,bench]' && pip install --no-deps eventmq==0.3.13"
+        ) from exc
+
+
+# ------------------------------------------------------------ no test may hide
+_skipped: list[str] = []
+
+
+def _note_skip(report: pytest.TestReport | pytest.CollectReport, when: str) -> None:
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append(f"{report.nodeid} ({when}): {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report, report.when)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report, "collect")  # a whole module skipped (importorskip, allow_module_level)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _skipped and not hasattr(config, "workerinput"):
+        terminalreporter.section("skipped tests fail the run", sep="=", red=True, bold=True)
+        for line in _skipped:
+            terminalreporter.line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skipped test is a test that did not run: the run fails (tests must not hide)."""
+    if _skipped and not hasattr(session.config, "workerinput") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class RawPeer:

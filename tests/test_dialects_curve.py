@@ -25,7 +25,7 @@ from mc0.broker.dialects import emqp as E
 from mc0.broker.dialects import mdpx as S
 from mc0.process import BrokerProcess
 
-from .conftest import CurveSetup, RawPeer
+from .conftest import CurveSetup, RawPeer, require
 from .test_emqp import JobManagerProcess, _job
 
 pytestmark = pytest.mark.timeout(90)
@@ -203,6 +203,7 @@ def test_seed000_and_dcp_peers_written_from_their_seeds(
 def test_eventmq_client_and_jobmanager_with_keys_on_their_sockets(
     secure: tuple[CurveSetup, BrokerProcess], echo: None
 ) -> None:
+    require("eventmq")  # installed by ./run test (--no-deps): fail with the hint, never skip
     from eventmq.client.messages import send_request  # type: ignore[import-untyped]
     from eventmq.sender import Sender  # type: ignore[import-untyped]
 

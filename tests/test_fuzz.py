@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require
+
 HERE = Path(__file__).parent / "fuzz"
 TARGET = HERE / "fuzz_core.py"
 
-pytest.importorskip("atheris")
+require("atheris")
 
 
 def run_fuzzer(tmp_path: Path, *options: str, corpus: list[Path], timeout: float) -> subprocess.CompletedProcess[str]:

@@ -18,9 +18,9 @@ import pytest
 import mc0
 from mc0.cli import main as cli_main
 
-from .conftest import CurveSetup
+from .conftest import CurveSetup, require
 
-pytest.importorskip("pyspark")
+require("pyspark")
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require
+
 SCRIPTS = Path(__file__).parent.parent / "scripts"
 
 
@@ -81,6 +83,7 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
 
 @pytest.mark.timeout(120)
 def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
+    require("nats")  # the NATS/JetStream rows need the bench extra: fail with the hint, never skip
     out, md = tmp_path / "queues.json", tmp_path / "queues.md"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "consumers", "--only", "ack-batch",

@@ -20,9 +20,9 @@ import pytest
 import mc0
 from mc0.process import BrokerProcess
 
-from .conftest import CurveSetup, write_config
+from .conftest import CurveSetup, require, write_config
 
-pytest.importorskip("pyspark")
+require("pyspark")
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parent.parent
