@@ -87,6 +87,15 @@ class RawPeer:
     def send(self, *frames: bytes | str) -> None:
         self.socket.send_multipart([f.encode() if isinstance(f, str) else f for f in frames])
 
+    def offer(self, *frames: bytes | str) -> bool:
+        """Send unless libzmq holds no pipe to the broker for this socket (a peer whose handshakes
+        keep failing has none between reconnects: a blocking send would wait forever); True if queued."""
+        try:
+            self.socket.send_multipart([f.encode() if isinstance(f, str) else f for f in frames], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
     def recv(self, timeout: float = 5.0) -> list[bytes]:
         if not self.socket.poll(int(timeout * 1000)):
             raise AssertionError(f"no message within {timeout}s")
