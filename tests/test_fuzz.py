@@ -30,6 +30,7 @@ def run_fuzzer(tmp_path: Path, *options: str, corpus: list[Path], timeout: float
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_the_corpus_replays_without_a_crash(tmp_path: Path) -> None:
     inputs = sorted((HERE / "corpus").iterdir())
@@ -38,6 +39,7 @@ def test_the_corpus_replays_without_a_crash(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_fuzzing_from_the_corpus_finds_no_crash(tmp_path: Path) -> None:
     seconds = int(os.environ.get("MC0_FUZZ_SECONDS", "60"))

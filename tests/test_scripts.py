@@ -12,6 +12,9 @@ import pytest
 from .conftest import require
 
 SCRIPTS = Path(__file__).parent.parent / "scripts"
+# Benchmarks load the machine on purpose: under pytest-xdist these run one after another on one worker
+# (conftest.ONE_WORKER).
+pytestmark = pytest.mark.long
 
 
 @pytest.mark.timeout(120)
