@@ -44,33 +44,35 @@ def require(module: str) -> ModuleType:
 
 
 # ------------------------------------------------------------ spread over workers (pytest-xdist)
-# Files whose tests run one after another on one worker: several of their functions share something
-# costly (a module- or session-scoped fixture) or they must not run beside each other.  Every other
-# test function goes, with all its parametrized variants (so a module-scoped fixture only it uses is
-# made once), to whichever worker is free.  (Not xdist_group marks: --dist
-# loadgroup ignores them under pytest 9.2, pytest-xdist #1386.)
+# Files whose tests run one after another on one worker, named by the unit they join: several of their
+# functions share something costly (a module- or session-scoped fixture), or they load the machine on
+# purpose and must not run beside each other.  Every other test function goes, with all its
+# parametrized variants (so a module-scoped fixture only it uses is made once), to whichever worker is
+# free.  (Not xdist_group marks: --dist loadgroup ignores them under pytest 9.2, pytest-xdist #1386.)
 ONE_WORKER = {
-    "tests/test_spark.py": "one Spark session (a JVM) for the module",
-    "tests/test_scripts.py": "the benchmark smoke runs load the machine on purpose: one at a time",
-    "tests/test_seed004_live.py": "a module-scoped broker",
-    "tests/test_dialects_curve.py": "a module-scoped CURVE broker and echo worker",
+    "tests/test_spark.py": "spark",  # one Spark session (a JVM) for the module
+    "tests/test_fuzz.py": "cpu",  # the fuzzer keeps a core busy for its bounded time
+    "tests/test_scripts.py": "cpu",  # the benchmark smoke runs load the machine: not beside the fuzzer
+    "tests/test_seed004_live.py": "tests/test_seed004_live.py",  # a module-scoped broker
+    "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
 }
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``--dist load`` (./run test): a test function (all its variants) at a time, each
-    ONE_WORKER file as one unit; the biggest units are handed out first, then collection order."""
+    """Under ``--dist load`` (./run test): a test function (all its variants) or a ONE_WORKER unit
+    at a time, handed out in collection order (the long ones first: see below)."""
     if config.getoption("dist") != "load":
         return None  # another --dist asked for explicitly: xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByFunctionOrFile(LoadScopeScheduling):  # type: ignore[misc]
+    class ByFunctionOrUnit(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if path in ONE_WORKER else nodeid.split("[", 1)[0]
+            return ONE_WORKER.get(path) or nodeid.split("[", 1)[0]
 
-    return ByFunctionOrFile(config, log)
+    config.option.loadscopereorder = False  # collection order, not the biggest units first
+    return ByFunctionOrUnit(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
