@@ -203,7 +203,7 @@ def test_0x_and_1_0_peers_exchange_messages_both_ways(broker: BrokerProcess, pee
 def test_broker_noop_gaps_stay_under_0_95_ttl_over_several_ttls(peers: Any, framing: str) -> None:
     """The connector gives up when it has heard nothing for exactly its TTL: the broker's silence
     toward an idle peer must stay clearly under it (it beats at HEARTBEAT_FRACTION x TTL)."""
-    ttl = 0.3
+    ttl = 1.0  # the margin (0.45 TTL) must beat a loaded two-core box's scheduling delays (0.17 s seen)
     prefix = FRAMINGS[framing]
     peer = peers()
     peer.send(*prefix, "CONNECT", "VERSION", "0.3", "TTL", str(int(ttl * 1000)), "ID", "c")
@@ -229,7 +229,7 @@ def test_broker_noop_gaps_stay_under_0_95_ttl_over_several_ttls(peers: Any, fram
 def test_the_library_heartbeats_the_broker_under_0_95_ttl(zctx: zmq.Context[Any]) -> None:
     """The same rule on the client side: a broker that gives up at TTL (the Ruby mc0d at 1.05 x TTL)
     keeps an idle mc0 client.  A bare ROUTER plays the broker and records when it hears the client."""
-    ttl = 0.3
+    ttl = 1.0  # as above: a margin no scheduling delay of a loaded machine eats
     router = zctx.socket(zmq.ROUTER)
     router.linger = 0
     port = router.bind_to_random_port("tcp://127.0.0.1")
