@@ -44,8 +44,9 @@ import zmq
 from mc0.process import BrokerProcess
 
 from .common import CTX, Options, Row, make_keys, security_toml
-from .frames import BASELINES, CONNECT, ID, NOOP, READY, SCENARIOS, TTL, VERSION, dealer, run_scenario
+from .frames import BASELINES, SCENARIOS, run_scenario
 from .library import PREFIX, run_library
+from .wire import CONNECT, ID, NOOP, READY, TTL, VERSION, dealer
 
 # ============================================================== resources and trie
 

@@ -23,8 +23,8 @@ from typing import Any
 import zmq
 
 from mc0.process import BrokerProcess
-from mc0.protocol import Header, Verb, batch
 
+from . import frames_batched
 from .common import (
     BODY,
     CTX,
@@ -40,63 +40,25 @@ from .common import (
     proxy_main,
     security_toml,
 )
-
-# mc0 frames, spelled by protocol.py: the load generators and the raw baseline
-# speak them over bare sockets, so that only the broker differs between rows.
-CONNECT, OK, PUT, SUB, MESSAGE, NOOP, READY, REQUEST, FINAL = (
-    verb.value.encode()
-    for verb in (
-        Verb.CONNECT,
-        Verb.OK,
-        Verb.PUT,
-        Verb.SUB,
-        Verb.MESSAGE,
-        Verb.NOOP,
-        Verb.READY,
-        Verb.REQUEST,
-        Verb.FINAL,
-    )
+from .wire import (
+    ALL,
+    CAPACITY,
+    CONNECT,
+    FINAL,
+    ID,
+    MESSAGE,
+    OK,
+    PACE,
+    PUT,
+    READY,
+    REQUEST,
+    SERVICE,
+    SUB,
+    TIMEOUT,
+    TOPIC,
+    dealer,
+    mc0_connect,
 )
-ID, VERSION, TTL, TOPIC, CAPACITY, SERVICE, TIMEOUT, ALL = (
-    header.value.encode()
-    for header in (
-        Header.ID,
-        Header.VERSION,
-        Header.TTL,
-        Header.TOPIC,
-        Header.CAPACITY,
-        Header.SERVICE,
-        Header.TIMEOUT,
-        Header.ALL,
-    )
-)
-
-
-def dealer(context: zmq.Context[Any], endpoint: str, curve: dict[str, Any] | None) -> zmq.Socket[Any]:
-    sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    if curve:
-        sock.curve_serverkey = curve["server"]
-        sock.curve_publickey = curve["public"]
-        sock.curve_secretkey = curve["secret"]
-    sock.connect(endpoint)
-    return sock
-
-
-def mc0_connect(sock: zmq.Socket[Any], *, batched: bool = False) -> None:
-    extra = [Header.BATCH.value.encode(), b"1"] if batched else []
-    sock.send_multipart([CONNECT, VERSION, b"1.0", TTL, b"60000", *extra, ID, b"c"])
-    if not sock.poll(10_000):
-        raise RuntimeError("no answer to CONNECT")
-    reply = sock.recv_multipart()
-    if batched and reply[0] == batch.BATCH:  # the OK may already come as a batch record
-        ((code, start, end), *_) = batch.records(reply[2])
-        reply = batch.frames_of(reply[2], code, start, end)
-    if reply[0] != OK:
-        raise RuntimeError(f"CONNECT refused: {reply}")
-
 
 BATCHED = "mc0-batched"  # the same broker, load generators on the batched wire (frames_batched.py)
 
@@ -200,9 +162,6 @@ def zmq_subscribers(endpoint: str, n: int, flavour: str, curve: Any, ready: Any,
                 if count == 1:
                     first = last
     results.put((count, max(last - first, 1e-9)))
-
-
-PACE = 500  # a confirmed PUT every PACE messages: the broker, not the publisher, sets the pace
 
 
 def zmq_publisher(endpoint: str, flavour: str, size: int, seconds: float, curve: Any, go: Any) -> None:
@@ -494,8 +453,6 @@ def pubsub_once(system: str, endpoint: str, subs: int, size: int, seconds: float
         sub = CTX.Process(target=nats_subscribers, args=(endpoint, subs, ready, results, seconds), daemon=True)
         pub = CTX.Process(target=nats_publisher, args=(endpoint, size, seconds, go), daemon=True)
     elif system == BATCHED:
-        from . import frames_batched
-
         args = (endpoint, subs, curve, ready, results, seconds)
         sub = CTX.Process(target=frames_batched.subscribers, args=args, daemon=True)
         pub = CTX.Process(target=frames_batched.publisher, args=(endpoint, size, seconds, curve, go), daemon=True)
@@ -535,8 +492,6 @@ def rpc_once(
         helpers = [(majortomo_workers, (endpoint, workers))]
         count, latencies, elapsed = measure(majortomo_client, (endpoint, window, seconds), helpers)
     elif system == BATCHED:
-        from . import frames_batched
-
         helpers = [(frames_batched.workers, (endpoint, workers, curve))]
         args = (endpoint, window, seconds, curve, BODY)
         count, latencies, elapsed = measure(frames_batched.rpc_client, args, helpers)

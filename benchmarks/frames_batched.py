@@ -1,7 +1,7 @@
 """The broker alone, on the batched wire: raw-socket load generators that speak ``BATCH 1``.
 
 Contract: the ``mc0-batched`` system of the broker-alone suite.  Like the
-other raw-frame generators (``frames.py``) these are minimal pyzmq loops, so
+other raw-frame generators (``frames.py``; the frames both speak are ``wire.py``) these are minimal pyzmq loops, so
 the row measures the broker, not a client library; they negotiate batched
 framing at CONNECT and put many commands in one ZeroMQ message, as the mc0
 libraries do under load: publishers send ``PUBLISH_BATCH`` PUT records per
@@ -21,7 +21,7 @@ import zmq
 
 from mc0.protocol import batch
 
-from .frames import ID, OK, PACE, PUT, READY, SUB, TOPIC, dealer, mc0_connect
+from .wire import ID, OK, PACE, PUT, READY, SUB, TOPIC, dealer, mc0_connect
 
 PUBLISH_BATCH = 100  # PUT records per message from a publisher
 TOPIC_B = b"bench"

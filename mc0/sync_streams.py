@@ -93,9 +93,7 @@ class Subscription:
 
     def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
         """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
-        first = self.next(timeout)
-        rest = [self._inner._take() for _ in range(min(max_messages - 1, self._inner.pending))]
-        return [first, *rest]
+        return self._inner.next_batch_threadsafe(max_messages, timeout)
 
     def __iter__(self) -> Iterator[Message]:
         return self

@@ -1,11 +1,14 @@
-"""Shared fixtures: real broker processes, raw DEALER peers, sync/async client variants."""
+"""Shared fixtures: real broker processes, raw DEALER peers, sync/async client variants; the
+suite's rules: a missing dependency fails loudly (``require``), and a skipped test fails the run."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -14,6 +17,101 @@ import zmq
 from mc0.process import BrokerProcess
 
 NOOPS = ([b"NOOP"], [b"", b"NOOP"])  # a heartbeat, bare or enveloped
+
+# Where each dependency a test needs beyond the package comes from (pyproject's extras; eventmq is
+# installed by ./run test with --no-deps: its 2019 pins do not build on Python 3.11).
+INSTALLED_BY = {
+    "pyspark": "the spark extra",
+    "pyarrow": "the spark extra",
+    "atheris": "the test extra",
+    "nats": "the cluster extra",
+    "majortomo": "the test extra",
+    "eventmq": "./run test (pip install --no-deps eventmq==0.3.13)",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import a dependency a test needs, or fail loudly saying how to install it (never a skip:
+    ``./run test`` installs everything the suite needs, and a skipped test fails the run)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        where = INSTALLED_BY.get(module, "the test extra")
+        raise ImportError(
+            f"{module} is not installed: the tests need it ({where}); `./run test` installs every extra the"
+            " suite needs, or: pip install -e '.[test,spark,bench,cluster]' && pip install --no-deps eventmq==0.3.13"
+        ) from exc
+
+
+# ------------------------------------------------------------ spread over workers (pytest-xdist)
+# Files whose tests run one after another on one worker, named by the unit they join: several of their
+# functions share something costly (a module- or session-scoped fixture), or they load the machine on
+# purpose and must not run beside each other.  Every other test function goes, with all its
+# parametrized variants (so a module-scoped fixture only it uses is made once), to whichever worker is
+# free.  (Not xdist_group marks: --dist loadgroup ignores them under pytest 9.2, pytest-xdist #1386.)
+ONE_WORKER = {
+    "tests/test_spark.py": "spark",  # one Spark session (a JVM) for the module
+    "tests/test_fuzz.py": "cpu",  # the fuzzer keeps a core busy for its bounded time
+    "tests/test_scripts.py": "cpu",  # the benchmark smoke runs load the machine: not beside the fuzzer
+    "tests/test_seed004_live.py": "tests/test_seed004_live.py",  # a module-scoped broker
+    "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
+    "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist load`` (./run test): a test function (all its variants) or a ONE_WORKER unit
+    at a time, handed out in collection order (the long ones first: see below)."""
+    if config.getoption("dist") != "load":
+        return None  # another --dist asked for explicitly: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFunctionOrUnit(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(path) or nodeid.split("[", 1)[0]
+
+    config.option.loadscopereorder = False  # collection order, not the biggest units first
+    return ByFunctionOrUnit(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (tens of seconds: Spark, the fuzzer, the benchmark smoke runs) run
+    first, so that under pytest-xdist they start together on separate workers instead of arriving
+    last and running alone while the other workers idle.  The sort is stable: the rest keep their order."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+# ------------------------------------------------------------ no test may hide
+_skipped: list[str] = []
+
+
+def _note_skip(report: pytest.TestReport | pytest.CollectReport, when: str) -> None:
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append(f"{report.nodeid} ({when}): {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report, report.when)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report, "collect")  # a whole module skipped (importorskip, allow_module_level)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _skipped and not hasattr(config, "workerinput"):
+        terminalreporter.section("skipped tests fail the run", sep="=", red=True, bold=True)
+        for line in _skipped:
+            terminalreporter.line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skipped test is a test that did not run: the run fails (tests must not hide)."""
+    if _skipped and not hasattr(session.config, "workerinput") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class RawPeer:
@@ -28,6 +126,15 @@ class RawPeer:
 
     def send(self, *frames: bytes | str) -> None:
         self.socket.send_multipart([f.encode() if isinstance(f, str) else f for f in frames])
+
+    def offer(self, *frames: bytes | str) -> bool:
+        """Send unless libzmq holds no pipe to the broker for this socket (a peer whose handshakes
+        keep failing has none between reconnects: a blocking send would wait forever); True if queued."""
+        try:
+            self.socket.send_multipart([f.encode() if isinstance(f, str) else f for f in frames], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def recv(self, timeout: float = 5.0) -> list[bytes]:
         if not self.socket.poll(int(timeout * 1000)):

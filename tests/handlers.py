@@ -10,16 +10,25 @@ from pathlib import Path
 from mc0 import Request
 
 
+def mark(request: Request) -> None:
+    """Say the request arrived: this process's pid in the file the body names, whole or not at all
+    (written aside, then renamed: a test that sees the file never reads it half written)."""
+    path = Path(request.body.decode())
+    aside = path.with_name(path.name + ".part")
+    aside.write_text(str(os.getpid()))
+    aside.replace(path)
+
+
 def hold(request: Request) -> bytes:
     """Mark that the request arrived (file named by the body), then hang until killed."""
-    Path(request.body.decode()).write_text(str(os.getpid()))
+    mark(request)
     time.sleep(3600)
     return b"never"
 
 
 def partial_then_hold(request: Request) -> Iterator[bytes]:
     yield b"first half"
-    Path(request.body.decode()).write_text(str(os.getpid()))
+    mark(request)
     time.sleep(3600)
 
 

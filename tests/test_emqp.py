@@ -24,7 +24,7 @@ from mc0.broker.dialects import mdpx as S
 from mc0.broker.dialects import route
 from mc0.process import BrokerProcess
 
-from .conftest import RawPeer
+from .conftest import RawPeer, require
 
 V = E.VERSION
 RR = b"reply-requested"  # the header that asks for the REPLY
@@ -217,6 +217,7 @@ def _job(callable_: str, *args: object) -> bytes:
 def test_live_eventmq_jobmanager_serves_mc0_eventmq_and_seed000_clients(
     broker: BrokerProcess, zctx: zmq.Context[Any]
 ) -> None:
+    require("eventmq")  # installed by ./run test (--no-deps): fail with the hint, never skip
     from eventmq.client.messages import send_request  # type: ignore[import-untyped]
     from eventmq.sender import Sender  # type: ignore[import-untyped]
 

@@ -25,12 +25,13 @@ from mc0.config import load
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
 
+from .conftest import require
 from .fuzz_configs import config_texts
 
 HERE = Path(__file__).parent / "fuzz"
 TARGET = HERE / "fuzz_core.py"
 
-pytest.importorskip("atheris")
+require("atheris")
 
 
 def run_fuzzer(tmp_path: Path, *options: str, corpus: list[Path], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -43,6 +44,7 @@ def run_fuzzer(tmp_path: Path, *options: str, corpus: list[Path], timeout: float
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_the_corpus_replays_without_a_crash(tmp_path: Path) -> None:
     inputs = sorted((HERE / "corpus").iterdir())
@@ -51,6 +53,7 @@ def test_the_corpus_replays_without_a_crash(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_fuzzing_from_the_corpus_finds_no_crash(tmp_path: Path) -> None:
     seconds = int(os.environ.get("MC0_FUZZ_SECONDS", "60"))

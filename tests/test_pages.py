@@ -22,11 +22,11 @@ from mc0.broker.storage.memstore import MemoryStore
 from mc0.message import Record
 from mc0.process import BrokerProcess
 
-from .conftest import payload_of, write_config
+from .conftest import payload_of, require, write_config
 from .test_journal import core_with, handle
 from .test_protocol import f
 
-pa = pytest.importorskip("pyarrow")
+pa = require("pyarrow")
 
 from mc0.spark.source import _record_batch_of, record_batch  # noqa: E402 - needs pyarrow
 

@@ -18,9 +18,9 @@ import pytest
 import mc0
 from mc0.cli import main as cli_main
 
-from .conftest import CurveSetup
+from .conftest import CurveSetup, require
 
-pytest.importorskip("pyspark")
+require("pyspark")
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +75,7 @@ def generate(endpoint: str, setup: CurveSetup) -> None:
         worker.close()
 
 
+@pytest.mark.long
 def test_pipeline_rollups_equal_an_independent_computation_and_report_draws_them(tmp_path: Path) -> None:
     setup = CurveSetup(tmp_path, extra='[journals.main]\ntopics = [">", "mc0.sys.rpc"]\n')
     with setup.start() as broker:

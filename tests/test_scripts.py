@@ -9,10 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require
+
 SCRIPTS = Path(__file__).parent.parent / "scripts"
+# Bounds against a hang, not measures: a quick run takes ~30 s on an idle machine and was seen past
+# 110 s on two shared, loaded cores (CI's), where every child process starts slowly.
+# Benchmarks load the machine on purpose: under pytest-xdist these run one after another on one worker,
+# as does the fuzzer (conftest.ONE_WORKER).
+pytestmark = pytest.mark.long
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
@@ -21,7 +28,7 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
          "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -35,7 +42,7 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     assert any(r["scenario"].startswith("trie match") for r in report["rows"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_path: Path) -> None:
     out, md = tmp_path / "library.json", tmp_path / "library.md"
     result = subprocess.run(
@@ -43,7 +50,7 @@ def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_p
          "--only", "lib RPC sequential", "--systems", "mc0-aio,mc0-sync", "--json", str(out), "--markdown", str(md)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -63,7 +70,7 @@ def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_p
     assert "library: pub/sub" in text and "library: RPC" in text
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path: Path) -> None:
     out = tmp_path / "journal.json"
     result = subprocess.run(
@@ -71,7 +78,7 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
          "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
@@ -81,7 +88,7 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
 
 @pytest.mark.timeout(300)
 def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
+    require("pyspark")
     out = tmp_path / "scan.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--spark-only", "--runs", "1", "--spark-count", "3000",
@@ -97,22 +104,23 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
     assert "spark read" in result.stdout and "FAILING" not in result.stdout
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
+    require("nats")  # the NATS/JetStream rows need the bench extra: fail with the hint, never skip
     out, md = tmp_path / "queues.json", tmp_path / "queues.md"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "consumers", "--only", "ack-batch",
          "--json", str(out), "--markdown", str(md)],
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=100,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "groups", "--json", str(tmp_path / "g.json")],
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=100,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {(r["scenario"], r["system"]): r for path in (out, tmp_path / "g.json")

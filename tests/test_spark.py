@@ -20,10 +20,11 @@ import pytest
 import mc0
 from mc0.process import BrokerProcess
 
-from .conftest import CurveSetup, write_config
+from .conftest import CurveSetup, require, write_config
 
-pytest.importorskip("pyspark")
-pytestmark = pytest.mark.timeout(300)
+require("pyspark")
+# One Spark session per run: under pytest-xdist the whole module goes to one worker (conftest.ONE_WORKER).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parent.parent
 JOURNALS = '[journals.main]\ntopics = ["orders.>", "out.>"]\nsegment_bytes = 65536\n'
@@ -268,7 +269,7 @@ def test_latest_start_is_fixed_by_the_first_batch_even_when_it_is_replayed(
 def test_a_query_killed_mid_batch_then_restarted_yields_every_record_exactly_once(
     spark: Any, journaled: BrokerProcess, tmp_path: Path
 ) -> None:
-    seqs = publish(journaled.endpoint, 400)
+    seqs = publish(journaled.endpoint, 200)  # 5 micro-batches of 40: killed in the third or later
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
     command = [sys.executable, "-m", "tests.spark_stream_job", journaled.endpoint, str(checkpoint), str(output), "40"]
     log = (tmp_path / "job.log").open("w")

@@ -237,7 +237,7 @@ class Connection(Failover):
             if self._connected is not None and not self._connected.done():
                 self._connected.set_exception(error)
             else:
-                self._fault(error)
+                self.report_fault(error)
                 self._fail_pending(error)
 
     async def close(self) -> None:
@@ -351,7 +351,7 @@ class Connection(Failover):
             raise answer_error(command)
         return command
 
-    def _fault(self, error: Exception) -> None:
+    def report_fault(self, error: Exception) -> None:
         """Record a fault the application should see: kept in ``faults``, logged, and ``on_fault``."""
         self.faults.append(error)
         log.warning("%s", error)
@@ -360,6 +360,16 @@ class Connection(Failover):
                 self.on_fault(error)
             except Exception:
                 log.exception("on_fault callback raised")
+
+    # What the client's subscriptions and reply streams ask of it (streams.StreamOwner, with
+    # Client.unsubscribe and ``connected``): they reach nothing else of the connection.
+    def stream_ended(self, request_id: str) -> None:
+        """A reply stream stopped listening: nothing more is fed to it."""
+        self._streams.pop(request_id, None)
+
+    def cancel_request(self, request_id: str) -> None:
+        """Send CANCEL for a request (``ClosedError`` once the client is closed)."""
+        self._send(self.session.cancel(request_id))
 
     def _on_message(self, frames: list[bytes]) -> None:
         """One message from the broker (called by the Link, on the loop)."""
@@ -410,7 +420,7 @@ class Connection(Failover):
             if future is not None and not future.done():
                 future.set_exception(Timeout(f"request {request_id}", 0.0))
                 if self.session.connected:
-                    self._send(self.session.cancel(request_id))
+                    self.cancel_request(request_id)
 
     def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
         """A received message to every subscription whose patterns it matched (once each)."""
@@ -456,9 +466,9 @@ class Connection(Failover):
             if self._connected is not None and not self._connected.done():
                 self._connected.set_exception(event.error)
             else:
-                self._fault(event.error)
+                self.report_fault(event.error)
         elif isinstance(event, Fault):
-            self._fault(event.error)
+            self.report_fault(event.error)
             if event.withdrawn is not None:  # a local key: the pattern, with its group if any
                 for sub in self._subscriptions.pop(event.withdrawn, []):
                     sub.patterns = tuple(p for p in sub.patterns if group_key(p, sub.group) != event.withdrawn)

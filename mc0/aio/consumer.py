@@ -1,7 +1,8 @@
 """Durable consumers, client side: pull batches from a named consumer the broker keeps, settle each message.
 
 Contract: :class:`Consumer` talks to the broker's ``mc0.consumer`` service
-over its client (one request per pull or per settle); it holds no position
+over its client (one request per pull or per settle: :class:`Requester` is
+all it asks of the client, whose module it does not import); it holds no position
 of its own, so any number of clients of the identity that created the
 consumer may share it (competing consumers) and a restarted client resumes
 where the consumer stands.
@@ -22,19 +23,22 @@ import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import Error, ProtocolError
-from ..message import Message
+from ..message import Message, Reply
 from ..protocol import CONSUMER_SERVICE, Status, parse_journal_page
-
-if TYPE_CHECKING:
-    from .client import Client
 
 log = logging.getLogger("mc0.client")
 
 # Pulls ask the broker to wait at most this long, so one pull never outlives the request timeout.
 PULL_GRACE = 5.0
+
+
+class Requester(Protocol):
+    """What a :class:`Consumer` asks of its client (``mc0.aio.Client`` implements it): requests."""
+
+    async def request(self, service: str, body: bytes | str = b"", *, timeout: float | None = None) -> Reply: ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -71,8 +75,8 @@ class ConsumedMessage:
 class Consumer:
     """A durable consumer on a journal (see :meth:`mc0.aio.Client.consume`)."""
 
-    def __init__(self, client: Client, journal: str, name: str) -> None:
-        self.client = client
+    def __init__(self, client: Requester, journal: str, name: str) -> None:
+        self.client = client  # the client it talks to the broker through
         self.journal = journal
         self.name = name
         self.ack_errors = 0  # ack_nowait requests the broker refused or that failed (their messages come back)

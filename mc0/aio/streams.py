@@ -4,6 +4,8 @@ Contract: both are fed by the client's reader (never blocking it) and read
 by the application; a subscription holds at most ``max_pending`` messages
 (beyond that new ones are dropped, counted and logged, never silently), a
 reply stream ends with its FINAL, an ERROR (raised) or a ``Timeout``.
+What they need of the client that feeds them is :class:`StreamOwner` and no
+more: this module imports nothing of the client (the arrow points one way).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .. import protocol as P
 from ..errors import ClosedError, SlowConsumer, Timeout
@@ -21,14 +23,31 @@ from ..message import Message, Reply
 from ..protocol import Command, Header, Verb
 from ..session import answer_error
 
-if TYPE_CHECKING:
-    from .client import Client
-
 log = logging.getLogger("mc0.client")
 
 DEFAULT_MAX_PENDING = 512 * 1024  # messages a subscription holds for the application (nats-py's default)
 DEFAULT_MAX_PENDING_BYTES = 128 * 1024 * 1024  # and their bodies' bytes
 SYNC_RECHECK = 0.05  # a thread waiting for a message re-checks at least this often
+
+
+class StreamOwner(Protocol):
+    """What a :class:`Subscription` and a :class:`ReplyStream` ask of the client that feeds
+    them (``mc0.aio.Client`` implements it), and nothing else."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def report_fault(self, error: Exception) -> None:
+        """Keep and report a fault the application should see (``faults``, ``on_fault``)."""
+
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        """End the subscription at the broker and stop feeding it."""
+
+    def stream_ended(self, request_id: str) -> None:
+        """The stream of this request stopped listening: feed it no more."""
+
+    def cancel_request(self, request_id: str) -> None:
+        """Send CANCEL for this request (``ClosedError`` once the client is closed)."""
 
 
 class Subscription:
@@ -44,7 +63,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: Client,
+        client: StreamOwner,
         patterns: tuple[str, ...],
         max_pending: int,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
@@ -53,7 +72,7 @@ class Subscription:
     ) -> None:
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be at least 1")
-        self.client = client
+        self.client = client  # the client that feeds it
         self.patterns = patterns
         self.group = group  # the queue group it is a member of (None: a plain subscription)
         self.max_pending = max_pending
@@ -99,7 +118,7 @@ class Subscription:
                 f"subscription {self.pattern!r} is not keeping up: dropping messages "
                 f"(max_pending {self.max_pending} messages / {self.max_pending_bytes} bytes)"
             )
-            self.client._fault(SlowConsumer(reason, where="client", dropped=self.dropped))
+            self.client.report_fault(SlowConsumer(reason, where="client", dropped=self.dropped))
         elif self.dropped % 10_000 == 0:
             log.warning("subscription %r: %d messages dropped so far", self.pattern, self.dropped)
 
@@ -174,6 +193,12 @@ class Subscription:
                     self._sync_waiting = False
         return self._take()
 
+    def next_batch_threadsafe(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        """``next_batch`` for another thread (the sync API), waiting like ``next_threadsafe``."""
+        first = self.next_threadsafe(timeout)
+        take = self._take
+        return [first, *(take() for _ in range(min(max_messages - 1, len(self._items))))]
+
     def __aiter__(self) -> Subscription:
         return self
 
@@ -210,7 +235,7 @@ class ReplyStream:
     ``close()`` cancels and stops listening at once.
     """
 
-    def __init__(self, client: Client, request_id: str, service: str, scatter: bool, wait: float) -> None:
+    def __init__(self, client: StreamOwner, request_id: str, service: str, scatter: bool, wait: float) -> None:
         self.client = client
         self.request_id = request_id
         self.service = service
@@ -233,7 +258,7 @@ class ReplyStream:
 
     def _finish(self) -> None:
         self.done = True
-        self.client._streams.pop(self.request_id, None)
+        self.client.stream_ended(self.request_id)
 
     def __aiter__(self) -> ReplyStream:
         return self
@@ -270,7 +295,7 @@ class ReplyStream:
     async def cancel(self) -> None:
         """Send CANCEL; the stream then ends with the broker's ``Cancelled`` (499)."""
         if not self.done:
-            self.client._send(self.client.session.cancel(self.request_id))
+            self.client.cancel_request(self.request_id)
 
     async def close(self) -> None:
         """CANCEL the request if it has not ended, and stop listening (idempotent)."""
@@ -278,7 +303,7 @@ class ReplyStream:
             return
         self._finish()
         if self.client.connected:
-            self.client._send(self.client.session.cancel(self.request_id))
+            self.client.cancel_request(self.request_id)
 
     async def __aenter__(self) -> ReplyStream:
         return self
