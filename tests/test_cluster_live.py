@@ -155,6 +155,7 @@ def test_permissions_are_checked_where_each_peer_is(tmp_path: Path, nats: NatsCl
         ):
             bobs = bob.subscribe("orders.>")
             carols = carol.subscribe("orders.>")
+            until(lambda: secure.interest(0, "orders.eu") >= 2, 5, "bob's and carol's interest known at alice's broker")
             with pytest.raises(mc0.Forbidden):
                 bob.publish("orders.x", b"no", confirm=True)  # bob's broker checks his publish right
             for topic in ("orders.eu", "orders.secret.plan", "orders.us"):
