@@ -87,12 +87,19 @@ def stages(path: Path) -> tuple[Counter[str], Counter[str], int]:
     return by_stage, leaves, total
 
 
-def cpu(pid: int) -> float:
+def cpu(pid: int) -> dict[int, float]:
+    """CPU time (user + system) of each thread of a process so far."""
     try:
-        times = psutil.Process(pid).cpu_times()
-        return float(times.user + times.system)
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
     except psutil.Error:
-        return 0.0
+        return {}
+
+
+def split(pid: int, before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
+    """(the main thread's CPU seconds, every other thread's) between two readings."""
+    main = after.get(pid, 0.0) - before.get(pid, 0.0)
+    rest = sum(t - before.get(tid, 0.0) for tid, t in after.items() if tid != pid)
+    return main, rest
 
 
 def run(system: str, window: int, seconds: float, spy: bool, rate: int, folder: Path) -> dict[str, Any]:
@@ -130,7 +137,9 @@ def run(system: str, window: int, seconds: float, spy: bool, rate: int, folder: 
         "rate": calls / client["seconds"] if client.get("seconds") else 0.0,
         "p50_ms": percentile(latencies, 0.5) / 1e6,
         "errors": client.get("errors", 0),
-        "cpu_us": {name: (after[name] - before[name]) * 1e6 / max(1, calls) for name in pids},
+        "cpu_us": {
+            name: [x * 1e6 / max(1, calls) for x in split(pid, before[name], after[name])] for name, pid in pids.items()
+        },
         "profiles": {name: folder / f"{system}-{name}.txt" for name in spies},
     }
     return report
@@ -144,20 +153,23 @@ def main() -> int:
     parser.add_argument("--spy", action="store_true", help="py-spy on every mc0 process")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=12, help="leaf frames shown per process")
+    parser.add_argument("--keep", help="a folder to keep py-spy's raw profiles in (SYSTEM-PROCESS.txt)")
     args = parser.parse_args()
     if args.spy and SPY is None:
         print("profile_rpc: py-spy is not installed (pip install 'mc0[bench]')", file=sys.stderr)
         return 1
     load = os.getloadavg()[0]
     print(f"window {args.window}, {args.seconds:g} s, {BODY}-byte bodies, load average {load:.1f}")
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.keep or scratch
+        Path(folder).mkdir(parents=True, exist_ok=True)
         for system in [s for s in args.systems.split(",") if s]:
             got = run(system, args.window, args.seconds, args.spy, args.rate, Path(folder))
-            cpu_text = ", ".join(f"{name} {us:.1f}" for name, us in got["cpu_us"].items())
-            total = sum(got["cpu_us"].values())
+            cpu_text = ", ".join(f"{name} {main:.1f} + {rest:.1f}" for name, (main, rest) in got["cpu_us"].items())
+            total = sum(sum(x) for x in got["cpu_us"].values())
             print(
                 f"{system:<9} {got['rate']:>9,.0f} calls/s  p50 {got['p50_ms']:.2f} ms  errors {got['errors']}  "
-                f"CPU us/call: {cpu_text} (total {total:.1f})"
+                f"CPU us/call (main thread + others): {cpu_text} (total {total:.1f})"
             )
             for name, path in got["profiles"].items():
                 by_stage, leaves, samples = stages(path)

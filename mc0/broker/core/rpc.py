@@ -221,6 +221,11 @@ class Rpc:
         job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)
         self._hold(client, rid, job)
         self._deadlines.add(deadline, job)
+        if not service.queue and service.ready:  # nobody waits before it: no round of the queue
+            worker = self.pool.pick(service, job)
+            if worker is not None:
+                service.queued += 1  # (counted as queued: the dispatch counts it out)
+                return [self._assign(worker, job, now)]
         self._enqueue(service, job)
         return self._pump(service, now)
 
@@ -345,7 +350,8 @@ class Rpc:
             frames = client.dialect.final(job.rid, job.service, {}, user, body)
         else:
             frames = client.dialect.error(job.rid, job.service, code, reason)
-        self.counters["answers_unwanted"] += job.quiet
+        if job.quiet:
+            self.counters["answers_unwanted"] += 1
         out: list[Out] = [] if job.quiet else [(client.routing_id, frames)]
         out += self._release(worker, job, now)
         status = 200 if action is Action.REPLY_FINAL else code
