@@ -27,6 +27,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "mc0.process",
         "mc0.natsproc",
         "mc0.deadlines",
+        "mc0.native",
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
