@@ -4,8 +4,10 @@ Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 --no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``,
-``peers``, ``histogram``; the shell's ``outbox`` and ``delivery``) and what
-both sides share (batch records, builders, the topic trie, deadlines).
+``peers``, ``histogram``) and what both sides share (batch records,
+builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
+a compiled class's methods cannot be replaced on an instance, and a test
+injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same
 code, type-checked at run time by mypyc; the sources stay the reference and
 the fallback.  ``compiled()`` says which of them are loaded compiled.
@@ -39,8 +41,6 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.pubsub",
     "mc0.broker.core.verbs",
     "mc0.broker.core.batched",
-    "mc0.broker.outbox",
-    "mc0.broker.delivery",
 )
 PURE_ENV = "MC0_PURE_PYTHON"
 
@@ -50,12 +50,12 @@ def pure_requested() -> bool:
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Finds each hot module's ``.py`` even where its compiled extension sits beside it."""
+    """Finds each mc0 module's ``.py`` even where a compiled extension sits beside it."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in HOT_MODULES:
+        if not fullname.startswith("mc0."):
             return None
         name = fullname.rpartition(".")[2]
         for folder in path or sys.path:
@@ -66,22 +66,27 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 
 def stale() -> list[str]:
-    """Hot modules whose source changed after their extension was built (none without extensions)."""
+    """Modules whose extension would run other code than their source: built before the source's
+    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``."""
     here = os.path.dirname(os.path.abspath(__file__))
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     out = []
-    for name in HOT_MODULES:
-        base = os.path.join(here, *name.split(".")[1:])
-        try:
-            source = os.path.getmtime(base + ".py")
-        except OSError:
-            continue
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            try:
-                if os.path.getmtime(base + suffix) < source:
-                    out.append(name)
-            except OSError:
+    for folder, _, files in os.walk(here):
+        for file in files:
+            if not file.endswith(suffixes):
                 continue
-    return out
+            stem = file.split(".", 1)[0]
+            relative = os.path.relpath(os.path.join(folder, stem), here)
+            name = ".".join(("mc0", *relative.split(os.sep)))
+            try:
+                newer = os.path.getmtime(os.path.join(folder, stem + ".py")) > os.path.getmtime(
+                    os.path.join(folder, file)
+                )
+            except OSError:
+                continue  # no source beside it: not one of ours
+            if newer or name not in HOT_MODULES:
+                out.append(name)
+    return sorted(out)
 
 
 def install() -> None:
@@ -98,7 +103,7 @@ def install() -> None:
     changed = stale()
     if changed:
         print(
-            f"mc0: the compiled hot path is older than {changed[0]}'s source: running the sources "
+            f"mc0: the compiled {changed[0]} does not match its source: running the sources "
             "(rebuild: ./run, or MC0_COMPILE=1 pip install --no-build-isolation -e .)",
             file=sys.stderr,
         )
