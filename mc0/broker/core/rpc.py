@@ -14,7 +14,6 @@ Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 from collections import Counter
@@ -70,7 +69,7 @@ class Rpc:
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
         self._deadlines: Deadlines[Request] = Deadlines()  # a finished request leaves at once
-        self._orphans: list[tuple[float, int, Job]] = []  # requeued after a worker was lost (see _requeue)
+        self._orphans: Deadlines[Job] = Deadlines()  # requeued after a worker was lost (see _requeue)
         self._seq = itertools.count(1)
 
     def next_id(self) -> int:
@@ -462,7 +461,7 @@ class Rpc:
         ``ORPHAN_GRACE`` has passed (none restarted, no broker's route came back), 502 then."""
         self.counters["requests_requeued"] += 1
         self._enqueue(self.pool.service(job.service), job, front=True)
-        heapq.heappush(self._orphans, (now + ORPHAN_GRACE, int(job.bid), job))
+        self._orphans.add(now + ORPHAN_GRACE, job)
 
     def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
         """A scatter leg finished (``answered``) or lost its worker."""
@@ -547,9 +546,7 @@ class Rpc:
     def expire(self, now: float) -> list[Out]:
         """Requests whose deadline passed: 504 (a scatter: its FINAL with what arrived)."""
         out: list[Out] = []
-        orphans = self._orphans
-        while orphans and orphans[0][0] <= now:
-            _, _, job = heapq.heappop(orphans)
+        for job in self._orphans.pop_due(now):
             service = self.services.get(job.service)
             if job.state is JobState.QUEUED and (service is None or not service.workers):
                 self._fire(job, JobEvent.ORPHANED)
@@ -571,10 +568,7 @@ class Rpc:
         return out
 
     def next_deadline(self) -> float | None:
-        due = self._deadlines.next_due()
-        if self._orphans and (due is None or self._orphans[0][0] < due):
-            return self._orphans[0][0]
-        return due
+        return min((d for d in (self._deadlines.next_due(), self._orphans.next_due()) if d is not None), default=None)
 
     # ================================================================ telemetry and reports
     def _finished(
