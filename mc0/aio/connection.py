@@ -365,7 +365,7 @@ class Connection(Failover):
         """One message from the broker (called by the Link, on the loop)."""
         session = self.session
         if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver)
+            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver, self._final)
         else:
             events, replies = session.receive(frames, time.monotonic())
         for reply in replies:
@@ -409,6 +409,17 @@ class Connection(Failover):
                 future.set_exception(Timeout(f"request {request_id}", 0.0))
                 if self.session.connected:
                     self._send(self.session.cancel(request_id))
+
+    def _final(self, request_id: str, data: bytes) -> bool:
+        """A FINAL record (one body frame, no header but its ID): resolves its ``request()`` at
+        once, without an event (False: nobody waits for it that way; the general path then)."""
+        call = self._calls.pop(request_id, None)
+        if call is None:
+            return False
+        self._call_deadlines.discard(request_id)
+        if not call.done():
+            call.set_result(_new_reply((data,), {}, True, None, None))
+        return True
 
     def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
         """A received message to every subscription whose patterns it matched (once each)."""
