@@ -237,10 +237,14 @@ def ratios(rows: list[Row]) -> list[dict[str, Any]]:
 def measured_mc0() -> dict[str, Any]:
     """Which mc0 this run measured (PYTHONPATH may point at another checkout)."""
     import mc0
-    from mc0 import native
 
     folder = Path(mc0.__file__).resolve().parent
-    compiled = native.compiled()
+    try:
+        from mc0 import native
+    except ImportError:  # a checkout from before the compiled hot path (PYTHONPATH=...)
+        compiled = {"": False}
+    else:
+        compiled = native.compiled()
     try:
         describe = subprocess.run(
             ["git", "-C", str(folder), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
