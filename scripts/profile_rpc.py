@@ -41,11 +41,31 @@ from benchmarks.library_load import percentile  # noqa: E402
 # from the leaf up, takes the sample.
 STAGES = [
     ("poll / wait (idle)", ("poll (", "select (", "wait (threading.py", "_wait_for_tstate_lock", "_worker (conc")),
-    ("zmq send / recv (pyzmq)", ("zmq/sugar/socket.py", "send (zmq", "recv (zmq", "getsockopt", "zmq/backend")),
-    ("batch records encode / decode", ("protocol/batch.py",)),
-    ("protocol frames, decode", ("protocol/codec.py", "protocol/builders.py", "protocol/model.py")),
-    ("broker: batched walk", ("core/batched.py",)),
-    ("broker: rpc, jobs, workers", ("core/rpc.py", "core/jobs.py", "core/workers.py", "core/verbs.py")),
+    (
+        "zmq send / recv (pyzmq)",
+        ("zmq/sugar/socket.py", "send (zmq", "recv (zmq", "getsockopt", "zmq/backend", "libzmq"),
+    ),
+    # (py-spy --native names a compiled module's functions CPyDef_MODULE___...: matched as "MODULE___")
+    ("batch records encode / decode", ("protocol/batch.py", "_batch___", " batch___")),
+    ("protocol frames, decode", ("protocol/codec.py", "protocol/builders.py", "protocol/model.py", "builders___")),
+    ("broker: batched walk", ("core/batched.py", "batched___")),
+    (
+        "broker: rpc, jobs, workers",
+        (
+            "core/rpc.py",
+            "core/jobs.py",
+            "core/workers.py",
+            "core/verbs.py",
+            "rpc___",
+            "jobs___",
+            "workers___",
+            "verbs___",
+        ),
+    ),
+    (
+        "broker: deadlines, trie, peers, pub/sub",
+        ("deadlines", "trie", "core/peers.py", "pubsub", "peers___", "histogram"),
+    ),
     ("broker: outbox, delivery", ("broker/outbox.py", "broker/delivery.py")),
     ("broker: loop, dispatch", ("broker/server.py", "core/dispatch.py", "core/peers.py", "core/histogram.py")),
     ("client: session decode", ("mc0/session", "mc0/events.py", "mc0/message.py")),
@@ -102,7 +122,9 @@ def split(pid: int, before: dict[int, float], after: dict[int, float]) -> tuple[
     return main, rest
 
 
-def run(system: str, window: int, seconds: float, spy: bool, rate: int, folder: Path) -> dict[str, Any]:
+def run(
+    system: str, window: int, seconds: float, spy: bool, rate: int, folder: Path, native: bool = False
+) -> dict[str, Any]:
     mains = MAINS[system]
     spec_options = Options()
     del spec_options  # (the load bodies take plain arguments)
@@ -118,7 +140,7 @@ def run(system: str, window: int, seconds: float, spy: bool, rate: int, folder: 
             for name, pid in pids.items():
                 out = folder / f"{system}-{name}.txt"
                 command = [str(SPY), "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-r", str(rate)]
-                command += ["--nonblocking"]
+                command += ["--native"] if native else ["--nonblocking"]
                 spies[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # attached before the load starts
         before = {name: cpu(pid) for name, pid in pids.items()}
@@ -153,6 +175,9 @@ def main() -> int:
     parser.add_argument("--spy", action="store_true", help="py-spy on every mc0 process")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=12, help="leaf frames shown per process")
+    parser.add_argument(
+        "--native", action="store_true", help="py-spy --native: see into compiled modules (mypyc's C functions)"
+    )
     parser.add_argument("--keep", help="a folder to keep py-spy's raw profiles in (SYSTEM-PROCESS.txt)")
     args = parser.parse_args()
     if args.spy and SPY is None:
@@ -164,7 +189,7 @@ def main() -> int:
         folder = args.keep or scratch
         Path(folder).mkdir(parents=True, exist_ok=True)
         for system in [s for s in args.systems.split(",") if s]:
-            got = run(system, args.window, args.seconds, args.spy, args.rate, Path(folder))
+            got = run(system, args.window, args.seconds, args.spy, args.rate, Path(folder), args.native)
             cpu_text = ", ".join(f"{name} {main:.1f} + {rest:.1f}" for name, (main, rest) in got["cpu_us"].items())
             total = sum(sum(x) for x in got["cpu_us"].values())
             print(
