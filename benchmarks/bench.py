@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ import zmq
 from mc0.process import BrokerProcess
 
 from .common import CTX, Options, Row, make_keys, security_toml
-from .frames import BASELINES, SCENARIOS, run_scenario
+from .frames import BASELINES, SCENARIOS, TUNED, run_scenario
 from .library import PREFIX, run_library
 from .wire import CONNECT, ID, NOOP, READY, TTL, VERSION, dealer
 
@@ -157,6 +158,24 @@ def trie_rows(options: Options, say: Callable[[str], None]) -> list[Row]:
                 done += hot or 100
             return done / (time.perf_counter() - started)
 
+        # Misses with the cache on: every lookup a topic not among the cache's last entries (the
+        # walk, plus the cache's bookkeeping and its sweeps), cycling through 50,000 distinct topics.
+        fresh = list({tuple(rng.choice(words) for _ in range(rng.randint(2, 5))) for _ in range(60_000)})[:50_000]
+        missing: TopicTrie[int] = TopicTrie()
+        for i, p in enumerate(patterns):
+            missing.insert(p, i)
+
+        def misses(fresh: list[tuple[str, ...]] = fresh, trie: TopicTrie[int] = missing) -> float:
+            done, started = 0, time.perf_counter()
+            end = started + seconds
+            while time.perf_counter() < end:
+                for topic in fresh[done % len(fresh) : done % len(fresh) + 100]:
+                    trie.match(topic)
+                done += 100
+            if trie.cache_hits > trie.cache_misses // 100:
+                raise RuntimeError(f"trie miss row hit the cache {trie.cache_hits} times")
+            return done / (time.perf_counter() - started)
+
         name = f"trie match, {n} subscriptions, {mix}"
         for system, fn, hot in (
             ("brute force", brute, 100),
@@ -164,13 +183,20 @@ def trie_rows(options: Options, say: Callable[[str], None]) -> list[Row]:
             ("trie, cache (100 hot topics)", cached.match, 100),
         ):
             rows.append(Row(name, system, "matches/s", [rate(fn, hot)]))
-        say(f"  {name}: " + ", ".join(f"{r.system} {r.median:,.0f}/s" for r in rows[-3:]))
+        rows.append(Row(name, "trie, cache, every lookup a miss", "matches/s", [misses()]))
+        say(f"  {name}: " + ", ".join(f"{r.system} {r.median:,.0f}/s" for r in rows[-4:]))
     return rows
 
 
 # ============================================================== report
 
-VARIANTS = (("mc0+curve", "mc0"), ("mc0-batched", "mc0"), ("mc0-aio+curve", "mc0-aio"), ("mc0-sync", "mc0-aio"))
+VARIANTS = (
+    ("mc0+curve", "mc0"),
+    ("mc0-batched", "mc0"),
+    (TUNED, "mc0-batched"),
+    ("mc0-aio+curve", "mc0-aio"),
+    ("mc0-sync", "mc0-aio"),
+)
 ALONE = (("mc0-aio", "mc0"), ("mc0-aio+curve", "mc0+curve"), ("mc0-sync", "mc0"))  # library row -> broker-alone row
 
 
@@ -215,17 +241,25 @@ def measured_mc0() -> dict[str, Any]:
 
     folder = Path(mc0.__file__).resolve().parent
     try:
+        from mc0 import native
+    except ImportError:  # a checkout from before the compiled hot path (PYTHONPATH=...)
+        compiled = {"": False}
+    else:
+        compiled = native.compiled()
+    try:
         describe = subprocess.run(
             ["git", "-C", str(folder), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         describe = ""
-    return {"path": str(folder), "git": describe or None}
+    hot = "compiled" if all(compiled.values()) else "pure Python" if not any(compiled.values()) else "partly compiled"
+    return {"path": str(folder), "git": describe or None, "hot_path": hot}
 
 
 def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
     rows: list[Row] = []
     started = time.time()
+    load_before = os.getloadavg()[0]
     broker_suite = options.suite in ("all", "broker")
     with tempfile.TemporaryDirectory() as folder:
         curve = make_keys(Path(folder))
@@ -245,6 +279,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
     return {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "zmq": zmq.zmq_version()},
         "mc0": measured_mc0(),
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # at the start and the end
         "started": datetime.datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
         "duration_s": round(time.time() - started, 1),
         "options": {
@@ -329,6 +364,7 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(width=180)
+    console.print(provenance(report), markup=False)
     broker_rows = [r for r in report["rows"] if r.get("suite", "broker") == "broker"]
     if broker_rows:
         table = Table(title="mc0 benchmarks, the broker alone (median of runs; min-max)")
@@ -354,9 +390,19 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(ratio_table)
 
 
+def provenance(report: dict[str, Any]) -> str:
+    """One line: the command that made the report, the commit it measured, when, and the box's load."""
+    mc0 = report.get("mc0", {})
+    load = report.get("load_average") or []
+    where = f"mc0 {mc0.get('git') or '(no git)'}, hot path {mc0.get('hot_path', 'pure Python')}"
+    loads = f", load average {load[0]} -> {load[1]} on {report['machine']['cpus']} cores" if len(load) == 2 else ""
+    command = report.get("command", "python scripts/bench.py (command not recorded)")
+    return f"`{command}` ({where}; {report.get('started', '')}, {report.get('duration_s', 0):.0f} s{loads})"
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown tables (docs/PERFORMANCE.md embeds them)."""
-    lines: list[str] = []
+    """The report as Markdown tables (docs/PERFORMANCE.md embeds them), under the command that made them."""
+    lines: list[str] = [f"Regenerate: {provenance(report)}", ""]
     broker_rows = [r for r in report["rows"] if r.get("suite", "broker") == "broker"]
     if broker_rows:
         lines += [
@@ -428,7 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         latency_seconds=max(0.1, args.latency_seconds),
         consumer_count=max(1, args.consumer_count),
     )
-    report = json.loads(Path(args.from_json).read_text()) if args.from_json else run(options)
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+    else:
+        report = run(options)
+        prog = os.environ.get("MC0_PROG") or "python scripts/bench.py"
+        report["command"] = " ".join([prog, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     print_report(report)
     if args.json_path and not args.from_json:
         Path(args.json_path).write_text(json.dumps(report, indent=2))

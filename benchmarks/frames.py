@@ -1,4 +1,4 @@
-"""The broker alone: raw-frame load for mc0, the raw pure-pyzmq loop, zmq.proxy, NATS and Majordomo.
+"""The broker alone: raw-frame load for mc0, a plain pyzmq forwarding loop, zmq.proxy, NATS and Majordomo.
 
 Contract: ``run_scenario(spec, options, curve, say)`` measures one of
 ``SCENARIOS`` for each of its systems (a fresh broker per run, every child
@@ -61,15 +61,23 @@ from .wire import (
 )
 
 BATCHED = "mc0-batched"  # the same broker, load generators on the batched wire (frames_batched.py)
+TUNED = "mc0-batched tuned"  # the same again, with the broker's queue limits lifted (TUNED_TOML)
+# A reference point, not a ceiling: one message at a time through a pyzmq ROUTER with no protocol
+# logic (what a Python broker pays per message without batching; mc0's batched wire is faster).
+LOOP = "pyzmq-loop"
+# What the mc0, mc0+curve and "mc0-batched tuned" rows run with (every other system, and the
+# mc0-batched rows, at their defaults): no per-peer send limit, no slow-consumer eviction.
+TUNED_TOML = "[broker]\nsend_hwm = 1000000\nslow_consumer_ms = 0\nmax_ttl_ms = 600000\n"
 
 # ============================================================== brokers
 
 
 @contextlib.contextmanager
-def mc0_broker(curve: dict[str, Any] | None) -> Iterator[str]:
+def mc0_broker(curve: dict[str, Any] | None, *, tuned: bool = True) -> Iterator[str]:
+    """A broker process; ``tuned``: with TUNED_TOML (else at its defaults but a 10-minute TTL cap)."""
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "mc0.toml"
-        text = "[broker]\nsend_hwm = 1000000\nslow_consumer_ms = 0\nmax_ttl_ms = 600000\n"
+        text = TUNED_TOML if tuned else "[broker]\nmax_ttl_ms = 600000\n"
         if curve:
             text += security_toml(curve)
         config.write_text(text)
@@ -78,7 +86,7 @@ def mc0_broker(curve: dict[str, Any] | None) -> Iterator[str]:
 
 
 def raw_broker_main(port: int) -> None:
-    """The ceiling: a ROUTER loop forwarding mc0 frames with no protocol logic."""
+    """The pyzmq-loop baseline: a ROUTER loop forwarding mc0 frames with no protocol logic."""
     context: zmq.Context[Any] = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.SNDHWM, 0)
@@ -452,12 +460,12 @@ def pubsub_once(system: str, endpoint: str, subs: int, size: int, seconds: float
     if system == "nats":
         sub = CTX.Process(target=nats_subscribers, args=(endpoint, subs, ready, results, seconds), daemon=True)
         pub = CTX.Process(target=nats_publisher, args=(endpoint, size, seconds, go), daemon=True)
-    elif system == BATCHED:
+    elif system in (BATCHED, TUNED):
         args = (endpoint, subs, curve, ready, results, seconds)
         sub = CTX.Process(target=frames_batched.subscribers, args=args, daemon=True)
         pub = CTX.Process(target=frames_batched.publisher, args=(endpoint, size, seconds, curve, go), daemon=True)
     else:
-        flavour = {"proxy": "proxy", "raw": "raw"}.get(system, "mc0")
+        flavour = {"proxy": "proxy", LOOP: "raw"}.get(system, "mc0")
         pub_endpoint = endpoint.split("|")[0]
         sub_endpoint = endpoint.split("|")[-1]
         sub = CTX.Process(
@@ -491,12 +499,12 @@ def rpc_once(
     elif system == "majortomo":
         helpers = [(majortomo_workers, (endpoint, workers))]
         count, latencies, elapsed = measure(majortomo_client, (endpoint, window, seconds), helpers)
-    elif system == BATCHED:
+    elif system in (BATCHED, TUNED):
         helpers = [(frames_batched.workers, (endpoint, workers, curve))]
         args = (endpoint, window, seconds, curve, BODY)
         count, latencies, elapsed = measure(frames_batched.rpc_client, args, helpers)
     else:
-        flavour = "raw" if system == "raw" else "mc0"
+        flavour = "raw" if system == LOOP else "mc0"
         helpers = [(zmq_workers, (endpoint, workers, flavour, curve))]
         count, latencies, elapsed = measure(
             zmq_rpc_client, (endpoint, flavour, window, seconds, curve, scatter), helpers
@@ -506,10 +514,10 @@ def rpc_once(
 
 @contextlib.contextmanager
 def system_endpoint(system: str, curve: Any) -> Iterator[str]:
-    if system in ("mc0", "mc0+curve", BATCHED):
-        with mc0_broker(curve if system == "mc0+curve" else None) as endpoint:
+    if system in ("mc0", "mc0+curve", BATCHED, TUNED):
+        with mc0_broker(curve if system == "mc0+curve" else None, tuned=system != BATCHED) as endpoint:
             yield endpoint
-    elif system == "raw":
+    elif system == LOOP:
         port = free_port()
         with child(raw_broker_main, port):
             yield f"tcp://127.0.0.1:{port}"
@@ -530,22 +538,22 @@ def system_endpoint(system: str, curve: Any) -> Iterator[str]:
 
 SCENARIOS: list[dict[str, Any]] = [
     {"name": "pub/sub 1->1", "kind": "pubsub", "subs": 1, "size": BODY, "unit": "deliveries/s",
-     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, TUNED, "mc0+curve", LOOP, "proxy", "nats"]},
     {"name": "pub/sub 1->10", "kind": "pubsub", "subs": 10, "size": BODY, "unit": "deliveries/s",
-     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, TUNED, "mc0+curve", LOOP, "proxy", "nats"]},
     {"name": "pub/sub 64KiB 1->1", "kind": "pubsub", "subs": 1, "size": LARGE_BODY, "unit": "MB/s",
-     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "proxy", "nats"]},
+     "systems": ["mc0", BATCHED, TUNED, "mc0+curve", LOOP, "proxy", "nats"]},
     {"name": "RPC sequential", "kind": "rpc", "workers": 1, "window": 1, "unit": "calls/s",
-     "systems": ["mc0", "mc0+curve", "raw", "nats", "majortomo"]},
+     "systems": ["mc0", "mc0+curve", LOOP, "nats", "majortomo"]},
     {"name": "RPC 100 in flight, 1 worker", "kind": "rpc", "workers": 1, "window": WINDOW, "unit": "calls/s",
-     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "nats", "majortomo"]},
+     "systems": ["mc0", BATCHED, TUNED, "mc0+curve", LOOP, "nats", "majortomo"]},
     {"name": "RPC 100 in flight, 4 workers", "kind": "rpc", "workers": 4, "window": WINDOW, "unit": "calls/s",
-     "systems": ["mc0", BATCHED, "mc0+curve", "raw", "nats", "majortomo"]},
+     "systems": ["mc0", BATCHED, TUNED, "mc0+curve", LOOP, "nats", "majortomo"]},
     {"name": "scatter-gather to 10 workers", "kind": "rpc", "workers": 10, "window": 1, "scatter": 10,
      "unit": "gathers/s", "systems": ["mc0", "mc0+curve", "nats"]},
 ]  # fmt: skip
 
-BASELINES = ("raw", "proxy", "nats", "majortomo", "jetstream")
+BASELINES = (LOOP, "proxy", "nats", "majortomo", "jetstream")
 
 
 def run_scenario(spec: dict[str, Any], options: Options, curve: Any, say: Callable[[str], None]) -> list[Row]:

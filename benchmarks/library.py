@@ -115,6 +115,7 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
                "count": 300 if quick else options.consumer_count, "clients": 1}  # fmt: skip
     return [
         {**pubsub, "name": "lib pub/sub 1->1", "subs": 1, "size": BODY, "count": count},
+        {**pubsub, "name": "lib pub/sub 1->4", "subs": 4, "size": BODY, "count": count},
         {**pubsub, "name": "lib pub/sub 1->10", "subs": 10, "size": BODY, "count": count},
         {**pubsub, "name": "lib pub/sub 1KiB 1->1", "subs": 1, "size": 1024, "count": count},
         {**pubsub, "name": "lib pub/sub 64KiB 1->1", "subs": 1, "size": LARGE_BODY, "count": max(1, count // 4)},

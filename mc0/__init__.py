@@ -8,6 +8,8 @@ rooted at :class:`Error`.
 
 from typing import TYPE_CHECKING, Any
 
+# First (sorted first, too): importing mc0.native decides where the compiled hot path loads from.
+from . import native  # noqa: F401
 from .client import Client, ConsumedMessage, Consumer, PageStream, ReplyStream, Subscription, Worker
 from .errors import (
     AuthFailed,

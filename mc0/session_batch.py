@@ -39,12 +39,18 @@ class BatchedReceive:
     receive: Callable[[Sequence[bytes], float], tuple[list[Event], list[Frames]]]
 
     def receive_batch(
-        self, blob: bytes, now: float, deliver: Callable[[Message, tuple[str, ...]], None]
+        self,
+        blob: bytes,
+        now: float,
+        deliver: Callable[[Message, tuple[str, ...]], None],
+        final: Callable[[str, bytes], bool] | None = None,
     ) -> tuple[list[Event], list[Frames]]:
         """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
 
         Each MESSAGE shortcut is handed to ``deliver(message, local patterns)``
-        as it is decoded (no event object per message); anything else is
+        as it is decoded (no event object per message); so is each FINAL shortcut
+        to ``final(request id, body)`` when given, which says whether it took it
+        (else it becomes an ``Answer`` as any other reply); anything else is
         handled as if it came alone and becomes events.  A blob that stops
         splitting into records is counted as malformed from there.
         """
@@ -90,6 +96,8 @@ class BatchedReceive:
                     request_id, data = batch.reply_fields(blob, start, end)
                     if code == batch.FINAL:
                         self._requests.discard(request_id)
+                        if final is not None and final(request_id, data):
+                            continue
                     verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
                     events.append(Answer(request_id, Command(verb, {Header.ID: request_id}, (data,))))
                     continue

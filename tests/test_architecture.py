@@ -26,6 +26,8 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "mc0.security",
         "mc0.process",
         "mc0.natsproc",
+        "mc0.deadlines",
+        "mc0.native",
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
@@ -77,6 +79,7 @@ CLIENT_SIDE = FLOORS["client"]
 # The sans-I/O modules: no sockets, no clock, no disk (whole floors, and these modules of others).
 PURE_FLOORS = ("protocol", "core", "dialects")
 PURE_MODULES = (
+    "mc0.deadlines",
     "mc0.session",
     "mc0.session_batch",
     "mc0.events",

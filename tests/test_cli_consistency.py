@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,3 +121,36 @@ def test_bench_loads_an_existing_broker(broker: BrokerProcess) -> None:
     assert "published" in result.stderr and "delivered" in result.stderr  # the progress bar
     bad = mc0("bench", "--endpoint", "127.0.0.1:1")
     assert bad.returncode == 1 and bad.stderr.strip().startswith("mc0: error: endpoint: '127.0.0.1:1' has no scheme")
+
+
+def test_bench_scenarios_each_show_their_own_options() -> None:
+    top = mc0("bench", "--endpoint", "tcp://127.0.0.1:1", "--help")
+    assert top.returncode == 0, top.stderr
+    assert all(name in top.stdout for name in ("pubsub", "pub", "sub", "request", "reply", "rpc"))
+    assert "--key" in top.stdout and "--broker-key" in top.stdout and "--config" in top.stdout
+    request = mc0("bench", "--endpoint", "tcp://127.0.0.1:1", "request", "--help")
+    assert request.returncode == 0 and request.stdout.startswith("usage: mc0 bench --endpoint URL request")
+    assert "--inflight" in request.stdout and "--clients" in request.stdout and "--pub " not in request.stdout
+    pub = mc0("bench", "--endpoint", "tcp://127.0.0.1:1", "pub", "--help")
+    assert "--pub" in pub.stdout and "--inflight" not in pub.stdout and "--key" in pub.stdout
+    plain = mc0("bench", "--help")  # without --endpoint: the command's own help, not a traceback
+    assert plain.returncode == 0 and "--endpoint URL" in plain.stdout
+    bad = mc0("bench", "--endpoint", "tcp://127.0.0.1:1", "request", "--inflight", "0")
+    assert bad.returncode == 2 and "--inflight must be at least 1" in bad.stderr
+
+
+def test_bench_scenarios_load_a_curve_broker_with_key_options_or_a_config(curve: Any, tmp_path: Path) -> None:
+    setup, broker = curve
+    keys = ("--key", str(setup.secret("alice")), "--broker-key", str(setup.broker_key))
+    rpc = mc0("bench", "--endpoint", broker.endpoint, *keys, "rpc", "--msgs", "500", "--inflight", "20")
+    assert rpc.returncode == 0, rpc.stderr
+    assert "request: 1 client(s) x 20 in flight, 500 calls of 128 B" in rpc.stdout
+    client = tmp_path / "client.toml"
+    client.write_text(f'[client]\nkey = "{setup.secret("bob")}"\nbroker_key = "{setup.broker_key}"\n')
+    pub = mc0("bench", "--endpoint", broker.endpoint, "--config", str(client), "pub", "--msgs", "500", "--size", "10")
+    assert pub.returncode == 0, pub.stderr
+    assert "pub: 1 publisher(s), 500 msgs of 10 B" in pub.stdout
+    stranger = mc0("bench", "--endpoint", broker.endpoint, "--key", str(setup.secret("mallory")), "--broker-key",
+                   str(setup.broker_key), "pub", "--msgs", "10", "--timeout", "2")  # fmt: skip
+    assert stranger.returncode == 1 and stranger.stderr.strip().startswith("mc0: error:")
+    assert "Traceback" not in stranger.stderr

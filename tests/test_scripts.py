@@ -24,7 +24,7 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--only", "1->1", "--only", "RPC sequential",
-         "--only", "RPC 100 in flight, 1", "--only", "trie", "--systems", "mc0,mc0-batched,mc0+curve,raw",
+         "--only", "RPC 100 in flight, 1", "--only", "trie", "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
          "--json", str(out)],
         capture_output=True,
         text=True,
@@ -33,12 +33,12 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
     measured = {(r["scenario"], r["system"]) for r in report["rows"] if r["runs"] and r["median"] > 0}
-    for system in ("mc0", "mc0+curve", "raw"):
+    for system in ("mc0", "mc0+curve", "pyzmq-loop"):
         assert ("pub/sub 1->1", system) in measured
         assert ("RPC sequential", system) in measured
     assert ("pub/sub 1->1", "mc0-batched") in measured  # the broker alone on the batched wire
     assert ("RPC 100 in flight, 1 worker", "mc0-batched") in measured
-    assert any(r["baseline"] == "raw" for r in report["ratios"])
+    assert any(r["baseline"] == "pyzmq-loop" for r in report["ratios"])
     assert any(r["scenario"].startswith("trie match") for r in report["rows"])
 
 

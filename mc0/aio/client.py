@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import heapq
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -485,9 +484,10 @@ class Client(Connection):
 
     def _await_call(self, request_id: str, future: Waiter[Reply], give_up: float) -> None:
         self._calls[request_id] = future
-        if not self._call_deadlines or give_up < self._call_deadlines[0][0]:
+        due = self._call_deadlines.next_due()
+        if due is None or give_up < due:
             self._rearm.set()
-        heapq.heappush(self._call_deadlines, (give_up, request_id))
+        self._call_deadlines.add(give_up, request_id)
 
     async def scatter(
         self,

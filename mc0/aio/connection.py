@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ import zmq.utils.monitor
 
 from .. import keys as keyfiles
 from .. import protocol as P
+from ..deadlines import Deadlines
 from ..endpoints import REFUSED_AFTER, diagnose, no_answer_detail, parse_endpoints, unreachable_message
 from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout, Unreachable
 from ..message import Message, Reply, frozen_builder
@@ -125,7 +125,7 @@ class Connection(Failover):
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
         self._calls: dict[str, Waiter[Reply]] = {}  # request() awaiting a FINAL by id
-        self._call_deadlines: list[tuple[float, str]] = []  # (when to give up, id) for _calls
+        self._call_deadlines: Deadlines[str] = Deadlines()  # when to give up on each of _calls
         self._streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._connected: asyncio.Future[int] | None = None
@@ -375,7 +375,7 @@ class Connection(Failover):
         """One message from the broker (called by the Link, on the loop)."""
         session = self.session
         if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver)
+            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver, self._final)
         else:
             events, replies = session.receive(frames, time.monotonic())
         for reply in replies:
@@ -410,17 +410,26 @@ class Connection(Failover):
 
     def _next_local_deadline(self) -> float | None:
         """The earliest of our own deadlines (requests we wait for; a worker adds its handlers')."""
-        return self._call_deadlines[0][0] if self._call_deadlines else None
+        return self._call_deadlines.next_due()
 
     def _expire_calls(self, now: float) -> None:
-        deadlines = self._call_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(deadlines)
+        for request_id in self._call_deadlines.pop_due(now):
             future = self._calls.pop(request_id, None)
             if future is not None and not future.done():
                 future.set_exception(Timeout(f"request {request_id}", 0.0))
                 if self.session.connected:
                     self.cancel_request(request_id)
+
+    def _final(self, request_id: str, data: bytes) -> bool:
+        """A FINAL record (one body frame, no header but its ID): resolves its ``request()`` at
+        once, without an event (False: nobody waits for it that way; the general path then)."""
+        call = self._calls.pop(request_id, None)
+        if call is None:
+            return False
+        self._call_deadlines.discard(request_id)
+        if not call.done():
+            call.set_result(_new_reply((data,), {}, True, None, None))
+        return True
 
     def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
         """A received message to every subscription whose patterns it matched (once each)."""
@@ -487,6 +496,7 @@ class Connection(Failover):
         if verb is Verb.PARTIAL:
             return  # request() returns the FINAL only
         del self._calls[request_id]
+        self._call_deadlines.discard(request_id)
         if call.done():
             return
         if verb is Verb.FINAL:

@@ -36,6 +36,7 @@ import zmq
 import zmq.asyncio
 
 from .. import keys as keyfiles
+from ..deadlines import Deadlines
 from ..endpoints import (
     REFUSED_AFTER,
     failover_order,
@@ -94,6 +95,7 @@ class Failover:
     _closing: bool
     _pending: dict[str, asyncio.Future[Command]]
     _calls: dict[str, Waiter[Reply]]
+    _call_deadlines: Deadlines[str]
     _streams: dict[str, ReplyStream]
     _watch: Callable[[zmq.asyncio.Socket], Coroutine[Any, Any, None]]
     _watcher: asyncio.Task[None] | None = None
@@ -243,6 +245,7 @@ class Failover:
                 future.set_exception(error)
         for request_id in [r for r in self._calls if r not in unsent]:
             call = self._calls.pop(request_id)
+            self._call_deadlines.discard(request_id)
             if not call.done():
                 call.set_exception(error)
         for request_id in [r for r in self._streams if r not in unsent]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import inspect
 import logging
 import signal
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..deadlines import Deadlines
 from ..errors import ClosedError, Timeout
 from ..message import Reply, Request, frozen_builder
 from ..protocol import Status, Verb, batch
@@ -58,7 +58,7 @@ class Worker(Client):
         self._handlers: dict[str, Handler] = {}
         self._kinds: dict[str, str] = {}  # service -> ASYNC_GEN / COROUTINE / GENERATOR / FUNCTION
         self._work: dict[str, asyncio.Task[None]] = {}
-        self._work_deadlines: list[tuple[float, str]] = []  # (monotonic deadline, bid)
+        self._work_deadlines: Deadlines[str] = Deadlines()  # each running handler's bid, by its deadline
         self._executor: ThreadPoolExecutor | None = None
         self._stop: asyncio.Event | None = None
         self._signals = 0  # SIGINT/SIGTERM seen by run(): the first drains, a second closes
@@ -184,27 +184,27 @@ class Worker(Client):
             task = asyncio.get_running_loop().create_task(self._serve(event))
             self._work[event.bid] = task
             deadline = time.monotonic() + event.timeout_ms / 1000.0
-            if not self._work_deadlines or deadline < self._work_deadlines[0][0]:
+            due = self._work_deadlines.next_due()
+            if due is None or deadline < due:
                 self._rearm.set()
-            heapq.heappush(self._work_deadlines, (deadline, event.bid))
+            self._work_deadlines.add(deadline, event.bid)
         elif isinstance(event, CancelWork):
             running = self._work.pop(event.bid, None)
+            self._work_deadlines.discard(event.bid)
             if running is not None:
                 running.cancel()
         else:
             super()._on_event(event)
 
     def _next_local_deadline(self) -> float | None:
-        deadlines = [d[0][0] for d in (self._call_deadlines, self._work_deadlines) if d]
+        deadlines = [d for d in (self._call_deadlines.next_due(), self._work_deadlines.next_due()) if d is not None]
         return min(deadlines) if deadlines else None
 
     def _expire_calls(self, now: float) -> None:
         """Requests we called that timed out, and handlers still running at their deadline (the
         broker has already answered their caller 504 and sent CANCEL: this covers a lost CANCEL)."""
         super()._expire_calls(now)
-        deadlines = self._work_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, bid = heapq.heappop(deadlines)
+        for bid in self._work_deadlines.pop_due(now):
             running = self._work.pop(bid, None)
             if running is not None and not running.done():
                 running.cancel()
@@ -234,6 +234,7 @@ class Worker(Client):
                 self._send(self.session.fail(bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
         finally:
             self._work.pop(bid, None)
+            self._work_deadlines.discard(bid)
 
     def _reply(self, verb: Verb, bid: str, result: object) -> None:
         if type(result) is bytes and self.session.batched:  # the common case, straight to a record

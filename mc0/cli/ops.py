@@ -105,7 +105,7 @@ def _with_cluster(config: cfg.Config, urls: str | None, name: str | None) -> cfg
     return dataclasses.replace(config, cluster=cluster)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 @click.pass_context
 @_one_line_errors
 def bench(ctx: click.Context) -> None:
@@ -119,6 +119,9 @@ def bench(ctx: click.Context) -> None:
         from .load import run
 
         sys.exit(run(list(ctx.args)))
+    if any(a in ("-h", "--help") for a in ctx.args):
+        click.echo(ctx.get_help())  # (--help with --endpoint is the load's own, per scenario)
+        return
     import subprocess
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"

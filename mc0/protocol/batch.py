@@ -313,7 +313,7 @@ def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[byte
     (tl,) = _U16.unpack_from(blob, s)
     t = s + 2 + tl
     _check(t <= end)
-    return blob[start + 2 : s], blob[s + 2 : t], blob[t:end]  # type: ignore[return-value]
+    return bytes(blob[start + 2 : s]), bytes(blob[s + 2 : t]), bytes(blob[t:end])  # (no copy when blob is bytes)
 
 
 def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, bytes]:

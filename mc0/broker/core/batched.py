@@ -61,8 +61,8 @@ class BatchCursor:
 
     __slots__ = ("peer", "blob", "pos", "deferred", "deferred_bytes", "refused", "first_refusal")
 
-    def __init__(self, peer: Peer | None) -> None:
-        self.peer: Peer = peer  # type: ignore[assignment]  # (None only in the unused scratch cursor)
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
         self.blob = b""  # b"": no records left to walk
         self.pos = 0
         self.deferred: deque[tuple[Sequence[bytes], str, int | None]] = deque()  # (frames, identity, fd)
@@ -89,7 +89,7 @@ class BatchedInput:
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
         self._max_message_bytes = core.settings.limits.max_message_bytes
         self.cursors: dict[bytes, BatchCursor] = {}  # routing id -> its batch walk, while there is work
-        self._scratch_cursor = BatchCursor(None)  # reused by every batch walked in one slice (no allocation)
+        self._scratch_cursor: BatchCursor | None = None  # reused by every batch walked in one slice
 
     def batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
         """``BATCH "" blob``: each record handled as if it came alone, in order; the first
@@ -109,6 +109,8 @@ class BatchedInput:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
             return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
         cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
+        if cursor is None:
+            cursor = self._scratch_cursor = BatchCursor(peer)
         cursor.peer, cursor.blob, cursor.pos, cursor.refused, cursor.first_refusal = peer, blob, 0, 0, None
         out, _ = self._walk(cursor, self.batch_slice, now)
         if cursor.blob:  # work left: the scratch cursor becomes this peer's

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Container, Sequence
+from typing import ClassVar
 
 from ... import protocol as P
 from ...errors import ProtocolError
@@ -64,7 +65,7 @@ class Peer:
         "expires",
     )
 
-    _serials = itertools.count(1)
+    _serials: ClassVar[itertools.count[int]] = itertools.count(1)
 
     def __init__(
         self,

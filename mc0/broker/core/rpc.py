@@ -14,12 +14,12 @@ Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from ...deadlines import Deadlines
 from ...errors import ProtocolError
 from ...permissions import Grants
 from ...protocol import Header, Status, Verb, decimal, request_to_worker
@@ -68,8 +68,8 @@ class Rpc:
         self.finished: list[RpcDone] = []
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
-        self._deadlines: list[tuple[float, int, Request]] = []
-        self._orphans: list[tuple[float, int, Job]] = []  # requeued after a worker was lost (see _requeue)
+        self._deadlines: Deadlines[Request] = Deadlines()  # a finished request leaves at once
+        self._orphans: Deadlines[Job] = Deadlines()  # requeued after a worker was lost (see _requeue)
         self._seq = itertools.count(1)
 
     def next_id(self) -> int:
@@ -219,7 +219,12 @@ class Rpc:
         service.requests += 1
         job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)
         self._hold(client, rid, job)
-        heapq.heappush(self._deadlines, (deadline, int(job.bid), job))
+        self._deadlines.add(deadline, job)
+        if not service.queue and service.ready:  # nobody waits before it: no round of the queue
+            worker = self.pool.pick(service, job)
+            if worker is not None:
+                service.queued += 1  # (counted as queued: the dispatch counts it out)
+                return [self._assign(worker, job, now)]
         self._enqueue(service, job)
         return self._pump(service, now)
 
@@ -238,7 +243,7 @@ class Rpc:
         broker's leg: to each of its workers; a leg from another broker: this broker's own workers)."""
         gather = Scatter(client, rid, service.name, user, now, deadline)
         self._hold(client, rid, gather)
-        heapq.heappush(self._deadlines, (deadline, next(self._seq), gather))
+        self._deadlines.add(deadline, gather)
         out: list[Out] = []
         for worker in [w for w in service.workers if not (client.route and w.route)]:
             leg = Job(
@@ -282,7 +287,9 @@ class Rpc:
     def _forget_request(self, client: Peer, rid: str) -> None:
         held = self.requests.get(client)
         if held is not None:
-            held.pop(rid, None)  # the (maybe empty) dict stays until the client goes: no churn per request
+            request = held.pop(rid, None)  # the (maybe empty) dict stays until the client goes: no churn per request
+            if request is not None:
+                self._deadlines.discard(request)
 
     def _stop_work(self, request: Request, now: float) -> list[Out]:
         """Tell each worker still holding (a leg of) ``request`` to stop, and free its slot."""
@@ -342,7 +349,8 @@ class Rpc:
             frames = client.dialect.final(job.rid, job.service, {}, user, body)
         else:
             frames = client.dialect.error(job.rid, job.service, code, reason)
-        self.counters["answers_unwanted"] += job.quiet
+        if job.quiet:
+            self.counters["answers_unwanted"] += 1
         out: list[Out] = [] if job.quiet else [(client.routing_id, frames)]
         out += self._release(worker, job, now)
         status = 200 if action is Action.REPLY_FINAL else code
@@ -370,8 +378,9 @@ class Rpc:
         out = self._release(worker, job, now)
         handed = Job(str(next(self._seq)), job.client, job.rid, name, {**job.user, **user}, body, now, job.deadline)
         handed.quiet = job.quiet
+        self._deadlines.discard(job)
         self._hold(job.client, job.rid, handed)
-        heapq.heappush(self._deadlines, (job.deadline, int(handed.bid), handed))
+        self._deadlines.add(job.deadline, handed)
         service.requests += 1
         self._enqueue(service, handed)
         self.counters["handed_off"] += 1
@@ -452,7 +461,7 @@ class Rpc:
         ``ORPHAN_GRACE`` has passed (none restarted, no broker's route came back), 502 then."""
         self.counters["requests_requeued"] += 1
         self._enqueue(self.pool.service(job.service), job, front=True)
-        heapq.heappush(self._orphans, (now + ORPHAN_GRACE, int(job.bid), job))
+        self._orphans.add(now + ORPHAN_GRACE, job)
 
     def _leg_done(self, job: Job, *, answered: bool, now: float) -> list[Out]:
         """A scatter leg finished (``answered``) or lost its worker."""
@@ -485,6 +494,7 @@ class Rpc:
         held = self.requests.get(client)
         if held is not None and held.get(job.rid) is job:
             self._forget_request(client, job.rid)
+        self._deadlines.discard(job)
         service = self.services.get(job.service)
         if service is not None:
             service.errors += 1
@@ -502,6 +512,7 @@ class Rpc:
         """``peer`` is gone: its requests are dropped (workers told to stop); its jobs requeued or failed."""
         out: list[Out] = []
         for request in list(self.requests.pop(peer, {}).values()):
+            self._deadlines.discard(request)
             if isinstance(request, Scatter):
                 request.state, _ = gather_transition(request.state, GatherEvent.CLIENT_GONE)
             out += self._stop_work(request, now)
@@ -535,17 +546,13 @@ class Rpc:
     def expire(self, now: float) -> list[Out]:
         """Requests whose deadline passed: 504 (a scatter: its FINAL with what arrived)."""
         out: list[Out] = []
-        orphans = self._orphans
-        while orphans and orphans[0][0] <= now:
-            _, _, job = heapq.heappop(orphans)
+        for job in self._orphans.pop_due(now):
             service = self.services.get(job.service)
             if job.state is JobState.QUEUED and (service is None or not service.workers):
                 self._fire(job, JobEvent.ORPHANED)
                 grace = f"{ORPHAN_GRACE:g} s"
                 out += self._fail(job, Status.WORKER_LOST, f"worker lost; no other serves {job.service} ({grace})", now)
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, _, request = heapq.heappop(deadlines)
+        for request in self._deadlines.pop_due(now):
             if request.done:
                 continue
             if isinstance(request, Scatter):
@@ -561,8 +568,7 @@ class Rpc:
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [heap[0][0] for heap in (self._deadlines, self._orphans) if heap]
-        return min(deadlines) if deadlines else None
+        return min((d for d in (self._deadlines.next_due(), self._orphans.next_due()) if d is not None), default=None)
 
     # ================================================================ telemetry and reports
     def _finished(
@@ -577,17 +583,9 @@ class Rpc:
         now: float,
     ) -> None:
         if self._wants_telemetry():  # the common case: one cached lookup per finished request
-            self.finished.append(
-                RpcDone(
-                    service,
-                    client.identity,
-                    worker.name if worker is not None else None,
-                    round((now - created) * 1000.0, 3),
-                    status,
-                    bytes_in,
-                    bytes_out,
-                )
-            )
+            name = worker.name if worker is not None else None
+            latency_ms = round((now - created) * 1000.0, 3)
+            self.finished.append(RpcDone(service, client.identity, name, latency_ms, status, bytes_in, bytes_out))
 
     def has_requests(self, peer: Peer) -> bool:
         return bool(self.requests.get(peer))

@@ -1,0 +1,143 @@
+"""The broker's own Python work per RPC call and per published message, without sockets or other processes.
+
+Run: ``python -m benchmarks.core_rpc [--calls 200000] [--window 50] [--profile]``
+from the repository root.  One :class:`~mc0.broker.core.dispatch.BrokerCore`
+with a :class:`~mc0.broker.delivery.Delivery` and its
+:class:`~mc0.broker.outbox.Outbox` (what the broker's loop runs per message,
+less the socket): a batched client sends ``--window`` CALL records in one
+``BATCH``, a batched worker (capacity = window) answers every WORK record it
+was sent with a FINAL record in one ``BATCH``, and each peer's queue is
+taken as a sending loop would take it.  Prints microseconds of CPU per call
+(``time.process_time``), and the same for PUT records fanned out to one and
+four batched subscribers; ``--profile`` adds cProfile's hottest functions.
+This is the floor of the broker's CPU per call the library rows pay for, on
+top of the sockets (see scripts/profile_rpc.py for those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+
+from mc0 import protocol as P
+from mc0.broker.core.dispatch import BrokerCore
+from mc0.broker.delivery import Delivery
+from mc0.broker.outbox import Outbox
+from mc0.protocol import batch
+
+SERVICE = b"bench"
+
+
+def _connect(core: BrokerCore, delivery: Delivery, routing_id: bytes, now: float) -> None:
+    frames = [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"60000", b"BATCH", b"1", b"ID", b"c"]
+    delivery.apply(core.handle(routing_id, frames, now, fd=len(routing_id)), now)
+
+
+def _taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
+    """Everything queued for ``routing_id``, as the shell's flush would take it: the batches' blobs."""
+    blobs = []
+    while (message := outbox.next_message(routing_id)) is not None:
+        blobs.append(message[-1])
+        outbox.sent(routing_id)
+    return blobs
+
+
+def setup(workers_capacity: int) -> tuple[BrokerCore, Delivery, Outbox]:
+    core = BrokerCore()
+    outbox = Outbox(max_bytes=64 << 20, max_messages=1 << 20, batch_bytes=256 * 1024)
+    delivery = Delivery(core, outbox)
+    now = 1.0
+    for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
+        _connect(core, delivery, routing_id, now)
+    ready = [b"READY", b"CAPACITY", str(workers_capacity).encode(), b"ID", b"r", b"", SERVICE]
+    delivery.apply(core.handle(b"worker", ready, now, fd=len(b"worker")), now)
+    for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
+        _taken(outbox, routing_id)
+    return core, delivery, outbox
+
+
+def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
+    core, delivery, outbox = setup(window)
+    body = b"x" * 100
+    seq = [0]
+
+    def run() -> int:
+        done = 0
+        now = 2.0
+        while done < calls:
+            records = []
+            for _ in range(window):
+                seq[0] += 1
+                records.append(batch.call_record(SERVICE, str(seq[0]).encode(), 30_000, body))
+            delivery.apply(core.handle(b"client", batch.batch_frames(b"".join(records)), now, fd=6), now)
+            finals = []
+            for blob in _taken(outbox, b"worker"):
+                for code, start, end in batch.records(blob):
+                    assert code == batch.WORK
+                    _, bid, _, _, data = batch.work_fields(blob, start, end)
+                    finals.append(batch.reply_record(True, bid.encode(), bytes(data)))
+            delivery.apply(core.handle(b"worker", batch.batch_frames(b"".join(finals)), now, fd=6), now)
+            answered = sum(1 for blob in _taken(outbox, b"client") for _ in batch.records(blob))
+            assert answered == window, answered
+            done += window
+            now += 0.0001
+        return done
+
+    return run
+
+
+def put_rounds(messages: int, window: int, subscribers: int) -> Callable[[], int]:
+    core, delivery, outbox = setup(1)
+    subs = [b"sub1", b"sub2", b"sub3", b"sub4"][:subscribers]
+    for routing_id in subs:
+        delivery.apply(core.handle(routing_id, [b"SUB", b"ID", b"s", b"", b"bench.lib"], 1.0, fd=len(routing_id)), 1.0)
+        _taken(outbox, routing_id)
+    record = batch.put_record(b"bench.lib", b"x" * 100)
+    blob = record * window
+
+    def run() -> int:
+        done = 0
+        now = 2.0
+        while done < messages:
+            delivery.apply(core.handle(b"pub", batch.batch_frames(blob), now, fd=3), now)
+            for routing_id in subs:
+                _taken(outbox, routing_id)
+            done += window
+        return done
+
+    return run
+
+
+def measure(name: str, run: Callable[[], int], unit: str, profile: bool) -> None:
+    run()  # warm the caches
+    profiler = cProfile.Profile() if profile else None
+    started = time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    count = run()
+    if profiler is not None:
+        profiler.disable()
+    spent = time.process_time() - started
+    print(f"{name:<40} {spent / count * 1e6:6.2f} us of CPU per {unit}")
+    if profiler is not None:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--window", type=int, default=50, help="calls (and PUTs) per batch")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    measure(f"RPC, {args.window} calls per batch", rpc_rounds(args.calls, args.window), "call", args.profile)
+    for subs in (1, 4):
+        run = put_rounds(args.calls, args.window, subs)
+        measure(f"PUT records to {subs} subscriber(s)", run, "message", args.profile)
+
+
+if __name__ == "__main__":
+    P.DEFAULT_LIMITS  # noqa: B018 - (imported for the side effect of loading the model first)
+    main()

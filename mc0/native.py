@@ -1,0 +1,122 @@
+"""The compiled hot path: which modules mypyc may compile, whether they are, and the pure-Python switch.
+
+Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
+--no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
+imports nothing of mc0): the broker's RPC and fan-out path (core rooms
+``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``,
+``peers``, ``histogram``) and what both sides share (batch records,
+builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
+a compiled class's methods cannot be replaced on an instance, and a test
+injects a sending fault that way.
+Each compiled module is an extension beside its ``.py`` source, the same
+code, type-checked at run time by mypyc; the sources stay the reference and
+the fallback.  ``compiled()`` says which of them are loaded compiled.
+``MC0_PURE_PYTHON=1`` in the environment (read once, when ``mc0`` is first
+imported) makes every one of them load from its ``.py`` even where the
+extension exists: that is how CI tests the fallback beside the compiled
+build.  So does a source edited after the build (``stale``), with one line
+on stderr: a stale extension never runs old code.  Measured gain: docs/PERFORMANCE.md (benchmarks/core_rpc.py).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+HOT_MODULES: tuple[str, ...] = (
+    "mc0.deadlines",
+    "mc0.trie",
+    "mc0.protocol.batch",
+    "mc0.protocol.builders",
+    "mc0.broker.core.histogram",
+    "mc0.broker.core.jobs",
+    "mc0.broker.core.peers",
+    "mc0.broker.core.workers",
+    "mc0.broker.core.rpc",
+    "mc0.broker.core.pubsub",
+    "mc0.broker.core.verbs",
+    "mc0.broker.core.batched",
+)
+PURE_ENV = "MC0_PURE_PYTHON"
+
+
+def pure_requested() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Finds each mc0 module's ``.py`` even where a compiled extension sits beside it."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith("mc0."):
+            return None
+        name = fullname.rpartition(".")[2]
+        for folder in path or sys.path:
+            source = os.path.join(folder, name + ".py")
+            if os.path.isfile(source):
+                return importlib.util.spec_from_file_location(fullname, source)
+        return None
+
+
+def stale() -> list[str]:
+    """Modules whose extension would run other code than their source: built before the source's
+    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    out = []
+    for folder, _, files in os.walk(here):
+        for file in files:
+            if not file.endswith(suffixes):
+                continue
+            stem = file.split(".", 1)[0]
+            relative = os.path.relpath(os.path.join(folder, stem), here)
+            name = ".".join(("mc0", *relative.split(os.sep)))
+            try:
+                newer = os.path.getmtime(os.path.join(folder, stem + ".py")) > os.path.getmtime(
+                    os.path.join(folder, file)
+                )
+            except OSError:
+                continue  # no source beside it: not one of ours
+            if newer or name not in HOT_MODULES:
+                out.append(name)
+    return sorted(out)
+
+
+def install() -> None:
+    """Run when this module is imported (first thing, by ``mc0/__init__.py``): the hot path loads
+    from its sources, all of it,
+    when ``MC0_PURE_PYTHON`` is set or when any source is newer than its extension (an edit
+    since the last build: a stale extension would run old code, and compiled modules call
+    each other directly, so it is all or nothing)."""
+    if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+        return
+    if pure_requested():
+        sys.meta_path.insert(0, _SourceFirst())
+        return
+    changed = stale()
+    if changed:
+        print(
+            f"mc0: the compiled {changed[0]} does not match its source: running the sources "
+            "(rebuild: ./run, or MC0_COMPILE=1 pip install --no-build-isolation -e .)",
+            file=sys.stderr,
+        )
+        sys.meta_path.insert(0, _SourceFirst())
+
+
+def compiled() -> dict[str, bool]:
+    """Each hot module (importing it) -> whether it was loaded from a compiled extension."""
+    loaded = {}
+    for name in HOT_MODULES:
+        module = importlib.import_module(name)
+        loaded[name] = not (getattr(module, "__file__", "") or "").endswith(".py")
+    return loaded
+
+
+install()  # at import: mc0/__init__.py imports this module before anything else of mc0

@@ -1,0 +1,124 @@
+"""The compiled hot path and its pure-Python fallback (mc0.native): the same behaviour both ways.
+
+``./run test`` builds the extensions and sets ``MC0_EXPECT_COMPILED``: the
+whole suite then runs compiled, and this module checks that it really is,
+and runs one scripted broker session (RPC, pub/sub, queue groups, refusals,
+deadlines) in a fresh process per mode, which must send byte for byte the
+same, plus the core's tests again with ``MC0_PURE_PYTHON=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mc0 import native
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = {"compiled": {}, "pure": {native.PURE_ENV: "1"}}
+
+
+def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
+
+
+def test_the_suite_runs_the_compiled_hot_path_when_built() -> None:
+    loaded = native.compiled()
+    assert set(loaded) == set(native.HOT_MODULES)
+    if os.environ.get("MC0_EXPECT_COMPILED"):  # ./run test built it: nothing may fall back silently
+        assert not native.stale() and all(loaded.values()), loaded
+    elif native.pure_requested():
+        assert not any(loaded.values())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_loads_what_it_says(mode: str) -> None:
+    got = _python("from mc0 import native; print(sorted(k for k, v in native.compiled().items() if v))", MODES[mode])
+    assert got.returncode == 0, got.stderr
+    compiled = eval(got.stdout)  # (a list of module names printed by the line above)
+    if mode == "pure":
+        assert compiled == []
+    elif os.environ.get("MC0_EXPECT_COMPILED"):
+        assert compiled == sorted(native.HOT_MODULES)
+
+
+SCENARIO = """
+import hashlib
+from mc0.broker.core.dispatch import BrokerCore
+from mc0.broker.delivery import Delivery
+from mc0.broker.outbox import Outbox
+from mc0.protocol import batch
+
+core = BrokerCore()
+outbox = Outbox(max_bytes=1 << 20, max_messages=10_000, batch_bytes=4096)
+delivery = Delivery(core, outbox)
+log = []
+
+def send(rid, frames, now):
+    delivery.apply(core.handle(rid, frames, now, fd=len(rid)), now)
+    for peer in (b"client", b"worker", b"sub1", b"sub2", b"member1", b"member2", b"pub", b"old"):
+        while (message := outbox.next_message(peer)) is not None:
+            log.append((peer, [bytes(f) for f in message]))
+            outbox.sent(peer, now)
+
+for i, rid in enumerate((b"client", b"worker", b"sub1", b"sub2", b"member1", b"member2", b"pub")):
+    send(rid, [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"5000", b"BATCH", b"1", b"ID", b"c%d" % i], 1.0)
+send(b"old", [b"CONNECT", b"VERSION", b"0.3", b"TTL", b"5000", b"ID", b"o"], 1.0)
+send(b"worker", [b"READY", b"CAPACITY", b"3", b"ID", b"r", b"", b"svc"], 1.0)
+send(b"sub1", [b"SUB", b"ID", b"s", b"", b"t.>"], 1.0)
+send(b"sub2", [b"SUB", b"ID", b"s", b"", b"t.a"], 1.0)
+send(b"old", [b"SUB", b"ID", b"s", b"", b"t.a"], 1.0)
+for rid in (b"member1", b"member2"):
+    send(rid, [b"SUB", b"GROUP", b"g", b"ID", b"s", b"", b"t.*"], 1.0)
+puts = b"".join(batch.put_record(b"t.a" if i % 3 else b"t.b", b"m%d" % i) for i in range(20))
+puts += batch.put_record(b"bad topic", b"x") + batch.put_record(b"mc0.sys.x", b"y") + b"\\x05\\x00\\x00\\x00\\x09"
+send(b"pub", batch.batch_frames(puts), 1.1)
+calls = b"".join(batch.call_record(b"svc", b"%d" % i, 1000 + i, b"q%d" % i) for i in range(6))
+calls += batch.call_record(b"none", b"x", 100, b"") + batch.call_record(b"svc", b"0", 100, b"dup")
+send(b"client", batch.batch_frames(calls), 1.2)
+works = [r for p, m in log if p == b"worker" and m[0] == b"BATCH" for r in [m[2]]]
+bids = [batch.work_fields(b, s, e)[1] for b in works for c, s, e in batch.records(b) if c == batch.WORK]
+finals = b"".join(batch.reply_record(i % 2 == 0, bid.encode(), b"a" + bid.encode()) for i, bid in enumerate(bids))
+finals += batch.reply_record(True, b"999", b"forged")
+send(b"worker", batch.batch_frames(finals), 1.3)
+send(b"worker", [b"FINAL", b"ID", bids[1].encode(), b"", b"late"], 1.3)
+send(b"client", [b"CANCEL", b"ID", b"5"], 1.35)
+delivery.apply(core.tick(3.0), 3.0)  # deadlines of what is still out
+send(b"client", [b"PING", b"ID", b"p"], 3.0)
+text = repr(log).encode() + repr(sorted(core.counters.items())).encode()
+print(len(log), hashlib.sha256(text).hexdigest())
+"""
+
+
+def test_the_compiled_and_the_pure_broker_core_send_the_same_bytes() -> None:
+    runs = {mode: _python(SCENARIO, env) for mode, env in MODES.items()}
+    for mode, run in runs.items():
+        assert run.returncode == 0, f"{mode}: {run.stderr[-2000:]}"
+    assert runs["compiled"].stdout == runs["pure"].stdout
+    assert int(runs["pure"].stdout.split()[0]) > 20  # (the scenario sent plenty)
+
+
+@pytest.mark.timeout(300)
+def test_the_core_tests_pass_on_the_pure_fallback(tmp_path: Path) -> None:
+    """The fallback is tested in CI: the core's own tests again, every hot module from source."""
+    files = ["test_core_rpc.py", "test_jobs.py", "test_batch.py", "test_trie.py", "test_deadlines.py", "test_core.py"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[str(ROOT / "tests" / f) for f in files]],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+        env={**os.environ, native.PURE_ENV: "1", "MC0_EXPECT_COMPILED": ""},
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
