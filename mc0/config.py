@@ -178,7 +178,8 @@ def _store_keys(settings: JournalSettings, table: dict[str, Any], path: str) -> 
         if key in table:
             raise ConfigError(f"{path}.{key}", f'store = "jetstream" cannot honour it: {reason}')
     if not 1 <= settings.replicas <= MAX_REPLICAS:
-        raise ConfigError(f"{path}.replicas", f"must be 1 to {MAX_REPLICAS} (JetStream's bound), got {settings.replicas}")
+        reason = f"must be 1 to {MAX_REPLICAS} (JetStream's bound), got {settings.replicas}"
+        raise ConfigError(f"{path}.replicas", reason)
     return settings
 
 

@@ -10,9 +10,12 @@ and calls :meth:`receive`, which returns what arrived in order:
 
 - ``Hello(name, epoch)``: another broker's beacon;
 - ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);
-- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now).
+- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now);
+- what the JetStream part reports (:mod:`.jetstream`: ``Acks``, ``Failed``,
+  ``StreamState``, ``Records``, ``Answer``), when journals are kept by JetStream.
 
-:meth:`send` hands one route's blob to the thread (one NATS message each).
+:meth:`send` hands one route's blob to the thread (one NATS message each);
+:meth:`publish` a JetStream journal's proposals, :meth:`call` a store call.
 Nothing of the protocol is decided here: :mod:`mc0.broker.core.routes` does that.
 Credentials are never logged (URLs are shown without them).  ``close()`` is
 idempotent: it flushes what NATS still buffers (bounded), closes the
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +43,8 @@ import zmq.asyncio
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
+from .jetstream import JetStreamPart
+from .streams import OP_CALL, OP_PUBLISH, StoreNews, StreamSpec, call_frames, parse_inbound
 
 log = logging.getLogger("mc0.broker")
 
@@ -71,7 +78,7 @@ class LinkChange:
     up: bool
 
 
-Inbound = Hello | RouteBlob | LinkChange
+Inbound = Hello | RouteBlob | LinkChange | StoreNews
 
 
 def redacted(url: str) -> str:
@@ -98,8 +105,14 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
 
 
 class ClusterLink:
-    def __init__(self, config: ClusterConfig, *, epoch: int | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, *, epoch: int | None = None, streams: dict[str, StreamSpec] | None = None
+    ) -> None:
+        """``streams``: the JetStream journals' streams (none: no JetStream part)."""
         self.config = config
+        self.streams = streams or {}
+        self.positions: dict[str, tuple[int, str]] = {}  # journal -> (its local copy's next seq, stream made at)
+        self.jetstream: JetStreamPart | None = None  # (the link thread's)
         # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
         # so a late message of the run before is told from the new one (ordered as the clocks are).
         self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
@@ -114,8 +127,10 @@ class ClusterLink:
         self._started = threading.Event()
 
     # ------------------------------------------------------------ lifecycle (the broker's thread)
-    def start(self, context: zmq.Context[Any], name: str) -> None:
+    def start(self, context: zmq.Context[Any], name: str, positions: dict[str, tuple[int, str]] | None = None) -> None:
+        """``positions``: where each JetStream journal's local copy stands (its delivery starts there)."""
         self.name = wire.check_name(name)
+        self.positions = dict(positions or {})
         tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
         pair = context.socket(zmq.PAIR)
         pair.setsockopt(zmq.LINGER, 0)
@@ -163,6 +178,10 @@ class ClusterLink:
                 out.append(Hello(frames[1].decode(), int.from_bytes(frames[2], "big")))
             elif kind in (_UP, _DOWN):
                 out.append(LinkChange(kind == _UP))
+            else:
+                news = parse_inbound(frames)
+                if news is not None:
+                    out.append(news)
         return out
 
     def send(self, name: str, blob: bytes) -> None:
@@ -171,6 +190,28 @@ class ClusterLink:
             self.socket.send_multipart((name.encode(), blob), zmq.NOBLOCK, copy=len(blob) < 65536)
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
+
+    def publish(self, journal: str, proposals: list[Any]) -> None:
+        """A JetStream journal's proposals (``storage.replicated.Proposal``), to be published in order."""
+        sock = self.socket
+        if sock is None:
+            return
+        name = journal.encode()
+        for p in proposals:
+            frames = (
+                OP_PUBLISH,
+                name,
+                p.token.to_bytes(8, "big"),
+                p.subject.encode(),
+                p.msgid.encode(),
+                p.origin.encode(),
+            )
+            sock.send_multipart((*frames, p.payload), zmq.NOBLOCK, copy=len(p.payload) < 65536)
+
+    def call(self, token: int, request: dict[str, Any]) -> None:
+        """A store call (consumers, mailboxes); its answer comes back as ``Answer``."""
+        if self.socket is not None:
+            self.socket.send_multipart(call_frames(token, request), zmq.NOBLOCK)
 
     # ------------------------------------------------------------ the link thread
     def _run(self, context: zmq.Context[Any]) -> None:
@@ -220,7 +261,7 @@ class ClusterLink:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
 
-        def post(frames: tuple[bytes, ...]) -> None:
+        def post(frames: Sequence[bytes]) -> None:
             pair.send_multipart(frames, zmq.NOBLOCK)
 
         async def on_hello(msg: Any) -> None:
@@ -249,6 +290,8 @@ class ClusterLink:
 
         async def on_reconnected() -> None:
             self.counters["reconnects"] += 1
+            if jetstream is not None:
+                jetstream.reconnected()
             self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
             log.warning("cluster: NATS back at %s", self.server)
             self.connected = True
@@ -258,6 +301,20 @@ class ClusterLink:
             log.warning("cluster: NATS: %s", exc)
 
         nc = Nats()
+        jetstream = (
+            JetStreamPart(
+                nc,
+                post,
+                self.streams,
+                self.positions,
+                broker=self.name,
+                epoch=self.epoch,
+                timeout_s=self.config.jetstream_timeout_ms / 1000.0,
+            )
+            if self.streams
+            else None
+        )
+        self.jetstream = jetstream
         options = self._options()
         options.update(disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, error_cb=on_error)
 
@@ -294,6 +351,14 @@ class ClusterLink:
                 if frames[0] == _STOP:
                     stopping.set()
                     return
+                if frames[0] == OP_PUBLISH and jetstream is not None:
+                    token = int.from_bytes(frames[2], "big")
+                    subject, msgid, origin = (f.decode() for f in frames[3:6])
+                    await jetstream.publish(frames[1].decode(), token, subject, msgid, origin, frames[6])
+                    continue
+                if frames[0] == OP_CALL and jetstream is not None:
+                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+                    continue
                 if not nc.is_connected and not nc.is_reconnecting:
                     continue  # never connected yet: routes cannot exist, nothing to deliver
                 target, blob = frames[0].decode(), frames[1]
@@ -317,11 +382,15 @@ class ClusterLink:
                 log.info("cluster: connected to NATS %s", self.server)
                 post((_UP,))
                 ticker = loop.create_task(beacons())
+                if jetstream is not None:
+                    await jetstream.start()
             await stopping.wait()
         finally:
             self.connected = False
             if ticker is not None:
                 ticker.cancel()
+            if jetstream is not None:
+                jetstream.stop()
             sender.cancel()
             if nc.is_connected:
                 try:

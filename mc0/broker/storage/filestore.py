@@ -235,6 +235,10 @@ class Journal:
         return self._segments[-1].next_seq
 
     @property
+    def stored_next_seq(self) -> int:
+        return self.next_seq
+
+    @property
     def pending(self) -> bool:
         """Something appended is not yet written (and synced, per the policy)."""
         return bool(self._buffer) or self._dirty
