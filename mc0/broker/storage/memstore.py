@@ -213,18 +213,23 @@ class MemoryReplicatedStore(MemoryStore):
         self.proposals.append((self._token, topic, sender, dict(headers), body, msgid, origin))
         return self._token
 
+    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        self._token += 1
+        self.proposals.append((self._token, topic, sender, dict(headers), tuple(parts), None, identity))
+        return self._token
+
     def commit(self) -> None:
         for token, *rest in self.proposals:
             self.sent[token] = tuple(rest)  # type: ignore[assignment]
         self.proposals.clear()
         self.commits += 1
 
-    def store(self, token: int) -> tuple[int, bool, Record, str]:
-        """JetStream stores proposal ``token``: (seq, duplicate, the record as the stream holds it, origin)."""
+    def store(self, token: int) -> tuple[int, bool, Record | None, str]:
+        """JetStream stores proposal ``token``: (seq, duplicate, the record the stream then delivers
+        (None for a duplicate: nothing new), origin)."""
         topic, sender, headers, parts, msgid, origin = self.sent.pop(token)
         if msgid is not None and msgid in self.stored_seqs:
-            seq = self.stored_seqs[msgid]
-            return seq, True, self.records[seq - self._first], origin
+            return self.stored_seqs[msgid], True, None, origin
         self.acknowledged += 1
         seq = self.acknowledged
         if msgid is not None:
