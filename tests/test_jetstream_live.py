@@ -197,3 +197,48 @@ def test_letters_kept_in_jetstream_at_one_broker_are_delivered_at_another_in_ord
         with bus.client(1, "carol") as carol_again:
             with pytest.raises(mc0.Timeout):  # delivered once: they left the stream
                 carol_again.mailbox.next_batch(1, timeout=1.5)
+
+
+def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_serves_it(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    import subprocess
+    import sys
+
+    from mc0.broker.storage.filestore import Journal
+    from mc0.settings import JournalSettings
+
+    folder = tmp_path / "old"
+    old = Journal("old", JournalSettings(folder=str(folder))).open()
+    old.reset(101)  # retention had trimmed it: it begins at 101
+    for i in range(300):
+        old.append(f"audit.{i % 3}", "alice", {"MSGID": f"a{i}", "X-n": str(i)}, [f"record {i}".encode(), b"part"])
+    old.commit()
+    originals = old.read(101, max_records=1000)[0]
+    old.close()
+    config = tmp_path / "copy.toml"
+    config.write_text(f"[cluster]\nnats = {json.dumps(nats.urls())}\n" + journal("moved", '["audit.>"]'))
+
+    def copy(*more: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mc0", "journal", "copy", *more]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    done = copy("moved", "--from", str(folder), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"copied 300 records (seq 101..400) of {folder} into stream MC0_J_moved"
+    again = copy("moved", "--from", str(folder), "--config", str(config))  # run again: nothing twice
+    assert again.stdout.strip() == f"nothing to copy: stream MC0_J_moved already holds the 300 records of {folder}"
+    wrong = copy("nope", "--from", str(folder), "--config", str(config))
+    assert wrong.returncode == 1 and wrong.stderr.startswith("mc0: error: journals.nope: no such journal")
+    with ClusterBus(tmp_path, nats, 2, extra=journal("moved", '["audit.>"]')) as bus:
+        bus.wait_joined()
+        for i in range(2):
+            with bus.client(i) as client:
+                until(lambda c=client: c.journal_info()["moved"]["copy_next_seq"] == 401, 15, "the copy")
+                got = fetch_all(client, "moved", from_seq=0)
+                assert [(r.seq, r.topic, r.sender, r.headers, r.parts) for r in got] == [
+                    (r.seq, r.topic, r.sender, r.headers, r.parts) for r in originals
+                ]
+        with bus.client(0) as client:  # and it goes on from there
+            assert confirmed(client, "audit.0", b"new", msgid="a0").duplicate is False  # (the copy's ids are its own)
+            assert confirmed(client, "audit.0", b"newer").seq == 402

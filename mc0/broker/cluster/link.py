@@ -104,6 +104,34 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
     return context
 
 
+def nats_options(config: ClusterConfig, client_name: str) -> dict[str, Any]:
+    """nats-py's connect options for ``[cluster]``: every server, reconnecting for ever, pings that leave
+    a frozen server after about two, the credentials and TLS it names."""
+    options: dict[str, Any] = {
+        "servers": list(config.nats),
+        "name": client_name,
+        "no_echo": True,  # its own beacons never come back
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": config.reconnect_ms / 1000.0,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "ping_interval": max(1, config.ping_ms // 1000),  # a frozen server is left after ~2 pings
+        "max_outstanding_pings": 2,
+        "dont_randomize": False,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    if config.credentials:
+        options["user_credentials"] = config.credentials
+    if config.nkey_seed:
+        options["nkeys_seed"] = config.nkey_seed
+    tls = tls_context(config)
+    if tls is not None:
+        options["tls"] = tls
+        if config.tls_hostname:
+            options["tls_hostname"] = config.tls_hostname
+    return options
+
+
 class ClusterLink:
     def __init__(
         self, config: ClusterConfig, *, epoch: int | None = None, streams: dict[str, StreamSpec] | None = None
@@ -222,30 +250,7 @@ class ClusterLink:
             self.connected = False
 
     def _options(self) -> dict[str, Any]:
-        config = self.config
-        options: dict[str, Any] = {
-            "servers": list(config.nats),
-            "name": f"mc0-broker-{self.name}",
-            "no_echo": True,  # its own beacons never come back
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": config.reconnect_ms / 1000.0,
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "ping_interval": max(1, config.ping_ms // 1000),  # a frozen server is left after ~2 pings
-            "max_outstanding_pings": 2,
-            "dont_randomize": False,
-            "pending_size": 64 * 1024 * 1024,
-        }
-        if config.credentials:
-            options["user_credentials"] = config.credentials
-        if config.nkey_seed:
-            options["nkeys_seed"] = config.nkey_seed
-        tls = tls_context(config)
-        if tls is not None:
-            options["tls"] = tls
-            if config.tls_hostname:
-                options["tls_hostname"] = config.tls_hostname
-        return options
+        return nats_options(self.config, f"mc0-broker-{self.name}")
 
     async def _main(self, context: zmq.Context[Any]) -> None:
         # nats-py, imported here so a standalone broker never loads it.
