@@ -166,9 +166,10 @@ class ClusterListener:
         journal = self.replicated.get(news.journal)
         if journal is None:
             return []
+        listening = fromstore.listening(core)  # (nobody to hand them to: no record is decoded)
         fresh: list[tuple[Record, str]] = []
         for seq, ts, origin, payload in news.records:
-            if journal.arrived(seq, ts, payload):
+            if journal.arrived(seq, ts, payload) and listening:
                 fresh.append((_record(seq, ts, payload), origin))
         journal.flush()
         return fromstore.arrived(core, news.journal, fresh, now) if fresh else []

@@ -12,11 +12,11 @@ for identity ``I`` (the journal that keeps mailboxes) is a message on
 ``mc0.j.NAME.<hex of I>``: one subject per identity, so its letters are read
 in order and removed (purged) up to the last one delivered.
 
-Headers on each message: ``Nats-Msg-Id`` (JetStream's dedup: the publisher's
-identity and MSGID, or an id the broker makes so that its own retries are
-stored once) and ``Mc0-Origin`` (the broker and the publisher's connection:
-the broker a publication came through picks its queue-group member, and its
-``ECHO 0`` publisher is not handed its own message).
+Headers, on a message that needs them (most need none: nothing for NATS to
+write or parse): ``Nats-Msg-Id`` (JetStream's dedup: the publisher's identity
+and MSGID) and ``Mc0-Origin`` (the broker and the publisher's connection, when
+a queue group matched there or the publisher said ``ECHO 0``: that broker picks
+the group's member, and does not hand the publisher its own message).
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ JetStream answered.
   is created, or updated to its config, retried while the cluster is not
   ready (no meta leader, no peers for placement, timeouts).
 - Publishing: ``publish`` sends a proposal with a reply subject under one
-  inbox subscription and a ``Nats-Msg-Id`` (the publisher's MSGID, or an id of
-  this broker's own, so that its own retries are stored once); a PubAck
-  becomes ``Acks``, a refusal ``Failed`` (429 for JetStream's limits, 507
-  otherwise).  No responders (the stream's leader is being elected), "this id
-  is being stored" and a NATS failover are retried (after a reconnect, every
-  proposal still pending is sent again); a proposal without a PubAck after
-  ``timeout_s`` fails 504: the outcome is unknown.  So an OK means JetStream's
+  inbox subscription (and a ``Nats-Msg-Id`` when the publisher gave a MSGID);
+  a PubAck becomes ``Acks``, a refusal ``Failed`` (429 for JetStream's limits,
+  507 otherwise).  No responders (the stream has no leader now: not stored)
+  and "this id is being stored" are retried; after a NATS failover a pending
+  proposal with a MSGID is sent again (JetStream stores it once) and one
+  without fails 504 (it may or may not have been stored: sending it again could
+  store it twice); a proposal without a PubAck after ``timeout_s`` fails 504:
+  the outcome is unknown.  So an OK means JetStream's
   acknowledgement: a quorum of the replicas holds the record (on disk first
   when the nodes run ``sync_interval: always``).
 - Delivery: a :class:`~.feed.StreamFeed` per journal (not the one that keeps
@@ -116,10 +117,18 @@ class JetStreamPart:
             task.cancel()
 
     def reconnected(self) -> None:
-        """After a failover: what is pending may have died with the old connection: it is sent again
-        (the same ids: what JetStream stored already is not stored twice); the feeds start again."""
-        for serial in self._pending:
-            self._retry[serial] = 0.0
+        """After a failover: what is pending may have died with the old connection.  A proposal with a
+        MSGID is sent again (what JetStream stored already is not stored twice); one without cannot be
+        sent again safely: it fails 504 (stored or not is unknown).  The feeds start again."""
+        unknown = (
+            "the connection to NATS was lost before JetStream acknowledged it: stored or not is unknown "
+            "(a PUT with a MSGID is sent again by the broker, and stored once)"
+        )
+        for serial, pending in list(self._pending.items()):
+            if jsw.MSG_ID in pending.headers:
+                self._retry[serial] = 0.0
+            else:
+                self._fail(serial, pending, 504, unknown)
         for feed in self.feeds.values():
             feed.restart()
 
@@ -157,7 +166,7 @@ class JetStreamPart:
     async def publish(self, journal: str, token: int, subject: str, msgid: str, origin: str, payload: bytes) -> None:
         self._serial += 1
         serial = self._serial
-        headers = {jsw.MSG_ID: msgid or f"{self.broker}.{self.epoch:x}.{serial}"}
+        headers = {jsw.MSG_ID: msgid} if msgid else {}  # (none on most: nothing for NATS to write or parse)
         if origin:
             headers[jsw.ORIGIN] = origin
         pending = _Pending(journal, token, subject, headers, payload, time.monotonic() + self.timeout_s)
@@ -175,7 +184,7 @@ class JetStreamPart:
         pending.attempts += 1
         reply = f"{self._inbox}.{serial}"
         try:
-            await self.nc.publish(pending.subject, pending.payload, reply=reply, headers=pending.headers)
+            await self.nc.publish(pending.subject, pending.payload, reply=reply, headers=pending.headers or None)
         except Exception:  # disconnected with a full buffer: sent again later
             self._retry[serial] = time.monotonic() + RETRY_S
 

@@ -44,7 +44,16 @@ from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
 from .jetstream import JetStreamPart
-from .streams import OP_CALL, OP_PUBLISH, StoreNews, StreamSpec, call_frames, parse_inbound
+from .streams import (
+    OP_CALL,
+    OP_PUBLISH,
+    StoreNews,
+    StreamSpec,
+    call_frames,
+    parse_inbound,
+    parse_proposals,
+    proposals_frames,
+)
 
 log = logging.getLogger("mc0.broker")
 
@@ -56,6 +65,7 @@ CLOSE_FLUSH_S = 1.0
 PENDING_MSGS = 1 << 20
 PENDING_BYTES = 512 * 1024 * 1024
 _STOP = b"\x00stop"
+NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
 _HELLO, _ROUTE, _UP, _DOWN = b"H", b"R", b"U", b"D"
 _inproc_serials = itertools.count(1)
 
@@ -145,7 +155,11 @@ class ClusterLink:
         # so a late message of the run before is told from the new one (ordered as the clocks are).
         self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
         self.name = ""
-        self.socket: zmq.Socket[bytes] | None = None  # the broker loop's end of the PAIR
+        # The broker loop's ends of two PAIRs: ``socket`` (polled) receives what the link thread posts,
+        # ``_down`` sends the thread work.  Two, not one: the thread's receiving end is on its asyncio
+        # loop (edge-triggered), and a send on that same socket could swallow its wake-up.
+        self.socket: zmq.Socket[bytes] | None = None
+        self._down: zmq.Socket[bytes] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
         self.server = ""  # the NATS server in use, without credentials
         self.counters: dict[str, int] = {"sent": 0, "sent_bytes": 0, "received": 0, "malformed": 0, "reconnects": 0}
@@ -160,12 +174,16 @@ class ClusterLink:
         self.name = wire.check_name(name)
         self.positions = dict(positions or {})
         tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
-        pair = context.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
-        pair.setsockopt(zmq.RCVHWM, 0)
-        pair.bind(self._inproc)
-        self.socket = pair
+        for end in ("up", "down"):
+            pair = context.socket(zmq.PAIR)
+            pair.setsockopt(zmq.LINGER, 0)
+            pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
+            pair.setsockopt(zmq.RCVHWM, 0)
+            pair.bind(f"{self._inproc}-{end}")
+            if end == "up":
+                self.socket = pair
+            else:
+                self._down = pair
         self._thread = threading.Thread(target=self._run, args=(context,), name="mc0-cluster", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
@@ -176,16 +194,17 @@ class ClusterLink:
         if self._closed:
             return
         self._closed = True
-        if self.socket is not None:
+        if self._down is not None:
             try:
-                self.socket.send(_STOP, zmq.NOBLOCK)
+                self._down.send(_STOP, zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
         if self._thread is not None:
             self._thread.join(CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
-        if self.socket is not None:
-            self.socket.close(linger=0)
-            self.socket = None
+        for sock in (self.socket, self._down):
+            if sock is not None:
+                sock.close(linger=0)
+        self.socket = self._down = None
 
     # ------------------------------------------------------------ the broker loop's side
     def receive(self, limit: int = 256) -> list[Inbound]:
@@ -214,32 +233,20 @@ class ClusterLink:
 
     def send(self, name: str, blob: bytes) -> None:
         """One route message to broker ``name`` (published by the link thread, in order)."""
-        if self.socket is not None:
-            self.socket.send_multipart((name.encode(), blob), zmq.NOBLOCK, copy=len(blob) < 65536)
+        if self._down is not None:
+            self._down.send_multipart((name.encode(), blob), NOBLOCK, copy=len(blob) < 65536)
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
 
     def publish(self, journal: str, proposals: list[Any]) -> None:
         """A JetStream journal's proposals (``storage.replicated.Proposal``), to be published in order."""
-        sock = self.socket
-        if sock is None:
-            return
-        name = journal.encode()
-        for p in proposals:
-            frames = (
-                OP_PUBLISH,
-                name,
-                p.token.to_bytes(8, "big"),
-                p.subject.encode(),
-                p.msgid.encode(),
-                p.origin.encode(),
-            )
-            sock.send_multipart((*frames, p.payload), zmq.NOBLOCK, copy=len(p.payload) < 65536)
+        if self._down is not None:
+            self._down.send_multipart(proposals_frames(journal, proposals), NOBLOCK)
 
     def call(self, token: int, request: dict[str, Any]) -> None:
         """A store call (consumers, mailboxes); its answer comes back as ``Answer``."""
-        if self.socket is not None:
-            self.socket.send_multipart(call_frames(token, request), zmq.NOBLOCK)
+        if self._down is not None:
+            self._down.send_multipart(call_frames(token, request), NOBLOCK)
 
     # ------------------------------------------------------------ the link thread
     def _run(self, context: zmq.Context[Any]) -> None:
@@ -257,17 +264,19 @@ class ClusterLink:
         from nats.aio.client import Client as Nats
 
         actx = zmq.asyncio.Context.shadow(context)
-        pair = actx.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.setsockopt(zmq.SNDHWM, 0)
-        pair.setsockopt(zmq.RCVHWM, 0)
-        pair.connect(self._inproc)
+        pair = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
+        poster = context.socket(zmq.PAIR)  # what it posts to the loop (plain sends: no future each)
+        for sock, end in ((pair, "down"), (poster, "up")):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(f"{self._inproc}-{end}")
         self._started.set()
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
 
         def post(frames: Sequence[bytes]) -> None:
-            pair.send_multipart(frames, zmq.NOBLOCK)
+            poster.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
 
         async def on_hello(msg: Any) -> None:
             parsed = wire.parse_hello(msg.data)
@@ -357,9 +366,9 @@ class ClusterLink:
                     stopping.set()
                     return
                 if frames[0] == OP_PUBLISH and jetstream is not None:
-                    token = int.from_bytes(frames[2], "big")
-                    subject, msgid, origin = (f.decode() for f in frames[3:6])
-                    await jetstream.publish(frames[1].decode(), token, subject, msgid, origin, frames[6])
+                    journal = frames[1].decode()
+                    for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
+                        await jetstream.publish(journal, token, subject, msgid, origin, payload)
                     continue
                 if frames[0] == OP_CALL and jetstream is not None:
                     jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
@@ -407,3 +416,4 @@ class ClusterLink:
             except Exception:
                 pass
             pair.close(linger=0)
+            poster.close(linger=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,8 @@ OP_PUBLISH, OP_CALL = b"\x01P", b"\x01C"
 # Frames the link thread posts to the loop.
 ACKS, FAILED, STATE, RECORDS, ANSWER = b"A", b"F", b"S", b"W", b"C"
 ACK = struct.Struct("!QQB")  # token, seq, duplicate
-RECORD = struct.Struct("!QqH")  # seq, ts (ns), origin length
+RECORD = struct.Struct("!QqHI")  # seq, ts (ns), origin length, payload length
+PROPOSAL = struct.Struct("!QHHHI")  # token, subject, msgid and origin lengths, payload length
 FAILURE = struct.Struct("!QH")  # token, mc0 status
 NS = 1_000_000_000
 API_TIMEOUT_S = 5.0
@@ -179,13 +181,15 @@ def parse_inbound(frames: list[bytes]) -> StoreNews | None:
         state = json.loads(frames[2])
         return StreamState(frames[1].decode(), state["first"], state["last"], state["created"], state["start"])
     if kind == RECORDS:
-        meta, pos, records = frames[2], 0, []
-        for payload in frames[3:]:
-            seq, ts, size = RECORD.unpack_from(meta, pos)
+        meta, blob, records = frames[2], frames[3], []
+        pos = start = 0
+        while pos < len(meta):
+            seq, ts, size, length = RECORD.unpack_from(meta, pos)
             pos += RECORD.size
             origin = meta[pos : pos + size].decode(errors="replace")
             pos += size
-            records.append((seq, ts / NS, origin, payload))
+            records.append((seq, ts / NS, origin, blob[start : start + length]))
+            start += length
         return Records(frames[1].decode(), records)
     if kind == ANSWER:
         return Answer(int.from_bytes(frames[1], "big"), json.loads(frames[2]), list(frames[3:]))
@@ -198,9 +202,36 @@ def state_frames(journal: str, first: int, last: int, created: str, start: int) 
 
 
 def records_frames(journal: str, items: list[tuple[int, int, str, bytes]]) -> tuple[bytes, ...]:
-    """(seq, ts ns, origin, payload) each, in one message."""
-    meta = b"".join(RECORD.pack(s, t, len(o.encode())) + o.encode() for s, t, o, _ in items)
-    return (RECORDS, journal.encode(), meta, *(payload for *_, payload in items))
+    """(seq, ts ns, origin, payload) each, in one message of four frames (a frame each costs a send)."""
+    meta = b"".join(RECORD.pack(s, t, len(o), len(p)) + o.encode() for s, t, o, p in items)
+    return (RECORDS, journal.encode(), meta, b"".join(p for *_, p in items))
+
+
+def proposals_frames(journal: str, proposals: Sequence[Any]) -> tuple[bytes, ...]:
+    """A commit's proposals (``storage.replicated.Proposal``) to one journal, in one message of four frames."""
+    meta: list[bytes] = []
+    for p in proposals:
+        subject, msgid, origin = p.subject.encode(), p.msgid.encode(), p.origin.encode()
+        meta += (PROPOSAL.pack(p.token, len(subject), len(msgid), len(origin), len(p.payload)), subject, msgid, origin)
+    return (OP_PUBLISH, journal.encode(), b"".join(meta), b"".join(p.payload for p in proposals))
+
+
+def parse_proposals(meta: bytes, blob: bytes) -> Iterator[tuple[int, str, str, str, bytes]]:
+    """(token, subject, msgid, origin, payload) of each proposal of ``proposals_frames``, in order."""
+    pos = start = 0
+    while pos < len(meta):
+        token, subject, msgid, origin, length = PROPOSAL.unpack_from(meta, pos)
+        pos += PROPOSAL.size
+        texts = meta[pos : pos + subject + msgid + origin].decode()
+        pos += subject + msgid + origin
+        yield (
+            token,
+            texts[:subject],
+            texts[subject : subject + msgid],
+            texts[subject + msgid :],
+            blob[start : start + length],
+        )
+        start += length
 
 
 def call_frames(token: int, request: dict[str, Any]) -> list[bytes]:

@@ -11,7 +11,8 @@ what to send:
 - ``arrived(core, journal, records, now)``: records the stream delivered, in
   seq order, ``(record, origin)`` each, already in this broker's local copy:
   fanned out to this broker's own subscribers (replays of that journal
-  reach them in order: their live copies are held back);
+  reach them in order: their live copies are held back); ``listening(core)``
+  says whether there is anyone to fan out to (else the shell skips it);
 - ``answered(core, token, data, records, now)``: the answer to a store call
   (consumers, mailboxes: :mod:`.storecalls`).
 
@@ -38,6 +39,11 @@ def stored(core: BrokerCore, journal: str, token: int, seq: int, duplicate: bool
 
 def failed(core: BrokerCore, journal: str, token: int, code: int, reason: str, now: float) -> list[Out]:
     return core.replication.failed(journal, token, code, reason)
+
+
+def listening(core: BrokerCore) -> bool:
+    """Whether ``arrived`` has anything to do (else the shell need not decode the records)."""
+    return core.replication.listening()
 
 
 def arrived(core: BrokerCore, journal: str, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:

@@ -90,6 +90,12 @@ class Replication:
         return [(held.routing_id, P.error(Status(code), f"journal {journal}: {reason}", held.request_id))]
 
     # ------------------------------------------------------------ what the stream delivers
+    def listening(self) -> bool:
+        """Anyone here may want what a stream delivers (a subscriber, a queue group, a replay): else the
+        shell only fills the local copy and does not hand the records over."""
+        pubsub = self.pubsub
+        return bool(len(pubsub.subscriptions) or len(pubsub.groups) or self.streams.streaming)
+
     def arrived(self, journal: JournalStore, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:
         """Records of ``journal`` the stream delivered (``(record, origin)``, in seq order, already in the
         local copy): to this broker's own subscribers; queue groups and echo at the origin broker."""

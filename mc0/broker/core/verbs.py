@@ -158,7 +158,10 @@ def put_replicated(
     delivers the record to its own subscribers when the stream hands it out (``core.replicated``)."""
     headers = command.headers
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-    origin = jsw.origin(core.routes.name, peer.routing_id)
+    # Who published it matters only for its ECHO 0 and for the queue groups this broker picks for.
+    tokens = core.pubsub.tokens_of(topic)
+    wanted = not peer.echo or (tokens is not None and bool(core.pubsub.groups.match(tokens)))
+    origin = jsw.origin(core.routes.name, peer.routing_id) if wanted else ""
     token = core.streams.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
     if token is None:  # (a proposal is only queued: never; a local journal beside it failed, not this one)
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not take it", command.id)
