@@ -206,6 +206,16 @@ class ClusterListener:
             "nats_server": self.link.server,
             "brokers": sorted(core.routes.by_name),
             "link": dict(self.link.counters),
+            # JetStream journals: proposals published / acknowledged / retried / failed, what is pending,
+            # which streams are ready, records delivered to each local copy, and the copies' positions.
+            "jetstream": {
+                **(self.link.jetstream.status() if self.link.jetstream is not None else {}),
+                "copies": {name: journal.position()[0] for name, journal in self.replicated.items()},
+                "held_oks": core.replication.holding,
+                "store_calls_waiting": core.calls.waiting,
+            }
+            if self.replicated
+            else None,
         }
 
     def close(self) -> None:
