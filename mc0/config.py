@@ -184,7 +184,10 @@ def _store_keys(settings: JournalSettings, table: dict[str, Any], path: str) -> 
 
 
 def check_stores(config: Config) -> Config:
-    """A JetStream journal needs the NATS servers of ``[cluster] nats`` (ConfigError naming its store)."""
+    """A JetStream journal needs the NATS servers of ``[cluster] nats`` (ConfigError naming its store).
+
+    Checked by the broker (its constructor, ``--check-config``), not when a file is read: ``mc0
+    broker --cluster URL,URL`` may give the servers the file leaves out."""
     for name, journal in sorted(config.journals.items()):
         if journal.replicated and not config.cluster.nats:
             reason = (
@@ -218,7 +221,7 @@ def _check(config: Config) -> Config:
         raise ConfigError("cluster.tls_key", "a key needs tls_cert, the certificate it belongs to")
     if config.memodb.identity == ANONYMOUS:
         raise ConfigError("memodb.identity", f"choose a name of its own, not {ANONYMOUS!r} (see docs/SECURITY.md)")
-    return check_stores(config)
+    return config
 
 
 def parse(text: str, source: str = "<string>") -> Config:

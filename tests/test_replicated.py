@@ -20,7 +20,7 @@ from mc0.broker.core.storeconsumers import known_of
 from mc0.broker.storage.memstore import MemoryReplicatedStore
 from mc0.broker.storage.records import encode_payload
 from mc0.broker.storage.replicated import ReplicatedJournal
-from mc0.config import parse
+from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
 from mc0.protocol import jetstream as jsw
@@ -50,8 +50,8 @@ def test_a_jetstream_key_it_cannot_honour_or_a_missing_cluster_is_a_config_error
     text: str, where: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        parse(text, "mc0.toml")
-    assert info.value.where == f"mc0.toml: {where}"
+        check_stores(parse(text, "mc0.toml"))  # (the store's check is the broker's: --cluster may name NATS)
+    assert info.value.where in (f"mc0.toml: {where}", where)
 
 
 def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
@@ -340,3 +340,28 @@ def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: P
     assert (again.first_seq, again.next_seq) == (1, 1)
     with pytest.raises(TypeError):
         again.append("t", "s", {}, [b""])
+
+
+def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_the_command_line_gives_it(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "mc0.toml"
+    config.write_text('[journals.main]\nstore = "jetstream"\n')
+    command = [sys.executable, "-m", "mc0", "broker", "--insecure", "--config", str(config), "--check-config"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and refused.stderr.startswith("mc0: error: journals.main.store: store = ")
+    given = subprocess.run([*command, "--cluster", "nats://127.0.0.1:4222"], capture_output=True, text=True, timeout=30)
+    assert given.returncode == 0, given.stderr
+    assert "kept by JetStream, R3" in given.stdout
+
+
+def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_nothing() -> None:
+    j = store()
+    core = core_with(j)
+    j.backlog = "100000 records wait for JetStream's answer"
+    out = put(core, b"pub", "TOPIC", "orders.1", "ID", "p", "", "x")
+    assert out == [(b"pub", P.error(429, "journal main: 100000 records wait for JetStream's answer", "p"))]
+    assert not j.proposals and core.counters["store_backlog_refused"] == 1

@@ -145,8 +145,12 @@ class ClusterListener:
                 for token, seq, duplicate in item.acks:
                     if journal is not None:
                         journal.acknowledged(seq)
+                        journal.answered(token)
                     out += fromstore.stored(core, item.journal, token, seq, duplicate, now)
             elif isinstance(item, Failed):
+                failed = self.replicated.get(item.journal)
+                if failed is not None:
+                    failed.answered(item.token)
                 out += fromstore.failed(core, item.journal, item.token, item.code, item.reason, now)
             elif isinstance(item, Answer):
                 rows = item.data.get("records", [])

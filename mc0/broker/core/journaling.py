@@ -211,6 +211,9 @@ class Streams:
         for journal in journals:
             store = replicated(journal)
             if store is not None:
+                if store.backlog:  # (a PUT was refused 429 before: what reaches here is the broker's own)
+                    self.counters["store_backlog_dropped"] += 1
+                    continue
                 msgid = headers.get(Header.MSGID)
                 store_id = jsw.msg_id(sender, msgid) if msgid is not None and journal.settings.dedup_window_s else None
                 token = store.propose(topic, sender, headers, body, msgid=store_id, origin=origin)

@@ -310,7 +310,7 @@ class Mailboxes:
         if self.stored is not None:  # kept in the stream, which bounds the mailboxes itself
             if record is None:
                 raise ValueError("a mailbox journal keeps the letter's record: pass record=")
-            self.proposed = self.stored.keep(to, record, expires)
+            self.proposed = self.stored.keep(to, record, expires, request_id)
             return [], P.MAILBOX_STORED
         letter = compact(expires, frames)
         self._check_room(to, letter.size, request_id)

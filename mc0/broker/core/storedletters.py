@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ... import protocol as P
+from ...errors import ProtocolError
 from ...message import Record
-from ...protocol import Header
+from ...protocol import Header, Status
 from ..storage.port import ReplicatedStore
 from .peers import Out, Peer
 from .storecalls import StoreCalls, failure
@@ -63,9 +64,14 @@ class StoredLetters:
         self._reading: set[str] = set()  # identities whose mailbox is being read
 
     def keep(
-        self, to: str, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], expires: float
+        self, to: str, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], expires: float,
+        request_id: str | None = None,
     ) -> int:  # fmt: skip
-        """Propose ``to``'s letter to the stream; its token (the OK waits for the stream)."""
+        """Propose ``to``'s letter to the stream; its token (the OK waits for the stream).  429 (a
+        ProtocolError) while too much waits for the stream's answer."""
+        if self.journal.backlog:
+            self.counters["mailbox_refused"] += 1
+            raise ProtocolError(Status.OVER_LIMIT, f"journal {self.journal.name}: {self.journal.backlog}", request_id)
         topic, sender, headers, body = record
         kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
         expires_ms = round((expires + self.wall_offset) * 1000.0)

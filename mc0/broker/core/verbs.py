@@ -17,7 +17,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
 from ...protocol import jetstream as jsw
-from ..storage.port import JournalStore
+from ..storage.port import JournalStore, replicated
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
 from .peers import Out, Peer
@@ -156,6 +156,12 @@ def put_replicated(
     stream acknowledges (a quorum of its replicas holds it), with the stream's SEQ; JetStream's
     duplicate window dedups the MSGID, cluster-wide.  Nothing is delivered now: every broker
     delivers the record to its own subscribers when the stream hands it out (``core.replicated``)."""
+    for journal in journals:  # the memory budget of what waits for JetStream: refused before anything changes
+        store = replicated(journal)
+        backlog = store.backlog if store is not None else ""
+        if backlog:
+            core.counters["store_backlog_refused"] += 1
+            raise ProtocolError(Status.OVER_LIMIT, f"journal {journal.name}: {backlog}", command.id)
     headers = command.headers
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
     # Who published it matters only for its ECHO 0 and for the queue groups this broker picks for.

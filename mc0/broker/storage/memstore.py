@@ -189,6 +189,7 @@ class MemoryReplicatedStore(MemoryStore):
         self.stored_seqs: dict[str, int] = {}  # msgid -> seq (the store's dedup)
         self._token = 0
         self.acknowledged = 0  # the highest seq the store acknowledged
+        self.backlog = ""  # (set it to refuse proposals, as a full budget would)
 
     @property
     def stored_next_seq(self) -> int:

@@ -139,6 +139,12 @@ class ReplicatedStore(JournalStore, Protocol):
         """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token."""
         ...
 
+    @property
+    def backlog(self) -> str:
+        """Why no more may be proposed now ("" when they may): too many records, or too many bytes,
+        are waiting for the store's answer (the broker's memory budget for them)."""
+        ...
+
 
 def replicated(journal: JournalStore) -> ReplicatedStore | None:
     """``journal`` as a replicated store, or None when it is a local one."""

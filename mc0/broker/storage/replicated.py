@@ -39,6 +39,9 @@ from .records import encode_payload
 log = logging.getLogger("mc0.journal")
 
 MARKER = "stream.json"  # which stream the copy was made from (its creation time)
+# Proposed and not yet answered by JetStream, at most (beyond: PUTs refused 429 until it catches up).
+MAX_WAITING = 100_000
+MAX_WAITING_BYTES = 64 << 20
 
 
 class Proposal(NamedTuple):
@@ -63,6 +66,8 @@ class ReplicatedJournal:
         self._tokens = itertools.count(1)
         self._stored_next = 0  # the seq after the highest the stream acknowledged or reported
         self.stream_first = 0  # the stream's first seq, as last reported
+        self._waiting: dict[int, int] = {}  # token -> payload bytes, proposed and not yet answered
+        self._waiting_bytes = 0
         self.created = ""  # the stream's creation time the copy belongs to
         self.counters = {"proposed": 0, "arrived": 0, "resets": 0}
 
@@ -118,15 +123,35 @@ class ReplicatedJournal:
         token = next(self._tokens)
         payload = encode_payload(topic, sender, headers, parts)
         self._proposals.append(Proposal(token, jsw.subject(self.name, topic), msgid or "", origin, payload))
-        self.counters["proposed"] += 1
+        self._wait(token, len(payload))
         return token
+
+    def _wait(self, token: int, size: int) -> None:
+        self._waiting[token] = size
+        self._waiting_bytes += size
+        self.counters["proposed"] += 1
+
+    @property
+    def backlog(self) -> str:
+        if len(self._waiting) >= MAX_WAITING or self._waiting_bytes >= MAX_WAITING_BYTES:
+            return (
+                f"{len(self._waiting)} records ({self._waiting_bytes} bytes) wait for JetStream's answer, "
+                f"the broker's budget ({MAX_WAITING} records, {MAX_WAITING_BYTES} bytes): send again later"
+            )
+        return ""
+
+    def answered(self, token: int) -> None:
+        """JetStream answered proposal ``token`` (stored or not): it no longer counts against the budget."""
+        size = self._waiting.pop(token, None)
+        if size is not None:
+            self._waiting_bytes -= size
 
     def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
         """Propose a kept letter for ``identity`` (the journal that keeps mailboxes): on its own subject."""
         token = next(self._tokens)
         payload = encode_payload(topic, sender, headers, parts)
         self._proposals.append(Proposal(token, jsw.letter_subject(self.name, identity), "", "", payload))
-        self.counters["proposed"] += 1
+        self._wait(token, len(payload))
         return token
 
     def commit(self) -> None:
