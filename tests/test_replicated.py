@@ -275,10 +275,10 @@ def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:
     config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
     config |= {"max_ack_pending": 1000, "deliver": "all"}
     assert core.consumers.store is not None
-    core.consumers.store.known["main", "c"] = known_of(
-        {"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}}
-    )
+    known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
+    core.consumers.store._learn("main", "c", known, 0.0)
     consumer_request(core, "p", op="pull", max=1, wait_ms=1000)
+    assert core.calls._queued[0][1]["op"] == "consumer_pull"  # (known here: no info asked first)
     assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
     assert answer(core, {"deliveries": [], "records": []}) == []
 

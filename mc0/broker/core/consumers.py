@@ -16,7 +16,9 @@ Persistence goes through the :class:`~mc0.broker.storage.port.JournalStore` port
 core's ``commit``, and the answers to ack/nak/term/create/delete are held
 until it is, so an acknowledged ack survives kill -9.  What a restart loses
 is only *who* holds a delivery: messages delivered and not settled are due
-again at once, with their delivery counts.  Pure: no sockets, no clock.
+again at once, with their delivery counts.  The consumers of a journal
+JetStream keeps are JetStream's: their ops go to :mod:`.storeconsumers`.
+Pure: no sockets, no clock.
 """
 
 from __future__ import annotations

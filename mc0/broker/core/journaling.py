@@ -8,8 +8,11 @@ and, per policy, one fsync per batch: a group commit) and returns the OKs
 now due, or ERROR 507 for a journal that failed.  Replays and fetches are
 *paced*: ``stream(now)`` returns one page of each, and the shell hands back
 what it could not queue (``stream_blocked``), which rewinds that stream, so
-a slow reader slows only its own streams and nothing is lost.  No sockets,
-no clock.
+a slow reader slows only its own streams and nothing is lost.  A journal
+JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
+(the OK is held by :mod:`.replication`), and its replays and fetches read its
+local copy, waiting (paced) while the copy lags what the stream holds.  No
+sockets, no clock.
 """
 
 from __future__ import annotations

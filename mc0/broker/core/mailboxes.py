@@ -28,7 +28,9 @@ off and that record delivers the letter again after its restart, and never
 loses it.  ``restore(now)`` (after the journal is open) rebuilds the
 mailboxes from the journal in seq order; a record it cannot read is logged,
 counted (``mailbox_record_unreadable``) and skipped.  Retention keeps the
-segments from the oldest kept letter on (``retain_from``).  Pure: no
+segments from the oldest kept letter on (``retain_from``).  When a journal
+JetStream keeps holds the mailboxes, letters live in its stream instead
+(:mod:`.storedletters`: ``stored``; nothing is kept here).  Pure: no
 sockets, no clock, no disk.
 """
 

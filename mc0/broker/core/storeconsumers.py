@@ -46,6 +46,7 @@ from .storecalls import StoreCalls, failure
 log = logging.getLogger("mc0.broker")
 
 MAX_PULL = 1_000
+KNOWN_S = 10.0  # a consumer's owner and config, as learnt, are trusted this long (then asked again)
 MAX_ACKS = 10_000
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
 DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
@@ -102,7 +103,10 @@ class StoreConsumers:
         self._max_wait_ms = max_wait_ms
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
+        # What this broker learnt of each consumer, and until when it trusts it (another broker may
+        # delete it and another identity create one of that name: an owner is looked up again then).
         self.known: dict[tuple[str, str], Known] = {}
+        self._known_until: dict[tuple[str, str], float] = {}
         self._asking: dict[tuple[bytes, str], int] = {}  # (client, rid) -> the store call answering it
 
     # ------------------------------------------------------------ plumbing
@@ -138,6 +142,10 @@ class StoreConsumers:
         token = self.calls.call(request, answered)
         self._asking[key] = token
         return []
+
+    def _learn(self, journal: str, name: str, known: Known, now: float) -> None:
+        self.known[journal, name] = known
+        self._known_until[journal, name] = now + KNOWN_S
 
     def waiting_for(self, peer: Peer, rid: str) -> bool:
         return (peer.routing_id, rid) in self._asking
@@ -186,7 +194,7 @@ class StoreConsumers:
                 if known.config != config:
                     reason = f"consumer {config.name} exists with another config"
                     return self._error(client, rid, Status.CONFLICT, reason)
-                self.known[journal.name, config.name] = known
+                self._learn(journal.name, config.name, known, now)
                 return self._final(client, rid, user, self._info(known, existing))
             owned, total = int(data.get("owned", 0)), int(data.get("total", 0))
             if owned >= self.max_per_identity:
@@ -210,7 +218,7 @@ class StoreConsumers:
 
         def created(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
             known = Known(config, owner)
-            self.known[journal.name, config.name] = known
+            self._learn(journal.name, config.name, known, now)
             self.counters["consumers_created"] += 1
             return self._final(client, rid, user, self._info(known, data["info"]))
 
@@ -266,7 +274,7 @@ class StoreConsumers:
             return self._call(client, rid, request, done)
 
         known = self.known.get((journal.name, name))
-        if known is not None:
+        if known is not None and self._known_until.get((journal.name, name), 0.0) > now:
             return with_known(known)
         info = {"op": "consumer_info", "journal": journal.name, "name": name}
 
@@ -276,7 +284,7 @@ class StoreConsumers:
             except (ValueError, KeyError, TypeError, InvalidTopic):
                 reason = f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
                 return self._error(client, rid, Status.NOT_FOUND, reason)
-            self.known[journal.name, name] = found
+            self._learn(journal.name, name, found, now)
             return with_known(found)
 
         return self._call(client, rid, info, found)
@@ -297,6 +305,7 @@ class StoreConsumers:
             return self._final(client, rid, user, self._info(known, data["info"]))
         if op == "delete":
             self.known.pop((config.journal, config.name), None)
+            self._known_until.pop((config.journal, config.name), None)
             return self._final(client, rid, user, {"deleted": config.name})
         if op != "pull":
             done = int(data.get("done", 0))
