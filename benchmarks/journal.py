@@ -1,6 +1,8 @@
 """Journal benchmark: confirmed PUT rate into a journal (per fsync policy) relative to a plain
 confirmed PUT, and the Spark scan of a journal (benchmarks/spark_scan.py) beside a plain Python
-source over the same rows and the client's own fetch loops.
+source over the same rows and the client's own fetch loops; with ``--jetstream``, confirmed
+publishes into an R3 JetStream journal through a broker beside nats-py straight into an R3 stream
+(benchmarks/jetstream.py: three nats-server nodes, sync_interval always on both sides).
 
 Every broker is a real process on 127.0.0.1 with its own journal folder; each
 figure is the median of ``--runs`` runs, and every ratio compares numbers
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark scan (no JVM)")
     parser.add_argument("--spark-only", action="store_true", help="only the Spark scan (no PUT rates)")
+    parser.add_argument(
+        "--jetstream",
+        action="store_true",
+        help="also: confirmed publishes into an R3 JetStream journal via a broker beside nats-py into an R3 stream",
+    )
+    parser.add_argument("--jetstream-only", action="store_true", help="only the JetStream rows (no JVM)")
     parser.add_argument("--option", action="append", default=[], help="a mc0 source option KEY=VALUE (Spark scan)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -102,10 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     options = dict(o.split("=", 1) for o in args.option if "=" in o)
     rows = []
-    if not args.spark_only:
+    if not args.spark_only and not args.jetstream_only:
         puts = put_rates(args.count, args.size, args.window, args.runs, console.log)
         rows += summarize(puts, "plain PUT", "msg/s")
-    if not args.no_spark:
+    if args.jetstream or args.jetstream_only:
+        from benchmarks.jetstream import jetstream_rates, names
+
+        js, lost = jetstream_rates(args.count, args.size, args.window, args.runs, console.log)
+        row = names(args.window)
+        for ours, theirs in (("mc01", "js1"), ("mc0w", "jsw")):
+            pair = {row[theirs]: js[row[theirs]], row[ours]: js[row[ours]]}
+            rows += summarize(pair, row[theirs], "msg/s", {n: lost[n] for n in pair})
+    if not args.no_spark and not args.jetstream_only:
         from benchmarks.spark_scan import scan_rates
 
         scans, failed = scan_rates(args.spark_count, args.spark_size, args.runs, console.log, options=options)

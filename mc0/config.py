@@ -31,6 +31,7 @@ from .settings import (
     ENV_CONFIG,
     ENV_ENDPOINT,
     ENV_KEY,
+    MAX_REPLICAS,
     BrokerConfig,
     ClientConfig,
     Config,
@@ -52,6 +53,7 @@ __all__ = [
     "CoreSettings",
     "JournalSettings",
     "SecurityConfig",
+    "check_stores",
     "load",
     "load_default",
     "parse",
@@ -102,7 +104,8 @@ def _build(cls: type[C], table: dict[str, Any], where: str) -> C:
                     raise ConfigError(f"{path}.{name}", "a journal name is letters, digits, '-' and '_'")
                 if not isinstance(sub, dict):
                     raise ConfigError(f"{path}.{name}", "must be a table")
-                journals[name] = _mailbox_journal(_build(JournalSettings, sub, f"{path}.{name}"), sub, path, name)
+                built = _build(JournalSettings, sub, f"{path}.{name}")
+                journals[name] = _mailbox_journal(_store_keys(built, sub, f"{path}.{name}"), sub, path, name)
             keeping = sorted(name for name, j in journals.items() if j.mailboxes)
             if len(keeping) > 1:
                 raise ConfigError(path, f"at most one journal keeps mailboxes; {', '.join(keeping)} all say so")
@@ -155,6 +158,46 @@ def _mailbox_journal(settings: JournalSettings, table: dict[str, Any], path: str
         reason = f"a journal that keeps mailboxes keeps nothing else: leave topics out (it is {SYS_MAILBOX_PATTERN})"
         raise ConfigError(f"{path}.{name}.topics", reason)
     return dataclasses.replace(settings, topics=(SYS_MAILBOX_PATTERN,))
+
+
+# Keys of a [journals.NAME] table JetStream cannot honour (a ConfigError names the one given), and
+# keys only a JetStream journal has.
+JETSTREAM_CANNOT = {
+    "dedup_max_ids": "JetStream remembers every MSGID of dedup_window_s (the stream's duplicate window) "
+    "and has no bound on their number; leave it out",
+}
+JETSTREAM_ONLY = ("replicas", "max_messages")
+
+
+def _store_keys(settings: JournalSettings, table: dict[str, Any], path: str) -> JournalSettings:
+    """What the journal's store can honour: a key it cannot is an error naming it."""
+    if not settings.replicated:
+        for key in JETSTREAM_ONLY:
+            if key in table:
+                raise ConfigError(f"{path}.{key}", 'only a journal with store = "jetstream" has it')
+        return settings
+    for key, reason in JETSTREAM_CANNOT.items():
+        if key in table:
+            raise ConfigError(f"{path}.{key}", f'store = "jetstream" cannot honour it: {reason}')
+    if not 1 <= settings.replicas <= MAX_REPLICAS:
+        reason = f"must be 1 to {MAX_REPLICAS} (JetStream's bound), got {settings.replicas}"
+        raise ConfigError(f"{path}.replicas", reason)
+    return settings
+
+
+def check_stores(config: Config) -> Config:
+    """A JetStream journal needs the NATS servers of ``[cluster] nats`` (ConfigError naming its store).
+
+    Checked by the broker (its constructor, ``--check-config``), not when a file is read: ``mc0
+    broker --cluster URL,URL`` may give the servers the file leaves out."""
+    for name, journal in sorted(config.journals.items()):
+        if journal.replicated and not config.cluster.nats:
+            reason = (
+                'store = "jetstream" keeps it in the NATS cluster of [cluster] nats, and there is none: '
+                'add [cluster] nats = ["nats://..."] (or use store = "file")'
+            )
+            raise ConfigError(f"journals.{name}.store", reason)
+    return config
 
 
 def _check(config: Config) -> Config:

@@ -25,6 +25,11 @@ ENV_KEY = "MC0_KEY"
 ENV_BROKER_KEY = "MC0_BROKER_KEY"
 
 FSYNC_POLICIES = ("always", "batch", "never")
+# Where a journal's records live: "file" (this broker's segment files) or "jetstream" (a stream
+# the NATS cluster of [cluster] replicates; this broker keeps a local copy to read from).
+STORES = ("file", "jetstream")
+FILE_STORE, JETSTREAM_STORE = STORES
+MAX_REPLICAS = 5  # JetStream's own bound on a stream's replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,16 @@ class JournalSettings:
     # nothing else: its topics are mc0.sys.mailbox.> (the loader sets them); at most one
     # journal may.  Without one, kept letters live in memory only (mc0.broker.core.mailboxes).
     mailboxes: bool = False
+    # "jetstream": the records live in a JetStream stream replicated on `replicas` NATS nodes
+    # (needs [cluster] nats); every broker of the cluster serves it.  folder and segment_bytes
+    # then shape this broker's local copy; dedup_window_s is the stream's duplicate window.
+    store: str = field(default=FILE_STORE, metadata={"choices": STORES})
+    replicas: int = 3  # jetstream only: nodes that hold each record (1..5); R3 survives losing one
+    max_messages: int = field(default=0, metadata={"min": 0})  # jetstream only: retention by count (0 = none)
+
+    @property
+    def replicated(self) -> bool:
+        return self.store == JETSTREAM_STORE
 
     def path(self, name: str) -> Path:
         return Path(self.folder or os.path.join("var", "journal", name))
@@ -174,6 +189,10 @@ class ClusterConfig:
     route_liveness: int = field(default=4, metadata={"min": 2})  # beacons missed before a broker is gone
     reconnect_ms: int = field(default=200, metadata={"min": 10})  # between NATS reconnection attempts
     ping_ms: int = field(default=1_000, metadata={"min": 1000})  # NATS pings: a frozen server is left after 2
+    # How long a write to a JetStream journal (a confirmed PUT's OK, a kept letter) waits for
+    # the stream's acknowledgement, retries through a NATS failover included; then 504: stored
+    # or not is unknown, and a re-send with the same MSGID is stored once.
+    jetstream_timeout_ms: int = field(default=5_000, metadata={"min": 100})
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class ClusterBus:
         *,
         curve: bool = False,
         extra: str = "",
+        broker: str = "",
         identities: tuple[str, ...] = ("alice", "bob", "carol"),
         node_of: tuple[int, ...] | None = None,
     ) -> None:
@@ -37,6 +38,7 @@ class ClusterBus:
         self.size = size
         self.curve = curve
         self.extra = extra
+        self.broker = broker  # more of [broker] (keys, one a line)
         self.brokers: list[BrokerProcess | None] = [None] * size
         self.node_of = node_of or tuple(i % nats.size for i in range(size))  # broker i -> its first NATS node
         self.keys_dir = root / "keys"
@@ -63,8 +65,11 @@ class ClusterBus:
             if self.curve
             else ""
         )
+        # Each broker its own data folder (its journals, and its local copies of JetStream journals).
+        data = self.root / self.name(i)
         text = (
-            f"{security}[broker]\nmin_ttl_ms = 50\n"
+            f"data_dir = {json.dumps(str(data))}\n"
+            f"{security}[broker]\nmin_ttl_ms = 50\n{self.broker}"
             f"[cluster]\nnats = {json.dumps(ordered)}\nname = {json.dumps(self.name(i))}\n"
             f"hello_ms = {HELLO_MS}\nroute_liveness = {ROUTE_LIVENESS}\n{self.extra}"
         )

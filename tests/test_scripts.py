@@ -86,6 +86,24 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
     assert all(r["median"] > 0 and r["baseline"] == "plain PUT" for r in rows.values())
 
 
+@pytest.mark.timeout(180)
+def test_jetstream_bench_smoke_run_puts_the_broker_beside_nats_py_into_r3_streams(tmp_path: Path) -> None:
+    out = tmp_path / "js.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_journal.py"), "--jetstream-only", "--runs", "1", "--count", "300",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 4 and all(r["median"] > 0 and r["failed"] == 0 for r in rows.values())
+    baselines = {r["baseline"] for r in rows.values()}
+    assert all(b.startswith("JetStream R3 via nats-py") and "sync_interval=always" in b for b in baselines)
+    assert all("sync_interval=always" in name for name in rows)  # both sides' sync setting stated
+
+
 @pytest.mark.timeout(300)
 def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(tmp_path: Path) -> None:
     require("pyspark")

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from .. import keys as keyfiles
-from ..config import Config
+from ..config import Config, check_stores
 from ..endpoints import check_endpoint
 from ..errors import ConfigError
 from .cluster.link import redacted
@@ -44,6 +44,7 @@ def _writable_folder(path: Path, what: str) -> str:
 
 
 def check_config(config: Config) -> list[str]:
+    check_stores(config)  # a JetStream journal without [cluster] nats: the error names its store
     lines: list[str] = []
     for endpoint in config.broker.bind:
         check_endpoint(endpoint, bind=True, where="broker.bind")
@@ -97,6 +98,8 @@ def check_config(config: Config) -> list[str]:
             what = "keeps the mailboxes: kept letters survive a restart"
         else:
             what = f"topics {', '.join(settings.topics)}"
+        if settings.replicated:
+            what += f"; kept by JetStream, R{settings.replicas}: the folder holds this broker's local copy"
         lines.append(f"journal {name}: {folder.resolve()} ({state}; {what})")
     if not any(settings.mailboxes for settings in config.journals.values()):
         lines.append("mailboxes: in memory only (a restart loses kept letters; see [journals.NAME] mailboxes)")

@@ -21,19 +21,24 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 from typing import Any, Protocol
 
 import zmq
 
 from ..errors import ConfigError
+from ..message import Record
 from ..protocol import routes as route_wire
 from ..settings import Config
 from .cluster.link import ClusterLink, Hello, LinkChange, RouteBlob
-from .core import routed
+from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
+from .core import fromstore, routed
 from .core.dispatch import BrokerCore, Out
 from .core.routes import ROUTE_PREFIX, is_route_id
 from .nngbridge import NngBridge
 from .outbox import Outbox
+from .storage.records import decode_payload
+from .storage.replicated import ReplicatedJournal
 
 log = logging.getLogger("mc0.broker")
 
@@ -105,8 +110,9 @@ class ClusterListener:
 
     def __init__(self, config: Config) -> None:
         self.config = config.cluster
-        self.link = ClusterLink(config.cluster)
+        self.link = ClusterLink(config.cluster, streams=specs_of(config))
         self.broker_name = config.cluster.name
+        self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -122,7 +128,11 @@ class ClusterListener:
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
         routed.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
-        self.link.start(context, self.broker_name)
+        self.replicated = {n: j for n, j in core.streams.journals.items() if isinstance(j, ReplicatedJournal)}
+        for journal in self.replicated.values():
+            journal.sink = self.link.publish  # what the core proposes goes to JetStream at each commit
+        positions = {name: journal.position() for name, journal in self.replicated.items()}
+        self.link.start(context, self.broker_name, positions)
 
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
         out: list[Out] = []
@@ -133,7 +143,45 @@ class ClusterListener:
                 out += routed.hello(core, item.name, item.epoch, now)
             elif isinstance(item, LinkChange) and not item.up:
                 out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+            elif isinstance(item, Records):
+                out += self._arrived(core, item, now)
+            elif isinstance(item, Acks):
+                journal = self.replicated.get(item.journal)
+                for token, seq, duplicate in item.acks:
+                    if journal is not None:
+                        journal.acknowledged(seq)
+                        journal.answered(token)
+                    out += fromstore.stored(core, item.journal, token, seq, duplicate, now)
+            elif isinstance(item, Failed):
+                failed = self.replicated.get(item.journal)
+                if failed is not None:
+                    failed.answered(item.token)
+                out += fromstore.failed(core, item.journal, item.token, item.code, item.reason, now)
+            elif isinstance(item, Answer):
+                rows = item.data.get("records", [])
+                records = [
+                    _record(int(seq), ts / 1e9, payload)
+                    for (seq, ts), payload in zip(rows, item.payloads, strict=False)
+                ]
+                out += fromstore.answered(core, item.token, item.data, records, now)
+            elif isinstance(item, StreamState):
+                kept = self.replicated.get(item.journal)
+                if kept is not None:
+                    kept.stream_state(item.first, item.last, item.created, item.start)
         return out
+
+    def _arrived(self, core: BrokerCore, news: Records, now: float) -> list[Out]:
+        """Records the stream delivered: into the local copy (in seq order), then to the core."""
+        journal = self.replicated.get(news.journal)
+        if journal is None:
+            return []
+        listening = fromstore.listening(core)  # (nobody to hand them to: no record is decoded)
+        fresh: list[tuple[Record, str]] = []
+        for seq, ts, origin, payload in news.records:
+            if journal.arrived(seq, ts, payload) and listening:
+                fresh.append((_record(seq, ts, payload), origin))
+        journal.flush()
+        return fromstore.arrived(core, news.journal, fresh, now) if fresh else []
 
     def owns(self, routing_id: bytes) -> bool:
         return is_route_id(routing_id)
@@ -154,7 +202,10 @@ class ClusterListener:
         pass
 
     def turn(self, core: BrokerCore, now: float) -> list[Out]:
-        """The news of this broker's own peers (interest, services, identities) for every route."""
+        """The news of this broker's own peers (interest, services, identities) for every route; what
+        the core asks of JetStream."""
+        for token, request in fromstore.calls(core):
+            self.link.call(token, request)
         return routed.news(core)
 
     def status(self, core: BrokerCore) -> dict[str, object]:
@@ -164,10 +215,28 @@ class ClusterListener:
             "nats_server": self.link.server,
             "brokers": sorted(core.routes.by_name),
             "link": dict(self.link.counters),
+            # JetStream journals: proposals published / acknowledged / retried / failed, what is pending,
+            # which streams are ready, records delivered to each local copy, and the copies' positions.
+            "jetstream": {
+                **(self.link.jetstream.status() if self.link.jetstream is not None else {}),
+                "copies": {name: journal.position()[0] for name, journal in self.replicated.items()},
+                "held_oks": core.replication.holding,
+                "store_calls_waiting": core.calls.waiting,
+            }
+            if self.replicated
+            else None,
         }
 
     def close(self) -> None:
         self.link.close()
+
+
+def _record(seq: int, ts: float, payload: bytes) -> Record:
+    """A JetStream journal's message as the record it holds (one that is not mc0's: no topic, filtered)."""
+    try:
+        return decode_payload(seq, ts, payload, 0, len(payload))
+    except (ValueError, struct.error, UnicodeDecodeError):
+        return Record(seq, ts, "", "", {}, (payload,))
 
 
 def configured(config: Config) -> list[Listener]:

@@ -32,7 +32,7 @@ import zmq
 import zmq.utils.monitor
 
 from .. import keys as keyfiles
-from ..config import Config, load
+from ..config import Config, check_stores, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
@@ -46,6 +46,7 @@ from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 from .storage.filestore import Journal
+from .storage.replicated import ReplicatedJournal
 
 log = logging.getLogger("mc0.broker")
 
@@ -106,9 +107,13 @@ class Broker:
         config_path: str | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        self.config = config or Config()
+        self.config = check_stores(config or Config())  # (a ConfigError: a JetStream journal needs [cluster] nats)
         self.config_path = config_path  # re-read for permissions on reload
-        self.journals = [Journal(name, settings) for name, settings in sorted(self.config.journals.items())]
+        # A JetStream journal: the stream is the truth, this broker keeps a local copy to read from.
+        self.journals: list[Journal | ReplicatedJournal] = [
+            ReplicatedJournal(name, settings) if settings.replicated else Journal(name, settings)
+            for name, settings in sorted(self.config.journals.items())
+        ]
         cfg = self.config.broker
         # A reader may hold the input (back-pressure) for at most half the time a slow consumer is given.
         hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT

@@ -155,6 +155,13 @@ def bench(ctx: click.Context) -> None:
 @click.option("--max-records-per-trigger", type=click.IntRange(min=1), default=None, help="Cap each micro-batch.")
 @click.option("--top-senders", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--no-publish", is_flag=True, help="Do not publish the rollups on mc0.rollup.*.")
+@click.option(
+    "--source-option",
+    "source_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option of the mc0 source (docs/PIPELINE.md), e.g. minPartitions=3; may repeat.",
+)
 @connection_options
 @_one_line_errors
 def pipeline(
@@ -168,6 +175,7 @@ def pipeline(
     max_records_per_trigger: int | None,
     top_senders: int,
     no_publish: bool,
+    source_options: tuple[str, ...],
 ) -> None:
     """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
     try:
@@ -178,6 +186,12 @@ def pipeline(
     from rich.console import Console
 
     client_config = conn.config().client
+    extra: dict[str, str] = {}
+    for entry in source_options:
+        key, equals, value = entry.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError("--source-option", f"KEY=VALUE, got {entry!r}")
+        extra[key.strip()] = value.strip()
     options = job.PipelineOptions(
         endpoint=conn.endpoint or client_config.endpoint,
         journal=journal,
@@ -191,6 +205,7 @@ def pipeline(
         top_senders=top_senders,
         publish=not no_publish,
         timeout=conn.timeout,
+        extra_source_options=extra,
     )
     job.check_source(options)  # before paying for a JVM
     console = Console(stderr=True)

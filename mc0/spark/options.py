@@ -7,6 +7,7 @@ option is a ``ConfigError`` naming it.  Imports no pyspark.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +93,15 @@ class Connection:
 
         return Client(self.endpoint, **self.client_options()).connect()
 
+    def rotated(self, index: int) -> Connection:
+        """This connection with its endpoint list turned so that entry ``index`` (mod its length) comes
+        first: partition k of a journal every broker serves reads at broker k, and fails over to the next."""
+        if not self.endpoint:
+            return self
+        endpoints = parse_endpoints(self.endpoint, where="option endpoint")
+        turn = index % len(endpoints)
+        return dataclasses.replace(self, endpoint=",".join(endpoints[turn:] + endpoints[:turn]))
+
 
 @dataclass(frozen=True)
 class ReadSettings:
@@ -120,12 +130,22 @@ class ReadSettings:
             _int_option(options, "minPartitions", 1) or 1,
         )
 
-    def head(self) -> tuple[int, int]:
-        """``(first_seq, next_seq)`` of the journal now (ConfigError if there is no such journal)."""
+    def journal_info(self) -> dict[str, Any]:
+        """The journal's ``mc0.journal info`` now (ConfigError if there is no such journal)."""
         with self.connection.client() as client:
             info = client.journal_info(timeout=self.connection.timeout)
         if self.journal not in info:
             known = ", ".join(sorted(info)) or "none"
             raise ConfigError("option journal", f"the broker has no journal {self.journal!r} (journals: {known})")
-        journal = info[self.journal]
+        journal: dict[str, Any] = info[self.journal]
+        return journal
+
+    def head(self) -> tuple[int, int]:
+        """``(first_seq, next_seq)`` of the journal now (ConfigError if there is no such journal)."""
+        journal = self.journal_info()
         return int(journal["first_seq"]), int(journal["next_seq"])
+
+
+def every_broker_serves(journal: Mapping[str, Any]) -> bool:
+    """The journal is kept by JetStream: every broker of the cluster reads it alike (same seqs)."""
+    return journal.get("store") == "jetstream"

@@ -23,31 +23,35 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from ..errors import ConfigError, Gone
+from ..errors import ConfigError, Gone, NotConnected, Timeout
 from ..message import Record
 from ..protocol import ColumnsPage
-from .options import SCHEMA, SOURCE_NAME, ReadSettings
+from .options import SCHEMA, SOURCE_NAME, ReadSettings, every_broker_serves
 from .sink import Mc0StreamWriter, Mc0Writer
 
 
 class SeqRange(InputPartition):
-    """Records ``start <= seq < end`` of one journal (``start`` 0 = the oldest kept)."""
+    """Records ``start <= seq < end`` of one journal (``start`` 0 = the oldest kept).  ``broker``: the
+    entry of the endpoint list to read at first (a journal every broker serves: partitions spread over
+    the cluster), or -1 (the list as given)."""
 
-    def __init__(self, start: int, end: int) -> None:
+    def __init__(self, start: int, end: int, broker: int = -1) -> None:
         super().__init__((start, end))
         self.start = start
         self.end = end
+        self.broker = broker
 
 
-def split_range(start: int, end: int, per_partition: int, at_least: int = 1) -> list[SeqRange]:
+def split_range(start: int, end: int, per_partition: int, at_least: int = 1, *, spread: bool = False) -> list[SeqRange]:
     """``[start, end)`` in equal ranges (within one seq) of at most ``per_partition`` seqs, at least
-    ``at_least`` of them when there are that many seqs; the same arguments give the same ranges."""
+    ``at_least`` of them when there are that many seqs; the same arguments give the same ranges.
+    ``spread``: range k is read at broker k of the endpoint list (round the list)."""
     size = end - start
     if size <= 0:
         return []
     count = min(size, max(-(-size // per_partition), at_least))
     bounds = [start + size * k // count for k in range(count + 1)]
-    return [SeqRange(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [SeqRange(a, b, k if spread else -1) for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
 COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body"]
@@ -55,6 +59,7 @@ COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body"]
 # between the client's thread and Spark's and a batch to serialize, so fewer, larger pages are cheaper.
 PAGE_RECORDS = 4000
 PAGE_BYTES = 4 << 20
+MAX_BROKERS_LOST = 4  # brokers one range may lose mid-read before its task fails (Spark may retry it)
 
 
 def arrow_schema() -> Any:
@@ -138,11 +143,18 @@ def _record_batch_of(records: list[Record]) -> Any:  # pragma: no cover - big-en
 
 
 def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
-    """Fetch ``[start, end)`` as Arrow batches, one per columns page as it arrives; runs on an executor."""
+    """Fetch ``[start, end)`` as Arrow batches, one per columns page as it arrives; runs on an executor.
+
+    A range of a journal every broker serves (``partition.broker`` >= 0) is read at that broker of the
+    endpoint list; when the broker dies mid-read the client fails over to the next and the read goes
+    on from the first record not yet yielded (the same seqs everywhere): each record once."""
     seq = partition.start
     if seq >= partition.end:
         return  # an empty range (a batch read of an empty journal): no connection needed
-    with settings.connection.client() as client:
+    spread = partition.broker >= 0
+    connection = settings.connection.rotated(partition.broker) if spread else settings.connection
+    lost = 0
+    with connection.client() as client:
         while seq < partition.end:
             begin = seq
             try:
@@ -160,6 +172,12 @@ def read_range(settings: ReadSettings, partition: SeqRange) -> Iterator[Any]:
                             yield record_batch(page)
                         seq = page.next_seq  # a later Gone resumes after what was yielded
                     next_seq = pages.next_seq
+            except (NotConnected, Timeout) as exc:
+                lost += 1
+                if not spread or lost > MAX_BROKERS_LOST:
+                    raise  # (a journal only one broker has: Spark's own task retry reads the range again)
+                print(f"mc0 source: {type(exc).__name__} at seq {seq}; going on at another broker", file=sys.stderr)
+                continue
             except Gone:
                 if settings.fail_on_data_loss:
                     raise
@@ -179,14 +197,16 @@ class Mc0Reader(DataSourceReader):
 
     def partitions(self) -> list[SeqRange]:
         settings = self.settings
-        first, next_seq = settings.head()
+        info = settings.journal_info()
+        first, next_seq = int(info["first_seq"]), int(info["next_seq"])
         start = first if settings.starting <= 0 else settings.starting
         if settings.starting < 0:
             start = next_seq  # latest: nothing yet
         end = next_seq if settings.ending < 0 else min(settings.ending, next_seq)
         if 0 < start < first and settings.fail_on_data_loss:
             raise Gone(410, f"journal {settings.journal}: seq {start} was trimmed; the first kept is {first}")
-        ranges = split_range(max(start, first), end, settings.max_per_partition, settings.min_partitions)
+        spread = every_broker_serves(info)
+        ranges = split_range(max(start, first), end, settings.max_per_partition, settings.min_partitions, spread=spread)
         return ranges or [SeqRange(0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -198,6 +218,7 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, settings: ReadSettings) -> None:
         self.settings = settings
         self.available_now: int | None = None
+        self.spread = False  # the journal is one every broker serves (learnt with the latest offset)
 
     def initialOffset(self) -> dict[str, int]:
         # Never resolved here: Spark calls this again when it replays batch 0.
@@ -212,7 +233,9 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = self.settings.head()[1]
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        first, head = self.settings.head()
+        info = self.settings.journal_info()
+        first, head = int(info["first_seq"]), int(info["next_seq"])
+        self.spread = every_broker_serves(info)
         if self.available_now is not None:
             head = min(head, self.available_now)
         begin = int(start["seq"])
@@ -230,7 +253,8 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = int(start["seq"]), int(end["seq"])
         if begin < 0:
             return []
-        return split_range(begin, stop, self.settings.max_per_partition, self.settings.min_partitions)
+        settings = self.settings
+        return split_range(begin, stop, settings.max_per_partition, settings.min_partitions, spread=self.spread)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)

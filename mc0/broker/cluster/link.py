@@ -10,9 +10,12 @@ and calls :meth:`receive`, which returns what arrived in order:
 
 - ``Hello(name, epoch)``: another broker's beacon;
 - ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);
-- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now).
+- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now);
+- what the JetStream part reports (:mod:`.jetstream`: ``Acks``, ``Failed``,
+  ``StreamState``, ``Records``, ``Answer``), when journals are kept by JetStream.
 
-:meth:`send` hands one route's blob to the thread (one NATS message each).
+:meth:`send` hands one route's blob to the thread (one NATS message each);
+:meth:`publish` a JetStream journal's proposals, :meth:`call` a store call.
 Nothing of the protocol is decided here: :mod:`mc0.broker.core.routes` does that.
 Credentials are never logged (URLs are shown without them).  ``close()`` is
 idempotent: it flushes what NATS still buffers (bounded), closes the
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +43,17 @@ import zmq.asyncio
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
+from .jetstream import JetStreamPart
+from .streams import (
+    OP_CALL,
+    OP_PUBLISH,
+    StoreNews,
+    StreamSpec,
+    call_frames,
+    parse_inbound,
+    parse_proposals,
+    proposals_frames,
+)
 
 log = logging.getLogger("mc0.broker")
 
@@ -49,6 +65,7 @@ CLOSE_FLUSH_S = 1.0
 PENDING_MSGS = 1 << 20
 PENDING_BYTES = 512 * 1024 * 1024
 _STOP = b"\x00stop"
+NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
 _HELLO, _ROUTE, _UP, _DOWN = b"H", b"R", b"U", b"D"
 _inproc_serials = itertools.count(1)
 
@@ -71,7 +88,7 @@ class LinkChange:
     up: bool
 
 
-Inbound = Hello | RouteBlob | LinkChange
+Inbound = Hello | RouteBlob | LinkChange | StoreNews
 
 
 def redacted(url: str) -> str:
@@ -97,14 +114,52 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
     return context
 
 
+def nats_options(config: ClusterConfig, client_name: str) -> dict[str, Any]:
+    """nats-py's connect options for ``[cluster]``: every server, reconnecting for ever, pings that leave
+    a frozen server after about two, the credentials and TLS it names."""
+    options: dict[str, Any] = {
+        "servers": list(config.nats),
+        "name": client_name,
+        "no_echo": True,  # its own beacons never come back
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": config.reconnect_ms / 1000.0,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "ping_interval": max(1, config.ping_ms // 1000),  # a frozen server is left after ~2 pings
+        "max_outstanding_pings": 2,
+        "dont_randomize": False,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    if config.credentials:
+        options["user_credentials"] = config.credentials
+    if config.nkey_seed:
+        options["nkeys_seed"] = config.nkey_seed
+    tls = tls_context(config)
+    if tls is not None:
+        options["tls"] = tls
+        if config.tls_hostname:
+            options["tls_hostname"] = config.tls_hostname
+    return options
+
+
 class ClusterLink:
-    def __init__(self, config: ClusterConfig, *, epoch: int | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, *, epoch: int | None = None, streams: dict[str, StreamSpec] | None = None
+    ) -> None:
+        """``streams``: the JetStream journals' streams (none: no JetStream part)."""
         self.config = config
+        self.streams = streams or {}
+        self.positions: dict[str, tuple[int, str]] = {}  # journal -> (its local copy's next seq, stream made at)
+        self.jetstream: JetStreamPart | None = None  # (the link thread's)
         # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
         # so a late message of the run before is told from the new one (ordered as the clocks are).
         self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
         self.name = ""
-        self.socket: zmq.Socket[bytes] | None = None  # the broker loop's end of the PAIR
+        # The broker loop's ends of two PAIRs: ``socket`` (polled) receives what the link thread posts,
+        # ``_down`` sends the thread work.  Two, not one: the thread's receiving end is on its asyncio
+        # loop (edge-triggered), and a send on that same socket could swallow its wake-up.
+        self.socket: zmq.Socket[bytes] | None = None
+        self._down: zmq.Socket[bytes] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
         self.server = ""  # the NATS server in use, without credentials
         self.counters: dict[str, int] = {"sent": 0, "sent_bytes": 0, "received": 0, "malformed": 0, "reconnects": 0}
@@ -114,15 +169,21 @@ class ClusterLink:
         self._started = threading.Event()
 
     # ------------------------------------------------------------ lifecycle (the broker's thread)
-    def start(self, context: zmq.Context[Any], name: str) -> None:
+    def start(self, context: zmq.Context[Any], name: str, positions: dict[str, tuple[int, str]] | None = None) -> None:
+        """``positions``: where each JetStream journal's local copy stands (its delivery starts there)."""
         self.name = wire.check_name(name)
+        self.positions = dict(positions or {})
         tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
-        pair = context.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
-        pair.setsockopt(zmq.RCVHWM, 0)
-        pair.bind(self._inproc)
-        self.socket = pair
+        for end in ("up", "down"):
+            pair = context.socket(zmq.PAIR)
+            pair.setsockopt(zmq.LINGER, 0)
+            pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
+            pair.setsockopt(zmq.RCVHWM, 0)
+            pair.bind(f"{self._inproc}-{end}")
+            if end == "up":
+                self.socket = pair
+            else:
+                self._down = pair
         self._thread = threading.Thread(target=self._run, args=(context,), name="mc0-cluster", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
@@ -133,16 +194,17 @@ class ClusterLink:
         if self._closed:
             return
         self._closed = True
-        if self.socket is not None:
+        if self._down is not None:
             try:
-                self.socket.send(_STOP, zmq.NOBLOCK)
+                self._down.send(_STOP, zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
         if self._thread is not None:
             self._thread.join(CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
-        if self.socket is not None:
-            self.socket.close(linger=0)
-            self.socket = None
+        for sock in (self.socket, self._down):
+            if sock is not None:
+                sock.close(linger=0)
+        self.socket = self._down = None
 
     # ------------------------------------------------------------ the broker loop's side
     def receive(self, limit: int = 256) -> list[Inbound]:
@@ -163,14 +225,28 @@ class ClusterLink:
                 out.append(Hello(frames[1].decode(), int.from_bytes(frames[2], "big")))
             elif kind in (_UP, _DOWN):
                 out.append(LinkChange(kind == _UP))
+            else:
+                news = parse_inbound(frames)
+                if news is not None:
+                    out.append(news)
         return out
 
     def send(self, name: str, blob: bytes) -> None:
         """One route message to broker ``name`` (published by the link thread, in order)."""
-        if self.socket is not None:
-            self.socket.send_multipart((name.encode(), blob), zmq.NOBLOCK, copy=len(blob) < 65536)
+        if self._down is not None:
+            self._down.send_multipart((name.encode(), blob), NOBLOCK, copy=len(blob) < 65536)
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
+
+    def publish(self, journal: str, proposals: list[Any]) -> None:
+        """A JetStream journal's proposals (``storage.replicated.Proposal``), to be published in order."""
+        if self._down is not None:
+            self._down.send_multipart(proposals_frames(journal, proposals), NOBLOCK)
+
+    def call(self, token: int, request: dict[str, Any]) -> None:
+        """A store call (consumers, mailboxes); its answer comes back as ``Answer``."""
+        if self._down is not None:
+            self._down.send_multipart(call_frames(token, request), NOBLOCK)
 
     # ------------------------------------------------------------ the link thread
     def _run(self, context: zmq.Context[Any]) -> None:
@@ -181,47 +257,26 @@ class ClusterLink:
             self.connected = False
 
     def _options(self) -> dict[str, Any]:
-        config = self.config
-        options: dict[str, Any] = {
-            "servers": list(config.nats),
-            "name": f"mc0-broker-{self.name}",
-            "no_echo": True,  # its own beacons never come back
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": config.reconnect_ms / 1000.0,
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "ping_interval": max(1, config.ping_ms // 1000),  # a frozen server is left after ~2 pings
-            "max_outstanding_pings": 2,
-            "dont_randomize": False,
-            "pending_size": 64 * 1024 * 1024,
-        }
-        if config.credentials:
-            options["user_credentials"] = config.credentials
-        if config.nkey_seed:
-            options["nkeys_seed"] = config.nkey_seed
-        tls = tls_context(config)
-        if tls is not None:
-            options["tls"] = tls
-            if config.tls_hostname:
-                options["tls_hostname"] = config.tls_hostname
-        return options
+        return nats_options(self.config, f"mc0-broker-{self.name}")
 
     async def _main(self, context: zmq.Context[Any]) -> None:
         # nats-py, imported here so a standalone broker never loads it.
         from nats.aio.client import Client as Nats
 
         actx = zmq.asyncio.Context.shadow(context)
-        pair = actx.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.setsockopt(zmq.SNDHWM, 0)
-        pair.setsockopt(zmq.RCVHWM, 0)
-        pair.connect(self._inproc)
+        pair = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
+        poster = context.socket(zmq.PAIR)  # what it posts to the loop (plain sends: no future each)
+        for sock, end in ((pair, "down"), (poster, "up")):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(f"{self._inproc}-{end}")
         self._started.set()
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
 
-        def post(frames: tuple[bytes, ...]) -> None:
-            pair.send_multipart(frames, zmq.NOBLOCK)
+        def post(frames: Sequence[bytes]) -> None:
+            poster.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
 
         async def on_hello(msg: Any) -> None:
             parsed = wire.parse_hello(msg.data)
@@ -249,6 +304,8 @@ class ClusterLink:
 
         async def on_reconnected() -> None:
             self.counters["reconnects"] += 1
+            if jetstream is not None:
+                jetstream.reconnected()
             self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
             log.warning("cluster: NATS back at %s", self.server)
             self.connected = True
@@ -258,6 +315,20 @@ class ClusterLink:
             log.warning("cluster: NATS: %s", exc)
 
         nc = Nats()
+        jetstream = (
+            JetStreamPart(
+                nc,
+                post,
+                self.streams,
+                self.positions,
+                broker=self.name,
+                epoch=self.epoch,
+                timeout_s=self.config.jetstream_timeout_ms / 1000.0,
+            )
+            if self.streams
+            else None
+        )
+        self.jetstream = jetstream
         options = self._options()
         options.update(disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, error_cb=on_error)
 
@@ -294,6 +365,14 @@ class ClusterLink:
                 if frames[0] == _STOP:
                     stopping.set()
                     return
+                if frames[0] == OP_PUBLISH and jetstream is not None:
+                    journal = frames[1].decode()
+                    for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
+                        await jetstream.publish(journal, token, subject, msgid, origin, payload)
+                    continue
+                if frames[0] == OP_CALL and jetstream is not None:
+                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+                    continue
                 if not nc.is_connected and not nc.is_reconnecting:
                     continue  # never connected yet: routes cannot exist, nothing to deliver
                 target, blob = frames[0].decode(), frames[1]
@@ -317,11 +396,15 @@ class ClusterLink:
                 log.info("cluster: connected to NATS %s", self.server)
                 post((_UP,))
                 ticker = loop.create_task(beacons())
+                if jetstream is not None:
+                    await jetstream.start()
             await stopping.wait()
         finally:
             self.connected = False
             if ticker is not None:
                 ticker.cancel()
+            if jetstream is not None:
+                jetstream.stop()
             sender.cancel()
             if nc.is_connected:
                 try:
@@ -333,3 +416,4 @@ class ClusterLink:
             except Exception:
                 pass
             pair.close(linger=0)
+            poster.close(linger=0)

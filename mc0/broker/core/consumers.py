@@ -16,7 +16,9 @@ Persistence goes through the :class:`~mc0.broker.storage.port.JournalStore` port
 core's ``commit``, and the answers to ack/nak/term/create/delete are held
 until it is, so an acknowledged ack survives kill -9.  What a restart loses
 is only *who* holds a delivery: messages delivered and not settled are due
-again at once, with their delivery counts.  Pure: no sockets, no clock.
+again at once, with their delivery counts.  The consumers of a journal
+JetStream keeps are JetStream's: their ops go to :mod:`.storeconsumers`.
+Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .consumerstate import (
     parse_config,
 )
 from .peers import Out, Peer
+from .storeconsumers import StoreConsumers
 
 __all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "Delivery", "Event", "delivery_transition"]
 
@@ -63,6 +66,7 @@ MAX_PULL = 1_000  # messages per pull
 MAX_ACKS = 10_000  # sequence numbers per ack/nak/term
 DEAD_LETTER_PREFIX = P.SYS_DEAD_PREFIX
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
+_STORE_OPS = frozenset({"create", "info", "pull", "ack", "nak", "term", "delete"})
 
 
 class Consumers:
@@ -91,6 +95,8 @@ class Consumers:
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
         self._held_answers: list[tuple[Peer, str, Out]] = []
         self.dead_letters: list[tuple[str, Record, str, int]] = []  # (topic, record, reason, deliveries)
+        # The consumers of JetStream journals, JetStream's (set when the broker joins a cluster).
+        self.store: StoreConsumers | None = None
         for journal in journals.values():
             for name, raw in journal.load_consumers().items():
                 self._restore(journal, name, raw)
@@ -155,7 +161,18 @@ class Consumers:
         op = query.get("op")
         if op == "list":  # the caller's own
             names = sorted(f"{j}/{n}" for (j, n), c in self.consumers.items() if c.owner == client.identity)
+            kept = sorted(n for n, j in self.journals.items() if j.settings.replicated and not j.settings.mailboxes)
+            if self.store is not None and kept:
+                return self.store.list_with(client, rid, user, names, kept)
             return [self._final(client, rid, user, names)]
+        journal = self.journals.get(str(query.get("journal", "")))
+        if journal is not None and journal.settings.replicated and not journal.settings.mailboxes and op in _STORE_OPS:
+            if self.store is None:
+                reason = f"journal {journal.name} is kept by JetStream, which this broker cannot reach yet"
+                raise ProtocolError(Status.NO_WORKER, reason, rid)
+            if op == "create":
+                return self.store.create(client, rid, user, journal, query)
+            return self.store.handle(client, rid, user, query, journal, deadline, now)
         if op == "create":
             return self._create(client, rid, user, query, now)
         consumer = self._find(query, rid)
@@ -484,6 +501,8 @@ class Consumers:
         return out
 
     def cancel(self, peer: Peer, rid: str) -> bool:
+        if self.store is not None and self.store.cancel(peer, rid):
+            return True
         for consumer in self.consumers.values():
             for waiting in consumer.waiting:
                 if waiting.peer is peer and waiting.rid == rid:
@@ -492,6 +511,8 @@ class Consumers:
         return False
 
     def waiting_for(self, peer: Peer, rid: str) -> bool:
+        if self.store is not None and self.store.waiting_for(peer, rid):
+            return True
         return any(w.peer is peer and w.rid == rid for c in self.consumers.values() for w in c.waiting)
 
     # ------------------------------------------------------------ time
@@ -522,6 +543,8 @@ class Consumers:
 
     def drop_peer(self, peer: Peer) -> None:
         """Its waiting pulls go; what it was delivered stays PENDING until ack_wait (then others get it)."""
+        if self.store is not None:
+            self.store.drop_peer(peer)
         for consumer in self.consumers.values():
             if consumer.waiting:
                 consumer.waiting = [w for w in consumer.waiting if w.peer is not peer]

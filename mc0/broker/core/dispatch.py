@@ -33,7 +33,7 @@ from ...permissions import Permissions
 from ...protocol import Side, Status, Verb
 from ...settings import CoreSettings
 from ...trie import TopicTrie
-from ..storage.port import JournalStore
+from ..storage.port import JournalStore, replicated
 from . import sessions, verbs
 from .batched import BatchedInput
 from .builtin_services import Builtins
@@ -42,11 +42,15 @@ from .dialect_ops import DialectOps
 from .jobs import Service
 from .journaling import StreamOut, Streams
 from .loglimit import LogLimiter
-from .mailboxes import Mailboxes
+from .mailboxes import Mailboxes, letter_of
 from .peers import Out, Peer, PeerTable
 from .pubsub import PubSub
+from .replication import Replication
 from .routes import Routes, is_route_id
 from .rpc import Rpc
+from .storecalls import StoreCalls
+from .storeconsumers import StoreConsumers
+from .storedletters import StoredLetters
 from .sysbus import SysBus
 from .telemetry import PeerEvent
 
@@ -108,8 +112,24 @@ class BrokerCore:
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
         self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
+        # What the core asks of JetStream (journals with store = "jetstream"), and their held OKs.
+        self.calls = StoreCalls(self.counters)
+        self.replication = Replication(
+            self.streams, self.pubsub, self.peers, self.counters, broker_name=lambda: self.routes.name
+        )
         keeper = next((j for j in self.streams.journals.values() if j.settings.mailboxes), None)
-        self.mailboxes = Mailboxes(self.settings, self.counters, keeper, wall_offset=wall_offset)
+        stored = replicated(keeper) if keeper is not None else None
+        self.mailboxes = Mailboxes(self.settings, self.counters, None if stored else keeper, wall_offset=wall_offset)
+        if stored is not None:
+            self.mailboxes.stored = StoredLetters(
+                stored,
+                self.calls,
+                self.counters,
+                sessions=self.mailboxes.sessions_of,
+                sent_all=lambda routing_id: self.mailboxes.sent_all(routing_id),
+                letter_of=lambda record: letter_of(record, wall_offset),
+                wall_offset=wall_offset,
+            )
         self.rpc = Rpc(
             self.settings,
             self.counters,
@@ -128,6 +148,16 @@ class BrokerCore:
         if backlog is not None:
             self.pubsub.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
             self.mailboxes.sent_all = lambda routing_id: backlog(routing_id) == 0
+        if any(j.settings.replicated for j in self.streams.journals.values()):
+            self.consumers.store = StoreConsumers(
+                self.calls,
+                self.counters,
+                tokens_of=self.pubsub.tokens_of,
+                dead_letter=lambda item: self.consumers.dead_letters.append(item),
+                max_wait_ms=self.settings.max_request_timeout_ms,
+                max_consumers=self.settings.max_consumers,
+                max_per_identity=self.settings.max_consumers_per_identity,
+            )
         self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(
             self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
@@ -470,6 +500,8 @@ class BrokerCore:
         if self.consumers.has_work():
             return 0.0  # a waiting pull can be answered
         earliest = self.consumers.next_deadline(min(self.peers.next_sweep, self.mailboxes.next_expiry))
+        if self.mailboxes.stored is not None:
+            earliest = self.mailboxes.stored.next_deadline(earliest)
         deadline = self.rpc.next_deadline()
         if deadline is not None:
             earliest = min(earliest, deadline)

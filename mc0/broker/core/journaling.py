@@ -8,8 +8,11 @@ and, per policy, one fsync per batch: a group commit) and returns the OKs
 now due, or ERROR 507 for a journal that failed.  Replays and fetches are
 *paced*: ``stream(now)`` returns one page of each, and the shell hands back
 what it could not queue (``stream_blocked``), which rewinds that stream, so
-a slow reader slows only its own streams and nothing is lost.  No sockets,
-no clock.
+a slow reader slows only its own streams and nothing is lost.  A journal
+JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
+(the OK is held by :mod:`.replication`), and its replays and fetches read its
+local copy, waiting (paced) while the copy lags what the stream holds.  No
+sockets, no clock.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...message import Record
 from ...protocol import JOURNAL_SERVICE, SYS_DEAD_PREFIX, Command, Header, Status
+from ...protocol import jetstream as jsw
 from ...topics import pattern_covers, pattern_matches, split_pattern
 from ...trie import TopicTrie
-from ..storage.port import JournalStore, Trimmed
+from ..storage.port import JournalStore, Trimmed, replicated
 from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
@@ -48,6 +52,10 @@ FETCH_MAX_RECORDS = 100_000
 FETCH_MAX_BYTES = 16 << 20
 MAX_FETCHES_PER_PEER = 8  # fetches under way at once per peer (each sends a page per loop turn)
 RETENTION_INTERVAL = 1.0  # seconds between age-retention checks
+# A fetch from a JetStream journal waits at most this for this broker's copy to hold what the
+# stream acknowledged (normally milliseconds), looking every CATCH_UP_POLL.
+CATCH_UP_S = 5.0
+CATCH_UP_POLL = 0.005
 
 
 class Replay:
@@ -96,6 +104,7 @@ class Fetch:
         "resume_at",
         "done",
         "page",
+        "waited_since",
     )
 
     def __init__(
@@ -122,6 +131,7 @@ class Fetch:
         self.resume_at = 0.0
         self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
         self.page = page
+        self.waited_since: float | None = None  # since when it waits for a local copy to catch up
 
 
 class StreamOut(NamedTuple):
@@ -194,11 +204,25 @@ class Streams:
         sender: str,
         headers: dict[str, str],
         body: Sequence[bytes],
+        *,
+        origin: str = "",
     ) -> int | None:
         """Append to each journal; the primary's seq, or None if it could not write (fsync=always,
-        or a segment roll, write at once; a disk error must not take the broker down)."""
+        or a segment roll, write at once; a disk error must not take the broker down).  A journal
+        JetStream keeps gets a proposal instead: for the primary, its token (the seq comes later)."""
         seq: int | None = None
         for journal in journals:
+            store = replicated(journal)
+            if store is not None:
+                if store.backlog:  # (a PUT was refused 429 before: what reaches here is the broker's own)
+                    self.counters["store_backlog_dropped"] += 1
+                    continue
+                msgid = headers.get(Header.MSGID)
+                store_id = jsw.msg_id(sender, msgid) if msgid is not None and journal.settings.dedup_window_s else None
+                token = store.propose(topic, sender, headers, body, msgid=store_id, origin=origin)
+                if journal is first:
+                    seq = token
+                continue
             try:
                 appended = journal.append(topic, sender, headers, body)
             except OSError as exc:
@@ -298,7 +322,7 @@ class Streams:
         if journal.name in self._replays.get(peer, ()):
             raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
         from_seq = start_seq(journal, from_seq, command.id)
-        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.next_seq))
+        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.stored_next_seq))
 
     def start_replay(self, peer: Peer, replay: Replay) -> None:
         self._replays.setdefault(peer, {})[replay.journal.name] = replay
@@ -346,7 +370,7 @@ class Streams:
     ) -> None:
         """Check and start a fetch; its pages follow from ``stream()``, one per loop turn."""
         from_seq = start_seq(journal, from_seq, rid)
-        end = journal.next_seq if to_seq is None else min(to_seq, journal.next_seq)
+        end = journal.stored_next_seq if to_seq is None else min(to_seq, journal.stored_next_seq)
         fetches = self._fetches.get(peer, {})
         running = sum(1 for f in fetches.values() if not f.done)
         if running >= MAX_FETCHES_PER_PEER:
@@ -389,7 +413,7 @@ class Streams:
                 if fetch.done:
                     self.cancel_fetch(peer, rid)
                 elif fetch.resume_at <= now:
-                    out += self._fetch_page(peer, fetch)
+                    out += self._fetch_page(peer, fetch, now)
             for name, replay in list(self._replays.get(peer, {}).items()):
                 if replay.resume_at <= now:
                     out += self._replay_page(peer, name, replay)
@@ -420,15 +444,24 @@ class Streams:
         replay.cursor = next_seq
         # Ends only on a turn with nothing left, so a record whose send
         # failed in the last page is still resent (see stream_blocked).
-        if not records and next_seq >= journal.next_seq:
+        if not records and next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
             self._end_replay(peer, name)
         return out
 
-    def _fetch_page(self, peer: Peer, fetch: Fetch) -> list[StreamOut]:
+    def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[StreamOut]:
         journal = fetch.journal
         rid = peer.routing_id
         dialect = peer.dialect
         start = fetch.cursor
+        if journal.next_seq <= start < fetch.end:  # a JetStream journal's local copy has not caught up yet
+            if fetch.waited_since is None:
+                fetch.waited_since = now
+            if now - fetch.waited_since < CATCH_UP_S:
+                fetch.resume_at = now + CATCH_UP_POLL
+                return []
+            self.counters["fetch_copy_behind"] += 1
+            fetch.end = start  # the FINAL says where the fetch stopped: the reader asks again
+        fetch.waited_since = None
         if start < fetch.end and fetch.records_left > 0 and fetch.bytes_left > 0:
             max_records = min(fetch.page.records, fetch.records_left)
             max_bytes = min(fetch.page.size, fetch.bytes_left)
@@ -481,7 +514,7 @@ class Streams:
             "next_seq": fetch.cursor,
             "records": fetch.count,
             "first_seq": journal.first_seq,
-            "end_seq": journal.next_seq,
+            "end_seq": journal.stored_next_seq,
         }
         fetch.done = True
         final = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])

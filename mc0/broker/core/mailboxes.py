@@ -28,7 +28,9 @@ off and that record delivers the letter again after its restart, and never
 loses it.  ``restore(now)`` (after the journal is open) rebuilds the
 mailboxes from the journal in seq order; a record it cannot read is logged,
 counted (``mailbox_record_unreadable``) and skipped.  Retention keeps the
-segments from the oldest kept letter on (``retain_from``).  Pure: no
+segments from the oldest kept letter on (``retain_from``).  When a journal
+JetStream keeps holds the mailboxes, letters live in its stream instead
+(:mod:`.storedletters`: ``stored``; nothing is kept here).  Pure: no
 sockets, no clock, no disk.
 """
 
@@ -49,6 +51,7 @@ from ...settings import CoreSettings
 from ...topics import split_topic
 from ..storage.port import JournalStore, Trimmed
 from .peers import Out, Peer
+from .storedletters import StoredLetters
 
 log = logging.getLogger("mc0.broker")
 
@@ -170,6 +173,10 @@ class Mailboxes:
         self._writing: dict[str, list[int]] = {}  # settlements in the record being committed
         self._floor: int | None = None  # what the journal's retention was last told to keep
         self._floor_stale = False  # a journaled letter left a mailbox since the floor was computed
+        # A JetStream journal keeps the mailboxes (then ``journal`` is None: nothing is kept here),
+        # and the token of the letter the last ``send`` proposed to it (its OK waits for the stream).
+        self.stored: StoredLetters | None = None
+        self.proposed = 0
 
     # ------------------------------------------------------------ sessions
     def online(self, peer: Peer, now: float, identity: str | None = None) -> list[Out]:
@@ -182,9 +189,12 @@ class Mailboxes:
         if peer.route:
             sessions.insert(0, peer)
         else:
-            if self.presence is not None and not any(not p.route for p in sessions):
+            first_here = not any(not p.route for p in sessions)
+            if self.presence is not None and first_here:
                 self.presence.online(identity)
             sessions.append(peer)
+            if self.stored is not None and first_here:  # its letters come from the stream
+                self.stored.online(identity, now)
         letters = self._letters.get(identity)
         if not letters:
             return []
@@ -207,6 +217,10 @@ class Mailboxes:
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
 
+    def sessions_of(self, identity: str) -> list[Peer]:
+        """``identity``'s sessions here and the routes that have some, newest last."""
+        return self._sessions.get(identity, [])
+
     def identities_of(self, route: Peer) -> list[str]:
         """The identities a route (another broker) has sessions of, as it announced them."""
         return sorted(identity for identity, sessions in self._sessions.items() if route in sessions)
@@ -225,6 +239,8 @@ class Mailboxes:
         (for its identity's newest other session at once, else until the next connect)."""
         if peer.route:
             self.route_offline(peer)
+        if self.stored is not None:
+            self.stored.offline(peer)
         sessions = self._sessions.get(peer.identity)
         if sessions is not None and peer in sessions:
             sessions.remove(peer)
@@ -292,7 +308,13 @@ class Mailboxes:
             self.counters["mailbox_delivered"] += 1
             payload = batch.frames_record(frames) if target.batched else frames
             return [(target.routing_id, payload)], P.MAILBOX_DELIVERED
-        letter = compact(now + self.settings.mailbox_ttl_ms / 1000.0, frames)
+        expires = now + self.settings.mailbox_ttl_ms / 1000.0
+        if self.stored is not None:  # kept in the stream, which bounds the mailboxes itself
+            if record is None:
+                raise ValueError("a mailbox journal keeps the letter's record: pass record=")
+            self.proposed = self.stored.keep(to, record, expires, request_id)
+            return [], P.MAILBOX_STORED
+        letter = compact(expires, frames)
         self._check_room(to, letter.size, request_id)
         if self.journal is not None:
             if record is None:
@@ -367,7 +389,9 @@ class Mailboxes:
     @property
     def uncommitted(self) -> bool:
         """Settlements to record, or letters handed out and not yet recorded delivered."""
-        return bool(self._settled or self._handed or self._fresh)
+        return bool(self._settled or self._handed or self._fresh) or (
+            self.stored is not None and self.stored.uncommitted
+        )
 
     def _settle(self, reason: str, letter: Letter) -> None:
         if letter.seq:
@@ -376,6 +400,8 @@ class Mailboxes:
     def before_commit(self) -> None:
         """Append one settled record (delivered letters whose session's queue is empty, expired,
         dropped) so that the commit about to run writes it with the batch's letters."""
+        if self.stored is not None:
+            self.stored.settle()
         if self.journal is None:
             return
         if self._handed:
@@ -492,6 +518,8 @@ class Mailboxes:
     def expire(self, now: float) -> None:
         """Drop letters past their time (letters of one mailbox expire in order: FIFO, one TTL);
         then tell the journal's retention where the oldest kept letter is."""
+        if self.stored is not None:
+            self.stored.tick(now)
         if now >= self.next_expiry:
             earliest = float("inf")
             for identity in list(self._letters):
@@ -528,5 +556,5 @@ class Mailboxes:
             "identities": len(self._letters),
             "messages": sum(map(len, self._letters.values())),
             "bytes": self.total_bytes,
-            "journal": self.journal.name if self.journal is not None else None,
+            "journal": self.journal.name if self.journal is not None else self.stored and self.stored.journal.name,
         }

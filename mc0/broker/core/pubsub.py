@@ -459,6 +459,18 @@ class PubSub:
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
 
+    def fan_out_groups(
+        self, topic: str, tokens: tuple[str, ...], sender: bytes, headers: dict[str, str], body: Sequence[bytes],
+        now: float, publisher: Peer | None = None, admits: Callable[[Grants], bool] | None = None,
+    ) -> list[Out]:  # fmt: skip
+        """Only the one copy per matching queue group (a member here, or a route): a record JetStream
+        delivered, whose plain copies every broker makes for its own subscribers."""
+        chosen = self._chosen(tokens, publisher if publisher is not None and not publisher.echo else None, admits)
+        for _, member in chosen:
+            member.last_sent, member.delivered = now, member.delivered + 1
+        user = P.user_header_frames(headers) if len(headers) > 1 else []
+        return self._group_copies(chosen, topic.encode(), sender, user, body) if chosen else []
+
     def fan_out_opaque(
         self,
         topic: str,

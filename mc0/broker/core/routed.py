@@ -27,6 +27,7 @@ from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
+from ...protocol import jetstream as jsw
 from ...topics import seed_topic, split_pattern
 from .access import dead_letter_origin, is_dead_letter
 from .peers import Out, Peer
@@ -48,6 +49,7 @@ def join(core: BrokerCore, name: str, route_ttl: float) -> None:
     routes.name, routes.ttl = name, route_ttl
     core.pubsub.interest = routes
     core.mailboxes.presence = routes
+    core.sysbus.origin = jsw.origin(name)  # what it publishes to JetStream journals comes from here
 
 
 def hello(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:

@@ -36,6 +36,7 @@ class SysBus:
         self.wall_offset = wall_offset
         self._tokens = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
         self._rpc_interest = (-1, False)  # (pubsub.version, anyone wants mc0.sys.rpc)
+        self.origin = ""  # who publishes, to a JetStream journal (mc0.protocol.jetstream.origin): set on joining
 
     def wants(self, topic: str) -> bool:
         tokens = self._tokens[topic]
@@ -59,7 +60,9 @@ class SysBus:
         held = None
         if journals:
             first = primary(journals)
-            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body)
+            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
+            if first.settings.replicated:
+                return []  # delivered when the stream hands it out, by every broker to its own subscribers
             if seq is not None:
                 position = (first.name, seq)
                 held = self.streams.held_back(journals, tokens)
@@ -83,7 +86,9 @@ class SysBus:
         held = None
         if journals:
             first = primary(journals)
-            seq = self.streams.append(journals, first, topic, BROKER_SENDER, headers, record.parts)
+            seq = self.streams.append(journals, first, topic, BROKER_SENDER, headers, record.parts, origin=self.origin)
+            if first.settings.replicated:
+                return []  # (as in publish)
             if seq is not None:
                 position = (first.name, seq)
                 held = self.streams.held_back(journals, tokens)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
-from ..storage.port import JournalStore
+from ...protocol import jetstream as jsw
+from ..storage.port import JournalStore, replicated
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
 from .peers import Out, Peer
@@ -88,7 +89,11 @@ def put_to(core: BrokerCore, peer: Peer, command: Command, topic: str, now: floa
         peer.last_sent = now
         ok = P.ok_mailbox(command.id, outcome)
         keeper = core.mailboxes.journal
-        if keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
+        stored = core.mailboxes.stored
+        if stored is not None and outcome == P.MAILBOX_STORED:  # stored = a quorum of the stream's replicas has it
+            token = core.mailboxes.proposed
+            core.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
+        elif keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
             core.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
         else:
             out.append((peer.routing_id, ok))
@@ -112,6 +117,8 @@ def put_journaled(
     """
     headers = command.headers
     first = primary(journals)
+    if first.settings.replicated:
+        return put_replicated(core, peer, command, topic, journals, first, now)
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
         earlier = first.duplicate_of(peer.identity, msgid)
@@ -134,6 +141,41 @@ def put_journaled(
         peer.last_sent = now
         core.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
     return out
+
+
+def put_replicated(
+    core: BrokerCore,
+    peer: Peer,
+    command: Command,
+    topic: str,
+    journals: Sequence[JournalStore],
+    first: JournalStore,
+    now: float,
+) -> list[Out]:
+    """A PUT whose journal JetStream keeps: proposed to the stream at commit, its OK held until the
+    stream acknowledges (a quorum of its replicas holds it), with the stream's SEQ; JetStream's
+    duplicate window dedups the MSGID, cluster-wide.  Nothing is delivered now: every broker
+    delivers the record to its own subscribers when the stream hands it out (``core.replicated``)."""
+    for journal in journals:  # the memory budget of what waits for JetStream: refused before anything changes
+        store = replicated(journal)
+        backlog = store.backlog if store is not None else ""
+        if backlog:
+            core.counters["store_backlog_refused"] += 1
+            raise ProtocolError(Status.OVER_LIMIT, f"journal {journal.name}: {backlog}", command.id)
+    headers = command.headers
+    stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
+    # Who published it matters only for its ECHO 0 and for the queue groups this broker picks for.
+    tokens = core.pubsub.tokens_of(topic)
+    wanted = not peer.echo or (tokens is not None and bool(core.pubsub.groups.match(tokens)))
+    origin = jsw.origin(core.routes.name, peer.routing_id) if wanted else ""
+    token = core.streams.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
+    if token is None:  # (a proposal is only queued: never; a local journal beside it failed, not this one)
+        raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not take it", command.id)
+    core.counters["journaled"] += 1
+    if command.id is not None:
+        peer.last_sent = now
+        core.replication.hold(first.name, token, peer.routing_id, command.id)
+    return []
 
 
 def subscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:

@@ -51,127 +51,36 @@ from ...protocol import Header, PageColumns
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
 from .port import Trimmed
+from .records import (
+    HEAD,
+    MAX_PAYLOAD,
+    PAYLOAD_HEAD,
+    SEQ_TS,
+    decode_payload,
+    encode_payload,
+    encode_record,
+    payload_columns,
+)
 
-__all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalSettings", "Trimmed"]
+__all__ = [
+    "FSYNC_POLICIES",
+    "Journal",
+    "JournalError",
+    "JournalSettings",
+    "Trimmed",
+    "decode_payload",
+    "encode_payload",
+    "encode_record",
+]
 
 log = logging.getLogger("mc0.journal")
 
 CONSUMER_FOLDER = "consumers"  # durable consumers' state: a log and a snapshot each
 SEGMENT_SUFFIX = ".seg"
 
-_HEAD = struct.Struct("<IIQd")
-_SEQ_TS = struct.Struct("<Qd")
-_PAYLOAD_HEAD = struct.Struct("<HHHH")
-_HEADER = struct.Struct("<HI")
-_PART = struct.Struct("<I")
-_RECORD_HEAD = struct.Struct("<IIQdHHHH")  # head then the payload's head: one unpack per record
-# A length field beyond this is corruption, not a record (the broker's frame limit is far below).
-_MAX_PAYLOAD = 1 << 30
-
 
 class JournalError(Error, OSError):
     """The journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated)."""
-
-
-def encode_record(
-    seq: int, ts: float, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]
-) -> bytes:
-    topic_b = topic.encode()
-    sender_b = sender.encode()
-    chunks: list[bytes] = [_PAYLOAD_HEAD.pack(len(topic_b), len(sender_b), len(headers), len(parts)), topic_b, sender_b]
-    for key, value in headers.items():
-        k = key.encode()
-        v = value.encode()
-        chunks += (_HEADER.pack(len(k), len(v)), k, v)
-    for part in parts:
-        chunks += (_PART.pack(len(part)), bytes(part))
-    payload = b"".join(chunks)
-    seq_ts = _SEQ_TS.pack(seq, ts)
-    crc = zlib.crc32(payload, zlib.crc32(seq_ts))
-    return _HEAD.pack(len(payload), crc, seq, ts) + payload
-
-
-def decode_payload(seq: int, ts: float, data: bytes | memoryview, pos: int, end: int) -> Record:
-    """One record's payload ``data[pos:end]`` -> Record (struct.error / ValueError if malformed)."""
-    topic_len, sender_len, n_headers, n_parts = _PAYLOAD_HEAD.unpack_from(data, pos)
-    pos += _PAYLOAD_HEAD.size
-    topic = bytes(data[pos : pos + topic_len]).decode()
-    pos += topic_len
-    sender = bytes(data[pos : pos + sender_len]).decode()
-    pos += sender_len
-    headers: dict[str, str] = {}
-    for _ in range(n_headers):
-        klen, vlen = _HEADER.unpack_from(data, pos)
-        pos += _HEADER.size
-        headers[bytes(data[pos : pos + klen]).decode()] = bytes(data[pos + klen : pos + klen + vlen]).decode()
-        pos += klen + vlen
-    parts: list[bytes] = []
-    for _ in range(n_parts):
-        (n,) = _PART.unpack_from(data, pos)
-        pos += _PART.size
-        parts.append(bytes(data[pos : pos + n]))
-        pos += n
-    if pos != end:
-        raise ValueError("record payload length mismatch")
-    return Record(seq, ts, topic, sender, headers, tuple(parts))
-
-
-def _payload_columns(data: bytes, match: Callable[[str], bool] | None, columns: PageColumns) -> None:
-    """Append the records in ``data`` (whole records) whose topic passes ``match`` to ``columns``.
-
-    The hot loop of a columns fetch: one struct unpack per record and slices
-    of ``data``; a record's topic is decoded only to ask ``match``, once per
-    distinct topic.  struct.error / ValueError if a record is inconsistent.
-    """
-    seqs, tss, topics, senders = columns.seqs, columns.tss, columns.topics, columns.senders
-    header_counts, keys, values = columns.header_counts, columns.header_keys, columns.header_values
-    part_counts, parts = columns.part_counts, columns.parts
-    verdicts: dict[bytes, bool] = {}
-    unpack_record = _RECORD_HEAD.unpack_from
-    unpack_header = _HEADER.unpack_from
-    unpack_part = _PART.unpack_from
-    pos = 0
-    size = len(data)
-    head, record_head, part_head = _RECORD_HEAD.size, _HEAD.size, _PART.size  # locals: read per record
-    while pos < size:
-        length, _crc, seq, ts, topic_len, sender_len, n_headers, n_parts = unpack_record(data, pos)
-        p = pos + head
-        pos += record_head + length  # the next record: this one ends here
-        t = p + topic_len
-        topic = data[p:t]
-        if match is not None:
-            verdict = verdicts.get(topic)
-            if verdict is None:
-                verdict = verdicts[topic] = match(topic.decode())
-            if not verdict:
-                continue
-        seqs.append(seq)
-        tss.append(ts)
-        topics.append(topic)
-        p = t + sender_len
-        senders.append(data[t:p])
-        if n_headers == 0 and n_parts == 1:  # the common record: no headers, one body frame
-            header_counts.append(0)
-            part_counts.append(1)
-            if unpack_part(data, p)[0] != pos - p - part_head:
-                raise ValueError(f"record {seq}: payload length mismatch")
-            parts.append(data[p + part_head : pos])
-            continue
-        for _ in range(n_headers):
-            klen, vlen = unpack_header(data, p)
-            p += _HEADER.size
-            keys.append(data[p : p + klen])
-            values.append(data[p + klen : p + klen + vlen])
-            p += klen + vlen
-        for _ in range(n_parts):
-            (n,) = unpack_part(data, p)
-            p += part_head
-            parts.append(data[p : p + n])
-            p += n
-        header_counts.append(n_headers)
-        part_counts.append(n_parts)
-        if p != pos:
-            raise ValueError(f"record {seq}: payload length mismatch")
 
 
 class _Segment:
@@ -264,12 +173,12 @@ class Journal:
         pos = 0
         seq = segment.first_seq
         view = memoryview(data)
-        while pos + _HEAD.size <= len(data):
-            length, crc, rec_seq, ts = _HEAD.unpack_from(data, pos)
-            end = pos + _HEAD.size + length
-            if length > _MAX_PAYLOAD or end > len(data) or rec_seq != seq:
+        while pos + HEAD.size <= len(data):
+            length, crc, rec_seq, ts = HEAD.unpack_from(data, pos)
+            end = pos + HEAD.size + length
+            if length > MAX_PAYLOAD or end > len(data) or rec_seq != seq:
                 break
-            if zlib.crc32(view[pos + _HEAD.size : end], zlib.crc32(_SEQ_TS.pack(rec_seq, ts))) != crc:
+            if zlib.crc32(view[pos + HEAD.size : end], zlib.crc32(SEQ_TS.pack(rec_seq, ts))) != crc:
                 break
             segment.offsets.append(pos)
             if segment.first_ts is None:
@@ -326,6 +235,10 @@ class Journal:
         return self._segments[-1].next_seq
 
     @property
+    def stored_next_seq(self) -> int:
+        return self.next_seq
+
+    @property
     def pending(self) -> bool:
         """Something appended is not yet written (and synced, per the policy)."""
         return bool(self._buffer) or self._dirty
@@ -359,6 +272,73 @@ class Journal:
         if self.settings.fsync == "always":
             self.commit()
         return seq
+
+    def append_at(self, seq: int, ts: float, payload: bytes) -> bool:
+        """Add a record another store numbered (a JetStream journal's local copy): ``payload`` as
+        ``encode_payload`` made it, at ``seq`` and ``ts``.  A seq already held is skipped (False);
+        one past a gap (records the stream deleted) starts a new segment there.  Written to the OS
+        at the next ``commit``."""
+        active = self._segments[-1]
+        if seq < active.next_seq:
+            return False
+        if seq > active.next_seq:
+            if active.offsets:
+                active = self._roll(seq)
+            else:  # an empty segment: it starts where the records do
+                self._replace_empty(seq)
+                active = self._segments[-1]
+        seq_ts = SEQ_TS.pack(seq, ts)
+        data = HEAD.pack(len(payload), zlib.crc32(payload, zlib.crc32(seq_ts)), seq, ts) + payload
+        if active.offsets and active.size + len(data) > self.settings.segment_bytes:
+            active = self._roll(seq)
+        active.offsets.append(active.size)
+        active.size += len(data)
+        if active.first_ts is None:
+            active.first_ts = ts
+        active.last_ts = ts
+        self._buffer += data
+        self.counters["appended"] += 1
+        return True
+
+    def _replace_empty(self, first_seq: int) -> None:
+        """The active segment holds nothing: it starts at ``first_seq`` instead."""
+        empty = self._segments.pop()
+        self._firsts.pop()
+        if empty.fd >= 0:
+            os.close(empty.fd)
+        empty.path.unlink(missing_ok=True)
+        segment = self._new_segment(first_seq)
+        segment.fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
+        self._segments.append(segment)
+        self._firsts.append(first_seq)
+        self._buffer_start = 0
+
+    def reset(self, first_seq: int) -> None:
+        """Drop every record; the journal starts again, empty, at ``first_seq`` (a local copy whose
+        stream was created anew)."""
+        self._buffer.clear()
+        self._dirty = False
+        for segment in self._segments[:-1]:
+            segment.path.unlink(missing_ok=True)
+        del self._segments[:-1]
+        del self._firsts[:-1]
+        active = self._segments[-1]
+        if active.offsets or active.first_seq != first_seq:
+            active.offsets = array("Q")
+            active.size = 0
+            self._replace_empty(first_seq)
+        self._dedup.clear()
+
+    def trim_before(self, seq: int) -> int:
+        """Delete whole segments whose records all come before ``seq`` (the active one stays)."""
+        removed = 0
+        while len(self._segments) > 1 and self._segments[0].next_seq <= seq:
+            oldest = self._segments.pop(0)
+            self._firsts.pop(0)
+            oldest.path.unlink(missing_ok=True)
+            removed += 1
+        self.counters["trimmed_segments"] += removed
+        return removed
 
     def commit(self, *, sync: bool | None = None) -> None:
         """Write the buffer to the OS and fsync per the policy (``sync`` overrides).
@@ -493,7 +473,7 @@ class Journal:
         for segment, start, stop in chunks:
             data = self._segment_bytes(segment, start, stop)
             try:
-                _payload_columns(data, match, columns)
+                payload_columns(data, match, columns)
             except (struct.error, ValueError) as exc:
                 raise JournalError(f"journal {self.name}: {segment.path.name}: {exc}") from None
         return columns, seq
@@ -555,12 +535,12 @@ class Journal:
         pos = 0
         view = memoryview(data)
         while pos < len(data):
-            length, _crc, seq, ts = _HEAD.unpack_from(data, pos)
-            body_start = pos + _HEAD.size
+            length, _crc, seq, ts = HEAD.unpack_from(data, pos)
+            body_start = pos + HEAD.size
             pos = body_start + length
             if match is not None:
                 (topic_len,) = struct.unpack_from("<H", data, body_start)
-                topic = bytes(view[body_start + _PAYLOAD_HEAD.size : body_start + _PAYLOAD_HEAD.size + topic_len])
+                topic = bytes(view[body_start + PAYLOAD_HEAD.size : body_start + PAYLOAD_HEAD.size + topic_len])
                 if not match(topic.decode()):
                     continue
             out.append(decode_payload(seq, ts, view, body_start, pos))

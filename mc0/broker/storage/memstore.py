@@ -47,6 +47,10 @@ class MemoryStore:
         return self._first + len(self.records)
 
     @property
+    def stored_next_seq(self) -> int:
+        return self.next_seq
+
+    @property
     def pending(self) -> bool:
         return self._uncommitted > 0
 
@@ -168,3 +172,72 @@ class MemoryStore:
             self.consumers.pop(name, None)
         else:
             self.consumers[name] = state
+
+
+class MemoryReplicatedStore(MemoryStore):
+    """A :class:`~mc0.broker.storage.port.ReplicatedStore` in a list, for the core's tests: ``propose``
+    queues; ``commit`` moves the queue to ``sent`` (what the shell would hand to JetStream);
+    ``store(token)`` is JetStream storing one, returning its seq and record (what the stream then
+    delivers back, which the test hands to the core with the stored outcome)."""
+
+    def __init__(
+        self, name: str, settings: JournalSettings | None = None, *, clock: Callable[[], float] = lambda: 0.0
+    ) -> None:
+        super().__init__(name, settings, clock=clock)
+        self.proposals: list[tuple[int, str, str, dict[str, str], tuple[bytes, ...], str | None, str]] = []
+        self.sent: dict[int, tuple[str, str, dict[str, str], tuple[bytes, ...], str | None, str]] = {}
+        self.stored_seqs: dict[str, int] = {}  # msgid -> seq (the store's dedup)
+        self._token = 0
+        self.acknowledged = 0  # the highest seq the store acknowledged
+        self.backlog = ""  # (set it to refuse proposals, as a full budget would)
+
+    @property
+    def stored_next_seq(self) -> int:
+        return max(self.next_seq, self.acknowledged + 1)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.proposals)
+
+    def propose(
+        self,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None,
+        origin: str,
+    ) -> int:
+        self._token += 1
+        body = tuple(bytes(p) for p in parts)
+        self.proposals.append((self._token, topic, sender, dict(headers), body, msgid, origin))
+        return self._token
+
+    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        self._token += 1
+        self.proposals.append((self._token, topic, sender, dict(headers), tuple(parts), None, identity))
+        return self._token
+
+    def commit(self) -> None:
+        for token, *rest in self.proposals:
+            self.sent[token] = tuple(rest)  # type: ignore[assignment]
+        self.proposals.clear()
+        self.commits += 1
+
+    def store(self, token: int) -> tuple[int, bool, Record | None, str]:
+        """JetStream stores proposal ``token``: (seq, duplicate, the record the stream then delivers
+        (None for a duplicate: nothing new), origin)."""
+        topic, sender, headers, parts, msgid, origin = self.sent.pop(token)
+        if msgid is not None and msgid in self.stored_seqs:
+            return self.stored_seqs[msgid], True, None, origin
+        self.acknowledged += 1
+        seq = self.acknowledged
+        if msgid is not None:
+            self.stored_seqs[msgid] = seq
+        return seq, False, Record(seq, self.clock(), topic, sender, headers, parts), origin
+
+    def arrived(self, record: Record) -> None:
+        """The shell filled the local copy with ``record`` (in seq order)."""
+        if record.seq >= self.next_seq:
+            self.records.append(record)

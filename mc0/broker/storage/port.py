@@ -14,12 +14,21 @@ The real store is :class:`mc0.broker.storage.filestore.Journal` (segment files, 
 recovery, fsync policies), opened and closed by the shell; the core only
 ever sees this protocol.  :class:`mc0.broker.storage.memstore.MemoryStore` keeps
 records in a list: the core's tests use it, so they touch no disk.
+
+A journal whose settings say ``replicated`` (``store = "jetstream"``) is a
+:class:`ReplicatedStore`: the core does not ``append`` to it but ``propose``s
+records, which ``commit`` hands to the store; each outcome comes back later
+through the core's entry points (``BrokerCore.stored`` / ``store_failed``),
+with the seq known only then.  Its ``read`` serves the local copy the shell
+fills from the stream in seq order (the same seqs on every broker);
+``stored_next_seq`` says how far the store itself is known to reach, which
+the local copy may not have caught up with yet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from ...errors import Error
 from ...message import Record
@@ -50,6 +59,12 @@ class JournalStore(Hashable, Protocol):
 
     @property
     def next_seq(self) -> int: ...
+
+    @property
+    def stored_next_seq(self) -> int:
+        """The seq after the last record the store is known to hold: ``next_seq``, except for a
+        replicated store, whose local copy (what ``read`` gives) may lag behind its stream."""
+        ...
 
     @property
     def pending(self) -> bool:
@@ -100,3 +115,37 @@ class JournalStore(Hashable, Protocol):
         """Store (None: remove) a consumer's state; kept across a broker crash once this
         returns (and across losing the machine under ``fsync = "always"``).  OSError on a disk error."""
         ...
+
+
+class ReplicatedStore(JournalStore, Protocol):
+    """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""
+
+    def propose(
+        self,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None,
+        origin: str,
+    ) -> int:
+        """Queue a record for the store (sent at ``commit``); returns its token, which the outcome
+        names.  ``msgid``: the store's dedup id (None: the store gets one that only dedups its own
+        retries); ``origin``: who published it (``mc0.protocol.jetstream.origin``)."""
+        ...
+
+    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token."""
+        ...
+
+    @property
+    def backlog(self) -> str:
+        """Why no more may be proposed now ("" when they may): too many records, or too many bytes,
+        are waiting for the store's answer (the broker's memory budget for them)."""
+        ...
+
+
+def replicated(journal: JournalStore) -> ReplicatedStore | None:
+    """``journal`` as a replicated store, or None when it is a local one."""
+    return cast(ReplicatedStore, journal) if journal.settings.replicated else None

@@ -1,0 +1,166 @@
+"""StreamFeed: a JetStream journal's records, in seq order, from the stream to this broker's local copy.
+
+Contract: ``run()`` (a task of the link thread) waits until the stream exists,
+then keeps an *ordered* push consumer of it (ephemeral, R1 in memory, no acks,
+flow control, idle heartbeats) starting at the seq the copy needs next, and
+posts what it delivers to the broker loop in batches (one PAIR message per
+turn of the link's event loop).  Before each start it posts ``StreamState``:
+where the stream starts and ends and where delivery starts (the stream's
+first seq when the copy was made from another stream of the same name, or
+ran past this one's end).  A gap in the consumer sequence, a heartbeat that
+says something was delivered this side never got, three silent heartbeat
+intervals (its server died) or ``restart()`` (NATS failover) recreate the
+consumer from the next seq wanted: nothing is skipped, nothing handed twice
+(the loop's copy also skips a seq it holds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...protocol import jetstream as jsw
+from .streams import NS, StoreError, ack_tokens, api, records_frames, state_frames
+
+log = logging.getLogger("mc0.broker")
+
+HEARTBEAT_S = 1.0  # the consumer's idle heartbeat; three missed: recreated
+RETRY_S = 0.25  # between attempts while the stream or its server is not there
+INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
+
+
+class StreamFeed:
+    def __init__(
+        self,
+        nc: Any,
+        post: Callable[[Sequence[bytes]], None],
+        journal: str,
+        ready: asyncio.Event,
+        position: tuple[int, str],
+    ) -> None:
+        self.nc = nc
+        self.post = post
+        self.journal = journal
+        self.stream = jsw.stream_name(journal)
+        self.ready = ready
+        self.next_seq, self.created = position
+        self.wanted_restart = asyncio.Event()
+        self.delivered = 0  # records handed to the loop
+        self.starts = 0
+        # One consumer's run (reset at each start).
+        self._consumer_seq = 0
+        self._broken = asyncio.Event()
+        self._seen = 0.0
+        self._batch: list[tuple[int, int, str, bytes]] = []
+        self._scheduled = False
+
+    def restart(self) -> None:
+        self.wanted_restart.set()
+
+    async def run(self) -> None:
+        await self.ready.wait()
+        while True:
+            sub = None
+            consumer = ""
+            try:
+                sub, consumer = await self._start()
+                while not self._broken.is_set() and not self.wanted_restart.is_set():
+                    try:
+                        await asyncio.wait_for(self.wanted_restart.wait(), HEARTBEAT_S)
+                    except TimeoutError:
+                        pass
+                    if time.monotonic() - self._seen > 3 * HEARTBEAT_S:
+                        break  # silent: its server is gone, or the consumer is
+                self._flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # (StoreError, or the connection lost mid-way): again from next_seq
+                log.debug("journal %s: delivery from %s stopped: %r", self.journal, self.stream, exc)
+                await asyncio.sleep(RETRY_S)
+            finally:
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception:
+                        pass
+                if consumer:
+                    asyncio.get_running_loop().create_task(self._forget(consumer))
+
+    async def _start(self) -> tuple[Any, str]:
+        info = await api(self.nc, f"STREAM.INFO.{self.stream}")
+        state = info["state"]
+        first, last, made = int(state["first_seq"]), int(state["last_seq"]), str(info.get("created", ""))
+        start = first if made != self.created or self.next_seq > last + 1 else max(self.next_seq, first)
+        self.post(state_frames(self.journal, first, last, made, start))
+        self.created, self.next_seq = made, start
+        self._consumer_seq = 0
+        self._broken.clear()
+        self.wanted_restart.clear()
+        self._seen = time.monotonic()
+        deliver = self.nc.new_inbox()
+        sub = await self.nc.subscribe(deliver, cb=self._on_message, pending_msgs_limit=1 << 20, pending_bytes_limit=-1)
+        config = {
+            "deliver_subject": deliver,
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": start,
+            "ack_policy": "none",
+            "max_deliver": 1,
+            "flow_control": True,
+            "idle_heartbeat": int(HEARTBEAT_S * NS),
+            "mem_storage": True,
+            "num_replicas": 1,
+            "inactive_threshold": int(INACTIVE_S * NS),
+            "replay_policy": "instant",
+        }
+        try:
+            made_consumer = await api(
+                self.nc, f"CONSUMER.CREATE.{self.stream}", {"stream_name": self.stream, "config": config}
+            )
+        except StoreError:
+            await sub.unsubscribe()
+            raise
+        self.starts += 1
+        return sub, str(made_consumer.get("name", ""))
+
+    async def _on_message(self, msg: Any) -> None:
+        self._seen = time.monotonic()
+        headers = msg.headers
+        if headers and headers.get("Status") == "100":  # a heartbeat or a flow-control request
+            if msg.reply:
+                await self.nc.publish(msg.reply, b"")
+            last = headers.get("Nats-Last-Consumer")
+            if last is not None and int(last) != self._consumer_seq:
+                self._broken.set()  # it delivered something this side never got
+            return
+        tokens = ack_tokens(msg.reply or "")
+        if tokens is None:
+            return
+        _, seq, consumer_seq, ts = tokens
+        if consumer_seq != self._consumer_seq + 1:
+            self._broken.set()
+            return
+        self._consumer_seq = consumer_seq
+        if seq < self.next_seq:
+            return
+        self.next_seq = seq + 1
+        origin = headers.get(jsw.ORIGIN, "") if headers else ""
+        self._batch.append((seq, ts, origin, msg.data))
+        self.delivered += 1
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self.post(records_frames(self.journal, batch))
+
+    async def _forget(self, consumer: str) -> None:
+        try:
+            await api(self.nc, f"CONSUMER.DELETE.{self.stream}.{consumer}", timeout=1.0)
+        except StoreError:
+            pass  # it goes by itself after its inactive threshold

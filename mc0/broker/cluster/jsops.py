@@ -1,0 +1,266 @@
+"""StoreOps: the store calls the core makes (durable consumers, mailboxes), done with the JetStream API.
+
+Contract: each ``op_<name>(request)`` coroutine does one call the core asked
+(:mod:`mc0.broker.core.storecalls`) and returns ``(data, payloads)``: the
+answer's JSON and the payloads of the records it carries (their ``[seq, ts
+ns]`` in ``data["records"]``, in the same order); a failure raises
+:class:`~.streams.StoreError` with mc0's status.  Ops:
+
+- ``consumer_lookup`` {journal, name, owner}: ``{"info"}`` when it exists, else
+  ``{"owned", "total"}``: mc0 consumers of that owner / of anyone, over every
+  JetStream journal's stream (the quotas are the core's to apply);
+- ``consumer_create`` {journal, name, owner, config, replicas}: a durable pull
+  consumer (explicit acks, the filter subjects of its topics, no delivery
+  bound: mc0 dead-letters), owner and config in its metadata: ``{"info"}``;
+- ``consumer_info`` / ``consumer_delete`` / ``consumer_list`` {journals, owner};
+- ``consumer_pull`` {journal, name, batch, wait_ms}: what is there now, else a
+  long poll for one record, then what came with it: ``{"records",
+  "deliveries"}`` (a long poll for one never leaves records delivered to
+  nobody);
+- ``consumer_settle`` {journal, name, how, seqs, delay_ms}: ack/nak/term each
+  seq on its ack subject (the one this broker pulled it with, or one made from
+  the stream seq when another broker did: JetStream matches an ack or term by
+  the stream seq, and a nak also wants a consumer seq not below its floor,
+  which the consumer's delivered seq is); ``{"done", "ignored"}`` (ignored:
+  JetStream did not confirm it within a second);
+- ``letters_read`` {journal, identity}: the identity's letters in order (a
+  batched direct get on its subject: any replica answers); ``letters_purge``
+  {journal, identity, upto}: remove them up to ``upto``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ...protocol import jetstream as jsw
+from .streams import API_TIMEOUT_S, StoreError, StreamSpec, ack_tokens, api
+
+SETTLE_TIMEOUT_S = 1.0
+MAX_LETTERS = 10_000  # letters read for one identity at once (beyond: at the next read)
+DIRECT_BATCH = 1000
+MAX_REPLIES = 100_000  # ack subjects remembered per consumer (the oldest forgotten first)
+Result = tuple[dict[str, Any], list[bytes]]
+
+
+def consumer_info(info: dict[str, Any]) -> dict[str, Any]:
+    """What the core reads of JetStream's consumer info."""
+    config = info.get("config") or {}
+    return {
+        "metadata": config.get("metadata") or {},
+        "delivered": int((info.get("delivered") or {}).get("stream_seq", 0)),
+        "ack_floor": int((info.get("ack_floor") or {}).get("stream_seq", 0)),
+        "num_ack_pending": int(info.get("num_ack_pending", 0)),
+        "num_redelivered": int(info.get("num_redelivered", 0)),
+        "num_waiting": int(info.get("num_waiting", 0)),
+        "num_pending": int(info.get("num_pending", 0)),
+    }
+
+
+class StoreOps:
+    def __init__(self, nc: Any, specs: dict[str, StreamSpec]) -> None:
+        self.nc = nc
+        self.specs = specs
+        self._replies: dict[tuple[str, str], OrderedDict[int, str]] = {}  # (journal, consumer) -> seq -> ack subject
+
+    # ------------------------------------------------------------ consumers
+    async def _consumers(self, journal: str) -> list[dict[str, Any]]:
+        """Every consumer of the journal's stream (their infos), page by page."""
+        stream = jsw.stream_name(journal)
+        found: list[dict[str, Any]] = []
+        for _ in range(10_000):
+            page = await api(self.nc, f"CONSUMER.LIST.{stream}", {"offset": len(found)})
+            consumers = page.get("consumers") or []
+            found += consumers
+            if not consumers or len(found) >= int(page.get("total", 0)):
+                break
+        return found
+
+    async def op_consumer_info(self, request: dict[str, Any]) -> Result:
+        stream = jsw.stream_name(request["journal"])
+        return {"info": consumer_info(await api(self.nc, f"CONSUMER.INFO.{stream}.{request['name']}"))}, []
+
+    async def op_consumer_lookup(self, request: dict[str, Any]) -> Result:
+        try:
+            return await self.op_consumer_info(request)
+        except StoreError as exc:
+            if exc.code != 404:
+                raise
+        owned = total = 0
+        for journal, spec in self.specs.items():
+            if spec.mailboxes:
+                continue
+            for consumer in await self._consumers(journal):
+                metadata = (consumer.get("config") or {}).get("metadata") or {}
+                if jsw.OWNER_KEY in metadata:
+                    total += 1
+                    owned += metadata[jsw.OWNER_KEY] == request["owner"]
+        return {"owned": owned, "total": total}, []
+
+    async def op_consumer_create(self, request: dict[str, Any]) -> Result:
+        journal, name, config = request["journal"], request["name"], request["config"]
+        stream = jsw.stream_name(journal)
+        topics = [jsw.subject(journal, t) for t in config["topics"]]
+        durable: dict[str, Any] = {
+            "durable_name": name,
+            "ack_policy": "explicit",
+            "ack_wait": int(config["ack_wait_ms"]) * 1_000_000,
+            "max_deliver": -1,  # mc0 dead-letters past max_deliver itself (see core.storeconsumers)
+            "max_ack_pending": int(config["max_ack_pending"]),
+            "deliver_policy": "new" if config["deliver"] == "new" else "all",
+            "num_replicas": int(request.get("replicas", 0)),
+            "metadata": {jsw.OWNER_KEY: request["owner"], jsw.CONFIG_KEY: json.dumps(config, sort_keys=True)},
+        }
+        if len(topics) == 1:
+            durable["filter_subject"] = topics[0]
+        else:
+            durable["filter_subjects"] = topics
+        create = {"stream_name": stream, "config": durable, "action": "create"}
+        return {"info": consumer_info(await api(self.nc, f"CONSUMER.CREATE.{stream}.{name}", create))}, []
+
+    async def op_consumer_delete(self, request: dict[str, Any]) -> Result:
+        await api(self.nc, f"CONSUMER.DELETE.{jsw.stream_name(request['journal'])}.{request['name']}")
+        self._replies.pop((request["journal"], request["name"]), None)
+        return {}, []
+
+    async def op_consumer_list(self, request: dict[str, Any]) -> Result:
+        mine = []
+        for journal in request["journals"]:
+            for consumer in await self._consumers(journal):
+                metadata = (consumer.get("config") or {}).get("metadata") or {}
+                if metadata.get(jsw.OWNER_KEY) == request["owner"]:
+                    mine.append([journal, consumer.get("name", "")])
+        return {"consumers": mine}, []
+
+    async def op_consumer_pull(self, request: dict[str, Any]) -> Result:
+        journal, name, batch = request["journal"], request["name"], int(request["batch"])
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{jsw.stream_name(journal)}.{name}"
+        got = await self._next(subject, {"batch": batch, "no_wait": True}, API_TIMEOUT_S)
+        wait = float(request.get("wait_ms", 0)) / 1000.0
+        if not got and wait > 0:
+            got = await self._next(subject, {"batch": 1, "expires": int(wait * 1e9)}, wait + API_TIMEOUT_S)
+            if got and batch > 1:
+                got += await self._next(subject, {"batch": batch - 1, "no_wait": True}, API_TIMEOUT_S)
+        replies = self._replies.setdefault((journal, name), OrderedDict())
+        records, deliveries, payloads = [], [], []
+        for msg in got:
+            tokens = ack_tokens(msg.reply or "")
+            if tokens is None:
+                continue
+            count, seq, _, ts = tokens
+            replies[seq] = msg.reply
+            records.append([seq, ts])
+            deliveries.append(count)
+            payloads.append(msg.data)
+        while len(replies) > MAX_REPLIES:
+            replies.popitem(last=False)
+        return {"records": records, "deliveries": deliveries}, payloads
+
+    async def _next(self, subject: str, request: dict[str, Any], timeout: float) -> list[Any]:
+        """One MSG.NEXT request: the messages it brings, until its status (404/408/409) or ``timeout``."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        got: list[Any] = []
+        try:
+            await self.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+            deadline = time.monotonic() + timeout
+            while len(got) < int(request["batch"]):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except Exception:
+                    break
+                status = msg.headers.get("Status") if msg.headers else None
+                if status is None:
+                    got.append(msg)
+                elif status == "503":
+                    raise StoreError(503, "the consumer has no leader now (JetStream: no responders)")
+                elif status != "100":
+                    break  # 404 no messages, 408 expired, 409 ...: the request is over
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        return got
+
+    async def op_consumer_settle(self, request: dict[str, Any]) -> Result:
+        journal, name, how = request["journal"], request["name"], request["how"]
+        stream = jsw.stream_name(journal)
+        replies = self._replies.get((journal, name), OrderedDict())
+        seqs = [int(s) for s in request["seqs"]]
+        body = {"ack": b"+ACK", "term": b"+TERM", "nak": b"-NAK"}[how]
+        delay = int(request.get("delay_ms", 0))
+        if how == "nak" and delay:
+            body = b"-NAK " + json.dumps({"delay": delay * 1_000_000}).encode()
+        delivered = 0
+        if any(s not in replies for s in seqs):  # pulled through another broker: made ack subjects
+            info = await api(self.nc, f"CONSUMER.INFO.{stream}.{name}")
+            delivered = int((info.get("delivered") or {}).get("consumer_seq", 0))
+        limit = asyncio.Semaphore(64)
+
+        async def settle(seq: int) -> bool:
+            subject = replies.get(seq) or f"$JS.ACK.{stream}.{name}.1.{seq}.{delivered}.0.0"
+            async with limit:
+                try:
+                    await self.nc.request(subject, body, timeout=SETTLE_TIMEOUT_S)
+                except Exception:
+                    return False
+            if how != "nak":
+                replies.pop(seq, None)
+            return True
+
+        done = sum(await asyncio.gather(*(settle(s) for s in seqs)))
+        return {"done": done, "ignored": len(seqs) - done}, []
+
+    # ------------------------------------------------------------ mailboxes
+    async def op_letters_read(self, request: dict[str, Any]) -> Result:
+        journal = request["journal"]
+        subject = jsw.letter_subject(journal, request["identity"])
+        direct = f"$JS.API.DIRECT.GET.{jsw.stream_name(journal)}"
+        records: list[list[int]] = []
+        payloads: list[bytes] = []
+        seq = 1
+        more = True
+        while more and len(records) < MAX_LETTERS:
+            more = False
+            inbox = self.nc.new_inbox()
+            sub = await self.nc.subscribe(inbox)
+            try:
+                get = {"seq": seq, "batch": DIRECT_BATCH, "next_by_subj": subject}
+                await self.nc.publish(direct, json.dumps(get).encode(), reply=inbox)
+                for _ in range(DIRECT_BATCH + 1):
+                    msg = await sub.next_msg(timeout=API_TIMEOUT_S)
+                    headers = msg.headers or {}
+                    status = headers.get("Status")
+                    if status in ("204", "404", "408"):  # the batch ended; none (left)
+                        break
+                    if status is not None:
+                        raise StoreError(503, f"JetStream direct get: {status} {headers.get('Description', '')}")
+                    found = int(headers.get("Nats-Sequence", "0"))
+                    records.append([found, 0])
+                    payloads.append(msg.data)
+                    seq = found + 1
+                    more = int(headers.get("Nats-Num-Pending", "0") or 0) > 0
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise StoreError(503, f"JetStream direct get did not answer ({type(exc).__name__})") from None
+            finally:
+                try:
+                    await sub.unsubscribe()
+                except Exception:
+                    pass
+        return {"records": records}, payloads
+
+    async def op_letters_purge(self, request: dict[str, Any]) -> Result:
+        journal = request["journal"]
+        subject = jsw.letter_subject(journal, request["identity"])
+        purge = {"filter": subject, "seq": int(request["upto"]) + 1}
+        await api(self.nc, f"STREAM.PURGE.{jsw.stream_name(journal)}", purge)
+        return {}, []

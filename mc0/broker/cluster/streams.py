@@ -1,0 +1,238 @@
+"""What the JetStream part of the cluster link and the broker loop say to each other, and the streams.
+
+Contract: pure data and codecs (plus ``api``, the one JetStream API request
+helper, which the link thread's coroutines share).  ``specs_of(config)``: the
+stream of each ``store = "jetstream"`` journal (:class:`StreamSpec`, its
+JetStream config).  The loop sends the link thread ``OP_PUBLISH`` (one
+proposal) and ``OP_CALL`` (a store call, :func:`call_frames`); the thread
+posts back what :func:`parse_inbound` reads: ``Acks`` (proposals stored: token,
+seq, duplicate), ``Failed`` (a proposal not stored: mc0's status and why),
+``StreamState`` (where a stream starts and ends, and where its delivery to
+the local copy starts), ``Records`` (what the stream delivered, in seq order:
+seq, time, origin, payload) and ``Answer`` (a store call's answer, with the
+payloads of the records it carries).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...protocol import jetstream as jsw
+from ...settings import Config, JournalSettings
+
+# Frames the loop sends the link thread (the first frame; route names never start with \x01).
+OP_PUBLISH, OP_CALL = b"\x01P", b"\x01C"
+# Frames the link thread posts to the loop.
+ACKS, FAILED, STATE, RECORDS, ANSWER = b"A", b"F", b"S", b"W", b"C"
+ACK = struct.Struct("!QQB")  # token, seq, duplicate
+RECORD = struct.Struct("!QqHI")  # seq, ts (ns), origin length, payload length
+PROPOSAL = struct.Struct("!QHHHI")  # token, subject, msgid and origin lengths, payload length
+FAILURE = struct.Struct("!QH")  # token, mc0 status
+NS = 1_000_000_000
+API_TIMEOUT_S = 5.0
+NOT_FOUND_ERRORS = {10014, 10059}  # JetStream's consumer / stream not found
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    journal: str
+    replicas: int
+    max_age_s: float
+    max_bytes: int
+    max_msgs: int
+    duplicate_window_s: float
+    mailboxes: bool = False
+    max_msgs_per_subject: int = -1
+
+    def config(self) -> dict[str, Any]:
+        """The stream's JetStream config (durations in nanoseconds)."""
+        config: dict[str, Any] = {
+            "name": jsw.stream_name(self.journal),
+            "subjects": [jsw.subjects(self.journal)],
+            "retention": "limits",
+            "storage": "file",
+            "num_replicas": self.replicas,
+            "discard": "new" if self.mailboxes else "old",
+            "max_age": int(self.max_age_s * NS),
+            "max_bytes": self.max_bytes or -1,
+            "max_msgs": self.max_msgs or -1,
+            "max_msgs_per_subject": self.max_msgs_per_subject,
+            "duplicate_window": int(self.duplicate_window_s * NS),
+            "allow_direct": True,
+        }
+        if self.mailboxes:
+            config["discard_new_per_subject"] = True
+        return config
+
+
+def spec_of(name: str, journal: JournalSettings, config: Config) -> StreamSpec:
+    """A JetStream journal's stream.  A journal that keeps mailboxes is bounded as mailboxes are:
+    letters per identity (its subject), their age (the TTL), all of them in bytes; beyond: refused."""
+    broker = config.broker
+    window = journal.dedup_window_s or 120  # 0 = MSGIDs not used (the broker's own retry ids still are)
+    if journal.mailboxes:
+        age = broker.mailbox_ttl_ms / 1000.0
+        return StreamSpec(
+            name, journal.replicas, age, broker.mailboxes_max_bytes, 0, window, True, broker.mailbox_max_messages
+        )
+    return StreamSpec(name, journal.replicas, journal.max_age_s, journal.max_bytes, journal.max_messages, window)
+
+
+def specs_of(config: Config) -> dict[str, StreamSpec]:
+    return {n: spec_of(n, j, config) for n, j in sorted(config.journals.items()) if j.replicated}
+
+
+class StoreError(Exception):
+    """JetStream answered an error (or nothing): ``code`` is mc0's status, ``err_code`` JetStream's."""
+
+    def __init__(self, code: int, description: str, err_code: int = 0) -> None:
+        super().__init__(description)
+        self.code = code
+        self.description = description
+        self.err_code = err_code
+
+
+async def api(nc: Any, subject: str, request: dict[str, Any] | None = None, timeout: float = API_TIMEOUT_S) -> Any:
+    """One JetStream API request (``$JS.API.<subject>``): its answer, or StoreError."""
+    payload = json.dumps(request).encode() if request is not None else b""
+    try:
+        msg = await nc.request(f"$JS.API.{subject}", payload, timeout=timeout)
+    except Exception as exc:  # timeout, no responders (no meta leader), connection lost
+        raise StoreError(503, f"JetStream did not answer ({type(exc).__name__})") from None
+    try:
+        answer = json.loads(msg.data or b"{}")
+    except ValueError:
+        raise StoreError(503, "JetStream answered something that is not JSON") from None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, dict):
+        err_code = int(error.get("err_code") or 0)
+        code = 404 if err_code in NOT_FOUND_ERRORS else int(error.get("code") or 500)
+        code = code if code in (400, 404, 409, 503) else 503 if code >= 500 else 400
+        raise StoreError(code, str(error.get("description") or "JetStream refused"), err_code)
+    return answer
+
+
+def ack_tokens(reply: str) -> tuple[int, int, int, int] | None:
+    """(delivery count, stream seq, consumer seq, ts ns) of a JetStream message's reply subject."""
+    tokens = reply.split(".")
+    try:
+        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dc>.<sseq>.<dseq>.<ts>.<pending>
+            return int(tokens[4]), int(tokens[5]), int(tokens[6]), int(tokens[7])
+        if len(tokens) >= 11:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<dc>.<sseq>.<dseq>.<ts>.<pending>...
+            return int(tokens[6]), int(tokens[7]), int(tokens[8]), int(tokens[9])
+    except ValueError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------- what the loop receives
+@dataclass(frozen=True, slots=True)
+class Acks:
+    journal: str
+    acks: list[tuple[int, int, bool]]  # (token, seq, duplicate)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    journal: str
+    token: int
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    journal: str
+    first: int
+    last: int
+    created: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    journal: str
+    records: list[tuple[int, float, str, bytes]]  # (seq, ts, origin, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    token: int
+    data: dict[str, Any]
+    payloads: list[bytes]
+
+
+StoreNews = Acks | Failed | StreamState | Records | Answer
+
+
+def parse_inbound(frames: list[bytes]) -> StoreNews | None:
+    """One PAIR message of the JetStream part, None if it is not one."""
+    kind = frames[0]
+    if kind == ACKS:
+        return Acks(frames[1].decode(), [(t, s, bool(d)) for t, s, d in ACK.iter_unpack(frames[2])])
+    if kind == FAILED:
+        token, code = FAILURE.unpack(frames[2])
+        return Failed(frames[1].decode(), token, code, frames[3].decode(errors="replace"))
+    if kind == STATE:
+        state = json.loads(frames[2])
+        return StreamState(frames[1].decode(), state["first"], state["last"], state["created"], state["start"])
+    if kind == RECORDS:
+        meta, blob, records = frames[2], frames[3], []
+        pos = start = 0
+        while pos < len(meta):
+            seq, ts, size, length = RECORD.unpack_from(meta, pos)
+            pos += RECORD.size
+            origin = meta[pos : pos + size].decode(errors="replace")
+            pos += size
+            records.append((seq, ts / NS, origin, blob[start : start + length]))
+            start += length
+        return Records(frames[1].decode(), records)
+    if kind == ANSWER:
+        return Answer(int.from_bytes(frames[1], "big"), json.loads(frames[2]), list(frames[3:]))
+    return None
+
+
+def state_frames(journal: str, first: int, last: int, created: str, start: int) -> tuple[bytes, ...]:
+    state = {"first": first, "last": last, "created": created, "start": start}
+    return (STATE, journal.encode(), json.dumps(state).encode())
+
+
+def records_frames(journal: str, items: list[tuple[int, int, str, bytes]]) -> tuple[bytes, ...]:
+    """(seq, ts ns, origin, payload) each, in one message of four frames (a frame each costs a send)."""
+    meta = b"".join(RECORD.pack(s, t, len(o), len(p)) + o.encode() for s, t, o, p in items)
+    return (RECORDS, journal.encode(), meta, b"".join(p for *_, p in items))
+
+
+def proposals_frames(journal: str, proposals: Sequence[Any]) -> tuple[bytes, ...]:
+    """A commit's proposals (``storage.replicated.Proposal``) to one journal, in one message of four frames."""
+    meta: list[bytes] = []
+    for p in proposals:
+        subject, msgid, origin = p.subject.encode(), p.msgid.encode(), p.origin.encode()
+        meta += (PROPOSAL.pack(p.token, len(subject), len(msgid), len(origin), len(p.payload)), subject, msgid, origin)
+    return (OP_PUBLISH, journal.encode(), b"".join(meta), b"".join(p.payload for p in proposals))
+
+
+def parse_proposals(meta: bytes, blob: bytes) -> Iterator[tuple[int, str, str, str, bytes]]:
+    """(token, subject, msgid, origin, payload) of each proposal of ``proposals_frames``, in order."""
+    pos = start = 0
+    while pos < len(meta):
+        token, subject, msgid, origin, length = PROPOSAL.unpack_from(meta, pos)
+        pos += PROPOSAL.size
+        texts = meta[pos : pos + subject + msgid + origin].decode()
+        pos += subject + msgid + origin
+        yield (
+            token,
+            texts[:subject],
+            texts[subject : subject + msgid],
+            texts[subject + msgid :],
+            blob[start : start + length],
+        )
+        start += length
+
+
+def call_frames(token: int, request: dict[str, Any]) -> list[bytes]:
+    return [OP_CALL, token.to_bytes(8, "big"), json.dumps(request).encode()]

@@ -1,0 +1,370 @@
+"""StoreConsumers: durable consumers of a JetStream journal, kept by JetStream and shared cluster-wide.
+
+Contract: the ``mc0.consumer`` ops on a journal with ``store = "jetstream"``
+(:class:`~mc0.broker.core.consumers.Consumers` hands them here) keep their
+meaning, but the consumer is a JetStream durable pull consumer of the
+journal's stream (R as the journal), so one created at broker A is pulled at
+B and an ack at B is seen everywhere.  Each request is validated whole first
+(400 as for a local consumer), then answered when the store answers (a store
+call; an answer that failed is the store's code, 503 when it did not answer).
+What stays the core's: the owner (kept in the consumer's metadata: only its
+identity uses it), the owner's grants at each pull (a record they may not be
+handed is terminated unsent and counted ``filtered``, as a SUB's deny list
+drops it), ``max_deliver`` (a record pulled for the (max_deliver+1)-th time
+is dead-lettered on ``mc0.sys.dead.<journal>.<consumer>`` and terminated: the
+stream's consumer itself delivers without a bound, so no record is lost
+between a broker's crash and its dead letter), the per-identity and
+per-cluster quotas (counted over the streams' consumers at create), and
+``deliver`` all/new.  ``ack_wait``, ``nak`` (with its delay), ``term``,
+``max_ack_pending`` and redelivery are JetStream's own.  An ack JetStream did
+not confirm within a second (a seq not pending) is counted ``ignored``.
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from ... import protocol as P
+from ...errors import InvalidTopic, ProtocolError
+from ...message import Record
+from ...permissions import Grants
+from ...protocol import CONSUMER_SERVICE, Status
+from ...protocol import jetstream as jsw
+from ...topics import pattern_matches, split_pattern, split_topic
+from ..storage.port import JournalStore
+from .access import may_read
+from .consumerstate import ConsumerConfig, int_field, parse_config
+from .peers import Out, Peer
+from .storecalls import StoreCalls, failure
+
+log = logging.getLogger("mc0.broker")
+
+MAX_PULL = 1_000
+KNOWN_S = 10.0  # a consumer's owner and config, as learnt, are trusted this long (then asked again)
+MAX_ACKS = 10_000
+_SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
+DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
+
+
+class Known:
+    """What this broker knows of a store consumer: its config (patterns) and owner."""
+
+    __slots__ = ("config", "patterns", "owner")
+
+    def __init__(self, config: ConsumerConfig, owner: str) -> None:
+        self.config = config
+        self.patterns = tuple(split_pattern(t) for t in config.topics)
+        self.owner = owner
+
+    def matches(self, tokens: tuple[str, ...] | None) -> bool:
+        return tokens is not None and any(pattern_matches(p, tokens) for p in self.patterns)
+
+
+def known_of(data: dict[str, Any]) -> Known:
+    """The consumer an answer describes (its metadata); ValueError/KeyError/TypeError if it is not mc0's."""
+    metadata = data["metadata"]
+    saved = json.loads(metadata[jsw.CONFIG_KEY])
+    config = ConsumerConfig(**{**saved, "topics": tuple(saved["topics"])})
+    return Known(config, str(metadata.get(jsw.OWNER_KEY, "")))
+
+
+def refusal(peer: Peer, patterns: Sequence[tuple[str, ...]], topics: Sequence[str]) -> str | None:
+    """Why ``peer``'s grants do not allow a consumer of these patterns (None: they do)."""
+    if not peer.grants.may_call(_SERVICE_TOKENS):
+        return f"{peer.identity} may not call {CONSUMER_SERVICE}"
+    for pattern, tokens in zip(topics, patterns, strict=True):
+        if not peer.grants.may_subscribe(tokens):
+            return f"{peer.identity} may not subscribe to {pattern}"
+    return None
+
+
+class StoreConsumers:
+    def __init__(
+        self,
+        calls: StoreCalls,
+        counters: Counter[str],
+        *,
+        tokens_of: Callable[[str], tuple[str, ...] | None],
+        dead_letter: Callable[[DeadLetter], None],
+        max_wait_ms: int,
+        max_consumers: int,
+        max_per_identity: int,
+    ) -> None:
+        self.calls = calls
+        self.counters = counters
+        self._tokens_of = tokens_of
+        self._dead_letter = dead_letter
+        self._max_wait_ms = max_wait_ms
+        self.max_consumers = max_consumers
+        self.max_per_identity = max_per_identity
+        # What this broker learnt of each consumer, and until when it trusts it (another broker may
+        # delete it and another identity create one of that name: an owner is looked up again then).
+        self.known: dict[tuple[str, str], Known] = {}
+        self._known_until: dict[tuple[str, str], float] = {}
+        self._asking: dict[tuple[bytes, str], int] = {}  # (client, rid) -> the store call answering it
+
+    # ------------------------------------------------------------ plumbing
+    @staticmethod
+    def _final(client: Peer, rid: str, user: dict[str, str], data: object) -> list[Out]:
+        body = json.dumps(data, sort_keys=True).encode()
+        return [(client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, [body]))]
+
+    @staticmethod
+    def _error(client: Peer, rid: str, code: int, reason: str) -> list[Out]:
+        status = Status(code) if code in Status._value2member_map_ else Status.NO_WORKER
+        return [(client.routing_id, client.dialect.error(rid, CONSUMER_SERVICE, status, reason))]
+
+    def _call(
+        self,
+        client: Peer,
+        rid: str,
+        request: dict[str, Any],
+        then: Callable[[dict[str, Any], Sequence[Record], float], list[Out]],
+    ) -> list[Out]:
+        """A store call answering ``client``'s request ``rid`` (a failed one answers the error)."""
+        key = (client.routing_id, rid)
+
+        def answered(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            if self._asking.get(key) != token:
+                return []  # cancelled, or its client went
+            del self._asking[key]
+            problem = failure(data)
+            if problem is not None:
+                return self._error(client, rid, *problem)
+            return then(data, records, now)
+
+        token = self.calls.call(request, answered)
+        self._asking[key] = token
+        return []
+
+    def _learn(self, journal: str, name: str, known: Known, now: float) -> None:
+        self.known[journal, name] = known
+        self._known_until[journal, name] = now + KNOWN_S
+
+    def waiting_for(self, peer: Peer, rid: str) -> bool:
+        return (peer.routing_id, rid) in self._asking
+
+    def cancel(self, peer: Peer, rid: str) -> bool:
+        """A pull (or any request) under way is dropped; what the store hands it is redelivered after ack_wait."""
+        return self._asking.pop((peer.routing_id, rid), None) is not None
+
+    def drop_peer(self, peer: Peer) -> None:
+        gone = [key for key in self._asking if key[0] == peer.routing_id]
+        self.calls.abandon([self._asking.pop(key) for key in gone])
+
+    # ------------------------------------------------------------ requests
+    def list_with(
+        self, client: Peer, rid: str, user: dict[str, str], local: list[str], journals: list[str]
+    ) -> list[Out]:  # fmt: skip
+        """``list``: the caller's own, the local ones and the store's."""
+        request = {"op": "consumer_list", "journals": journals, "owner": client.identity}
+
+        def listed(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            names = [f"{j}/{n}" for j, n in data.get("consumers", [])]
+            return self._final(client, rid, user, sorted(local + names))
+
+        return self._call(client, rid, request, listed)
+
+    def create(
+        self, client: Peer, rid: str, user: dict[str, str], journal: JournalStore, query: dict[str, Any]
+    ) -> list[Out]:  # fmt: skip
+        config, patterns = parse_config(journal.name, query, rid)
+        reason = refusal(client, patterns, config.topics)
+        if reason is not None:
+            raise ProtocolError(Status.FORBIDDEN, reason, rid)
+        owner = client.identity
+        lookup = {"op": "consumer_lookup", "journal": journal.name, "name": config.name, "owner": owner}
+
+        def looked(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            existing = data.get("info")
+            if existing is not None:
+                try:
+                    known = known_of(existing)
+                except (ValueError, KeyError, TypeError, InvalidTopic):
+                    return self._error(client, rid, Status.CONFLICT, f"consumer {config.name} exists and is not mc0's")
+                if known.owner and known.owner != owner:
+                    reason = f"consumer {config.name} on journal {journal.name} belongs to another identity"
+                    return self._error(client, rid, Status.FORBIDDEN, reason)
+                if known.config != config:
+                    reason = f"consumer {config.name} exists with another config"
+                    return self._error(client, rid, Status.CONFLICT, reason)
+                self._learn(journal.name, config.name, known, now)
+                return self._final(client, rid, user, self._info(known, existing))
+            owned, total = int(data.get("owned", 0)), int(data.get("total", 0))
+            if owned >= self.max_per_identity:
+                reason = (
+                    f"{owner} has {owned} consumers in the cluster, the limit per identity "
+                    f"(max_consumers_per_identity {self.max_per_identity})"
+                )
+                return self._error(client, rid, Status.OVER_LIMIT, reason)
+            if total >= self.max_consumers:
+                reason = f"{total} consumers in the cluster's JetStream journals (max_consumers {self.max_consumers})"
+                return self._error(client, rid, Status.OVER_LIMIT, reason)
+            create = {
+                "op": "consumer_create",
+                "journal": journal.name,
+                "name": config.name,
+                "owner": owner,
+                "config": asdict(config),
+                "replicas": journal.settings.replicas,
+            }
+            return self._call(client, rid, create, created)
+
+        def created(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            known = Known(config, owner)
+            self._learn(journal.name, config.name, known, now)
+            self.counters["consumers_created"] += 1
+            return self._final(client, rid, user, self._info(known, data["info"]))
+
+        return self._call(client, rid, lookup, looked)
+
+    def handle(
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        query: dict[str, Any],
+        journal: JournalStore,
+        deadline: float,
+        now: float,
+    ) -> list[Out]:
+        """Every op but create and list, on a consumer of ``journal``."""
+        op = query.get("op")
+        if op not in ("info", "pull", "ack", "nak", "term", "delete"):
+            ops = "create, pull, ack, nak, term, info, delete, list"
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+        name = str(query.get("name", ""))
+        request: dict[str, Any] = {"journal": journal.name, "name": name}
+        if op == "pull":
+            batch = int_field(query, "max", 100, 1, MAX_PULL, rid)
+            wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
+            wait_ms = max(0, min(wait_ms, int((deadline - now) * 1000) - 50))  # answered before the deadline
+            request.update(op="consumer_pull", batch=batch, wait_ms=wait_ms)
+        elif op in ("ack", "nak", "term"):
+            seqs = query.get("seqs")
+            if (
+                not isinstance(seqs, list)
+                or len(seqs) > MAX_ACKS
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
+            ):
+                reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
+                raise ProtocolError(Status.BAD_REQUEST, reason, rid)
+            delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) if op == "nak" else 0
+            request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
+        else:
+            request.update(op="consumer_info" if op == "info" else "consumer_delete")
+
+        def with_known(known: Known) -> list[Out]:
+            if known.owner and known.owner != client.identity:
+                reason = f"consumer {name} on journal {journal.name} belongs to another identity"
+                return self._error(client, rid, Status.FORBIDDEN, reason)
+            refused = refusal(client, known.patterns, known.config.topics) if op != "delete" else None
+            if refused is not None:  # (its owner may always delete it)
+                return self._error(client, rid, Status.FORBIDDEN, refused)
+
+            def done(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+                return self._done(client, rid, user, known, op, data, records, now)
+
+            return self._call(client, rid, request, done)
+
+        known = self.known.get((journal.name, name))
+        if known is not None and self._known_until.get((journal.name, name), 0.0) > now:
+            return with_known(known)
+        info = {"op": "consumer_info", "journal": journal.name, "name": name}
+
+        def found(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            try:
+                found = known_of(data["info"])
+            except (ValueError, KeyError, TypeError, InvalidTopic):
+                reason = f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
+                return self._error(client, rid, Status.NOT_FOUND, reason)
+            self._learn(journal.name, name, found, now)
+            return with_known(found)
+
+        return self._call(client, rid, info, found)
+
+    def _done(
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        known: Known,
+        op: Any,
+        data: dict[str, Any],
+        records: Sequence[Record],
+        now: float,
+    ) -> list[Out]:
+        config = known.config
+        if op == "info":
+            return self._final(client, rid, user, self._info(known, data["info"]))
+        if op == "delete":
+            self.known.pop((config.journal, config.name), None)
+            self._known_until.pop((config.journal, config.name), None)
+            return self._final(client, rid, user, {"deleted": config.name})
+        if op != "pull":
+            done = int(data.get("done", 0))
+            self.counters[f"consumer_{op}ed"] += done
+            return self._final(client, rid, user, {op: done, "ignored": int(data.get("ignored", 0))})
+        return self._page(client, rid, user, known, data, records, now)
+
+    def _page(
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        known: Known,
+        data: dict[str, Any],
+        records: Sequence[Record],
+        now: float,
+    ) -> list[Out]:
+        """A pull's records: what the owner may be handed, in a journal page with each one's
+        delivery count; the rest terminated (filtered, or dead-lettered past max_deliver)."""
+        config = known.config
+        deliveries: list[int] = [int(d) for d in data.get("deliveries", [])]
+        grants: Grants = client.grants
+        given: list[Record] = []
+        counts: list[int] = []
+        ended: list[int] = []
+        for record, count in zip(records, deliveries, strict=True):
+            tokens = self._tokens_of(record.topic)
+            if count > config.max_deliver:
+                topic = f"{P.SYS_DEAD_PREFIX}{config.journal}.{config.name}"
+                reason = f"not acknowledged after {count - 1} deliveries (max_deliver {config.max_deliver})"
+                self._dead_letter((topic, record, reason, count - 1))
+                self.counters["consumer_dead_lettered"] += 1
+                ended.append(record.seq)
+            elif not known.matches(tokens) or not may_read(grants, tokens, record.headers):
+                self.counters["consumer_filtered"] += 1
+                ended.append(record.seq)
+            else:
+                given.append(record)
+                counts.append(count)
+        if ended:
+            settle = {"op": "consumer_settle", "journal": config.journal, "name": config.name, "how": "term"}
+            self.calls.call({**settle, "seqs": ended, "delay_ms": 0}, lambda d, r, n: [])
+        self.counters["consumer_delivered"] += len(given)
+        client.last_sent = now
+        frames = [*P.journal_page(given), json.dumps(counts).encode()]
+        return [(client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, frames))]
+
+    @staticmethod
+    def _info(known: Known, info: dict[str, Any]) -> dict[str, object]:
+        """mc0's info of a consumer, from JetStream's (what JetStream counts; no per-broker tallies)."""
+        pending = int(info.get("num_ack_pending", 0))
+        return {
+            "config": asdict(known.config),
+            "owner": known.owner,
+            "store": "jetstream",
+            "ack_floor": int(info.get("ack_floor", 0)),
+            "cursor": int(info.get("delivered", 0)) + 1,
+            "pending": pending,
+            "redelivered": int(info.get("num_redelivered", 0)),
+            "waiting_pulls": int(info.get("num_waiting", 0)),
+            "lag": int(info.get("num_pending", 0)),  # exact: JetStream applies the topic filter
+        }

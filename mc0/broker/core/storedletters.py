@@ -1,0 +1,168 @@
+"""StoredLetters: mailboxes kept in a JetStream journal (``mailboxes = true``, ``store = "jetstream"``).
+
+Contract: a letter for an identity with no session anywhere in the cluster is
+proposed to the stream on that identity's own subject (``keep``: its token;
+the sender's ``OK MAILBOX stored`` waits for the stream's acknowledgement,
+``mc0.broker.core.replication``).  When the identity gets its first session at
+this broker (``online``), this broker reads its letters from the stream in
+order (a store call), hands each one not expired to the identity's newest
+session here, and once the shell says that session's queue is empty
+(``sent_all``, looked at by ``settle`` each commit) removes them from the
+stream (purges the subject up to the last one handed).  A session that goes
+before that leaves them in the stream: they are delivered again at the next
+connect.  So delivery is at least once and in order, from any broker.  A
+letter another broker kept a moment after this read (before it knew of the
+session here) is found by a second read ``REREAD_S`` later.  The stream
+bounds the mailboxes itself (per subject: ``mailbox_max_messages``; its age:
+``mailbox_ttl_ms``; its bytes: ``mailboxes_max_bytes``): beyond them the
+PUT gets 429.  Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ... import protocol as P
+from ...errors import ProtocolError
+from ...message import Record
+from ...protocol import Header, Status
+from ..storage.port import ReplicatedStore
+from .peers import Out, Peer
+from .storecalls import StoreCalls, failure
+
+log = logging.getLogger("mc0.broker")
+
+REREAD_S = 1.0  # a second look at a mailbox after its identity came online here
+
+
+class StoredLetters:
+    def __init__(
+        self,
+        journal: ReplicatedStore,
+        calls: StoreCalls,
+        counters: Counter[str],
+        *,
+        sessions: Callable[[str], list[Peer]],
+        sent_all: Callable[[bytes], bool],
+        letter_of: Callable[[Record], tuple[str, Any]],
+        wall_offset: float,
+    ) -> None:
+        """``sessions(identity)``: its sessions here and at routes, newest last; ``letter_of``: a
+        letter record -> (its identity, its Letter) (:func:`mc0.broker.core.mailboxes.letter_of`)."""
+        self.journal = journal
+        self.calls = calls
+        self.counters = counters
+        self._sessions = sessions
+        self.sent_all = sent_all
+        self._letter_of = letter_of
+        self.wall_offset = wall_offset
+        self._handed: list[tuple[Peer, str, int]] = []  # (session, identity, the last seq it was handed)
+        self._reread: dict[str, float] = {}  # identity -> when to look at its mailbox again
+        self._reading: set[str] = set()  # identities whose mailbox is being read
+
+    def keep(
+        self, to: str, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], expires: float,
+        request_id: str | None = None,
+    ) -> int:  # fmt: skip
+        """Propose ``to``'s letter to the stream; its token (the OK waits for the stream).  429 (a
+        ProtocolError) while too much waits for the stream's answer."""
+        if self.journal.backlog:
+            self.counters["mailbox_refused"] += 1
+            raise ProtocolError(Status.OVER_LIMIT, f"journal {self.journal.name}: {self.journal.backlog}", request_id)
+        topic, sender, headers, body = record
+        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        expires_ms = round((expires + self.wall_offset) * 1000.0)
+        kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
+        self.counters["mailbox_stored"] += 1
+        return self.journal.letter(to, P.SYS_MAILBOX_LETTER, sender, kept, body)
+
+    def online(self, identity: str, now: float) -> None:
+        """``identity`` has its first session at this broker: its letters are read from the stream."""
+        self._read(identity)
+        self._reread[identity] = now + REREAD_S
+
+    def _own(self, identity: str) -> Peer | None:
+        own = [p for p in self._sessions(identity) if not p.route]
+        return own[-1] if own else None
+
+    def _read(self, identity: str) -> None:
+        if identity in self._reading:
+            return
+        self._reading.add(identity)
+        request = {"op": "letters_read", "journal": self.journal.name, "identity": identity}
+        self.calls.call(request, lambda data, records, now: self._deliver(identity, data, records, now))
+
+    def _deliver(self, identity: str, data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+        self._reading.discard(identity)
+        problem = failure(data)
+        if problem is not None:
+            self.counters["mailbox_read_failed"] += 1
+            log.warning("journal %s: mailbox of %s not read: %s", self.journal.name, identity, problem[1])
+            self._reread[identity] = now + REREAD_S  # try again while it stays connected
+            return []
+        session = self._own(identity)
+        if session is None or not records:
+            return []
+        out: list[Out] = []
+        last = 0
+        for record in records:
+            last = max(last, record.seq)
+            try:
+                to, letter = self._letter_of(record)
+            except ValueError as exc:
+                self.counters["mailbox_record_unreadable"] += 1
+                log.error("journal %s: letter %d unreadable, removed: %s", self.journal.name, record.seq, exc)
+                continue
+            if to != identity or letter.expires <= now:
+                self.counters["mailbox_expired"] += 1
+                continue
+            out.append((session.routing_id, letter.record if session.batched else letter.frames))
+        self.counters["mailbox_delivered"] += len(out)
+        session.last_sent = now
+        self._handed.append((session, identity, last))
+        return out
+
+    def offline(self, peer: Peer) -> None:
+        """``peer`` went: what it was handed and may not have received stays in the stream."""
+        if self._handed:
+            kept = [h for h in self._handed if h[0] is not peer]
+            self.counters["mailbox_kept_again"] += len(self._handed) - len(kept)
+            self._handed = kept
+
+    def settle(self) -> None:
+        """Remove from the stream the letters whose session's queue has emptied (they left)."""
+        if not self._handed:
+            return
+        waiting = []
+        for session, identity, last in self._handed:
+            if self.sent_all(session.routing_id):
+                request = {"op": "letters_purge", "journal": self.journal.name, "identity": identity, "upto": last}
+                self.calls.call(request, self._purged)
+            else:
+                waiting.append((session, identity, last))
+        self._handed = waiting
+
+    def _purged(self, data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+        problem = failure(data)
+        if problem is not None:  # delivered again at the next connect: at least once
+            self.counters["mailbox_purge_failed"] += 1
+            log.warning("journal %s: delivered letters not removed: %s", self.journal.name, problem[1])
+        return []
+
+    @property
+    def uncommitted(self) -> bool:
+        return bool(self._handed)
+
+    def tick(self, now: float) -> None:
+        """A second look at the mailboxes of identities that came online here a moment ago."""
+        for identity, when in list(self._reread.items()):
+            if when <= now:
+                del self._reread[identity]
+                if self._own(identity) is not None:
+                    self._read(identity)
+
+    def next_deadline(self, earliest: float) -> float:
+        return min([earliest, *self._reread.values()])

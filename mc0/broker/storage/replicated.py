@@ -1,0 +1,249 @@
+"""ReplicatedJournal: a journal kept by JetStream, seen by this broker through a local copy.
+
+Implements :class:`mc0.broker.storage.port.ReplicatedStore`.  Contract: the
+constructor does no I/O; ``open()`` opens the local copy (a file
+:class:`~.filestore.Journal` in the journal's ``folder``, at the stream's own
+seqs).  The core ``propose``s records; ``commit`` hands what was proposed to
+``sink`` (set by the shell: the cluster link, which publishes to the stream)
+and the outcome of each comes back to the core by its token.  The shell fills
+the copy as the stream grows (``arrived`` in seq order, then ``flush``) and
+tells it the stream's state (``stream_state``: where it starts, where it
+ends, and whether it is a stream the copy was not made from, which empties
+the copy).  ``read``/``read_columns``/``first_seq``/``next_seq`` are the
+copy's; ``stored_next_seq`` is how far the stream is known to reach (the
+copy may lag it by the time the stream takes to deliver).
+
+Losing the copy loses nothing: it is rebuilt from the stream.  So it is
+written without fsync, and a torn tail after a crash is truncated and
+fetched again.  Consumers of such a journal are JetStream's
+(``load_consumers`` is empty and ``save_consumer`` is not used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+from ...message import Record
+from ...protocol import PageColumns
+from ...protocol import jetstream as jsw
+from ...settings import JournalSettings
+from .filestore import Journal
+from .records import encode_payload
+
+log = logging.getLogger("mc0.journal")
+
+MARKER = "stream.json"  # which stream the copy was made from (its creation time)
+# Proposed and not yet answered by JetStream, at most (beyond: PUTs refused 429 until it catches up).
+MAX_WAITING = 100_000
+MAX_WAITING_BYTES = 64 << 20
+
+
+class Proposal(NamedTuple):
+    token: int
+    subject: str
+    msgid: str  # "" = none: the link makes one (its own retries are then stored once)
+    origin: str
+    payload: bytes
+
+
+class ReplicatedJournal:
+    def __init__(self, name: str, settings: JournalSettings, *, clock: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.settings = settings
+        self.stream = jsw.stream_name(name)
+        # The copy: no fsync (the stream is the truth), no dedup memory (the stream dedups).
+        copy_settings = dataclasses.replace(settings, fsync="never", dedup_window_s=0)
+        self.cache = Journal(name, copy_settings, clock=clock)
+        self.folder = self.cache.folder
+        self.sink: Callable[[str, list[Proposal]], None] | None = None
+        self._proposals: list[Proposal] = []
+        self._tokens = itertools.count(1)
+        self._stored_next = 0  # the seq after the highest the stream acknowledged or reported
+        self.stream_first = 0  # the stream's first seq, as last reported
+        self._waiting: dict[int, int] = {}  # token -> payload bytes, proposed and not yet answered
+        self._waiting_bytes = 0
+        self.created = ""  # the stream's creation time the copy belongs to
+        self.counters = {"proposed": 0, "arrived": 0, "resets": 0}
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # ------------------------------------------------------------ lifecycle (the shell)
+    def open(self) -> ReplicatedJournal:
+        self.cache.open()
+        try:
+            saved = json.loads((self.folder / MARKER).read_text())
+            self.created = str(saved.get("created", ""))
+        except (OSError, ValueError, AttributeError):
+            self.created = ""
+        return self
+
+    def close(self) -> None:
+        self.cache.close()
+
+    # ------------------------------------------------------------ the port
+    @property
+    def first_seq(self) -> int:
+        return self.cache.first_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self.cache.next_seq
+
+    @property
+    def stored_next_seq(self) -> int:
+        return max(self.cache.next_seq, self._stored_next)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._proposals)
+
+    def duplicate_of(self, sender: str, msgid: str) -> int | None:
+        return None  # the stream dedups (its duplicate window)
+
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        raise TypeError(f"journal {self.name} is kept by JetStream: its records are proposed, not appended")
+
+    def propose(
+        self,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None,
+        origin: str,
+    ) -> int:
+        token = next(self._tokens)
+        payload = encode_payload(topic, sender, headers, parts)
+        self._proposals.append(Proposal(token, jsw.subject(self.name, topic), msgid or "", origin, payload))
+        self._wait(token, len(payload))
+        return token
+
+    def _wait(self, token: int, size: int) -> None:
+        self._waiting[token] = size
+        self._waiting_bytes += size
+        self.counters["proposed"] += 1
+
+    @property
+    def backlog(self) -> str:
+        if len(self._waiting) >= MAX_WAITING or self._waiting_bytes >= MAX_WAITING_BYTES:
+            return (
+                f"{len(self._waiting)} records ({self._waiting_bytes} bytes) wait for JetStream's answer, "
+                f"the broker's budget ({MAX_WAITING} records, {MAX_WAITING_BYTES} bytes): send again later"
+            )
+        return ""
+
+    def answered(self, token: int) -> None:
+        """JetStream answered proposal ``token`` (stored or not): it no longer counts against the budget."""
+        size = self._waiting.pop(token, None)
+        if size is not None:
+            self._waiting_bytes -= size
+
+    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes): on its own subject."""
+        token = next(self._tokens)
+        payload = encode_payload(topic, sender, headers, parts)
+        self._proposals.append(Proposal(token, jsw.letter_subject(self.name, identity), "", "", payload))
+        self._wait(token, len(payload))
+        return token
+
+    def commit(self) -> None:
+        proposals, self._proposals = self._proposals, []
+        if proposals and self.sink is not None:
+            self.sink(self.name, proposals)
+
+    def enforce_retention(self, now: float) -> int:
+        """The copy keeps no more than the stream (and no more than its own size and age bounds)."""
+        removed = self.cache.enforce_retention(now)
+        if self.stream_first:
+            removed += self.cache.trim_before(self.stream_first)
+        return removed
+
+    def retain_from(self, seq: int | None) -> None:
+        """Nothing to pin: letters live in the stream until they are delivered."""
+
+    def read(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[list[Record], int]:
+        return self.cache.read(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+
+    def read_columns(
+        self,
+        from_seq: int,
+        to_seq: int | None = None,
+        match: Callable[[str], bool] | None = None,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 1 << 20,
+    ) -> tuple[PageColumns, int]:
+        return self.cache.read_columns(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+
+    def info(self) -> dict[str, object]:
+        copy = self.cache.info()
+        return {
+            **copy,
+            "first_seq": max(self.cache.first_seq, self.stream_first),
+            "next_seq": self.stored_next_seq,  # what a reader may ask for (a fetch waits for the copy)
+            "records": self.stored_next_seq - max(self.cache.first_seq, self.stream_first),
+            "fsync": self.settings.fsync,
+            "store": self.settings.store,
+            "stream": self.stream,
+            "replicas": self.settings.replicas,
+            "copy_next_seq": self.cache.next_seq,
+            "dedup_window_s": self.settings.dedup_window_s,
+        }
+
+    def load_consumers(self) -> dict[str, bytes]:
+        return {}  # JetStream keeps them
+
+    def save_consumer(self, name: str, state: bytes | None) -> None:
+        raise TypeError(f"journal {self.name} is kept by JetStream: its consumers are JetStream's")
+
+    # ------------------------------------------------------------ filled by the shell
+    def acknowledged(self, seq: int) -> None:
+        """The stream acknowledged a record at ``seq`` (readers may ask for it: the copy will follow)."""
+        if seq >= self._stored_next:
+            self._stored_next = seq + 1
+
+    def arrived(self, seq: int, ts: float, payload: bytes) -> bool:
+        """A record the stream delivered, in seq order; False if the copy had it."""
+        if self.cache.append_at(seq, ts, payload):
+            self.counters["arrived"] += 1
+            self.acknowledged(seq)
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Write what arrived to the OS (readers see it either way)."""
+        self.cache.commit(sync=False)
+
+    def stream_state(self, first: int, last: int, created: str, start: int) -> None:
+        """The stream as the link found it: ``first``..``last``, made at ``created``; its records
+        arrive from ``start`` on.  A copy of another stream (or one that ran past this one's end)
+        starts again, empty, at ``start``."""
+        self.stream_first = first
+        self.acknowledged(last)
+        if created != self.created or self.cache.next_seq > last + 1:
+            if self.cache.next_seq > self.cache.first_seq or self.created:
+                log.warning("journal %s: local copy of %s started again at seq %d", self.name, self.stream, start)
+                self.counters["resets"] += 1
+            self.cache.reset(start)
+            self.created = created
+            (self.folder / MARKER).write_text(json.dumps({"stream": self.stream, "created": created}))
+
+    def position(self) -> tuple[int, str]:
+        """(the copy's next seq, the stream it was made from): where the link's delivery starts."""
+        return self.cache.next_seq, self.created

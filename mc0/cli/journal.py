@@ -1,0 +1,44 @@
+"""``mc0 journal ...``: journals handled outside a broker (``copy``: a file journal into JetStream).
+
+Contract: one-line errors as every command; ``copy`` reads the file journal in
+``--from`` and publishes it into the JetStream stream of ``[journals.NAME]``
+of ``--config`` (see :mod:`mc0.broker.journalcopy`), printing one line of
+progress per 10,000 records and a summary.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import config as cfg
+from .base import _one_line_errors, cli, config_option
+
+
+@cli.group()
+def journal() -> None:
+    """Journals outside a broker (copy a file journal into JetStream)."""
+
+
+@journal.command("copy")
+@click.argument("name")
+@click.option(
+    "--from",
+    "folder",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="The file journal's folder (its broker stopped).",
+)
+@config_option
+@_one_line_errors
+def copy(name: str, folder: str, config_path: str | None) -> None:
+    """Copy the file journal in --from into journal NAME of --config (store = "jetstream"), seqs kept."""
+    from ..broker.journalcopy import copy_journal, summary
+
+    config = cfg.load_default(config_path)
+
+    def progress(count: int) -> None:
+        if count % 10_000 < 256:
+            click.echo(f"journal copy: {count} records", err=True)
+
+    done = copy_journal(config, name, folder, progress=progress)
+    click.echo(summary(done, folder, name))

@@ -1,0 +1,76 @@
+"""The JetStream wire: how a journal kept by JetStream (``store = "jetstream"``) is laid out in NATS.
+
+Contract: pure names and small codecs, no I/O.  Journal ``NAME`` is the stream
+``MC0_J_NAME`` over the subjects ``mc0.j.NAME.>``: a record on topic ``T`` is
+a message on ``mc0.j.NAME.T`` (a topic is a NATS subject already: the same
+tokens, the same wildcards), whose body is the record's payload as the file
+journal writes it (:mod:`mc0.broker.storage.records`) and whose seq and time
+are the stream's, so every broker reads the same record at the same seq.  A
+durable consumer ``C`` is the JetStream durable pull consumer ``C`` of that
+stream, its mc0 owner and config in the consumer's metadata.  A kept letter
+for identity ``I`` (the journal that keeps mailboxes) is a message on
+``mc0.j.NAME.<hex of I>``: one subject per identity, so its letters are read
+in order and removed (purged) up to the last one delivered.
+
+Headers, on a message that needs them (most need none: nothing for NATS to
+write or parse): ``Nats-Msg-Id`` (JetStream's dedup: the publisher's identity
+and MSGID) and ``Mc0-Origin`` (the broker and the publisher's connection, when
+a queue group matched there or the publisher said ``ECHO 0``: that broker picks
+the group's member, and does not hand the publisher its own message).
+"""
+
+from __future__ import annotations
+
+STREAM_PREFIX = "MC0_J_"
+SUBJECT_PREFIX = "mc0.j."
+MSG_ID = "Nats-Msg-Id"
+ORIGIN = "Mc0-Origin"
+OWNER_KEY = "mc0_owner"  # consumer metadata: the identity that created it
+CONFIG_KEY = "mc0_config"  # consumer metadata: its mc0 config (JSON)
+
+
+def stream_name(journal: str) -> str:
+    return STREAM_PREFIX + journal
+
+
+def journal_of(stream: str) -> str | None:
+    return stream[len(STREAM_PREFIX) :] if stream.startswith(STREAM_PREFIX) else None
+
+
+def subjects(journal: str) -> str:
+    """The subjects the journal's stream takes."""
+    return f"{SUBJECT_PREFIX}{journal}.>"
+
+
+def subject(journal: str, topic: str) -> str:
+    """Where a record on ``topic`` is published (a pattern gives a consumer's filter the same way)."""
+    return f"{SUBJECT_PREFIX}{journal}.{topic}"
+
+
+def topic_of(journal: str, subject_: str) -> str:
+    return subject_[len(SUBJECT_PREFIX) + len(journal) + 1 :]
+
+
+def letter_subject(journal: str, identity: str) -> str:
+    """The subject of ``identity``'s kept letters (hex: an identity may hold any character but whitespace)."""
+    return f"{SUBJECT_PREFIX}{journal}.{identity.encode().hex()}"
+
+
+def msg_id(sender: str, msgid: str) -> str:
+    """JetStream's dedup id for a publisher's MSGID (the sender's length first: no two pairs meet)."""
+    return f"{len(sender)}:{sender}:{msgid}"
+
+
+def origin(broker: str, routing_id: bytes = b"") -> str:
+    return f"{broker}/{routing_id.hex()}"
+
+
+def parse_origin(text: str) -> tuple[str, bytes] | None:
+    """(broker, publisher's routing id) of an ``Mc0-Origin`` header, None if malformed."""
+    broker, slash, peer = text.partition("/")
+    if not slash:
+        return None
+    try:
+        return broker, bytes.fromhex(peer)
+    except ValueError:
+        return None

@@ -1,0 +1,244 @@
+"""Journals, durable consumers and mailboxes on JetStream (``store = "jetstream"``, R3), with real
+nats-server nodes and mc0 broker processes: what one broker acknowledges every broker serves, at the
+same seqs; a consumer made at one broker is pulled and acked at another; a letter kept at one is
+delivered at another.  The faults of issue 22 are in tests/test_jetstream_faults.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mc0
+from mc0.natsproc import NatsCluster
+
+from .clusterbus import ClusterBus, nats_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def journal(name: str, topics: str = '[">"]', **keys: Any) -> str:
+    """A ``[journals.NAME]`` table kept by JetStream (R3, fsync as the NATS nodes: every write synced)."""
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+    return f'[journals.{name}]\ntopics = {topics}\nstore = "jetstream"\nreplicas = 3\nfsync = "always"\n{extra}'
+
+
+def confirmed(
+    client: mc0.Client, topic: str, body: bytes, *, msgid: str | None = None, within: float = 30.0
+) -> mc0.Ack:
+    """A confirmed publish, sent again (same MSGID) while the stream is not there yet (504/507/503)."""
+    deadline = time.monotonic() + within
+    for _ in range(1000):
+        try:
+            ack = client.publish(topic, body, confirm=True, msgid=msgid, timeout=10)
+            assert ack is not None
+            return ack
+        except (mc0.DeadlineExceeded, mc0.StorageFailed, mc0.Timeout, mc0.NoResponders):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
+def fetch_all(client: mc0.Client, name: str, *, from_seq: int = 1) -> list[mc0.Record]:
+    records: list[mc0.Record] = []
+    seq = from_seq
+    for _ in range(1000):
+        page = client.fetch(name, from_seq=seq, timeout=10)
+        records += page.records
+        if page.next_seq >= page.end_seq or not page.records:
+            return records
+        seq = page.next_seq
+    raise AssertionError("fetch did not end")
+
+
+def until(condition: Any, timeout: float = 15.0, what: str = "condition") -> float:
+    started = time.monotonic()
+    for _ in range(int(timeout / 0.02) + 1):
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    yield from nats_cluster(tmp_path_factory.mktemp("nats"))
+
+
+def test_what_one_broker_acknowledges_every_broker_serves_at_the_same_seqs_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    with ClusterBus(tmp_path, nats, extra=journal("orders", '["orders.>"]')) as bus:
+        bus.wait_joined()
+        with contextlib.ExitStack() as stack:
+            pub, second, third = (stack.enter_context(bus.client(i, echo=i > 0)) for i in range(3))
+            # Live subscribers on every broker but the publisher's own (ECHO 0 holds for JetStream journals too).
+            own = pub.subscribe("orders.>")
+            live = [second.subscribe("orders.>"), third.subscribe("orders.*")]
+            first = confirmed(pub, "orders.eu", b"first", msgid="o-1")
+            assert (first.journal, first.duplicate) == ("orders", False)
+            acks = [pub.publish("orders.eu", str(i).encode(), confirm=True, msgid=f"o{i}") for i in range(200)]
+            seqs = [a.seq for a in acks if a is not None]
+            assert seqs == list(range(first.seq + 1, first.seq + 201))  # the stream's own numbers
+            again = pub.publish("orders.eu", b"first", confirm=True, msgid="o-1")  # a repeat: stored once
+            assert again is not None and (again.seq, again.duplicate) == (first.seq, True)
+            for sub in live:
+                got = sub.next_batch(1000, timeout=10)
+                for _ in range(50):
+                    if len(got) >= 201:
+                        break
+                    got += sub.next_batch(1000, timeout=2)
+                expected = [(first.seq, b"first"), *((s, str(i).encode()) for i, s in enumerate(seqs))]
+                assert [(m.seq, m.body) for m in got] == expected
+                assert {m.journal for m in got} == {"orders"}
+            with pytest.raises(mc0.Timeout):
+                own.next_batch(1, timeout=0.3)
+            # Replays and fetches at any broker: the same records at the same seqs.
+            replays = {}
+            for i in range(3):
+                client = stack.enter_context(bus.client(i))
+                replay = client.subscribe("orders.>", from_seq=first.seq, journal="orders")
+                got = []
+                for _ in range(50):
+                    got += replay.next_batch(1000, timeout=2)
+                    if len(got) >= 201:
+                        break
+                replays[i] = [(m.seq, m.body) for m in got]
+                fetched = fetch_all(client, "orders", from_seq=first.seq)
+                assert [(r.seq, r.body) for r in fetched] == replays[i]
+                assert fetched[0].headers.get("MSGID") == "o-1" and fetched[0].sender == "anonymous"
+            assert len(set(map(tuple, replays.values()))) == 1 and len(replays[0]) == 201
+            info = second.journal_info()["orders"]
+            assert (info["store"], info["replicas"], info["next_seq"]) == ("jetstream", 3, first.seq + 201)
+
+
+def test_a_consumer_made_at_one_broker_is_pulled_and_acked_at_another_under_its_owners_rules(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    policy = (
+        '[permissions.identity.alice]\npublish = [">"]\nsubscribe = [">"]\ncall = [">"]\n'
+        '[permissions.identity.alice.deny]\nsubscribe = ["work.secret.>"]\n'
+        '[permissions.identity.bob]\npublish = [">"]\nsubscribe = [">"]\ncall = [">"]\n'
+    )
+    extra = journal("work", '["work.>", "mc0.sys.dead.>"]') + policy
+    with ClusterBus(tmp_path, nats, curve=True, extra=extra, broker="max_consumers_per_identity = 1\n") as bus:
+        bus.wait_joined()
+        with bus.client(0, "bob") as publisher, bus.client(0, "alice") as at_a, bus.client(1, "alice") as at_b:
+            topics = ["work.a", "work.secret.x", "work.a", "work.a", "work.a"]
+            seqs = [confirmed(publisher, t, f"{i}".encode()).seq for i, t in enumerate(topics)]
+            made = at_a.consume("work", "jobs", topics=["work.>"], ack_wait=1.0, max_deliver=2)
+            assert made.info()["store"] == "jetstream"
+            same = at_b.consume("work", "jobs", topics=["work.>"], ack_wait=1.0, max_deliver=2)  # it exists: found
+            got = same.fetch(10, wait=2)
+            # The deny list: the secret record is never handed to alice (terminated unsent).
+            assert [(m.seq, m.deliveries) for m in got] == [(seqs[i], 1) for i in (0, 2, 3, 4)]
+            assert same.ack(got[0]) == 1  # acked at b ...
+            assert made.nak(got[1].seq) == 1  # ... naked and terminated at a
+            assert made.term(got[2].seq) == 1
+            again = made.fetch(10, wait=2)
+            assert [(m.seq, m.deliveries) for m in again] == [(seqs[2], 2)]  # the nak: redelivered at once
+            dead = at_a.subscribe("mc0.sys.dead.>")
+            late = []
+            for _ in range(20):  # ack_wait passes: what was not settled comes again, until max_deliver
+                late += [(m.seq, m.deliveries) for m in same.fetch(10, wait=1.5)]
+                if (seqs[4], 2) in late:
+                    break
+            assert (seqs[4], 2) in late and all(seq not in (seqs[0], seqs[3]) for seq, _ in late)
+            letters = []
+            for _ in range(20):  # a third delivery is past max_deliver 2: a dead letter, not a delivery
+                assert all(d <= 2 for _, d in [(m.seq, m.deliveries) for m in made.fetch(10, wait=1.5)])
+                try:
+                    letters += dead.next_batch(10, timeout=0.2)
+                except mc0.Timeout:
+                    pass
+                if {m.headers.get("X-Dead-Seq") for m in letters} >= {str(seqs[2]), str(seqs[4])}:
+                    break
+            assert {m.headers.get("X-Dead-Seq") for m in letters} >= {str(seqs[2]), str(seqs[4])}
+            assert {m.topic for m in letters} == {"mc0.sys.dead.work.jobs"}
+            info = same.info()
+            assert (info["owner"], info["pending"], info["lag"]) == ("alice", 0, 0)
+            # The owner's: bob may not use it; and alice's quota counts cluster-wide (one per identity).
+            with bus.client(2, "bob") as bob:
+                with pytest.raises(mc0.Forbidden):
+                    bob.consume("work", "jobs", topics=["work.>"], ack_wait=1.0, max_deliver=2).fetch(1, wait=0)
+            with bus.client(2, "alice") as at_c, pytest.raises(mc0.OverLimit):
+                at_c.consume("work", "more", topics=["work.>"])
+            made.delete()
+            with pytest.raises(mc0.NotFound):
+                same.info()
+
+
+def test_letters_kept_in_jetstream_at_one_broker_are_delivered_at_another_in_order_and_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    with ClusterBus(
+        tmp_path, nats, curve=True, extra=journal("box", mailboxes=True).replace('topics = [">"]\n', "")
+    ) as bus:
+        bus.wait_joined()
+        with bus.client(0, "alice") as alice:
+            outcomes = [alice.send_to("carol", "note.x", f"letter {i}".encode(), confirm=True) for i in range(20)]
+        assert set(outcomes) == {"stored"}
+        with bus.client(2, "carol") as carol:
+            got = []
+            for _ in range(50):
+                got += carol.mailbox.next_batch(100, timeout=2)
+                if len(got) >= 20:
+                    break
+            assert [m.body for m in got] == [f"letter {i}".encode() for i in range(20)]
+            assert {(m.sender, m.topic) for m in got} == {("alice", "note.x")}
+            until(lambda: not bus.cluster_report(2).get("pending"), 5, "delivered")  # (queues emptied)
+            time.sleep(0.3)
+        with bus.client(1, "carol") as carol_again:
+            with pytest.raises(mc0.Timeout):  # delivered once: they left the stream
+                carol_again.mailbox.next_batch(1, timeout=1.5)
+
+
+def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_serves_it(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    import subprocess
+    import sys
+
+    from mc0.broker.storage.filestore import Journal
+    from mc0.settings import JournalSettings
+
+    folder = tmp_path / "old"
+    old = Journal("old", JournalSettings(folder=str(folder))).open()
+    old.reset(101)  # retention had trimmed it: it begins at 101
+    for i in range(300):
+        old.append(f"audit.{i % 3}", "alice", {"MSGID": f"a{i}", "X-n": str(i)}, [f"record {i}".encode(), b"part"])
+    old.commit()
+    originals = old.read(101, max_records=1000)[0]
+    old.close()
+    config = tmp_path / "copy.toml"
+    config.write_text(f"[cluster]\nnats = {json.dumps(nats.urls())}\n" + journal("moved", '["audit.>"]'))
+
+    def copy(*more: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mc0", "journal", "copy", *more]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    done = copy("moved", "--from", str(folder), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"copied 300 records (seq 101..400) of {folder} into stream MC0_J_moved"
+    again = copy("moved", "--from", str(folder), "--config", str(config))  # run again: nothing twice
+    assert again.stdout.strip() == f"nothing to copy: stream MC0_J_moved already holds the 300 records of {folder}"
+    wrong = copy("nope", "--from", str(folder), "--config", str(config))
+    assert wrong.returncode == 1 and wrong.stderr.startswith("mc0: error: journals.nope: no such journal")
+    with ClusterBus(tmp_path, nats, 2, extra=journal("moved", '["audit.>"]')) as bus:
+        bus.wait_joined()
+        for i in range(2):
+            with bus.client(i) as client:
+                until(lambda c=client: c.journal_info()["moved"]["copy_next_seq"] == 401, 15, "the copy")
+                got = fetch_all(client, "moved", from_seq=0)
+                assert [(r.seq, r.topic, r.sender, r.headers, r.parts) for r in got] == [
+                    (r.seq, r.topic, r.sender, r.headers, r.parts) for r in originals
+                ]
+        with bus.client(0) as client:  # and it goes on from there
+            assert confirmed(client, "audit.0", b"new", msgid="a0").duplicate is False  # (the copy's ids are its own)
+            assert confirmed(client, "audit.0", b"newer").seq == 402

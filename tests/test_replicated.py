@@ -1,0 +1,367 @@
+"""Journals kept by JetStream, in the core (no sockets, no NATS: the in-memory replicated store stands for
+the stream, and the test plays the cluster link), the local copy on real files, and the config keys.
+
+The same rules with real nats-server nodes: tests/test_jetstream_live.py and tests/test_jetstream_faults.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mc0 import protocol as P
+from mc0.broker.core import fromstore, routed
+from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.journaling import CATCH_UP_S
+from mc0.broker.core.storeconsumers import known_of
+from mc0.broker.storage.memstore import MemoryReplicatedStore
+from mc0.broker.storage.records import encode_payload
+from mc0.broker.storage.replicated import ReplicatedJournal
+from mc0.config import check_stores, parse
+from mc0.errors import ConfigError
+from mc0.message import Record
+from mc0.protocol import jetstream as jsw
+from mc0.settings import JournalSettings
+
+from .conftest import headers_of, payload_of
+from .test_core import connect, f
+
+CLUSTER = '[cluster]\nnats = ["nats://127.0.0.1:4222"]\n'
+
+
+# ------------------------------------------------------------------ configuration
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('[journals.main]\nstore = "jetstream"', "journals.main.store"),  # no [cluster] nats
+        ('[journals.main]\nstore = "s3"', "journals.main.store"),
+        ("[journals.main]\nreplicas = 3", "journals.main.replicas"),  # a file journal has none
+        ("[journals.main]\nmax_messages = 10", "journals.main.max_messages"),
+        (CLUSTER + '[journals.main]\nstore = "jetstream"\nreplicas = 0', "journals.main.replicas"),
+        (CLUSTER + '[journals.main]\nstore = "jetstream"\nreplicas = 6', "journals.main.replicas"),
+        (CLUSTER + '[journals.main]\nstore = "jetstream"\ndedup_max_ids = 10', "journals.main.dedup_max_ids"),
+        (CLUSTER + '[journals.main]\nstore = "jetstream"\nmax_messages = -1', "journals.main.max_messages"),
+    ],
+)
+def test_a_jetstream_key_it_cannot_honour_or_a_missing_cluster_is_a_config_error_naming_it(
+    text: str, where: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_stores(parse(text, "mc0.toml"))  # (the store's check is the broker's: --cluster may name NATS)
+    assert info.value.where in (f"mc0.toml: {where}", where)
+
+
+def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
+    text = CLUSTER + (
+        '[journals.events]\nstore = "jetstream"\nreplicas = 5\nmax_messages = 1000\nmax_bytes = 4096\n'
+        'max_age_s = 60\ndedup_window_s = 30\nfsync = "always"\ntopics = ["orders.>"]\n'
+    )
+    journal = parse(text, "x").journals["events"]
+    assert journal.replicated and (journal.replicas, journal.max_messages, journal.dedup_window_s) == (5, 1000, 30)
+    from mc0.broker.cluster.streams import specs_of
+
+    config = specs_of(parse(text, "x"))["events"].config()
+    assert config["name"] == "MC0_J_events" and config["subjects"] == ["mc0.j.events.>"]
+    assert (config["num_replicas"], config["max_msgs"], config["max_bytes"]) == (5, 1000, 4096)
+    assert (config["max_age"], config["duplicate_window"]) == (60 * 10**9, 30 * 10**9)
+    assert parse("[journals.plain]\n", "x").journals["plain"].store == "file"
+
+
+# ------------------------------------------------------------------ the core
+def core_with(*journals: MemoryReplicatedStore) -> BrokerCore:
+    core = BrokerCore(CoreSettings(), journals=list(journals), wall_offset=1000.0)
+    routed.join(core, "b1", route_ttl=1.0)
+    for rid in (b"pub", b"sub", b"other"):
+        connect(core, rid, who=rid.decode())
+    return core
+
+
+def store(topics: tuple[str, ...] = ("orders.>",), name: str = "main", **settings: Any) -> MemoryReplicatedStore:
+    return MemoryReplicatedStore(name, JournalSettings(topics=topics, store="jetstream", **settings))
+
+
+def put(core: BrokerCore, rid: bytes, *frames: str) -> list[Any]:
+    return core.handle(rid, f("PUT", *frames), 0.0, rid.decode())
+
+
+def deliver(core: BrokerCore, j: MemoryReplicatedStore, token: int, now: float = 0.0) -> tuple[list[Any], list[Any]]:
+    """The stream stores ``token``: (its OK, what the broker then delivers), as the link reports them."""
+    seq, duplicate, record, origin = j.store(token)
+    ok = fromstore.stored(core, j.name, token, seq, duplicate, now)
+    if record is None:
+        return ok, []
+    j.arrived(record)
+    return ok, fromstore.arrived(core, j.name, [(record, origin)], now)
+
+
+def test_the_ok_waits_for_the_stream_and_names_its_seq_and_every_broker_delivers_from_the_stream() -> None:
+    j = store()
+    core = core_with(j)
+    core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")
+    assert put(core, b"pub", "TOPIC", "orders.1", "ID", "p1", "MSGID", "m1", "X-k", "v", "", "body") == []
+    assert core.uncommitted and core.commit() == []  # proposed to the stream: no OK, no delivery yet
+    (token,) = j.sent
+    topic, sender, headers, parts, msgid, origin = j.sent[token]
+    assert (topic, sender, headers, parts) == ("orders.1", "pub", {"MSGID": "m1", "X-k": "v"}, (b"body",))
+    assert msgid == jsw.msg_id("pub", "m1") and origin == ""  # (no ECHO 0, no queue group: nobody needs it)
+    ok, out = deliver(core, j, token)
+    assert ok == [(b"pub", P.ok_journaled("p1", "main", 1))]
+    assert [rid for rid, _ in out] == [b"sub"]
+    frames = list(out[0][1])
+    assert headers_of(frames)["JOURNAL"] == "main" and headers_of(frames)["SEQ"] == "1"
+    assert headers_of(frames)["X-k"] == "v" and payload_of(frames) == [b"body"]
+    # The same MSGID again: JetStream's duplicate window answers with the first seq; nothing delivered.
+    put(core, b"pub", "TOPIC", "orders.1", "ID", "p2", "MSGID", "m1", "", "body")
+    core.commit()
+    ok, out = deliver(core, j, max(j.sent))
+    assert ok == [(b"pub", P.ok_journaled("p2", "main", 1, duplicate=True))] and out == []
+
+
+def test_a_store_failure_is_an_error_naming_the_journal_and_nothing_is_delivered() -> None:
+    j = store()
+    core = core_with(j)
+    for rid, code in ((b"a", 504), (b"b", 429), (b"c", 507), (b"d", 500)):
+        put(core, b"pub", "TOPIC", "orders.1", "ID", rid.decode(), "", "x")
+        core.commit()
+        out = fromstore.failed(core, "main", max(j.sent), code, "why", 0.0)
+        expected = code if code != 500 else 507  # the store speaks in 504/429/507 only
+        assert out == [(b"pub", P.error(expected, "journal main: why", rid.decode()))]
+    assert fromstore.stored(core, "main", 999, 5, False, 0.0) == []  # an answer nobody waits for
+
+
+def test_echo_0_and_queue_groups_are_the_origin_brokers_and_a_record_from_elsewhere_reaches_own_plain_subscribers() -> (
+    None
+):
+    j = store()
+    core = core_with(j)
+    connect(core, b"quiet", who="quiet")
+    core.handle(b"quiet", f("CONNECT", "VERSION", "1.0", "ECHO", "0", "ID", "c"), 0.0, "quiet")
+    for rid in (b"quiet", b"sub"):
+        core.handle(rid, f("SUB", "", "orders.>"), 0.0, rid.decode())
+    core.handle(b"other", f("SUB", "GROUP", "g", "", "orders.>"), 0.0, "other")
+    put(core, b"quiet", "TOPIC", "orders.1", "", "mine")
+    core.commit()
+    _, out = deliver(core, j, max(j.sent))
+    assert sorted(rid for rid, _ in out) == [b"other", b"sub"]  # not to its ECHO 0 publisher; the group's copy here
+    # A record another broker published: this broker's plain subscribers only (the group is that broker's).
+    record = Record(2, 0.0, "orders.2", "x", {}, (b"theirs",))
+    j.arrived(record)
+    out = fromstore.arrived(core, "main", [(record, jsw.origin("b2", b"someone"))], 0.0)
+    assert sorted(rid for rid, _ in out) == [b"quiet", b"sub"]
+
+
+def test_a_topic_two_journals_keep_is_delivered_once_by_the_first_by_name() -> None:
+    a, b = store(name="a"), store(name="b")
+    core = core_with(a, b)
+    core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")
+    put(core, b"pub", "TOPIC", "orders.1", "ID", "p", "", "x")
+    core.commit()
+    ok, out_a = deliver(core, a, max(a.sent))
+    assert ok == [(b"pub", P.ok_journaled("p", "a", 1))] and [rid for rid, _ in out_a] == [b"sub"]
+    assert deliver(core, b, max(b.sent)) == ([], [])  # b's copy: stored, not delivered twice
+
+
+def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
+    j = store()
+    core = core_with(j)
+    for i in range(3):
+        put(core, b"pub", "TOPIC", "orders.x", "", str(i))
+    core.commit()
+    for token in sorted(j.sent):
+        deliver(core, j, token)
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "2", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    put(core, b"pub", "TOPIC", "orders.x", "", "3")
+    core.commit()
+    _, live = deliver(core, j, max(j.sent))
+    assert live == []  # held back: the replay will reach it
+    seqs = []
+    for _ in range(5):
+        seqs += [s.seq for s in core.stream(0.0) if s.kind == "replay"]
+    assert seqs == [2, 3, 4] and not core.streaming
+
+
+def fetch_turns(core: BrokerCore, now: float, turns: int = 5) -> list[Any]:
+    out = []
+    for _ in range(turns):
+        out += core.stream(now)
+    return out
+
+
+def test_a_fetch_waits_for_the_local_copy_to_hold_what_the_stream_acknowledged() -> None:
+    j = store()
+    core = core_with(j)
+    for i in range(4):
+        put(core, b"pub", "TOPIC", "orders.x", "", str(i))
+    core.commit()
+    stored = [j.store(token) for token in sorted(j.sent)]  # acknowledged; the copy holds only the first two
+    for _, _, record, _ in stored[:2]:
+        assert record is not None
+        j.arrived(record)
+    assert (j.next_seq, j.stored_next_seq) == (3, 5)
+    query = json.dumps({"op": "fetch", "journal": "main", "from_seq": 1})
+    assert core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0, "sub") == []
+    first = fetch_turns(core, 0.0)
+    assert [o.records for o in first if o.kind == "fetch"] == [2]  # what is here; the rest is awaited, no FINAL
+    for _, _, record, _ in stored[2:]:
+        assert record is not None
+        j.arrived(record)
+    rest = fetch_turns(core, 0.01)
+    assert [o.records for o in rest if o.kind == "fetch"] == [2, 0]  # the page, then the FINAL
+    final = json.loads(payload_of(list(rest[-1].frames))[-1])
+    assert (final["records"], final["next_seq"], final["end_seq"]) == (4, 5, 5)
+
+
+def test_a_fetch_whose_copy_never_catches_up_ends_where_it_stopped() -> None:
+    j = store()
+    core = core_with(j)
+    put(core, b"pub", "TOPIC", "orders.x", "", "x")
+    core.commit()
+    j.store(max(j.sent))  # acknowledged, never delivered here
+    query = json.dumps({"op": "fetch", "journal": "main", "from_seq": 1})
+    core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0, "sub")
+    assert fetch_turns(core, 0.0) == []
+    final = [o for o in fetch_turns(core, CATCH_UP_S + 1) if o.kind == "fetch"]
+    assert json.loads(payload_of(list(final[-1].frames))[-1])["next_seq"] == 1
+    assert core.counters["fetch_copy_behind"] == 1
+
+
+# ------------------------------------------------------------------ consumers and letters through store calls
+def answer(core: BrokerCore, data: dict[str, Any], records: list[Record] = ()) -> list[Any]:  # type: ignore[assignment]
+    (token, _), *more = fromstore.calls(core)
+    assert more == []
+    return fromstore.answered(core, token, data, records, 0.0)
+
+
+def consumer_request(core: BrokerCore, rid: str, **query: Any) -> list[Any]:
+    body = json.dumps({"journal": "main", "name": "c", **query})
+    return core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.consumer", "ID", rid, "", body), 0.0, "sub")
+
+
+def test_a_store_consumer_is_created_once_pulled_filtered_and_dead_lettered_by_the_core() -> None:
+    j = store(topics=(">", "mc0.sys.dead.>"))
+    core = core_with(j)
+    assert consumer_request(core, "1", op="create", topics=["orders.>"], max_deliver=2) == []
+    (_, lookup), *_ = core.calls._queued
+    assert (lookup["op"], lookup["owner"]) == ("consumer_lookup", "sub")
+    assert answer(core, {"owned": 0, "total": 0}) == []  # then the create
+    (_, create), *_ = core.calls._queued
+    assert create["op"] == "consumer_create" and create["config"]["max_deliver"] == 2
+    metadata = {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(create["config"])}
+    created = answer(core, {"info": {"metadata": metadata, "num_pending": 3}})
+    assert json.loads(payload_of(list(created[0][1]))[-1])["lag"] == 3
+    assert consumer_request(core, "2", op="pull", max=10) == []
+    records = [
+        Record(1, 0.0, "orders.a", "pub", {}, (b"one",)),
+        Record(2, 0.0, "orders.b", "pub", {}, (b"two",)),
+        Record(3, 0.0, "mc0.sys.rpc", "pub", {}, (b"{}",)),  # JetStream's ">" takes it; mc0's topics do not
+    ]
+    page = answer(core, {"deliveries": [1, 3, 1], "records": [[1, 0], [2, 0], [3, 0]]}, records)
+    given = P.parse_journal_page(payload_of(list(page[0][1]))[:-1])
+    assert [r.seq for r in given] == [1] and json.loads(payload_of(list(page[0][1]))[-1]) == [1]
+    (_, term), *_ = core.calls._queued  # the rest terminated: one past max_deliver, one not its topic
+    assert (term["op"], term["how"], sorted(term["seqs"])) == ("consumer_settle", "term", [2, 3])
+    assert core.counters["consumer_dead_lettered"] == 1 and core.counters["consumer_filtered"] == 1
+    core.commit()  # the dead letter is proposed to the journal that keeps mc0.sys.dead.>
+    (dead,) = [p for p in j.sent.values() if p[0].startswith("mc0.sys.dead.")]
+    assert dead[0] == "mc0.sys.dead.main.c" and dead[2]["X-Dead-Seq"] == "2"
+
+
+def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:
+    j = store()
+    core = core_with(j)
+    config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
+    config |= {"max_ack_pending": 1000, "deliver": "all"}
+    assert core.consumers.store is not None
+    known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
+    core.consumers.store._learn("main", "c", known, 0.0)
+    consumer_request(core, "p", op="pull", max=1, wait_ms=1000)
+    assert core.calls._queued[0][1]["op"] == "consumer_pull"  # (known here: no info asked first)
+    assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
+    assert answer(core, {"deliveries": [], "records": []}) == []
+
+
+def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_removed_once_sent() -> None:
+    box = MemoryReplicatedStore(
+        "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
+    )
+    core = core_with(box)
+    assert {call["identity"] for _, call in fromstore.calls(core)} == {"pub", "sub", "other"}  # their mailboxes read
+    out = core.handle(b"pub", f("PUT", "TOPIC", "note.x", "ID", "l1", "TO", "carol", "", "hello"), 0.0, "pub")
+    assert out == [] and core.commit() == []
+    (token,) = box.sent
+    topic, sender, headers, parts, _, identity = box.sent[token]
+    assert (topic, sender, identity, headers["TO"], parts) == (
+        "mc0.sys.mailbox.letter",
+        "pub",
+        "carol",
+        "carol",
+        (b"hello",),
+    )
+    assert fromstore.stored(core, "box", token, 7, False, 0.0) == [(b"pub", P.ok_mailbox("l1", P.MAILBOX_STORED))]
+    connect(core, b"carol", who="carol")
+    (_, read), *_ = core.calls._queued
+    assert read == {"op": "letters_read", "journal": "box", "identity": "carol"}
+    letter = Record(7, 0.0, topic, sender, headers, parts)
+    delivered = answer(core, {"records": [[7, 0]]}, [letter])
+    assert [rid for rid, _ in delivered] == [b"carol"] and payload_of(list(delivered[0][1])) == [b"hello"]
+    sent = {b"carol": False}
+    core.mailboxes.sent_all = lambda rid: sent.get(rid, True)
+    core.commit()
+    assert not core.calls.queued  # still queued for carol: not removed from the stream
+    sent[b"carol"] = True
+    core.commit()
+    (_, purge), *_ = core.calls._queued
+    assert purge == {"op": "letters_purge", "journal": "box", "identity": "carol", "upto": 7}
+
+
+# ------------------------------------------------------------------ the local copy on files
+def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: Path) -> None:
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    payload = encode_payload("orders.x", "alice", {"X-a": "b"}, [b"body"])
+    now = time.time()  # (the copy's own age retention runs at a segment's roll)
+    assert [copy.arrived(seq, now + seq, payload) for seq in (1, 2, 2, 5)] == [True, True, False, True]
+    copy.flush()
+    records, next_seq = copy.read(1)
+    assert [(r.seq, r.ts - now, r.topic, r.headers) for r in records] == [
+        (1, 1.0, "orders.x", {"X-a": "b"}),
+        (2, 2.0, "orders.x", {"X-a": "b"}),
+        (5, 5.0, "orders.x", {"X-a": "b"}),  # after the gap the stream left (its records deleted)
+    ]
+    assert next_seq == 6 and copy.info()["next_seq"] == 6
+    copy.close()
+    again = ReplicatedJournal("main", settings).open()
+    assert again.position() == (6, "made-1")  # where its delivery starts after a restart
+    again.stream_state(1, 3, "made-2", 1)  # another stream of the same name: the copy starts again
+    assert (again.first_seq, again.next_seq) == (1, 1)
+    with pytest.raises(TypeError):
+        again.append("t", "s", {}, [b""])
+
+
+def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_the_command_line_gives_it(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "mc0.toml"
+    config.write_text('[journals.main]\nstore = "jetstream"\n')
+    command = [sys.executable, "-m", "mc0", "broker", "--insecure", "--config", str(config), "--check-config"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and refused.stderr.startswith("mc0: error: journals.main.store: store = ")
+    given = subprocess.run([*command, "--cluster", "nats://127.0.0.1:4222"], capture_output=True, text=True, timeout=30)
+    assert given.returncode == 0, given.stderr
+    assert "kept by JetStream, R3" in given.stdout
+
+
+def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_nothing() -> None:
+    j = store()
+    core = core_with(j)
+    j.backlog = "100000 records wait for JetStream's answer"
+    out = put(core, b"pub", "TOPIC", "orders.1", "ID", "p", "", "x")
+    assert out == [(b"pub", P.error(429, "journal main: 100000 records wait for JetStream's answer", "p"))]
+    assert not j.proposals and core.counters["store_backlog_refused"] == 1
