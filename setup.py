@@ -15,8 +15,8 @@ ext_modules = []
 if os.environ.get("MC0_COMPILE", "") not in ("", "0"):
     from mypyc.build import mypycify  # MC0_COMPILE needs mypy in the build environment (--no-build-isolation)
 
-    hot = runpy.run_path(os.path.join("mc0", "native.py"))["HOT_MODULES"]
-    paths = [os.path.join(*name.split(".")) + ".py" for name in hot]
-    ext_modules = mypycify(paths, opt_level="3", group_name="mc0_native")
+    native = runpy.run_path(os.path.join("mc0", "native.py"))
+    paths = [os.path.join(*name.split(".")) + ".py" for name in native["HOT_MODULES"]]
+    ext_modules = mypycify(paths, opt_level="3", group_name=native["GROUP"])
 
 setup(ext_modules=ext_modules)

@@ -43,6 +43,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.batched",
 )
 PURE_ENV = "MC0_PURE_PYTHON"
+GROUP = "mc0_native"  # mypyc's group name (setup.py): the compiled modules' shared code is GROUP + "__mypyc"
 
 
 def pure_requested() -> bool:
@@ -65,12 +66,16 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         return None
 
 
-def stale() -> list[str]:
+def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[str]:
     """Modules whose extension would run other code than their source: built before the source's
-    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``;
+    or every module that has an extension when the shared library they all need cannot be found
+    (a later plain ``pip install -e .`` drops it from the path and leaves the extensions).
+    ``folder`` (the package's own by default) and ``library`` are for tests."""
+    here = folder or os.path.dirname(os.path.abspath(__file__))
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     out = []
+    built = []
     for folder, _, files in os.walk(here):
         for file in files:
             if not file.endswith(suffixes):
@@ -84,8 +89,11 @@ def stale() -> list[str]:
                 )
             except OSError:
                 continue  # no source beside it: not one of ours
+            built.append(name)
             if newer or name not in HOT_MODULES:
                 out.append(name)
+    if built and not out and importlib.util.find_spec(library) is None:
+        return sorted(built)
     return sorted(out)
 
 
@@ -103,8 +111,9 @@ def install() -> None:
     changed = stale()
     if changed:
         print(
-            f"mc0: the compiled {changed[0]} does not match its source: running the sources "
-            "(rebuild: ./run, or MC0_COMPILE=1 pip install --no-build-isolation -e .)",
+            f"mc0: the compiled {changed[0]} cannot run as built (its source changed since, or the "
+            f"shared {GROUP}__mypyc is not installed): running the sources "
+            "(rebuild: ./run test or ./run bench, or MC0_COMPILE=1 pip install --no-build-isolation -e .)",
             file=sys.stderr,
         )
         sys.meta_path.insert(0, _SourceFirst())

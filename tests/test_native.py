@@ -9,6 +9,7 @@ same, plus the core's tests again with ``MC0_PURE_PYTHON=1``.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -39,6 +40,26 @@ def test_the_suite_runs_the_compiled_hot_path_when_built() -> None:
         assert not native.stale() and all(loaded.values()), loaded
     elif native.pure_requested():
         assert not any(loaded.values())
+
+
+@pytest.mark.parametrize(
+    ("extension_age", "library", "expected"),
+    [
+        (+10, "json", []),  # built after its source, shared library found: runs compiled
+        (-10, "json", ["mc0.trie"]),  # the source changed after the build
+        (+10, "mc0_no_such_library", ["mc0.trie"]),  # a plain install since dropped the shared library
+    ],
+)
+def test_an_extension_that_cannot_run_as_built_is_stale(
+    tmp_path: Path, extension_age: int, library: str, expected: list[str]
+) -> None:
+    source = tmp_path / "trie.py"
+    source.write_text("")
+    extension = tmp_path / ("trie" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    extension.write_bytes(b"")
+    os.utime(extension, (source.stat().st_mtime + extension_age,) * 2)
+    (tmp_path / "notes.txt").write_text("")  # neither source nor extension: ignored
+    assert native.stale(str(tmp_path), library) == expected
 
 
 @pytest.mark.parametrize("mode", MODES)
