@@ -1,4 +1,4 @@
-"""Benchmarks: mc0 beside NATS, Majordomo and the raw ZeroMQ limit, measured in one run.
+"""Benchmarks: mc0 beside NATS, Majordomo and plain pyzmq loops, measured in one run.
 
 Contract: ``run(options)`` measures every scenario with the broker, the
 publishers/clients and the subscribers/workers in separate processes, all on
@@ -10,8 +10,9 @@ thresholds.
 
 Two suites: **broker** (:mod:`benchmarks.frames`): the broker alone, loaded by
 raw-frame generators (raw pyzmq sockets speaking mc0 frames, nats-py for
-NATS, majortomo for Majordomo) beside a pure-pyzmq ROUTER loop (the ceiling
-for a Python broker) and ``zmq.proxy``, plus idle resources and the topic
+NATS, majortomo for Majordomo) beside a pure-pyzmq ROUTER loop (``pyzmq-loop``:
+one message at a time, no protocol; a reference point, not a ceiling: the
+batched wire beats it) and ``zmq.proxy``, plus idle resources and the topic
 trie; **library** (:mod:`benchmarks.library`): what a user runs, through
 ``mc0.aio`` and the sync ``mc0`` API beside nats-py and majortomo, every
 library at its defaults, with delivered/lost counts (a row that lost
@@ -432,7 +433,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     # Run by `mc0 bench`, the usage line names that command (MC0_PROG), not this file.
     parser = argparse.ArgumentParser(
-        prog=os.environ.get("MC0_PROG") or None, description="mc0 beside NATS, Majordomo and the raw ZeroMQ limit"
+        prog=os.environ.get("MC0_PROG") or None, description="mc0 beside NATS, Majordomo and plain pyzmq loops"
     )
     parser.add_argument("--runs", type=int, default=3, help="measurements per system (median reported)")
     parser.add_argument("--seconds", type=float, default=1.5, help="length of one time-bounded measurement")
@@ -441,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--systems",
         default="",
-        help="comma-separated systems (broker suite: mc0,mc0-batched,mc0+curve,raw,proxy,nats,majortomo; "
-        "library suite: mc0-aio,mc0-aio+curve,mc0-sync,nats,majortomo,jetstream)",
+        help="comma-separated systems (broker suite: mc0,mc0-batched,mc0-batched tuned,mc0+curve,pyzmq-loop,proxy,"
+        "nats,majortomo; library suite: mc0-aio,mc0-aio+curve,mc0-sync,nats,majortomo,jetstream)",
     )
     parser.add_argument(
         "--suite",
