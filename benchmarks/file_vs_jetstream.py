@@ -21,7 +21,9 @@ exactly what was acknowledged is failing.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +83,22 @@ def _broker_config(root: Path) -> Path:
 
 
 async def _journal_next_seq(endpoint: str, journal: str) -> int:
+    """The journal's next seq, once it reports the fsync policy it is named after (the broker runs it)."""
     from mc0.aio import Client
 
     async with Client(endpoint, timeout=10) as client:
-        return int((await client.journal_info())[journal]["next_seq"])
+        info = (await client.journal_info())[journal]
+    if info["fsync"] != journal:
+        raise RuntimeError(f"journal {journal} runs fsync={info['fsync']}")
+    return int(info["next_seq"])
+
+
+def _check_sync(node: NatsCluster, synced: bool) -> None:
+    """The node runs the sync setting its rows are named after (``/varz``: sync_always)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_ports[0]}/varz", timeout=10) as answer:
+        config = json.loads(answer.read())["jetstream"]["config"]
+    if bool(config.get("sync_always")) != synced:
+        raise RuntimeError(f"nats-server runs sync_always={config.get('sync_always')}, expected {synced}")
 
 
 def file_vs_jetstream_rates(
@@ -109,8 +123,9 @@ def file_vs_jetstream_rates(
         try:
             for node in nodes.values():
                 node.start()
-            for node in nodes.values():
+            for key, node in nodes.items():
                 node.wait_ready(60)
+                _check_sync(node, key == "js-sync")
                 asyncio.run(create_stream(node.urls(), config))
             with BrokerProcess(config=str(_broker_config(root)), insecure=True) as broker:
                 asyncio.run(ready(broker.endpoint))
