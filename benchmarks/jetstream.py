@@ -37,7 +37,8 @@ def names(window: int) -> dict[str, str]:
     }
 
 
-async def _stream_messages(urls: list[str], stream: str) -> int:
+async def stream_messages(urls: list[str], stream: str) -> int:
+    """What the stream holds (its ``state.messages``)."""
     import nats
 
     nc = await nats.connect(servers=urls)
@@ -48,8 +49,8 @@ async def _stream_messages(urls: list[str], stream: str) -> int:
         await nc.close()
 
 
-async def _nats_py(urls: list[str], config: dict[str, Any], count: int, size: int, window: int) -> float:
-    """nats-py straight into the stream: messages per second."""
+async def nats_py_rate(urls: list[str], config: dict[str, Any], count: int, size: int, window: int) -> float:
+    """nats-py straight into the stream (its first subject, ``>`` made a token): messages per second."""
     import nats
 
     nc = await nats.connect(servers=urls)
@@ -70,8 +71,8 @@ async def _nats_py(urls: list[str], config: dict[str, Any], count: int, size: in
         await nc.close()
 
 
-async def _mc0(endpoint: str, count: int, size: int, window: int) -> float:
-    """Confirmed PUTs through the broker: messages per second."""
+async def mc0_rate(endpoint: str, count: int, size: int, window: int, topic: str = "bench.put") -> float:
+    """Confirmed PUTs to ``topic`` through the broker: messages per second."""
     from mc0.aio import Client
 
     body = b"x" * size
@@ -79,15 +80,15 @@ async def _mc0(endpoint: str, count: int, size: int, window: int) -> float:
         started = time.perf_counter()
         if window == 1:
             for _ in range(count):
-                await client.publish("bench.put", body, confirm=True)
+                await client.publish(topic, body, confirm=True)
         else:
             for start in range(0, count, window):
-                batch = (client.publish("bench.put", body, confirm=True) for _ in range(min(window, count - start)))
+                batch = (client.publish(topic, body, confirm=True) for _ in range(min(window, count - start)))
                 await asyncio.gather(*batch)
         return count / (time.perf_counter() - started)
 
 
-async def _ready(endpoint: str, timeout: float = 60.0) -> None:
+async def ready(endpoint: str, timeout: float = 60.0) -> None:
     """A confirmed publish got its OK: the stream is there (the broker creates it once NATS is ready)."""
     from mc0.aio import Client
     from mc0.errors import Error
@@ -104,7 +105,8 @@ async def _ready(endpoint: str, timeout: float = 60.0) -> None:
                 await asyncio.sleep(0.2)
 
 
-async def _baseline_stream(urls: list[str], config: dict[str, Any]) -> None:
+async def create_stream(urls: list[str], config: dict[str, Any]) -> None:
+    """Create the stream (retried while JetStream is not ready yet: 200 tries, 0.2 s apart)."""
     import nats
 
     nc = await nats.connect(servers=urls)
@@ -145,19 +147,19 @@ def jetstream_rates(
             )
             baseline = StreamSpec("nats_py_bench", 3, 0, 0, 0, 120).config()  # the journal's stream config
             baseline.update(name="NATS_PY_BENCH", subjects=["mc0.natspy.bench.>"])  # (the brokers' NATS user: mc0.>)
-            asyncio.run(_baseline_stream(urls, baseline))
+            asyncio.run(create_stream(urls, baseline))
             with BrokerProcess(config=str(config), insecure=True) as broker:
-                asyncio.run(_ready(broker.endpoint))
+                asyncio.run(ready(broker.endpoint))
                 for run in range(runs):
                     for key, how in (("js1", 1), ("mc01", 1), ("jsw", window), ("mc0w", window)):
                         n = single if how == 1 else count
                         stream = "NATS_PY_BENCH" if key.startswith("js") else f"MC0_J_{JOURNAL}"
-                        before = asyncio.run(_stream_messages(urls, stream))
+                        before = asyncio.run(stream_messages(urls, stream))
                         if key.startswith("js"):
-                            rate = asyncio.run(_nats_py(urls, baseline, n, size, how))
+                            rate = asyncio.run(nats_py_rate(urls, baseline, n, size, how))
                         else:
-                            rate = asyncio.run(_mc0(broker.endpoint, n, size, how))
-                        stored = asyncio.run(_stream_messages(urls, stream)) - before
+                            rate = asyncio.run(mc0_rate(broker.endpoint, n, size, how))
+                        stored = asyncio.run(stream_messages(urls, stream)) - before
                         name = rows[key]
                         rates[name].append(rate)
                         failed[name] += abs(n - stored)

@@ -2,7 +2,10 @@
 confirmed PUT, and the Spark scan of a journal (benchmarks/spark_scan.py) beside a plain Python
 source over the same rows and the client's own fetch loops; with ``--jetstream``, confirmed
 publishes into an R3 JetStream journal through a broker beside nats-py straight into an R3 stream
-(benchmarks/jetstream.py: three nats-server nodes, sync_interval always on both sides).
+(benchmarks/jetstream.py: three nats-server nodes, sync_interval always on both sides); with
+``--file-vs-jetstream``, confirmed publishes into a file journal per fsync policy through a broker
+beside nats-py into a one-node JetStream file stream at the matching sync setting
+(benchmarks/file_vs_jetstream.py).
 
 Every broker is a real process on 127.0.0.1 with its own journal folder; each
 figure is the median of ``--runs`` runs, and every ratio compares numbers
@@ -98,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also: confirmed publishes into an R3 JetStream journal via a broker beside nats-py into an R3 stream",
     )
     parser.add_argument("--jetstream-only", action="store_true", help="only the JetStream rows (no JVM)")
+    parser.add_argument(
+        "--file-vs-jetstream",
+        action="store_true",
+        help="only (with --jetstream: also the R3 rows): a file journal via a broker at fsync=always/batch/never"
+        " beside nats-py into one JetStream node, sync_interval=always (always, batch) or its default (never)",
+    )
     parser.add_argument("--option", action="append", default=[], help="a mc0 source option KEY=VALUE (Spark scan)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -110,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     options = dict(o.split("=", 1) for o in args.option if "=" in o)
     rows = []
-    if not args.spark_only and not args.jetstream_only:
+    only = args.spark_only or args.jetstream_only or args.file_vs_jetstream
+    if not only:
         puts = put_rates(args.count, args.size, args.window, args.runs, console.log)
         rows += summarize(puts, "plain PUT", "msg/s")
     if args.jetstream or args.jetstream_only:
@@ -121,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         for ours, theirs in (("mc01", "js1"), ("mc0w", "jsw")):
             pair = {row[theirs]: js[row[theirs]], row[ours]: js[row[ours]]}
             rows += summarize(pair, row[theirs], "msg/s", {n: lost[n] for n in pair})
-    if not args.no_spark and not args.jetstream_only:
+    if args.file_vs_jetstream:
+        from benchmarks.file_vs_jetstream import file_vs_jetstream_rates, groups
+
+        rates, missing = file_vs_jetstream_rates(args.count, args.size, args.window, args.runs, console.log)
+        for baseline, compared in groups(args.window):
+            pair = {name: rates[name] for name in (baseline, *compared)}
+            rows += summarize(pair, baseline, "msg/s", {name: missing[name] for name in pair})
+    if not args.no_spark and not args.jetstream_only and not args.file_vs_jetstream:
         from benchmarks.spark_scan import scan_rates
 
         scans, failed = scan_rates(args.spark_count, args.spark_size, args.runs, console.log, options=options)

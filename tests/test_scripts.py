@@ -104,6 +104,33 @@ def test_jetstream_bench_smoke_run_puts_the_broker_beside_nats_py_into_r3_stream
     assert all("sync_interval=always" in name for name in rows)  # both sides' sync setting stated
 
 
+@pytest.mark.timeout(180)
+def test_file_vs_jetstream_bench_smoke_run_pairs_each_fsync_policy_with_a_one_node_stream(tmp_path: Path) -> None:
+    out = tmp_path / "file-js.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_journal.py"), "--file-vs-jetstream", "--runs", "1", "--count", "300",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 10 and all(r["median"] > 0 and r["runs"] == 1 and r["failed"] == 0 for r in rows.values())
+    for how in ("1 in flight", "256 in flight"):
+        synced = f"JetStream R1 file, nats-py, {how} (sync_interval=always)"
+        unsynced = f"JetStream R1 file, nats-py, {how} (sync_interval=default 2m, ack before sync)"
+        expected = {  # each mc0 row beside the node at the matching sync setting, as its name states
+            f"mc0 file journal, broker, {how} (fsync=always)": synced,
+            f"mc0 file journal, broker, {how} (fsync=batch, group commit)": synced,
+            f"mc0 file journal, broker, {how} (fsync=never)": unsynced,
+            synced: synced,
+            unsynced: unsynced,
+        }
+        assert {name: rows[name]["baseline"] for name in expected} == expected
+    assert "FAILING" not in result.stdout
+
+
 @pytest.mark.timeout(300)
 def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(tmp_path: Path) -> None:
     require("pyspark")
