@@ -77,8 +77,9 @@ class Deadlines(Generic[T]):
         """Every item of the buckets that ended by ``now``, forgotten here."""
         keys, buckets, key_of = self._keys, self._buckets, self._key_of
         due: list[T] = []
-        limit = now / self.tick
-        while keys and keys[0] <= limit:
+        tick = self.tick
+        # (the same product next_due returns: now / tick can round below the bucket it named)
+        while keys and keys[0] * tick <= now:
             bucket = buckets.pop(heapq.heappop(keys))
             for item in bucket:
                 del key_of[item]

@@ -32,6 +32,16 @@ def test_literal_cases() -> None:
     assert len(d) == 0 and d.next_due() is None
 
 
+def test_what_next_due_names_is_due_then() -> None:
+    # e.g. 76.377: its bucket 15276 ends at 15276 * 0.005, which divided by 0.005 again rounds below 15276
+    d: Deadlines[str] = Deadlines(tick=0.005)
+    for i, when in enumerate((0.015, 76.377, 65.159, 38.12, 18.591, 1.015)):
+        d.add(when, f"x{i}")
+        due = d.next_due()
+        assert due is not None and due >= when
+        assert d.pop_due(due) == [f"x{i}"]
+
+
 def test_a_settled_item_is_forgotten_at_once() -> None:
     """The point of the module: finished requests do not wait here for their deadlines."""
     d: Deadlines[object] = Deadlines()

@@ -365,3 +365,102 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
     out = put(core, b"pub", "TOPIC", "orders.1", "ID", "p", "", "x")
     assert out == [(b"pub", P.error(429, "journal main: 100000 records wait for JetStream's answer", "p"))]
     assert not j.proposals and core.counters["store_backlog_refused"] == 1
+
+
+def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
+    j = store()
+    core = core_with(j)
+    put(core, b"pub", "TOPIC", "orders.x", "", "x")
+    core.commit()
+    j.store(max(j.sent))  # acknowledged, never delivered here
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    assert core.stream(0.0) == [] and core.streaming
+    (waiting,) = [r for replays in core.streams._replays.values() for r in replays.values()]
+    assert waiting.resume_at == pytest.approx(0.005)  # looks again in a moment, not every loop turn
+    assert core.stream(0.001) == []  # (not due yet)
+    (stopped,) = core.stream(CATCH_UP_S + 1)
+    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.streaming
+    assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
+    assert core.counters["replay_copy_behind"] == 1
+
+
+def test_a_copy_that_cannot_be_written_stops_there_and_live_records_go_on_once(tmp_path: Path) -> None:
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    payload = encode_payload("orders.x", "alice", {}, [b"body"])
+    assert copy.arrived(1, 1.0, payload)
+    copy.flush()
+
+    def disk_full(*_: Any) -> bool:
+        raise OSError(28, "No space left on device")
+
+    copy.cache.append_at = disk_full  # type: ignore[method-assign]
+    assert [copy.arrived(seq, float(seq), payload) for seq in (2, 3, 3, 2, 4)] == [True, True, False, False, True]
+    copy.flush()
+    assert copy.broken.startswith("OSError") and copy.counters["copy_write_failed"] == 1
+    assert (copy.next_seq, copy.stored_next_seq) == (2, 5)  # what it holds is served; no silent gap after it
+    assert [r.seq for r in copy.read(1)[0]] == [1]
+
+
+def test_a_stream_made_again_forgets_how_far_the_old_one_reached(tmp_path: Path) -> None:
+    copy = ReplicatedJournal("main", JournalSettings(folder=str(tmp_path / "c"), store="jetstream")).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    payload = encode_payload("orders.x", "alice", {}, [b"body"])
+    for seq in range(1, 6):
+        copy.arrived(seq, float(seq), payload)
+    copy.acknowledged(9)
+    assert copy.stored_next_seq == 10
+    copy.stream_state(1, 2, "made-2", 1)  # deleted and made again: two records so far
+    assert (copy.next_seq, copy.stored_next_seq) == (1, 3)
+
+
+def test_what_the_link_posts_is_handled_item_by_item_and_one_that_raises_never_stops_the_rest() -> None:
+    from mc0.broker.cluster.streams import Acks, StreamState
+    from mc0.broker.listeners import ClusterListener
+
+    j = store()
+    core = core_with(j)
+    put(core, b"pub", "TOPIC", "orders.x", "ID", "p", "", "x")
+    core.commit()
+    (token,) = j.sent
+
+    class BrokenCopy:
+        def stream_state(self, *_: Any) -> None:
+            raise RuntimeError("a bug in the copy")
+
+        def acknowledged(self, seq: int) -> None:
+            pass
+
+        def answered(self, token: int) -> None:
+            pass
+
+    listener = ClusterListener(parse(CLUSTER, "x"))  # (constructors do no I/O: no NATS here)
+    listener.replicated = {"main": BrokenCopy()}  # type: ignore[dict-item]
+    news = [StreamState("main", 1, 0, "made", 1), Acks("main", [(token, 1, False)])]
+    listener.link.receive = lambda limit=256: news  # type: ignore[method-assign]
+    out = listener.receive(core, 0.0)
+    assert [frames[:2] for _, frames in out] == [[b"OK", b"ID"]]  # the PUT's OK, after the item that raised
+    assert core.counters["internal_errors"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_confirmed_put_while_nats_never_answered_fails_504_after_the_timeout(tmp_path: Path) -> None:
+    import socket
+
+    import mc0
+    from mc0.process import BrokerProcess
+
+    with socket.socket() as nobody:  # a port nothing listens on once closed
+        nobody.bind(("127.0.0.1", 0))
+        port = nobody.getsockname()[1]
+    config = tmp_path / "mc0.toml"
+    config.write_text(
+        f'[cluster]\nnats = ["nats://127.0.0.1:{port}"]\nname = "b1"\njetstream_timeout_ms = 500\n'
+        f'[journals.main]\nstore = "jetstream"\nreplicas = 1\ntopics = ["orders.>"]\nfolder = "{tmp_path / "copy"}"\n'
+    )
+    with BrokerProcess(config=str(config), insecure=True) as broker, mc0.Client(broker.endpoint) as client:
+        started = time.monotonic()
+        with pytest.raises(mc0.DeadlineExceeded, match="JetStream"):
+            client.publish("orders.x", b"x", confirm=True, timeout=20)
+        assert time.monotonic() - started < 10  # the journal's timeout and a sweep, not the client's 20 s

@@ -146,7 +146,13 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                     "Nats-Expected-Last-Sequence": str(record.seq - 1),
                 }
                 payload = encode_payload(record.topic, record.sender, record.headers, record.parts)
-                sent.append(await js.publish_async(jsw.subject(name, record.topic), payload, headers=headers))
+                try:
+                    sent.append(await js.publish_async(jsw.subject(name, record.topic), payload, headers=headers))
+                except Exception as exc:  # (nats-py's buffer full while reconnecting, the connection closed)
+                    raise Error(
+                        f"seq {record.seq} not sent ({type(exc).__name__}: {exc}): copied up to {record.seq - 1}"
+                        " at most; run it again to go on"
+                    ) from None
                 expected += 1
             for record, future in zip(window, sent, strict=True):
                 try:

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..message import Record
 from ..protocol import routes as route_wire
 from ..settings import Config
-from .cluster.link import ClusterLink, Hello, LinkChange, RouteBlob
+from .cluster.link import ClusterLink, Hello, Inbound, LinkChange, RouteBlob
 from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
 from .core import fromstore, routed
 from .core.dispatch import BrokerCore, Out
@@ -137,37 +137,44 @@ class ClusterListener:
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
         out: list[Out] = []
         for item in self.link.receive():
-            if isinstance(item, RouteBlob):
-                out += routed.received(core, item.name, item.epoch, item.blob, now)
-            elif isinstance(item, Hello):
-                out += routed.hello(core, item.name, item.epoch, now)
-            elif isinstance(item, LinkChange) and not item.up:
-                out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
-            elif isinstance(item, Records):
-                out += self._arrived(core, item, now)
-            elif isinstance(item, Acks):
-                journal = self.replicated.get(item.journal)
-                for token, seq, duplicate in item.acks:
-                    if journal is not None:
-                        journal.acknowledged(seq)
-                        journal.answered(token)
-                    out += fromstore.stored(core, item.journal, token, seq, duplicate, now)
-            elif isinstance(item, Failed):
-                failed = self.replicated.get(item.journal)
-                if failed is not None:
-                    failed.answered(item.token)
-                out += fromstore.failed(core, item.journal, item.token, item.code, item.reason, now)
-            elif isinstance(item, Answer):
-                rows = item.data.get("records", [])
-                records = [
-                    _record(int(seq), ts / 1e9, payload)
-                    for (seq, ts), payload in zip(rows, item.payloads, strict=False)
-                ]
-                out += fromstore.answered(core, item.token, item.data, records, now)
-            elif isinstance(item, StreamState):
-                kept = self.replicated.get(item.journal)
-                if kept is not None:
-                    kept.stream_state(item.first, item.last, item.created, item.start)
+            try:
+                out += self._received(core, item, now)
+            except Exception as exc:  # a bug, or the local copy's disk: counted, logged; the next item goes on
+                core.listener_fault(self.name, exc, now)
+        return out
+
+    def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
+        out: list[Out] = []
+        if isinstance(item, RouteBlob):
+            out += routed.received(core, item.name, item.epoch, item.blob, now)
+        elif isinstance(item, Hello):
+            out += routed.hello(core, item.name, item.epoch, now)
+        elif isinstance(item, LinkChange) and not item.up:
+            out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+        elif isinstance(item, Records):
+            out += self._arrived(core, item, now)
+        elif isinstance(item, Acks):
+            journal = self.replicated.get(item.journal)
+            for token, seq, duplicate in item.acks:
+                if journal is not None:
+                    journal.acknowledged(seq)
+                    journal.answered(token)
+                out += fromstore.stored(core, item.journal, token, seq, duplicate, now)
+        elif isinstance(item, Failed):
+            failed = self.replicated.get(item.journal)
+            if failed is not None:
+                failed.answered(item.token)
+            out += fromstore.failed(core, item.journal, item.token, item.code, item.reason, now)
+        elif isinstance(item, Answer):
+            rows = item.data.get("records", [])
+            records = [
+                _record(int(seq), ts / 1e9, payload) for (seq, ts), payload in zip(rows, item.payloads, strict=False)
+            ]
+            out += fromstore.answered(core, item.token, item.data, records, now)
+        elif isinstance(item, StreamState):
+            kept = self.replicated.get(item.journal)
+            if kept is not None:
+                kept.stream_state(item.first, item.last, item.created, item.start)
         return out
 
     def _arrived(self, core: BrokerCore, news: Records, now: float) -> list[Out]:

@@ -347,7 +347,12 @@ class Broker:
                 for listener in self.listeners:  # MemoDB requests, other brokers' traffic
                     if listener.socket in ready:
                         now = time.monotonic()
-                        delivery.apply(listener.receive(core, now), now)
+                        try:
+                            news = listener.receive(core, now)
+                        except Exception as exc:  # (each listener guards its items too: never fatal)
+                            core.listener_fault(listener.name, exc, now)
+                            continue
+                        delivery.apply(news, now)
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._guarded(self._reload, now)

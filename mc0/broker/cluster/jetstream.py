@@ -101,6 +101,7 @@ class JetStreamPart:
         self._acks: dict[str, list[bytes]] = {}
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[Any]] = []
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -110,7 +111,14 @@ class JetStreamPart:
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._ensure(spec)) for spec in self.specs.values()]
         self._tasks += [loop.create_task(feed.run()) for feed in self.feeds.values()]
-        self._tasks.append(loop.create_task(self._sweep()))
+        self._sweeping()
+
+    def _sweeping(self) -> None:
+        """The sweeper runs from the first proposal on, connected or not: a PUT made while NATS has
+        never answered still fails 504 after ``timeout_s`` (it would otherwise wait for good)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._tasks.append(self._sweeper)
 
     def stop(self) -> None:
         for task in self._tasks:
@@ -164,6 +172,7 @@ class JetStreamPart:
 
     # ------------------------------------------------------------ publishing
     async def publish(self, journal: str, token: int, subject: str, msgid: str, origin: str, payload: bytes) -> None:
+        self._sweeping()
         self._serial += 1
         serial = self._serial
         headers = {jsw.MSG_ID: msgid} if msgid else {}  # (none on most: nothing for NATS to write or parse)

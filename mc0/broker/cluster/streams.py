@@ -73,7 +73,7 @@ def spec_of(name: str, journal: JournalSettings, config: Config) -> StreamSpec:
     """A JetStream journal's stream.  A journal that keeps mailboxes is bounded as mailboxes are:
     letters per identity (its subject), their age (the TTL), all of them in bytes; beyond: refused."""
     broker = config.broker
-    window = journal.dedup_window_s or 120  # 0 = MSGIDs not used (the broker's own retry ids still are)
+    window = journal.dedup_window_s or 120  # 0 = publishers' MSGIDs not used (mc0 journal copy's ids still are)
     if journal.mailboxes:
         age = broker.mailbox_ttl_ms / 1000.0
         return StreamSpec(

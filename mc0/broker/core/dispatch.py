@@ -317,6 +317,16 @@ class BrokerCore:
         else:
             self.counters["log_lines_left_out"] += 1
 
+    def listener_fault(self, listener: str, exc: BaseException, now: float) -> None:
+        """The shell's guard caught ``exc`` while it handled what a listener (MemoDB, the cluster
+        link) received (a bug, or storage that failed): counted and logged within the log's bound;
+        what the listener received next is still handled."""
+        self.counters["internal_errors"] += 1
+        if self.log_limit.allow(f"listener {listener}", f"receiving:{type(exc).__name__}", now):
+            log.error("internal error handling what the %s listener received", listener, exc_info=exc)
+        else:
+            self.counters["log_lines_left_out"] += 1
+
     def peer_fault(self, routing_id: bytes, doing: str, exc: BaseException, now: float) -> list[Out]:
         """The shell's per-peer guard caught ``exc`` while ``doing`` something for this peer (a bug;
         its queue is already gone): count and log it, close the session (it heals by reconnecting)

@@ -65,13 +65,14 @@ class Replay:
     (the replay reaches them in order), so each record arrives once.
     """
 
-    __slots__ = ("journal", "patterns", "cursor", "resume_at")
+    __slots__ = ("journal", "patterns", "cursor", "resume_at", "waited_since")
 
     def __init__(self, journal: JournalStore, patterns: list[tuple[str, ...]], cursor: int) -> None:
         self.journal = journal
         self.patterns = patterns
         self.cursor = cursor
         self.resume_at = 0.0
+        self.waited_since: float | None = None  # since when a JetStream journal's copy has been behind
 
     def matches(self, tokens: tuple[str, ...]) -> bool:
         return any(pattern_matches(p, tokens) for p in self.patterns)
@@ -416,11 +417,11 @@ class Streams:
                     out += self._fetch_page(peer, fetch, now)
             for name, replay in list(self._replays.get(peer, {}).items()):
                 if replay.resume_at <= now:
-                    out += self._replay_page(peer, name, replay)
+                    out += self._replay_page(peer, name, replay, now)
             peer.last_sent = now
         return out
 
-    def _replay_page(self, peer: Peer, name: str, replay: Replay) -> list[StreamOut]:
+    def _replay_page(self, peer: Peer, name: str, replay: Replay, now: float) -> list[StreamOut]:
         journal = replay.journal
         rid = peer.routing_id
         try:
@@ -442,11 +443,29 @@ class Streams:
             out.append(StreamOut(rid, record_message(record, name), "replay", name, record.seq, 1))
         self.counters["replayed"] += len(out)
         replay.cursor = next_seq
+        if records:
+            replay.waited_since = None
+            return out
         # Ends only on a turn with nothing left, so a record whose send
         # failed in the last page is still resent (see stream_blocked).
-        if not records and next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
+        if next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
             self._end_replay(peer, name)
-        return out
+            return out
+        # A JetStream journal's copy is behind what the stream acknowledged: look again in a
+        # moment (not every loop turn), for at most CATCH_UP_S without progress.
+        if replay.waited_since is None:
+            replay.waited_since = now
+        if now - replay.waited_since < CATCH_UP_S:
+            replay.resume_at = now + CATCH_UP_POLL
+            return out
+        self.counters["replay_copy_behind"] += 1
+        self._end_replay(peer, name)
+        reason = (
+            f"journal {name}: this broker's copy did not reach seq {journal.stored_next_seq} within "
+            f"{CATCH_UP_S:g} s; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
+        )
+        pattern = ".".join(replay.patterns[0])
+        return out + [StreamOut(peer.routing_id, P.error(Status.DEADLINE, reason, topic=pattern), "error", name, 0, 0)]
 
     def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[StreamOut]:
         journal = fetch.journal

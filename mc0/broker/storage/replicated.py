@@ -15,7 +15,10 @@ copy may lag it by the time the stream takes to deliver).
 
 Losing the copy loses nothing: it is rebuilt from the stream.  So it is
 written without fsync, and a torn tail after a crash is truncated and
-fetched again.  Consumers of such a journal are JetStream's
+fetched again.  A copy that cannot be written (disk full, I/O error) stops
+growing where it is (``broken``, logged once): live delivery goes on from
+the stream, never a silent gap in the copy; replays and fetches at this
+broker stop there (504) until a restart rebuilds it.  Consumers of such a journal are JetStream's
 (``load_consumers`` is empty and ``save_consumer`` is not used).
 """
 
@@ -47,7 +50,7 @@ MAX_WAITING_BYTES = 64 << 20
 class Proposal(NamedTuple):
     token: int
     subject: str
-    msgid: str  # "" = none: the link makes one (its own retries are then stored once)
+    msgid: str  # "" = none: no Nats-Msg-Id, so after a failover it is not sent again (504: outcome unknown)
     origin: str
     payload: bytes
 
@@ -69,7 +72,9 @@ class ReplicatedJournal:
         self._waiting: dict[int, int] = {}  # token -> payload bytes, proposed and not yet answered
         self._waiting_bytes = 0
         self.created = ""  # the stream's creation time the copy belongs to
-        self.counters = {"proposed": 0, "arrived": 0, "resets": 0}
+        self.counters = {"proposed": 0, "arrived": 0, "resets": 0, "copy_write_failed": 0}
+        self.broken = ""  # why the copy cannot be written ("" = it can)
+        self._next_live = 0  # the seq after the last the stream delivered (duplicates are dropped by it)
 
     def __hash__(self) -> int:
         return id(self)
@@ -219,30 +224,68 @@ class ReplicatedJournal:
             self._stored_next = seq + 1
 
     def arrived(self, seq: int, ts: float, payload: bytes) -> bool:
-        """A record the stream delivered, in seq order; False if the copy had it."""
-        if self.cache.append_at(seq, ts, payload):
-            self.counters["arrived"] += 1
-            self.acknowledged(seq)
-            return True
-        return False
+        """A record the stream delivered, in seq order; False if the copy (or, with the copy
+        broken, the live stream) had it."""
+        if not self.broken:
+            try:
+                appended = self.cache.append_at(seq, ts, payload)
+            except OSError as exc:
+                self._break(exc)
+            else:
+                if appended:
+                    self.counters["arrived"] += 1
+                    self.acknowledged(seq)
+                    self._next_live = max(self._next_live, seq + 1)
+                return appended
+        if seq < max(self._next_live, self.cache.next_seq):
+            return False
+        self.counters["arrived"] += 1
+        self.acknowledged(seq)
+        self._next_live = seq + 1
+        return True
 
     def flush(self) -> None:
         """Write what arrived to the OS (readers see it either way)."""
-        self.cache.commit(sync=False)
+        if self.broken:
+            return
+        try:
+            self.cache.commit(sync=False)
+        except OSError as exc:
+            self._break(exc)
+
+    def _break(self, exc: OSError) -> None:
+        """The copy cannot be written: it stays where it is (what it holds is still served) and
+        what arrives goes on to live subscribers only; a restart rebuilds it from the stream."""
+        self.counters["copy_write_failed"] += 1
+        self.broken = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "journal %s: the local copy cannot be written (%s): it stops at seq %d; live delivery goes on, "
+            "replays and fetches at this broker stop there until a restart rebuilds the copy",
+            self.name,
+            self.broken,
+            self.cache.next_seq,
+        )
 
     def stream_state(self, first: int, last: int, created: str, start: int) -> None:
         """The stream as the link found it: ``first``..``last``, made at ``created``; its records
         arrive from ``start`` on.  A copy of another stream (or one that ran past this one's end)
         starts again, empty, at ``start``."""
         self.stream_first = first
-        self.acknowledged(last)
         if created != self.created or self.cache.next_seq > last + 1:
             if self.cache.next_seq > self.cache.first_seq or self.created:
                 log.warning("journal %s: local copy of %s started again at seq %d", self.name, self.stream, start)
                 self.counters["resets"] += 1
-            self.cache.reset(start)
+            # Another stream (or this one recreated): what was known of the old one's end no longer holds.
+            self._stored_next = 0
+            self._next_live = 0
             self.created = created
-            (self.folder / MARKER).write_text(json.dumps({"stream": self.stream, "created": created}))
+            if not self.broken:
+                try:
+                    self.cache.reset(start)
+                    (self.folder / MARKER).write_text(json.dumps({"stream": self.stream, "created": created}))
+                except OSError as exc:
+                    self._break(exc)
+        self.acknowledged(last)
 
     def position(self) -> tuple[int, str]:
         """(the copy's next seq, the stream it was made from): where the link's delivery starts."""
