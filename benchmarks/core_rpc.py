@@ -9,7 +9,8 @@ less the socket): a batched client sends ``--window`` CALL records in one
 was sent with a FINAL record in one ``BATCH``, and each peer's queue is
 taken as a sending loop would take it.  Prints microseconds of CPU per call
 (``time.process_time``), and the same for PUT records fanned out to one and
-four batched subscribers; ``--profile`` adds cProfile's hottest functions.
+four batched subscribers and to a queue group of three batched members
+(each message to one of them); ``--profile`` adds cProfile's hottest functions.
 This is the floor of the broker's CPU per call the library rows pay for, on
 top of the sockets (see scripts/profile_rpc.py for those).
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore
 from mc0.broker.delivery import Delivery
-from mc0.broker.outbox import Outbox
+from mc0.broker.outbox import GROUP_SKIP_BYTES, Outbox
 from mc0.protocol import batch
 
 SERVICE = b"bench"
@@ -46,8 +47,9 @@ def _taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
 
 
 def setup(workers_capacity: int) -> tuple[BrokerCore, Delivery, Outbox]:
-    core = BrokerCore()
+    # As the broker builds them: the core asks the outbox for each peer's backlog (queue groups skip a busy member).
     outbox = Outbox(max_bytes=64 << 20, max_messages=1 << 20, batch_bytes=256 * 1024)
+    core = BrokerCore(backlog=outbox.backlog, group_skip_bytes=min((64 << 20) // 4, GROUP_SKIP_BYTES))
     delivery = Delivery(core, outbox)
     now = 1.0
     for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
@@ -89,23 +91,30 @@ def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
     return run
 
 
-def put_rounds(messages: int, window: int, subscribers: int) -> Callable[[], int]:
+def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None = None) -> Callable[[], int]:
+    """PUT records to ``subscribers`` batched peers: each its own copy, or (``group``) one of
+    them per message, as members of that queue group."""
     core, delivery, outbox = setup(1)
     subs = [b"sub1", b"sub2", b"sub3", b"sub4"][:subscribers]
+    sub = [b"SUB", b"ID", b"s"] + ([b"GROUP", group] if group is not None else []) + [b"", b"bench.lib"]
     for routing_id in subs:
-        delivery.apply(core.handle(routing_id, [b"SUB", b"ID", b"s", b"", b"bench.lib"], 1.0, fd=len(routing_id)), 1.0)
+        delivery.apply(core.handle(routing_id, sub, 1.0, fd=len(routing_id)), 1.0)
         _taken(outbox, routing_id)
     record = batch.put_record(b"bench.lib", b"x" * 100)
     blob = record * window
 
+    copies = 1 if group is not None else len(subs)
+
     def run() -> int:
         done = 0
         now = 2.0
+        delivered = core.counters["delivered"]
         while done < messages:
             delivery.apply(core.handle(b"pub", batch.batch_frames(blob), now, fd=3), now)
             for routing_id in subs:
                 _taken(outbox, routing_id)
             done += window
+        assert core.counters["delivered"] - delivered == done * copies
         return done
 
     return run
@@ -131,11 +140,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--window", type=int, default=50, help="calls (and PUTs) per batch")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--only", default="", help="run only the figures whose name contains this")
     args = parser.parse_args()
-    measure(f"RPC, {args.window} calls per batch", rpc_rounds(args.calls, args.window), "call", args.profile)
-    for subs in (1, 4):
-        run = put_rounds(args.calls, args.window, subs)
-        measure(f"PUT records to {subs} subscriber(s)", run, "message", args.profile)
+    figures: list[tuple[str, Callable[[], Callable[[], int]], str]] = [
+        (f"RPC, {args.window} calls per batch", lambda: rpc_rounds(args.calls, args.window), "call"),
+        ("PUT records to 1 subscriber(s)", lambda: put_rounds(args.calls, args.window, 1), "message"),
+        ("PUT records to 4 subscriber(s)", lambda: put_rounds(args.calls, args.window, 4), "message"),
+        ("PUT records to a queue group of 3", lambda: put_rounds(args.calls, args.window, 3, b"workers"), "message"),
+    ]
+    for name, rounds, unit in figures:
+        if args.only in name:
+            measure(name, rounds(), unit, args.profile)
 
 
 if __name__ == "__main__":

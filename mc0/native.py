@@ -3,7 +3,7 @@
 Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 --no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
-``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``,
+``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``, ``groups``,
 ``peers``, ``histogram``) and what both sides share (batch records,
 builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
 a compiled class's methods cannot be replaced on an instance, and a test
@@ -38,6 +38,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.peers",
     "mc0.broker.core.workers",
     "mc0.broker.core.rpc",
+    "mc0.broker.core.groups",
     "mc0.broker.core.pubsub",
     "mc0.broker.core.verbs",
     "mc0.broker.core.batched",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
@@ -113,6 +115,52 @@ def test_a_member_that_cannot_take_more_is_skipped_unless_no_one_can() -> None:
     queued.update({b"m2": 5000, b"pub": 1000})
     out = deliveries(core.handle(b"pub", f("PUT", "TOPIC", "t", "", "x"), 0.0))
     assert [rid for rid, _ in out] == [b"m1"]  # nobody can: the least recently chosen still gets it
+
+
+# Each step: the topic published to and the members backed up at that moment.
+STEPS = st.lists(st.tuples(st.sampled_from(["t.a", "t.secret"]), st.sets(st.integers(0, 4))), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(members=st.integers(2, 5), batched=st.booleans(), quiet_member=st.booleans(), steps=STEPS)
+def test_the_chosen_member_is_the_least_recently_chosen_that_can_take_it(
+    members: int, batched: bool, quiet_member: bool, steps: list[tuple[str, set[int]]]
+) -> None:
+    """Against a model of the rule: of the members that may see the topic (m0 has t.secret denied,
+    an ECHO 0 publisher is never handed its own), the least recently chosen that is not backed up;
+    when all are, the least recently chosen of all.  Both the PUT fast path and the general one."""
+    policy = Permissions.from_table(
+        {"default": {"publish": [">"], "subscribe": [">"]}, "identity": {"m0": {"deny": {"subscribe": ["t.secret"]}}}}
+    )
+    backed_up: set[bytes] = set()
+    core = BrokerCore(permissions=policy, backlog=lambda rid: 10_000 if rid in backed_up else 0, group_skip_bytes=1000)
+    names = [f"m{i}".encode() for i in range(members)]
+    extra = ("BATCH", "1") if batched else ()
+    for i, rid in enumerate(names):
+        connect(core, rid, *extra, *(("ECHO", "0") if quiet_member and i == 1 else ()), who=rid.decode())
+        pattern = "t.*" if i % 2 else "t.>"  # two patterns: the members come from two trie nodes
+        assert code_of(core.handle(rid, f("SUB", "GROUP", "g", "ID", "s", "", pattern), 0.0, rid.decode())) == "OK"
+    publisher = b"m1" if quiet_member else b"pub"
+    if not quiet_member:
+        connect(core, publisher, *extra, who="pub")
+    last: dict[bytes, int] = {}  # the model: the step each member was last chosen at
+    for step, (topic, busy) in enumerate(steps, 1):
+        backed_up.clear()
+        backed_up.update(names[i] for i in busy if i < members)
+        allowed = [
+            rid for rid in names if not (rid == b"m0" and topic == "t.secret") and not (quiet_member and rid == b"m1")
+        ]
+        put = (
+            batch.batch_frames(batch.put_record(topic.encode(), b"x")) if batched else f("PUT", "TOPIC", topic, "", "x")
+        )
+        got = [rid for rid, item in core.handle(publisher, put, 0.0, publisher.decode()) for _ in records(item)]
+        if not allowed:
+            assert got == []
+            continue
+        free = [rid for rid in allowed if rid not in backed_up] or allowed
+        first = min(last.get(rid, 0) for rid in free)
+        assert len(got) == 1 and got[0] in [rid for rid in free if last.get(rid, 0) == first], (step, got, last)
+        last[got[0]] = step
 
 
 def test_groups_are_independent_and_unsub_or_disconnect_leaves_the_others() -> None:

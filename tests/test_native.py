@@ -132,7 +132,15 @@ def test_the_compiled_and_the_pure_broker_core_send_the_same_bytes() -> None:
 @pytest.mark.timeout(300)
 def test_the_core_tests_pass_on_the_pure_fallback(tmp_path: Path) -> None:
     """The fallback is tested in CI: the core's own tests again, every hot module from source."""
-    files = ["test_core_rpc.py", "test_jobs.py", "test_batch.py", "test_trie.py", "test_deadlines.py", "test_core.py"]
+    files = [
+        "test_core_rpc.py",
+        "test_jobs.py",
+        "test_batch.py",
+        "test_trie.py",
+        "test_deadlines.py",
+        "test_core.py",
+        "test_groups.py",
+    ]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[str(ROOT / "tests" / f) for f in files]],
         capture_output=True,

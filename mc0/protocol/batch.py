@@ -132,16 +132,15 @@ def ok_record(request_id: bytes) -> bytes:
 
 _GROUP_LENGTHS = _FRAME_LENGTHS[9]
 _GROUP_FIXED = 1 + 2 + _GROUP_LENGTHS.size + len(b"MESSAGETOPICSENDERGROUP")
+_GROUP_HEAD = struct.Struct("<IBH9I")  # a queue-group copy's record head, frame count and frame lengths
 
 
 def group_message_record(topic: bytes, sender: bytes, group: bytes, data: bytes) -> bytes:
     """``frames_record(message(topic, sender, (), [data], group=group))`` in one pass: the
     copy a queue-group member gets, built per message (so the general path showed in profiles)."""
-    lengths = _GROUP_LENGTHS.pack(7, 5, len(topic), 6, len(sender), 5, len(group), 0, len(data))
-    size = _GROUP_FIXED + len(topic) + len(sender) + len(group) + len(data)
-    return b"".join(
-        (_HEAD.pack(size, FRAMES), _NINE, lengths, b"MESSAGETOPIC", topic, b"SENDER", sender, b"GROUP", group, data)
-    )
+    lt, ls, lg, ld = len(topic), len(sender), len(group), len(data)
+    head = _GROUP_HEAD.pack(_GROUP_FIXED + lt + ls + lg + ld, FRAMES, 9, 7, 5, lt, 6, ls, 5, lg, 0, ld)
+    return b"".join((head, b"MESSAGETOPIC", topic, b"SENDER", sender, b"GROUP", group, data))
 
 
 def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, bytes] | None:

@@ -146,7 +146,7 @@ class BrokerCore:
             max_per_identity=self.settings.max_consumers_per_identity,
         )
         if backlog is not None:
-            self.pubsub.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
+            self.pubsub.choice.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
             self.mailboxes.sent_all = lambda routing_id: backlog(routing_id) == 0
         if any(j.settings.replicated for j in self.streams.journals.values()):
             self.consumers.store = StoreConsumers(

@@ -10,10 +10,10 @@ patterns are applied at delivery).
 
 Queue groups (``SUB GROUP g``) live beside the plain subscriptions: a
 message matching a group goes to exactly one member of it, the least
-recently chosen member that ``can_take`` (a predicate the shell sets from
-its outgoing queues: members whose queue is backing up are skipped, not
-waited for; when every member is backed up the least recently chosen one
-still gets it), as a MESSAGE with ``GROUP g``.  Plain subscribers get their
+recently chosen member that can take it (members whose queue is backing up
+are skipped, not waited for: :class:`~mc0.broker.core.groups.GroupChoice`
+chooses), as a MESSAGE with ``GROUP g``; a batched member's copy joins the
+other records for it, as a plain subscriber's does.  Plain subscribers get their
 copy as before.  A publisher that connected with ``ECHO 0`` is never handed
 its own message.  Pure: no sockets, no clock.
 """
@@ -30,6 +30,7 @@ from ...permissions import Grants
 from ...protocol import Command, Header, Limits, Status, batch
 from ...topics import seed_topic, split_pattern, split_topic
 from ...trie import TopicTrie
+from .groups import Chosen, GroupChoice, Member
 from .peers import Out, Peer
 
 TOPIC_CACHE_SIZE = 4096
@@ -44,13 +45,6 @@ class InterestListener(Protocol):
     def subscribed(self, group: str | None, pattern: str, exact: bool) -> None: ...
 
     def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None: ...
-
-
-Member = tuple[str, Peer]  # (queue group, peer)
-
-
-def _always(routing_id: bytes) -> bool:
-    return True
 
 
 def topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
@@ -72,12 +66,9 @@ class PubSub:
         self.groups: TopicTrie[Member] = TopicTrie()
         self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
         self._groups_of: dict[Peer, set[str]] = {}
-        self._chosen_at: dict[Member, int] = {}  # the turn a member was last chosen (least recent first)
-        self._turn = 0
+        self.choice = GroupChoice(self.groups)  # which member gets each message (its ``can_take``: BrokerCore's)
         # Told of every pattern this broker's own peers start or stop holding (None: standalone).
         self.interest: InterestListener | None = None
-        # False while a peer's outgoing queue is backing up (group members are skipped then): BrokerCore's backlog.
-        self.can_take: Callable[[bytes], bool] = _always
 
     # ------------------------------------------------------------ validation
     def topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:
@@ -252,7 +243,7 @@ class PubSub:
                     self._announce(peer, group, pattern, tokens, False)
         if not held:
             self._group_patterns.pop(member, None)
-            self._chosen_at.pop(member, None)
+            self.choice.forget(member)
             groups = self._groups_of.get(peer)
             if groups is not None:
                 groups.discard(group)
@@ -326,54 +317,16 @@ class PubSub:
     def wanted(self, tokens: tuple[str, ...]) -> bool:
         return bool(self.subscriptions.match(tokens)) or bool(self._group_patterns and self.groups.match(tokens))
 
-    def _chosen(
-        self,
-        tokens: tuple[str, ...],
-        skip: Peer | None,
-        admits: Callable[[Grants], bool] | None = None,
-        only: str | None = None,
-    ) -> list[Member]:
-        """One member per queue group matching ``tokens``: the least recently chosen that
-        ``can_take`` (else the least recently chosen of all); ``skip`` is never chosen, nor a
-        member whose grants ``admits`` refuses.  ``only``: the copy of group ``only`` that
-        another broker chose this one for: one of this broker's own members of it."""
-        matched = self.groups.match(tokens)
-        if not matched:
-            return []
-        best: dict[str, tuple[int, int, Member]] = {}  # group -> (backed up?, last chosen, member)
-        chosen_at = self._chosen_at
-        can_take = self.can_take
-        for member in matched:
-            group, peer = member
-            if peer is skip or (peer.grants.deny_subscribe and not peer.grants.delivers(tokens)):
-                continue
-            if only is not None and (group != only or peer.route):
-                continue
-            if admits is not None and not admits(peer.grants):
-                continue
-            rank = (0 if can_take(peer.routing_id) else 1, chosen_at.get(member, 0), member)
-            held = best.get(group)
-            if held is None or rank[:2] < held[:2]:
-                best[group] = rank
-        chosen = []
-        for _, _, member in best.values():
-            self._turn += 1
-            chosen_at[member] = self._turn
-            chosen.append(member)
-        return chosen
-
     def _group_copies(
-        self, chosen: list[Member], topic_b: bytes, sender: bytes, user: Sequence[bytes], body: Sequence[bytes]
+        self, chosen: list[Chosen], topic_b: bytes, sender: bytes, user: Sequence[bytes], body: Sequence[bytes]
     ) -> list[Out]:
         out: list[Out] = []
         one_frame = not user and len(body) == 1
-        for group, peer in chosen:
+        for group_b, peer in chosen:
             if peer.batched and one_frame:  # the common case, in one pass
-                out.append(
-                    (peer.routing_id, batch.group_message_record(topic_b, sender, group.encode(), bytes(body[0])))
-                )
+                out.append((peer.routing_id, batch.group_message_record(topic_b, sender, group_b, bytes(body[0]))))
                 continue
-            frames = P.message(topic_b, sender, user, body, group=group.encode())
+            frames = P.message(topic_b, sender, user, body, group=group_b)
             out.append((peer.routing_id, batch.frames_record(frames) if peer.batched else frames))
         return out
 
@@ -406,13 +359,13 @@ class PubSub:
         targets: Sequence[Peer]
         if from_route is None:
             targets = self.subscriptions.match(tokens)
-            chosen = self._chosen(tokens, skip, admits) if self._group_patterns else []
+            chosen = self.choice.chosen(self.version, tokens, skip, admits) if self._group_patterns else []
         elif from_route[0] is None:
             targets = tuple(t for t in self.subscriptions.match(tokens) if not t.route)
             chosen = []
         else:
             targets = ()
-            chosen = self._chosen(tokens, skip, admits, only=from_route[0])
+            chosen = self.choice.chosen(self.version, tokens, skip, admits, only=from_route[0])
         out: list[Out] = []
         if not targets and not chosen:
             return out
@@ -465,7 +418,9 @@ class PubSub:
     ) -> list[Out]:  # fmt: skip
         """Only the one copy per matching queue group (a member here, or a route): a record JetStream
         delivered, whose plain copies every broker makes for its own subscribers."""
-        chosen = self._chosen(tokens, publisher if publisher is not None and not publisher.echo else None, admits)
+        chosen = self.choice.chosen(
+            self.version, tokens, publisher if publisher is not None and not publisher.echo else None, admits
+        )
         for _, member in chosen:
             member.last_sent, member.delivered = now, member.delivered + 1
         user = P.user_header_frames(headers) if len(headers) > 1 else []
@@ -517,21 +472,29 @@ class PubSub:
         subscribers get the publisher's record body forwarded as it came (``put_body`` is
         ``tl topic data``; the data starts at ``data_at``), collected per subscriber in
         ``sink`` (the caller joins each one's records into one payload); others get frames
-        appended to ``out``.  Queue groups get their copies as in ``fan_out``."""
+        appended to ``out``.  Each matching queue group's chosen member gets one copy (a
+        ``GROUP`` record, built once), collected in ``sink`` too when it is batched."""
         skip = publisher if not publisher.echo else None
         targets = self.subscriptions.match(tokens)
         delivered = 0
         if self._group_patterns:
-            chosen = self._chosen(tokens, skip)
+            chosen = self.choice.chosen(self.version, tokens, skip)
             if chosen:
-                body = (put_body[data_at:],)
-                for (_, member), (routing_id, payload) in zip(
-                    chosen, self._group_copies(chosen, topic.encode(), publisher.sender, (), body), strict=True
-                ):
-                    if isinstance(payload, bytes):
-                        sink.setdefault(routing_id, []).append(payload)
+                # Each member's copy goes with the other records for it (``sink``), as a plain subscriber's.
+                topic_b = put_body[2:data_at]
+                data = put_body[data_at:]
+                for group_b, member in chosen:
+                    if member.batched:
+                        copy = batch.group_message_record(topic_b, publisher.sender, group_b, data)
+                        held = sink.get(member.routing_id)
+                        if held is None:
+                            sink[member.routing_id] = [copy]
+                        else:
+                            held.append(copy)
                     else:
-                        out.append((routing_id, payload))
+                        out.append(
+                            (member.routing_id, P.message(topic_b, publisher.sender, (), (data,), group=group_b))
+                        )
                     member.last_sent = now
                     member.delivered += 1
                 delivered += len(chosen)
