@@ -242,3 +242,90 @@ def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_se
         with bus.client(0) as client:  # and it goes on from there
             assert confirmed(client, "audit.0", b"new", msgid="a0").duplicate is False  # (the copy's ids are its own)
             assert confirmed(client, "audit.0", b"newer").seq == 402
+
+
+def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs_that_cannot_be_pending(
+    nats: NatsCluster,
+) -> None:
+    """StoreOps on the link's nats-py connection: an ack of 300 pulled seqs runs at most SETTLE_WORKERS
+    acks (tasks) at once, every settle together at most ``max_requests``; seqs past the last delivered
+    are ignored without a request (each would wait a second for nothing)."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import jsops
+    from mc0.broker.cluster.streams import StreamSpec, api
+
+    async def run() -> None:
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        try:
+            spec = StreamSpec("settle", 1, 0.0, 0, 0, 60.0)
+            await api(nc, "STREAM.CREATE.MC0_J_settle", spec.config(), timeout=10)
+            for i in range(600):
+                await nc.publish(f"mc0.j.settle.orders.{i}", b"x")
+            await nc.flush()
+            for _ in range(500):  # (bounded: until the stream holds all 600)
+                if (await api(nc, "STREAM.INFO.MC0_J_settle"))["state"]["messages"] == 600:
+                    break
+                await asyncio.sleep(0.02)
+            ops = jsops.StoreOps(nc, {"settle": spec}, max_requests=16)
+            config = {"topics": [">"], "ack_wait_ms": 60_000, "max_ack_pending": 10_000, "deliver": "all"}
+            for name in ("c1", "c2"):
+                made = {"journal": "settle", "name": name, "owner": "alice", "config": config, "replicas": 1}
+                await ops.op_consumer_create(made)
+            pulled = {}
+            for name in ("c1", "c2"):
+                data, _ = await ops.op_consumer_pull({"journal": "settle", "name": name, "batch": 300})
+                pulled[name] = [seq for seq, _ in data["records"]]
+                assert len(pulled[name]) == 300
+            in_flight = peak_requests = peak_tasks = 0
+            request = nc.request
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:  # the real request, counted
+                nonlocal in_flight, peak_requests
+                in_flight += 1
+                peak_requests = max(peak_requests, in_flight)
+                try:
+                    return await request(*args, **kwargs)
+                finally:
+                    in_flight -= 1
+
+            nc.request = counted
+            settling = True
+
+            async def watch() -> None:
+                nonlocal peak_tasks
+                for _ in range(1_000_000):
+                    peak_tasks = max(peak_tasks, len(asyncio.all_tasks()))
+                    if not settling:
+                        return
+                    await asyncio.sleep(0)
+
+            watcher = asyncio.get_running_loop().create_task(watch())
+            settles = [
+                ops.op_consumer_settle({"journal": "settle", "name": n, "how": "ack", "seqs": pulled[n]})
+                for n in ("c1", "c2")
+            ]
+            answers = await asyncio.wait_for(asyncio.gather(*settles), 60)
+            settling = False
+            await watcher
+            assert [data for data, _ in answers] == [{"done": 300, "ignored": 0}] * 2
+            assert peak_requests <= 16  # every settle together
+            assert peak_tasks <= 2 * jsops.SETTLE_WORKERS + 16  # (not one task per seq; nats-py has its own)
+            info, _ = await ops.op_consumer_info({"journal": "settle", "name": "c1"})
+            assert info["info"]["num_ack_pending"] == 0 and info["info"]["ack_floor"] == pulled["c1"][-1]
+            # Another broker's StoreOps (no ack subjects of its own): seqs acked already or never
+            # delivered cannot be pending, and are ignored with no request each.
+            elsewhere = jsops.StoreOps(nc, {"settle": spec})
+            peak_requests = 0
+            seqs = [*pulled["c1"][:5], 10_000, 10_001]
+            acks = {"journal": "settle", "name": "c1", "how": "ack", "seqs": seqs}
+            data, _ = await elsewhere.op_consumer_settle(acks)
+            assert data == {"done": 0, "ignored": 7}
+            assert peak_requests == 1  # only the consumer's info was asked
+        finally:
+            await nc.close()
+
+    asyncio.run(run())

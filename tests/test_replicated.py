@@ -283,6 +283,38 @@ def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:
     assert answer(core, {"deliveries": [], "records": []}) == []
 
 
+def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_none_an_answer_one() -> None:
+    j = store()
+    core = core_with(j)
+    config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
+    config |= {"max_ack_pending": 1000, "deliver": "all"}
+    assert core.consumers.store is not None and core.consumers.store.max_calls == jsw.MAX_STORE_CALLS
+    known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
+    core.consumers.store._learn("main", "c", known, 0.0)
+    seqs = list(range(1, 10_001))  # the most one ack may carry
+    for i in range(jsw.MAX_STORE_CALLS - 1):
+        assert consumer_request(core, f"a{i}", op="ack", seqs=seqs) == []
+    assert consumer_request(core, "p", op="pull", max=1, wait_ms=1000) == []
+    assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
+    queued = len(fromstore.calls(core))
+    assert queued == jsw.MAX_STORE_CALLS  # the cancelled pull still runs on the link: it still counts
+    for rid in ("over", "p"):
+        ((to, refused),) = consumer_request(core, rid, op="ack", seqs=seqs)
+        assert to == b"sub" and refused[:5] == f("ERROR", "ID", rid, "CODE", "429")
+    assert not core.calls.queued and core.counters["store_calls_refused"] == 2  # nothing was asked of the store
+    # Another client is not held by it (its own count); one answer frees one slot.
+    info = json.dumps({"journal": "main", "name": "theirs", "op": "info"})
+    assert core.handle(b"other", f("REQUEST", "SERVICE", "mc0.consumer", "ID", "o", "", info), 0.0, "other") == []
+    assert [call["op"] for _, call in core.calls._queued] == ["consumer_info"]
+    core.calls.drain()
+    assert fromstore.answered(core, 1, {"done": 10_000, "ignored": 0}, [], 0.0)[0][0] == b"sub"
+    assert consumer_request(core, "again", op="ack", seqs=[1]) == []
+    ((_, refused),) = consumer_request(core, "then", op="ack", seqs=[1])
+    assert refused[:5] == f("ERROR", "ID", "then", "CODE", "429")
+    core.handle(b"sub", f("DISCONNECT", "ID", "bye"), 0.0, "sub")  # gone: nothing of it counts any more
+    assert core.calls.in_flight(b"sub") == 0
+
+
 def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_removed_once_sent() -> None:
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
