@@ -329,3 +329,42 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
             await nc.close()
 
     asyncio.run(run())
+
+
+def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats: NatsCluster) -> None:
+    """``letters_read`` with ``after`` (a second read of a session still draining): a direct get
+    from past that seq, so the letters already handed are not read again."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import jsops
+    from mc0.broker.cluster.streams import StreamSpec, api
+    from mc0.protocol import jetstream as jsw
+
+    async def run() -> None:
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        try:
+            spec = StreamSpec("letters", 1, 3600.0, 0, 0, 60.0, True, 100)
+            await api(nc, "STREAM.CREATE.MC0_J_letters", spec.config(), timeout=10)
+            seqs = []
+            for i in range(5):  # carol's letters between someone else's
+                for who in ("carol", "dave"):
+                    ack = await nc.request(jsw.letter_subject("letters", who), f"{who} {i}".encode(), timeout=5)
+                    if who == "carol":
+                        seqs.append(json.loads(ack.data)["seq"])
+            ops = jsops.StoreOps(nc, {"letters": spec})
+            read = {"journal": "letters", "identity": "carol"}
+            data, payloads = await ops.op_letters_read({**read, "after": 0})
+            assert [seq for seq, _ in data["records"]] == seqs
+            assert payloads == [f"carol {i}".encode() for i in range(5)]
+            data, payloads = await ops.op_letters_read({**read, "after": seqs[2]})
+            assert [seq for seq, _ in data["records"]] == seqs[3:]
+            assert payloads == [b"carol 3", b"carol 4"]
+            data, payloads = await ops.op_letters_read({**read, "after": seqs[-1]})
+            assert data["records"] == [] and payloads == []
+        finally:
+            await nc.close()
+
+    asyncio.run(run())

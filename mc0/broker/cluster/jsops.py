@@ -25,8 +25,9 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   JetStream did not confirm it within a second, or it cannot be pending: at or
   below the ack floor, past the last delivered).  At most ``SETTLE_WORKERS``
   acks of one settle, and ``MAX_REQUESTS`` of all, are in flight at once.
-- ``letters_read`` {journal, identity}: the identity's letters in order (a
-  batched direct get on its subject: any replica answers); ``letters_purge``
+- ``letters_read`` {journal, identity, after}: the identity's letters in order,
+  those past seq ``after`` (0 when not given; a batched direct get on its
+  subject: any replica answers); ``letters_purge``
   {journal, identity, upto}: remove them up to ``upto``.
 """
 
@@ -242,7 +243,7 @@ class StoreOps:
         direct = f"$JS.API.DIRECT.GET.{jsw.stream_name(journal)}"
         records: list[list[int]] = []
         payloads: list[bytes] = []
-        seq = 1
+        seq = int(request.get("after", 0)) + 1
         more = True
         while more and len(records) < MAX_LETTERS:
             more = False
