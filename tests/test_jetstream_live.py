@@ -368,3 +368,83 @@ def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats:
             await nc.close()
 
     asyncio.run(run())
+
+
+def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then_hands_every_one_once(
+    tmp_path: Path,
+) -> None:
+    """The cluster link on a real NATS node: while the broker loop takes nothing, what the feed posts
+    to it stops near the budget (JetStream's flow control is held); once the loop takes the records,
+    every one arrives, once, in order, and nothing is counted as waiting any more."""
+    import asyncio
+
+    import zmq
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import feed as feeds
+    from mc0.broker.cluster.link import ClusterLink
+    from mc0.broker.cluster.streams import Records, StreamSpec, api
+    from mc0.settings import ClusterConfig
+
+    budget, size, count = 256 * 1024, 32 * 1024, 512  # 16 MiB in the stream, 64 times the budget
+    with NatsCluster(tmp_path / "nats", 1, sync_always=False) as node:
+        node.wait_ready()
+        spec = StreamSpec("feedc", 1, 0.0, 0, 0, 60.0)
+        link = ClusterLink(ClusterConfig(nats=(node.url(0),), hello_ms=1000), streams={"feedc": spec})
+        context = zmq.Context()
+        try:
+            link.start(context, "b1", {"feedc": (1, "")})
+            until(lambda: link.poster is not None, what="the link thread's poster")
+            assert link.poster is not None
+            link.poster.budget = budget
+
+            async def publish() -> None:
+                nc = Nats()
+                await nc.connect(servers=[node.url(0)], connect_timeout=5)
+                try:
+                    for _ in range(500):  # (bounded) until the link made the stream
+                        try:
+                            await api(nc, "STREAM.INFO.MC0_J_feedc")
+                            break
+                        except Exception:
+                            await asyncio.sleep(0.05)
+                    for i in range(count):
+                        await nc.publish("mc0.j.feedc.t", i.to_bytes(4, "big") * (size // 4))
+                    await nc.flush()
+                finally:
+                    await nc.close()
+
+            asyncio.run(publish())
+            feed = link.jetstream.feeds["feedc"] if link.jetstream is not None else None
+            assert feed is not None
+            until(lambda: feed.held > 0, what="flow control held")
+            poster = link.poster
+            seen = [-1]
+
+            def settled() -> bool:  # (what JetStream had sent before the held reply still comes)
+                backlog, seen[0] = poster.backlog, poster.backlog
+                time.sleep(feeds.HEARTBEAT_S)
+                return poster.backlog == backlog
+
+            until(settled, timeout=20.0, what="the feed to stop")
+            time.sleep(2 * feeds.HEARTBEAT_S)  # the loop still takes nothing: JetStream sends no more
+            assert poster.backlog == seen[0]
+            assert budget <= seen[0] < 32 * budget  # the budget, then at most JetStream's window (not 16 MiB)
+            seqs: list[int] = []
+            payloads: list[bytes] = []
+
+            def take() -> bool:
+                for item in link.receive():
+                    if isinstance(item, Records):
+                        seqs.extend(seq for seq, *_ in item.records)
+                        payloads.extend(payload for *_, payload in item.records)
+                return len(seqs) >= count
+
+            until(take, timeout=30.0, what="every record")
+            assert seqs == list(range(1, count + 1))  # once each, in order
+            assert [p[:4] for p in payloads] == [i.to_bytes(4, "big") for i in range(count)]
+            assert link.poster.backlog == 0 and link.receive() == []
+            assert feed.starts == 1  # (held, its consumer stayed: heartbeats went on)
+        finally:
+            link.close()
+            context.term()
