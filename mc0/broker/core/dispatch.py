@@ -31,7 +31,6 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...permissions import Permissions
 from ...protocol import Side, Status, Verb
-from ...protocol.jetstream import MAX_STORE_CALLS
 from ...settings import CoreSettings
 from ...trie import TopicTrie
 from ..storage.port import JournalStore, replicated
@@ -158,7 +157,6 @@ class BrokerCore:
                 max_wait_ms=self.settings.max_request_timeout_ms,
                 max_consumers=self.settings.max_consumers,
                 max_per_identity=self.settings.max_consumers_per_identity,
-                max_calls=min(self.settings.max_requests, MAX_STORE_CALLS),
             )
         self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(

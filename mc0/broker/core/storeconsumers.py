@@ -19,9 +19,9 @@ per-cluster quotas (counted over the streams' consumers at create), and
 ``max_ack_pending`` and redelivery are JetStream's own.  An ack JetStream did
 not confirm within a second (a seq not pending) is counted ``ignored``.  These
 requests are not queued in :mod:`.rpc`, so their bound is here: at most
-``max_calls`` (``MAX_STORE_CALLS``, or ``max_requests`` when lower) store calls
-made for one client are in flight at once (a cancelled pull's too, until the
-store answers it); a request beyond is answered 429 and changes nothing.
+``max_calls`` (``MAX_STORE_CALLS``) store calls made for one client are in
+flight at once (a cancelled pull's too, until the store answers it); a
+request beyond is answered 429 and changes nothing.
 Pure: no sockets, no clock.
 """
 
