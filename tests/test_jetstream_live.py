@@ -242,3 +242,209 @@ def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_se
         with bus.client(0) as client:  # and it goes on from there
             assert confirmed(client, "audit.0", b"new", msgid="a0").duplicate is False  # (the copy's ids are its own)
             assert confirmed(client, "audit.0", b"newer").seq == 402
+
+
+def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs_that_cannot_be_pending(
+    nats: NatsCluster,
+) -> None:
+    """StoreOps on the link's nats-py connection: an ack of 300 pulled seqs runs at most SETTLE_WORKERS
+    acks (tasks) at once, every settle together at most ``max_requests``; seqs past the last delivered
+    are ignored without a request (each would wait a second for nothing)."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import jsops
+    from mc0.broker.cluster.streams import StreamSpec, api
+
+    async def run() -> None:
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        try:
+            spec = StreamSpec("settle", 1, 0.0, 0, 0, 60.0)
+            await api(nc, "STREAM.CREATE.MC0_J_settle", spec.config(), timeout=10)
+            for i in range(600):
+                await nc.publish(f"mc0.j.settle.orders.{i}", b"x")
+            await nc.flush()
+            for _ in range(500):  # (bounded: until the stream holds all 600)
+                if (await api(nc, "STREAM.INFO.MC0_J_settle"))["state"]["messages"] == 600:
+                    break
+                await asyncio.sleep(0.02)
+            ops = jsops.StoreOps(nc, {"settle": spec}, max_requests=16)
+            config = {"topics": [">"], "ack_wait_ms": 60_000, "max_ack_pending": 10_000, "deliver": "all"}
+            for name in ("c1", "c2"):
+                made = {"journal": "settle", "name": name, "owner": "alice", "config": config, "replicas": 1}
+                await ops.op_consumer_create(made)
+            pulled = {}
+            for name in ("c1", "c2"):
+                data, _ = await ops.op_consumer_pull({"journal": "settle", "name": name, "batch": 300})
+                pulled[name] = [seq for seq, _ in data["records"]]
+                assert len(pulled[name]) == 300
+            in_flight = peak_requests = peak_tasks = 0
+            request = nc.request
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:  # the real request, counted
+                nonlocal in_flight, peak_requests
+                in_flight += 1
+                peak_requests = max(peak_requests, in_flight)
+                try:
+                    return await request(*args, **kwargs)
+                finally:
+                    in_flight -= 1
+
+            nc.request = counted
+            settling = True
+
+            async def watch() -> None:
+                nonlocal peak_tasks
+                for _ in range(1_000_000):
+                    peak_tasks = max(peak_tasks, len(asyncio.all_tasks()))
+                    if not settling:
+                        return
+                    await asyncio.sleep(0)
+
+            watcher = asyncio.get_running_loop().create_task(watch())
+            settles = [
+                ops.op_consumer_settle({"journal": "settle", "name": n, "how": "ack", "seqs": pulled[n]})
+                for n in ("c1", "c2")
+            ]
+            answers = await asyncio.wait_for(asyncio.gather(*settles), 60)
+            settling = False
+            await watcher
+            assert [data for data, _ in answers] == [{"done": 300, "ignored": 0}] * 2
+            assert peak_requests <= 16  # every settle together
+            assert peak_tasks <= 2 * jsops.SETTLE_WORKERS + 16  # (not one task per seq; nats-py has its own)
+            info, _ = await ops.op_consumer_info({"journal": "settle", "name": "c1"})
+            assert info["info"]["num_ack_pending"] == 0 and info["info"]["ack_floor"] == pulled["c1"][-1]
+            # Another broker's StoreOps (no ack subjects of its own): seqs acked already or never
+            # delivered cannot be pending, and are ignored with no request each.
+            elsewhere = jsops.StoreOps(nc, {"settle": spec})
+            peak_requests = 0
+            seqs = [*pulled["c1"][:5], 10_000, 10_001]
+            acks = {"journal": "settle", "name": "c1", "how": "ack", "seqs": seqs}
+            data, _ = await elsewhere.op_consumer_settle(acks)
+            assert data == {"done": 0, "ignored": 7}
+            assert peak_requests == 1  # only the consumer's info was asked
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
+
+
+def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats: NatsCluster) -> None:
+    """``letters_read`` with ``after`` (a second read of a session still draining): a direct get
+    from past that seq, so the letters already handed are not read again."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import jsops
+    from mc0.broker.cluster.streams import StreamSpec, api
+    from mc0.protocol import jetstream as jsw
+
+    async def run() -> None:
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        try:
+            spec = StreamSpec("letters", 1, 3600.0, 0, 0, 60.0, True, 100)
+            await api(nc, "STREAM.CREATE.MC0_J_letters", spec.config(), timeout=10)
+            seqs = []
+            for i in range(5):  # carol's letters between someone else's
+                for who in ("carol", "dave"):
+                    ack = await nc.request(jsw.letter_subject("letters", who), f"{who} {i}".encode(), timeout=5)
+                    if who == "carol":
+                        seqs.append(json.loads(ack.data)["seq"])
+            ops = jsops.StoreOps(nc, {"letters": spec})
+            read = {"journal": "letters", "identity": "carol"}
+            data, payloads = await ops.op_letters_read({**read, "after": 0})
+            assert [seq for seq, _ in data["records"]] == seqs
+            assert payloads == [f"carol {i}".encode() for i in range(5)]
+            data, payloads = await ops.op_letters_read({**read, "after": seqs[2]})
+            assert [seq for seq, _ in data["records"]] == seqs[3:]
+            assert payloads == [b"carol 3", b"carol 4"]
+            data, payloads = await ops.op_letters_read({**read, "after": seqs[-1]})
+            assert data["records"] == [] and payloads == []
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
+
+
+def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then_hands_every_one_once(
+    tmp_path: Path,
+) -> None:
+    """The cluster link on a real NATS node: while the broker loop takes nothing, what the feed posts
+    to it stops near the budget (JetStream's flow control is held); once the loop takes the records,
+    every one arrives, once, in order, and nothing is counted as waiting any more."""
+    import asyncio
+
+    import zmq
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import feed as feeds
+    from mc0.broker.cluster.link import ClusterLink
+    from mc0.broker.cluster.streams import Records, StreamSpec, api
+    from mc0.settings import ClusterConfig
+
+    budget, size, count = 256 * 1024, 32 * 1024, 512  # 16 MiB in the stream, 64 times the budget
+    with NatsCluster(tmp_path / "nats", 1, sync_always=False) as node:
+        node.wait_ready()
+        spec = StreamSpec("feedc", 1, 0.0, 0, 0, 60.0)
+        link = ClusterLink(ClusterConfig(nats=(node.url(0),), hello_ms=1000), streams={"feedc": spec})
+        context = zmq.Context()
+        try:
+            link.start(context, "b1", {"feedc": (1, "")})
+            until(lambda: link.poster is not None, what="the link thread's poster")
+            assert link.poster is not None
+            link.poster.budget = budget
+
+            async def publish() -> None:
+                nc = Nats()
+                await nc.connect(servers=[node.url(0)], connect_timeout=5)
+                try:
+                    for _ in range(500):  # (bounded) until the link made the stream
+                        try:
+                            await api(nc, "STREAM.INFO.MC0_J_feedc")
+                            break
+                        except Exception:
+                            await asyncio.sleep(0.05)
+                    for i in range(count):
+                        await nc.publish("mc0.j.feedc.t", i.to_bytes(4, "big") * (size // 4))
+                    await nc.flush()
+                finally:
+                    await nc.close()
+
+            asyncio.run(publish())
+            feed = link.jetstream.feeds["feedc"] if link.jetstream is not None else None
+            assert feed is not None
+            until(lambda: feed.held > 0, what="flow control held")
+            poster = link.poster
+            seen = [-1]
+
+            def settled() -> bool:  # (what JetStream had sent before the held reply still comes)
+                backlog, seen[0] = poster.backlog, poster.backlog
+                time.sleep(feeds.HEARTBEAT_S)
+                return poster.backlog == backlog
+
+            until(settled, timeout=20.0, what="the feed to stop")
+            time.sleep(2 * feeds.HEARTBEAT_S)  # the loop still takes nothing: JetStream sends no more
+            assert poster.backlog == seen[0]
+            assert budget <= seen[0] < 32 * budget  # the budget, then at most JetStream's window (not 16 MiB)
+            seqs: list[int] = []
+            payloads: list[bytes] = []
+
+            def take() -> bool:
+                for item in link.receive():
+                    if isinstance(item, Records):
+                        seqs.extend(seq for seq, *_ in item.records)
+                        payloads.extend(payload for *_, payload in item.records)
+                return len(seqs) >= count
+
+            until(take, timeout=30.0, what="every record")
+            assert seqs == list(range(1, count + 1))  # once each, in order
+            assert [p[:4] for p in payloads] == [i.to_bytes(4, "big") for i in range(count)]
+            assert link.poster.backlog == 0 and link.receive() == []
+            assert feed.starts == 1  # (held, its consumer stayed: heartbeats went on)
+        finally:
+            link.close()
+            context.term()

@@ -283,6 +283,38 @@ def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:
     assert answer(core, {"deliveries": [], "records": []}) == []
 
 
+def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_none_an_answer_one() -> None:
+    j = store()
+    core = core_with(j)
+    config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
+    config |= {"max_ack_pending": 1000, "deliver": "all"}
+    assert core.consumers.store is not None and core.consumers.store.max_calls == jsw.MAX_STORE_CALLS
+    known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
+    core.consumers.store._learn("main", "c", known, 0.0)
+    seqs = list(range(1, 10_001))  # the most one ack may carry
+    for i in range(jsw.MAX_STORE_CALLS - 1):
+        assert consumer_request(core, f"a{i}", op="ack", seqs=seqs) == []
+    assert consumer_request(core, "p", op="pull", max=1, wait_ms=1000) == []
+    assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
+    queued = len(fromstore.calls(core))
+    assert queued == jsw.MAX_STORE_CALLS  # the cancelled pull still runs on the link: it still counts
+    for rid in ("over", "p"):
+        ((to, refused),) = consumer_request(core, rid, op="ack", seqs=seqs)
+        assert to == b"sub" and refused[:5] == f("ERROR", "ID", rid, "CODE", "429")
+    assert not core.calls.queued and core.counters["store_calls_refused"] == 2  # nothing was asked of the store
+    # Another client is not held by it (its own count); one answer frees one slot.
+    info = json.dumps({"journal": "main", "name": "theirs", "op": "info"})
+    assert core.handle(b"other", f("REQUEST", "SERVICE", "mc0.consumer", "ID", "o", "", info), 0.0, "other") == []
+    assert [call["op"] for _, call in core.calls._queued] == ["consumer_info"]
+    core.calls.drain()
+    assert fromstore.answered(core, 1, {"done": 10_000, "ignored": 0}, [], 0.0)[0][0] == b"sub"
+    assert consumer_request(core, "again", op="ack", seqs=[1]) == []
+    ((_, refused),) = consumer_request(core, "then", op="ack", seqs=[1])
+    assert refused[:5] == f("ERROR", "ID", "then", "CODE", "429")
+    core.handle(b"sub", f("DISCONNECT", "ID", "bye"), 0.0, "sub")  # gone: nothing of it counts any more
+    assert core.calls.in_flight(b"sub") == 0
+
+
 def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_removed_once_sent() -> None:
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
@@ -303,7 +335,7 @@ def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_remov
     assert fromstore.stored(core, "box", token, 7, False, 0.0) == [(b"pub", P.ok_mailbox("l1", P.MAILBOX_STORED))]
     connect(core, b"carol", who="carol")
     (_, read), *_ = core.calls._queued
-    assert read == {"op": "letters_read", "journal": "box", "identity": "carol"}
+    assert read == {"op": "letters_read", "journal": "box", "identity": "carol", "after": 0}
     letter = Record(7, 0.0, topic, sender, headers, parts)
     delivered = answer(core, {"records": [[7, 0]]}, [letter])
     assert [rid for rid, _ in delivered] == [b"carol"] and payload_of(list(delivered[0][1])) == [b"hello"]
@@ -315,6 +347,79 @@ def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_remov
     core.commit()
     (_, purge), *_ = core.calls._queued
     assert purge == {"op": "letters_purge", "journal": "box", "identity": "carol", "upto": 7}
+
+
+def carols(core: BrokerCore) -> list[tuple[int, dict[str, Any]]]:
+    """The store calls queued for carol's mailbox (the other identities' second reads left unanswered)."""
+    return [(token, call) for token, call in fromstore.calls(core) if call.get("identity") == "carol"]
+
+
+def test_a_session_still_draining_its_letters_at_the_second_read_gets_each_letter_once_in_order() -> None:
+    from mc0.broker.core.storedletters import REREAD_S
+
+    box = MemoryReplicatedStore(
+        "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
+    )
+    core = core_with(box)
+    fromstore.calls(core)  # (the first three identities' mailboxes: their reads left unanswered)
+    headers = {"TO": "carol", "TOPIC": "note.x", P.MAILBOX_EXPIRES: str(10**15)}
+
+    def letters(*seqs: int) -> list[Record]:
+        return [Record(s, 0.0, P.SYS_MAILBOX_LETTER, "pub", headers, (f"letter {s}".encode(),)) for s in seqs]
+
+    def handed(out: list[Any]) -> list[bytes]:
+        assert {rid for rid, _ in out} <= {b"carol"}
+        return [payload_of(list(frames))[0] for _, frames in out]
+
+    sent = {b"carol": False}  # carol drains slowly: its queue is not empty for a while
+    core.mailboxes.sent_all = lambda rid: sent.get(rid, True)
+    connect(core, b"carol", who="carol")
+    ((token, read),) = carols(core)
+    assert read.get("after", 0) == 0
+    got = handed(fromstore.answered(core, token, {"records": [[7, 0], [8, 0]]}, letters(7, 8), 0.0))
+    core.commit()
+    assert not core.calls.queued  # not sent yet: nothing purged
+    core.tick(REREAD_S + 0.1)  # the second read comes while carol still drains
+    ((token, reread),) = carols(core)
+    # The stream still holds 7 and 8 (not purged: carol has not sent them), and 9 came since.
+    got += handed(fromstore.answered(core, token, {"records": [[7, 0], [8, 0], [9, 0]]}, letters(7, 8, 9), 1.1))
+    assert got == [b"letter 7", b"letter 8", b"letter 9"]
+    assert reread.get("after") == 8  # (and the store is asked only for what follows what was handed)
+    sent[b"carol"] = True
+    core.commit()
+    purges = carols(core)
+    assert [(call["op"], call["upto"]) for _, call in purges] == [("letters_purge", 8), ("letters_purge", 9)]
+    # A third look while the purges are under way starts after them too.
+    core.tick(2 * REREAD_S + 0.2)
+    assert not core.calls.queued  # (only two reads after a connect)
+    for token, _ in purges:
+        fromstore.answered(core, token, {}, [], 2.2)
+    # Gone and back once the purges are done: its next session reads the mailbox from the start.
+    core.handle(b"carol", f("DISCONNECT", "ID", "bye"), 3.0, "carol")
+    connect(core, b"carol2", now=3.0, who="carol")
+    ((_, read),) = carols(core)
+    assert read["after"] == 0
+    assert core.mailboxes.stored is not None and core.mailboxes.stored._after == {}
+
+
+def test_letters_handed_to_a_session_that_went_before_they_left_are_read_again_for_the_next() -> None:
+    box = MemoryReplicatedStore(
+        "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
+    )
+    core = core_with(box)
+    fromstore.calls(core)
+    headers = {"TO": "carol", "TOPIC": "note.x", P.MAILBOX_EXPIRES: str(10**15)}
+    core.mailboxes.sent_all = lambda rid: False
+    connect(core, b"carol", who="carol")
+    connect(core, b"carol2", who="carol")  # a second session: letters go to the newest
+    ((token, _),) = carols(core)
+    record = Record(7, 0.0, P.SYS_MAILBOX_LETTER, "pub", headers, (b"hello",))
+    assert [rid for rid, _ in fromstore.answered(core, token, {"records": [[7, 0]]}, [record], 0.0)] == [b"carol2"]
+    core.handle(b"carol2", f("DISCONNECT", "ID", "bye"), 0.5, "carol")  # went before it left
+    core.tick(1.5)  # the second read, for the session that stays: letter 7 again
+    ((token, reread),) = carols(core)
+    assert reread["after"] == 6
+    assert [rid for rid, _ in fromstore.answered(core, token, {"records": [[7, 0]]}, [record], 1.5)] == [b"carol"]
 
 
 # ------------------------------------------------------------------ the local copy on files

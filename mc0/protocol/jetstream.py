@@ -27,6 +27,9 @@ MSG_ID = "Nats-Msg-Id"
 ORIGIN = "Mc0-Origin"
 OWNER_KEY = "mc0_owner"  # consumer metadata: the identity that created it
 CONFIG_KEY = "mc0_config"  # consumer metadata: its mc0 config (JSON)
+# A client's mc0.consumer requests on JetStream journals in flight at once (each is a store call
+# the cluster link runs, not a queued request: max_requests does not count them; 429 beyond).
+MAX_STORE_CALLS = 64
 
 
 def stream_name(journal: str) -> str:

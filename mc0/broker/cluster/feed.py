@@ -12,24 +12,69 @@ says something was delivered this side never got, three silent heartbeat
 intervals (its server died) or ``restart()`` (NATS failover) recreate the
 consumer from the next seq wanted: nothing is skipped, nothing handed twice
 (the loop's copy also skips a seq it holds).
+
+Credit: what a feed posts is counted by the link's :class:`Poster` (bytes of
+``Records`` posted and not yet taken by the broker loop, every journal's
+together).  The consumer's flow-control requests (and a stalled heartbeat's)
+are answered only while that backlog is below ``FEED_BUDGET_BYTES``, so
+JetStream stops sending when the broker loop (its disk) falls behind, not
+when the link thread does: what waits in the inproc pipe stays within the
+budget plus one flow-control window of JetStream (a few MiB).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...protocol import jetstream as jsw
-from .streams import NS, StoreError, ack_tokens, api, records_frames, state_frames
+from .streams import NS, RECORDS, StoreError, ack_tokens, api, records_frames, state_frames
 
 log = logging.getLogger("mc0.broker")
 
 HEARTBEAT_S = 1.0  # the consumer's idle heartbeat; three missed: recreated
 RETRY_S = 0.25  # between attempts while the stream or its server is not there
 INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
+# Records posted to the broker loop and not yet taken, beyond which flow control is held.
+FEED_BUDGET_BYTES = 64 * 1024 * 1024
+CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
+
+
+class Poster:
+    """The link thread's ``post`` to the broker loop, counting the bytes of ``Records`` messages in the
+    pipe: added here when posted (link thread), taken off by ``consumed`` (the loop, as it receives
+    them).  Thread-safe; ``send`` never blocks."""
+
+    def __init__(self, send: Callable[[Sequence[bytes]], None], budget: int = FEED_BUDGET_BYTES) -> None:
+        self._send = send
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._backlog = 0
+
+    def __call__(self, frames: Sequence[bytes]) -> None:
+        if frames[0] == RECORDS:
+            size = sum(len(f) for f in frames)
+            with self._lock:
+                self._backlog += size
+        self._send(frames)
+
+    def consumed(self, size: int) -> None:
+        """The loop took a Records message of ``size`` bytes (all its frames) off the pipe."""
+        with self._lock:
+            self._backlog = max(0, self._backlog - size)
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    @property
+    def over(self) -> bool:
+        """Too much waits for the loop: hold flow control."""
+        return self._backlog >= self.budget
 
 
 class StreamFeed:
@@ -50,6 +95,10 @@ class StreamFeed:
         self.wanted_restart = asyncio.Event()
         self.delivered = 0  # records handed to the loop
         self.starts = 0
+        self.held = 0  # times flow control was held while the loop was behind
+        self._holding = False
+        self._credit = post if isinstance(post, Poster) else None
+        self._flow_reply: str | None = None  # a flow-control reply held until the loop catches up
         # One consumer's run (reset at each start).
         self._consumer_seq = 0
         self._broken = asyncio.Event()
@@ -69,9 +118,10 @@ class StreamFeed:
                 sub, consumer = await self._start()
                 while not self._broken.is_set() and not self.wanted_restart.is_set():
                     try:
-                        await asyncio.wait_for(self.wanted_restart.wait(), HEARTBEAT_S)
+                        await asyncio.wait_for(self.wanted_restart.wait(), CREDIT_POLL_S)
                     except TimeoutError:
                         pass
+                    await self._answer_flow()
                     if time.monotonic() - self._seen > 3 * HEARTBEAT_S:
                         break  # silent: its server is gone, or the consumer is
                 self._flush()
@@ -97,6 +147,7 @@ class StreamFeed:
         self.post(state_frames(self.journal, first, last, made, start))
         self.created, self.next_seq = made, start
         self._consumer_seq = 0
+        self._flow_reply = None
         self._broken.clear()
         self.wanted_restart.clear()
         self._seen = time.monotonic()
@@ -129,8 +180,12 @@ class StreamFeed:
         self._seen = time.monotonic()
         headers = msg.headers
         if headers and headers.get("Status") == "100":  # a heartbeat or a flow-control request
-            if msg.reply:
-                await self.nc.publish(msg.reply, b"")
+            # A flow-control request, or a heartbeat saying the consumer waits for its reply: answered
+            # while the loop keeps up, else held (JetStream then stops sending) until it caught up.
+            reply = msg.reply or headers.get("Nats-Consumer-Stalled")
+            if reply:
+                self._flow_reply = reply
+                await self._answer_flow()
             last = headers.get("Nats-Last-Consumer")
             if last is not None and int(last) != self._consumer_seq:
                 self._broken.set()  # it delivered something this side never got
@@ -152,6 +207,18 @@ class StreamFeed:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _answer_flow(self) -> None:
+        reply = self._flow_reply
+        if reply is None:
+            return
+        if self._credit is not None and self._credit.over:
+            self.held += not self._holding
+            self._holding = True
+            return
+        self._flow_reply = None
+        self._holding = False
+        await self.nc.publish(reply, b"")
 
     def _flush(self) -> None:
         self._scheduled = False

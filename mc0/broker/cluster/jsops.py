@@ -22,9 +22,12 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   the stream seq when another broker did: JetStream matches an ack or term by
   the stream seq, and a nak also wants a consumer seq not below its floor,
   which the consumer's delivered seq is); ``{"done", "ignored"}`` (ignored:
-  JetStream did not confirm it within a second);
-- ``letters_read`` {journal, identity}: the identity's letters in order (a
-  batched direct get on its subject: any replica answers); ``letters_purge``
+  JetStream did not confirm it within a second, or it cannot be pending: at or
+  below the ack floor, past the last delivered).  At most ``SETTLE_WORKERS``
+  acks of one settle, and ``MAX_REQUESTS`` of all, are in flight at once.
+- ``letters_read`` {journal, identity, after}: the identity's letters in order,
+  those past seq ``after`` (0 when not given; a batched direct get on its
+  subject: any replica answers); ``letters_purge``
   {journal, identity, upto}: remove them up to ``upto``.
 """
 
@@ -40,6 +43,11 @@ from ...protocol import jetstream as jsw
 from .streams import API_TIMEOUT_S, StoreError, StreamSpec, ack_tokens, api
 
 SETTLE_TIMEOUT_S = 1.0
+# A settle (up to 10,000 seqs) asks JetStream with this many workers, each one ack at a time; and
+# every settle of this broker together has at most MAX_REQUESTS acks in flight on the link thread
+# (so one client's acks cannot pile tasks there that stall PubAcks and route traffic).
+SETTLE_WORKERS = 64
+MAX_REQUESTS = 256
 MAX_LETTERS = 10_000  # letters read for one identity at once (beyond: at the next read)
 DIRECT_BATCH = 1000
 MAX_REPLIES = 100_000  # ack subjects remembered per consumer (the oldest forgotten first)
@@ -61,9 +69,10 @@ def consumer_info(info: dict[str, Any]) -> dict[str, Any]:
 
 
 class StoreOps:
-    def __init__(self, nc: Any, specs: dict[str, StreamSpec]) -> None:
+    def __init__(self, nc: Any, specs: dict[str, StreamSpec], *, max_requests: int = MAX_REQUESTS) -> None:
         self.nc = nc
         self.specs = specs
+        self._requests = asyncio.Semaphore(max_requests)  # acks in flight, every settle together
         self._replies: dict[tuple[str, str], OrderedDict[int, str]] = {}  # (journal, consumer) -> seq -> ack subject
 
     # ------------------------------------------------------------ consumers
@@ -202,21 +211,30 @@ class StoreOps:
         if any(s not in replies for s in seqs):  # pulled through another broker: made ack subjects
             info = await api(self.nc, f"CONSUMER.INFO.{stream}.{name}")
             delivered = int((info.get("delivered") or {}).get("consumer_seq", 0))
-        limit = asyncio.Semaphore(64)
+            # A seq at or below the ack floor, or past the last one delivered, cannot be pending:
+            # ignored without asking (each ask of one not pending waits SETTLE_TIMEOUT_S for nothing).
+            floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+            last = int((info.get("delivered") or {}).get("stream_seq", 0))
+            seqs = [s for s in seqs if s in replies or floor < s <= last]
+        wanted = iter(seqs)
 
-        async def settle(seq: int) -> bool:
-            subject = replies.get(seq) or f"$JS.ACK.{stream}.{name}.1.{seq}.{delivered}.0.0"
-            async with limit:
-                try:
-                    await self.nc.request(subject, body, timeout=SETTLE_TIMEOUT_S)
-                except Exception:
-                    return False
-            if how != "nak":
-                replies.pop(seq, None)
-            return True
+        async def worker() -> int:
+            done = 0
+            for seq in wanted:  # (shared: each seq is taken by one worker)
+                subject = replies.get(seq) or f"$JS.ACK.{stream}.{name}.1.{seq}.{delivered}.0.0"
+                async with self._requests:
+                    try:
+                        await self.nc.request(subject, body, timeout=SETTLE_TIMEOUT_S)
+                    except Exception:
+                        continue
+                if how != "nak":
+                    replies.pop(seq, None)
+                done += 1
+            return done
 
-        done = sum(await asyncio.gather(*(settle(s) for s in seqs)))
-        return {"done": done, "ignored": len(seqs) - done}, []
+        workers = min(SETTLE_WORKERS, len(seqs))
+        done = sum(await asyncio.gather(*(worker() for _ in range(workers))))
+        return {"done": done, "ignored": len(request["seqs"]) - done}, []
 
     # ------------------------------------------------------------ mailboxes
     async def op_letters_read(self, request: dict[str, Any]) -> Result:
@@ -225,7 +243,7 @@ class StoreOps:
         direct = f"$JS.API.DIRECT.GET.{jsw.stream_name(journal)}"
         records: list[list[int]] = []
         payloads: list[bytes] = []
-        seq = 1
+        seq = int(request.get("after", 0)) + 1
         more = True
         while more and len(records) < MAX_LETTERS:
             more = False

@@ -14,6 +14,10 @@ and calls :meth:`receive`, which returns what arrived in order:
 - what the JetStream part reports (:mod:`.jetstream`: ``Acks``, ``Failed``,
   ``StreamState``, ``Records``, ``Answer``), when journals are kept by JetStream.
 
+Records taken by :meth:`receive` are handed back as credit to the feeds
+(:class:`.feed.Poster`): the caller handles them before it calls again, so
+at most one call's worth is in its hands beyond what the budget counts.
+
 :meth:`send` hands one route's blob to the thread (one NATS message each);
 :meth:`publish` a JetStream journal's proposals, :meth:`call` a store call.
 Nothing of the protocol is decided here: :mod:`mc0.broker.core.routes` does that.
@@ -43,10 +47,12 @@ import zmq.asyncio
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
+from .feed import Poster
 from .jetstream import JetStreamPart
 from .streams import (
     OP_CALL,
     OP_PUBLISH,
+    RECORDS,
     StoreNews,
     StreamSpec,
     call_frames,
@@ -165,6 +171,9 @@ class ClusterLink:
         self.counters: dict[str, int] = {"sent": 0, "sent_bytes": 0, "received": 0, "malformed": 0, "reconnects": 0}
         self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
+        # What the thread posts, Records counted until receive() takes them (the feeds' credit:
+        # JetStream's flow control is held while more than feed.FEED_BUDGET_BYTES wait).
+        self.poster: Poster | None = None
         self._closed = False
         self._started = threading.Event()
 
@@ -177,7 +186,9 @@ class ClusterLink:
         for end in ("up", "down"):
             pair = context.socket(zmq.PAIR)
             pair.setsockopt(zmq.LINGER, 0)
-            pair.setsockopt(zmq.SNDHWM, 0)  # bounded by the outbox budgets of the route peers
+            # No HWM: bounded by the outbox budgets of the route peers (down), by NATS's pending limits
+            # for route traffic and the feeds' credit for records (up).
+            pair.setsockopt(zmq.SNDHWM, 0)
             pair.setsockopt(zmq.RCVHWM, 0)
             pair.bind(f"{self._inproc}-{end}")
             if end == "up":
@@ -226,6 +237,9 @@ class ClusterLink:
             elif kind in (_UP, _DOWN):
                 out.append(LinkChange(kind == _UP))
             else:
+                if kind == RECORDS and self.poster is not None:
+                    # Taken off the pipe: handled (written to the copy) before the next receive().
+                    self.poster.consumed(sum(len(f) for f in frames))
                 news = parse_inbound(frames)
                 if news is not None:
                     out.append(news)
@@ -275,8 +289,10 @@ class ClusterLink:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
 
-        def post(frames: Sequence[bytes]) -> None:
+        def send(frames: Sequence[bytes]) -> None:
             poster.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
+
+        post = self.poster = Poster(send)
 
         async def on_hello(msg: Any) -> None:
             parsed = wire.parse_hello(msg.data)

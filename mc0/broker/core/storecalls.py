@@ -9,7 +9,10 @@ the shell hands the answer to ``answer(token, data, records, now)``, which
 runs ``then(data, records, now)`` and returns what it sends.  ``records`` are
 the records an answer carries (a pull, a mailbox read), already decoded by the
 shell.  ``abandon`` forgets calls whose asker went (their answers are then
-dropped, counted).  Pure: no sockets, no clock.
+dropped, counted).  A call made for a client (``owner``: its routing id) counts
+in ``in_flight(owner)`` until the link answers it (a cancelled request's call
+too: it still runs on the link) or the client goes (``abandon``), so a room
+can bound what one client has the store do at once.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -38,13 +41,32 @@ class StoreCalls:
         self._next = 0
         self._queued: list[tuple[int, dict[str, Any]]] = []
         self._waiting: dict[int, Then] = {}
+        self._owner_of: dict[int, bytes] = {}  # token -> the client it was made for
+        self._in_flight: Counter[bytes] = Counter()  # client -> its calls not answered yet
 
-    def call(self, request: dict[str, Any], then: Then) -> int:
+    def call(self, request: dict[str, Any], then: Then, owner: bytes | None = None) -> int:
+        """Queue ``request``; ``owner``: the routing id of the client it is made for (counted)."""
         self._next += 1
         self._queued.append((self._next, request))
         self._waiting[self._next] = then
+        if owner is not None:
+            self._owner_of[self._next] = owner
+            self._in_flight[owner] += 1
         self.counters["store_calls"] += 1
         return self._next
+
+    def in_flight(self, owner: bytes) -> int:
+        """The calls made for client ``owner`` the link has not answered yet."""
+        return self._in_flight.get(owner, 0)
+
+    def _release(self, token: int) -> None:
+        owner = self._owner_of.pop(token, None)
+        if owner is not None:
+            left = self._in_flight[owner] - 1
+            if left > 0:
+                self._in_flight[owner] = left
+            else:
+                del self._in_flight[owner]
 
     @property
     def queued(self) -> bool:
@@ -60,13 +82,21 @@ class StoreCalls:
         return queued
 
     def answer(self, token: int, data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+        self._release(token)
         then = self._waiting.pop(token, None)
         if then is None:
             self.counters["store_answers_dropped"] += 1
             return []
         return then(data, records, now)
 
+    def forget(self, owner: bytes) -> None:
+        """Client ``owner`` went: its calls no longer count (their answers still come, to nobody)."""
+        if self._in_flight.pop(owner, None) is not None:
+            for token in [t for t, o in self._owner_of.items() if o == owner]:
+                del self._owner_of[token]
+
     def abandon(self, tokens: Sequence[int]) -> None:
         for token in tokens:
+            self._release(token)
             if self._waiting.pop(token, None) is not None:
                 self.counters["store_calls_abandoned"] += 1

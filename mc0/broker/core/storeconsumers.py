@@ -17,7 +17,11 @@ between a broker's crash and its dead letter), the per-identity and
 per-cluster quotas (counted over the streams' consumers at create), and
 ``deliver`` all/new.  ``ack_wait``, ``nak`` (with its delay), ``term``,
 ``max_ack_pending`` and redelivery are JetStream's own.  An ack JetStream did
-not confirm within a second (a seq not pending) is counted ``ignored``.
+not confirm within a second (a seq not pending) is counted ``ignored``.  These
+requests are not queued in :mod:`.rpc`, so their bound is here: at most
+``max_calls`` (``MAX_STORE_CALLS``) store calls made for one client are in
+flight at once (a cancelled pull's too, until the store answers it); a
+request beyond is answered 429 and changes nothing.
 Pure: no sockets, no clock.
 """
 
@@ -36,6 +40,7 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol import jetstream as jsw
+from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import pattern_matches, split_pattern, split_topic
 from ..storage.port import JournalStore
 from .access import may_read
@@ -95,7 +100,9 @@ class StoreConsumers:
         max_wait_ms: int,
         max_consumers: int,
         max_per_identity: int,
+        max_calls: int = MAX_STORE_CALLS,
     ) -> None:
+        """``max_calls``: store calls one client may have in flight (429 beyond)."""
         self.calls = calls
         self.counters = counters
         self._tokens_of = tokens_of
@@ -103,6 +110,7 @@ class StoreConsumers:
         self._max_wait_ms = max_wait_ms
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
+        self.max_calls = max_calls
         # What this broker learnt of each consumer, and until when it trusts it (another broker may
         # delete it and another identity create one of that name: an owner is looked up again then).
         self.known: dict[tuple[str, str], Known] = {}
@@ -139,9 +147,19 @@ class StoreConsumers:
                 return self._error(client, rid, *problem)
             return then(data, records, now)
 
-        token = self.calls.call(request, answered)
+        token = self.calls.call(request, answered, client.routing_id)
         self._asking[key] = token
         return []
+
+    def _admit(self, client: Peer, rid: str) -> None:
+        """429 (a ProtocolError, nothing changed) when ``client`` has ``max_calls`` store calls in flight."""
+        if client.route:
+            return  # a route carries many clients' requests (as in rpc.admit)
+        held = self.calls.in_flight(client.routing_id)
+        if held >= self.max_calls:
+            self.counters["store_calls_refused"] += 1
+            reason = f"{held} requests to JetStream in flight, the limit per client ({self.max_calls})"
+            raise ProtocolError(Status.OVER_LIMIT, reason, rid)
 
     def _learn(self, journal: str, name: str, known: Known, now: float) -> None:
         self.known[journal, name] = known
@@ -157,12 +175,14 @@ class StoreConsumers:
     def drop_peer(self, peer: Peer) -> None:
         gone = [key for key in self._asking if key[0] == peer.routing_id]
         self.calls.abandon([self._asking.pop(key) for key in gone])
+        self.calls.forget(peer.routing_id)
 
     # ------------------------------------------------------------ requests
     def list_with(
         self, client: Peer, rid: str, user: dict[str, str], local: list[str], journals: list[str]
     ) -> list[Out]:  # fmt: skip
         """``list``: the caller's own, the local ones and the store's."""
+        self._admit(client, rid)
         request = {"op": "consumer_list", "journals": journals, "owner": client.identity}
 
         def listed(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
@@ -178,6 +198,7 @@ class StoreConsumers:
         reason = refusal(client, patterns, config.topics)
         if reason is not None:
             raise ProtocolError(Status.FORBIDDEN, reason, rid)
+        self._admit(client, rid)
         owner = client.identity
         lookup = {"op": "consumer_lookup", "journal": journal.name, "name": config.name, "owner": owner}
 
@@ -259,6 +280,7 @@ class StoreConsumers:
             request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
         else:
             request.update(op="consumer_info" if op == "info" else "consumer_delete")
+        self._admit(client, rid)
 
         def with_known(known: Known) -> list[Out]:
             if known.owner and known.owner != client.identity:
@@ -347,7 +369,7 @@ class StoreConsumers:
                 counts.append(count)
         if ended:
             settle = {"op": "consumer_settle", "journal": config.journal, "name": config.name, "how": "term"}
-            self.calls.call({**settle, "seqs": ended, "delay_ms": 0}, lambda d, r, n: [])
+            self.calls.call({**settle, "seqs": ended, "delay_ms": 0}, lambda d, r, n: [], client.routing_id)
         self.counters["consumer_delivered"] += len(given)
         client.last_sent = now
         frames = [*P.journal_page(given), json.dumps(counts).encode()]

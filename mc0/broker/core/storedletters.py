@@ -12,7 +12,11 @@ stream (purges the subject up to the last one handed).  A session that goes
 before that leaves them in the stream: they are delivered again at the next
 connect.  So delivery is at least once and in order, from any broker.  A
 letter another broker kept a moment after this read (before it knew of the
-session here) is found by a second read ``REREAD_S`` later.  The stream
+session here) is found by a second read ``REREAD_S`` later, which starts
+after the last letter already handed here (``after``, kept per identity
+while it has a session here or a purge of its letters is under way): a
+session still draining its letters when the second read comes (or a purge a
+read overtakes, or a replica behind the purge) never gets one twice.  The stream
 bounds the mailboxes itself (per subject: ``mailbox_max_messages``; its age:
 ``mailbox_ttl_ms``; its bytes: ``mailboxes_max_bytes``): beyond them the
 PUT gets 429.  Pure: no sockets, no clock.
@@ -59,9 +63,12 @@ class StoredLetters:
         self.sent_all = sent_all
         self._letter_of = letter_of
         self.wall_offset = wall_offset
-        self._handed: list[tuple[Peer, str, int]] = []  # (session, identity, the last seq it was handed)
+        # (session, identity, the first and the last seq it was handed), until they left
+        self._handed: list[tuple[Peer, str, int, int]] = []
         self._reread: dict[str, float] = {}  # identity -> when to look at its mailbox again
         self._reading: set[str] = set()  # identities whose mailbox is being read
+        self._after: dict[str, int] = {}  # identity -> its next read starts after this seq
+        self._purging: Counter[str] = Counter()  # identity -> its purges under way
 
     def keep(
         self, to: str, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], expires: float,
@@ -92,7 +99,8 @@ class StoredLetters:
         if identity in self._reading:
             return
         self._reading.add(identity)
-        request = {"op": "letters_read", "journal": self.journal.name, "identity": identity}
+        after = self._after.get(identity, 0)
+        request = {"op": "letters_read", "journal": self.journal.name, "identity": identity, "after": after}
         self.calls.call(request, lambda data, records, now: self._deliver(identity, data, records, now))
 
     def _deliver(self, identity: str, data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
@@ -104,10 +112,13 @@ class StoredLetters:
             self._reread[identity] = now + REREAD_S  # try again while it stays connected
             return []
         session = self._own(identity)
+        after = self._after.get(identity, 0)
+        records = [r for r in records if r.seq > after]  # (what was handed here already: never again)
         if session is None or not records:
+            self._forget_if_idle(identity)
             return []
         out: list[Out] = []
-        last = 0
+        first, last = records[0].seq, 0
         for record in records:
             last = max(last, record.seq)
             try:
@@ -122,34 +133,64 @@ class StoredLetters:
             out.append((session.routing_id, letter.record if session.batched else letter.frames))
         self.counters["mailbox_delivered"] += len(out)
         session.last_sent = now
-        self._handed.append((session, identity, last))
+        self._handed.append((session, identity, first, last))
+        self._after[identity] = last
         return out
 
     def offline(self, peer: Peer) -> None:
-        """``peer`` went: what it was handed and may not have received stays in the stream."""
+        """``peer`` went: what it was handed and may not have received stays in the stream (the next
+        read of its identity starts before it again)."""
         if self._handed:
-            kept = [h for h in self._handed if h[0] is not peer]
+            kept = []
+            for handed in self._handed:
+                if handed[0] is not peer:
+                    kept.append(handed)
+                else:
+                    _, identity, first, _ = handed
+                    self._after[identity] = min(self._after.get(identity, 0), first - 1)
             self.counters["mailbox_kept_again"] += len(self._handed) - len(kept)
             self._handed = kept
+        if not peer.route:
+            self._forget_if_idle(peer.identity, gone=peer)
+
+    def _forget_if_idle(self, identity: str, gone: Peer | None = None) -> None:
+        """Forget where ``identity``'s reads start once nothing of it is under way here (no session,
+        no read, no purge, nothing handed): its next session reads its mailbox from the start."""
+        if identity not in self._after or identity in self._reading or self._purging[identity] > 0:
+            return
+        if any(not p.route and p is not gone for p in self._sessions(identity)):
+            return
+        if any(h[1] == identity for h in self._handed):
+            return
+        del self._after[identity]
 
     def settle(self) -> None:
         """Remove from the stream the letters whose session's queue has emptied (they left)."""
         if not self._handed:
             return
         waiting = []
-        for session, identity, last in self._handed:
+        for handed in self._handed:
+            session, identity, _, last = handed
             if self.sent_all(session.routing_id):
                 request = {"op": "letters_purge", "journal": self.journal.name, "identity": identity, "upto": last}
-                self.calls.call(request, self._purged)
+                self._purging[identity] += 1
+                self.calls.call(request, self._purged_of(identity))
             else:
-                waiting.append((session, identity, last))
+                waiting.append(handed)
         self._handed = waiting
 
-    def _purged(self, data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+    def _purged_of(self, identity: str) -> Callable[[dict[str, Any], Sequence[Record], float], list[Out]]:
+        return lambda data, records, now: self._purged(identity, data)
+
+    def _purged(self, identity: str, data: dict[str, Any]) -> list[Out]:
+        self._purging[identity] -= 1
+        if self._purging[identity] <= 0:
+            del self._purging[identity]
         problem = failure(data)
         if problem is not None:  # delivered again at the next connect: at least once
             self.counters["mailbox_purge_failed"] += 1
             log.warning("journal %s: delivered letters not removed: %s", self.journal.name, problem[1])
+        self._forget_if_idle(identity)
         return []
 
     @property
@@ -161,7 +202,9 @@ class StoredLetters:
         for identity, when in list(self._reread.items()):
             if when <= now:
                 del self._reread[identity]
-                if self._own(identity) is not None:
+                if identity in self._reading:  # the last read is still under way: look again after it
+                    self._reread[identity] = now + REREAD_S
+                elif self._own(identity) is not None:
                     self._read(identity)
 
     def next_deadline(self, earliest: float) -> float:
