@@ -240,3 +240,51 @@ def test_a_state_that_cannot_be_saved_answers_507_with_the_request_id(bus: Bus) 
     frames = bus.answer(b"a", {"op": "ack", "seqs": [1]})
     assert error_code(frames) == 507 and frames[:3] == f("ERROR", "ID", f"r{bus.ids}")
     assert b"consumer state could not be saved" in frames[-1]
+
+
+# (op, done, ignored): the settle answer is built by hand; its bytes are json.dumps(..., sort_keys=True)'s
+SETTLED = [("nak", 0, 0), ("ack", 1, 0), ("ack", 0, 3), ("nak", 2, 1), ("term", 10_000, 0), ("ack", 123, 45)]
+
+
+@pytest.mark.parametrize(("op", "done", "ignored"), SETTLED)
+def test_a_settle_answer_is_the_sorted_json_of_its_counts(op: str, done: int, ignored: int) -> None:
+    from mc0.broker.core.consumerstate import settled_body
+
+    assert settled_body(op, done, ignored) == json.dumps({op: done, "ignored": ignored}, sort_keys=True).encode()
+
+
+# (owner, topics, {seq: deliveries}): the saved state is built by hand; its bytes are the json.dumps form's
+STATES = [
+    ("", (">",), {}),
+    ("alice", ("jobs.>",), {1: 1}),
+    ('quo"te\\s', ("jobs.>", "a.*"), {5: 2, 3: 1, 900: 7}),
+    ("\u00e9l\u00e8ve", ("\u00e9t\u00e9.>",), {i: i % 5 + 1 for i in range(1, 101)}),
+]
+
+
+@pytest.mark.parametrize(("owner", "topics", "held"), STATES)
+def test_the_saved_state_is_the_compact_json_of_the_consumer(
+    owner: str, topics: tuple[str, ...], held: dict[int, int]
+) -> None:
+    from dataclasses import asdict
+
+    from mc0.broker.core.consumerstate import Consumer, ConsumerConfig, Held, consumer_of
+    from mc0.topics import split_pattern
+
+    store = MemoryStore("main", JournalSettings(topics=(">",)))
+    config = ConsumerConfig("main", "c", topics, ack_wait_ms=1234)
+    consumer = Consumer(config, store, tuple(split_pattern(t) for t in topics), 1000, owner)
+    for seq, deliveries in held.items():
+        consumer.held[seq] = Held(Delivery.PENDING, deliveries, 1.0)
+    for new_owner in (owner, "claimed"):  # the cached head follows a claim
+        consumer.owner = new_owner
+        expected = {
+            "config": asdict(config),
+            "owner": new_owner,
+            "cursor": 1000,
+            "held": {str(s): d for s, d in held.items()},
+        }
+        assert consumer.state() == json.dumps(expected, separators=(",", ":")).encode()
+        back = consumer_of(store, consumer.state())
+        assert (back.config, back.owner, back.cursor) == (config, new_owner, 1000)
+        assert {s: h.deliveries for s, h in back.held.items()} == held

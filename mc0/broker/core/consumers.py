@@ -51,6 +51,7 @@ from .consumerstate import (
     delivery_transition,
     int_field,
     parse_config,
+    settled_body,
 )
 from .peers import Out, Peer
 from .storeconsumers import StoreConsumers
@@ -326,7 +327,8 @@ class Consumers:
                 consumer.stats["naked"] += 1
         if done:
             self._dirty.add(consumer.key)
-        answer = self._final(client, rid, user, {op: done, "ignored": ignored})
+        body = settled_body(op, done, ignored)
+        answer = (client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, [body]))
         if done:
             self._held_answers.append((client, rid, answer))  # released once the new state is saved
             return self._serve_waiting(consumer, now) if op == "nak" and not delay else []

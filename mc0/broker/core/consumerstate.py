@@ -152,6 +152,14 @@ def consumer_of(journal: JournalStore, raw: bytes) -> Consumer:
     return consumer
 
 
+def settled_body(op: str, done: int, ignored: int) -> bytes:
+    """An ack/nak/term's answer: ``json.dumps({op: done, "ignored": ignored}, sort_keys=True)``,
+    built by hand (one per answered ack: the encoder was a tenth of the core's time for it)."""
+    if op < "ignored":
+        return f'{{"{op}": {done}, "ignored": {ignored}}}'.encode()
+    return f'{{"ignored": {ignored}, "{op}": {done}}}'.encode()
+
+
 def int_field(query: dict[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:
     value = query.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
