@@ -288,3 +288,56 @@ def test_the_saved_state_is_the_compact_json_of_the_consumer(
         back = consumer_of(store, consumer.state())
         assert (back.config, back.owner, back.cursor) == (config, new_owner, 1000)
         assert {s: h.deliveries for s, h in back.held.items()} == held
+
+
+def test_an_answered_ack_saves_a_change_not_the_whole_state_and_a_restart_applies_it(bus: Bus) -> None:
+    from mc0.broker.core.consumerstate import MAX_CHANGES
+
+    bus.publish(MAX_CHANGES + 10)
+    bus.answer(b"a", {"op": "create", "ack_wait_ms": 60_000})
+    page(bus.answer(b"a", {"op": "pull", "max": MAX_CHANGES + 10}))
+    whole = bus.store.consumers["c"]  # the pull saved the whole state (cursor, every held seq)
+    assert bus.store.consumer_changes.get("c", []) == []
+    bus.answer(b"a", {"op": "ack", "seqs": [2]})
+    bus.answer(b"a", {"op": "term", "seqs": [3, 4, 999]})
+    bus.answer(b"a", {"op": "nak", "seqs": [5]})  # changes nothing saved: no record
+    bus.answer(b"a", {"op": "ack", "seqs": [2]})  # already settled: ignored, no record
+    assert bus.store.consumers["c"] == whole
+    assert bus.store.consumer_changes["c"] == [b'{"settled":[2]}', b'{"settled":[3,4]}']
+    again = Bus(bus.store)  # a restart: the whole state, then the changes in order
+    again.connect(b"a")
+    got = [seq for seq, _, _ in page(again.answer(b"a", {"op": "pull", "max": 1000}))]
+    assert got == [1, *range(5, MAX_CHANGES + 11)]
+    for seq in range(6, MAX_CHANGES + 6):  # MAX_CHANGES changes in a row (the pull saved it whole) ...
+        again.answer(b"a", {"op": "ack", "seqs": [seq]})
+    assert len(again.store.consumer_changes["c"]) == MAX_CHANGES
+    again.answer(b"a", {"op": "ack", "seqs": [MAX_CHANGES + 6]})  # ... then the whole state again
+    assert again.store.consumer_changes.get("c", []) == []
+    held = {str(s): 2 for s in (1, 5, *range(MAX_CHANGES + 7, MAX_CHANGES + 11))}  # redelivered after the restart
+    assert json.loads(again.store.consumers["c"])["held"] == held
+
+
+def test_after_a_failed_save_the_next_save_is_whole(bus: Bus) -> None:
+    bus.publish(3)
+    bus.answer(b"a", {"op": "create"})
+    page(bus.answer(b"a", {"op": "pull", "max": 3}))
+    bus.store.fail_writes = True
+    assert error_code(bus.answer(b"a", {"op": "ack", "seqs": [1]})) == 507
+    bus.store.fail_writes = False
+    assert body_of(bus.answer(b"a", {"op": "ack", "seqs": [2]})) == {"ack": 1, "ignored": 0}
+    assert bus.store.consumer_changes.get("c", []) == []  # whole: the failed change is in it
+    assert json.loads(bus.store.consumers["c"])["held"] == {"3": 1}
+
+
+# change records a restart cannot apply: the broker refuses to start, naming the consumer
+BAD_CHANGES = [b"{", b"[]", b'{"settled": 3}', b'{"settled": ["1"]}', b'{"settled": [1.5]}', b'{"acked": [1]}']
+
+
+@pytest.mark.parametrize("change", BAD_CHANGES)
+def test_an_unreadable_change_refuses_to_start_with_a_clear_error(bus: Bus, change: bytes) -> None:
+    from mc0.broker.storage.port import StateUnreadable
+
+    bus.answer(b"a", {"op": "create"})
+    bus.store.consumer_changes["c"] = [b'{"settled":[1]}', change]
+    with pytest.raises(StateUnreadable, match="journal main: consumer c: unreadable saved state"):
+        BrokerCore(journals=[bus.store])

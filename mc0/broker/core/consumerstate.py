@@ -18,6 +18,7 @@ import heapq
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -28,6 +29,7 @@ from ...topics import pattern_matches, split_pattern
 from ..storage.port import JournalStore
 from .peers import Peer
 
+MAX_CHANGES = 64  # change records between whole saves (bounds the log a start replays)
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
 
 
@@ -108,6 +110,12 @@ class Consumer:
     timers: list[tuple[float, int]] = field(default_factory=list)  # (due, seq) heap, stale entries skipped
     waiting: list[Waiting] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
+    # Saving: the seqs acked or termed since the last save (an answered ack saves them alone, as a
+    # change record, unless something else changed too), change records since the last whole save,
+    # and whether the last save failed (then the next is whole).
+    settled_unsaved: list[int] = field(default_factory=list)
+    changes_saved: int = 0
+    save_failed: bool = False
     # (owner, the saved state's text up to the cursor): rebuilt when the owner changes (a claim).
     _saved_head: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -136,9 +144,29 @@ class Consumer:
         return f'{head[1]}{self.cursor},"held":{{{held}}}}}'.encode()
 
 
-def consumer_of(journal: JournalStore, raw: bytes) -> Consumer:
-    """A saved state read back: what it delivered and was not settled is due at once (whoever held
-    it is gone), with its delivery counts.  ValueError, KeyError, TypeError or InvalidTopic if unreadable."""
+def save(consumer: Consumer, whole: bool) -> None:
+    """Save what changed since the last save through the journal store: the whole state when
+    ``whole`` (anything besides acks and terms changed), after ``MAX_CHANGES`` change records, or
+    after a failed save; else the seqs settled since, as one change record (``{"settled": [...]}``,
+    a few bytes: an answered ack no longer writes the whole held map).  OSError from the store."""
+    name = consumer.config.name
+    if whole or consumer.changes_saved >= MAX_CHANGES or consumer.save_failed:
+        consumer.save_failed = True  # until the save returns
+        consumer.journal.save_consumer(name, consumer.state())
+        consumer.changes_saved = 0
+    elif consumer.settled_unsaved:
+        consumer.save_failed = True
+        settled = ",".join([str(seq) for seq in consumer.settled_unsaved])
+        consumer.journal.save_consumer_change(name, f'{{"settled":[{settled}]}}'.encode())
+        consumer.changes_saved += 1
+    consumer.settled_unsaved.clear()
+    consumer.save_failed = False
+
+
+def consumer_of(journal: JournalStore, raw: bytes, changes: Sequence[bytes] = ()) -> Consumer:
+    """A saved state read back, with the changes saved after it applied in order: what it
+    delivered and was not settled is due at once (whoever held it is gone), with its delivery
+    counts.  ValueError, KeyError, TypeError or InvalidTopic if unreadable."""
     saved = json.loads(raw)
     config = ConsumerConfig(**{**saved["config"], "topics": tuple(saved["config"]["topics"])})
     owner = saved.get("owner", "")
@@ -146,9 +174,16 @@ def consumer_of(journal: JournalStore, raw: bytes) -> Consumer:
         raise TypeError(f"owner must be a string, not {type(owner).__name__}")
     patterns = tuple(split_pattern(t) for t in config.topics)
     consumer = Consumer(config, journal, patterns, int(saved["cursor"]), owner)
-    for seq_text, deliveries in saved["held"].items():
-        consumer.held[int(seq_text)] = Held(Delivery.DUE, int(deliveries), 0.0)
-        heapq.heappush(consumer.timers, (0.0, int(seq_text)))
+    held = {int(seq_text): int(deliveries) for seq_text, deliveries in saved["held"].items()}
+    for change in changes:
+        settled = json.loads(change)["settled"]
+        if not isinstance(settled, list) or not all(type(seq) is int for seq in settled):
+            raise TypeError("a change's settled must be a list of integers")
+        for seq in settled:
+            held.pop(seq, None)
+    for seq, deliveries in held.items():
+        consumer.held[seq] = Held(Delivery.DUE, deliveries, 0.0)
+        heapq.heappush(consumer.timers, (0.0, seq))
     return consumer
 
 
