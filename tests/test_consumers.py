@@ -306,6 +306,8 @@ def test_an_answered_ack_saves_a_change_not_the_whole_state_and_a_restart_applie
     assert bus.store.consumer_changes["c"] == [b'{"settled":[2]}', b'{"settled":[3,4]}']
     again = Bus(bus.store)  # a restart: the whole state, then the changes in order
     again.connect(b"a")
+    restored = again.core.consumers.consumers["main", "c"]
+    assert restored.changes_saved == 2  # the changes on disk count toward the next whole save
     got = [seq for seq, _, _ in page(again.answer(b"a", {"op": "pull", "max": 1000}))]
     assert got == [1, *range(5, MAX_CHANGES + 11)]
     for seq in range(6, MAX_CHANGES + 6):  # MAX_CHANGES changes in a row (the pull saved it whole) ...

@@ -181,6 +181,7 @@ def consumer_of(journal: JournalStore, raw: bytes, changes: Sequence[bytes] = ()
             raise TypeError("a change's settled must be a list of integers")
         for seq in settled:
             held.pop(seq, None)
+    consumer.changes_saved = len(changes)  # they count toward the next whole save
     for seq, deliveries in held.items():
         consumer.held[seq] = Held(Delivery.DUE, deliveries, 0.0)
         heapq.heappush(consumer.timers, (0.0, seq))
