@@ -188,3 +188,107 @@ def test_property_after_any_crash_the_state_is_the_last_saved_or_an_earlier_one(
     restarted.save("c", b"after")
     restarted.close()
     assert reopened(folder) == {"c": b"after"}
+
+
+def saved(folder: Path) -> dict[str, tuple[bytes, list[bytes]]]:
+    return ConsumerFiles(folder, sync=False).load_saved()
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_changes_come_back_after_their_whole_state_in_order_and_a_whole_save_ends_them(
+    tmp_path: Path, sync: bool
+) -> None:
+    files = ConsumerFiles(tmp_path, sync=sync)
+    files.save("c", b"whole 1")
+    for change in (b"-1", b"-2", b"-3"):
+        files.save_change("c", change)
+    assert saved(tmp_path) == {"c": (b"whole 1", [b"-1", b"-2", b"-3"])}
+    assert reopened(tmp_path) == {"c": b"whole 1"}  # load_all: the whole states alone
+    assert (tmp_path / "c.log").stat().st_size == 8 + 7 + 3 * (8 + 2)  # one append each
+    files.save("c", b"whole 2")
+    files.save_change("c", b"-4")
+    files.close()
+    assert saved(tmp_path) == {"c": (b"whole 2", [b"-4"])}
+
+
+def test_a_torn_change_falls_back_to_the_changes_before_it(tmp_path: Path) -> None:
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"whole")
+    files.save_change("c", b"first")
+    files.save_change("c", b"second")
+    files.close()
+    data = (tmp_path / "c.log").read_bytes()
+    for cut in range(len(data) - 8 - len(b"second") + 1, len(data)):  # every torn length of the last change
+        torn = tmp_path / f"torn{cut}"
+        torn.mkdir()
+        (torn / "c.log").write_bytes(data[:cut])
+        assert saved(torn) == {"c": (b"whole", [b"first"])}, cut
+        restarted = ConsumerFiles(torn, sync=False)  # the broker after the crash: appends behind the tear
+        restarted.save_change("c", b"after")
+        restarted.close()
+        assert saved(torn) == {"c": (b"whole", [b"first", b"after"])}, cut
+
+
+def test_changes_after_a_compaction_apply_to_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consumerfiles, "COMPACT_MIN_BYTES", 40)
+    monkeypatch.setattr(consumerfiles, "COMPACT_RATIO", 1)
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"w" * 30)
+    for i in range(5):  # changes never compact: they stay after the state they change
+        files.save_change("c", b"change %d" % i)
+    assert saved(tmp_path) == {"c": (b"w" * 30, [b"change %d" % i for i in range(5)])}
+    files.save("c", b"v" * 30)  # past 40 bytes: the snapshot, and the log starts over
+    assert (tmp_path / "c.log").stat().st_size == 0 and (tmp_path / "c.json").read_bytes() == b"v" * 30
+    files.save_change("c", b"later")
+    files.close()
+    assert saved(tmp_path) == {"c": (b"v" * 30, [b"later"])}
+
+
+def test_a_change_record_reads_as_a_torn_record_to_a_reader_without_changes(tmp_path: Path) -> None:
+    """A broker from before change records starts from the whole state before them (at least once)."""
+    files = ConsumerFiles(tmp_path, sync=False)
+    files.save("c", b"whole")
+    files.save_change("c", b"-1")
+    files.close()
+    data = (tmp_path / "c.log").read_bytes()
+    length = int.from_bytes(data[8 + 5 : 8 + 5 + 4], "little")
+    assert length == consumerfiles.CHANGE_FLAG | 2  # far past the file's end for a reader that ignores the flag
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    saves=st.lists(st.tuples(st.booleans(), st.binary(min_size=0, max_size=200)), min_size=1, max_size=40),
+    cut=st.integers(0, 400),
+)
+def test_property_after_any_crash_a_whole_state_and_a_prefix_of_its_changes_load(
+    tmp_path_factory: pytest.TempPathFactory, saves: list[tuple[bool, bytes]], cut: int
+) -> None:
+    """Whole states and changes interleaved (the first save whole, as the core does), compaction forced
+    often: uncut, the last whole state and every change after it load; cut anywhere, a whole state
+    saved and a prefix of the changes saved right after it."""
+    folder = tmp_path_factory.mktemp("cfc")
+    saves = [(True, saves[0][1]), *saves[1:]]
+    histories: list[tuple[bytes, list[bytes]]] = []  # each whole state with the changes that followed it
+    old = consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO
+    consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO = 300, 2
+    try:
+        files = ConsumerFiles(folder, sync=False)
+        for whole, data in saves:
+            if whole:
+                files.save("c", data)
+                histories.append((data, []))
+            else:
+                files.save_change("c", data)
+                histories[-1][1].append(data)
+        files.close()
+    finally:
+        consumerfiles.COMPACT_MIN_BYTES, consumerfiles.COMPACT_RATIO = old
+    assert saved(folder) == {"c": histories[-1]}
+    log = folder / "c.log"
+    os.truncate(log, max(0, log.stat().st_size - cut))
+    loaded = saved(folder).get("c")
+    if loaded is None:  # only when the crash tore the first record ever saved (no snapshot yet)
+        assert not (folder / "c.json").exists()
+        return
+    state, changes = loaded
+    assert any(state == s and changes == later[: len(changes)] for s, later in histories)

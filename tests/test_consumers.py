@@ -240,3 +240,106 @@ def test_a_state_that_cannot_be_saved_answers_507_with_the_request_id(bus: Bus) 
     frames = bus.answer(b"a", {"op": "ack", "seqs": [1]})
     assert error_code(frames) == 507 and frames[:3] == f("ERROR", "ID", f"r{bus.ids}")
     assert b"consumer state could not be saved" in frames[-1]
+
+
+# (op, done, ignored): the settle answer is built by hand; its bytes are json.dumps(..., sort_keys=True)'s
+SETTLED = [("nak", 0, 0), ("ack", 1, 0), ("ack", 0, 3), ("nak", 2, 1), ("term", 10_000, 0), ("ack", 123, 45)]
+
+
+@pytest.mark.parametrize(("op", "done", "ignored"), SETTLED)
+def test_a_settle_answer_is_the_sorted_json_of_its_counts(op: str, done: int, ignored: int) -> None:
+    from mc0.broker.core.consumerstate import settled_body
+
+    assert settled_body(op, done, ignored) == json.dumps({op: done, "ignored": ignored}, sort_keys=True).encode()
+
+
+# (owner, topics, {seq: deliveries}): the saved state is built by hand; its bytes are the json.dumps form's
+STATES = [
+    ("", (">",), {}),
+    ("alice", ("jobs.>",), {1: 1}),
+    ('quo"te\\s', ("jobs.>", "a.*"), {5: 2, 3: 1, 900: 7}),
+    ("\u00e9l\u00e8ve", ("\u00e9t\u00e9.>",), {i: i % 5 + 1 for i in range(1, 101)}),
+]
+
+
+@pytest.mark.parametrize(("owner", "topics", "held"), STATES)
+def test_the_saved_state_is_the_compact_json_of_the_consumer(
+    owner: str, topics: tuple[str, ...], held: dict[int, int]
+) -> None:
+    from dataclasses import asdict
+
+    from mc0.broker.core.consumerstate import Consumer, ConsumerConfig, Held, consumer_of
+    from mc0.topics import split_pattern
+
+    store = MemoryStore("main", JournalSettings(topics=(">",)))
+    config = ConsumerConfig("main", "c", topics, ack_wait_ms=1234)
+    consumer = Consumer(config, store, tuple(split_pattern(t) for t in topics), 1000, owner)
+    for seq, deliveries in held.items():
+        consumer.held[seq] = Held(Delivery.PENDING, deliveries, 1.0)
+    for new_owner in (owner, "claimed"):  # the cached head follows a claim
+        consumer.owner = new_owner
+        expected = {
+            "config": asdict(config),
+            "owner": new_owner,
+            "cursor": 1000,
+            "held": {str(s): d for s, d in held.items()},
+        }
+        assert consumer.state() == json.dumps(expected, separators=(",", ":")).encode()
+        back = consumer_of(store, consumer.state())
+        assert (back.config, back.owner, back.cursor) == (config, new_owner, 1000)
+        assert {s: h.deliveries for s, h in back.held.items()} == held
+
+
+def test_an_answered_ack_saves_a_change_not_the_whole_state_and_a_restart_applies_it(bus: Bus) -> None:
+    from mc0.broker.core.consumerstate import MAX_CHANGES
+
+    bus.publish(MAX_CHANGES + 10)
+    bus.answer(b"a", {"op": "create", "ack_wait_ms": 60_000})
+    page(bus.answer(b"a", {"op": "pull", "max": MAX_CHANGES + 10}))
+    whole = bus.store.consumers["c"]  # the pull saved the whole state (cursor, every held seq)
+    assert bus.store.consumer_changes.get("c", []) == []
+    bus.answer(b"a", {"op": "ack", "seqs": [2]})
+    bus.answer(b"a", {"op": "term", "seqs": [3, 4, 999]})
+    bus.answer(b"a", {"op": "nak", "seqs": [5]})  # changes nothing saved: no record
+    bus.answer(b"a", {"op": "ack", "seqs": [2]})  # already settled: ignored, no record
+    assert bus.store.consumers["c"] == whole
+    assert bus.store.consumer_changes["c"] == [b'{"settled":[2]}', b'{"settled":[3,4]}']
+    again = Bus(bus.store)  # a restart: the whole state, then the changes in order
+    again.connect(b"a")
+    restored = again.core.consumers.consumers["main", "c"]
+    assert restored.changes_saved == 2  # the changes on disk count toward the next whole save
+    got = [seq for seq, _, _ in page(again.answer(b"a", {"op": "pull", "max": 1000}))]
+    assert got == [1, *range(5, MAX_CHANGES + 11)]
+    for seq in range(6, MAX_CHANGES + 6):  # MAX_CHANGES changes in a row (the pull saved it whole) ...
+        again.answer(b"a", {"op": "ack", "seqs": [seq]})
+    assert len(again.store.consumer_changes["c"]) == MAX_CHANGES
+    again.answer(b"a", {"op": "ack", "seqs": [MAX_CHANGES + 6]})  # ... then the whole state again
+    assert again.store.consumer_changes.get("c", []) == []
+    held = {str(s): 2 for s in (1, 5, *range(MAX_CHANGES + 7, MAX_CHANGES + 11))}  # redelivered after the restart
+    assert json.loads(again.store.consumers["c"])["held"] == held
+
+
+def test_after_a_failed_save_the_next_save_is_whole(bus: Bus) -> None:
+    bus.publish(3)
+    bus.answer(b"a", {"op": "create"})
+    page(bus.answer(b"a", {"op": "pull", "max": 3}))
+    bus.store.fail_writes = True
+    assert error_code(bus.answer(b"a", {"op": "ack", "seqs": [1]})) == 507
+    bus.store.fail_writes = False
+    assert body_of(bus.answer(b"a", {"op": "ack", "seqs": [2]})) == {"ack": 1, "ignored": 0}
+    assert bus.store.consumer_changes.get("c", []) == []  # whole: the failed change is in it
+    assert json.loads(bus.store.consumers["c"])["held"] == {"3": 1}
+
+
+# change records a restart cannot apply: the broker refuses to start, naming the consumer
+BAD_CHANGES = [b"{", b"[]", b'{"settled": 3}', b'{"settled": ["1"]}', b'{"settled": [1.5]}', b'{"acked": [1]}']
+
+
+@pytest.mark.parametrize("change", BAD_CHANGES)
+def test_an_unreadable_change_refuses_to_start_with_a_clear_error(bus: Bus, change: bytes) -> None:
+    from mc0.broker.storage.port import StateUnreadable
+
+    bus.answer(b"a", {"op": "create"})
+    bus.store.consumer_changes["c"] = [b'{"settled":[1]}', change]
+    with pytest.raises(StateUnreadable, match="journal main: consumer c: unreadable saved state"):
+        BrokerCore(journals=[bus.store])

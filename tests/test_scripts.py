@@ -184,3 +184,19 @@ def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(t
     ratios = json.loads(out.read_text())["ratios"]
     assert any(r["system"] == "mc0-aio" and r["baseline"] == "jetstream" for r in ratios)
     assert "lib consumer ack-batch" in md.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_core_acks_bench_smoke_run_acks_every_message_one_by_one() -> None:
+    """benchmarks/core_acks.py: the core over a file journal; its run asserts one answer per ack."""
+    root = SCRIPTS.parent
+    for page in ("100", "1000"):
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.core_acks", "--acks", "2000", "--page", page],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            cwd=root,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"{page} per pull" in result.stdout and "us of CPU per ack" in result.stdout

@@ -11,14 +11,13 @@ state, moved only by ``delivery_transition`` (one table, tested as one):
 ``max_deliver`` deliveries is dead-lettered (published on
 ``mc0.sys.dead.<journal>.<consumer>`` with the reason) and settled.
 
-Persistence goes through the :class:`~mc0.broker.storage.port.JournalStore` port
-(``save_consumer``/``load_consumers``): a changed consumer is saved at the
-core's ``commit``, and the answers to ack/nak/term/create/delete are held
-until it is, so an acknowledged ack survives kill -9.  What a restart loses
-is only *who* holds a delivery: messages delivered and not settled are due
-again at once, with their delivery counts.  The consumers of a journal
-JetStream keeps are JetStream's: their ops go to :mod:`.storeconsumers`.
-Pure: no sockets, no clock.
+Persistence goes through the :class:`~mc0.broker.storage.port.JournalStore` port: a
+changed consumer is saved at the core's ``commit`` (whole, or only the seqs acked and
+termed since: ``consumerstate.save``), and the answers to ack/nak/term/create/delete are
+held until it is, so an acknowledged ack survives kill -9.  What a restart loses is only
+*who* holds a delivery: messages delivered and not settled are due again at once, with
+their delivery counts.  The consumers of a journal JetStream keeps are JetStream's:
+their ops go to :mod:`.storeconsumers`.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -51,6 +50,8 @@ from .consumerstate import (
     delivery_transition,
     int_field,
     parse_config,
+    save,
+    settled_body,
 )
 from .peers import Out, Peer
 from .storeconsumers import StoreConsumers
@@ -90,7 +91,8 @@ class Consumers:
         self.max_per_identity = max_per_identity
         self.consumers: dict[tuple[str, str], Consumer] = {}
         self._owned: Counter[str] = Counter()  # consumers per owner identity (the quota)
-        self._dirty: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()  # to save whole
+        self._settled: set[tuple[str, str]] = set()  # only acked or termed since the last save
         self._deleted: set[tuple[str, str]] = set()
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
         self._held_answers: list[tuple[Peer, str, Out]] = []
@@ -98,14 +100,15 @@ class Consumers:
         # The consumers of JetStream journals, JetStream's (set when the broker joins a cluster).
         self.store: StoreConsumers | None = None
         for journal in journals.values():
+            changes = journal.load_consumer_changes()
             for name, raw in journal.load_consumers().items():
-                self._restore(journal, name, raw)
+                self._restore(journal, name, raw, changes.get(name, ()))
 
     # ------------------------------------------------------------ persistence
-    def _restore(self, journal: JournalStore, name: str, raw: bytes) -> None:
+    def _restore(self, journal: JournalStore, name: str, raw: bytes, changes: Sequence[bytes]) -> None:
         """A saved consumer back (over today's quotas too: they bound creation, never drop state)."""
         try:
-            consumer = consumer_of(journal, raw)
+            consumer = consumer_of(journal, raw, changes)
         except (ValueError, KeyError, TypeError, InvalidTopic) as exc:
             self.counters["consumer_state_unreadable"] += 1
             raise StateUnreadable(
@@ -117,7 +120,7 @@ class Consumers:
 
     @property
     def uncommitted(self) -> bool:
-        return bool(self._dirty or self._deleted or self._held_answers)
+        return bool(self._dirty or self._settled or self._deleted or self._held_answers)
 
     def commit(self) -> list[Out]:
         """Save what changed (through the port); the answers now due (507 for a consumer that could not save)."""
@@ -127,16 +130,17 @@ class Consumers:
                 self.journals[key[0]].save_consumer(key[1], None)
             except OSError as exc:
                 failed[key] = exc
-        for key in self._dirty:
+        for key in self._dirty | self._settled:
             consumer = self.consumers.get(key)
             if consumer is not None:
                 try:
-                    consumer.journal.save_consumer(key[1], consumer.state())
+                    save(consumer, key in self._dirty)
                 except OSError as exc:
                     failed[key] = exc
         if failed:
             self.counters["consumer_save_failed"] += len(failed)
         self._dirty.clear()
+        self._settled.clear()
         self._deleted.clear()
         answers, self._held_answers = self._held_answers, []
         if not failed:
@@ -319,14 +323,16 @@ class Consumers:
             done += 1
             if nxt is Delivery.SETTLED:
                 self._settle_seq(consumer, seq)
+                consumer.settled_unsaved.append(seq)
                 consumer.stats["acked" if op == "ack" else "termed"] += 1
             else:
                 held.state, held.due = nxt, now + delay
                 heapq.heappush(consumer.timers, (held.due, seq))
                 consumer.stats["naked"] += 1
-        if done:
-            self._dirty.add(consumer.key)
-        answer = self._final(client, rid, user, {op: done, "ignored": ignored})
+        if done and op != "nak":  # a nak changes nothing saved (a restart makes every held message due)
+            self._settled.add(consumer.key)
+        body = settled_body(op, done, ignored)
+        answer = (client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, [body]))
         if done:
             self._held_answers.append((client, rid, answer))  # released once the new state is saved
             return self._serve_waiting(consumer, now) if op == "nak" and not delay else []

@@ -15,13 +15,21 @@ owned by :class:`mc0.broker.storage.filestore.Journal`; the core never sees file
   the latest state is written to ``consumers/NAME.json`` atomically (write,
   rename; fsynced under ``always``) and the log starts over, so disk use stays
   bounded by a few snapshots per consumer.
-* ``load_all()`` returns each consumer's newest state: the log's last intact
-  record, else the snapshot.  A torn tail (a crash mid-write) fails its CRC
+* ``save_change(name, change)`` appends a *change* record: a change to the
+  state saved before it (the core's to define and to apply: an answered ack
+  saves the seqs it settled, not the whole state).  Compaction is looked at
+  only on a whole ``save``, so a change never lands in a snapshot.
+* ``load_saved()`` returns each consumer's newest whole state (the log's last
+  intact whole record, else the snapshot) and the intact changes after it, in
+  order; ``load_all()`` the whole states alone.  A torn tail (a crash mid-write) fails its CRC
   and is ignored: the previous state wins, so the last acks may be forgotten
   and those messages delivered again — at least once, never lost.
 * ``save(name, None)`` removes both files and closes the log.
 
-Record framing (little endian): ``u32 length, u32 crc32(state), state``.
+Record framing (little endian): ``u32 length, u32 crc32(state), state``; a
+change record's length has its top bit set (``CHANGE_FLAG``), so a broker that
+predates changes reads one as a torn record and starts from the state before it
+(its acks come again: at least once).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ COMPACT_MIN_BYTES = 1 << 20  # a log this long (or COMPACT_RATIO states) becomes
 COMPACT_RATIO = 64
 MAX_OPEN_LOGS = 32  # log descriptors kept open per journal (least recently saved closed first)
 _FRAME = struct.Struct("<II")
+CHANGE_FLAG = 1 << 31  # in a record's length: a change to the state before it, not a whole state
 
 
 class ConsumerFiles:
@@ -53,40 +62,48 @@ class ConsumerFiles:
         self._intact: set[str] = set()  # logs whose tail was checked (and cut if torn) since start
 
     def load_all(self) -> dict[str, bytes]:
-        """Each consumer's newest saved state (name -> bytes); leftovers of an interrupted save ignored."""
+        """Each consumer's newest whole state (name -> bytes), the changes saved after it not applied."""
+        return {name: whole for name, (whole, _) in self.load_saved().items()}
+
+    def load_saved(self) -> dict[str, tuple[bytes, list[bytes]]]:
+        """Each consumer's newest whole state and the changes saved after it, in order (name ->
+        (state, changes)); leftovers of an interrupted save ignored."""
         if not self.folder.is_dir():
             return {}
         names = {p.name[: -len(SNAPSHOT_SUFFIX)] for p in self.folder.glob("*" + SNAPSHOT_SUFFIX)}
         names |= {p.name[: -len(LOG_SUFFIX)] for p in self.folder.glob("*" + LOG_SUFFIX)}
         states = {}
         for name in sorted(n for n in names if not n.startswith(".")):
-            state = self._last_logged(name)
+            state, changes, _ = self._scan(name)
             snapshot = self.folder / (name + SNAPSHOT_SUFFIX)
             if state is None and snapshot.exists():
                 state = snapshot.read_bytes()
             if state is not None:
-                states[name] = state
+                states[name] = (state, changes)
         return states
 
-    def _last_logged(self, name: str) -> bytes | None:
-        return self._scan(name)[0]
-
-    def _scan(self, name: str) -> tuple[bytes | None, int]:
-        """(the log's last intact state, where the intact records end)."""
+    def _scan(self, name: str) -> tuple[bytes | None, list[bytes], int]:
+        """(the log's last intact whole state, the intact changes after it, where the intact records end)."""
         path = self.folder / (name + LOG_SUFFIX)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return None, 0
-        last, pos = None, 0
+            return None, [], 0
+        last: bytes | None = None
+        changes: list[bytes] = []
+        pos = 0
         while pos + _FRAME.size <= len(data):
             length, crc = _FRAME.unpack_from(data, pos)
-            end = pos + _FRAME.size + length
+            end = pos + _FRAME.size + (length & ~CHANGE_FLAG)
             if end > len(data) or zlib.crc32(data[pos + _FRAME.size : end]) != crc:
                 log.warning("consumer state log %s: torn or corrupt record at byte %d ignored", path, pos)
                 break
-            last, pos = data[pos + _FRAME.size : end], end
-        return last, pos
+            if length & CHANGE_FLAG:
+                changes.append(data[pos + _FRAME.size : end])
+            else:
+                last, changes = data[pos + _FRAME.size : end], []
+            pos = end
+        return last, changes, pos
 
     def save(self, name: str, state: bytes | None) -> None:
         if state is None:
@@ -97,15 +114,25 @@ class ConsumerFiles:
             if self.sync:
                 fsync_dir(self.folder)
             return
+        size = self._append(name, _FRAME.pack(len(state), zlib.crc32(state)) + state)
+        if size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * len(state)):
+            self._compact(name, state)
+
+    def save_change(self, name: str, change: bytes) -> None:
+        """Append a change to the state saved before it (one write; fsynced under ``always``)."""
+        if len(change) >= CHANGE_FLAG:
+            raise ValueError(f"a change of {len(change)} bytes")
+        self._append(name, _FRAME.pack(len(change) | CHANGE_FLAG, zlib.crc32(change)) + change)
+
+    def _append(self, name: str, record: bytes) -> int:
+        """Append one framed record to the log; the log's size after it."""
         fd, size = self._log(name)
-        record = _FRAME.pack(len(state), zlib.crc32(state)) + state
         os.write(fd, record)
         if self.sync:
             os.fsync(fd)
         size += len(record)
         self._logs[name] = (fd, size)
-        if size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * len(state)):
-            self._compact(name, state)
+        return size
 
     def _log(self, name: str) -> tuple[int, int]:
         held = self._logs.get(name)
@@ -120,7 +147,7 @@ class ConsumerFiles:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         size = os.fstat(fd).st_size
         if name not in self._intact:  # once per start: a log reopened later was written whole by us
-            _, intact = self._scan(name)
+            _, _, intact = self._scan(name)
             if size > intact:  # a torn tail (a crash mid-write): cut it, or what follows would never be read
                 os.ftruncate(fd, intact)
                 size = intact

@@ -557,6 +557,13 @@ class Journal:
         ``always``, the last acks may be forgotten: those messages are delivered again, never lost."""
         self._consumer_files.save(name, state)
 
+    def load_consumer_changes(self) -> dict[str, list[bytes]]:
+        return {name: changes for name, (_, changes) in self._consumer_files.load_saved().items() if changes}
+
+    def save_consumer_change(self, name: str, change: bytes) -> None:
+        """Append a change to the consumer's log (one write; fsynced only under ``fsync = "always"``)."""
+        self._consumer_files.save_change(name, change)
+
     def info(self) -> dict[str, object]:
         return {
             "first_seq": self.first_seq,

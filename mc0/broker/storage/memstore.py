@@ -36,6 +36,7 @@ class MemoryStore:
         self.fail_writes = False
         self.commits = 0
         self.consumers: dict[str, bytes] = {}
+        self.consumer_changes: dict[str, list[bytes]] = {}  # saved after each one's state, in order
         self.floor: int | None = None  # retain_from
 
     @property
@@ -168,10 +169,19 @@ class MemoryStore:
     def save_consumer(self, name: str, state: bytes | None) -> None:
         if self.fail_writes:
             raise OSError(28, "No space left on device")
+        self.consumer_changes.pop(name, None)
         if state is None:
             self.consumers.pop(name, None)
         else:
             self.consumers[name] = state
+
+    def load_consumer_changes(self) -> dict[str, list[bytes]]:
+        return {name: list(changes) for name, changes in self.consumer_changes.items()}
+
+    def save_consumer_change(self, name: str, change: bytes) -> None:
+        if self.fail_writes:
+            raise OSError(28, "No space left on device")
+        self.consumer_changes.setdefault(name, []).append(change)
 
 
 class MemoryReplicatedStore(MemoryStore):

@@ -116,6 +116,17 @@ class JournalStore(Hashable, Protocol):
         returns (and across losing the machine under ``fsync = "always"``).  OSError on a disk error."""
         ...
 
+    def load_consumer_changes(self) -> dict[str, list[bytes]]:
+        """The changes ``save_consumer_change`` stored after each consumer's state that
+        ``load_consumers`` returns, in order (a consumer without any: absent or empty)."""
+        ...
+
+    def save_consumer_change(self, name: str, change: bytes) -> None:
+        """Store a change to the consumer's state saved before it (the core defines and applies
+        changes; the store keeps them in order after that state, until the next ``save_consumer``);
+        kept as ``save_consumer`` keeps a state.  OSError on a disk error."""
+        ...
+
 
 class ReplicatedStore(JournalStore, Protocol):
     """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""

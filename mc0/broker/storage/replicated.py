@@ -217,6 +217,12 @@ class ReplicatedJournal:
     def save_consumer(self, name: str, state: bytes | None) -> None:
         raise TypeError(f"journal {self.name} is kept by JetStream: its consumers are JetStream's")
 
+    def load_consumer_changes(self) -> dict[str, list[bytes]]:
+        return {}  # JetStream keeps them
+
+    def save_consumer_change(self, name: str, change: bytes) -> None:
+        raise TypeError(f"journal {self.name} is kept by JetStream: its consumers are JetStream's")
+
     # ------------------------------------------------------------ filled by the shell
     def acknowledged(self, seq: int) -> None:
         """The stream acknowledged a record at ``seq`` (readers may ask for it: the copy will follow)."""
