@@ -77,16 +77,16 @@ def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[s
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     out = []
     built = []
-    for folder, _, files in os.walk(here):
+    for directory, _, files in os.walk(here):
         for file in files:
             if not file.endswith(suffixes):
                 continue
             stem = file.split(".", 1)[0]
-            relative = os.path.relpath(os.path.join(folder, stem), here)
+            relative = os.path.relpath(os.path.join(directory, stem), here)
             name = ".".join(("mc0", *relative.split(os.sep)))
             try:
-                newer = os.path.getmtime(os.path.join(folder, stem + ".py")) > os.path.getmtime(
-                    os.path.join(folder, file)
+                newer = os.path.getmtime(os.path.join(directory, stem + ".py")) > os.path.getmtime(
+                    os.path.join(directory, file)
                 )
             except OSError:
                 continue  # no source beside it: not one of ours
