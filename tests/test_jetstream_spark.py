@@ -18,10 +18,11 @@ from mc0.natsproc import NatsCluster
 from mc0.spark.options import ReadSettings
 
 from .clusterbus import ClusterBus
+from .conftest import require
 from .test_jetstream_live import confirmed, journal, until
 
-pyarrow = pytest.importorskip("pyarrow")
-source = pytest.importorskip("mc0.spark.source")
+pyarrow = require("pyarrow")  # (never a skip: a missing one fails naming its install)
+source = require("mc0.spark.source")
 pytestmark = pytest.mark.timeout(180)
 
 RECORDS = 12_000

@@ -19,11 +19,12 @@ import mc0
 from mc0.natsproc import NatsCluster
 
 from .clusterbus import ClusterBus
+from .conftest import require
 from .sparkcluster import SparkStandalone
 from .test_jetstream_live import confirmed, journal, until
 from .test_pipeline import generate, read_table
 
-pytest.importorskip("pyspark")
+require("pyspark")  # (never a skip: a missing pyspark fails naming its install)
 pytestmark = [pytest.mark.timeout(480), pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parent.parent
