@@ -15,11 +15,8 @@ functions.  scripts/profile_acks.py profiles the same over sockets.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
-import pstats
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,16 +28,10 @@ from mc0.broker.storage.filestore import Journal
 from mc0.protocol import batch
 from mc0.settings import JournalSettings
 
+from .core_rpc import measure, taken
+
 CLIENT = b"client"
 PAGE = 100
-
-
-def _taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
-    blobs = []
-    while (message := outbox.next_message(routing_id)) is not None:
-        blobs.append(message[-1])
-        outbox.sent(routing_id)
-    return blobs
 
 
 class Rig:
@@ -65,7 +56,7 @@ class Rig:
         core, now = self.core, self.now
         self.delivery.apply(core.handle(CLIENT, frames, now, fd=6), now)
         self.delivery.apply(core.commit(), now)
-        return _taken(self.outbox, CLIENT)
+        return taken(self.outbox, CLIENT)
 
     def ask(self, query: dict[str, object]) -> list[bytes]:
         self.rid += 1
@@ -96,21 +87,6 @@ def ack_each(folder: Path, acks: int, page: int = PAGE) -> Callable[[], int]:
     return run
 
 
-def measure(name: str, run: Callable[[], int], profile: bool) -> None:
-    run()  # warm the caches
-    profiler = cProfile.Profile() if profile else None
-    started = time.process_time()
-    if profiler is not None:
-        profiler.enable()
-    count = run()
-    if profiler is not None:
-        profiler.disable()
-    spent = time.process_time() - started
-    print(f"{name:<40} {spent / count * 1e6:6.2f} us of CPU per ack")
-    if profiler is not None:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--acks", type=int, default=20_000)
@@ -119,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mc0-core-acks-") as folder:
         run = ack_each(Path(folder), args.acks, args.page)
-        measure(f"answered ack, one per request, {args.page} per pull", run, args.profile)
+        measure(f"answered ack, one per request, {args.page} per pull", run, "ack", args.profile)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def _connect(core: BrokerCore, delivery: Delivery, routing_id: bytes, now: float
     delivery.apply(core.handle(routing_id, frames, now, fd=len(routing_id)), now)
 
 
-def _taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
+def taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
     """Everything queued for ``routing_id``, as the shell's flush would take it: the batches' blobs."""
     blobs = []
     while (message := outbox.next_message(routing_id)) is not None:
@@ -57,7 +57,7 @@ def setup(workers_capacity: int) -> tuple[BrokerCore, Delivery, Outbox]:
     ready = [b"READY", b"CAPACITY", str(workers_capacity).encode(), b"ID", b"r", b"", SERVICE]
     delivery.apply(core.handle(b"worker", ready, now, fd=len(b"worker")), now)
     for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
-        _taken(outbox, routing_id)
+        taken(outbox, routing_id)
     return core, delivery, outbox
 
 
@@ -76,13 +76,13 @@ def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
                 records.append(batch.call_record(SERVICE, str(seq[0]).encode(), 30_000, body))
             delivery.apply(core.handle(b"client", batch.batch_frames(b"".join(records)), now, fd=6), now)
             finals = []
-            for blob in _taken(outbox, b"worker"):
+            for blob in taken(outbox, b"worker"):
                 for code, start, end in batch.records(blob):
                     assert code == batch.WORK
                     _, bid, _, _, data = batch.work_fields(blob, start, end)
                     finals.append(batch.reply_record(True, bid.encode(), bytes(data)))
             delivery.apply(core.handle(b"worker", batch.batch_frames(b"".join(finals)), now, fd=6), now)
-            answered = sum(1 for blob in _taken(outbox, b"client") for _ in batch.records(blob))
+            answered = sum(1 for blob in taken(outbox, b"client") for _ in batch.records(blob))
             assert answered == window, answered
             done += window
             now += 0.0001
@@ -99,7 +99,7 @@ def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None
     sub = [b"SUB", b"ID", b"s"] + ([b"GROUP", group] if group is not None else []) + [b"", b"bench.lib"]
     for routing_id in subs:
         delivery.apply(core.handle(routing_id, sub, 1.0, fd=len(routing_id)), 1.0)
-        _taken(outbox, routing_id)
+        taken(outbox, routing_id)
     record = batch.put_record(b"bench.lib", b"x" * 100)
     blob = record * window
 
@@ -112,7 +112,7 @@ def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None
         while done < messages:
             delivery.apply(core.handle(b"pub", batch.batch_frames(blob), now, fd=3), now)
             for routing_id in subs:
-                _taken(outbox, routing_id)
+                taken(outbox, routing_id)
             done += window
         assert core.counters["delivered"] - delivered == done * copies
         return done

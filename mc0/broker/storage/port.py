@@ -142,8 +142,8 @@ class ReplicatedStore(JournalStore, Protocol):
         origin: str,
     ) -> int:
         """Queue a record for the store (sent at ``commit``); returns its token, which the outcome
-        names.  ``msgid``: the store's dedup id (None: the store gets one that only dedups its own
-        retries); ``origin``: who published it (``mc0.protocol.jetstream.origin``)."""
+        names.  ``msgid``: the store's dedup id (None: none; such a record is never sent twice, so
+        after a failover before its acknowledgement its outcome is unknown: 504); ``origin``: who published it (``mc0.protocol.jetstream.origin``)."""
         ...
 
     def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
