@@ -14,6 +14,17 @@ import mc0
 from mc0.natsproc import NatsCluster
 from mc0.process import BrokerProcess
 
+
+def until(condition: Any, timeout: float = 10.0, what: str = "condition") -> float:
+    """Poll ``condition`` every 20 ms for at most ``timeout`` s; the seconds it took."""
+    started = time.monotonic()
+    for _ in range(int(timeout / 0.02) + 1):
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout} s")
+
+
 HELLO_MS = 100  # beacons: a broker gone is noticed after ROUTE_LIVENESS of them
 ROUTE_LIVENESS = 4
 

@@ -20,7 +20,7 @@ import pytest
 import mc0
 from mc0.natsproc import NatsCluster
 
-from .clusterbus import HELLO_MS, ROUTE_LIVENESS, ClusterBus, nats_cluster
+from .clusterbus import HELLO_MS, ROUTE_LIVENESS, ClusterBus, nats_cluster, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,15 +50,6 @@ def drain(sub: Any, want: int, *, timeout: float = 15.0) -> list[mc0.Message]:
         except mc0.Timeout:
             continue
     return got
-
-
-def until(condition: Any, timeout: float = 10.0, what: str = "condition") -> float:
-    started = time.monotonic()
-    for _ in range(int(timeout / 0.02) + 1):
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 # ---------------------------------------------------------------- pub/sub

@@ -18,6 +18,7 @@ import mc0
 from mc0.natsproc import NatsCluster
 
 from .clusterbus import ClusterBus, nats_cluster
+from .clusterbus import until as poll_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,12 +59,7 @@ def fetch_all(client: mc0.Client, name: str, *, from_seq: int = 1) -> list[mc0.R
 
 
 def until(condition: Any, timeout: float = 15.0, what: str = "condition") -> float:
-    started = time.monotonic()
-    for _ in range(int(timeout / 0.02) + 1):
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not met within {timeout} s")
+    return poll_until(condition, timeout, what)  # (the JetStream tests wait longer by default)
 
 
 @pytest.fixture(scope="module")
