@@ -28,6 +28,7 @@ import zmq
 
 from ..errors import ConfigError
 from ..message import Record
+from ..protocol import batch
 from ..protocol import routes as route_wire
 from ..settings import Config
 from .cluster.link import ClusterLink, Hello, Inbound, LinkChange, RouteBlob
@@ -197,7 +198,7 @@ class ClusterListener:
         """What is queued for a route: one NATS message per BATCH (a route is a batched peer)."""
         name = routing_id[len(ROUTE_PREFIX) :].decode()
         while (message := outbox.next_message(routing_id)) is not None:
-            blob = message[2] if len(message) == 3 and message[0] == b"BATCH" else None
+            blob = message[2] if len(message) == 3 and message[0] == batch.BATCH else None
             if blob is None:  # (never: a route's queue is batched) counted, not sent raw over NATS
                 core.counters["route_unbatched_dropped"] += 1
             else:
