@@ -435,3 +435,34 @@ def test_the_cluster_demo_runs_end_to_end_and_exits_zero(tmp_path: Path) -> None
     ):
         assert step in result.stdout, (step, result.stdout)
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("joined", "health"),
+    [(False, {"status": "degraded", "reason": "NATS unreachable"}), (True, {"status": "ok"})],
+)
+def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is_unreachable(
+    nats: NatsCluster, joined: bool, health: dict[str, str]
+) -> None:
+    import socket
+    import urllib.request
+
+    from mc0.process import BrokerProcess
+
+    def page(port: int, path: str) -> tuple[int, dict[str, Any]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    url = nats.urls()[0] if joined else f"nats://127.0.0.1:{free_port()}"  # (nothing listens there)
+    http = free_port()
+    name = "joined" if joined else "lone"
+    with BrokerProcess("--http", f"127.0.0.1:{http}", "--cluster", url, "--name", name, insecure=True):
+        until(lambda: page(http, "/varz")[1]["cluster"]["nats_connected"] == joined, 10, "the cluster in /varz")
+        status, varz = page(http, "/varz")
+        assert status == 200 and varz["cluster"]["name"] == name and "brokers" in varz["cluster"]
+        assert page(http, "/healthz") == (200, health)  # cut off, it still serves its own peers: 200
