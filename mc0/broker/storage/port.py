@@ -143,7 +143,8 @@ class ReplicatedStore(JournalStore, Protocol):
     ) -> int:
         """Queue a record for the store (sent at ``commit``); returns its token, which the outcome
         names.  ``msgid``: the store's dedup id (None: none; such a record is never sent twice, so
-        after a failover before its acknowledgement its outcome is unknown: 504); ``origin``: who published it (``mc0.protocol.jetstream.origin``)."""
+        after a failover before its acknowledgement its outcome is unknown: 504); ``origin``: who
+        published it (``mc0.protocol.jetstream.origin``)."""
         ...
 
     def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
