@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 
 from mc0 import keys as keyfiles
+from mc0 import ports
 
 CTX = multiprocessing.get_context("spawn")
 BODY = 100
@@ -115,9 +116,7 @@ class Options:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 # ============================================================== CURVE keys

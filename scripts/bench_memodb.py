@@ -9,7 +9,6 @@ baseline on the same broker.  Loopback only; every wait is bounded.
 
 from __future__ import annotations
 
-import socket
 import sys
 import tempfile
 import threading
@@ -21,6 +20,7 @@ import cbor2
 import pynng
 
 import mc0
+from mc0 import ports
 from mc0.process import BrokerProcess
 
 READY, JOB, RESULT, HEARTBEAT = 1, 2, 3, 4
@@ -69,9 +69,7 @@ def rate(label: str, calls: int, call: Any) -> None:
 
 def main() -> None:
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = ports.free_port()
     folder = Path(tempfile.mkdtemp())
     config = folder / "mc0.toml"
     config.write_text(

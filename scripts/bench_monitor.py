@@ -9,20 +9,18 @@ python scripts/bench_monitor.py --runs 3 --count 100000
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 import mc0
+from mc0 import ports
 from mc0.process import BrokerProcess
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 SCRAPER = """

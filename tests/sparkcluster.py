@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from mc0.natsproc import free_ports
+from mc0.ports import free_ports
 
 MASTER_READY = "New state: ALIVE"
 WORKER_READY = "Successfully registered with master"

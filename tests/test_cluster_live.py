@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import mc0
+from mc0 import ports
 from mc0.natsproc import NatsCluster
 
 from .clusterbus import HELLO_MS, ROUTE_LIVENESS, ClusterBus, nats_cluster, until
@@ -444,7 +445,6 @@ def test_the_cluster_demo_runs_end_to_end_and_exits_zero(tmp_path: Path) -> None
 def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is_unreachable(
     nats: NatsCluster, joined: bool, health: dict[str, str]
 ) -> None:
-    import socket
     import urllib.request
 
     from mc0.process import BrokerProcess
@@ -453,13 +453,8 @@ def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
             return answer.status, json.loads(answer.read())
 
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return int(probe.getsockname()[1])
-
-    url = nats.urls()[0] if joined else f"nats://127.0.0.1:{free_port()}"  # (nothing listens there)
-    http = free_port()
+    url = nats.urls()[0] if joined else f"nats://127.0.0.1:{ports.free_port()}"  # (nothing listens there)
+    http = ports.free_port()
     name = "joined" if joined else "lone"
     with BrokerProcess("--http", f"127.0.0.1:{http}", "--cluster", url, "--name", name, insecure=True):
         until(lambda: page(http, "/varz")[1]["cluster"]["nats_connected"] == joined, 10, "the cluster in /varz")

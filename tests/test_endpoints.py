@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import mc0
+from mc0 import ports
 from mc0.endpoints import check_endpoint, diagnose
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
@@ -70,9 +71,7 @@ def test_diagnose(events: list[str], connected: bool, verdict: str | None) -> No
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 @live

@@ -23,6 +23,7 @@ import pytest
 import mc0
 import mc0.aio
 from mc0 import config as cfg
+from mc0 import ports
 from mc0.endpoints import failover_order, none_answered, parse_endpoints
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
@@ -37,9 +38,7 @@ A, B, C = "tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002", "tcp://127.0.0.1:1003"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 # ---------------------------------------------------------------- lists: tables of literal cases

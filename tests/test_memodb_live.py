@@ -6,7 +6,6 @@ restart, a malformed table after which everyone is still answered, and --check-c
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pynng
 import pytest
 
 import mc0
+from mc0 import ports
 from mc0 import protocol as P
 from mc0.process import BrokerProcess
 
@@ -36,9 +36,7 @@ def split(data: bytes) -> tuple[list[Any], bytes]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 class Memo:

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import mc0
+from mc0 import ports
 from mc0.broker.core.histogram import Histogram
 from mc0.broker.monitoring.httpd import parse_listen
 from mc0.errors import ConfigError
@@ -85,9 +86,7 @@ def test_parse_listen(text: str, expected: tuple[str, int] | str) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
 def _get(url: str) -> tuple[int, str, str]:
