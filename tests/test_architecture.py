@@ -25,6 +25,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "mc0.permissions",
         "mc0.security",
         "mc0.process",
+        "mc0.ports",
         "mc0.natsproc",
         "mc0.deadlines",
         "mc0.native",
