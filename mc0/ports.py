@@ -11,7 +11,10 @@ port (nats-server nodes dial each other's routes while they start).  Ports
 here come from below the ephemeral range, which the kernel never hands out
 by itself, and a ledger under a file lock keeps concurrent callers (pytest-
 xdist workers, benchmarks) from picking the same one.  Cost: one flock and
-a small JSON file read and written per call.
+a small JSON file read and written per call.  The ledger lives in a private
+folder of the user's in the temp folder; if that name is taken by anything
+else (a symlink, someone else's folder), or the kernel leaves no room below
+its ephemeral range, ports come from ``bind(0)`` as before.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import random
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,16 +44,23 @@ def _ephemeral_range() -> tuple[int, int]:
         return EPHEMERAL_FALLBACK
 
 
-def _ledger_dir() -> Path:
+def _ledger_dir() -> Path | None:
+    """The ledger's folder; None when the shared temp folder holds something else under its name
+    (a symlink or another user's folder: the ledger is never written where someone else points it)."""
     folder = Path(tempfile.gettempdir()) / f"mc0-ports-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        return None
     return folder
 
 
 @contextlib.contextmanager
-def _ledger() -> Iterator[dict[str, float]]:
+def _ledger(folder: Path) -> Iterator[dict[str, float]]:
     """The leases (port -> expiry, wall clock: shared across processes), read and written under one flock."""
-    folder = _ledger_dir()
     with open(folder / "lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -97,10 +108,13 @@ def free_ports(count: int) -> list[int]:
         raise ValueError(f"count must be at least 1, not {count}")
     low, _ = _ephemeral_range()
     top = low - 1
-    if top - LOWEST < 1000:  # an unusual kernel setting leaves no room: fall back rather than fail
+    folder = _ledger_dir()
+    # An unusual kernel setting leaves no room, or there is no private folder for the ledger:
+    # fall back rather than fail.
+    if top - LOWEST < 1000 or folder is None:
         return _kernel_ports(count)
     chosen: list[int] = []
-    with _ledger() as leases:
+    with _ledger(folder) as leases:
         span = top - LOWEST + 1
         start = random.randrange(span)  # different callers start at different places: fewer probes
         for step in range(span):

@@ -85,4 +85,27 @@ def test_no_room_below_the_ephemeral_range_falls_back_to_the_kernel(monkeypatch:
 
 
 def test_the_shared_ledger_folder_is_private() -> None:
-    assert ports._ledger_dir().stat().st_mode & 0o077 == 0
+    folder = ports._ledger_dir()
+    assert folder is not None
+    assert folder.stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open folder", "file"])
+def test_a_ledger_folder_planted_by_someone_else_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str
+) -> None:
+    monkeypatch.setattr(ports.tempfile, "gettempdir", lambda: str(tmp_path))
+    name = tmp_path / f"mc0-ports-{ports.os.getuid()}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if planted == "symlink":
+        name.symlink_to(elsewhere)
+    elif planted == "open folder":
+        name.mkdir()
+        name.chmod(0o777)
+    else:
+        name.write_text("")
+    assert ports._ledger_dir() is None
+    assert len(set(ports.free_ports(3))) == 3  # the kernel's ports, as when there is no room
+    assert list(elsewhere.iterdir()) == []
+    assert planted != "open folder" or list(name.iterdir()) == []
