@@ -461,3 +461,73 @@ def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is
         status, varz = page(http, "/varz")
         assert status == 200 and varz["cluster"]["name"] == name and "brokers" in varz["cluster"]
         assert page(http, "/healthz") == (200, health)  # cut off, it still serves its own peers: 200
+
+
+def test_route_traffic_a_stalled_broker_loop_cannot_take_is_bounded_then_reported_for_a_resync(
+    nats: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster link on real nats-server nodes, its broker loop taking nothing while another broker
+    floods its inbox: what waits for the loop stays within the credit budget and nats-py's pending
+    bounds (not the whole flood); the rest is dropped and counted, and once the loop takes what was
+    kept, every message kept arrives once, in order, followed by one report of the drops."""
+    import os
+
+    import zmq
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import link as links
+    from mc0.protocol import routes as route_wire
+    from mc0.settings import ClusterConfig
+
+    budget, size, count = 1 << 20, 64 * 1024, 400  # 25 MiB sent at a loop that takes 1 MiB + 2 MiB
+    monkeypatch.setattr(links, "ROUTE_PENDING_BYTES", 2 << 20)
+    name = f"flooded{os.getpid()}"
+    link = links.ClusterLink(ClusterConfig(nats=(nats.url(0),), hello_ms=1000))
+    context = zmq.Context()
+    try:
+        link.start(context, name)
+        until(lambda: link.connected and link.poster is not None, what="the link joined")
+        assert link.poster is not None
+        poster = link.poster
+        poster.budget = budget
+
+        async def flood() -> None:
+            nc = Nats()
+            await nc.connect(servers=[nats.url(1)], connect_timeout=5)
+            try:
+                for i in range(count):
+                    blob = i.to_bytes(4, "big") * (size // 4)
+                    await nc.publish(route_wire.inbox(name), route_wire.route_message("flooder", 7, blob))
+                await nc.flush()
+            finally:
+                await nc.close()
+
+        asyncio.run(flood())
+        until(lambda: link.counters["route_dropped"] > 0, timeout=20.0, what="drops past the bounds")
+        peak = poster.backlog
+        assert peak <= budget + size + 4096  # the budget, then one message that was waiting for it
+        assert link.counters["route_credit_waits"] >= 1
+        kept: list[int] = []
+        reports: list[int] = []
+        order: list[str] = []
+
+        def take() -> bool:
+            for item in link.receive():
+                if isinstance(item, links.RouteBlob):
+                    assert (item.name, item.epoch) == ("flooder", 7)
+                    kept.append(int.from_bytes(item.blob[:4], "big"))
+                    order.append("route")
+                elif isinstance(item, links.RoutesDropped):
+                    reports.append(item.count)
+                    order.append("dropped")
+            return len(kept) + sum(reports) >= count
+
+        until(take, timeout=30.0, what="every message kept or reported dropped")
+        assert kept == sorted(set(kept)) and kept[0] == 0  # once each, in order
+        assert sum(reports) == link.counters["route_dropped"] == count - len(kept)
+        assert order[-1] == "dropped"  # reported after everything received before the drops
+        assert poster.backlog == 0
+        assert link.counters["received"] == len(kept)
+    finally:
+        link.close()
+        context.term()

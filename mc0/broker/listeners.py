@@ -31,7 +31,7 @@ from ..message import Record
 from ..protocol import batch
 from ..protocol import routes as route_wire
 from ..settings import Config
-from .cluster.link import ClusterLink, Hello, Inbound, LinkChange, RouteBlob
+from .cluster.link import ClusterLink, Hello, Inbound, LinkChange, RouteBlob, RoutesDropped
 from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
 from .core import fromstore, routed
 from .core.dispatch import BrokerCore, Out
@@ -152,6 +152,8 @@ class ClusterListener:
             out += routed.hello(core, item.name, item.epoch, now)
         elif isinstance(item, LinkChange) and not item.up:
             out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+        elif isinstance(item, RoutesDropped):
+            out += routed.reopen(core, now)  # (the link counted and logged the drops)
         elif isinstance(item, Records):
             out += self._arrived(core, item, now)
         elif isinstance(item, Acks):

@@ -15,11 +15,12 @@ consumer from the next seq wanted: nothing is skipped, nothing handed twice
 
 Credit: what a feed posts is counted by the link's :class:`Poster` (bytes of
 ``Records`` posted and not yet taken by the broker loop, every journal's
-together).  The consumer's flow-control requests (and a stalled heartbeat's)
-are answered only while that backlog is below ``FEED_BUDGET_BYTES``, so
-JetStream stops sending when the broker loop (its disk) falls behind, not
-when the link thread does: what waits in the inproc pipe stays within the
-budget plus one flow-control window of JetStream (a few MiB).
+together, and the route traffic the link posts beside them).  The
+consumer's flow-control requests (and a stalled heartbeat's) are answered
+only while that backlog is below ``FEED_BUDGET_BYTES``, so JetStream stops
+sending when the broker loop (its disk) falls behind, not when the link
+thread does: what waits in the inproc pipe stays within the budget plus one
+flow-control window of JetStream (a few MiB).
 """
 
 from __future__ import annotations
@@ -45,25 +46,33 @@ CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
 
 
 class Poster:
-    """The link thread's ``post`` to the broker loop, counting the bytes of ``Records`` messages in the
-    pipe: added here when posted (link thread), taken off by ``consumed`` (the loop, as it receives
-    them).  Thread-safe; ``send`` never blocks."""
+    """The link thread's ``post`` to the broker loop, counting the bytes of the bulky messages in the
+    pipe (``Records``, and the kinds named in ``counted``: route traffic): added here when posted
+    (link thread), taken off by ``consumed`` (the loop, as it receives them).  Thread-safe; ``send``
+    never blocks."""
 
-    def __init__(self, send: Callable[[Sequence[bytes]], None], budget: int = FEED_BUDGET_BYTES) -> None:
+    def __init__(
+        self,
+        send: Callable[[Sequence[bytes]], None],
+        budget: int = FEED_BUDGET_BYTES,
+        *,
+        counted: frozenset[bytes] = frozenset(),
+    ) -> None:
         self._send = send
         self.budget = budget
+        self.counted = counted | {RECORDS}
         self._lock = threading.Lock()
         self._backlog = 0
 
     def __call__(self, frames: Sequence[bytes]) -> None:
-        if frames[0] == RECORDS:
+        if frames[0] in self.counted:
             size = sum(len(f) for f in frames)
             with self._lock:
                 self._backlog += size
         self._send(frames)
 
     def consumed(self, size: int) -> None:
-        """The loop took a Records message of ``size`` bytes (all its frames) off the pipe."""
+        """The loop took a counted message of ``size`` bytes (all its frames) off the pipe."""
         with self._lock:
             self._backlog = max(0, self._backlog - size)
 

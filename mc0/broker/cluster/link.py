@@ -11,12 +11,18 @@ and calls :meth:`receive`, which returns what arrived in order:
 - ``Hello(name, epoch)``: another broker's beacon;
 - ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);
 - ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now);
+- ``RoutesDropped(count)``: route traffic to this broker was dropped (the loop fell
+  behind by more than the bounds below): every route is opened afresh;
 - what the JetStream part reports (:mod:`.jetstream`: ``Acks``, ``Failed``,
   ``StreamState``, ``Records``, ``Answer``), when journals are kept by JetStream.
 
-Records taken by :meth:`receive` are handed back as credit to the feeds
+Records and route traffic taken by :meth:`receive` are handed back as credit
 (:class:`.feed.Poster`): the caller handles them before it calls again, so
 at most one call's worth is in its hands beyond what the budget counts.
+While the budget is spent, route messages wait in nats-py's subscription
+(``ROUTE_PENDING_BYTES``, ``ROUTE_PENDING_MSGS``); past that nats-py drops
+them, counted (``route_dropped``) and reported as ``RoutesDropped``, so the
+memory a flood of route traffic can take is bounded whatever the loop does.
 
 :meth:`send` hands one route's blob to the thread (one NATS message each);
 :meth:`publish` a JetStream journal's proposals, :meth:`call` a store call.
@@ -66,13 +72,17 @@ log = logging.getLogger("mc0.broker")
 RETRY_S = 1.0  # between initial connection attempts while no NATS server answers
 CONNECT_TIMEOUT_S = 2.0
 CLOSE_FLUSH_S = 1.0
-# Route traffic arrives in batches: a broker that cannot keep up must not be cut off by
-# its own client library (nats-py's default pending limit is 512k messages / 128 MiB).
-PENDING_MSGS = 1 << 20
-PENDING_BYTES = 512 * 1024 * 1024
+# Route traffic the broker loop has not taken is bounded twice: in the pipe to the loop by the
+# Poster's budget (``on_route`` waits for credit), and behind it in nats-py's subscription by these.
+# Past them nats-py drops (NATS core is at most once) and the loop resyncs every route (RoutesDropped).
+ROUTE_PENDING_MSGS = 64 * 1024  # route messages are batches (up to 256 KiB each)
+ROUTE_PENDING_BYTES = 64 * 1024 * 1024
+BEACON_PENDING_MSGS = 4096  # beacons repeat every hello_ms: one dropped costs nothing
+ROUTE_CREDIT_POLL_S = 0.002  # how often a route message waiting for credit looks again
+DROP_NOTICE_S = 1.0  # at most one RoutesDropped (and one log line) a second, the last one never skipped
 _STOP = b"\x00stop"
 NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
-_HELLO, _ROUTE, _UP, _DOWN = b"H", b"R", b"U", b"D"
+_HELLO, _ROUTE, _UP, _DOWN, _DROPPED = b"H", b"R", b"U", b"D", b"X"
 _inproc_serials = itertools.count(1)
 
 
@@ -94,7 +104,15 @@ class LinkChange:
     up: bool
 
 
-Inbound = Hello | RouteBlob | LinkChange | StoreNews
+@dataclass(frozen=True, slots=True)
+class RoutesDropped:
+    """Route messages to this broker were dropped (``count`` since the last notice): what the other
+    brokers announced may be lost, so every route is opened afresh (each sends its whole state again)."""
+
+    count: int
+
+
+Inbound = Hello | RouteBlob | LinkChange | RoutesDropped | StoreNews
 
 
 def redacted(url: str) -> str:
@@ -168,7 +186,16 @@ class ClusterLink:
         self._down: zmq.Socket[bytes] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
         self.server = ""  # the NATS server in use, without credentials
-        self.counters: dict[str, int] = {"sent": 0, "sent_bytes": 0, "received": 0, "malformed": 0, "reconnects": 0}
+        self.counters: dict[str, int] = {
+            "sent": 0,
+            "sent_bytes": 0,
+            "received": 0,
+            "malformed": 0,
+            "reconnects": 0,
+            "route_dropped": 0,  # route messages nats-py dropped while the loop was behind (then resynced)
+            "beacons_dropped": 0,
+            "route_credit_waits": 0,  # route messages that waited for the loop to take what was posted
+        }
         self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
         # What the thread posts, Records counted until receive() takes them (the feeds' credit:
@@ -231,7 +258,11 @@ class ClusterLink:
                 break
             kind = frames[0]
             if kind == _ROUTE:
+                if self.poster is not None:
+                    self.poster.consumed(sum(len(f) for f in frames))  # (handled before the next receive)
                 out.append(RouteBlob(frames[1].decode(), int.from_bytes(frames[2], "big"), frames[3]))
+            elif kind == _DROPPED:
+                out.append(RoutesDropped(int.from_bytes(frames[1], "big")))
             elif kind == _HELLO:
                 out.append(Hello(frames[1].decode(), int.from_bytes(frames[2], "big")))
             elif kind in (_UP, _DOWN):
@@ -276,6 +307,7 @@ class ClusterLink:
     async def _main(self, context: zmq.Context[Any]) -> None:
         # nats-py, imported here so a standalone broker never loads it.
         from nats.aio.client import Client as Nats
+        from nats.errors import SlowConsumerError
 
         actx = zmq.asyncio.Context.shadow(context)
         pair = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
@@ -292,7 +324,40 @@ class ClusterLink:
         def send(frames: Sequence[bytes]) -> None:
             poster.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
 
-        post = self.poster = Poster(send)
+        post = self.poster = Poster(send, counted=frozenset({_ROUTE}))
+        inbox = wire.inbox(self.name)
+        # Drops of route traffic are reported (RoutesDropped, which resyncs every route) only once
+        # everything received before them has been posted: the resync then comes after it, in order.
+        unreported, reported_at = 0, -DROP_NOTICE_S  # route messages dropped since the last notice, and when
+        route_sub: list[Any] = []  # the inbox's subscription (its pending count: what is not posted yet)
+        notice: list[asyncio.TimerHandle] = []
+
+        def report_drops() -> None:
+            """One RoutesDropped for what was dropped since the last, once nothing received before
+            waits in the subscription; at most one a second (a later one is scheduled, never skipped)."""
+            nonlocal unreported, reported_at
+            if not unreported or notice or (route_sub and route_sub[0].pending_msgs):
+                return  # (nothing to say, already scheduled, or on_route reports once the rest is posted)
+            wait = reported_at + DROP_NOTICE_S - time.monotonic()
+            if wait > 0:
+                notice.append(loop.call_later(wait, scheduled_report))
+                return
+            count, unreported, reported_at = unreported, 0, time.monotonic()
+            log.warning("cluster: %d route message(s) dropped (this broker fell behind); resyncing routes", count)
+            post((_DROPPED, count.to_bytes(8, "big")))
+
+        def scheduled_report() -> None:
+            notice.clear()
+            report_drops()
+
+        def dropped(subject: str) -> None:
+            nonlocal unreported
+            if subject != inbox:
+                self.counters["beacons_dropped"] += 1
+                return
+            self.counters["route_dropped"] += 1
+            unreported += 1
+            report_drops()
 
         async def on_hello(msg: Any) -> None:
             parsed = wire.parse_hello(msg.data)
@@ -310,7 +375,13 @@ class ClusterLink:
                 return
             sender, epoch, blob = parsed
             self.counters["received"] += 1
+            if post.over:  # the loop is behind: wait for it (what arrives meanwhile waits in nats-py)
+                self.counters["route_credit_waits"] += 1
+                while post.over and not stopping.is_set():
+                    await asyncio.sleep(ROUTE_CREDIT_POLL_S)
             post((_ROUTE, sender.encode(), epoch.to_bytes(8, "big"), blob))
+            if unreported:
+                report_drops()
 
         async def on_disconnected() -> None:
             if self.connected:
@@ -328,6 +399,9 @@ class ClusterLink:
             post((_UP,))
 
         async def on_error(exc: Exception) -> None:
+            if isinstance(exc, SlowConsumerError):  # one call per dropped message: counted, not logged
+                dropped(str(exc.subject))
+                return
             log.warning("cluster: NATS: %s", exc)
 
         nc = Nats()
@@ -403,10 +477,15 @@ class ClusterLink:
         try:
             if await connect():
                 self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
-                for subject, callback in ((wire.HELLO_SUBJECT, on_hello), (wire.inbox(self.name), on_route)):
+                await nc.subscribe(wire.HELLO_SUBJECT, cb=on_hello, pending_msgs_limit=BEACON_PENDING_MSGS)
+                route_sub.append(
                     await nc.subscribe(
-                        subject, cb=callback, pending_msgs_limit=PENDING_MSGS, pending_bytes_limit=PENDING_BYTES
+                        inbox,
+                        cb=on_route,
+                        pending_msgs_limit=ROUTE_PENDING_MSGS,
+                        pending_bytes_limit=ROUTE_PENDING_BYTES,
                     )
+                )
                 await nc.flush(int(CONNECT_TIMEOUT_S))
                 self.connected = True
                 log.info("cluster: connected to NATS %s", self.server)
@@ -417,6 +496,8 @@ class ClusterLink:
             await stopping.wait()
         finally:
             self.connected = False
+            for pending in notice:
+                pending.cancel()
             if ticker is not None:
                 ticker.cancel()
             if jetstream is not None:

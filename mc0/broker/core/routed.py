@@ -104,6 +104,17 @@ def resync(core: BrokerCore, route: Peer, now: float) -> list[Out]:
     return out
 
 
+def reopen(core: BrokerCore, now: float) -> list[Out]:
+    """Route traffic to this broker was dropped (it fell behind): what the others announced may be
+    lost, so every route is opened afresh, as if it had restarted: forgotten (its jobs requeued or
+    failed), then CONNECT and this broker's whole state, to which each answers with its whole state."""
+    out: list[Out] = []
+    for name in list(core.routes.by_name):
+        out += _open(core, name, core.routes.epochs[name], now)
+    core.counters["route_reopened"] += 1
+    return out
+
+
 def lost(core: BrokerCore, now: float) -> list[Out]:
     """The link to the other brokers is down: every route goes (their jobs requeued or failed)."""
     out: list[Out] = []
