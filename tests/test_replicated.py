@@ -315,6 +315,31 @@ def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_n
     assert core.calls.in_flight(b"sub") == 0
 
 
+def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_multiply_theirs() -> None:
+    core = core_with(store())
+    consumers = core.consumers.store
+    assert consumers is not None and consumers.max_total == jsw.MAX_STORE_CALLS_TOTAL > jsw.MAX_STORE_CALLS
+    consumers.max_total = 3
+
+    def info(rid: bytes, request_id: str) -> list[Any]:
+        body = json.dumps({"journal": "main", "name": f"of-{rid.decode()}", "op": "info"})
+        frames = f("REQUEST", "SERVICE", "mc0.consumer", "ID", request_id, "", body)
+        return core.handle(rid, frames, 0.0, rid.decode())
+
+    for rid in (b"pub", b"sub", b"other"):  # one call each: under the per-client bound, at the total
+        assert info(rid, "1") == []
+    assert core.calls.in_flight_total == 3
+    ((to, refused),) = info(b"pub", "2")
+    assert to == b"pub" and refused[:5] == f("ERROR", "ID", "2", "CODE", "429")
+    assert b"on this broker" in refused[-1]
+    assert core.counters["store_calls_refused"] == 1 and len(core.calls.drain()) == 3  # nothing more asked
+    assert fromstore.answered(core, 1, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0)
+    assert core.calls.in_flight_total == 2 and info(b"pub", "3") == []  # an answer frees a slot
+    core.handle(b"other", f("DISCONNECT", "ID", "bye"), 0.0, "other")  # a client gone frees its calls
+    assert core.calls.in_flight_total == 2 and info(b"sub", "4") == []
+    assert core.calls.in_flight_total == 3
+
+
 def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_removed_once_sent() -> None:
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))

@@ -30,6 +30,8 @@ CONFIG_KEY = "mc0_config"  # consumer metadata: its mc0 config (JSON)
 # A client's mc0.consumer requests on JetStream journals in flight at once (each is a store call
 # the cluster link runs, not a queued request: max_requests does not count them; 429 beyond).
 MAX_STORE_CALLS = 64
+# All clients' together, per broker: many connections cannot multiply MAX_STORE_CALLS (429 beyond).
+MAX_STORE_CALLS_TOTAL = 4096
 
 
 def stream_name(journal: str) -> str:

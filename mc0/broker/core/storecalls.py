@@ -12,7 +12,8 @@ shell.  ``abandon`` forgets calls whose asker went (their answers are then
 dropped, counted).  A call made for a client (``owner``: its routing id) counts
 in ``in_flight(owner)`` until the link answers it (a cancelled request's call
 too: it still runs on the link) or the client goes (``abandon``), so a room
-can bound what one client has the store do at once.  Pure: no sockets, no clock.
+can bound what one client, and all clients together (``in_flight_total``),
+have the store do at once.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class StoreCalls:
         self._waiting: dict[int, Then] = {}
         self._owner_of: dict[int, bytes] = {}  # token -> the client it was made for
         self._in_flight: Counter[bytes] = Counter()  # client -> its calls not answered yet
+        self.in_flight_total = 0  # every client's together (the sum of _in_flight)
 
     def call(self, request: dict[str, Any], then: Then, owner: bytes | None = None) -> int:
         """Queue ``request``; ``owner``: the routing id of the client it is made for (counted)."""
@@ -52,6 +54,7 @@ class StoreCalls:
         if owner is not None:
             self._owner_of[self._next] = owner
             self._in_flight[owner] += 1
+            self.in_flight_total += 1
         self.counters["store_calls"] += 1
         return self._next
 
@@ -62,6 +65,7 @@ class StoreCalls:
     def _release(self, token: int) -> None:
         owner = self._owner_of.pop(token, None)
         if owner is not None:
+            self.in_flight_total -= 1
             left = self._in_flight[owner] - 1
             if left > 0:
                 self._in_flight[owner] = left
@@ -91,7 +95,9 @@ class StoreCalls:
 
     def forget(self, owner: bytes) -> None:
         """Client ``owner`` went: its calls no longer count (their answers still come, to nobody)."""
-        if self._in_flight.pop(owner, None) is not None:
+        held = self._in_flight.pop(owner, None)
+        if held is not None:
+            self.in_flight_total -= held
             for token in [t for t, o in self._owner_of.items() if o == owner]:
                 del self._owner_of[token]
 

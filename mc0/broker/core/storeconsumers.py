@@ -20,8 +20,10 @@ per-cluster quotas (counted over the streams' consumers at create), and
 not confirm within a second (a seq not pending) is counted ``ignored``.  These
 requests are not queued in :mod:`.rpc`, so their bound is here: at most
 ``max_calls`` (``MAX_STORE_CALLS``) store calls made for one client are in
-flight at once (a cancelled pull's too, until the store answers it); a
-request beyond is answered 429 and changes nothing.
+flight at once (a cancelled pull's too, until the store answers it), and at
+most ``max_total`` (``MAX_STORE_CALLS_TOTAL``) for all clients together (so
+many connections cannot multiply the first bound); a request beyond either
+is answered 429 and changes nothing.
 Pure: no sockets, no clock.
 """
 
@@ -40,7 +42,7 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol import jetstream as jsw
-from ...protocol.jetstream import MAX_STORE_CALLS
+from ...protocol.jetstream import MAX_STORE_CALLS, MAX_STORE_CALLS_TOTAL
 from ...topics import pattern_matches, split_pattern, split_topic
 from ..storage.port import JournalStore
 from .access import may_read
@@ -101,8 +103,10 @@ class StoreConsumers:
         max_consumers: int,
         max_per_identity: int,
         max_calls: int = MAX_STORE_CALLS,
+        max_total: int = MAX_STORE_CALLS_TOTAL,
     ) -> None:
-        """``max_calls``: store calls one client may have in flight (429 beyond)."""
+        """``max_calls``: store calls one client may have in flight, ``max_total``: all clients
+        together (429 beyond either)."""
         self.calls = calls
         self.counters = counters
         self._tokens_of = tokens_of
@@ -111,6 +115,7 @@ class StoreConsumers:
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
         self.max_calls = max_calls
+        self.max_total = max_total
         # What this broker learnt of each consumer, and until when it trusts it (another broker may
         # delete it and another identity create one of that name: an owner is looked up again then).
         self.known: dict[tuple[str, str], Known] = {}
@@ -152,13 +157,19 @@ class StoreConsumers:
         return []
 
     def _admit(self, client: Peer, rid: str) -> None:
-        """429 (a ProtocolError, nothing changed) when ``client`` has ``max_calls`` store calls in flight."""
+        """429 (a ProtocolError, nothing changed) when ``client`` has ``max_calls`` store calls in flight,
+        or all clients together ``max_total``."""
         if client.route:
             return  # a route carries many clients' requests (as in rpc.admit)
         held = self.calls.in_flight(client.routing_id)
         if held >= self.max_calls:
             self.counters["store_calls_refused"] += 1
             reason = f"{held} requests to JetStream in flight, the limit per client ({self.max_calls})"
+            raise ProtocolError(Status.OVER_LIMIT, reason, rid)
+        total = self.calls.in_flight_total
+        if total >= self.max_total:
+            self.counters["store_calls_refused"] += 1
+            reason = f"{total} requests to JetStream in flight on this broker, the limit ({self.max_total})"
             raise ProtocolError(Status.OVER_LIMIT, reason, rid)
 
     def _learn(self, journal: str, name: str, known: Known, now: float) -> None:
