@@ -2,7 +2,9 @@
 
 Contract: ``free_ports(n)`` returns ``n`` distinct ports on 127.0.0.1 that
 nothing listened on when asked and that no other caller of this module, in
-any process on this machine, was handed within the last ``LEASE_SECONDS``.
+any process of this user on this machine, was handed within the last
+``LEASE_SECONDS`` (the ledger is per user: another user's callers are kept
+apart only by the bind probe).
 
 Why not ``bind(0)``: the kernel hands a port out of its ephemeral range, and
 between closing the probe and the child's bind, anything else may take the
@@ -67,14 +69,17 @@ def _ledger(folder: Path) -> Iterator[dict[str, float]]:
             path = folder / "leases.json"
             try:
                 leases = {k: float(v) for k, v in json.loads(path.read_text() or "{}").items()}
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, TypeError):
                 leases = {}  # a missing or torn ledger only forgets leases: the bind probe still guards
             now = time.time()
             leases = {k: v for k, v in leases.items() if v > now}
             yield leases
             scratch = path.with_suffix(".tmp")
-            scratch.write_text(json.dumps(leases))
-            os.replace(scratch, path)
+            try:
+                scratch.write_text(json.dumps(leases))
+                os.replace(scratch, path)
+            except OSError:  # a full disk: these leases are not kept, the bind probe still guards
+                pass
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

@@ -335,9 +335,14 @@ def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_mu
     assert core.counters["store_calls_refused"] == 1 and len(core.calls.drain()) == 3  # nothing more asked
     assert fromstore.answered(core, 1, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0)
     assert core.calls.in_flight_total == 2 and info(b"pub", "3") == []  # an answer frees a slot
-    core.handle(b"other", f("DISCONNECT", "ID", "bye"), 0.0, "other")  # a client gone frees its calls
-    assert core.calls.in_flight_total == 2 and info(b"sub", "4") == []
-    assert core.calls.in_flight_total == 3
+    # A client gone frees none: its call still runs on the link (else reconnecting would multiply them).
+    core.handle(b"other", f("DISCONNECT", "ID", "bye"), 0.0, "other")
+    assert core.calls.in_flight_total == 3 and core.calls.in_flight(b"other") == 0
+    ((_, refused),) = info(b"sub", "4")
+    assert refused[:5] == f("ERROR", "ID", "4", "CODE", "429")
+    assert fromstore.answered(core, 3, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0) == []
+    assert core.calls.in_flight_total == 2 and core.counters["store_answers_dropped"] == 1  # (to nobody)
+    assert info(b"sub", "5") == [] and core.calls.in_flight_total == 3
 
 
 def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_removed_once_sent() -> None:

@@ -63,6 +63,7 @@ class Poster:
         self.counted = counted | {RECORDS}
         self._lock = threading.Lock()
         self._backlog = 0
+        self._wake: Callable[[], None] | None = None  # armed by a waiter: called once the budget frees
 
     def __call__(self, frames: Sequence[bytes]) -> None:
         if frames[0] in self.counted:
@@ -75,6 +76,20 @@ class Poster:
         """The loop took a counted message of ``size`` bytes (all its frames) off the pipe."""
         with self._lock:
             self._backlog = max(0, self._backlog - size)
+            wake = self._wake if self._backlog < self.budget else None
+            if wake is not None:
+                self._wake = None
+        if wake is not None:
+            wake()
+
+    def arm(self, wake: Callable[[], None]) -> bool:
+        """Have ``wake`` called (once, from the thread that frees it) when the budget is no longer spent;
+        False, and nothing armed, when it is not spent now."""
+        with self._lock:
+            if self._backlog < self.budget:
+                return False
+            self._wake = wake
+            return True
 
     @property
     def backlog(self) -> int:

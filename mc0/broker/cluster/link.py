@@ -78,7 +78,7 @@ CLOSE_FLUSH_S = 1.0
 ROUTE_PENDING_MSGS = 64 * 1024  # route messages are batches (up to 256 KiB each)
 ROUTE_PENDING_BYTES = 64 * 1024 * 1024
 BEACON_PENDING_MSGS = 4096  # beacons repeat every hello_ms: one dropped costs nothing
-ROUTE_CREDIT_POLL_S = 0.002  # how often a route message waiting for credit looks again
+ROUTE_CREDIT_POLL_S = 0.05  # a route message waiting for credit is woken by the loop, else looks again
 DROP_NOTICE_S = 1.0  # at most one RoutesDropped (and one log line) a second, the last one never skipped
 _STOP = b"\x00stop"
 NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
@@ -195,6 +195,7 @@ class ClusterLink:
             "route_dropped": 0,  # route messages nats-py dropped while the loop was behind (then resynced)
             "beacons_dropped": 0,
             "route_credit_waits": 0,  # route messages that waited for the loop to take what was posted
+            "route_stale_dropped": 0,  # received before the link went down, not posted after it
         }
         self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
@@ -329,14 +330,22 @@ class ClusterLink:
         # Drops of route traffic are reported (RoutesDropped, which resyncs every route) only once
         # everything received before them has been posted: the resync then comes after it, in order.
         unreported, reported_at = 0, -DROP_NOTICE_S  # route messages dropped since the last notice, and when
-        route_sub: list[Any] = []  # the inbox's subscription (its pending count: what is not posted yet)
+        subs: dict[str, Any] = {}  # "route", "hello": the subscriptions (the route's pending: not posted yet)
         notice: list[asyncio.TimerHandle] = []
+        # A route message in on_route's hands (taken off the subscription, not posted yet): it counts as
+        # not posted, and it is dropped unposted if the link goes down meanwhile (``stale_in_hand``).
+        in_hand = False
+        stale_in_hand = False
+        stale_queued = 0  # route messages still queued when the link went down: dropped unposted
+        credit = asyncio.Event()
+        other_drops = [0, -DROP_NOTICE_S]  # drops on other subscriptions (a JetStream inbox): count, last logged
 
         def report_drops() -> None:
             """One RoutesDropped for what was dropped since the last, once nothing received before
             waits in the subscription; at most one a second (a later one is scheduled, never skipped)."""
             nonlocal unreported, reported_at
-            if not unreported or notice or (route_sub and route_sub[0].pending_msgs):
+            route = subs.get("route")
+            if not unreported or notice or in_hand or (route is not None and route.pending_msgs):
                 return  # (nothing to say, already scheduled, or on_route reports once the rest is posted)
             wait = reported_at + DROP_NOTICE_S - time.monotonic()
             if wait > 0:
@@ -350,14 +359,26 @@ class ClusterLink:
             notice.clear()
             report_drops()
 
-        def dropped(subject: str) -> None:
+        def dropped(exc: SlowConsumerError) -> None:
             nonlocal unreported
-            if subject != inbox:
-                self.counters["beacons_dropped"] += 1
-                return
-            self.counters["route_dropped"] += 1
-            unreported += 1
-            report_drops()
+            sub = exc.sub
+            if sub is not None and sub is subs.get("route"):
+                self.counters["route_dropped"] += 1
+                unreported += 1
+                report_drops()
+            elif sub is not None and sub is subs.get("hello"):
+                self.counters["beacons_dropped"] += 1  # (beacons repeat: nothing to heal)
+            else:
+                other_drops[0] += 1
+                if time.monotonic() - other_drops[1] >= DROP_NOTICE_S:
+                    count, other_drops[0], other_drops[1] = other_drops[0], 0, time.monotonic()
+                    log.warning("cluster: NATS: %s (%d message(s) dropped)", exc, count)
+
+        def wake_credit() -> None:  # (the broker loop's thread: consumed() freed the budget)
+            try:
+                loop.call_soon_threadsafe(credit.set)
+            except RuntimeError:  # the link's loop has ended (closing): nobody waits any more
+                pass
 
         async def on_hello(msg: Any) -> None:
             parsed = wire.parse_hello(msg.data)
@@ -369,6 +390,11 @@ class ClusterLink:
                 post((_HELLO, name.encode(), epoch.to_bytes(8, "big")))
 
         async def on_route(msg: Any) -> None:
+            nonlocal in_hand, stale_in_hand, stale_queued
+            if stale_queued:  # received before the link went down: its routes are gone, their state resent
+                stale_queued -= 1
+                self.counters["route_stale_dropped"] += 1
+                return
             parsed = wire.parse_route_message(msg.data)
             if parsed is None:
                 self.counters["malformed"] += 1
@@ -377,16 +403,35 @@ class ClusterLink:
             self.counters["received"] += 1
             if post.over:  # the loop is behind: wait for it (what arrives meanwhile waits in nats-py)
                 self.counters["route_credit_waits"] += 1
-                while post.over and not stopping.is_set():
-                    await asyncio.sleep(ROUTE_CREDIT_POLL_S)
+                in_hand = True
+                try:
+                    while not stopping.is_set():
+                        credit.clear()
+                        if not post.arm(wake_credit):
+                            break
+                        try:
+                            await asyncio.wait_for(credit.wait(), ROUTE_CREDIT_POLL_S)
+                        except TimeoutError:
+                            pass
+                finally:
+                    in_hand = False
+                if stale_in_hand:
+                    stale_in_hand = False
+                    self.counters["route_stale_dropped"] += 1
+                    return
             post((_ROUTE, sender.encode(), epoch.to_bytes(8, "big"), blob))
             if unreported:
                 report_drops()
 
         async def on_disconnected() -> None:
+            nonlocal stale_in_hand, stale_queued
             if self.connected:
                 log.warning("cluster: lost NATS %s; serving local peers only until it is back", self.server)
             self.connected = False
+            # What was received and not posted yet would reach the loop after DOWN, for routes it forgot.
+            route = subs.get("route")
+            stale_queued = route.pending_msgs if route is not None else 0
+            stale_in_hand = in_hand
             post((_DOWN,))
 
         async def on_reconnected() -> None:
@@ -399,8 +444,8 @@ class ClusterLink:
             post((_UP,))
 
         async def on_error(exc: Exception) -> None:
-            if isinstance(exc, SlowConsumerError):  # one call per dropped message: counted, not logged
-                dropped(str(exc.subject))
+            if isinstance(exc, SlowConsumerError):  # one call per dropped message: counted, logged at most 1/s
+                dropped(exc)
                 return
             log.warning("cluster: NATS: %s", exc)
 
@@ -477,14 +522,11 @@ class ClusterLink:
         try:
             if await connect():
                 self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
-                await nc.subscribe(wire.HELLO_SUBJECT, cb=on_hello, pending_msgs_limit=BEACON_PENDING_MSGS)
-                route_sub.append(
-                    await nc.subscribe(
-                        inbox,
-                        cb=on_route,
-                        pending_msgs_limit=ROUTE_PENDING_MSGS,
-                        pending_bytes_limit=ROUTE_PENDING_BYTES,
-                    )
+                subs["hello"] = await nc.subscribe(
+                    wire.HELLO_SUBJECT, cb=on_hello, pending_msgs_limit=BEACON_PENDING_MSGS
+                )
+                subs["route"] = await nc.subscribe(
+                    inbox, cb=on_route, pending_msgs_limit=ROUTE_PENDING_MSGS, pending_bytes_limit=ROUTE_PENDING_BYTES
                 )
                 await nc.flush(int(CONNECT_TIMEOUT_S))
                 self.connected = True

@@ -11,9 +11,10 @@ the records an answer carries (a pull, a mailbox read), already decoded by the
 shell.  ``abandon`` forgets calls whose asker went (their answers are then
 dropped, counted).  A call made for a client (``owner``: its routing id) counts
 in ``in_flight(owner)`` until the link answers it (a cancelled request's call
-too: it still runs on the link) or the client goes (``abandon``), so a room
-can bound what one client, and all clients together (``in_flight_total``),
-have the store do at once.  Pure: no sockets, no clock.
+too: it still runs on the link) or the client goes (``abandon``), and in
+``in_flight_total`` until the link answers it, whoever went, so a room can
+bound what one client, and all clients together, have the store do at once.
+Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ class StoreCalls:
         self._waiting: dict[int, Then] = {}
         self._owner_of: dict[int, bytes] = {}  # token -> the client it was made for
         self._in_flight: Counter[bytes] = Counter()  # client -> its calls not answered yet
-        self.in_flight_total = 0  # every client's together (the sum of _in_flight)
+        # Calls made for clients that went (or that were abandoned): they still run on the link, so
+        # they count in the total until answered, though no longer against a client.
+        self._orphaned: set[int] = set()
+        self.in_flight_total = 0  # every client's calls the link has not answered, its orphans' too
 
     def call(self, request: dict[str, Any], then: Then, owner: bytes | None = None) -> int:
         """Queue ``request``; ``owner``: the routing id of the client it is made for (counted)."""
@@ -62,15 +66,23 @@ class StoreCalls:
         """The calls made for client ``owner`` the link has not answered yet."""
         return self._in_flight.get(owner, 0)
 
-    def _release(self, token: int) -> None:
+    def _unown(self, token: int) -> bool:
+        """The call no longer counts against its client (True: it had one)."""
         owner = self._owner_of.pop(token, None)
-        if owner is not None:
+        if owner is None:
+            return False
+        left = self._in_flight[owner] - 1
+        if left > 0:
+            self._in_flight[owner] = left
+        else:
+            del self._in_flight[owner]
+        return True
+
+    def _release(self, token: int) -> None:
+        """The link answered: the call counts nowhere any more."""
+        if self._unown(token) or token in self._orphaned:
+            self._orphaned.discard(token)
             self.in_flight_total -= 1
-            left = self._in_flight[owner] - 1
-            if left > 0:
-                self._in_flight[owner] = left
-            else:
-                del self._in_flight[owner]
 
     @property
     def queued(self) -> bool:
@@ -95,14 +107,15 @@ class StoreCalls:
 
     def forget(self, owner: bytes) -> None:
         """Client ``owner`` went: its calls no longer count (their answers still come, to nobody)."""
-        held = self._in_flight.pop(owner, None)
-        if held is not None:
-            self.in_flight_total -= held
+        if self._in_flight.pop(owner, None) is not None:
             for token in [t for t, o in self._owner_of.items() if o == owner]:
                 del self._owner_of[token]
+                self._orphaned.add(token)  # (still running: counted in the total until answered)
 
     def abandon(self, tokens: Sequence[int]) -> None:
+        """Nobody wants these calls' answers any more; they still run, so they stay in the total."""
         for token in tokens:
-            self._release(token)
+            if self._unown(token):
+                self._orphaned.add(token)
             if self._waiting.pop(token, None) is not None:
                 self.counters["store_calls_abandoned"] += 1
