@@ -541,3 +541,74 @@ def test_route_traffic_a_stalled_broker_loop_cannot_take_is_bounded_then_reporte
     finally:
         link.close()
         context.term()
+
+
+def test_route_traffic_held_for_a_stalled_loop_is_not_handed_over_after_the_link_went_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the link held back for a busy loop when its NATS server died belongs to routes the loop
+    forgets at that moment: it is dropped (counted), never handed over after the link said it went
+    down; what comes after the link is back is handed over as usual."""
+    import zmq
+    from nats.aio.client import Client as Nats
+
+    from mc0.broker.cluster import link as links
+    from mc0.protocol import routes as route_wire
+    from mc0.settings import ClusterConfig
+
+    budget, size, count = 1 << 20, 64 * 1024, 60  # 3.75 MiB: more than the budget, less than nats-py holds
+    own = NatsCluster(tmp_path / "nats", 2, jetstream=False)
+    with own:
+        own.wait_ready()
+        link = links.ClusterLink(ClusterConfig(nats=(own.url(0), own.url(1)), hello_ms=1000, reconnect_ms=100))
+        context = zmq.Context()
+        try:
+            monkeypatch.setattr(links, "ROUTE_PENDING_BYTES", 64 << 20)
+            link.start(context, "held")
+            until(lambda: link.connected and link.poster is not None, what="the link joined")
+            assert link.poster is not None
+            link.poster.budget = budget
+            used = 0 if link.server.endswith(f":{own.client_ports[0]}") else 1  # (nats-py picks at random)
+
+            async def publish(first: int, n: int) -> None:
+                nc = Nats()
+                await nc.connect(servers=[own.url(1 - used)], connect_timeout=5)
+                try:
+                    for i in range(first, first + n):
+                        blob = i.to_bytes(4, "big") * (size // 4)
+                        await nc.publish(route_wire.inbox("held"), route_wire.route_message("sender", 7, blob))
+                    await nc.flush()
+                finally:
+                    await nc.close()
+
+            asyncio.run(publish(0, count))
+            until(lambda: link.counters["received"] > budget // size, what="the budget spent")
+            until(lambda: link.counters["route_credit_waits"] >= 1, what="a message held for credit")
+            time.sleep(0.2)  # (the rest of the burst reaches the link's subscription)
+            own.kill(used)  # the link's NATS server: it goes down, then reconnects to the other node
+            until(lambda: link.counters["reconnects"] >= 1, timeout=20.0, what="the link back")
+            items: list[object] = []
+
+            def take(condition: Any) -> bool:
+                items.extend(link.receive())
+                return bool(condition())
+
+            def up() -> bool:
+                return any(isinstance(i, links.LinkChange) and i.up for i in items)
+
+            def arrived(index: int) -> bool:
+                return any(isinstance(i, links.RouteBlob) and i.blob[:4] == index.to_bytes(4, "big") for i in items)
+
+            until(lambda: take(up), what="UP")
+            asyncio.run(publish(1000, 1))
+            until(lambda: take(lambda: arrived(1000)), what="the message sent after")
+            down = next(n for n, i in enumerate(items) if isinstance(i, links.LinkChange) and not i.up)
+            before = [int.from_bytes(i.blob[:4], "big") for i in items[:down] if isinstance(i, links.RouteBlob)]
+            after = [int.from_bytes(i.blob[:4], "big") for i in items[down:] if isinstance(i, links.RouteBlob)]
+            assert before == list(range(len(before))) and 0 < len(before) < count  # the budget's worth
+            assert after == [1000]  # nothing of the burst after DOWN
+            assert link.counters["route_stale_dropped"] == count - len(before)
+            assert link.counters["route_dropped"] == 0
+        finally:
+            link.close()
+            context.term()
