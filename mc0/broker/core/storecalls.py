@@ -106,7 +106,8 @@ class StoreCalls:
         return then(data, records, now)
 
     def forget(self, owner: bytes) -> None:
-        """Client ``owner`` went: its calls no longer count (their answers still come, to nobody)."""
+        """Client ``owner`` went: its calls no longer count against it, only in the total until the link
+        answers them (they still run; their answers come to nobody)."""
         if self._in_flight.pop(owner, None) is not None:
             for token in [t for t, o in self._owner_of.items() if o == owner]:
                 del self._owner_of[token]
