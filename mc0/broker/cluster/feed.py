@@ -129,6 +129,7 @@ class StreamFeed:
         self._seen = 0.0
         self._batch: list[tuple[int, int, str, bytes]] = []
         self._scheduled = False
+        self._forgetting: set[asyncio.Task[None]] = set()  # consumer deletions under way
 
     def restart(self) -> None:
         self.wanted_restart.set()
@@ -161,7 +162,9 @@ class StreamFeed:
                     except Exception:
                         pass
                 if consumer:
-                    asyncio.get_running_loop().create_task(self._forget(consumer))
+                    forgetting = asyncio.get_running_loop().create_task(self._forget(consumer))
+                    self._forgetting.add(forgetting)  # (held until done: the loop's reference is weak)
+                    forgetting.add_done_callback(self._forgetting.discard)
 
     async def _start(self) -> tuple[Any, str]:
         info = await api(self.nc, f"STREAM.INFO.{self.stream}")

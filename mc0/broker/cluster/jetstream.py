@@ -101,6 +101,7 @@ class JetStreamPart:
         self._acks: dict[str, list[bytes]] = {}
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[Any]] = []
+        self._calls: set[asyncio.Task[None]] = set()  # store calls under way
         self._sweeper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -271,7 +272,11 @@ class JetStreamPart:
 
     # ------------------------------------------------------------ calls
     def call(self, token: int, request: dict[str, Any]) -> None:
-        asyncio.get_running_loop().create_task(self._call(token, request))
+        # Held until done: the event loop keeps only a weak reference to a task, and a call collected
+        # mid-flight would never be answered (the core counts every call until its answer).
+        task = asyncio.get_running_loop().create_task(self._call(token, request))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     async def _call(self, token: int, request: dict[str, Any]) -> None:
         op = str(request.get("op", ""))

@@ -390,6 +390,13 @@ class ClusterLink:
                 post((_HELLO, name.encode(), epoch.to_bytes(8, "big")))
 
         async def on_route(msg: Any) -> None:
+            try:
+                await take_route(msg)
+            finally:
+                if unreported:  # (whatever became of this message: the report may be due now)
+                    report_drops()
+
+        async def take_route(msg: Any) -> None:
             nonlocal in_hand, stale_in_hand, stale_queued
             if stale_queued:  # received before the link went down: its routes are gone, their state resent
                 stale_queued -= 1
@@ -420,11 +427,9 @@ class ClusterLink:
                     self.counters["route_stale_dropped"] += 1
                     return
             post((_ROUTE, sender.encode(), epoch.to_bytes(8, "big"), blob))
-            if unreported:
-                report_drops()
 
         async def on_disconnected() -> None:
-            nonlocal stale_in_hand, stale_queued
+            nonlocal stale_in_hand, stale_queued, unreported
             if self.connected:
                 log.warning("cluster: lost NATS %s; serving local peers only until it is back", self.server)
             self.connected = False
@@ -432,6 +437,11 @@ class ClusterLink:
             route = subs.get("route")
             stale_queued = route.pending_msgs if route is not None else 0
             stale_in_hand = in_hand
+            # Drops before DOWN need no resync: DOWN forgets every route, and they open afresh after UP.
+            unreported = 0
+            for pending in notice:
+                pending.cancel()
+            notice.clear()
             post((_DOWN,))
 
         async def on_reconnected() -> None:
