@@ -123,6 +123,7 @@ def test_a_broker_with_no_matching_peer_receives_no_traffic_for_that_topic(bus: 
 
     with bus.client(0) as pub, bus.client(1) as sub:
         wanted = sub.subscribe("hot.>")
+        until(lambda: bus.interest(0, "hot.item") >= 1, 5, "b2's interest known at b1")  # (it is eventual)
         before = received(2)
         for _ in range(500):
             pub.publish("hot.item", b"x")
@@ -341,6 +342,7 @@ def test_a_nats_client_without_broker_credentials_can_neither_read_nor_inject(bu
     with bus.client(0) as pub, bus.client(1) as sub:
         s = sub.subscribe("x.>")
         asyncio.run(outsider())
+        until(lambda: bus.interest(0, "x.y") >= 1, 5, "b2's interest known at b1")
         pub.publish("x.y", b"secret", confirm=True)
         assert [m.body for m in drain(s, 1)] == [b"secret"]
     assert seen == []  # nothing of the brokers' traffic reached it

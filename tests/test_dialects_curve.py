@@ -219,12 +219,18 @@ def test_eventmq_client_and_jobmanager_with_keys_on_their_sockets(
         assert sender.zsocket.poll(10_000), "no REPLY for eventmq's client under CURVE"
         reply = sender.zsocket.recv_multipart()
         assert reply == [b"", E.VERSION, E.REPLY, msgid.encode(), b'dave said ["run", {"x": 1}]']
+
+        def kinds(library: mc0.Client) -> set[tuple[str, str]]:
+            peers = json.loads(library.request(P.BROKER_SERVICE, b'{"op":"peers"}', timeout=5).body)
+            return {(p["kind"], p["identity"]) for p in peers}
+
         with mc0.Client(broker.endpoint, **setup.client_options("alice")) as library:
+            # Asked at once: eventmq's client never heartbeats, so its session ends foreign_ttl_ms after its
+            # last word, and the job manager (a process of its own) may take longer than that to come up.
+            assert ("emqp-client", "dave") in kinds(library)
             assert _served(library, "curve.jobs", 30)
             assert json.loads(library.request("curve.jobs", _job("add", 2, 3), timeout=20).body) == {"value": 5}
-            peers = json.loads(library.request(P.BROKER_SERVICE, b'{"op":"peers"}', timeout=5).body)
-            kinds = {(p["kind"], p["identity"]) for p in peers}
-            assert {("emqp-worker", "erin"), ("emqp-client", "dave")} <= kinds
+            assert ("emqp-worker", "erin") in kinds(library)
     finally:
         sender.zsocket.close(linger=0)
         manager.close()
