@@ -135,6 +135,7 @@ class Outbox:
         self._last_frames: object = None  # fan-out hands the same frames to many batched peers:
         self._last_record = b""  # the record is built once
         self.queued_bytes = 0  # over all queues (for monitoring)
+        self.discarded_bytes = 0  # freed by dropping whole queues, ever (the shell trims the heap after much)
         self.sent_messages = 0  # messages handed to the socket (a BATCH counts once), for monitoring
         self.sent_bytes = 0
 
@@ -198,6 +199,7 @@ class Outbox:
         if queue is None:
             return 0
         self.queued_bytes -= queue.bytes
+        self.discarded_bytes += queue.bytes
         return queue.bytes
 
     # ------------------------------------------------------------ sending

@@ -42,6 +42,7 @@ from .delivery import Delivery
 from .dialects import route as dialect_route
 from .dialects.memodb import with_memodb_identity
 from .listeners import ClusterListener, NngListener
+from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
@@ -138,6 +139,7 @@ class Broker:
         self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)
         self.cluster = next((x for x in self.listeners if isinstance(x, ClusterListener)), None)
         self.delivery = Delivery(self.core, self.outbox, self.listeners)
+        self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
         self._socket: zmq.Socket[bytes] | None = None
@@ -360,6 +362,8 @@ class Broker:
                 self._guarded(self._timers, now)
                 delivery.evict_stuck(now, self.config.broker.slow_consumer_ms)
                 delivery.flush(sock, now)
+                if self.trimmer.maybe_trim(self.outbox.discarded_bytes, now):
+                    core.counters["heap_trims"] += 1
                 if http is not None and http.wanted and now >= self._next_snapshot:
                     self._publish_snapshot(http)
             now = time.monotonic()
