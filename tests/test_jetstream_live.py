@@ -62,6 +62,23 @@ def until(condition: Any, timeout: float = 15.0, what: str = "condition") -> flo
     return poll_until(condition, timeout, what)  # (the JetStream tests wait longer by default)
 
 
+async def stored(nc: Any, subject: str, payload: bytes) -> dict[str, Any]:
+    """Publish into a stream just made and wait for its PubAck.  Right after STREAM.CREATE the stream's
+    subjects may not have reached, over the NATS routes, the server this client talks to: no
+    responders (nothing stored), so try again, bounded (the broker's own proposals do too).  Never
+    again after a timeout: that one may have been stored."""
+    import asyncio
+
+    from nats.errors import NoRespondersError
+
+    for _ in range(200):
+        try:
+            return dict(json.loads((await nc.request(subject, payload, timeout=5)).data))
+        except NoRespondersError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"no stream stored {subject} within the bound")
+
+
 @pytest.fixture(scope="module")
 def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     yield from nats_cluster(tmp_path_factory.mktemp("nats"))
@@ -259,13 +276,15 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
         try:
             spec = StreamSpec("settle", 1, 0.0, 0, 0, 60.0)
             await api(nc, "STREAM.CREATE.MC0_J_settle", spec.config(), timeout=10)
-            for i in range(600):
+            await stored(nc, "mc0.j.settle.orders.0", b"x")  # (the stream takes its subjects from here on)
+            for i in range(1, 600):
                 await nc.publish(f"mc0.j.settle.orders.{i}", b"x")
             await nc.flush()
             for _ in range(500):  # (bounded: until the stream holds all 600)
                 if (await api(nc, "STREAM.INFO.MC0_J_settle"))["state"]["messages"] == 600:
                     break
                 await asyncio.sleep(0.02)
+            assert (await api(nc, "STREAM.INFO.MC0_J_settle"))["state"]["messages"] == 600
             ops = jsops.StoreOps(nc, {"settle": spec}, max_requests=16)
             config = {"topics": [">"], "ack_wait_ms": 60_000, "max_ack_pending": 10_000, "deliver": "all"}
             for name in ("c1", "c2"):
@@ -347,9 +366,9 @@ def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats:
             seqs = []
             for i in range(5):  # carol's letters between someone else's
                 for who in ("carol", "dave"):
-                    ack = await nc.request(jsw.letter_subject("letters", who), f"{who} {i}".encode(), timeout=5)
+                    ack = await stored(nc, jsw.letter_subject("letters", who), f"{who} {i}".encode())
                     if who == "carol":
-                        seqs.append(json.loads(ack.data)["seq"])
+                        seqs.append(ack["seq"])
             ops = jsops.StoreOps(nc, {"letters": spec})
             read = {"journal": "letters", "identity": "carol"}
             data, payloads = await ops.op_letters_read({**read, "after": 0})
