@@ -214,12 +214,18 @@ def test_a_fetch_waits_for_the_local_copy_to_hold_what_the_stream_acknowledged()
     assert (final["records"], final["next_seq"], final["end_seq"]) == (4, 5, 5)
 
 
-def test_a_fetch_whose_copy_never_catches_up_ends_where_it_stopped() -> None:
+def acknowledged_not_copied() -> tuple[MemoryReplicatedStore, BrokerCore]:
+    """A record JetStream acknowledged that never reached this broker's local copy."""
     j = store()
     core = core_with(j)
     put(core, b"pub", "TOPIC", "orders.x", "", "x")
     core.commit()
-    j.store(max(j.sent))  # acknowledged, never delivered here
+    j.store(max(j.sent))
+    return j, core
+
+
+def test_a_fetch_whose_copy_never_catches_up_ends_where_it_stopped() -> None:
+    j, core = acknowledged_not_copied()
     query = json.dumps({"op": "fetch", "journal": "main", "from_seq": 1})
     core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0, "sub")
     assert fetch_turns(core, 0.0) == []
@@ -503,11 +509,7 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 
 
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
-    j = store()
-    core = core_with(j)
-    put(core, b"pub", "TOPIC", "orders.x", "", "x")
-    core.commit()
-    j.store(max(j.sent))  # acknowledged, never delivered here
+    j, core = acknowledged_not_copied()
     assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
     assert core.stream(0.0) == [] and core.streaming
     (waiting,) = [r for replays in core.streams._replays.values() for r in replays.values()]
