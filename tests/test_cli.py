@@ -225,7 +225,9 @@ def test_serve_call_stream_scatter_and_stats(broker: BrokerProcess) -> None:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(10) == 0  # a clean stop on SIGTERM
         result = mc0("call", "who", "--endpoint", broker.endpoint)
-        assert result.returncode == 1 and result.stderr.strip() == "mc0: error: 503 no worker for who"
+        assert result.returncode == 1 and result.stderr.strip() == (
+            "mc0: error: 503 no worker for who (start one: mc0 serve MODULE:FUNCTION --service NAME)"
+        )
     finally:
         worker.kill()
         worker.communicate(timeout=10)

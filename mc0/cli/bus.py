@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import sys
 import threading
@@ -13,7 +14,7 @@ import click
 
 from ..aio.worker import HANDLER_THREAD_PREFIX
 from ..client import Worker
-from ..errors import Error, Forbidden, Timeout
+from ..errors import Error, Forbidden, RemoteError, Timeout
 from ..message import Message, Reply
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
@@ -50,24 +51,55 @@ def pub(
     headers = _parse_headers(header_pairs)
     if to is not None and msgid is not None:
         raise click.UsageError("--msgid is for journaled topics, not for --to")
-    with conn.client() as client:
-        for _ in range(count):
-            if to is not None:
-                outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
-                if outcome is not None:
-                    click.echo(
-                        json.dumps({"to": to, "topic": topic, "outcome": outcome}) if as_json else f"{to}: {outcome}"
-                    )
-                continue
-            ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
-            if as_json and ack is not None:
-                record = {"topic": topic, "journal": ack.journal, "seq": ack.seq, "duplicate": ack.duplicate}
-                click.echo(json.dumps(record))
-            elif ack is not None and ack.seq is not None:
-                repeat = " (duplicate: stored before)" if ack.duplicate else ""
-                click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
-        if not confirm:
-            client.ping()  # everything before it has reached the broker
+    refusals = _Refusals()  # an unconfirmed PUT's ERROR comes back unasked: the command fails on it
+    client_log = logging.getLogger("mc0.client")
+    client_log.addFilter(refusals)
+    try:
+        with conn.client() as client:
+            for _ in range(count):
+                if to is not None:
+                    outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
+                    if outcome is not None:
+                        letter = {"to": to, "topic": topic, "outcome": outcome}
+                        click.echo(json.dumps(letter) if as_json else f"{to}: {outcome}")
+                    continue
+                ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
+                if as_json and ack is not None:
+                    record = {"topic": topic, "journal": ack.journal, "seq": ack.seq, "duplicate": ack.duplicate}
+                    click.echo(json.dumps(record))
+                elif ack is not None and ack.seq is not None:
+                    repeat = " (duplicate: stored before)" if ack.duplicate else ""
+                    click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
+            if not confirm:
+                client.ping()  # everything before it has reached the broker, and its refusals came back
+    finally:
+        client_log.removeFilter(refusals)
+    refusals.raise_first()
+
+
+class _Refusals(logging.Filter):
+    """Takes the broker's refusals of unconfirmed publishes out of the client's log (where the
+    library reports them) so that ``pub`` ends with one line for them, and a non-zero exit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[RemoteError] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if isinstance(error, RemoteError):
+            self.errors.append(error)
+            return False
+        return True
+
+    def raise_first(self) -> None:
+        if not self.errors:
+            return
+        first = self.errors[0]
+        more = len(self.errors) - 1
+        if more:
+            raise type(first)(first.code, f"{first.reason} (and {more} more refused)")
+        raise first
 
 
 def _message_line(message: Message, as_json: bool) -> str:

@@ -145,6 +145,21 @@ def bench(ctx: click.Context) -> None:
     sys.exit(subprocess.call([sys.executable, str(script), *args], env={**os.environ, "MC0_PROG": "mc0 bench"}))
 
 
+def require_spark_extra(command: str, modules: tuple[str, ...]) -> None:
+    """One line naming the extra when a module ``command`` needs is not installed (never a traceback
+    from deep inside the job)."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise Error(f"{command} needs the Spark extra ({', '.join(missing)} not installed): pip install 'mc0[spark]'")
+
+
 @cli.command()
 @click.option("--journal", default="main", show_default=True, help="The broker journal to read.")
 @click.option(
@@ -192,12 +207,11 @@ def pipeline(
     source_options: tuple[str, ...],
 ) -> None:
     """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
-    try:
-        from ..spark import make_session
-        from ..spark import pipeline as job
-    except ImportError as exc:
-        raise Error(f"the pipeline needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    require_spark_extra("mc0 pipeline", ("pyspark", "pyarrow", "pandas"))  # before the broker or a JVM
     from rich.console import Console
+
+    from ..spark import make_session
+    from ..spark import pipeline as job
 
     client_config = conn.config().client
     extra: dict[str, str] = {}
@@ -257,10 +271,9 @@ def pipeline(
 @_one_line_errors
 def report(input_dir: str, output_dir: str | None) -> None:
     """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
-    try:
-        from ..spark.report import build_report
-    except ImportError as exc:
-        raise Error(f"the report needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    require_spark_extra("mc0 report", ("matplotlib", "pyarrow", "pandas"))
+    from ..spark.report import build_report
+
     written = build_report(input_dir, output_dir or os.path.join(input_dir, "report"))
     for path in written:
         click.echo(str(path))
