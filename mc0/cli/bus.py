@@ -13,9 +13,10 @@ from typing import Any
 import click
 
 from ..aio.worker import HANDLER_THREAD_PREFIX
-from ..client import Worker
+from ..client import Client, Worker
 from ..errors import Error, Forbidden, RemoteError, Timeout
 from ..message import Message, Reply
+from ..protocol import BROKER_SERVICE, IDENTITY_OP, MAILBOX_STORED
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
 
@@ -45,23 +46,27 @@ def pub(
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
 
-    With --confirm, a journaled message prints where it was stored, a direct
-    one (--to) whether it was delivered or stored for later."""
+    With --confirm, a journaled message prints where it was stored (journal and
+    seq). A direct message (--to IDENTITY) always prints whether it was
+    delivered or stored for later, and notes on stderr an identity the broker
+    never saw (a misspelt name looks just like one that is offline)."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
     if to is not None and msgid is not None:
         raise click.UsageError("--msgid is for journaled topics, not for --to")
+    warned = False
     refusals = _Refusals()  # an unconfirmed PUT's ERROR comes back unasked: the command fails on it
     client_log = logging.getLogger("mc0.client")
     client_log.addFilter(refusals)
     try:
         with conn.client() as client:
             for _ in range(count):
-                if to is not None:
-                    outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
-                    if outcome is not None:
-                        letter = {"to": to, "topic": topic, "outcome": outcome}
-                        click.echo(json.dumps(letter) if as_json else f"{to}: {outcome}")
+                if to is not None:  # always confirmed: where a letter went is what the command tells
+                    outcome = client.send_to(to, topic, data, headers=headers, confirm=True)
+                    letter = {"to": to, "topic": topic, "outcome": outcome}
+                    click.echo(json.dumps(letter) if as_json else f"{to}: {outcome}")
+                    if outcome == MAILBOX_STORED and not warned:
+                        warned = _warn_if_never_seen(client, to)
                     continue
                 ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
                 if as_json and ack is not None:
@@ -75,6 +80,24 @@ def pub(
     finally:
         client_log.removeFilter(refusals)
     refusals.raise_first()
+
+
+def _warn_if_never_seen(client: Client, identity: str) -> bool:
+    """A letter was stored: if the broker never saw ``identity`` since it started, say so on stderr
+    (a misspelt name looks just like an identity that is offline).  True when it warned."""
+    query = json.dumps({"op": IDENTITY_OP, "identity": identity})
+    try:
+        answer = json.loads(client.request(BROKER_SERVICE, query).body)
+    except (Error, ValueError):
+        return False  # an older broker without the op, or no answer: no hint rather than a failure
+    if answer.get("seen") is not False:
+        return False
+    click.echo(
+        f"mc0: note: no identity {identity!r} has connected to this broker since it started; the letter waits for"
+        " one (check the name: `mc0 keys list` shows the allowed identities)",
+        err=True,
+    )
+    return True
 
 
 class _Refusals(logging.Filter):
@@ -341,7 +364,7 @@ def stats(
     conn: Connection,
 ) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
-    from ..protocol import BROKER_SERVICE, SYS_PEER_TOPIC
+    from ..protocol import SYS_PEER_TOPIC
 
     with conn.client() as client:
         ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
