@@ -325,7 +325,21 @@ def serve(
     ttl: float | None,
     conn: Connection,
 ) -> None:
-    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
+    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM (the first drains:
+    no new work, running calls finish and reply; a second cancels them).
+
+    The function receives an mc0.Request (.body bytes, .headers, .caller: the identity that
+    called, .deadline) and returns the reply's body: bytes, str, None, a list of frames, or an
+    mc0.Reply (to set headers). A generator yields PARTIAL replies and returns the FINAL; an
+    async function or generator runs on the worker's event loop; an exception becomes ERROR 500
+    with its message. MODULE is imported from the current folder or sys.path, e.g. greet.py:
+
+    \b
+        def hello(request):
+            return b"hello " + request.body
+
+    \b
+    mc0 serve greet:hello --service greet --capacity 4"""
     handler = _import_handler(handler_spec)
     worker = Worker(
         conn.endpoint,
