@@ -221,7 +221,9 @@ def configure_client(socket: zmq.Socket[Any], keys: KeyPair, broker_public: byte
 
 
 HANDSHAKE_FAILURES: dict[int, str] = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the broker refused this key (not allowed, or revoked)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: (
+        "the broker refused this key: not allowed, or revoked (`mc0 keys allow NAME` on the broker admits it)"
+    ),
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "CURVE handshake failed (wrong broker key, or a broker without CURVE?)",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "CURVE handshake failed (wrong broker key, or a broker without CURVE?)",
 }

@@ -147,7 +147,7 @@ def test_bad_config_names_the_file_and_key(tmp_path: Path, text: str, message: s
 
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     result = mc0("ping", "--config", str(tmp_path / "nope.toml"))
-    assert result.returncode == 1 and "nope.toml: cannot read" in result.stderr
+    assert result.returncode == 1 and "nope.toml: no such file (`mc0 config sample -o FILE` writes one" in result.stderr
 
 
 def test_bind_failure_is_one_line(broker: BrokerProcess) -> None:
