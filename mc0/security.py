@@ -29,19 +29,29 @@ from zmq.auth.base import Authenticator
 from zmq.utils import z85
 
 from .errors import KeyFileError
-from .keys import PUBLIC_SUFFIX, KeyPair, load_public
+from .keys import PUBLIC_SUFFIX, KeyPair, fingerprint, load_public
 
 log = logging.getLogger("mc0.security")
 
 ZAP_DOMAIN = "mc0"
 
 
-class AllowedKeys:
-    """The allowed folder: Z85 public key -> identity (the file's stem)."""
+REVOKED_FOLDER = "revoked"  # beside the allowed folder: where `mc0 keys revoke` moves a key
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+
+class AllowedKeys:
+    """The allowed folder: Z85 public key -> identity (the file's stem).
+
+    For the log, it also knows the keys it cannot admit by the names ``mc0 keys list`` shows:
+    those allowed earlier in this run or kept in the revoked folder beside it (``revoked``),
+    and those of the key folder ``keys_dir`` (``not allowed``); ``refusal(key)`` says which."""
+
+    def __init__(self, folder: str | os.PathLike[str], *, keys_dir: str | os.PathLike[str] | None = None) -> None:
         self.folder = Path(folder)
+        self.keys_dir = Path(keys_dir) if keys_dir is not None else None
         self.by_key: dict[bytes, str] = {}
+        self.revoked: dict[bytes, str] = {}  # key -> name: allowed before (this run, or moved to revoked/)
+        self.known: dict[bytes, str] = {}  # key -> name: a public key file in keys_dir
         self._stamp: object = None
 
     def _listing(self) -> list[tuple[str, int, int]]:
@@ -78,9 +88,31 @@ class AllowedKeys:
                 continue
             by_key[key.public] = identity
         before = set(self.by_key.values())
+        for public, identity in self.by_key.items():
+            if public not in by_key:
+                self.revoked[public] = identity
         self.by_key = by_key
         self._stamp = listing
+        self.revoked.update(_names(self.folder.parent / REVOKED_FOLDER))
+        for public in by_key:
+            self.revoked.pop(public, None)  # allowed again
+        self.known = _names(self.keys_dir) if self.keys_dir is not None else {}
         return before - set(by_key.values())
+
+    def refusal(self, public_z85: bytes) -> str:
+        """Why a key is refused, by the name and fingerprint ``mc0 keys list`` shows (never the key)."""
+        try:
+            shown = fingerprint(public_z85)
+        except ValueError:
+            return "refused a malformed key"
+        revoked = self.revoked.get(public_z85)
+        if revoked is not None:
+            return f"refused a revoked key: {revoked} ({shown}); `mc0 keys allow {revoked}` admits it again"
+        name = self.known.get(public_z85)
+        if name is not None:
+            return f"refused a key that is not allowed: {name} ({shown}); `mc0 keys allow {name}` admits it"
+        unnamed = "no key file of it here; `mc0 keys list` shows fingerprints"
+        return f"refused a key that is not allowed: {shown} ({unnamed})"
 
     def changed(self) -> bool:
         """Whether the folder's listing (names, sizes, mtimes) moved since the last load."""
@@ -92,6 +124,21 @@ class AllowedKeys:
     @property
     def identities(self) -> set[str]:
         return set(self.by_key.values())
+
+
+def _names(folder: Path) -> dict[bytes, str]:
+    """Public key -> name for the ``*.key`` files of ``folder`` (unreadable ones and a missing folder: none)."""
+    try:
+        paths = sorted(folder.glob(f"*{PUBLIC_SUFFIX}"))
+    except OSError:
+        return {}
+    names: dict[bytes, str] = {}
+    for path in paths:
+        try:
+            names.setdefault(load_public(path).public, path.name[: -len(PUBLIC_SUFFIX)])
+        except (KeyFileError, OSError):
+            continue
+    return names
 
 
 def _run_sync(coro: Coroutine[Any, Any, None]) -> None:
@@ -127,8 +174,9 @@ class ZapHandler(Authenticator):
             self.admitted += 1
         else:
             self.refused += 1
-            # WARNING: an operator wants to see who knocks with a key that is not allowed.
-            log.warning("refused a key that is not allowed: %s", key.decode("ascii", "replace"))
+            # WARNING: an operator wants to see who knocks with a key that is not allowed (by the name and
+            # fingerprint `mc0 keys list` shows; revoked or never allowed).
+            log.warning("%s", self.allowed.refusal(key))
         return known
 
     def curve_user_id(self, client_public_key: bytes) -> str:
@@ -173,7 +221,9 @@ def configure_client(socket: zmq.Socket[Any], keys: KeyPair, broker_public: byte
 
 
 HANDSHAKE_FAILURES: dict[int, str] = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the broker refused this key (not allowed, or revoked)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: (
+        "the broker refused this key: not allowed, or revoked (`mc0 keys allow NAME` on the broker admits it)"
+    ),
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "CURVE handshake failed (wrong broker key, or a broker without CURVE?)",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "CURVE handshake failed (wrong broker key, or a broker without CURVE?)",
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mc0 beside NATS, Majordomo and the raw ZeroMQ limit (the same code as `mc0 bench`).
 
-./run bench                          # installs mc0[bench], runs everything, writes var/bench.json
+./run bench                          # installs the bench group and mc0[spark], runs everything, writes var/bench.json
 python scripts/bench.py --quick      # a smoke run (seconds)
 python scripts/bench.py --only RPC --runs 5 --json out.json
 python scripts/bench.py --suite library --runs 3 --json lib.json --markdown lib.md   # the client libraries

@@ -5,7 +5,7 @@ Loads ``--count`` messages into a journal, then fetches them 100 at a time and
 awaits one answered ``ack()`` per message, printing acks/s; with ``--profile``
 py-spy samples the broker process meanwhile and the hottest functions are
 printed (self and inclusive share of samples).  py-spy comes with the bench
-extra (``pip install -e '.[bench]'``) and needs ptrace rights over the broker.
+group (``pip install --group bench``) and needs ptrace rights over the broker.
 
 python scripts/profile_acks.py --count 2000 --profile
 """

@@ -9,7 +9,7 @@ The load is the library benchmark's own (benchmarks/library_mc0.py and
 library_nats.py: the same worker and client processes as the ``lib RPC``
 rows), one broker per system at its defaults.  While the client calls,
 psutil reads each process's CPU time (user + system); with ``--spy`` py-spy
-(the bench extra) samples every mc0 process at ``--rate`` Hz and the samples
+(the bench group) samples every mc0 process at ``--rate`` Hz and the samples
 are grouped into stages by the file and function they are in (the leaf
 first: the innermost frame of ours that a stage names).  py-spy slows what
 it samples: read its shares, not its rates.
@@ -77,7 +77,7 @@ STAGES = [
     ("nats-py", ("nats/",)),
 ]
 WAITING = "poll / wait (idle)"
-# py-spy comes with the bench extra, beside this interpreter (a venv's bin need not be on PATH).
+# py-spy comes with the bench group, beside this interpreter (a venv's bin need not be on PATH).
 SPY = shutil.which("py-spy") or next((str(p) for p in [Path(sys.executable).parent / "py-spy"] if p.exists()), None)
 
 
@@ -181,7 +181,7 @@ def main() -> int:
     parser.add_argument("--keep", help="a folder to keep py-spy's raw profiles in (SYSTEM-PROCESS.txt)")
     args = parser.parse_args()
     if args.spy and SPY is None:
-        print("profile_rpc: py-spy is not installed (pip install 'mc0[bench]')", file=sys.stderr)
+        print("profile_rpc: py-spy is not installed (pip install --group bench, in a checkout)", file=sys.stderr)
         return 1
     load = os.getloadavg()[0]
     print(f"window {args.window}, {args.seconds:g} s, {BODY}-byte bodies, load average {load:.1f}")

@@ -9,7 +9,7 @@ A broker process keeps the records; ``spark.read.format("mc0")`` scans them
 does the plain Python source over the same rows from an Arrow file (the
 floor of Spark's own cost for a Python source).  While the scans run, psutil
 reads the CPU time (user + system) of the broker, of the JVM and of Spark's
-Python workers, and during the mc0 scans py-spy (the bench extra) samples
+Python workers, and during the mc0 scans py-spy (the bench group) samples
 the broker and the Python workers (``--subprocesses`` of pyspark's daemon);
 samples are grouped into stages by the function and file they are in.
 """

@@ -18,16 +18,23 @@ from mc0.process import BrokerProcess
 
 NOOPS = ([b"NOOP"], [b"", b"NOOP"])  # a heartbeat, bare or enveloped
 
-# Where each dependency a test needs beyond the package comes from (pyproject's extras; eventmq is
-# installed by ./run test with --no-deps: its 2019 pins do not build on Python 3.11).
+# Where each dependency a test needs beyond the package comes from (pyproject's extras and dependency
+# groups; eventmq is installed by ./run test with --no-deps: its 2019 pins do not build on Python 3.11).
 INSTALLED_BY = {
     "pyspark": "the spark extra",
     "pyarrow": "the spark extra",
-    "atheris": "the test extra",
+    "matplotlib": "the spark extra",
+    "atheris": "the test group",
     "nats": "the cluster extra",
-    "majortomo": "the test extra",
+    "pynng": "the memodb extra",
+    "cbor2": "the memodb extra",
+    "majortomo": "the test group",
     "eventmq": "./run test (pip install --no-deps eventmq==0.3.13)",
 }
+# What `./run test` installs, for a suite run by hand (pip >= 25.1 for --group).
+INSTALL_ALL = (
+    "pip install -e '.[spark,cluster,memodb]' --group test --group bench && pip install --no-deps eventmq==0.3.13"
+)
 
 
 def require(module: str) -> ModuleType:
@@ -36,10 +43,10 @@ def require(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        where = INSTALLED_BY.get(module, "the test extra")
+        where = INSTALLED_BY.get(module, "the test group")
         raise ImportError(
-            f"{module} is not installed: the tests need it ({where}); `./run test` installs every extra the"
-            " suite needs, or: pip install -e '.[test,spark,bench,cluster]' && pip install --no-deps eventmq==0.3.13"
+            f"{module} is not installed: the tests need it ({where}); `./run test` installs everything the"
+            f" suite needs, or: {INSTALL_ALL}"
         ) from exc
 
 
@@ -54,6 +61,7 @@ ONE_WORKER = {
     "tests/test_fuzz.py": "cpu",  # the fuzzer keeps a core busy for its bounded time
     "tests/test_scripts.py": "cpu",  # the benchmark smoke runs load the machine: not beside the fuzzer
     "tests/test_seed004_live.py": "tests/test_seed004_live.py",  # a module-scoped broker
+    "tests/test_docs.py": "tests/test_docs.py",  # a module-scoped broker (README's quick start)
     "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
     "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_jetstream_live.py": "tests/test_jetstream_live.py",  # a module-scoped three-node NATS cluster

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,7 +147,7 @@ def test_bad_config_names_the_file_and_key(tmp_path: Path, text: str, message: s
 
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     result = mc0("ping", "--config", str(tmp_path / "nope.toml"))
-    assert result.returncode == 1 and "nope.toml: cannot read" in result.stderr
+    assert result.returncode == 1 and "nope.toml: no such file (`mc0 config sample -o FILE` writes one" in result.stderr
 
 
 def test_bind_failure_is_one_line(broker: BrokerProcess) -> None:
@@ -225,7 +226,9 @@ def test_serve_call_stream_scatter_and_stats(broker: BrokerProcess) -> None:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(10) == 0  # a clean stop on SIGTERM
         result = mc0("call", "who", "--endpoint", broker.endpoint)
-        assert result.returncode == 1 and result.stderr.strip() == "mc0: error: 503 no worker for who"
+        assert result.returncode == 1 and result.stderr.strip() == (
+            "mc0: error: 503 no worker for who (start one: mc0 serve MODULE:FUNCTION --service NAME)"
+        )
     finally:
         worker.kill()
         worker.communicate(timeout=10)
@@ -289,3 +292,35 @@ def test_an_unusable_journal_folder_is_one_line_naming_it(tmp_path: Path) -> Non
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("mc0: error: journal main: ") and "afile" in line and "Not a directory" in line
+
+
+def test_pub_to_an_identity_never_seen_says_so_and_one_seen_does_not(broker: BrokerProcess) -> None:
+    ep = ("--endpoint", broker.endpoint)
+    nobody = mc0("pub", "cmd.x", "now", "--to", "nobody", *ep)
+    assert nobody.returncode == 0, nobody.stderr
+    assert nobody.stdout.strip() == "nobody: stored"  # --to always says where the letter went
+    (note,) = nobody.stderr.strip().splitlines()
+    assert note.startswith("mc0: note: no identity 'nobody' has connected to this broker since it started")
+    assert "check the name" in note
+    # Everyone is 'anonymous' on this broker: an identity seen before (and offline now) gets no note.
+    offline = mc0("pub", "cmd.x", "now", "--to", "anonymous", "--json", *ep)
+    assert offline.returncode == 0, offline.stderr
+    assert json.loads(offline.stdout)["outcome"] in ("stored", "delivered") and not offline.stderr.strip()
+
+
+def test_the_identity_op_answers_only_who_may_send_there(curve: Any) -> None:
+    import mc0 as lib
+
+    setup, broker = curve
+    query = json.dumps({"op": "identity", "identity": "bob"})
+    with lib.Client(broker.endpoint, **setup.client_options("alice")) as alice:
+        assert json.loads(alice.request("mc0.broker", query).body) == {
+            "identity": "bob",
+            "seen": False,
+            "connected": False,
+        }
+        with lib.Client(broker.endpoint, **setup.client_options("bob")):
+            assert json.loads(alice.request("mc0.broker", query).body)["connected"] is True
+        assert json.loads(alice.request("mc0.broker", query).body)["seen"] is True
+        with pytest.raises(lib.BadRequest):
+            alice.request("mc0.broker", json.dumps({"op": "identity", "identity": "has space"}))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import cbor2
 import pytest
 
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.dialects import memodb as M
 from mc0.broker.dialects import route
 from mc0.permissions import Permissions
+
+from .conftest import require
+
+cbor2 = require("cbor2")  # the memodb extra (never a skip: a missing one fails naming its install)
 
 GRANTED = Permissions.from_table({"identity": {"memodb": {}}})  # an identity table: the default's rights
 

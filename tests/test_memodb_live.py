@@ -14,14 +14,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cbor2
-import pynng
 import pytest
 
 import mc0
 from mc0 import ports
 from mc0 import protocol as P
 from mc0.process import BrokerProcess
+
+from .conftest import require
+
+cbor2 = require("cbor2")  # the memodb extra (never a skip: a missing one fails naming its install)
+pynng = require("pynng")
 
 READY, JOB, RESULT, HEARTBEAT, DISCONNECT = 1, 2, 3, 4, 5
 

@@ -178,3 +178,48 @@ def test_pipeline_with_an_unknown_journal_is_one_line_before_spark_starts(tmp_pa
         )
     assert result.returncode == 1
     assert result.stderr.strip() == "mc0: error: option journal: the broker has no journal 'nope' (journals: main)"
+
+
+def _write_table(folder: Path, rows: list[dict[str, Any]]) -> None:
+    pa = require("pyarrow")
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "part-0.parquet")
+
+
+def test_report_leaves_minutes_without_data_as_gaps_and_no_errors_on_an_axis_from_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
+    from mc0.spark.report import build_report
+
+    numpy = require("numpy")
+    at = [datetime(2026, 1, 1, 12, m, tzinfo=UTC) for m in range(5)]  # data at minutes 0, 1 and 4 only
+    _write_table(
+        tmp_path / "topics",
+        [{"minute": at[m], "topic": "orders.new", "messages": 10 + m, "bytes": 100} for m in (0, 1, 4)]
+        + [{"minute": at[1], "topic": "audit.x", "messages": 3, "bytes": 30}],  # silent at 0 and 4: zeros there
+    )
+    rpc_row = {"service": "svc", "requests": 5, "errors": 0, "error_rate": 0.0}
+    latencies = {"latency_p50_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0}
+    _write_table(tmp_path / "rpc", [{"minute": at[m], **rpc_row, **latencies} for m in (0, 4)])
+    drawn: list[Any] = []
+    save = Figure.savefig
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        drawn.append(self)
+        save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    build_report(tmp_path, tmp_path / "report")
+    traffic, rpc = drawn
+    lines = {line.get_label(): line for line in traffic.axes[0].get_lines()}
+    gaps = [bool(v) for v in numpy.isnan(numpy.asarray(lines["orders.new"].get_ydata(), dtype=float))]
+    assert gaps == [False, False, True, True, False]  # minutes 2 and 3 had no data: no line across them
+    assert list(lines["audit.x"].get_ydata())[:2] == [0, 3]  # a minute with data, silent for a topic: 0
+    latency, errors = rpc.axes
+    p50 = numpy.asarray(latency.get_lines()[0].get_ydata(), dtype=float)
+    assert [bool(v) for v in numpy.isnan(p50)] == [False, True, True, True, False]
+    assert errors.get_ylim() == (0.0, 1.0) and "no errors" in errors.get_title()

@@ -151,7 +151,7 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
 
 @pytest.mark.timeout(240)
 def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
-    require("nats")  # the NATS/JetStream rows need the bench extra: fail with the hint, never skip
+    require("nats")  # the NATS/JetStream rows need the bench group: fail with the hint, never skip
     out, md = tmp_path / "queues.json", tmp_path / "queues.md"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "consumers", "--only", "ack-batch",

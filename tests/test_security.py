@@ -287,6 +287,50 @@ def test_revocation_mid_session_stops_delivery_and_refuses_reconnects(curve: tup
         assert time.monotonic() - started < 2.0
 
 
+def _refused(broker: BrokerProcess, setup: CurveSetup, secret: Path) -> None:
+    with pytest.raises(mc0.AuthFailed):
+        mc0.Client(broker.endpoint, timeout=5, key=str(secret), broker_key=str(setup.broker_key)).connect()
+
+
+def test_a_refused_key_is_logged_by_its_name_and_fingerprint_and_revoked_apart_from_not_allowed(
+    tmp_path: Path,
+) -> None:
+    setup = CurveSetup(tmp_path)  # alice, bob, carol allowed; mallory's key is in keys/ but not allowed
+    keys.create(tmp_path / "elsewhere", "eve")  # a key no folder of the broker holds
+    revoked = setup.keys_dir / "revoked"
+    revoked.mkdir()
+    (setup.allowed_dir / "carol.key").rename(revoked / "carol.key")  # revoked before the broker started
+    broker = setup.start()
+    try:
+        _refused(broker, setup, setup.secret("mallory"))
+        _refused(broker, setup, tmp_path / "elsewhere" / "eve.key_secret")
+        _refused(broker, setup, setup.secret("carol"))
+        (setup.allowed_dir / "bob.key").rename(revoked / "bob.key")  # what `mc0 keys revoke bob` does
+        deadline = time.monotonic() + 10  # the broker re-reads the folder every reload_ms (100)
+        while True:
+            try:
+                mc0.Client(broker.endpoint, timeout=5, **setup.client_options("bob")).connect().close()
+            except mc0.AuthFailed:
+                break
+            assert time.monotonic() < deadline, "bob still admitted 10 s after his key left the allowed folder"
+            time.sleep(0.1)
+    finally:
+        broker.stop()
+    log = broker.stderr_text()
+    fingerprint = {name: keys.load_public(setup.keys_dir / f"{name}.key").fingerprint for name in ("mallory", "bob")}
+    fingerprint["carol"] = keys.load_public(revoked / "carol.key").fingerprint
+    fingerprint["eve"] = keys.load_public(tmp_path / "elsewhere" / "eve.key").fingerprint
+    for line in (
+        f"refused a key that is not allowed: mallory ({fingerprint['mallory']}); `mc0 keys allow mallory` admits it",
+        f"refused a key that is not allowed: {fingerprint['eve']} (no key file of it here; `mc0 keys list`",
+        f"refused a revoked key: carol ({fingerprint['carol']}); `mc0 keys allow carol` admits it again",
+        f"refused a revoked key: bob ({fingerprint['bob']}); `mc0 keys allow bob` admits it again",
+    ):
+        assert line in log, log[-3000:]
+    publics = [keys.load_public(p).public.decode() for p in (*setup.keys_dir.glob("*.key"), *revoked.glob("*.key"))]
+    assert not [key for key in publics if key in log]  # never the raw Z85 key
+
+
 PERMISSIONS = """
 [permissions.default]
 publish = ["public.>"]

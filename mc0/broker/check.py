@@ -22,7 +22,7 @@ from ..endpoints import check_endpoint
 from ..errors import ConfigError
 from .cluster.link import redacted
 from .monitoring.httpd import parse_listen
-from .nngbridge import check_listen
+from .nngbridge import check_listen, require_modules
 
 
 def _writable_folder(path: Path, what: str) -> str:
@@ -43,7 +43,21 @@ def _writable_folder(path: Path, what: str) -> str:
     return "will be created"
 
 
+def require_extras(config: Config) -> None:
+    """The optional packages ``config`` needs are installed, or a :class:`ConfigError` naming the extra:
+    nats-py for ``[cluster] nats`` (mc0[cluster]), pynng and cbor2 for ``[memodb] enabled``
+    (mc0[memodb]).  ``mc0 broker`` asks before it makes a keypair or opens anything."""
+    if config.cluster.nats:
+        try:
+            import nats  # noqa: F401
+        except ImportError:
+            raise ConfigError("cluster.nats", "joining a cluster needs nats-py: pip install 'mc0[cluster]'") from None
+    if config.memodb.enabled and config.broker.foreign_dialects:
+        require_modules()
+
+
 def check_config(config: Config) -> list[str]:
+    require_extras(config)
     check_stores(config)  # a JetStream journal without [cluster] nats: the error names its store
     lines: list[str] = []
     for endpoint in config.broker.bind:
@@ -62,10 +76,6 @@ def check_config(config: Config) -> list[str]:
         lines.append("memodb: off" + (" (foreign_dialects = false)" if memodb.enabled else ""))
     cluster = config.cluster
     if cluster.nats:
-        try:
-            import nats  # noqa: F401
-        except ImportError:
-            raise ConfigError("cluster.nats", "joining a cluster needs nats-py: pip install 'mc0[cluster]'") from None
         shown = ", ".join(redacted(url) for url in cluster.nats)
         name = cluster.name or "derived from the host and the first bind"
         lines.append(f"cluster: broker {name} joins over NATS {shown}")

@@ -37,7 +37,6 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import pynng
 import zmq
 import zmq.asyncio
 
@@ -45,8 +44,13 @@ from ..errors import ConfigError
 from ..settings import Config, MemodbConfig
 from .core.loglimit import LogLimiter
 from .core.peers import Out
-from .dialects.memodb import MAX_HEADER_BYTES, MemoDB, Reply, is_worker_request
+from .dialects.memodb import HAVE_CBOR2, MAX_HEADER_BYTES, MemoDB, Reply, is_worker_request
 from .outbox import Outbox
+
+try:
+    import pynng
+except ImportError:  # the memodb extra: require_modules says so, in one line, before any listener opens
+    pynng = None
 
 if TYPE_CHECKING:
     from .dialects.base import CoreOps
@@ -56,6 +60,16 @@ log = logging.getLogger("mc0.broker")
 RECV_BATCH = 256  # requests handled per readiness event before the loop looks at its timers
 SEND_LINGER = 0.5  # seconds close() waits for replies still being sent on NNG contexts
 _STOP = b""  # on the PAIR socket: the broker is closing
+
+
+MEMODB_EXTRA = "pip install 'mc0[memodb]'"
+
+
+def require_modules() -> None:
+    """:class:`ConfigError` naming ``memodb.enabled`` and the extra when pynng or cbor2 is missing."""
+    missing = [name for name, present in (("pynng", pynng is not None), ("cbor2", HAVE_CBOR2)) if not present]
+    if missing:
+        raise ConfigError("memodb.enabled", f"MemoDB needs {' and '.join(missing)}, not installed: {MEMODB_EXTRA}")
 
 
 def check_listen(listen: str) -> bool:
@@ -99,6 +113,7 @@ class NngBridge:
         (which refuses MemoDB with every other foreign dialect)."""
         if not (config.memodb.enabled and config.broker.foreign_dialects):
             return None
+        require_modules()
         return cls(config.memodb, max_message_bytes=config.broker.limits.max_message_bytes)
 
     # ------------------------------------------------------------ lifecycle

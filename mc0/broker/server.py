@@ -185,7 +185,7 @@ class Broker:
         if security.curve:
             broker_keys = self._broker_keys()  # KeyFileError names the file
             self.public_key = broker_keys.public
-            self.allowed = AllowedKeys(security.allowed_dir)
+            self.allowed = AllowedKeys(security.allowed_dir, keys_dir=security.keys_dir)  # names refused keys
             self.allowed.load(strict=True)
         # A private context: the ZAP endpoint is per context, so brokers in one process stay apart.
         self._context = self._given_context or zmq.Context()

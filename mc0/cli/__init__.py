@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from . import bus, journal, keys, ops  # noqa: F401  (each registers its commands on the group)
+from . import bus, journal, keys, ops, samples  # noqa: F401  (each registers its commands on the group)
 from .base import cli, hoist_global_options
 
 __all__ = ["cli", "main"]
@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = hoist_global_options(sys.argv[1:] if argv is None else argv)
         status = cli.main(args=args, prog_name="mc0", standalone_mode=False)
+    except click.UsageError as exc:  # click's own line, and where the usage is (click prints it on two more)
+        where = exc.ctx.command_path if exc.ctx is not None else "mc0"
+        click.echo(f"mc0: error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"mc0: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

@@ -21,10 +21,20 @@ import click
 
 from .. import config as cfg
 from ..client import Client
-from ..errors import Error
+from ..errors import Error, Forbidden, NoResponders
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def what_to_do(error: Error) -> str:
+    """The remedy a broker's refusal does not say itself (it speaks for the wire, not the CLI)."""
+    if isinstance(error, Forbidden) and " may not " in error.reason:
+        identity = error.reason.split(" may not ", 1)[0]
+        return f" (a grant in the broker's [permissions.identity.{identity}] allows it: docs/SECURITY.md)"
+    if isinstance(error, NoResponders):
+        return " (start one: mc0 serve MODULE:FUNCTION --service NAME)"
+    return ""
 
 
 def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -33,7 +43,7 @@ def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except Error as exc:
-            click.echo(f"mc0: error: {exc}", err=True)
+            click.echo(f"mc0: error: {exc}{what_to_do(exc)}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             sys.exit(130)

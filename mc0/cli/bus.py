@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import sys
 import threading
@@ -12,9 +13,10 @@ from typing import Any
 import click
 
 from ..aio.worker import HANDLER_THREAD_PREFIX
-from ..client import Worker
-from ..errors import Error, Forbidden, Timeout
+from ..client import Client, Worker
+from ..errors import Error, Forbidden, RemoteError, Timeout
 from ..message import Message, Reply
+from ..protocol import BROKER_SERVICE, IDENTITY_OP, MAILBOX_STORED
 from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
 
 
@@ -44,30 +46,83 @@ def pub(
 ) -> None:
     """Publish BODY (or stdin when BODY is '-' or absent) to TOPIC.
 
-    With --confirm, a journaled message prints where it was stored, a direct
-    one (--to) whether it was delivered or stored for later."""
+    With --confirm, a journaled message prints where it was stored (journal and
+    seq). A direct message (--to IDENTITY) always prints whether it was
+    delivered or stored for later, and notes on stderr an identity the broker
+    never saw (a misspelt name looks just like one that is offline)."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = _parse_headers(header_pairs)
     if to is not None and msgid is not None:
         raise click.UsageError("--msgid is for journaled topics, not for --to")
-    with conn.client() as client:
-        for _ in range(count):
-            if to is not None:
-                outcome = client.send_to(to, topic, data, headers=headers, confirm=confirm)
-                if outcome is not None:
-                    click.echo(
-                        json.dumps({"to": to, "topic": topic, "outcome": outcome}) if as_json else f"{to}: {outcome}"
-                    )
-                continue
-            ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
-            if as_json and ack is not None:
-                record = {"topic": topic, "journal": ack.journal, "seq": ack.seq, "duplicate": ack.duplicate}
-                click.echo(json.dumps(record))
-            elif ack is not None and ack.seq is not None:
-                repeat = " (duplicate: stored before)" if ack.duplicate else ""
-                click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
-        if not confirm:
-            client.ping()  # everything before it has reached the broker
+    warned = False
+    refusals = _Refusals()  # an unconfirmed PUT's ERROR comes back unasked: the command fails on it
+    client_log = logging.getLogger("mc0.client")
+    client_log.addFilter(refusals)
+    try:
+        with conn.client() as client:
+            for _ in range(count):
+                if to is not None:  # always confirmed: where a letter went is what the command tells
+                    outcome = client.send_to(to, topic, data, headers=headers, confirm=True)
+                    letter = {"to": to, "topic": topic, "outcome": outcome}
+                    click.echo(json.dumps(letter) if as_json else f"{to}: {outcome}")
+                    if outcome == MAILBOX_STORED and not warned:
+                        warned = _warn_if_never_seen(client, to)
+                    continue
+                ack = client.publish(topic, data, headers=headers, confirm=confirm, msgid=msgid)
+                if as_json and ack is not None:
+                    record = {"topic": topic, "journal": ack.journal, "seq": ack.seq, "duplicate": ack.duplicate}
+                    click.echo(json.dumps(record))
+                elif ack is not None and ack.seq is not None:
+                    repeat = " (duplicate: stored before)" if ack.duplicate else ""
+                    click.echo(f"{ack.journal} seq {ack.seq}{repeat}")
+            if not confirm:
+                client.ping()  # everything before it has reached the broker, and its refusals came back
+    finally:
+        client_log.removeFilter(refusals)
+    refusals.raise_first()
+
+
+def _warn_if_never_seen(client: Client, identity: str) -> bool:
+    """A letter was stored: if the broker never saw ``identity`` since it started, say so on stderr
+    (a misspelt name looks just like an identity that is offline).  True when it warned."""
+    query = json.dumps({"op": IDENTITY_OP, "identity": identity})
+    try:
+        answer = json.loads(client.request(BROKER_SERVICE, query).body)
+    except (Error, ValueError):
+        return False  # an older broker without the op, or no answer: no hint rather than a failure
+    if answer.get("seen") is not False:
+        return False
+    click.echo(
+        f"mc0: note: no identity {identity!r} has connected to this broker since it started; the letter waits for"
+        " one (check the name: `mc0 keys list` shows the allowed identities)",
+        err=True,
+    )
+    return True
+
+
+class _Refusals(logging.Filter):
+    """Takes the broker's refusals of unconfirmed publishes out of the client's log (where the
+    library reports them) so that ``pub`` ends with one line for them, and a non-zero exit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[RemoteError] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if isinstance(error, RemoteError):
+            self.errors.append(error)
+            return False
+        return True
+
+    def raise_first(self) -> None:
+        if not self.errors:
+            return
+        first = self.errors[0]
+        more = len(self.errors) - 1
+        if more:
+            raise type(first)(first.code, f"{first.reason} (and {more} more refused)")
+        raise first
 
 
 def _message_line(message: Message, as_json: bool) -> str:
@@ -270,7 +325,21 @@ def serve(
     ttl: float | None,
     conn: Connection,
 ) -> None:
-    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM."""
+    """Run MODULE:FUNCTION as a worker for each --service until SIGINT/SIGTERM (the first drains:
+    no new work, running calls finish and reply; a second cancels them).
+
+    The function receives an mc0.Request (.body bytes, .headers, .caller: the identity that
+    called, .deadline) and returns the reply's body: bytes, str, None, a list of frames, or an
+    mc0.Reply (to set headers). A generator yields PARTIAL replies and returns the FINAL; an
+    async function or generator runs on the worker's event loop; an exception becomes ERROR 500
+    with its message. MODULE is imported from the current folder or sys.path, e.g. greet.py:
+
+    \b
+        def hello(request):
+            return b"hello " + request.body
+
+    \b
+    mc0 serve greet:hello --service greet --capacity 4"""
     handler = _import_handler(handler_spec)
     worker = Worker(
         conn.endpoint,
@@ -309,7 +378,7 @@ def stats(
     conn: Connection,
 ) -> None:
     """Show the broker's services, workers, queues, topics and peers."""
-    from ..protocol import BROKER_SERVICE, SYS_PEER_TOPIC
+    from ..protocol import SYS_PEER_TOPIC
 
     with conn.client() as client:
         ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")

@@ -63,6 +63,9 @@ def broker(
         config = dataclasses.replace(config, security=dataclasses.replace(config.security, curve=False))
     if http_listen is not None:
         config = dataclasses.replace(config, http=dataclasses.replace(config.http, listen=http_listen))
+    from ..broker.check import require_extras
+
+    require_extras(config)  # a missing extra is named before a keypair is made or a port bound
     if check_config:
         from ..broker.check import check_config as check
 
@@ -105,30 +108,56 @@ def _with_cluster(config: cfg.Config, urls: str | None, name: str | None) -> cfg
     return dataclasses.replace(config, cluster=cluster)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    options_metavar="--endpoint URL [SCENARIO] [OPTIONS]",
+)
 @click.pass_context
 @_one_line_errors
 def bench(ctx: click.Context) -> None:
-    """Benchmarks beside NATS, Majordomo and raw ZeroMQ (options: see `mc0 bench --help-bench`);
-    with --endpoint URL, load that existing broker instead (like `nats bench`: see
-    `mc0 bench --endpoint URL --help`).
+    """Load a running broker, as `nats bench` does: scenarios pubsub (the default), pub, sub,
+    request, reply and rpc.
 
-    The comparison harness lives in the source checkout (benchmarks/, run by scripts/bench.py),
-    not in the package."""
+    \b
+    mc0 bench --endpoint tcp://127.0.0.1:61616 --pub 2 --sub 2 --msgs 100000
+    mc0 bench --endpoint URL --help              the scenarios, --key/--broker-key/--config
+    mc0 bench --endpoint URL SCENARIO --help     one scenario's options
+
+    In a source checkout of mc0, options without --endpoint run the comparison beside NATS,
+    Majordomo and raw ZeroMQ instead (scripts/bench.py: `mc0 bench --help-bench` lists its
+    options); it is not part of the package."""
     if any(a == "--endpoint" or a.startswith("--endpoint=") for a in ctx.args):
         from .load import run
 
         sys.exit(run(list(ctx.args)))
-    if any(a in ("-h", "--help") for a in ctx.args):
-        click.echo(ctx.get_help())  # (--help with --endpoint is the load's own, per scenario)
+    if not ctx.args or any(a in ("-h", "--help") for a in ctx.args):
+        click.echo(ctx.get_help())  # bare: the usage (--help with --endpoint is the load's own, per scenario)
         return
     import subprocess
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
     if not script.is_file():
-        raise Error(f"mc0 bench runs {script} from a source checkout of mc0; it is not there")
+        raise Error(
+            f"mc0 bench {' '.join(ctx.args)}: the comparison harness (scripts/bench.py) is in a source checkout"
+            " of mc0, not in the package; to load a running broker: mc0 bench --endpoint URL [SCENARIO]"
+        )
     args = ["--help" if a == "--help-bench" else a for a in ctx.args]
     sys.exit(subprocess.call([sys.executable, str(script), *args], env={**os.environ, "MC0_PROG": "mc0 bench"}))
+
+
+def require_spark_extra(command: str, modules: tuple[str, ...]) -> None:
+    """One line naming the extra when a module ``command`` needs is not installed (never a traceback
+    from deep inside the job)."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise Error(f"{command} needs the Spark extra ({', '.join(missing)} not installed): pip install 'mc0[spark]'")
 
 
 @cli.command()
@@ -178,12 +207,11 @@ def pipeline(
     source_options: tuple[str, ...],
 ) -> None:
     """Per-minute traffic, top senders and RPC latency from a journal, with Spark (Parquet + mc0.rollup.*)."""
-    try:
-        from ..spark import make_session
-        from ..spark import pipeline as job
-    except ImportError as exc:
-        raise Error(f"the pipeline needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    require_spark_extra("mc0 pipeline", ("pyspark", "pyarrow", "pandas"))  # before the broker or a JVM
     from rich.console import Console
+
+    from ..spark import make_session
+    from ..spark import pipeline as job
 
     client_config = conn.config().client
     extra: dict[str, str] = {}
@@ -243,10 +271,9 @@ def pipeline(
 @_one_line_errors
 def report(input_dir: str, output_dir: str | None) -> None:
     """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
-    try:
-        from ..spark.report import build_report
-    except ImportError as exc:
-        raise Error(f"the report needs the Spark extra: pip install 'mc0[spark]' ({exc})") from None
+    require_spark_extra("mc0 report", ("matplotlib", "pyarrow", "pandas"))
+    from ..spark.report import build_report
+
     written = build_report(input_dir, output_dir or os.path.join(input_dir, "report"))
     for path in written:
         click.echo(str(path))

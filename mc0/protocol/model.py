@@ -137,6 +137,9 @@ MMI_SERVICE = "mmi.service"  # built-in: Majordomo's MMI (is a service served? 2
 JOURNAL_SERVICE = "mc0.journal"  # built-in: info / fetch over the broker's journals
 CONSUMER_SERVICE = "mc0.consumer"  # built-in: durable consumers on a journal (create, pull, ack, nak, term, info)
 MAILBOX_DELIVERED, MAILBOX_STORED = "delivered", "stored"  # OK ... MAILBOX x to a PUT TO
+# mc0.broker {"op": "identity", "identity": NAME} -> {"identity", "seen", "connected"}: was NAME ever seen here
+# (a letter "stored" for one never seen may be misaddressed); asked by a caller that may send to NAME.
+IDENTITY_OP = "identity"
 ECHO_OFF = "0"  # CONNECT ... ECHO 0
 RESERVED_TOPIC_PREFIX = "mc0.sys."  # only the broker publishes here
 SYS_RPC_TOPIC = RESERVED_TOPIC_PREFIX + "rpc"  # one JSON record per finished request

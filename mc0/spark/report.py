@@ -4,7 +4,8 @@ Contract: ``build_report(input_dir, output_dir)`` reads ``topics``,
 ``senders`` and ``rpc`` (as written by :mod:`mc0.pipeline`) with pyarrow,
 draws ``traffic.png`` (messages and bytes per minute, busiest topics) and
 ``rpc.png`` (latency p50/p95/p99 and error rate per service over time) with
-matplotlib, and writes ``report.html`` embedding both plus summary tables.
+matplotlib (a minute without data is a gap in a line, never a line across it;
+the error axis starts at 0), and writes ``report.html`` embedding both plus summary tables.
 Returns the files written; a missing or empty input is an :class:`mc0.Error`.
 No Spark needed.
 """
@@ -49,7 +50,9 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
 
     traffic_png = out / "traffic.png"
     fig, (ax_messages, ax_bytes) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    # A topic silent in a minute that has rows is 0; a minute with no rows at all is no data: a gap.
     per_topic = topics.pivot_table(index="minute", columns="topic", values="messages", aggfunc="sum").fillna(0)
+    per_topic = per_topic.reindex(_every_minute(topics["minute"]))
     busiest = per_topic.sum().sort_values(ascending=False).index[:MAX_TOPIC_LINES]
     for topic in busiest:
         ax_messages.plot(per_topic.index, per_topic[topic], marker="o", label=topic)
@@ -71,15 +74,21 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     if rpc is not None:
         services = sorted(rpc["service"].unique())
         fig, (ax_latency, ax_errors) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+        minutes = _every_minute(rpc["minute"])
         for service in services:
-            rows = rpc[rpc["service"] == service].sort_values("minute")
-            line = ax_latency.plot(rows["minute"], rows["latency_p50_ms"], marker="o", label=f"{service} p50")[0]
-            ax_latency.plot(rows["minute"], rows["latency_p95_ms"], linestyle="--", color=line.get_color(), label="p95")
-            ax_latency.plot(rows["minute"], rows["latency_p99_ms"], linestyle=":", color=line.get_color(), label="p99")
-            ax_errors.plot(rows["minute"], rows["error_rate"] * 100, marker="o", label=service)
+            # A minute without requests has no latency and no error rate: a gap, not a line across it.
+            rows = rpc[rpc["service"] == service].groupby("minute").first().reindex(minutes)
+            line = ax_latency.plot(rows.index, rows["latency_p50_ms"], marker="o", label=f"{service} p50")[0]
+            ax_latency.plot(rows.index, rows["latency_p95_ms"], linestyle="--", color=line.get_color(), label="p95")
+            ax_latency.plot(rows.index, rows["latency_p99_ms"], linestyle=":", color=line.get_color(), label="p99")
+            ax_errors.plot(rows.index, rows["error_rate"] * 100, marker="o", label=service)
         ax_latency.set_ylabel("latency (ms)")
         ax_latency.set_title("RPC latency per service (p50 solid, p95 dashed, p99 dotted)")
         ax_latency.legend(fontsize="small", ncol=3)
+        worst = float(rpc["error_rate"].max()) * 100
+        # Errors are never negative; with none, 0 to 1 % (matplotlib would centre a flat 0 on -0.04..0.04).
+        ax_errors.set_ylim(0, max(1.0, worst * 1.15))
+        ax_errors.set_title("Error rate per service" if worst > 0 else "Error rate per service: no errors")
         ax_errors.set_ylabel("errors (%)")
         ax_errors.set_xlabel("minute (UTC)")
         ax_errors.legend(fontsize="small")
@@ -119,6 +128,14 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     )
     written.append(page)
     return written
+
+
+def _every_minute(minutes: Any) -> Any:
+    """Each minute from the first to the last of ``minutes``: the index a chart's series take, so
+    that a minute without data is a NaN (matplotlib leaves a gap) rather than skipped."""
+    import pandas as pd
+
+    return pd.date_range(minutes.min(), minutes.max(), freq="min", name="minute")
 
 
 def _time_axis(ax: Any, minutes: Any) -> None:

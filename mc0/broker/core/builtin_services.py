@@ -32,7 +32,7 @@ from .journaling import (
     Streams,
     private,
 )
-from .mailboxes import Mailboxes
+from .mailboxes import Mailboxes, identity_tokens
 from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .routes import Routes
@@ -84,15 +84,38 @@ class Builtins:
             except ProtocolError as exc:
                 return [(client.routing_id, dialect.error(rid, name, exc.code, exc.reason))]
             op = str(query.get("op", "")) if isinstance(query, dict) else ""
+        if op == P.IDENTITY_OP:
+            return self._identity(client, rid, user, query if text.startswith("{") else None)
         if op == "peers" and not client.grants.sees_peers:  # who is connected: peer telemetry's rule
             reason = f"the peers report needs a subscribe grant naming {P.SYS_PEER_TOPIC}"
             return [(client.routing_id, dialect.error(rid, name, Status.FORBIDDEN, reason))]
         report = self.report(op)
         if report is None:
-            reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}"
+            reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}, {P.IDENTITY_OP}"
             return [(client.routing_id, dialect.error(rid, name, Status.BAD_REQUEST, reason))]
         data = json.dumps(report, sort_keys=True).encode()
         return [(client.routing_id, dialect.final(rid, name, {}, user, [data]))]
+
+    def _identity(self, client: Peer, rid: str, user: dict[str, str], query: object) -> list[Out]:
+        """``{"op": "identity", "identity": NAME}``: whether NAME was seen here since the start (``seen``:
+        true, false, or null past ``SEEN_MAX``) and is ``connected`` (here or at another broker), for a
+        caller that may send to it (403 otherwise): what tells a letter ``stored`` for nobody."""
+        name = query.get("identity") if isinstance(query, dict) else None
+        error: tuple[int, str] | None = None
+        if not isinstance(name, str) or not P.valid_group(name):
+            error = (Status.BAD_REQUEST, '{"op": "identity", "identity": NAME} with an identity NAME')
+        elif not client.grants.may_send_to(identity_tokens(name)):
+            error = (Status.FORBIDDEN, f"{client.identity} may not send to {name}")
+        if error is not None:
+            return [(client.routing_id, client.dialect.error(rid, BROKER_SERVICE, *error))]
+        assert isinstance(name, str)
+        report = {
+            "identity": name,
+            "seen": self.mailboxes.seen(name),
+            "connected": bool(self.mailboxes.sessions_of(name)),
+        }
+        data = json.dumps(report, sort_keys=True).encode()
+        return [(client.routing_id, client.dialect.final(rid, BROKER_SERVICE, {}, user, [data]))]
 
     def _journal(self, client: Peer, rid: str, user: dict[str, str], text: str) -> list[Out]:
         """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.

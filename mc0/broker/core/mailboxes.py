@@ -89,6 +89,11 @@ def compact(expires: float, frames: Sequence[bytes], seq: int = 0) -> Letter:
     return Letter(expires, batch.frames_record(frames), seq)
 
 
+# The identities remembered as seen (``Mailboxes.seen``): under CURVE there are no more than allowed keys;
+# past this many the broker stops telling (no hint rather than memory without bound).
+SEEN_MAX = 65_536
+
+
 def identity_tokens(identity: str) -> tuple[str, ...]:
     """An identity as ``send_to`` patterns see it: split at dots like a topic."""
     try:
@@ -159,6 +164,7 @@ class Mailboxes:
         self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
         # identity -> its 1.0 sessions, most recent last (and the routes, other brokers, that have some)
         self._sessions: dict[str, list[Peer]] = {}
+        self._seen: set[str] = set()  # identities that had a session here or at a route since the start
         # Told when an identity gets its first session here and when its last one goes (the cluster's routes).
         self.presence: PresenceListener | None = None
         self._letters: dict[str, list[Letter]] = {}  # oldest first
@@ -185,6 +191,8 @@ class Mailboxes:
         if peer.legacy:
             return []
         identity = identity or peer.identity
+        if len(self._seen) < SEEN_MAX:
+            self._seen.add(identity)
         sessions = self._sessions.setdefault(identity, [])
         if peer.route:
             sessions.insert(0, peer)
@@ -216,6 +224,14 @@ class Mailboxes:
         self.counters["mailbox_delivered"] += len(out)
         self.counters["mailbox_expired"] += len(letters) - len(out)
         return out
+
+    def seen(self, identity: str) -> bool | None:
+        """Whether ``identity`` had a session (1.0) here, or at another broker that announced it, since
+        this broker started: a letter for one never seen may be misaddressed.  None: past ``SEEN_MAX``
+        identities this broker no longer tells."""
+        if identity in self._seen:
+            return True
+        return None if len(self._seen) >= SEEN_MAX else False
 
     def sessions_of(self, identity: str) -> list[Peer]:
         """``identity``'s sessions here and the routes that have some, newest last."""

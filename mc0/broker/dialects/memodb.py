@@ -45,7 +45,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import cbor2
+try:
+    import cbor2
+except ImportError:  # the memodb extra; the broker refuses [memodb] enabled without it (nngbridge.require_modules)
+    cbor2 = None  # type: ignore[assignment]
 
 from ...errors import ProtocolError
 from ...permissions import ACTIONS, Permissions, Rules
@@ -54,6 +57,8 @@ from ..core.peers import Out, Peer
 
 if TYPE_CHECKING:
     from .base import CoreOps
+
+HAVE_CBOR2 = cbor2 is not None
 
 log = logging.getLogger("mc0.broker")
 
@@ -167,7 +172,7 @@ def decode(data: bytes, max_payload: int) -> Message:
     return Message(kind, wid)
 
 
-_VERSION_CBOR = cbor2.dumps(VERSION)  # b"\x66memo01"
+_VERSION_CBOR = bytes([0x60 | len(VERSION)]) + VERSION.encode()  # cbor2.dumps(VERSION): b"\x66memo01"
 _PARKING = frozenset({READY, RESULT, HEARTBEAT})
 
 

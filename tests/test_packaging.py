@@ -1,0 +1,137 @@
+"""A package people can install without the repository (issue 27): ``pip wheel`` of a copy of the
+sources, installed into a fresh virtualenv, run from a folder that is not the checkout.
+
+The wheel is built without build isolation (this venv's setuptools, as ``./run``'s compile step
+does) and installed with ``--no-deps --no-index``; its dependencies come from this venv's
+site-packages, added to the fresh venv by a ``.pth`` line (which loads none of this venv's own
+``.pth`` files, so not the checkout's editable mc0), and ``pip check`` proves the wheel's declared
+requirements are met there: no network beyond what the machine's registries give, and fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mc0 import config
+
+pytestmark = [pytest.mark.long, pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "pyspark_mc0.py", "mc0", "etc")
+SAMPLES = ("mc0/etc/mc0.toml", "mc0/etc/journal.toml", "mc0/etc/mc0.service")
+
+
+def run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """(the wheel, the fresh venv, the environment to run it in)."""
+    base = tmp_path_factory.mktemp("packaging")
+    source = base / "src"
+    source.mkdir()
+    for name in SOURCES:  # a copy: the build writes build/ and *.egg-info where it runs
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        else:
+            shutil.copy2(path, source / name)
+    dist = base / "dist"
+    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, source, cwd=base)
+    assert built.returncode == 0, built.stderr[-3000:] + "\n(needs setuptools>=77: the test group has it)"
+    (wheel,) = dist.glob("mc0-*.whl")
+    venv = base / "venv"
+    made = run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=base)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    pip = (sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check")
+    added = run(*pip, "install", "--no-deps", "--no-index", wheel, cwd=base)
+    assert added.returncode == 0, added.stderr[-3000:]
+    purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=base).stdout.strip()
+    ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    Path(purelib, "mc0-test-dependencies.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
+    checked = run(*pip, "check", cwd=base)  # (it speaks of this venv's other packages too: eventmq's old pins)
+    unmet = [line for line in checked.stdout.splitlines() if line.startswith("mc0 ")]
+    assert not unmet and not checked.stderr.strip(), checked.stdout + checked.stderr  # mc0's requirements are met
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MC0_", "PYTHON"))}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    yield wheel, venv, env
+
+
+def test_the_wheel_holds_the_license_the_samples_and_the_metadata(installed: tuple[Path, Path, dict[str, str]]) -> None:
+    wheel, _, _ = installed
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(meta_name).decode()
+        license_name = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        license_text = archive.read(license_name).decode()
+        samples = {name: archive.read(name).decode() for name in SAMPLES}
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text  # the full text, not a pointer to it
+    assert samples == {name: (ROOT / "etc" / Path(name).name).read_text() for name in SAMPLES}
+    assert "mc0/py.typed" in names and "pyspark_mc0.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/"))]
+    assert "License-Expression: Apache-2.0" in metadata
+    assert "Project-URL: Source, https://" in metadata and "Classifier: Programming Language :: Python :: 3" in metadata
+    assert "Provides-Extra: memodb" in metadata and "Provides-Extra: test" not in metadata  # tools are a group
+    required = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert required and not [line for line in required if "pynng" in line or "cbor2" in line]  # mc0[memodb]
+
+
+def test_installed_without_the_repository_the_commands_work(
+    installed: tuple[Path, Path, dict[str, str]], tmp_path: Path
+) -> None:
+    _, venv, env = installed
+    mc0 = venv / "bin" / "mc0"
+    where = run(venv / "bin" / "python", "-c", "import mc0; print(mc0.__file__)", cwd=tmp_path, env=env)
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr  # the wheel's, not ours
+    helped = run(mc0, "--help", cwd=tmp_path, env=env)
+    assert helped.returncode == 0 and "config" in helped.stdout and "bench" in helped.stdout, helped.stderr
+
+    sample = run(mc0, "config", "sample", cwd=tmp_path, env=env)
+    assert sample.returncode == 0, sample.stderr
+    parsed = config.parse(sample.stdout)
+    assert parsed == config.Config()  # every key at its default, data_dir "" (the file's own folder)
+    wrote = run(mc0, "config", "sample", "journal.toml", "-o", "journal.toml", cwd=tmp_path, env=env)
+    assert wrote.returncode == 0 and "journals" in tomllib.loads((tmp_path / "journal.toml").read_text())
+    unit = run(mc0, "config", "sample", "mc0.service", cwd=tmp_path, env=env)
+    assert unit.returncode == 0 and "ExecStart=" in unit.stdout
+
+    bare = run(mc0, "bench", cwd=tmp_path, env=env)
+    assert bare.returncode == 0 and "mc0 bench --endpoint URL" in bare.stdout, bare.stderr
+    bench_help = run(mc0, "bench", "--help", cwd=tmp_path, env=env)
+    assert bench_help.returncode == 0 and "--endpoint" in bench_help.stdout
+    scenarios = run(mc0, "bench", "--endpoint", "tcp://127.0.0.1:1", "--help", cwd=tmp_path, env=env)
+    assert scenarios.returncode == 0 and "pubsub" in scenarios.stdout, scenarios.stderr
+    harness = run(mc0, "bench", "--quick", cwd=tmp_path, env=env)
+    assert harness.returncode == 1 and harness.stderr.strip().splitlines() == [
+        "mc0: error: mc0 bench --quick: the comparison harness (scripts/bench.py) is in a source checkout of mc0,"
+        " not in the package; to load a running broker: mc0 bench --endpoint URL [SCENARIO]"
+    ]
+
+    demo = run(mc0, "demo", cwd=tmp_path, env=env)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert "broker exited 0" in demo.stdout and "demo finished" in demo.stdout
+
+
+def test_readme_links_work_on_a_package_index_page() -> None:
+    """A package index shows README.md alone: its links must not be relative to the repository."""
+    import re
+
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert links and not [link for link in links if not link.startswith(("https://", "#"))]
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    home = urls["Source"].rstrip("/")
+    assert all(link.startswith(home) for link in links if link.startswith("https://")), json.dumps(urls)
