@@ -276,12 +276,16 @@ def _in_jetstream(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float)
             gather.parts["jetstream"] = {"status": code, "error": f"JetStream: {error}"}
             return desk.finish(gather)
         carry: dict[str, Any] = {"op": op, **gather.args, "jetstream": True}
+        who = gather.asker.who
         if op == A.JOURNAL_PURGE:
-            first_seq = int(data.get("first_seq", 0))
-            gather.parts["jetstream"] = {"status": 200, "purged": int(data.get("purged", 0)), "first_seq": first_seq}
+            first_seq, purged = int(data.get("first_seq", 0)), int(data.get("purged", 0))
+            gather.parts["jetstream"] = {"status": 200, "purged": purged, "first_seq": first_seq}
             carry["first_seq"] = first_seq
+            log.warning("admin: %s purged journal %s in JetStream: %d records dropped", who, journal, purged)
         else:
             gather.parts["jetstream"] = {"status": 200, "removed": True}
+            core.counters["consumers_removed"] += 1
+            log.warning("admin: %s removed consumer %s of journal %s in JetStream", who, gather.args["name"], journal)
         part, out = here(core, op, gather.args, gather.asker.who, now, jetstream=True, first_seq=carry.get("first_seq"))
         gather.parts[core.routes.name] = part
         return out + _carry(core, desk, gather, carry, now)
@@ -403,7 +407,7 @@ def _remove_here(core: BrokerCore, journal: str, name: str, who: str, jetstream:
     out = consumers.remove(journal, name, f"removed by {who}")
     if out is None:
         return {"status": Status.NOT_FOUND, "error": _no_consumer({"journal": journal, "name": name})}, []
-    log.warning("admin: %s removed consumer %s on journal %s here", who, name, journal)
+    log.warning("admin: %s removed consumer %s of journal %s here", who, name, journal)
     return {"status": 200, "removed": True}, out
 
 
