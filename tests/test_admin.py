@@ -376,3 +376,56 @@ def test_a_broker_that_does_not_answer_counts_as_504_when_the_deadline_passes() 
     # Their late answers are dropped, counted.
     late = admin.route_answer(core, core.routes.by_name["b"], "admin.1", 200, b'{"status": 200}', 1.0)
     assert late == [] and core.counters["admin_answers_dropped"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b'{"op": "conn.close", "id": "nobody#9"}', 404),
+        (b"not json", 400),
+        (b"[1]", 400),
+        (b"{}", 400),
+        (b'{"op": "conn.kill"}', 400),
+        (b'{"op": "journal.purge", "journal": 7}', 400),
+        (b'{"op": "journal.purge", "journal": "main", "first_seq": -1}', 400),
+        (b"[" * 100_000 + b"]" * 100_000, 400),  # nested past any parser's stack: refused (by its size) first
+        (b'{"a":' * 20 + b"1" + b"}" * 20, 400),  # too deep
+    ],
+)
+def test_a_part_another_broker_carries_here_is_checked_and_always_answered(body: bytes, status: int) -> None:
+    net = Cluster()
+    net.connect("a", b"r", "root")
+    core = net.cores["a"]
+    route = core.routes.by_name["b"]
+    out = admin.from_route(core, route, "admin.7", "root", body, 0.0)
+    ((rid, record),) = out
+    assert rid == route.routing_id and isinstance(record, bytes)
+    (frames,) = [P.batch.frames_of(record, code, start, end) for code, start, end in P.batch.records(record)]
+    assert frames[:3] == [b"FINAL", b"ID", b"admin.7"]
+    assert json.loads(frames[-1])["status"] == status
+    assert b"r" in core.sessions and net.stores["a"].first_seq == 1  # nothing else was done
+
+
+@pytest.mark.parametrize(
+    ("status", "data", "expected"),
+    [
+        (200, b'{"status": 200, "purged": 3, "first_seq": 4}', {"status": 200, "purged": 3, "first_seq": 4}),
+        (200, b"garbage", {"status": 502, "error": "broker b answered something that is not a part"}),
+        (200, b'{"no": "status"}', {"status": 502, "error": "broker b answered something that is not a part"}),
+        (200, b"[" * 5000 + b"]" * 5000, {"status": 502, "error": "broker b answered something that is not a part"}),
+        (503, b"busy", {"status": 503, "error": "busy"}),
+    ],
+)
+def test_another_brokers_answer_becomes_its_part(status: int, data: bytes, expected: dict[str, Any]) -> None:
+    net = Cluster()
+    net.connect("a", b"r", "root")
+    core = net.cores["a"]
+    query = json.dumps({"op": "journal.purge", "journal": "main"})
+    core.handle(b"r", f("REQUEST", "SERVICE", "mc0.admin", "ID", "q", "TIMEOUT", "5000", "", query), 0.0, "root")
+    ids = {broker: pid for pid, broker in next(iter(core.builtins.admin.carried.values())).waiting.items()}
+    missing = b'{"status": 404, "error": "x"}'
+    assert admin.route_answer(core, core.routes.by_name["c"], ids["c"], 200, missing, 0.1) == []  # b still owes
+    (answer,) = admin.route_answer(core, core.routes.by_name["b"], ids["b"], status, data, 0.1)
+    data_out = json.loads(answer[1][-1]) if answer[1][0] == b"FINAL" else None
+    assert data_out is not None and data_out["brokers"]["b"] == expected
+    assert core.builtins.admin.carried == {}

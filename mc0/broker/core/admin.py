@@ -39,6 +39,7 @@ from ...protocol import Status
 from ...protocol import admin as A
 from .consumerstate import NAME
 from .peers import Out, Peer
+from .routes import ROUTE_IDENTITY_PREFIX
 from .storecalls import failure
 
 if TYPE_CHECKING:
@@ -190,7 +191,9 @@ def act(
 def from_route(core: BrokerCore, route: Peer, rid: str, who: str, data: bytes, now: float) -> list[Out]:
     """The part of an action another broker carried here: done here, answered FINAL with its JSON."""
     try:
-        query = json.loads(data)
+        query = P.json_body(data.decode("utf-8", "replace"), None)  # (bounded: size and depth)
+        if not isinstance(query, dict):
+            raise TypeError(type(query).__name__)
         op, args = query["op"], {k: v for k, v in query.items() if k not in ("op", "jetstream", "first_seq")}
         if op not in A.OPS or not all(isinstance(v, str) for v in args.values()):
             raise ValueError(op)
@@ -198,12 +201,12 @@ def from_route(core: BrokerCore, route: Peer, rid: str, who: str, data: bytes, n
         if first_seq is not None and (not isinstance(first_seq, int) or first_seq < 1):
             raise ValueError(first_seq)
         jetstream = query.get("jetstream") is True
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ProtocolError, ValueError, TypeError, KeyError) as exc:
         core.counters["route_records_refused"] += 1
         part: Part = {"status": Status.BAD_REQUEST, "error": f"not an mc0.admin part: {type(exc).__name__}"}
         out: list[Out] = []
     else:
-        asked = f"{who} (at broker {route.identity.partition(':')[2]})"
+        asked = f"{who} (at broker {_broker_of(route)})"
         part, out = here(core, op, args, asked, now, jetstream=jetstream, first_seq=first_seq)
     body = json.dumps(part, sort_keys=True).encode()
     return out + [(route.routing_id, route.dialect.final(rid, A.ADMIN_SERVICE, {}, {}, [body]))]
@@ -218,7 +221,7 @@ def route_answer(core: BrokerCore, route: Peer, rid: str, status: int, data: byt
     """Another broker's answer to a part this broker carried (FINAL: its JSON; else ERROR ``status``)."""
     desk = core.builtins.admin
     gather = desk.carried.get(rid)
-    broker = route.identity.partition(":")[2]
+    broker = _broker_of(route)
     if gather is None or gather.waiting.get(rid) != broker:
         core.counters["admin_answers_dropped"] += 1  # late (after its deadline), or not ours
         return []
@@ -226,10 +229,15 @@ def route_answer(core: BrokerCore, route: Peer, rid: str, status: int, data: byt
     del gather.waiting[rid]
     part: Part
     try:
-        part = json.loads(data) if status == 200 else {"status": status, "error": data.decode("utf-8", "replace")}
-        if not isinstance(part, dict) or not isinstance(part.get("status"), int):
-            raise ValueError("no status")
-    except ValueError:
+        text = data.decode("utf-8", "replace")
+        if status == 200:
+            loaded = P.json_body(text, None)
+            if not isinstance(loaded, dict) or not isinstance(loaded.get("status"), int):
+                raise ValueError("no status")
+            part = loaded
+        else:
+            part = {"status": status, "error": text[:1000]}
+    except (ProtocolError, ValueError):
         part = {"status": Status.WORKER_LOST, "error": f"broker {broker} answered something that is not a part"}
     gather.parts[broker] = part
     return desk.finish(gather) if not gather.waiting else []
@@ -335,7 +343,7 @@ def _carry(
     out: list[Out] = []
     for route in routes:
         part_id = desk.new_id()
-        gather.waiting[part_id] = route.identity.partition(":")[2]
+        gather.waiting[part_id] = _broker_of(route)
         desk.carried[part_id] = gather
         out.append((route.routing_id, route.dialect.to_worker(part_id, A.ADMIN_SERVICE, who, timeout_ms, {}, [data])))
     return out
@@ -481,6 +489,10 @@ def summary(op: str, args: dict[str, str], parts: dict[str, Part]) -> tuple[int,
         done = [p for p in deciding if p.get("status") == 200]
         data["purged"] = sum(int(p.get("purged", 0)) for p in done)
     return 200, data
+
+
+def _broker_of(route: Peer) -> str:
+    return route.identity[len(ROUTE_IDENTITY_PREFIX) :]
 
 
 def _kept_by_jetstream(core: BrokerCore, journal: str) -> bool:
