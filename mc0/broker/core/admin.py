@@ -281,7 +281,7 @@ def _in_jetstream(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float)
         if failed is not None:
             code, description = failed
             error = _no_consumer(gather.args) if code == Status.NOT_FOUND and op == A.CONSUMER_RM else description
-            gather.parts["jetstream"] = {"status": code, "error": f"JetStream: {error}"}
+            gather.parts["jetstream"] = {"status": code, "error": error}
             return desk.finish(gather)
         carry: dict[str, Any] = {"op": op, **gather.args, "jetstream": True}
         who = gather.asker.who
@@ -319,7 +319,7 @@ def _list(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list
     def listed(data: dict[str, Any], records: Any, now: float) -> list[Out]:
         failed = failure(data)
         if failed is not None:
-            gather.parts["jetstream"] = {"status": failed[0], "error": f"JetStream: {failed[1]}"}
+            gather.parts["jetstream"] = {"status": failed[0], "error": failed[1]}
         else:
             rows = [_store_row(j, n, info) for j, n, info in data.get("consumers", [])]
             gather.parts["jetstream"] = {"status": 200, "consumers": rows}
