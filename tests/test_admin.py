@@ -101,20 +101,21 @@ def test_parse_request(query: object, expected: tuple[str, dict[str, str]] | str
         ("bob#2", A.PeerId("bob", 2)),
         ("bob#2@b2", A.PeerId("bob", 2, "b2")),
         ("x@y#10@node_1", A.PeerId("x@y", 10, "node_1")),
-        ("bob#0002", A.PeerId("bob", 2)),
+        ("bob#0002", None),  # one reading per name: no leading zero
+        ("bob#0", None),
         ("bob", None),
         ("bob#", None),
         ("#1", None),
         ("bob#1@", None),
         ("bob#1@a b", None),
         ("bob#١", None),  # a digit, but not an ASCII one
-        ("bob#" + "9" * 19, None),
+        ("bob#" + "9" * 20, None),
     ],
 )
 def test_parse_peer_id(text: str, expected: A.PeerId | None) -> None:
     assert A.parse_peer_id(text) == expected
     if expected is not None:
-        assert str(expected) in (text, text.replace("0002", "2"))
+        assert str(expected) == text
 
 
 # ---------------------------------------------------------------- one broker
@@ -319,15 +320,16 @@ def test_conn_close_is_carried_to_the_broker_the_session_is_on() -> None:
     net.connect("a", b"r", "root")
     net.connect("c", b"v1", "victim")
     net.connect("c", b"v2", "victim")
-    name = net.cores["c"].peers.by_id[b"v1"].name
-    status, data = net.admin("a", b"r", {"op": "conn.close", "id": f"{name}@c"})
+    name = net.cores["c"].peers.by_id[b"v1"].name  # (identity#n, or identity#n@c where brokers name it so)
+    victim = f"{name.partition('@')[0]}@c"
+    status, data = net.admin("a", b"r", {"op": "conn.close", "id": victim})
     assert (status, data) == (200, {"closed": name, "broker": "c"})
     told = net.take("c", b"v1")
     assert told[0] == P.error(410, f"session {name} closed by root (at broker a)") and told[1] == [b"DISCONNECT"]
     assert b"v1" not in net.cores["c"].sessions and b"v2" in net.cores["c"].sessions
-    status, reason = net.admin("a", b"r", {"op": "conn.close", "id": f"{name}@c"})
-    assert (status, reason) == (404, f"no session '{name}@c' at broker c")
-    status, reason = net.admin("a", b"r", {"op": "conn.close", "id": f"{name}@zz"})
+    status, reason = net.admin("a", b"r", {"op": "conn.close", "id": victim})
+    assert (status, reason) == (404, f"no session '{victim}' at broker c")
+    status, reason = net.admin("a", b"r", {"op": "conn.close", "id": f"{name.partition('@')[0]}@zz"})
     assert (status, reason) == (404, "no broker zz in this cluster (brokers: a, b, c)")
 
 

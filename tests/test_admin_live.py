@@ -160,7 +160,7 @@ def test_over_the_bus_refused_without_the_grant_and_done_with_it(operator: Opera
         (gone,) = [e for e in events if e.get("peer") == victim and e.get("event") == "disconnect"]
         assert gone["reason"] == "closed_by_admin"
         varz = get(operator.base, "/varz")
-        assert varz["counters"]["forgotten_closed_by_admin"] == 1 and varz["admin"] is True
+        assert varz["counters"]["forgotten_closed_by_admin"] == 1 and varz["actions"] is True
         with pytest.raises(mc0.NotFound, match=f"no session '{victim}'"):
             admin(root, "conn.close", id=victim)
         with pytest.raises(mc0.BadRequest, match="not a session's name"):
@@ -244,7 +244,7 @@ def test_over_http_refused_without_a_token_file_a_token_or_from_elsewhere_and_do
             {"error": "admin actions are off: [http] admin_token_file names no token"},
         )
         assert post(other, "anything", {}, token=None)[0] == 403
-        assert get(other, "/varz")["admin"] is False
+        assert get(other, "/varz")["actions"] is False
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ and one listing (over the bus only), ``consumer.ls {"journal": "main"}``
 A session is named ``identity#n`` on a standalone broker and
 ``identity#n@BROKER`` in a cluster (BROKER: the cluster name of the broker
 the session is on); :func:`parse_peer_id` reads either.  An identity may hold
-any character (``#`` and ``@`` too): the serial is after the last ``#``, and
-a broker name (letters, digits, ``-``, ``_``) after an ``@`` that follows it.
+any character (``#`` and ``@`` too): the serial (digits, no leading zero) is
+after the last ``#``, and a broker name (letters, digits, ``-``, ``_``) after
+an ``@`` that follows it.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def parse_peer_id(text: str) -> PeerId | None:
     if not sep or not identity:
         return None
     serial, at, broker = rest.partition("@")
-    if not (serial.isascii() and serial.isdigit()) or len(serial) > 18:
+    if not (serial.isascii() and serial.isdigit()) or serial[0] == "0" or len(serial) > 19:
         return None
     if at:
         try:

@@ -165,6 +165,7 @@ class MonitorServer:
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
+        self.actions = False  # /varz "actions": the admin actions are on (a console shows them)
         self._latest: Snapshot | None = None
         self._wanted = False
         self._fresh = threading.Condition()
@@ -219,6 +220,7 @@ class MonitorServer:
             )
         if self._token_file:  # (ConfigError naming http.admin_token_file: before the port is taken)
             self.admin = actions.AdminDoor(actions.read_token(self._token_file), wake=self._wake)
+            self.actions = True
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         self.registry.register(_Collector(self))
         server = self
@@ -303,7 +305,7 @@ class MonitorServer:
             # Cut off from NATS the broker still serves its own peers: degraded, not down (200).
             data = {"status": "degraded", "reason": "NATS unreachable"} if cut_off else {"status": "ok"}
         elif path == "/varz":
-            data = {**snap.varz, "version": self.version, **process_figures(), "admin": self.admin is not None}
+            data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
         else:
             data = getattr(snap, path[1:])
         return "application/json", _json(data)
