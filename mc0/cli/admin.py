@@ -96,8 +96,8 @@ def conn_ls(as_json: bool, conn: Connection) -> None:
 def conn_close(session_id: str, conn: Connection) -> None:
     """End exactly the session ID (identity#n, or identity#n@BROKER in a cluster); it is told why."""
     data = _admin(conn, "conn.close", id=session_id)
-    at = f" at broker {data['broker']}" if data.get("broker") else ""
-    click.echo(f"closed {data['closed']}{at}")
+    name, broker = str(data["closed"]), str(data.get("broker") or "")
+    click.echo(f"closed {name}" + (f" at broker {broker}" if broker and not name.endswith(f"@{broker}") else ""))
 
 
 # ---------------------------------------------------------------- durable consumers

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import protocol as P
@@ -142,7 +142,7 @@ class AdminDesk:
 
 # ---------------------------------------------------------------- entry points
 def call(
-    core: BrokerCore, client: Peer, rid: str, user: dict[str, str], body: Any, deadline: float, now: float
+    core: BrokerCore, client: Peer, rid: str, user: dict[str, str], body: Sequence[bytes], deadline: float, now: float
 ) -> list[Out]:
     """One ``mc0.admin`` request of a bus client."""
     desk = core.builtins.admin
