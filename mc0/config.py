@@ -263,7 +263,7 @@ def parse(text: str, source: str = "<string>") -> Config:
 def resolve_paths(config: Config, base: Path) -> Config:
     """``config`` with every relative path made absolute under ``base`` (the config file's folder,
     or its ``data_dir``): keys_dir, allowed_dir, a broker_key given as a path, journal folders
-    (the default var/journal/NAME too) and the [client] key files."""
+    (the default var/journal/NAME too), the [client] key files and the [http] admin token file."""
 
     def under(value: str) -> str:
         return value if not value or os.path.isabs(value) else str(base / value)
@@ -288,6 +288,7 @@ def resolve_paths(config: Config, base: Path) -> Config:
             config.client, key=under(config.client.key), broker_key=under(config.client.broker_key)
         ),
         journals=journals,
+        http=dataclasses.replace(config.http, admin_token_file=under(config.http.admin_token_file)),
         cluster=dataclasses.replace(
             config.cluster,
             credentials=under(config.cluster.credentials),

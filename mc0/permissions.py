@@ -26,6 +26,12 @@ consults.  Rules, NATS style:
   ``mc0.sys`` and matches it; ``>`` does not.  No other pattern can match
   it (see :mod:`mc0.topics`), so the check at SUB time is the whole rule:
   deliveries pay nothing.  With no table at all, everything stays allowed.
+* the operator's actions (``mc0.admin``: close a session, remove a durable
+  consumer, purge a journal) are for identities granted them by name: a call
+  grant ``mc0.admin`` (the pattern itself, not ``>``, ``mc0.>`` or
+  ``mc0.*``), and no call deny that matches it.  Unlike peer telemetry this
+  holds with no ``[permissions]`` table too: nobody is an operator by
+  default.  An operator may also see the ``peers`` report.
 
 Pure: no sockets, no clock.
 """
@@ -43,6 +49,7 @@ ACTIONS = ("publish", "subscribe", "call", "serve", "send_to")
 ALL: tuple[str, ...] = (">",)
 ALL_TOKENS: tuple[str, ...] = (">",)  # the pattern ">" split
 PEER_TELEMETRY: tuple[str, ...] = ("mc0", "sys", "peer")  # mc0.protocol.SYS_PEER_TOPIC, split
+ADMIN: tuple[str, ...] = ("mc0", "admin")  # mc0.protocol.ADMIN_SERVICE, split
 _CACHE_SIZE = 1024
 
 
@@ -61,7 +68,7 @@ def _tokens(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 class Grants:
     """One identity's compiled rules."""
 
-    __slots__ = ("_allow", "_deny", "_publish_cache", "deny_subscribe", "sees_peers", "unrestricted")
+    __slots__ = ("_allow", "_deny", "_publish_cache", "admin", "deny_subscribe", "sees_peers", "unrestricted")
 
     def __init__(
         self, allow: Mapping[str, Sequence[str]], deny: Mapping[str, Sequence[str]], *, peers_by_default: bool = False
@@ -73,6 +80,8 @@ class Grants:
             peers_by_default
             or any(a[:2] == SYSTEM_TOKENS and pattern_matches(a, PEER_TELEMETRY) for a in self._allow["subscribe"])
         )
+        # The operator's actions: granted by the call pattern "mc0.admin" itself (never by default).
+        self.admin = ADMIN in self._allow["call"] and not any(pattern_matches(d, ADMIN) for d in self._deny["call"])
         # Everything allowed, nothing denied: the hot path answers without matching.
         self.unrestricted = not any(self._deny.values()) and all(a == ((">",),) for a in self._allow.values())
         self.deny_subscribe = self._deny["subscribe"]  # non-empty: the broker filters deliveries
@@ -122,6 +131,8 @@ class Grants:
         return self.unrestricted or (ALL_TOKENS in self._allow[action] and not self._deny[action])
 
     def may_call(self, service: tuple[str, ...]) -> bool:
+        if service == ADMIN:  # by name only: see the module's contract
+            return self.admin
         return self._literal("call", service)
 
     def may_serve(self, service: tuple[str, ...]) -> bool:

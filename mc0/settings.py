@@ -144,10 +144,14 @@ class JournalSettings:
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): /healthz, /varz,
-    /connz, /subsz, /servicez, /metrics.  Off unless ``listen`` is set; it has no
-    authentication, so keep it on loopback (a host elsewhere is logged at WARNING)."""
+    /connz, /subsz, /servicez, /metrics.  Off unless ``listen`` is set; its pages have no
+    authentication, so keep it on loopback (a host elsewhere is logged at WARNING); its actions
+    need the token in ``admin_token_file``."""
 
     listen: str = field(default="", metadata={"empty": True})  # "127.0.0.1:8222"; "" = off
+    # A file (mode 0600) holding the bearer token of the admin actions (POST /admin/OP: close a
+    # session, remove a consumer, purge a journal); "" = no actions over HTTP (every POST is 403).
+    admin_token_file: str = field(default="", metadata={"empty": True})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """The house: the import graph has no cycle and no upward arrow, the client never loads the
-broker, the core's rooms do no I/O, and no module grows past its room."""
+broker, and the core's rooms do no I/O.  (Module sizes are not counted: the brief retired the
+600-line cap; a room is split at a seam, never squeezed to meet a number.)"""
 
 from __future__ import annotations
 
@@ -94,7 +95,6 @@ PURE_MODULES = (
     "mc0.broker.monitoring.snapshot",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
-MAX_LINES = 600
 
 
 def module_name(path: Path) -> str:
@@ -232,8 +232,3 @@ def test_the_core_rooms_do_no_io(name: str) -> None:
     tree = ast.parse(path.read_text())
     calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     assert "open" not in calls
-
-
-def test_no_module_grows_past_its_room() -> None:
-    big = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert big == {}

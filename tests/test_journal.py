@@ -84,6 +84,70 @@ def test_segments_roll_and_reads_cross_them(tmp_path: Path) -> None:
     assert [r.seq for r in again.read(120, 130)[0]] == list(range(120, 130))
 
 
+def test_purge_drops_whole_and_partial_segments_and_the_journal_goes_on(tmp_path: Path) -> None:
+    j = journal(tmp_path, segment_bytes=4096, max_bytes=0, dedup_window_s=60)
+    fill(j, 200, size=50)
+    j.append("a.b", "alice", {"MSGID": "m1"}, [b"x"])  # seq 201, not committed yet
+    assert j.info()["segments"] > 3
+    assert j.purge(150) == 149  # whole segments, then the one holding 150 written anew from 150
+    assert (j.first_seq, j.next_seq) == (150, 202)
+    with pytest.raises(Trimmed):
+        j.read(149)
+    assert [r.seq for r in j.read(150, max_records=1000, max_bytes=1 << 30)[0]] == list(range(150, 202))
+    assert j.purge(100) == 0  # nothing before 150 is left
+    j.close()
+    again = journal(tmp_path, segment_bytes=4096, max_bytes=0, dedup_window_s=60)
+    assert (again.first_seq, again.next_seq) == (150, 202)
+    assert [r.headers["X-i"] for r in again.read(150, 152)[0]] == ["149", "150"]
+    assert again.purge() == 52  # every record: the journal goes on at its next seq
+    assert (again.first_seq, again.next_seq) == (202, 202) and again.info()["records"] == 0
+    assert again.duplicate_of("alice", "m1") == 201  # a retry of a purged message is still its duplicate
+    assert again.append("a.b", "alice", {}, [b"new"]) == 202
+    again.commit()
+    again.close()
+    third = journal(tmp_path, segment_bytes=4096, max_bytes=0)
+    assert (third.first_seq, third.next_seq) == (202, 203)
+    assert [p.name for p in (tmp_path / "j").iterdir() if p.suffix == ".seg"] == [f"{202:020d}.seg"]
+
+
+def test_purge_within_the_active_segment_keeps_appending_there(tmp_path: Path) -> None:
+    j = journal(tmp_path)
+    fill(j, 10)
+    assert j.purge(4) == 3
+    assert (j.first_seq, j.next_seq) == (4, 11)
+    assert j.append("a.b", "alice", {}, [b"more"]) == 11
+    j.commit()
+    assert [r.seq for r in j.read(4)[0]] == list(range(4, 12))
+    assert j.purge(20) == 8  # beyond the end: empty, and it goes on at 20
+    assert (j.first_seq, j.next_seq) == (20, 20)
+
+
+def test_a_local_copy_purged_to_the_streams_first_seq_skips_what_arrives_before_it(tmp_path: Path) -> None:
+    from mc0.broker.storage.records import encode_payload
+    from mc0.broker.storage.replicated import ReplicatedJournal
+
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made", 1)
+    payload = encode_payload("a.b", "alice", {}, [b"x"])
+    for seq in range(1, 6):
+        assert copy.arrived(seq, 1.0, payload)
+    copy.flush()
+    assert copy.purge(9) == 5  # the stream was purged before 9: the copy lagged (it had up to 5)
+    assert (copy.first_seq, copy.next_seq, copy.stored_next_seq) == (9, 9, 9)
+    assert not copy.arrived(7, 1.0, payload)  # delivered late, purged meanwhile: skipped
+    assert copy.arrived(9, 1.0, payload)
+    assert copy.info()["first_seq"] == 9 and copy.info()["records"] == 1
+    # The other way round: records after the purge reached the copy before the purge did.
+    for seq in range(10, 13):
+        copy.arrived(seq, 1.0, payload)
+    copy.flush()
+    assert copy.purge(11) == 2
+    assert [r.seq for r in copy.read(11)[0]] == [11, 12]
+    with pytest.raises(Trimmed):
+        copy.read(10)
+
+
 @pytest.mark.parametrize(
     "damage",
     [

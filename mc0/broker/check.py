@@ -3,7 +3,8 @@
 Contract: ``check_config(config)`` reads (never writes) the disk and returns
 the lines of a report (what the broker would use, all paths absolute); the
 first problem raises an :class:`mc0.Error` naming the file or key and what
-is wrong.  Checked: every bind endpoint, the ``[http]`` listen address, ``[memodb]``, the
+is wrong.  Checked: every bind endpoint, the ``[http]`` listen address (and its admin token
+file: 0600, one token), ``[memodb]``, the
 broker's secret key (or that the keys folder can take a new one), each
 allowed public key, and each journal folder (its segments readable, or its
 nearest existing parent writable), and where kept mailbox letters live (the
@@ -21,6 +22,7 @@ from ..config import Config, check_stores
 from ..endpoints import check_endpoint
 from ..errors import ConfigError
 from .cluster.link import redacted
+from .monitoring.actions import read_token
 from .monitoring.httpd import parse_listen
 from .nngbridge import check_listen, require_modules
 
@@ -66,6 +68,11 @@ def check_config(config: Config) -> list[str]:
     if config.http.listen:
         host, port = parse_listen(config.http.listen)
         lines.append(f"http: monitoring on {host}:{port}")
+        if config.http.admin_token_file:
+            read_token(config.http.admin_token_file)  # ConfigError naming http.admin_token_file (never the token)
+            lines.append(f"http: admin actions on (POST /admin/OP; the token in {config.http.admin_token_file})")
+        else:
+            lines.append("http: admin actions off (no admin_token_file)")
     else:
         lines.append("http: off")
     memodb = config.memodb

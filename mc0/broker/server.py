@@ -37,6 +37,7 @@ from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
+from .core import admin
 from .core.dispatch import BrokerCore, Out
 from .delivery import Delivery
 from .dialects import route as dialect_route
@@ -156,7 +157,8 @@ class Broker:
         self.endpoints: list[str] = []
         # Monitoring ([http] / --http): served by its own thread from snapshots this loop publishes.
         listen = self.config.http.listen
-        self.http = MonitorServer(listen, wake=self._wake) if listen else None
+        token_file = self.config.http.admin_token_file
+        self.http = MonitorServer(listen, wake=self._wake, admin_token_file=token_file) if listen else None
         self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
         self._next_snapshot = 0.0  # the loop builds no snapshot before this (SNAPSHOT_INTERVAL)
         self._started = time.monotonic()
@@ -390,6 +392,10 @@ class Broker:
 
     def _timers(self, now: float) -> None:
         core = self.core
+        door = self.http.admin if self.http is not None else None
+        if door is not None and door.waiting:  # (before the listeners' turn: a store call goes out now)
+            for ticket, op, args, who in door.take():
+                self.delivery.apply(admin.http_call(core, ticket, op, args, who, now), now)
         for listener in self.listeners:
             self.delivery.apply(listener.turn(core, now), now)
         if now >= core.next_deadline():
@@ -398,6 +404,9 @@ class Broker:
             self.delivery.queue_stream(core.stream(now), now)
         if core.uncommitted:
             self.delivery.apply(core.commit(), now)
+        if door is not None and core.builtins.admin.http_answers:
+            for ticket, status, body in core.builtins.admin.take_http_answers():
+                door.answer(ticket, status, body)
 
     def _guarded(self, work: Any, now: float) -> None:
         """Timer work (ticks, streams, commits) that raises is logged and counted, never fatal."""

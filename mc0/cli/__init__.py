@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from . import bus, journal, keys, ops, samples  # noqa: F401  (each registers its commands on the group)
+from . import admin, bus, journal, keys, ops, samples  # noqa: F401  (each registers its commands on the group)
 from .base import cli, hoist_global_options
 
 __all__ = ["cli", "main"]

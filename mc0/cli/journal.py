@@ -1,4 +1,5 @@
-"""``mc0 journal ...``: journals handled outside a broker (``copy``: a file journal into JetStream).
+"""``mc0 journal ...``: journals handled outside a broker (``copy``: a file journal into JetStream);
+``get`` and ``purge``, on a running broker, are :mod:`.admin`'s.
 
 Contract: one-line errors as every command; ``copy`` reads the file journal in
 ``--from`` and publishes it into the JetStream stream of ``[journals.NAME]``
@@ -16,7 +17,7 @@ from .base import _one_line_errors, cli, config_option
 
 @cli.group()
 def journal() -> None:
-    """Journals outside a broker (copy a file journal into JetStream)."""
+    """Journals: one record by its seq, a purge (on a running broker); a copy into JetStream (outside one)."""
 
 
 @journal.command("copy")

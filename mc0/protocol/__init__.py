@@ -71,6 +71,7 @@ from __future__ import annotations
 from ..errors import ProtocolError
 from ..message import Record
 from . import batch
+from .admin import ADMIN_SERVICE
 from .bodies import (
     MAX_JSON_BYTES,
     MAX_JSON_DEPTH,
@@ -168,6 +169,7 @@ from .model import (
 
 __all__ = [
     "batch",
+    "ADMIN_SERVICE",
     "PAGE_COLUMNS",
     "PAGE_FORMATS",
     "PAGE_JSON",

@@ -25,6 +25,11 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   JetStream did not confirm it within a second, or it cannot be pending: at or
   below the ack floor, past the last delivered).  At most ``SETTLE_WORKERS``
   acks of one settle, and ``MAX_REQUESTS`` of all, are in flight at once.
+- ``consumer_list_all`` {journals}: every mc0 consumer of them, whoever owns it:
+  ``{"consumers": [[journal, name, info]...]}``;
+- ``stream_purge`` {journal}: every record the stream holds goes (``seq``: up to
+  the last one now, so what is published meanwhile stays): ``{"purged",
+  "first_seq"}``;
 - ``letters_read`` {journal, identity, after}: the identity's letters in order,
   those past seq ``after`` (0 when not given; a batched direct get on its
   subject: any replica answers); ``letters_purge``
@@ -144,6 +149,16 @@ class StoreOps:
                     mine.append([journal, consumer.get("name", "")])
         return {"consumers": mine}, []
 
+    async def op_consumer_list_all(self, request: dict[str, Any]) -> Result:
+        """Every mc0 consumer of these journals, whoever owns it (an operator's listing)."""
+        found = []
+        for journal in request["journals"]:
+            for consumer in await self._consumers(journal):
+                info = consumer_info(consumer)
+                if jsw.OWNER_KEY in info["metadata"]:
+                    found.append([journal, consumer.get("name", ""), info])
+        return {"consumers": found}, []
+
     async def op_consumer_pull(self, request: dict[str, Any]) -> Result:
         journal, name, batch = request["journal"], request["name"], int(request["batch"])
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{jsw.stream_name(journal)}.{name}"
@@ -235,6 +250,16 @@ class StoreOps:
         workers = min(SETTLE_WORKERS, len(seqs))
         done = sum(await asyncio.gather(*(worker() for _ in range(workers))))
         return {"done": done, "ignored": len(request["seqs"]) - done}, []
+
+    # ------------------------------------------------------------ streams
+    async def op_stream_purge(self, request: dict[str, Any]) -> Result:
+        """Every record the journal's stream holds now goes (an operator's purge): ``{"purged",
+        "first_seq"}``, the stream's first seq after it (what each broker's local copy drops up to)."""
+        stream = jsw.stream_name(request["journal"])
+        info = await api(self.nc, f"STREAM.INFO.{stream}")
+        first_seq = int((info.get("state") or {}).get("last_seq", 0)) + 1
+        purged = await api(self.nc, f"STREAM.PURGE.{stream}", {"seq": first_seq})
+        return {"purged": int(purged.get("purged", 0)), "first_seq": first_seq}, []
 
     # ------------------------------------------------------------ mailboxes
     async def op_letters_read(self, request: dict[str, Any]) -> Result:

@@ -1,4 +1,5 @@
-"""The broker's own services: ``mc0.broker`` (reports), ``mmi.service`` (MDP's MMI) and ``mc0.journal``.
+"""The broker's own services: ``mc0.broker`` (reports), ``mmi.service`` (MDP's MMI) and ``mc0.journal``
+(``mc0.admin``, the operator's actions, is :mod:`.admin`'s: its desk is kept here).
 
 Contract: ``answer(client, name, rid, user, body)`` answers one admitted
 request to a built-in service, rendered in the client's dialect: a report
@@ -19,6 +20,7 @@ from ...errors import InvalidTopic, ProtocolError
 from ...permissions import ALLOW_ALL
 from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
+from .admin import AdminDesk
 from .consumers import Consumers
 from .jobs import Service
 from .journaling import (
@@ -38,8 +40,8 @@ from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .routes import Routes
 from .rpc import Rpc
 
-BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE})
-RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE})  # no worker may serve these
+BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE, P.ADMIN_SERVICE})
+RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, P.ADMIN_SERVICE})  # no worker may serve these
 REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
 
 
@@ -63,6 +65,7 @@ class Builtins:
         self.rpc = rpc
         self.streams = streams
         self.counters = counters
+        self.admin = AdminDesk(counters, is_current=peers.is_current)  # mc0.admin's actions in flight
 
     def answer(self, client: Peer, name: str, rid: str, user: dict[str, str], body: Sequence[bytes]) -> list[Out]:
         text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
@@ -86,8 +89,8 @@ class Builtins:
             op = str(query.get("op", "")) if isinstance(query, dict) else ""
         if op == P.IDENTITY_OP:
             return self._identity(client, rid, user, query if text.startswith("{") else None)
-        if op == "peers" and not client.grants.sees_peers:  # who is connected: peer telemetry's rule
-            reason = f"the peers report needs a subscribe grant naming {P.SYS_PEER_TOPIC}"
+        if op == "peers" and not (client.grants.sees_peers or client.grants.admin):  # peer telemetry's rule
+            reason = f"the peers report needs a subscribe grant naming {P.SYS_PEER_TOPIC} (or the mc0.admin grant)"
             return [(client.routing_id, dialect.error(rid, name, Status.FORBIDDEN, reason))]
         report = self.report(op)
         if report is None:

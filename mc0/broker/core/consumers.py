@@ -198,17 +198,38 @@ class Consumers:
         return out
 
     def _delete(self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, now: float) -> list[Out]:
+        self._drop(consumer)
+        for waiting in consumer.waiting:
+            self._answer_pull(consumer, waiting, [], now)
+        self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
+        return []
+
+    def _drop(self, consumer: Consumer) -> None:
+        """The consumer goes (its state removed at the next commit) and frees its owner's quota."""
         key = consumer.key
         del self.consumers[key]
         self._owned[consumer.owner] -= 1
         if not self._owned[consumer.owner]:
             del self._owned[consumer.owner]
         self._dirty.discard(key)
+        self._settled.discard(key)
         self._deleted.add(key)
-        for waiting in consumer.waiting:
-            self._answer_pull(consumer, waiting, [], now)
-        self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
-        return []
+
+    def remove(self, journal: str, name: str, reason: str) -> list[Out] | None:
+        """An operator removes the consumer, whoever owns it (``mc0.admin consumer.rm``): its state
+        goes at the next commit, each waiting pull is answered 404 with ``reason``.  None: no such
+        consumer."""
+        consumer = self.consumers.get((journal, name))
+        if consumer is None:
+            return None
+        self._drop(consumer)
+        self.counters["consumers_removed"] += 1
+        gone = f"consumer {name} on journal {journal} {reason}"
+        return [
+            (w.peer.routing_id, w.peer.dialect.error(w.rid, CONSUMER_SERVICE, Status.NOT_FOUND, gone))
+            for w in consumer.waiting
+            if self._is_current(w.peer)
+        ]
 
     def _final(self, client: Peer, rid: str, user: dict[str, str], data: object) -> Out:
         body = json.dumps(data, sort_keys=True).encode()

@@ -375,8 +375,8 @@ class BrokerCore:
         self.forgotten.clear()  # in place: see __init__
         return taken
 
-    def forget(self, peer: Peer, why: str, now: float) -> list[Out]:
-        """Drop a peer and everything it held, in every room; returns what that means for others."""
+    def forget(self, peer: Peer, why: str, now: float, *, reason: str = "") -> list[Out]:
+        """Drop a peer and all it held, in every room; what that means for others (``reason``: said to people)."""
         if self.peers.remove(peer):
             self.forgotten.append(peer.routing_id)
         cursor = self._unfinished.get(peer.routing_id) if self._unfinished else None
@@ -390,7 +390,7 @@ class BrokerCore:
         self.consumers.drop_peer(peer)
         self.routes.dropped(peer)
         self.counters[f"forgotten_{why}"] += 1
-        log.info("peer %s %s", peer.name, why)
+        log.info("peer %s %s", peer.name, reason or why)
         out = kept_again + self.rpc.drop_peer(peer, now)
         out += self._peer_event("disconnect", peer, why, now)
         return out
@@ -497,7 +497,7 @@ class BrokerCore:
         for line in self.log_limit.summary(now):
             log.warning("%s", line)
         self.mailboxes.expire(now)
-        out = self.rpc.expire(now) + self.consumers.tick(now)
+        out = self.rpc.expire(now) + self.consumers.tick(now) + self.builtins.admin.expire(now)
         if now >= self.peers.next_sweep:
             liveness = self.settings.liveness
             for peer in self.peers.expired(now, liveness, self.rpc.has_requests):

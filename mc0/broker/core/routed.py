@@ -29,6 +29,7 @@ from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
 from ...protocol import jetstream as jsw
 from ...topics import seed_topic, split_pattern
+from . import admin
 from .access import dead_letter_origin, is_dead_letter
 from .peers import Out, Peer
 from .routes import ROUTE_IDENTITY_PREFIX
@@ -150,7 +151,10 @@ def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]
                 elif code == batch.PARTIAL or code == batch.FINAL:
                     rid, data = batch.reply_fields(blob, start, end)
                     verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
-                    out += core.rpc.route_reply(route, verb, rid, {}, {}, (data,), now)
+                    if admin.carried(rid):  # an mc0.admin part this broker carried there: its answer
+                        out += admin.route_answer(core, route, rid, 200, bytes(data), now)
+                    else:
+                        out += core.rpc.route_reply(route, verb, rid, {}, {}, (data,), now)
                 else:
                     command = batch.command_of(blob, code, start, end, limits, Side.ROUTE)
                     out += _VERBS[command.verb](core, route, command, now)
@@ -306,6 +310,8 @@ def _call(
     body: Sequence[bytes],
     now: float,
 ) -> list[Out]:
+    if name == P.ADMIN_SERVICE:  # this broker's part of an operator's action (the caller's broker checked its grant)
+        return admin.from_route(core, route, rid, caller, b"".join(bytes(b) for b in body), now)
     core.rpc.pool.service_tokens(name, rid)  # a service name (400 otherwise: counted, dropped)
     if timeout_ms < 1:
         raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1")
@@ -322,6 +328,10 @@ def _cancel(core: BrokerCore, route: Peer, command: Command, now: float) -> list
 def _reply(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
     headers = command.headers
     bid = headers[Header.ID]
+    if admin.carried(bid):  # the answer to an mc0.admin part this broker carried there
+        status = P.decimal(headers.get(Header.CODE, "200")) or 500
+        text = headers[Header.MESSAGE].encode() if command.verb is Verb.ERROR else b"".join(command.payload)
+        return admin.route_answer(core, route, bid, status, text, now)
     if command.verb is Verb.ERROR:
         # The other broker's verdict on the request (503, 504, 499 ... or its worker's own code): kept.
         code = P.decimal(headers[Header.CODE])

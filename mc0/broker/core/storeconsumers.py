@@ -176,6 +176,12 @@ class StoreConsumers:
         self.known[journal, name] = known
         self._known_until[journal, name] = now + KNOWN_S
 
+    def forget(self, journal: str, name: str) -> bool:
+        """What this broker learnt of a consumer goes (an operator removed it): the next request on
+        its name asks JetStream again.  True if something was known."""
+        self._known_until.pop((journal, name), None)
+        return self.known.pop((journal, name), None) is not None
+
     def waiting_for(self, peer: Peer, rid: str) -> bool:
         return (peer.routing_id, rid) in self._asking
 

@@ -18,6 +18,7 @@ from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
 from ...protocol import jetstream as jsw
 from ..storage.port import JournalStore, replicated
+from . import admin
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
 from .peers import Out, Peer
@@ -270,6 +271,8 @@ def request_for(
             return core.consumers.handle(client, rid, user, body, deadline, now)
         except ProtocolError as exc:
             return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
+    if name == P.ADMIN_SERVICE:  # (rpc.admit let only an identity granted it by name this far)
+        return admin.call(core, client, rid, user, body, deadline, now)
     if name in BUILTIN_SERVICES:
         # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
         return core.builtins.answer(client, name, rid, user, body)

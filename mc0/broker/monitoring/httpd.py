@@ -1,4 +1,5 @@
-"""The monitoring HTTP shell: /healthz, /varz, /connz, /subsz, /servicez (JSON) and /metrics (Prometheus).
+"""The monitoring HTTP shell: /healthz, /varz, /connz, /subsz, /servicez (JSON) and /metrics (Prometheus),
+and the admin actions (``POST /admin/OP``: :mod:`.actions`) when ``[http] admin_token_file`` names a token.
 
 Contract: ``MonitorServer(listen, wake=...)`` does no I/O; ``start()`` binds
 (``host:port``; port 0 picks one) and serves from one daemon thread;
@@ -36,6 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
+from . import actions
 from .snapshot import Snapshot
 
 log = logging.getLogger("mc0.broker.http")
@@ -157,9 +159,13 @@ class _Collector(Collector):
 
 
 class MonitorServer:
-    def __init__(self, listen: str, *, wake: Callable[[], None]) -> None:
+    def __init__(self, listen: str, *, wake: Callable[[], None], admin_token_file: str = "") -> None:
+        """``admin_token_file``: the token of the admin actions ("" = none: every POST is 403)."""
         self.host, self.port = parse_listen(listen)
         self._wake = wake
+        self._token_file = admin_token_file
+        self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
+        self.actions = False  # /varz "actions": the admin actions are on (a console shows them)
         self._latest: Snapshot | None = None
         self._wanted = False
         self._fresh = threading.Condition()
@@ -212,6 +218,9 @@ class MonitorServer:
             log.warning(
                 "monitoring on %s:%d is reachable beyond this machine and has no authentication", self.host, self.port
             )
+        if self._token_file:  # (ConfigError naming http.admin_token_file: before the port is taken)
+            self.admin = actions.AdminDoor(actions.read_token(self._token_file), wake=self._wake)
+            self.actions = True
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         self.registry.register(_Collector(self))
         server = self
@@ -219,6 +228,9 @@ class MonitorServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 server._handle(self)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                server._post(self)
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("http %s", format % args)
@@ -239,7 +251,24 @@ class MonitorServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="mc0-http", daemon=True)
         self._thread.start()
         log.info("monitoring on %s", self.url)
+        if self.admin is not None:
+            log.info("admin actions on %s/admin/OP (the token in %s)", self.url, self._token_file)
         return self.url
+
+    def _post(self, request: BaseHTTPRequestHandler) -> None:
+        """An admin action (:mod:`.actions`): refused, or handed to the loop and answered with its outcome."""
+        path = request.path.split("?", 1)[0]
+        origins = actions.own_origins(self.host, self.port, request.headers.get("Host"))
+        client = request.client_address[:2]
+        status, data = actions.respond(
+            self.admin, path, request.headers.get, request.rfile.read, (str(client[0]), int(client[1])), origins
+        )
+        body = _json(data)
+        request.send_response(status)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         path = request.path.split("?", 1)[0].rstrip("/") or "/"
@@ -276,7 +305,7 @@ class MonitorServer:
             # Cut off from NATS the broker still serves its own peers: degraded, not down (200).
             data = {"status": "degraded", "reason": "NATS unreachable"} if cut_off else {"status": "ok"}
         elif path == "/varz":
-            data = {**snap.varz, "version": self.version, **process_figures()}
+            data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
         else:
             data = getattr(snap, path[1:])
         return "application/json", _json(data)

@@ -340,6 +340,56 @@ class Journal:
         self.counters["trimmed_segments"] += removed
         return removed
 
+    def purge(self, upto: int | None = None) -> int:
+        """Drop every record before ``upto`` (None: every record); the journal goes on at its next seq
+        (at ``upto`` when that is beyond it).  What was appended is committed first.  Whole segments
+        are deleted; the first one left, when it still starts before ``upto``, is written anew from
+        ``upto`` on.  The dedup memory stays (a retry of a purged message is still its duplicate).
+        Returns how many records were dropped."""
+        self.commit()
+        end = self.next_seq if upto is None else upto
+        first = self.first_seq
+        if end <= first:
+            return 0
+        dropped = min(end, self.next_seq) - first
+        if end >= self.next_seq:
+            dedup = dict(self._dedup)  # (reset empties it)
+            self.reset(end)
+            self._dedup = dedup
+        else:
+            self.trim_before(end)
+            if self._segments[0].first_seq < end:
+                self._rewrite_head(end)
+        log.info("journal %s: purged %d records (the first kept is now %d)", self.name, dropped, self.first_seq)
+        return dropped
+
+    def _rewrite_head(self, start: int) -> None:
+        """The first segment holds records before ``start``: written anew from ``start`` on (a new file
+        named by ``start``, then the old one removed; a crash between leaves both, the old one's
+        records still readable, never a record lost)."""
+        head = self._segments[0]
+        data = self._segment_bytes(head, start, head.next_seq)
+        segment = _Segment(start, self.folder / f"{start:020d}{SEGMENT_SUFFIX}")
+        fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, memoryview(data)[written:])
+            if self.settings.fsync != "never":
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._scan(segment)
+        if len(self._segments) == 1:  # the active one: appends go on in the new file
+            os.close(head.fd)
+            head.fd = -1
+            segment.fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
+            self._buffer_start = segment.size
+        self._segments[0] = segment
+        self._firsts[0] = start
+        head.path.unlink(missing_ok=True)
+        fsync_dir(self.folder)
+
     def commit(self, *, sync: bool | None = None) -> None:
         """Write the buffer to the OS and fsync per the policy (``sync`` overrides).
 

@@ -113,6 +113,15 @@ class MemoryStore:
     def retain_from(self, seq: int | None) -> None:
         self.floor = seq
 
+    def purge(self, upto: int | None = None) -> int:
+        self.commit()
+        end = self.next_seq if upto is None else upto
+        dropped = self.records[: max(0, end - self._first)]
+        del self.records[: len(dropped)]
+        self._size -= sum(len(p) for r in dropped for p in r.parts)
+        self._first = max(self._first, end)
+        return len(dropped)
+
     def read(
         self,
         from_seq: int,

@@ -7,8 +7,10 @@ is durable only after ``commit`` (which may fsync); ``read`` (and
 for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
 raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
 size/age, never a record at or after the seq last given to ``retain_from``
-(the mailboxes' oldest kept letter).  Disk errors surface as ``OSError`` from ``append``/``commit``/
-``read``; the core turns them into ERROR 507, never into a crash.
+(the mailboxes' oldest kept letter); ``purge`` drops what an operator asks
+to (``mc0.admin journal.purge``).  Disk errors surface as ``OSError`` from
+``append``/``commit``/``read``; the core turns them into ERROR 507, never
+into a crash.
 
 The real store is :class:`mc0.broker.storage.filestore.Journal` (segment files, CRC
 recovery, fsync policies), opened and closed by the shell; the core only
@@ -81,6 +83,13 @@ class JournalStore(Hashable, Protocol):
 
     def retain_from(self, seq: int | None) -> None:
         """Retention keeps every record from ``seq`` on (None: no such floor); kept letters pin here."""
+        ...
+
+    def purge(self, upto: int | None = None) -> int:
+        """Drop every record before ``upto`` (None: every record kept now); what was appended is
+        committed first, and the journal goes on at its next seq (at ``upto`` when that is beyond
+        it).  Returns how many records were dropped; a read before the new first seq raises
+        :class:`Trimmed`.  OSError on a disk error (what was dropped before it stays dropped)."""
         ...
 
     def read(

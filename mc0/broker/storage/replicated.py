@@ -174,6 +174,22 @@ class ReplicatedJournal:
     def retain_from(self, seq: int | None) -> None:
         """Nothing to pin: letters live in the stream until they are delivered."""
 
+    def purge(self, upto: int | None = None) -> int:
+        """The stream was purged before ``upto`` (the operator's purge, done by one broker for the
+        cluster): the copy drops the same records, and what the stream delivers of them later is
+        skipped (None: every record the stream is known to hold)."""
+        end = self.stored_next_seq if upto is None else upto
+        self.stream_first = max(self.stream_first, end)
+        self.acknowledged(end - 1)
+        self._next_live = max(self._next_live, end)
+        if self.broken:
+            return 0
+        try:
+            return self.cache.purge(end)
+        except OSError as exc:
+            self._break(exc)
+            return 0
+
     def read(
         self,
         from_seq: int,
