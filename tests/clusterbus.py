@@ -178,3 +178,90 @@ def nats_cluster(root: Path, nodes: int = 3) -> Iterator[NatsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+class FakeBroker:
+    """A made-up broker on the cluster's NATS subjects (the brokers' credentials): it beacons as
+    ``name`` every ``hello_ms`` (so the real brokers keep a route to it), collects the route messages
+    sent to its inbox (``received``: (sender, blob), in order), and sends route messages of its own
+    (``send``), on an asyncio loop of its own thread."""
+
+    def __init__(self, url: str, name: str = "fake", *, epoch: int = 7, hello_ms: int = HELLO_MS) -> None:
+        import asyncio
+        import threading
+
+        self.url = url
+        self.name = name
+        self.epoch = epoch
+        self.hello_ms = hello_ms
+        self.received: list[tuple[str, bytes]] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"fake-{name}", daemon=True)
+        self._nc: Any = None
+        self._beacons: Any = None
+
+    def __enter__(self) -> FakeBroker:
+        import asyncio
+
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        import asyncio
+
+        from nats.aio.client import Client as Nats
+
+        from mc0.protocol import routes as wire
+
+        self._nc = Nats()
+        await self._nc.connect(servers=[self.url], connect_timeout=5, allow_reconnect=False)
+
+        async def take(msg: Any) -> None:
+            parsed = wire.parse_route_message(msg.data)
+            if parsed is not None:
+                self.received.append((parsed[0], parsed[2]))
+
+        await self._nc.subscribe(wire.inbox(self.name), cb=take)
+        await self._nc.flush()
+
+        async def beacons() -> None:
+            while True:
+                await self._nc.publish(wire.HELLO_SUBJECT, wire.hello(self.name, self.epoch))
+                await asyncio.sleep(self.hello_ms / 1000.0)
+
+        self._beacons = asyncio.get_running_loop().create_task(beacons())
+
+    def send(self, to: str, blob: bytes) -> None:
+        """One route message (a batched-wire blob of records) to broker ``to``, as this broker."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            await self._nc.publish(wire.inbox(to), wire.route_message(self.name, self.epoch, blob))
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(10)
+
+    def records(self) -> list[list[bytes]]:
+        """Every record received so far, as its command's frames, in order."""
+        from mc0.protocol import batch
+
+        return [batch.frames_of(blob, c, s, e) for _, blob in list(self.received) for c, s, e in batch.records(blob)]
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        async def stop() -> None:
+            if self._beacons is not None:
+                self._beacons.cancel()
+            if self._nc is not None:
+                await self._nc.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
