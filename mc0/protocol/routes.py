@@ -6,7 +6,11 @@ user the brokers share is allowed ``mc0.>``; nobody else should be):
 - ``mc0.cl.hello``: every broker's beacon, every ``hello_ms``: who it is
   (name, epoch) — discovery and liveness in one;
 - ``mc0.cl.to.NAME``: the route traffic to broker NAME (batched-wire blobs
-  of records, each NATS message below the server's ``max_payload``).
+  of records, each NATS message below the server's ``max_payload``);
+- ``mc0.cl.reply.NAME.>``: every reply subject broker NAME waits on
+  (nats-py's ``inbox_prefix``: JetStream's deliveries to its local copies,
+  pulls, letter reads, PubAcks, API answers), so none of them is under
+  ``_INBOX.>``, which any NATS user doing request/reply may read and write.
 
 A route message is ``from_len:u8 from epoch:u64 blob``: the sender's name and
 epoch travel inside the payload (cheaper than NATS headers through nats-py).
@@ -43,6 +47,7 @@ from . import batch
 
 SUBJECT_PREFIX = "mc0.cl"
 HELLO_SUBJECT = f"{SUBJECT_PREFIX}.hello"
+REPLY_PREFIX = f"{SUBJECT_PREFIX}.reply"  # (mc0 journal copy's, and any client of the brokers' NATS user)
 MAX_NAME_BYTES = 64
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _EPOCH = struct.Struct("!Q")
@@ -83,6 +88,11 @@ def derived_name(host: str, endpoint: str) -> str:
 def inbox(name: str) -> str:
     """The subject a broker receives its route traffic on."""
     return f"{SUBJECT_PREFIX}.to.{name}"
+
+
+def reply_prefix(name: str) -> str:
+    """nats-py's ``inbox_prefix`` for broker ``name``: its reply subjects are ``mc0.cl.reply.NAME.<nuid>``."""
+    return f"{REPLY_PREFIX}.{name}"
 
 
 def hello(name: str, epoch: int) -> bytes:

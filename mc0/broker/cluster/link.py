@@ -134,12 +134,14 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
     return context
 
 
-def nats_options(config: ClusterConfig, client_name: str) -> dict[str, Any]:
+def nats_options(config: ClusterConfig, client_name: str, *, reply_prefix: str = wire.REPLY_PREFIX) -> dict[str, Any]:
     """nats-py's connect options for ``[cluster]``: every server, reconnecting for ever, pings that leave
-    a frozen server after about two, the credentials and TLS it names."""
+    a frozen server after about two, the credentials and TLS it names, and every reply subject under
+    ``reply_prefix`` (the brokers' own ``mc0.>``, never ``_INBOX.>``: docs/SECURITY.md)."""
     options: dict[str, Any] = {
         "servers": list(config.nats),
         "name": client_name,
+        "inbox_prefix": reply_prefix,
         "no_echo": True,  # its own beacons never come back
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
@@ -325,7 +327,7 @@ class ClusterLink:
         await _LinkRun(self, context).main()  # (made on the thread's running loop: its parts need it)
 
     def _options(self) -> dict[str, Any]:
-        return nats_options(self.config, f"mc0-broker-{self.name}")
+        return nats_options(self.config, f"mc0-broker-{self.name}", reply_prefix=wire.reply_prefix(self.name))
 
 
 class _LinkRun:
