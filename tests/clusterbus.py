@@ -267,6 +267,19 @@ class FakeBroker:
 
         asyncio.run_coroutine_threadsafe(publish(), self.loop).result(10)
 
+    def publish(self, to: str, payloads: list[bytes]) -> None:
+        """Raw NATS messages (anything at all) to broker ``to``'s inbox, in order."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            for payload in payloads:
+                await self._nc.publish(wire.inbox(to), payload)
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)
+
     def records(self) -> list[list[bytes]]:
         """Every record received so far, as its command's frames, in order."""
         from mc0.protocol import batch

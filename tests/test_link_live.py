@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -17,7 +18,7 @@ import pytest
 import mc0
 from mc0.natsproc import NatsCluster
 
-from .clusterbus import ClusterBus, nats_cluster, until
+from .clusterbus import ClusterBus, FakeBroker, nats_cluster, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,6 +99,55 @@ def test_a_broker_whose_whole_state_is_over_1_mib_is_heard_by_a_broker_that_join
                         raise AssertionError(f"{pattern[:12]} never crossed")
             assert bus.varz(0)["cluster"]["link"]["route_send_failed"] == 0
             assert bus.varz(0)["cluster"]["link"]["route_messages_out"] > bus.varz(0)["cluster"]["link"]["sent"]
+
+
+def test_hostile_chunks_cost_only_themselves_and_what_is_put_together_stays_bounded(
+    bus: ClusterBus, nats: NatsCluster
+) -> None:
+    """A made-up broker (with the brokers' NATS login) sends b1 what no broker would: first chunks of 8 MiB
+    records from 300 senders at once (more than the reassembly budget), totals past the largest record,
+    chunks of nothing under way, chunks that do not continue, and garbage.  Each costs only itself
+    (counted), b1's memory stays bounded, and a 2 MiB message between the real brokers still crosses."""
+    from mc0.broker.cluster.link import REASSEMBLY_BUDGET_BYTES, RECORD_SLACK_BYTES
+    from mc0.protocol import routes as wire
+
+    b1 = psutil.Process(bus.brokers[0].proc.pid)  # type: ignore[union-attr]
+    largest = 8 * MIB + RECORD_SLACK_BYTES  # b1's max_message_bytes (the default) and the slack
+    with FakeBroker(nats.url(0)) as fake:
+        baseline = b1.memory_info().rss
+        hostile = [wire.chunk_message(f"s{i}", 1, largest, 0, os.urandom(64 * 1024)) for i in range(300)]
+        hostile += [wire.chunk_message("huge", 1, wire.MAX_CHUNKED_BYTES, 0, b"x" * 1000)]  # past the largest
+        hostile += [wire.chunk_message("stray", 1, 5000, 1000, b"y" * 1000) for _ in range(50)]
+        hostile += [
+            wire.chunk_message("skips", 1, 5000, 0, b"z" * 1000),
+            wire.chunk_message("skips", 1, 5000, 3000, b"z"),
+        ]
+        hostile += [os.urandom(n) for n in (1, 9, 80, 4096)] + [bytes([0x85]) + b"s!*>." + os.urandom(40)]
+        fake.publish("b1", hostile)
+        peak = b1.memory_info().rss
+        link = until_link(bus, lambda link: link["route_chunks_in"] >= 352)
+        assert link["route_records_lost"] >= 300 - REASSEMBLY_BUDGET_BYTES // largest  # past the budget: lost
+        assert link["route_chunks_stray"] >= 51 and link["malformed"] >= 2
+        print(f"b1 grew by {(peak - baseline) / MIB:.0f} MiB taking the hostile chunks; link {link}")
+        assert peak - baseline <= REASSEMBLY_BUDGET_BYTES + 64 * MIB
+        body = os.urandom(2 * MIB)
+        with bus.client(0) as pub, bus.client(1) as sub_client:
+            sub = sub_client.subscribe("after.>")
+            until(lambda: bus.interest(0, "after.x") >= 1, 5, "b2's interest known at b1")
+            pub.publish("after.x", body, confirm=True)
+            assert sub.next(timeout=10).body == body
+
+
+def until_link(bus: ClusterBus, condition: Any, i: int = 0) -> dict[str, int]:
+    """Broker ``i``'s link counters once ``condition`` holds of them (polled)."""
+    found: dict[str, int] = {}
+
+    def check() -> bool:
+        found.update(bus.varz(i)["cluster"]["link"])
+        return bool(condition(found))
+
+    until(check, 15, "the link's counters")
+    return found
 
 
 def test_route_traffic_waiting_while_nats_stalls_is_bounded_then_counted_and_the_routes_heal(tmp_path: Path) -> None:

@@ -178,3 +178,31 @@ def test_reassembly_is_bounded_in_bytes_and_forgets_a_record_that_stopped_coming
     assert reassembly.losses == ["c", "b"] and reassembly.used == 50 + PARTIAL_OVERHEAD
     reassembly.clear()  # the link went down: what was under way is gone, with nobody to resync
     assert (reassembly.used, reassembly.losses, counters["route_records_lost"]) == (0, [], 3)
+
+
+def test_resync_notices_go_at_once_then_at_most_one_a_second_per_broker_never_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from mc0.broker.cluster import inbound, posts
+
+    monkeypatch.setattr(inbound, "RESYNC_NOTICE_S", 0.2)
+    posted: list[tuple[float, object]] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        resyncs = inbound.Resyncs(lambda frames: posted.append((loop.time() - started, posts.parse(frames))), Counter())
+        resyncs.ask("a")
+        resyncs.ask("a")  # within the second: held back to its end
+        resyncs.ask("a")  # (already held: one notice for both)
+        resyncs.ask("b")  # another broker: at once
+        await asyncio.sleep(0.35)
+        resyncs.ask("a")
+        resyncs.cancel()  # the link went down: what is held is not posted
+        await asyncio.sleep(0.3)
+
+    asyncio.run(run())
+    assert [item for _, item in posted] == [posts.RouteResync("a"), posts.RouteResync("b"), posts.RouteResync("a")]
+    assert posted[2][0] >= 0.15  # (the held one: at the end of its second, not at once)

@@ -126,13 +126,15 @@ class Reassembly:
 
 class Resyncs:
     """``RouteResync`` notices to the loop: at once, or, within a second of the last one for the same
-    broker, held back to the end of that second (never skipped)."""
+    broker, held back to the end of that second (never skipped); one log line a second at most."""
 
     def __init__(self, post: Callable[[Sequence[bytes]], None], counters: dict[str, int]) -> None:
         self.post = post
         self.counters = counters
         self._last: dict[str, float] = {}
         self._held: dict[str, asyncio.TimerHandle] = {}
+        self._logged_at = -RESYNC_NOTICE_S
+        self._unlogged = 0  # notices since the last log line
 
     def ask(self, name: str) -> None:
         if name in self._held:
@@ -154,7 +156,11 @@ class Resyncs:
         self._last.pop(name, None)
         self._last[name] = now  # (the newest last)
         self.counters["route_resyncs"] += 1
-        log.warning("cluster: a message between this broker and %s was lost; resyncing that route", name)
+        self._unlogged += 1
+        if now - self._logged_at >= RESYNC_NOTICE_S:
+            more = f" (and {self._unlogged - 1} more since the last line)" if self._unlogged > 1 else ""
+            log.warning("cluster: a message between this broker and %s was lost; resyncing that route%s", name, more)
+            self._logged_at, self._unlogged = now, 0
         self.post(posts.resync(name))
 
     def cancel(self) -> None:

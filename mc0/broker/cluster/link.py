@@ -61,7 +61,7 @@ from ...settings import ClusterConfig
 from . import posts
 from .beacons import Beacons
 from .feed import Poster
-from .inbound import Reassembly, Resyncs, RouteInbound
+from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
 from .jetstream import JetStreamPart
 from .outbound import SEND_BUDGET_BYTES, RouteSender
 from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
@@ -391,7 +391,7 @@ class _LinkRun:
             if link.streams
             else None
         )
-        self.other_drops = [0, -1.0]  # drops on other subscriptions (a JetStream inbox): count, last logged
+        self.other_drops = [0, -DROP_NOTICE_S]  # drops on other subscriptions (a JetStream inbox): count, logged
         link._started.set()
 
     def _send_up(self, frames: Sequence[bytes]) -> None:
@@ -501,7 +501,7 @@ class _LinkRun:
             self.beacons.dropped()  # (beacons repeat: nothing to heal)
         else:
             self.other_drops[0] += 1
-            if time.monotonic() - self.other_drops[1] >= 1.0:
+            if time.monotonic() - self.other_drops[1] >= DROP_NOTICE_S:
                 count, self.other_drops[0], self.other_drops[1] = self.other_drops[0], 0, time.monotonic()
                 log.warning("cluster: NATS: %s (%d message(s) dropped)", exc, count)
 
