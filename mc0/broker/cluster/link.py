@@ -341,7 +341,6 @@ class _LinkRun:
 
         self.slow_consumer = SlowConsumerError
         self.link = link
-        self.context = context
         self.counters = link.counters
         self.stopping = asyncio.Event()
         actx = zmq.asyncio.Context.shadow(context)
