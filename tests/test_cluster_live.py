@@ -478,13 +478,14 @@ def test_route_traffic_a_stalled_broker_loop_cannot_take_is_bounded_then_reporte
     import zmq
     from nats.aio.client import Client as Nats
 
+    from mc0.broker.cluster import inbound
     from mc0.broker.cluster import link as links
     from mc0.protocol import routes as route_wire
     from mc0.settings import ClusterConfig
 
     budget, size, count = 1 << 20, 64 * 1024, 400  # 25 MiB sent at a loop that takes 1 MiB + 2 MiB
     monkeypatch.setattr(links, "ROUTE_PENDING_BYTES", 2 << 20)
-    monkeypatch.setattr(links, "DROP_NOTICE_S", 3.0)  # the second flood's report is surely held back
+    monkeypatch.setattr(inbound, "DROP_NOTICE_S", 3.0)  # the second flood's report is surely held back
     name = f"flooded{os.getpid()}"
     link = links.ClusterLink(ClusterConfig(nats=(nats.url(0),), hello_ms=1000))
     context = zmq.Context()

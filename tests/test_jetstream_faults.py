@@ -39,7 +39,10 @@ def stream_leader(nats: NatsCluster, stream: str) -> int:
 
         import nats as natspy
 
-        nc = await natspy.connect(servers=[nats.url(i) for i in nats.running()], connect_timeout=2)
+        from mc0.protocol.routes import REPLY_PREFIX  # (the brokers' user has no _INBOX.>)
+
+        servers = [nats.url(i) for i in nats.running()]
+        nc = await natspy.connect(servers=servers, connect_timeout=2, inbox_prefix=REPLY_PREFIX)
         try:
             msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
             return str(json.loads(msg.data)["cluster"]["leader"])

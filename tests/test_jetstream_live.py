@@ -16,6 +16,7 @@ import pytest
 
 import mc0
 from mc0.natsproc import NatsCluster
+from mc0.protocol.routes import REPLY_PREFIX  # (the brokers' NATS user has no _INBOX.>: its replies are there)
 
 from .clusterbus import ClusterBus, nats_cluster
 from .clusterbus import until as poll_until
@@ -272,7 +273,7 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
 
     async def run() -> None:
         nc = Nats()
-        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix=REPLY_PREFIX)
         try:
             spec = StreamSpec("settle", 1, 0.0, 0, 0, 60.0)
             await api(nc, "STREAM.CREATE.MC0_J_settle", spec.config(), timeout=10)
@@ -359,7 +360,7 @@ def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats:
 
     async def run() -> None:
         nc = Nats()
-        await nc.connect(servers=nats.urls(), connect_timeout=5)
+        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix=REPLY_PREFIX)
         try:
             spec = StreamSpec("letters", 1, 3600.0, 0, 0, 60.0, True, 100)
             await api(nc, "STREAM.CREATE.MC0_J_letters", spec.config(), timeout=10)
@@ -415,7 +416,7 @@ def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then
 
             async def publish() -> None:
                 nc = Nats()
-                await nc.connect(servers=[node.url(0)], connect_timeout=5)
+                await nc.connect(servers=[node.url(0)], connect_timeout=5, inbox_prefix=REPLY_PREFIX)
                 try:
                     for _ in range(500):  # (bounded) until the link made the stream
                         try:

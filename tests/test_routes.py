@@ -347,6 +347,35 @@ def test_a_route_record_that_cannot_be_taken_is_counted_and_dropped_unanswered(r
     net.connect("a", b"x")  # the broker carries on
 
 
+@pytest.mark.parametrize(
+    ("bad", "refused", "failed"),
+    [
+        pytest.param(batch.put_record(b"t.x", b"a client's PUT"), 1, 0, id="PUT"),  # the route grammar has no PUT
+        pytest.param(batch.call_record(b"svc", b"c1", 100, b"x"), 1, 0, id="CALL"),  # a REQUEST without CALLER
+        pytest.param(batch.ok_record(b"o1"), 1, 0, id="OK"),
+        pytest.param(batch.frames_record(f("SUB", "", "t.>")), 0, 1, id="raises"),  # its handler raises: a bug
+    ],
+)
+def test_a_bad_route_record_costs_itself_only_and_the_records_around_it_all_take_effect(
+    bad: bytes, refused: int, failed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> list[object]:
+        raise RuntimeError("a bug in a route verb")
+
+    net = Net(("a", "b"))
+    net.connect("a", b"sa")
+    net.send("a", b"sa", "SUB", "", "t.>")
+    monkeypatch.setitem(routed._VERBS, P.Verb.SUB, broken)  # (from here on: b's announcement reached it)
+    blob = b"".join(
+        [batch.message_record(b"t.1", b"alice", b"m1"), bad, batch.message_record(b"t.2", b"alice", b"m2"), bad]
+    )
+    a = net.cores["a"]
+    net.deliver("a", routed.received(a, "b", net.epochs["b"], blob + batch.message_record(b"t.3", b"bob", b"m3"), 0))
+    assert net.messages("a", b"sa") == [b"m1", b"m2", b"m3"]
+    assert (a.counters["route_records_refused"], a.counters["route_records_failed"]) == (2 * refused, 2 * failed)
+    assert a.counters["internal_errors"] == 2 * failed
+
+
 def test_route_traffic_dropped_on_the_way_in_is_healed_by_reopening_every_route() -> None:
     """What the link reports as RoutesDropped: announcements lost while this broker fell behind are
     recovered by opening each route afresh (each side sends its whole state again), and nothing is
@@ -376,3 +405,26 @@ def test_route_traffic_dropped_on_the_way_in_is_healed_by_reopening_every_route(
     net.send("b", b"pub2", "PUT", "TOPIC", "z.1", "", "once")
     assert net.messages("a", b"sa") == [b"once"]  # a's own interest, announced again, counts once
     assert sorted(net.cores["a"].routes.by_name) == ["b"] and sorted(b.routes.by_name) == ["a"]
+
+
+def test_a_route_whose_queue_overflows_is_counted_not_evicted_and_opened_afresh_on_the_next_turn() -> None:
+    """What the shell reports when a route's queue is over its budget (NATS slow or stalled): each message
+    that did not fit is counted, and the next turn opens the route afresh (once, however many were lost):
+    forgotten, then CONNECT and this broker's whole state, which the other answers with its own, so
+    interest, services and requests are right again; never the 429-and-disconnect of a slow consumer."""
+    net = Net(("a", "b"))
+    net.connect("b", b"sb")
+    net.send("b", b"sb", "SUB", "", "x.>")
+    a = net.cores["a"]
+    assert a.send_failed(route_id("b"), net.now, unreachable=False) == []
+    assert a.send_failed(route_id("b"), net.now, unreachable=False) == []
+    assert a.evict_stalled(route_id("b"), net.now) == []  # (the shell freed its queue: resynced, not evicted)
+    assert (a.counters["route_queue_dropped"], a.counters["route_queue_stalled"]) == (2, 1)
+    assert "b" in a.routes.by_name and a.counters["forgotten_too_slow"] == 0
+    out = routed.resync_overflowed(a, net.now)
+    assert [commands(p)[0][0] for rid, p in out if rid == route_id("b")][:1] == [b"CONNECT"]
+    assert a.counters["route_resynced"] == 1 and routed.resync_overflowed(a, net.now) == []
+    net.deliver("a", out)  # b answers with its whole state: its subscriber's interest is known at a again
+    net.connect("a", b"pub")
+    net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "after")
+    assert net.messages("b", b"sb") == [b"after"]

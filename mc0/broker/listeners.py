@@ -31,7 +31,16 @@ from ..message import Record
 from ..protocol import batch
 from ..protocol import routes as route_wire
 from ..settings import Config
-from .cluster.link import ClusterLink, Hello, Inbound, LinkChange, RouteBlob, RoutesDropped
+from .cluster.link import (
+    RECORD_SLACK_BYTES,
+    ClusterLink,
+    Hello,
+    Inbound,
+    LinkChange,
+    RouteBlob,
+    RouteResync,
+    RoutesDropped,
+)
 from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
 from .core import fromstore, routed
 from .core.dispatch import BrokerCore, Out
@@ -111,7 +120,8 @@ class ClusterListener:
 
     def __init__(self, config: Config) -> None:
         self.config = config.cluster
-        self.link = ClusterLink(config.cluster, streams=specs_of(config))
+        max_record = config.broker.limits.max_message_bytes + RECORD_SLACK_BYTES  # (what chunks may add up to)
+        self.link = ClusterLink(config.cluster, streams=specs_of(config), max_record_bytes=max_record)
         self.broker_name = config.cluster.name
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
 
@@ -154,6 +164,8 @@ class ClusterListener:
             out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
         elif isinstance(item, RoutesDropped):
             out += routed.reopen(core, now)  # (the link counted and logged the drops)
+        elif isinstance(item, RouteResync):
+            out += routed.reopen_route(core, item.name, now)  # (the link counted and logged the loss)
         elif isinstance(item, Records):
             out += self._arrived(core, item, now)
         elif isinstance(item, Acks):
@@ -197,16 +209,24 @@ class ClusterListener:
         return is_route_id(routing_id)
 
     def flush(self, core: BrokerCore, outbox: Outbox, routing_id: bytes, now: float) -> list[Out]:
-        """What is queued for a route: one NATS message per BATCH (a route is a batched peer)."""
+        """What is queued for a route, a BATCH at a time (a route is a batched peer), while the link's
+        thread holds less than its budget: past it the rest waits in the route's queue (blocked, tried
+        again shortly), where the queue's own budget bounds it (``core.send_failed`` beyond)."""
         name = routing_id[len(ROUTE_PREFIX) :].decode()
-        while (message := outbox.next_message(routing_id)) is not None:
+        link = self.link
+        while True:
+            if link.backlog >= link.send_budget:  # NATS is slow: the link has not sent what it holds
+                outbox.blocked(routing_id, now)
+                return []
+            message = outbox.next_message(routing_id)
+            if message is None:
+                return []
             blob = message[2] if len(message) == 3 and message[0] == batch.BATCH else None
             if blob is None:  # (never: a route's queue is batched) counted, not sent raw over NATS
                 core.counters["route_unbatched_dropped"] += 1
             else:
-                self.link.send(name, bytes(blob))
+                link.send(name, bytes(blob))
             outbox.sent(routing_id, now)
-        return []
 
     def forgotten(self, routing_id: bytes) -> None:
         pass
@@ -216,7 +236,7 @@ class ClusterListener:
         the core asks of JetStream."""
         for token, request in fromstore.calls(core):
             self.link.call(token, request)
-        return routed.news(core)
+        return routed.news(core) + routed.resync_overflowed(core, now)
 
     def status(self, core: BrokerCore) -> dict[str, object]:
         return {

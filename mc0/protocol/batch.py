@@ -380,13 +380,17 @@ def id_of(blob: bytes | memoryview, code: int, start: int, end: int) -> str | No
 def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, side: Side = Side.PEER) -> Command:
     """A peer's record as the Command ``decode`` would make of its frames (ProtocolError if it would refuse them).
 
-    The shortcuts become Commands directly, checked as ``decode`` would
-    check their frames (size, UTF-8 header values); FRAMES records go
-    through ``decode`` itself.
+    A peer's shortcuts become Commands directly, checked as ``decode`` would
+    check their frames (size, UTF-8 header values: a shortcut's shape is
+    always in the peer grammar); FRAMES records, and any record from
+    another side (a route's grammar has no PUT, and its REQUEST needs a
+    CALLER), go through ``decode`` itself, grammar and all.
     """
     if end - start > limits.max_message_bytes:
         reason = f"{end - start} bytes, the limit is {limits.max_message_bytes}"
         raise ProtocolError(Status.TOO_LARGE, reason, id_of(blob, code, start, end))
+    if side is not Side.PEER:
+        return decode(frames_of(blob, code, start, end), sender=side, limits=limits)
     try:
         if code == PUT:
             (tl,) = _fixed(_U16, blob, start, end)

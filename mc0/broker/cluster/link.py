@@ -1,4 +1,4 @@
-"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by an inproc PAIR socket.
+"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by inproc PAIR sockets.
 
 Contract: the constructor does no I/O.  ``start(context, name)`` binds a zmq
 PAIR on an inproc address of the broker's context and starts the thread,
@@ -6,30 +6,36 @@ which connects to the NATS servers of ``[cluster] nats`` (retrying every
 ``RETRY_S`` while none answers: a broker cut off from NATS keeps serving its
 own peers), subscribes to the beacons and to this broker's inbox, and
 publishes a beacon every ``hello_ms``.  The broker loop polls :attr:`socket`
-and calls :meth:`receive`, which returns what arrived in order:
+and calls :meth:`receive`, which returns what arrived in order: what
+:mod:`.posts` lists (``Hello``, ``RouteBlob``, ``LinkChange``,
+``RoutesDropped``, ``RouteResync``) and what the JetStream part reports
+(:mod:`.jetstream`: ``Acks``, ``Failed``, ``StreamState``, ``Records``,
+``Answer``), when journals are kept by JetStream.
 
-- ``Hello(name, epoch)``: another broker's beacon;
-- ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);
-- ``LinkChange(up)``: NATS reachable again / lost (``up`` False: forget every route now);
-- ``RoutesDropped(count)``: route traffic to this broker was dropped (the loop fell
-  behind by more than the bounds below): every route is opened afresh;
-- what the JetStream part reports (:mod:`.jetstream`: ``Acks``, ``Failed``,
-  ``StreamState``, ``Records``, ``Answer``), when journals are kept by JetStream.
+The thread's work is split by concern, each an object of its own:
+:class:`~.beacons.Beacons` (discovery and liveness),
+:class:`~.inbound.RouteInbound` (this broker's inbox: chunks put together,
+credit, drops), :class:`~.outbound.RouteSender` (what the loop hands over,
+published within NATS's ``max_payload`` and a memory bound) and the
+JetStream part; :class:`_LinkRun` wires them to one nats-py connection.
 
-Records and route traffic taken by :meth:`receive` are handed back as credit
-(:class:`.feed.Poster`): the caller handles them before it calls again, so
-at most one call's worth is in its hands beyond what the budget counts.
-While the budget is spent, route messages wait in nats-py's subscription
-(``ROUTE_PENDING_BYTES``, ``ROUTE_PENDING_MSGS``); past that nats-py drops
-them, counted (``route_dropped``) and reported as ``RoutesDropped``, so the
-memory a flood of route traffic can take is bounded whatever the loop does.
+Memory, both ways.  In: records and route traffic taken by :meth:`receive`
+are handed back as credit (:class:`.feed.Poster`): the caller handles them
+before it calls again, so at most one call's worth is in its hands beyond
+what the budget counts; while the budget is spent, route messages wait in
+nats-py's subscription (``ROUTE_PENDING_BYTES``, ``ROUTE_PENDING_MSGS``);
+past that nats-py drops them, counted (``route_dropped``) and reported as
+``RoutesDropped``.  Out: :meth:`send` hands one route's blob to the thread;
+the loop hands over no more while :attr:`backlog` (handed, not yet
+published) is past ``SEND_BUDGET_BYTES`` (the route's queue keeps the rest,
+within its own budget), and the thread keeps at most
+``outbound.PENDING_BYTES`` in nats-py's buffer.
 
-:meth:`send` hands one route's blob to the thread (one NATS message each);
-:meth:`publish` a JetStream journal's proposals, :meth:`call` a store call.
-Nothing of the protocol is decided here: :mod:`mc0.broker.core.routes` does that.
-Credentials are never logged (URLs are shown without them).  ``close()`` is
-idempotent: it flushes what NATS still buffers (bounded), closes the
-connection and joins the thread.
+:meth:`publish` hands over a JetStream journal's proposals, :meth:`call` a
+store call.  Nothing of the protocol is decided here:
+:mod:`mc0.broker.core.routes` does that.  Credentials are never logged (URLs
+are shown without them).  ``close()`` is idempotent: it flushes what NATS
+still buffers (bounded), closes the connection and joins the thread.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -53,8 +58,13 @@ import zmq.asyncio
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
+from . import posts
+from .beacons import Beacons
 from .feed import Poster
+from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
 from .jetstream import JetStreamPart
+from .outbound import SEND_BUDGET_BYTES, RouteSender
+from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
 from .streams import (
     OP_CALL,
     OP_PUBLISH,
@@ -69,50 +79,36 @@ from .streams import (
 
 log = logging.getLogger("mc0.broker")
 
+__all__ = [
+    "ClusterLink",
+    "Hello",
+    "Inbound",
+    "LinkChange",
+    "RouteBlob",
+    "RouteResync",
+    "RoutesDropped",
+    "nats_options",
+    "redacted",
+    "tls_context",
+]
+
 RETRY_S = 1.0  # between initial connection attempts while no NATS server answers
 CONNECT_TIMEOUT_S = 2.0
 CLOSE_FLUSH_S = 1.0
 # Route traffic the broker loop has not taken is bounded twice: in the pipe to the loop by the
-# Poster's budget (``on_route`` waits for credit), and behind it in nats-py's subscription by these.
+# Poster's budget (the inbound waits for credit), and behind it in nats-py's subscription by these.
 # Past them nats-py drops (NATS core is at most once) and the loop resyncs every route (RoutesDropped).
-ROUTE_PENDING_MSGS = 64 * 1024  # route messages are batches (up to 256 KiB each)
+ROUTE_PENDING_MSGS = 64 * 1024  # route messages are batches (each below NATS's max_payload)
 ROUTE_PENDING_BYTES = 64 * 1024 * 1024
-BEACON_PENDING_MSGS = 4096  # beacons repeat every hello_ms: one dropped costs nothing
-ROUTE_CREDIT_POLL_S = 0.05  # a route message waiting for credit is woken by the loop, else looks again
-DROP_NOTICE_S = 1.0  # at most one RoutesDropped (and one log line) a second, the last one never skipped
+# What the receiving side puts together from chunks: one record (a client's message, its route headers
+# with it), at most one per sending broker, all of them within REASSEMBLY_BUDGET_BYTES (or twice a record).
+RECORD_SLACK_BYTES = 64 * 1024
+REASSEMBLY_BUDGET_BYTES = 64 * 1024 * 1024
 _STOP = b"\x00stop"
 NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
-_HELLO, _ROUTE, _UP, _DOWN, _DROPPED = b"H", b"R", b"U", b"D", b"X"
 _inproc_serials = itertools.count(1)
 
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    name: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class RouteBlob:
-    name: str
-    epoch: int
-    blob: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class LinkChange:
-    up: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RoutesDropped:
-    """Route messages to this broker were dropped (``count`` since the last notice): what the other
-    brokers announced may be lost, so every route is opened afresh (each sends its whole state again)."""
-
-    count: int
-
-
-Inbound = Hello | RouteBlob | LinkChange | RoutesDropped | StoreNews
+Inbound = posts.RouteNews | StoreNews
 
 
 def redacted(url: str) -> str:
@@ -138,12 +134,14 @@ def tls_context(config: ClusterConfig) -> ssl.SSLContext | None:
     return context
 
 
-def nats_options(config: ClusterConfig, client_name: str) -> dict[str, Any]:
+def nats_options(config: ClusterConfig, client_name: str, *, reply_prefix: str = wire.REPLY_PREFIX) -> dict[str, Any]:
     """nats-py's connect options for ``[cluster]``: every server, reconnecting for ever, pings that leave
-    a frozen server after about two, the credentials and TLS it names."""
+    a frozen server after about two, the credentials and TLS it names, and every reply subject under
+    ``reply_prefix`` (the brokers' own ``mc0.>``, never ``_INBOX.>``: docs/SECURITY.md)."""
     options: dict[str, Any] = {
         "servers": list(config.nats),
         "name": client_name,
+        "inbox_prefix": reply_prefix,
         "no_echo": True,  # its own beacons never come back
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
@@ -168,11 +166,19 @@ def nats_options(config: ClusterConfig, client_name: str) -> dict[str, Any]:
 
 class ClusterLink:
     def __init__(
-        self, config: ClusterConfig, *, epoch: int | None = None, streams: dict[str, StreamSpec] | None = None
+        self,
+        config: ClusterConfig,
+        *,
+        epoch: int | None = None,
+        streams: dict[str, StreamSpec] | None = None,
+        max_record_bytes: int = 8 * 1024 * 1024 + RECORD_SLACK_BYTES,
     ) -> None:
-        """``streams``: the JetStream journals' streams (none: no JetStream part)."""
+        """``streams``: the JetStream journals' streams (none: no JetStream part); ``max_record_bytes``:
+        the largest record put together from chunks (this broker's ``max_message_bytes`` and room for a
+        route record's headers)."""
         self.config = config
         self.streams = streams or {}
+        self.max_record_bytes = max_record_bytes
         self.positions: dict[str, tuple[int, str]] = {}  # journal -> (its local copy's next seq, stream made at)
         self.jetstream: JetStreamPart | None = None  # (the link thread's)
         # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
@@ -186,17 +192,30 @@ class ClusterLink:
         self._down: zmq.Socket[bytes] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
         self.server = ""  # the NATS server in use, without credentials
-        self.counters: dict[str, int] = {
-            "sent": 0,
-            "sent_bytes": 0,
-            "received": 0,
-            "malformed": 0,
-            "reconnects": 0,
-            "route_dropped": 0,  # route messages nats-py dropped while the loop was behind (then resynced)
-            "beacons_dropped": 0,
-            "route_credit_waits": 0,  # route messages that waited for the loop to take what was posted
-            "route_stale_dropped": 0,  # received before the link went down, not posted after it
-        }
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "sent",  # route blobs handed to the thread, and their bytes
+                "sent_bytes",
+                "route_messages_out",  # NATS messages published for them (split below max_payload) ...
+                "route_chunks",  # ... of which chunks of a record too big for one
+                "route_send_waits",  # times the sender waited for nats-py's buffer to drain (a slow server)
+                "route_send_failed",  # blobs not sent whole (then that route resynced)
+                "received",  # route blobs posted to the loop (whole, or put together from chunks)
+                "route_chunks_in",
+                "route_records_lost",  # records lost between chunks (then that route resynced)
+                "route_chunks_stray",  # chunks of a record already lost
+                "route_resyncs",  # RouteResync notices posted
+                "malformed",
+                "reconnects",
+                "route_dropped",  # route messages nats-py dropped while the loop was behind (then resynced)
+                "beacons_dropped",
+                "route_credit_waits",  # route messages that waited for the loop to take what was posted
+                "route_stale_dropped",  # received before the link went down, not posted after it
+            ),
+            0,
+        )
+        self.handed_bytes = 0  # route blobs' bytes handed to the thread (written by the loop) ...
+        self.finished_bytes = 0  # ... and those it is done with, sent or not (written by the thread)
         self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
         # What the thread posts, Records counted until receive() takes them (the feeds' credit:
@@ -214,7 +233,7 @@ class ClusterLink:
         for end in ("up", "down"):
             pair = context.socket(zmq.PAIR)
             pair.setsockopt(zmq.LINGER, 0)
-            # No HWM: bounded by the outbox budgets of the route peers (down), by NATS's pending limits
+            # No HWM: bounded by the link's send budget (down: ``backlog``), by NATS's pending limits
             # for route traffic and the feeds' credit for records (up).
             pair.setsockopt(zmq.SNDHWM, 0)
             pair.setsockopt(zmq.RCVHWM, 0)
@@ -258,29 +277,28 @@ class ClusterLink:
             except zmq.Again:
                 break
             kind = frames[0]
-            if kind == _ROUTE:
-                if self.poster is not None:
-                    self.poster.consumed(sum(len(f) for f in frames))  # (handled before the next receive)
-                out.append(RouteBlob(frames[1].decode(), int.from_bytes(frames[2], "big"), frames[3]))
-            elif kind == _DROPPED:
-                out.append(RoutesDropped(int.from_bytes(frames[1], "big")))
-            elif kind == _HELLO:
-                out.append(Hello(frames[1].decode(), int.from_bytes(frames[2], "big")))
-            elif kind in (_UP, _DOWN):
-                out.append(LinkChange(kind == _UP))
-            else:
-                if kind == RECORDS and self.poster is not None:
-                    # Taken off the pipe: handled (written to the copy) before the next receive().
-                    self.poster.consumed(sum(len(f) for f in frames))
-                news = parse_inbound(frames)
-                if news is not None:
-                    out.append(news)
+            if (kind == posts.ROUTE or kind == RECORDS) and self.poster is not None:
+                self.poster.consumed(sum(len(f) for f in frames))  # (handled before the next receive)
+            item = posts.parse(frames) if kind in posts.KINDS else parse_inbound(frames)
+            if item is not None:
+                out.append(item)
         return out
 
+    @property
+    def backlog(self) -> int:
+        """Bytes of route blobs handed to the thread and not yet published (or given up)."""
+        return self.handed_bytes - self.finished_bytes
+
+    @property
+    def send_budget(self) -> int:
+        return SEND_BUDGET_BYTES
+
     def send(self, name: str, blob: bytes) -> None:
-        """One route message to broker ``name`` (published by the link thread, in order)."""
+        """One route blob to broker ``name`` (published by the link thread, in order, in as many NATS
+        messages as it takes).  The caller hands over no more while ``backlog`` is past ``send_budget``."""
         if self._down is not None:
             self._down.send_multipart((name.encode(), blob), NOBLOCK, copy=len(blob) < 65536)
+            self.handed_bytes += len(blob)
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
 
@@ -294,6 +312,9 @@ class ClusterLink:
         if self._down is not None:
             self._down.send_multipart(call_frames(token, request), NOBLOCK)
 
+    def _finished(self, size: int) -> None:  # (the link thread)
+        self.finished_bytes += size
+
     # ------------------------------------------------------------ the link thread
     def _run(self, context: zmq.Context[Any]) -> None:
         try:
@@ -302,267 +323,197 @@ class ClusterLink:
             log.exception("cluster: the link thread failed; this broker now serves its own peers only")
             self.connected = False
 
-    def _options(self) -> dict[str, Any]:
-        return nats_options(self.config, f"mc0-broker-{self.name}")
-
     async def _main(self, context: zmq.Context[Any]) -> None:
+        await _LinkRun(self, context).main()  # (made on the thread's running loop: its parts need it)
+
+    def _options(self) -> dict[str, Any]:
+        return nats_options(self.config, f"mc0-broker-{self.name}", reply_prefix=wire.reply_prefix(self.name))
+
+
+class _LinkRun:
+    """One run of the link thread: its ends of the pipes, one nats-py connection and the parts that use it
+    (beacons, the inbox, the sender, JetStream), wired together; ``main()`` runs until ``close()``."""
+
+    def __init__(self, link: ClusterLink, context: zmq.Context[Any]) -> None:
         # nats-py, imported here so a standalone broker never loads it.
         from nats.aio.client import Client as Nats
         from nats.errors import SlowConsumerError
 
+        self.slow_consumer = SlowConsumerError
+        self.link = link
+        self.counters = link.counters
+        self.stopping = asyncio.Event()
         actx = zmq.asyncio.Context.shadow(context)
-        pair = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
-        poster = context.socket(zmq.PAIR)  # what it posts to the loop (plain sends: no future each)
-        for sock, end in ((pair, "down"), (poster, "up")):
+        self.work = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
+        self.up = context.socket(zmq.PAIR)  # what it posts to the loop (plain sends: no future each)
+        for sock, end in ((self.work, "down"), (self.up, "up")):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(f"{self._inproc}-{end}")
-        self._started.set()
-        loop = asyncio.get_running_loop()
-        stopping = asyncio.Event()
-
-        def send(frames: Sequence[bytes]) -> None:
-            poster.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
-
-        post = self.poster = Poster(send, counted=frozenset({_ROUTE}))
-        inbox = wire.inbox(self.name)
-        # Drops of route traffic are reported (RoutesDropped, which resyncs every route) only once
-        # everything received before them has been posted: the resync then comes after it, in order.
-        unreported, reported_at = 0, -DROP_NOTICE_S  # route messages dropped since the last notice, and when
-        subs: dict[str, Any] = {}  # "route", "hello": the subscriptions (the route's pending: not posted yet)
-        notice: list[asyncio.TimerHandle] = []
-        # A route message in on_route's hands (taken off the subscription, not posted yet): it counts as
-        # not posted, and it is dropped unposted if the link goes down meanwhile (``stale_in_hand``).
-        in_hand = False
-        stale_in_hand = False
-        stale_queued = 0  # route messages still queued when the link went down: dropped unposted
-        credit = asyncio.Event()
-        other_drops = [0, -DROP_NOTICE_S]  # drops on other subscriptions (a JetStream inbox): count, last logged
-
-        def report_drops() -> None:
-            """One RoutesDropped for what was dropped since the last, once nothing received before
-            waits in the subscription; at most one a second (a later one is scheduled, never skipped)."""
-            nonlocal unreported, reported_at
-            route = subs.get("route")
-            if not unreported or notice or in_hand or (route is not None and route.pending_msgs):
-                return  # (nothing to say, already scheduled, or on_route reports once the rest is posted)
-            wait = reported_at + DROP_NOTICE_S - time.monotonic()
-            if wait > 0:
-                notice.append(loop.call_later(wait, scheduled_report))
-                return
-            count, unreported, reported_at = unreported, 0, time.monotonic()
-            log.warning("cluster: %d route message(s) dropped (this broker fell behind); resyncing routes", count)
-            post((_DROPPED, count.to_bytes(8, "big")))
-
-        def scheduled_report() -> None:
-            notice.clear()
-            report_drops()
-
-        def dropped(exc: SlowConsumerError) -> None:
-            nonlocal unreported
-            sub = exc.sub
-            if sub is not None and sub is subs.get("route"):
-                self.counters["route_dropped"] += 1
-                unreported += 1
-                report_drops()
-            elif sub is not None and sub is subs.get("hello"):
-                self.counters["beacons_dropped"] += 1  # (beacons repeat: nothing to heal)
-            else:
-                other_drops[0] += 1
-                if time.monotonic() - other_drops[1] >= DROP_NOTICE_S:
-                    count, other_drops[0], other_drops[1] = other_drops[0], 0, time.monotonic()
-                    log.warning("cluster: NATS: %s (%d message(s) dropped)", exc, count)
-
-        def wake_credit() -> None:  # (the broker loop's thread: consumed() freed the budget)
-            try:
-                loop.call_soon_threadsafe(credit.set)
-            except RuntimeError:  # the link's loop has ended (closing): nobody waits any more
-                pass
-
-        async def on_hello(msg: Any) -> None:
-            parsed = wire.parse_hello(msg.data)
-            if parsed is None:
-                self.counters["malformed"] += 1
-                return
-            name, epoch = parsed
-            if name != self.name:
-                post((_HELLO, name.encode(), epoch.to_bytes(8, "big")))
-
-        async def on_route(msg: Any) -> None:
-            try:
-                await take_route(msg)
-            finally:
-                if unreported:  # (whatever became of this message: the report may be due now)
-                    report_drops()
-
-        async def take_route(msg: Any) -> None:
-            nonlocal in_hand, stale_in_hand, stale_queued
-            if stale_queued:  # received before the link went down: its routes are gone, their state resent
-                stale_queued -= 1
-                self.counters["route_stale_dropped"] += 1
-                return
-            parsed = wire.parse_route_message(msg.data)
-            if parsed is None:
-                self.counters["malformed"] += 1
-                return
-            sender, epoch, blob = parsed
-            self.counters["received"] += 1
-            if post.over:  # the loop is behind: wait for it (what arrives meanwhile waits in nats-py)
-                self.counters["route_credit_waits"] += 1
-                in_hand = True
-                try:
-                    while not stopping.is_set():
-                        credit.clear()
-                        if not post.arm(wake_credit):
-                            break
-                        try:
-                            await asyncio.wait_for(credit.wait(), ROUTE_CREDIT_POLL_S)
-                        except TimeoutError:
-                            pass
-                finally:
-                    in_hand = False
-                if stale_in_hand:
-                    stale_in_hand = False
-                    self.counters["route_stale_dropped"] += 1
-                    return
-            post((_ROUTE, sender.encode(), epoch.to_bytes(8, "big"), blob))
-
-        async def on_disconnected() -> None:
-            nonlocal stale_in_hand, stale_queued, unreported
-            if self.connected:
-                log.warning("cluster: lost NATS %s; serving local peers only until it is back", self.server)
-            self.connected = False
-            # What was received and not posted yet would reach the loop after DOWN, for routes it forgot.
-            route = subs.get("route")
-            stale_queued = route.pending_msgs if route is not None else 0
-            stale_in_hand = in_hand
-            # Drops before DOWN need no resync: DOWN forgets every route, and they open afresh after UP.
-            unreported = 0
-            for pending in notice:
-                pending.cancel()
-            notice.clear()
-            post((_DOWN,))
-
-        async def on_reconnected() -> None:
-            self.counters["reconnects"] += 1
-            if jetstream is not None:
-                jetstream.reconnected()
-            self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
-            log.warning("cluster: NATS back at %s", self.server)
-            self.connected = True
-            post((_UP,))
-
-        async def on_error(exc: Exception) -> None:
-            if isinstance(exc, SlowConsumerError):  # one call per dropped message: counted, logged at most 1/s
-                dropped(exc)
-                return
-            log.warning("cluster: NATS: %s", exc)
-
-        nc = Nats()
-        jetstream = (
+            sock.connect(f"{link._inproc}-{end}")
+        self.post = link.poster = Poster(self._send_up, counted=frozenset({posts.ROUTE}))
+        self.nc = Nats()
+        self.resyncs = Resyncs(self.post, self.counters)
+        budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
+        reassembly = Reassembly(self.counters, max_record=link.max_record_bytes, budget=budget)
+        self.inbound = RouteInbound(self.post, self.counters, self.resyncs, reassembly, self.stopping)
+        self.sender = RouteSender(
+            self.nc,
+            link.name,
+            link.epoch,
+            self.counters,
+            resync=self.resyncs.ask,
+            finished=link._finished,
+            stopping=self.stopping,
+        )
+        every = link.config.hello_ms / 1000.0
+        self.beacons = Beacons(
+            self.nc,
+            link.name,
+            link.epoch,
+            every,
+            self.post,
+            self.counters,
+            stopping=self.stopping,
+            tick=self.inbound.expire,  # (records under way that stopped coming: lost)
+        )
+        self.jetstream = link.jetstream = (
             JetStreamPart(
-                nc,
-                post,
-                self.streams,
-                self.positions,
-                broker=self.name,
-                epoch=self.epoch,
-                timeout_s=self.config.jetstream_timeout_ms / 1000.0,
+                self.nc,
+                self.post,
+                link.streams,
+                link.positions,
+                broker=link.name,
+                epoch=link.epoch,
+                timeout_s=link.config.jetstream_timeout_ms / 1000.0,
             )
-            if self.streams
+            if link.streams
             else None
         )
-        self.jetstream = jetstream
-        options = self._options()
-        options.update(disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, error_cb=on_error)
+        self.other_drops = [0, -DROP_NOTICE_S]  # drops on other subscriptions (a JetStream inbox): count, logged
+        link._started.set()
 
-        async def connect() -> bool:
-            while not stopping.is_set():
-                try:
-                    await asyncio.wait_for(nc.connect(**options), CONNECT_TIMEOUT_S * len(self.config.nats) + 1)
-                    return True
-                except Exception as exc:  # no server answers yet: try again (each failure is one line)
-                    log.warning("cluster: no NATS server answers (%s); retrying", type(exc).__name__)
-                    try:
-                        await asyncio.wait_for(stopping.wait(), RETRY_S)
-                    except TimeoutError:
-                        pass
-            return False
+    def _send_up(self, frames: Sequence[bytes]) -> None:
+        self.up.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
 
-        async def beacons() -> None:
-            hello = wire.hello(self.name, self.epoch)
-            every = self.config.hello_ms / 1000.0
-            while not stopping.is_set():
-                if nc.is_connected:
-                    try:
-                        await nc.publish(wire.HELLO_SUBJECT, hello)
-                    except Exception as exc:  # reconnecting: the next beacon will go
-                        log.debug("cluster: beacon not sent: %s", exc)
-                try:
-                    await asyncio.wait_for(stopping.wait(), every)
-                except TimeoutError:
-                    pass
-
-        async def outbound() -> None:
-            while True:
-                frames = await pair.recv_multipart(copy=True)
-                if frames[0] == _STOP:
-                    stopping.set()
-                    return
-                if frames[0] == OP_PUBLISH and jetstream is not None:
-                    journal = frames[1].decode()
-                    for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
-                        await jetstream.publish(journal, token, subject, msgid, origin, payload)
-                    continue
-                if frames[0] == OP_CALL and jetstream is not None:
-                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
-                    continue
-                if not nc.is_connected and not nc.is_reconnecting:
-                    continue  # never connected yet: routes cannot exist, nothing to deliver
-                target, blob = frames[0].decode(), frames[1]
-                try:
-                    await nc.publish(wire.inbox(target), wire.route_message(self.name, self.epoch, blob))
-                except Exception as exc:  # buffer full while reconnecting: the route is lost anyway
-                    self.counters["dropped"] = self.counters.get("dropped", 0) + 1
-                    log.debug("cluster: route message to %s dropped: %s", target, exc)
-
-        sender = loop.create_task(outbound())
+    async def main(self) -> None:
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._outbound())
         ticker: asyncio.Task[None] | None = None
         try:
-            if await connect():
-                self.server = redacted(str(nc.connected_url.geturl())) if nc.connected_url else ""
-                subs["hello"] = await nc.subscribe(
-                    wire.HELLO_SUBJECT, cb=on_hello, pending_msgs_limit=BEACON_PENDING_MSGS
-                )
-                subs["route"] = await nc.subscribe(
-                    inbox, cb=on_route, pending_msgs_limit=ROUTE_PENDING_MSGS, pending_bytes_limit=ROUTE_PENDING_BYTES
-                )
-                await nc.flush(int(CONNECT_TIMEOUT_S))
-                self.connected = True
-                log.info("cluster: connected to NATS %s", self.server)
-                post((_UP,))
-                ticker = loop.create_task(beacons())
-                if jetstream is not None:
-                    await jetstream.start()
-            await stopping.wait()
+            if await self._connect():
+                await self._subscribe()
+                self.link.connected = True
+                log.info("cluster: connected to NATS %s", self.link.server)
+                self.post((posts.UP,))
+                ticker = loop.create_task(self.beacons.run())
+                if self.jetstream is not None:
+                    await self.jetstream.start()
+            await self.stopping.wait()
         finally:
-            self.connected = False
-            for pending in notice:
-                pending.cancel()
+            self.link.connected = False
+            self.inbound.stop()
             if ticker is not None:
                 ticker.cancel()
-            if jetstream is not None:
-                jetstream.stop()
+            if self.jetstream is not None:
+                self.jetstream.stop()
             sender.cancel()
-            if nc.is_connected:
-                try:
-                    await asyncio.wait_for(nc.flush(), CLOSE_FLUSH_S)
-                except Exception:
-                    pass
+            await self._close()
+
+    async def _connect(self) -> bool:
+        options = self.link._options()
+        options.update(
+            disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected, error_cb=self._on_error
+        )
+        attempt_s = CONNECT_TIMEOUT_S * len(self.link.config.nats) + 1
+        while not self.stopping.is_set():
             try:
-                await asyncio.wait_for(nc.close(), CLOSE_FLUSH_S)
+                await asyncio.wait_for(self.nc.connect(**options), attempt_s)
+                self.link.server = self._server()
+                return True
+            except Exception as exc:  # no server answers yet: try again (each failure is one line)
+                log.warning("cluster: no NATS server answers (%s); retrying", type(exc).__name__)
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), RETRY_S)
+                except TimeoutError:
+                    pass
+        return False
+
+    async def _subscribe(self) -> None:
+        await self.beacons.subscribe()
+        self.inbound.subscription = await self.nc.subscribe(
+            wire.inbox(self.link.name),
+            cb=self.inbound.on_message,
+            pending_msgs_limit=ROUTE_PENDING_MSGS,
+            pending_bytes_limit=ROUTE_PENDING_BYTES,
+        )
+        await self.nc.flush(int(CONNECT_TIMEOUT_S))
+
+    def _server(self) -> str:
+        url = self.nc.connected_url
+        return redacted(str(url.geturl())) if url else ""
+
+    async def _outbound(self) -> None:
+        """The loop's work, in order: route blobs, JetStream proposals and store calls, until STOP."""
+        jetstream = self.jetstream
+        while True:
+            frames = await self.work.recv_multipart(copy=True)
+            op = frames[0]
+            if op == _STOP:
+                self.stopping.set()
+                return
+            if op == OP_PUBLISH and jetstream is not None:
+                journal = frames[1].decode()
+                for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
+                    await jetstream.publish(journal, token, subject, msgid, origin, payload)
+            elif op == OP_CALL and jetstream is not None:
+                jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+            elif op not in (OP_PUBLISH, OP_CALL):
+                await self.sender.send(op.decode(), frames[1])
+
+    # ------------------------------------------------------------ nats-py's callbacks
+    async def _on_disconnected(self) -> None:
+        if self.link.connected:
+            log.warning("cluster: lost NATS %s; serving local peers only until it is back", self.link.server)
+        self.link.connected = False
+        self.inbound.disconnected()
+        self.post((posts.DOWN,))
+
+    async def _on_reconnected(self) -> None:
+        self.counters["reconnects"] += 1
+        if self.jetstream is not None:
+            self.jetstream.reconnected()
+        self.link.server = self._server()
+        log.warning("cluster: NATS back at %s", self.link.server)
+        self.link.connected = True
+        self.post((posts.UP,))
+
+    async def _on_error(self, exc: Exception) -> None:
+        if not isinstance(exc, self.slow_consumer):
+            log.warning("cluster: NATS: %s", exc)
+            return
+        # One call per dropped message: counted, logged at most once a second.
+        sub = exc.sub
+        if sub is not None and sub is self.inbound.subscription:
+            self.inbound.dropped()
+        elif sub is not None and sub is self.beacons.subscription:
+            self.beacons.dropped()  # (beacons repeat: nothing to heal)
+        else:
+            self.other_drops[0] += 1
+            if time.monotonic() - self.other_drops[1] >= DROP_NOTICE_S:
+                count, self.other_drops[0], self.other_drops[1] = self.other_drops[0], 0, time.monotonic()
+                log.warning("cluster: NATS: %s (%d message(s) dropped)", exc, count)
+
+    async def _close(self) -> None:
+        nc = self.nc
+        if nc.is_connected:
+            try:
+                await asyncio.wait_for(nc.flush(), CLOSE_FLUSH_S)
             except Exception:
                 pass
-            pair.close(linger=0)
-            poster.close(linger=0)
+        try:
+            await asyncio.wait_for(nc.close(), CLOSE_FLUSH_S)
+        except Exception:
+            pass
+        self.work.close(linger=0)
+        self.up.close(linger=0)

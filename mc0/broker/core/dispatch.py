@@ -522,6 +522,10 @@ class BrokerCore:
         peer = self.peers.get(routing_id)
         if peer is None:
             return []
+        if peer.route:  # its queue is over budget (NATS slow or stalled): counted, the route resynced
+            self.counters["route_queue_dropped"] += 1
+            self.routes.overflowed(peer)
+            return []
         if unreachable:
             return self.with_finished(self.forget(peer, "unreachable", now), now)
         self.counters["dropped"] += 1
@@ -534,6 +538,10 @@ class BrokerCore:
         for it for ``slow_consumer_ms``: a slow consumer, whether or not input kept coming (while
         the input is held for a reader nothing is dropped for it, but it is no less stuck)."""
         peer = self.peers.get(routing_id)
+        if peer is not None and peer.route:  # (its queue is gone: what it held is lost) resynced, not evicted
+            self.counters["route_queue_stalled"] += 1
+            self.routes.overflowed(peer)
+            return []
         return self._evict_slow(peer, now) if peer is not None and self.settings.slow_consumer_ms else []
 
     def _evict_slow(self, peer: Peer, now: float) -> list[Out]:

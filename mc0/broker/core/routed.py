@@ -11,9 +11,12 @@ of g, its ``TO x`` letter x's own session or x's mailbox here); a route's
 identity's session holder here, like any peer, so this broker's own traffic
 reaches it once.  A route is trusted (only brokers reach the cluster's NATS
 subjects; it checked its own peers' rights), so nothing it announces is held
-to a peer's limits.  A record this broker cannot take is counted and
-dropped, never answered: an answer to another broker's mistake would only
-echo between them.  Pure: no sockets, no clock.
+to a peer's limits.  A record this broker cannot take (one the route
+grammar has no place for, or malformed) is counted and dropped, never
+answered: an answer to another broker's mistake would only echo between
+them.  Each record costs itself only, as on the client wire: what the
+records before and after it did and said stands, even when one raises (a
+bug: counted with the internal errors).  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -116,6 +119,25 @@ def reopen(core: BrokerCore, now: float) -> list[Out]:
     return out
 
 
+def reopen_route(core: BrokerCore, name: str, now: float) -> list[Out]:
+    """A message between this broker and broker ``name`` was lost on the way (the link counted it):
+    that route is opened afresh, as ``reopen`` does for all (nothing if there is none)."""
+    if name not in core.routes.by_name:
+        return []
+    core.counters["route_resynced"] += 1
+    return _open(core, name, core.routes.epochs[name], now)
+
+
+def resync_overflowed(core: BrokerCore, now: float) -> list[Out]:
+    """The routes whose queue went over its budget since the last call (``Routes.overflowed``): each
+    opened afresh (forgotten, its queue freed; CONNECT and this broker's whole state, which the other
+    answers with its own), so what they lost cannot leave interest, services or requests wrong."""
+    out: list[Out] = []
+    for name in core.routes.take_overflowed():
+        out += reopen_route(core, name, now)
+    return out
+
+
 def lost(core: BrokerCore, now: float) -> list[Out]:
     """The link to the other brokers is down: every route goes (their jobs requeued or failed)."""
     out: list[Out] = []
@@ -163,10 +185,22 @@ def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]
             except (ProtocolError, ValueError, struct.error) as exc:  # (UnicodeDecodeError is a ValueError)
                 core.counters["route_records_refused"] += 1
                 log.debug("route %s: record refused: %s", route.name, exc)
+            except Exception as exc:  # a bug: it costs this record only (what the others did stands)
+                _failed(core, route, exc, now)
     except ProtocolError as exc:  # the blob stopped splitting into records here
         core.counters["route_records_refused"] += 1
         log.debug("route %s: message damaged: %s", route.name, exc)
     return out
+
+
+def _failed(core: BrokerCore, route: Peer, exc: Exception, now: float) -> None:
+    """A route record raised (a bug): counted, logged within the log's bound, never answered."""
+    core.counters["internal_errors"] += 1
+    core.counters["route_records_failed"] += 1
+    if core.log_limit.allow(route.identity, f"route record:{type(exc).__name__}", now):
+        log.error("internal error handling a record from %s", route.name, exc_info=exc)
+    else:
+        core.counters["log_lines_left_out"] += 1
 
 
 # ---------------------------------------------------------------- publications

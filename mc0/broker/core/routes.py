@@ -59,6 +59,7 @@ class Routes:
         self._capacity: dict[str, int] = {}  # service -> total capacity of local workers (announced)
         self._identities: Counter[str] = Counter()  # identity -> local sessions
         self._pending: list[bytes] = []  # records every route must get, in order
+        self._overflowed: dict[str, None] = {}  # routes that lost messages past their queue's budget
 
     @property
     def enabled(self) -> bool:
@@ -87,6 +88,19 @@ class Routes:
         if self.by_name.get(name) is peer:
             del self.by_name[name]
             self.epochs.pop(name, None)
+
+    def overflowed(self, peer: Peer) -> None:
+        """``peer`` (a route) lost a message: its queue was over budget (NATS slow or stalled).  What it
+        lost may have been an announcement, a request or a reply: the route is to be opened afresh."""
+        name = peer.identity[len(ROUTE_IDENTITY_PREFIX) :]
+        if self.by_name.get(name) is peer:
+            self._overflowed[name] = None
+
+    def take_overflowed(self) -> list[str]:
+        """The routes that lost messages since the last call (each once), still open."""
+        names = [name for name in self._overflowed if name in self.by_name]
+        self._overflowed.clear()
+        return names
 
     def hello(self) -> list[bytes]:
         """What opens a session with another broker: CONNECT (it resets its view of us and answers
