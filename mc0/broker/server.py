@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import socket
 import threading
@@ -83,6 +84,25 @@ def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
     while sock.getsockopt(RCVMORE):
         rest.append(recv(NOBLOCK))
     return rest
+
+
+def peer_address(frame: zmq.Frame, fd: int) -> str:
+    """Where connection ``fd`` comes from: libzmq's ``Peer-Address`` property of its message (the IP
+    over TCP), with the port the socket's peer name adds (``ip:port``, ``[ip6]:port``); "" when
+    neither says.  The peer name is read only when it agrees with libzmq's address (the number
+    ``fd`` names this connection still)."""
+    try:
+        host = str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        host = ""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:  # a duplicate: closing it leaves libzmq's alone
+            name = conn.getpeername()
+    except OSError:
+        return host
+    if isinstance(name, tuple) and len(name) >= 2 and (not host or name[0] == host):
+        return f"[{name[0]}]:{name[1]}" if ":" in str(name[0]) else f"{name[0]}:{name[1]}"
+    return host
 
 
 def raise_fd_limit(wanted: int = 65_536) -> int:
@@ -410,6 +430,7 @@ class Broker:
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()
         self._next_snapshot = now + SNAPSHOT_INTERVAL
+        self.core.monitoring(now)  # (JetStream's consumer figures, asked now and then, show in a later one)
         try:
             snap = snapshot(
                 self.core,
@@ -471,14 +492,17 @@ class Broker:
                 except zmq.ZMQError:
                     pass
             routing_id = first.bytes
+            fd = first.get(SRCFD)
             if routing_id not in sessions:
                 # A new connection may reuse the fd number of one that just closed, and the
                 # monitor names closes by fd: read the closes already reported (libzmq reports
                 # a close before it frees the fd) so that they unbind the old connection
                 # before this one binds, or a late close would end the new session.
                 self._connections_closed(monitor, now)
+                if not self.core.peers.knows_address(fd):  # (once per connection: /connz shows it)
+                    self.core.connection_opened(fd, peer_address(first, fd))
             try:
-                out = handle(routing_id, rest, now, identity, first.get(SRCFD))
+                out = handle(routing_id, rest, now, identity, fd)
             except Exception as exc:  # the per-message guard: one message's fault costs that message only
                 out = self.core.internal_error(routing_id, rest, exc, now=now)
             if out or forgotten:
