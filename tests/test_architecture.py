@@ -231,4 +231,3 @@ def test_the_core_rooms_do_no_io(name: str) -> None:
     tree = ast.parse(path.read_text())
     calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     assert "open" not in calls
-

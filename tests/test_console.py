@@ -43,7 +43,7 @@ VIEWS = ("overview", "connections", "topics", "services", "journals", "mailboxes
 EVIL_IDENTITY = "eve<script>window.__xss=1<img src=x onerror=window.__xss=2>"
 EVIL_TOPIC = "t.<script>window.__xss=3</script>"
 EVIL_OPAQUE_TOPIC = "<img src=x onerror=window.__xss=4>"  # a 0.x topic: any bytes but the reserved
-POLICY = f"""
+POLICY = """
 [journals.main]
 topics = ["jobs.>"]
 segment_bytes = 1048576
@@ -56,7 +56,7 @@ call = [">"]
 
 def chromium_path() -> str:
     if not Path(CHROMIUM).exists():
-        raise FileNotFoundError(f"{CHROMIUM} is missing: the console test needs Debian's chromium (apt-get install chromium)")
+        raise FileNotFoundError(f"{CHROMIUM} is missing: the console test needs it (apt-get install chromium)")
     return CHROMIUM
 
 
@@ -160,7 +160,7 @@ def test_console_in_chromium_shows_the_bus_as_text_and_asks_nothing_of_other_hos
 
             page.route("**/*", route)
             page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-            page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
+            page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
 
             page.goto(base + "/#overview")
             # A rate chart changes while traffic flows.
@@ -179,9 +179,12 @@ def test_console_in_chromium_shows_the_bus_as_text_and_asks_nothing_of_other_hos
             # Every connected identity appears within 3 s of opening Connections.
             page.click("a[data-view=connections]")
             started = time.monotonic()
+            listed = (
+                "id => [...document.querySelectorAll('#conn-table td.name')].some(td => td.textContent.startsWith(id))"
+            )
             for identity in console_bus["identities"]:
                 page.wait_for_function(
-                    "id => [...document.querySelectorAll('#conn-table td.name')].some(td => td.textContent.startsWith(id + '#'))",
+                    listed.replace("startsWith(id)", "startsWith(id + '#')"),
                     arg=identity,
                     timeout=max(100, int((3.0 - (time.monotonic() - started)) * 1000)),
                 )

@@ -240,8 +240,20 @@ class PeerTable:
         if reason is not None:
             self.closed.append(
                 Closed(
-                    peer.name, peer.identity, peer.dialect.name, peer.version, peer.address, peer.connected, now,
-                    reason, peer.msgs_in, peer.bytes_in, peer.msgs_out, peer.bytes_out, peer.delivered, peer.drops,
+                    peer.name,
+                    peer.identity,
+                    peer.dialect.name,
+                    peer.version,
+                    peer.address,
+                    peer.connected,
+                    now,
+                    reason,
+                    peer.msgs_in,
+                    peer.bytes_in,
+                    peer.msgs_out,
+                    peer.bytes_out,
+                    peer.delivered,
+                    peer.drops,
                 )  # fmt: skip
             )
         return True
