@@ -162,7 +162,15 @@ class BrokerCore:
         self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
         self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(
-            self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
+            self.peers,
+            self.pubsub,
+            self.rpc,
+            self.streams,
+            self.counters,
+            self.mailboxes,
+            self.consumers,
+            self.routes,
+            traffic=self.traffic,
         )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         self.log_limit = LogLimiter()  # what a peer's faults may write to the log
