@@ -143,9 +143,10 @@ class JournalSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): /healthz, /varz,
-    /connz, /subsz, /servicez, /metrics.  Off unless ``listen`` is set; it has no
-    authentication, so keep it on loopback (a host elsewhere is logged at WARNING)."""
+    """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): the web console (/),
+    /healthz, /varz, /connz, /subsz, /servicez, /consumerz, /journalz, /mailboxz, /metrics.
+    Off unless ``listen`` is set; it has no authentication, so keep it on loopback (a host
+    elsewhere is logged at WARNING)."""
 
     listen: str = field(default="", metadata={"empty": True})  # "127.0.0.1:8222"; "" = off
 
