@@ -164,3 +164,31 @@ def test_connz_sorts_pages_and_shows_closed_connections() -> None:
 def test_connz_refuses_a_query_it_cannot_answer(query: dict[str, str], complaint: str) -> None:
     with pytest.raises(BadQuery, match=complaint):
         connz(_snap(BrokerCore()), query)  # type: ignore[arg-type]
+
+
+def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answered() -> None:
+    from collections import Counter
+
+    from mc0.broker.core.storecalls import StoreCalls
+    from mc0.broker.core.storeconsumers import REPORT_INTERVAL, StoreConsumers
+
+    counters: Counter[str] = Counter()
+    calls = StoreCalls(counters)
+    store = StoreConsumers(
+        calls, counters, tokens_of=lambda t: tuple(t.split(".")), dead_letter=lambda item: None,
+        max_wait_ms=1000, max_consumers=10, max_per_identity=10,
+    )  # fmt: skip
+    store.monitor(["orders"], 0.0)
+    store.monitor(["orders"], 0.1)  # one call in flight at a time
+    ((token, request),) = calls.drain()
+    assert request == {"op": "consumer_report", "journals": ["orders"]}
+    store.dead_lettered["orders", "billing"] += 2
+    row = {"journal": "orders", "name": "billing", "owner": "alice", "num_pending": 7, "num_ack_pending": 3}
+    calls.answer(token, {"consumers": [row]}, [], 0.2)
+    assert store.reported == [{**row, "dead_lettered": 2}]
+    store.monitor(["orders"], 0.3)
+    assert calls.drain() == []  # not again before REPORT_INTERVAL
+    store.monitor(["orders"], REPORT_INTERVAL + 0.1)
+    ((token, _),) = calls.drain()
+    calls.answer(token, {"error": {"code": 503, "description": "no answer"}}, [], REPORT_INTERVAL + 0.2)
+    assert store.reported == [{**row, "dead_lettered": 2}]  # a failed call keeps the last figures

@@ -505,7 +505,8 @@ function renderCluster() {
   const c = v.cluster || {};
   clear($("cluster-cards")).append(
     card("Cluster", c.name || "standalone", c.name ? "this broker's name" : "no [cluster] configured"),
-    card("NATS", c.name ? (c.nats_connected ? "connected" : "disconnected") : "–", c.nats_server || "", c.name ? (c.nats_connected ? "good" : "bad") : ""),
+    card("NATS", c.name ? (c.nats_connected ? "connected" : "disconnected") : "not used", c.nats_server || (c.name ? "" : "standalone"),
+      c.name ? (c.nats_connected ? "good" : "bad") : ""),
     card("Brokers", num((c.brokers || []).length), "with a route here"),
   );
   renderTable($("broker-table"), "brokers", [{ key: "name", label: "Broker", kind: "name" }],
