@@ -36,6 +36,7 @@ message (per call, per gather) over the measured window
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import statistics
 import tempfile
@@ -520,16 +521,34 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
     return row
 
 
+def measure_pair(spec: dict[str, Any], options: Options, curve: dict[str, Any]) -> dict[str, Row]:
+    """The console rows: a run of each system in turn, the order swapped every run, so both see the
+    same machine (a box whose load drifts would otherwise favour whichever went first)."""
+    rows: dict[str, Row] = {}
+    once = dataclasses.replace(options, runs=1)
+    for run in range(1 if options.quick else options.runs):
+        for system in spec["systems"] if run % 2 == 0 else reversed(spec["systems"]):
+            got = measure_row(spec, system, once, curve)
+            row = rows.setdefault(system, Row(spec["name"], system, spec["unit"], suite="library"))
+            row.values += got.values
+            for name, values in got.extra.items():
+                row.extra.setdefault(name, []).extend(values)
+            row.add_counts(**got.counts)
+            row.note = "; ".join(n for n in (row.note, got.note) if n)[:300]
+    return rows
+
+
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
     rows = []
     for spec in scenarios(options):
         if not options.wants(spec["name"]) or options.suite not in ("all", "library", family(spec)):
             continue
+        paired = measure_pair(spec, options, curve) if spec["systems"] is CONSOLE_SYSTEMS else {}
         for system in spec["systems"]:
             if not options.wants_system(system):
                 continue
             started = time.monotonic()
-            row = measure_row(spec, system, options, curve)
+            row = paired[system] if paired else measure_row(spec, system, options, curve)
             rows.append(row)
             extra = ""
             if row.counts.get("expected") is not None:
