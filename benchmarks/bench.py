@@ -197,6 +197,7 @@ VARIANTS = (
     (TUNED, "mc0-batched"),
     ("mc0-aio+curve", "mc0-aio"),
     ("mc0-sync", "mc0-aio"),
+    ("mc0-aio+5 consoles", "mc0-aio+http"),  # what five open web consoles cost the broker
 )
 ALONE = (("mc0-aio", "mc0"), ("mc0-aio+curve", "mc0+curve"), ("mc0-sync", "mc0"))  # library row -> broker-alone row
 

@@ -36,6 +36,7 @@ message (per call, per gather) over the measured window
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import statistics
 import tempfile
@@ -47,7 +48,7 @@ from typing import Any
 
 from mc0.process import BrokerProcess
 
-from . import library_mc0, library_nats, library_queues
+from . import library_load, library_mc0, library_nats, library_queues
 from .common import (
     BODY,
     CTX,
@@ -70,6 +71,9 @@ RPC_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats", "majortomo"]
 SCATTER_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
 GROUP_SYSTEMS = ["mc0-aio", "nats"]
 CONSUMER_SYSTEMS = ["mc0-aio", "jetstream"]  # jetstream: nats-server -js (file store) + nats-py
+# The console rows: mc0-aio against a broker with [http] listen, without and with CONSOLES pollers.
+CONSOLES = 5
+CONSOLE_SYSTEMS = ["mc0-aio+http", f"mc0-aio+{CONSOLES} consoles"]
 GROUP_MEMBERS = 3
 PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
 
@@ -115,6 +119,9 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
                "count": 300 if quick else options.consumer_count, "clients": 1}  # fmt: skip
     return [
         {**pubsub, "name": "lib pub/sub 1->1", "subs": 1, "size": BODY, "count": count},
+        # The web console's cost: the same broker (with [http]) with and without five open consoles polling it.
+        {**pubsub, "name": "lib pub/sub 1->1, consoles", "subs": 1, "size": BODY, "count": count,
+         "systems": CONSOLE_SYSTEMS},
         {**pubsub, "name": "lib pub/sub 1->4", "subs": 4, "size": BODY, "count": count},
         {**pubsub, "name": "lib pub/sub 1->10", "subs": 10, "size": BODY, "count": count},
         {**pubsub, "name": "lib pub/sub 1KiB 1->1", "subs": 1, "size": 1024, "count": count},
@@ -153,10 +160,16 @@ class Target:
 @contextlib.contextmanager
 def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iterator[Target]:
     """A fresh broker for one run, at its default settings; stopped (or killed) after.
-    ``journal``: mc0's broker keeps the consumers' journal (:func:`library_queues.journal_toml`)."""
+    ``journal``: mc0's broker keeps the consumers' journal (:func:`library_queues.journal_toml`);
+    a console system's broker serves its monitoring pages (``[http] listen``, in ``options["http"]``)."""
     if system.startswith("mc0"):
         with tempfile.TemporaryDirectory() as folder:  # cwd: `python -m mc0` must not import ./mc0
             text = library_queues.journal_toml(str(Path(folder) / "journal")) if journal else ""
+            http = ""
+            if system in CONSOLE_SYSTEMS:
+                http = f"127.0.0.1:{free_port()}"
+                text += f'[http]\nlisten = "{http}"\n'
+                system = "mc0-aio"
             if system.endswith("+curve"):
                 config = Path(folder) / "mc0.toml"
                 config.write_text(security_toml(curve) + text)
@@ -172,7 +185,7 @@ def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iter
                 options = {}
             with broker:
                 assert broker.proc is not None
-                yield Target(broker.endpoint, broker.proc.pid, options)
+                yield Target(broker.endpoint, broker.proc.pid, {**options, **({"http": http} if http else {})})
     elif system == "nats":
         with nats_server_process() as (url, pid):
             yield Target(url, pid, {})
@@ -259,16 +272,19 @@ def errors_of(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def pubsub_once(system: str, where: Target, spec: dict[str, Any], options: Options) -> dict[str, Any]:
-    mains = MAINS[system.removesuffix("+curve")]
+    mains = MAINS[system.removesuffix("+curve").split("+")[0]]
     assert mains.subscriber is not None and mains.publisher is not None
     subs, count, rate = spec["subs"], spec["count"], spec["rate"]
     limit_s = 60 + count / 2000  # a subscriber's hard limit (it normally stops at the marker)
     quiet_s = 1.0 if options.quick else QUIET
+    client_options = {k: v for k, v in where.options.items() if k != "http"}
     with Crew() as crew:
         for _ in range(subs):
-            crew.start(mains.subscriber, where.endpoint, where.options, count, bool(rate), limit_s, quiet_s)
-        crew.start(mains.publisher, where.endpoint, where.options, count, spec["size"], rate)
-        crew.wait_ready(subs + 1, 90)
+            crew.start(mains.subscriber, where.endpoint, client_options, count, bool(rate), limit_s, quiet_s)
+        crew.start(mains.publisher, where.endpoint, client_options, count, spec["size"], rate)
+        if system.endswith(" consoles"):  # (their own process: their work must not slow the load's)
+            crew.start(library_load.console_pollers, f"http://{where.options['http']}", CONSOLES, limit_s)
+        crew.wait_ready(subs + 1 + system.endswith(" consoles"), 90)
         cpu = cpu_seconds(where.pid)
         crew.link.go.set()
         results = crew.collect({"pub": 1, "sub": subs}, limit_s + 60)
@@ -505,16 +521,34 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
     return row
 
 
+def measure_pair(spec: dict[str, Any], options: Options, curve: dict[str, Any]) -> dict[str, Row]:
+    """The console rows: a run of each system in turn, the order swapped every run, so both see the
+    same machine (a box whose load drifts would otherwise favour whichever went first)."""
+    rows: dict[str, Row] = {}
+    once = dataclasses.replace(options, runs=1)
+    for run in range(1 if options.quick else options.runs):
+        for system in spec["systems"] if run % 2 == 0 else reversed(spec["systems"]):
+            got = measure_row(spec, system, once, curve)
+            row = rows.setdefault(system, Row(spec["name"], system, spec["unit"], suite="library"))
+            row.values += got.values
+            for name, values in got.extra.items():
+                row.extra.setdefault(name, []).extend(values)
+            row.add_counts(**got.counts)
+            row.note = "; ".join(n for n in (row.note, got.note) if n)[:300]
+    return rows
+
+
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
     rows = []
     for spec in scenarios(options):
         if not options.wants(spec["name"]) or options.suite not in ("all", "library", family(spec)):
             continue
+        paired = measure_pair(spec, options, curve) if spec["systems"] is CONSOLE_SYSTEMS else {}
         for system in spec["systems"]:
             if not options.wants_system(system):
                 continue
             started = time.monotonic()
-            row = measure_row(spec, system, options, curve)
+            row = paired[system] if paired else measure_row(spec, system, options, curve)
             rows.append(row)
             extra = ""
             if row.counts.get("expected") is not None:

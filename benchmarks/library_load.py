@@ -144,3 +144,45 @@ def schedule(rate: int, seconds: float) -> tuple[int, int]:
 
 def percentile(sorted_values: list[Any], share: float) -> Any:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * share))] if sorted_values else 0
+
+
+# What one open web console asks of the broker (mc0/broker/monitoring/console/console.js, on its busiest
+# view, Connections): every two seconds /varz and /connz (open, then closed), asked at once.
+CONSOLE_POLLS = ((2.0, ("/varz", "/connz?limit=10000", "/connz?state=closed&limit=256")),)
+
+
+def console_pollers(base: str, consoles: int, limit_s: float, link: Link) -> None:
+    """``consoles`` pollers, each doing what one console does at its rate, until the publisher is done
+    (or ``limit_s``); says ready once the pages answer.  Reports no result (the harness waits for none)."""
+    import threading
+    import urllib.request
+
+    def body(child: Child) -> None:
+        urllib.request.urlopen(base + "/varz", timeout=10).read()
+        child.ready()
+        stop = time.monotonic() + limit_s
+
+        def fetch(page: str) -> None:
+            urllib.request.urlopen(base + page, timeout=10).read()
+
+        def console(offset: float) -> None:
+            due = {every: time.monotonic() + offset for every, _ in CONSOLE_POLLS}
+            while time.monotonic() < stop and not link.done.is_set():
+                now = time.monotonic()
+                for every, pages in CONSOLE_POLLS:
+                    if now >= due[every]:
+                        due[every] = now + every
+                        fetches = [threading.Thread(target=fetch, args=(page,)) for page in pages]  # at once
+                        for fetch_thread in fetches:
+                            fetch_thread.start()
+                        for fetch_thread in fetches:
+                            fetch_thread.join(15)
+                time.sleep(max(0.0, min(due.values()) - time.monotonic()))
+
+        threads = [threading.Thread(target=console, args=(i / consoles,), daemon=True) for i in range(consoles)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(limit_s + 10)
+
+    guarded("console", link, body, report=False)

@@ -4,7 +4,7 @@ Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 --no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``, ``groups``,
-``peers``, ``histogram``) and what both sides share (batch records,
+``peers``, ``histogram``, ``traffic``) and what both sides share (batch records,
 builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
@@ -34,6 +34,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.protocol.batch",
     "mc0.protocol.builders",
     "mc0.broker.core.histogram",
+    "mc0.broker.core.traffic",
     "mc0.broker.core.jobs",
     "mc0.broker.core.peers",
     "mc0.broker.core.workers",

@@ -143,10 +143,11 @@ class JournalSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): /healthz, /varz,
-    /connz, /subsz, /servicez, /metrics.  Off unless ``listen`` is set; its pages have no
-    authentication, so keep it on loopback (a host elsewhere is logged at WARNING); its actions
-    need the token in ``admin_token_file``."""
+    """``[http]``: the broker's monitoring endpoint (``mc0 broker --http``): the web console (/),
+    /healthz, /varz, /connz, /subsz, /servicez, /consumerz, /journalz, /mailboxz, /metrics.
+    Off unless ``listen`` is set; it has no authentication, so keep it on loopback (a host
+    elsewhere is logged at WARNING); its actions need the token in
+    ``admin_token_file``."""
 
     listen: str = field(default="", metadata={"empty": True})  # "127.0.0.1:8222"; "" = off
     # A file (mode 0600) holding the bearer token of the admin actions (POST /admin/OP: close a

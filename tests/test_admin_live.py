@@ -150,8 +150,9 @@ def test_over_the_bus_refused_without_the_grant_and_done_with_it(operator: Opera
         assert victim not in after and (names - {victim}) <= after and len(after) == 2
         assert second.faults == [] and second.reconnects == 0
         first.ping()  # the client carries on, on its new session
-        # Peer telemetry says how it went (/connz?state=closed shows "closed by root" once the
-        # monitoring's closed-connections ring is merged: not on this branch).
+        # /connz?state=closed keeps the reason, and peer telemetry says how it went.
+        closed = get(operator.base, "/connz?state=closed")["connections"]
+        assert [c["reason"] for c in closed if c["name"] == victim] == ["closed by root"]
         events = [json.loads(m.body) for m in telemetry.next_batch(100, timeout=5)]
         for _ in range(20):
             if any(e.get("peer") == victim and e.get("event") == "disconnect" for e in events):

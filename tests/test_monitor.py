@@ -21,6 +21,7 @@ from mc0.broker.monitoring.httpd import parse_listen
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
 
+from .conftest import require
 from .test_rpc_live import WorkerProcess
 
 # ------------------------------------------------------------ histogram
@@ -89,9 +90,10 @@ def _free_port() -> int:
     return ports.free_port()  # leased below the ephemeral range: no other process takes it meanwhile
 
 
-def _get(url: str) -> tuple[int, str, str]:
+def _get(url: str, accept: str = "") -> tuple[int, str, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+        with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, response.headers["Content-Type"], response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers["Content-Type"], exc.read().decode()
@@ -143,6 +145,23 @@ def test_http_pages_and_metrics_under_traffic() -> None:
                 servicez = json.loads(_get(base + "/servicez")[2])
                 assert servicez["calc"]["served"] >= 20 and servicez["calc"]["latency_ms"]["p50"] > 0
                 assert _get(base + "/nope")[0] == 404
+                # /connz: each peer's address, connected time and traffic; sorted and paged on request.
+                by_traffic = json.loads(_get(base + "/connz?sort=msgs_in&limit=1")[2])
+                (busiest,) = by_traffic["connections"]
+                assert busiest["msgs_in"] > 0 and busiest["address"].startswith("127.0.0.1:")
+                assert busiest["connected_at"].endswith("Z") and by_traffic["count"] >= 3
+                assert _get(base + "/connz?sort=nope")[0] == 400
+                with mc0.Client(broker.endpoint) as brief:
+                    brief.publish("load.brief", b"x", confirm=True)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:  # (the broker learns of the close in a moment)
+                    closed = json.loads(_get(base + "/connz?state=closed")[2])["connections"]
+                    if closed:
+                        break
+                    time.sleep(0.05)
+                assert closed[0]["reason"] == "disconnected" and closed[0]["msgs_in"] >= 1, closed
+                for page in ("/consumerz", "/journalz", "/mailboxz"):
+                    assert _get(base + page)[0] == 200
 
                 families = _metrics(base)
                 latency = families["mc0_service_latency_seconds"]
@@ -150,6 +169,7 @@ def test_http_pages_and_metrics_under_traffic() -> None:
                 assert samples[("mc0_service_latency_seconds_count", None)] >= 20
                 assert samples[("mc0_service_latency_seconds_bucket", "+Inf")] >= 20
                 assert families["mc0_connections"].samples[0].value >= 3
+                assert families["mc0_nats_connected"].samples[0].value == 0  # standalone
                 assert families["process_resident_memory_bytes"].samples[0].value > 0
                 first = families["mc0_in_messages"].samples[0].value
                 # Counters move with traffic (poll: the traffic takes a moment to arrive).
@@ -191,7 +211,33 @@ def test_a_stalled_loop_is_503_on_healthz_within_about_a_second() -> None:
         assert status == 503 and json.loads(text)["status"] == "stalled"
         assert asked.is_set() and server.wanted and time.monotonic() - start < 3.0
         assert _get(server.url + "/metrics")[0] == 503
-        assert json.loads(_get(server.url + "/")[2])["endpoints"][0] == "/healthz"
+        # The index of pages, for a client that asks JSON; the console (GET /) needs no snapshot.
+        assert json.loads(_get(server.url + "/", "application/json")[2])["endpoints"][0] == "/healthz"
+        status, content_type, page = _get(server.url + "/")
+        assert status == 200 and content_type.startswith("text/html") and "console.js" in page
     finally:
         server.close()
         server.close()  # idempotent
+
+
+@pytest.mark.timeout(60)
+def test_a_monitoring_request_leaves_the_broker_idle_after() -> None:
+    """The HTTP side wakes the loop through a socket pair; the loop must read that wake-up (zmq.Poller
+    names a plain socket by its fd): it spun at one core's worth of CPU after the first request."""
+    psutil = require("psutil")
+    port = _free_port()
+    with BrokerProcess("--http", f"127.0.0.1:{port}", insecure=True) as broker:
+        assert broker.proc is not None
+        process = psutil.Process(broker.proc.pid)
+
+        def cpu() -> float:
+            times = process.cpu_times()
+            return float(times.user + times.system)
+
+        for page in ("/healthz", "/varz", "/connz"):
+            assert _get(f"http://127.0.0.1:{port}{page}")[0] == 200
+        time.sleep(0.5)
+        before = cpu()
+        time.sleep(3.0)
+        spent = cpu() - before
+        assert spent < 0.3, f"an idle broker spent {spent:.2f} s of CPU in 3 s after a monitoring request"

@@ -71,6 +71,32 @@ def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_p
 
 
 @pytest.mark.timeout(240)
+def test_bench_console_rows_measure_the_same_broker_without_and_with_five_consoles(tmp_path: Path) -> None:
+    out = tmp_path / "consoles.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "library", "--only", "consoles",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rows = {r["system"]: r for r in report["rows"]}
+    assert set(rows) == {"mc0-aio+http", "mc0-aio+5 consoles"}
+    assert all(r["runs"] and not r["failing"] for r in rows.values()), rows
+    assert any(r["system"] == "mc0-aio+5 consoles" and r["baseline"] == "mc0-aio+http" for r in report["ratios"])
+    cost = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_console_cost.py"), "--seconds", "1", "--rounds", "1", "--peers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cost.returncode == 0, cost.stderr[-2000:]
+    assert "5 consoles: broker CPU" in cost.stdout and "0 consoles: broker CPU" in cost.stdout
+
+
+@pytest.mark.timeout(240)
 def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path: Path) -> None:
     out = tmp_path / "journal.json"
     result = subprocess.run(

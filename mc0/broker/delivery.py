@@ -98,7 +98,7 @@ class Delivery:
                 batched = peer is not None and peer.batched
                 if peer is not None and peer.enveloped:  # an mc0d-era DEALER's session
                     payload = peer.framed(payload)
-                if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now):
+                if not outbox.put(routing_id, payload, batched=batched, known=peer is not None, now=now, tally=peer):
                     follow_up += core.send_failed(routing_id, now, unreachable=False)
             if not follow_up and not core.forgotten:
                 return
@@ -164,7 +164,9 @@ class Delivery:
                 routing_id in blocked
                 or peer is None
                 or outbox.backlog(routing_id) > STREAM_WINDOW
-                or not outbox.put(routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now)
+                or not outbox.put(
+                    routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now, tally=peer
+                )
             ):
                 blocked.add(routing_id)
                 self.core.stream_blocked(item, now)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from ..errors import ProtocolError
 from ..protocol import batch
@@ -65,6 +66,13 @@ MAX_ORPHANS = 4096
 READING_WINDOW = 1.0  # seconds: a peer the socket took something for this recently is reading
 STALL_HALF_LIFE = 30.0  # seconds: how fast the longest stall a reader came back from is forgotten
 HOLD_LIMIT = 5.0  # seconds a reading peer may hold the input in a row (at most)
+
+
+class Tally(Protocol):
+    """Where ``put`` counts what it queued for a peer (``mc0.broker.core.peers.Peer`` is one)."""
+
+    msgs_out: int
+    bytes_out: int
 
 
 class PeerQueue:
@@ -140,8 +148,11 @@ class Outbox:
         self.sent_bytes = 0
 
     # ------------------------------------------------------------ queueing
-    def put(self, routing_id: bytes, payload: Payload, *, batched: bool, known: bool, now: float) -> bool:
-        """Queue ``payload``; False (nothing queued) when the peer's budget would be exceeded."""
+    def put(
+        self, routing_id: bytes, payload: Payload, *, batched: bool, known: bool, now: float, tally: Tally | None = None
+    ) -> bool:
+        """Queue ``payload``; False (nothing queued) when the peer's budget would be exceeded.
+        ``tally``: counts the message and its bytes when queued (the peer's traffic, for monitoring)."""
         queue = self.queues.get(routing_id)
         if queue is None:
             queue = self._new_queue(routing_id, batched, known, now)
@@ -163,6 +174,9 @@ class Outbox:
             return False  # (one message always fits an empty queue, however large)
         queue.items.append(payload)
         queue.bytes += size
+        if tally is not None:
+            tally.msgs_out += 1
+            tally.bytes_out += size
         self.queued_bytes += size
         self._pending[routing_id] = None
         if (queue.bytes > self.hold_bytes or len(queue.items) > self.hold_messages) and queue.over_since is None:

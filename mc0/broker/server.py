@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import socket
 import threading
@@ -84,6 +85,25 @@ def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
     while sock.getsockopt(RCVMORE):
         rest.append(recv(NOBLOCK))
     return rest
+
+
+def peer_address(frame: zmq.Frame, fd: int) -> str:
+    """Where connection ``fd`` comes from: libzmq's ``Peer-Address`` property of its message (the IP
+    over TCP), with the port the socket's peer name adds (``ip:port``, ``[ip6]:port``); "" when
+    neither says.  The peer name is read only when it agrees with libzmq's address (the number
+    ``fd`` names this connection still)."""
+    try:
+        host = str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        host = ""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:  # a duplicate: closing it leaves libzmq's alone
+            name = conn.getpeername()
+    except OSError:
+        return host
+    if isinstance(name, tuple) and len(name) >= 2 and (not host or name[0] == host):
+        return f"[{name[0]}]:{name[1]}" if ":" in str(name[0]) else f"{name[0]}:{name[1]}"
+    return host
 
 
 def raise_fd_limit(wanted: int = 65_536) -> int:
@@ -294,8 +314,10 @@ class Broker:
         poller = zmq.Poller()
         holding = zmq.Poller()  # the same sockets but the ROUTER: while the input is held (back-pressure)
         poller.register(sock, zmq.POLLIN)
+        # zmq.Poller names a plain socket by its fd in what poll() returns: registered (and looked up) by fd.
+        wake_fd = self._wake_r.fileno()
         for pollers in (poller, holding):
-            pollers.register(self._wake_r, zmq.POLLIN)
+            pollers.register(wake_fd, zmq.POLLIN)
         for listener in self.listeners:
             assert listener.socket is not None  # (started by bind)
             for pollers in (poller, holding):
@@ -333,7 +355,7 @@ class Broker:
                 # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
                 timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
                 ready = dict((holding if held else poller).poll(timeout))
-                if self._wake_r in ready:
+                if wake_fd in ready:
                     self._drain_wake()
                 if zap is not None and zap.zap_socket in ready:
                     zap.handle()
@@ -419,6 +441,7 @@ class Broker:
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()
         self._next_snapshot = now + SNAPSHOT_INTERVAL
+        self.core.monitoring(now)  # (JetStream's consumer figures, asked now and then, show in a later one)
         try:
             snap = snapshot(
                 self.core,
@@ -480,14 +503,17 @@ class Broker:
                 except zmq.ZMQError:
                     pass
             routing_id = first.bytes
+            fd = first.get(SRCFD)
             if routing_id not in sessions:
                 # A new connection may reuse the fd number of one that just closed, and the
                 # monitor names closes by fd: read the closes already reported (libzmq reports
                 # a close before it frees the fd) so that they unbind the old connection
                 # before this one binds, or a late close would end the new session.
                 self._connections_closed(monitor, now)
+                if not self.core.peers.knows_address(fd):  # (once per connection: /connz shows it)
+                    self.core.connection_opened(fd, peer_address(first, fd))
             try:
-                out = handle(routing_id, rest, now, identity, first.get(SRCFD))
+                out = handle(routing_id, rest, now, identity, fd)
             except Exception as exc:  # the per-message guard: one message's fault costs that message only
                 out = self.core.internal_error(routing_id, rest, exc, now=now)
             if out or forgotten:

@@ -1,4 +1,4 @@
-"""Commands that talk to a running broker: pub, sub, ping, call, serve, stats."""
+"""Commands that talk to a running broker: pub, sub, ping, call, serve, stats, top."""
 
 from __future__ import annotations
 
@@ -369,110 +369,71 @@ def serve(
         os._exit(1)
 
 
+STATS_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
+
+
+def _reports(client: Any, ops: tuple[str, ...] = STATS_OPS) -> dict[str, Any]:
+    """The broker's ``mc0.broker`` reports, and its peers when this identity may see them (else None)."""
+    from ..protocol import BROKER_SERVICE
+
+    reports: dict[str, Any] = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
+    try:  # who is connected: only for identities granted peer telemetry (docs/SECURITY.md)
+        reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
+    except Forbidden:
+        reports["peers"] = None
+    return reports
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the raw reports as JSON.")
+@click.option("--watch", is_flag=True, help="Show them again every --interval seconds (q or Ctrl-C quits).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="With --watch.")
 @connection_options
 @_one_line_errors
 def stats(
     as_json: bool,
+    watch: bool,
+    interval: float,
     conn: Connection,
 ) -> None:
-    """Show the broker's services, workers, queues, topics and peers."""
-    from ..protocol import SYS_PEER_TOPIC
+    """Show the broker's services, workers, queues, topics and peers (in 80 columns)."""
+    from .watch import console, live, stats_view
 
     with conn.client() as client:
-        ops = ("stats", "services", "topics", "groups", "mailboxes", "consumers")
-        reports: dict[str, Any] = {op: json.loads(client.request(BROKER_SERVICE, op).body) for op in ops}
-        try:  # who is connected: only for identities granted peer telemetry (docs/SECURITY.md)
-            reports["peers"] = json.loads(client.request(BROKER_SERVICE, "peers").body)
-        except Forbidden:
-            reports["peers"] = None
-    if as_json:
-        click.echo(json.dumps(reports, indent=2, sort_keys=True))
-        return
-    from rich.console import Console
-    from rich.table import Table
+        if as_json:
+            click.echo(json.dumps(_reports(client), indent=2, sort_keys=True))
+            return
+        out = console()
+        if watch:
+            live(lambda: stats_view(_reports(client), client.endpoint), interval, out)
+        else:
+            out.print(stats_view(_reports(client), client.endpoint))
 
-    console = Console()
-    overview = reports["stats"]
-    console.print(
-        f"[bold]broker[/bold] {client.endpoint}: {overview['peers']} peers, {overview['subscriptions']} "
-        f"subscriptions, {overview['services']} services, {overview['queued']} queued, "
-        f"{overview['in_flight']} in flight"
-    )
-    table = Table(title="services")
-    for column in (
-        "service",
-        "workers",
-        "idle",
-        "queued",
-        "in flight",
-        "served",
-        "errors",
-        "timeouts",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-    ):
-        table.add_column(column, justify="left" if column == "service" else "right")
-    for name, row in reports["services"].items():
-        latency = row["latency_ms"]
-        table.add_row(
-            name,
-            *(str(row[k]) for k in ("workers", "idle", "queued", "in_flight", "served", "errors", "timeouts")),
-            *(str(latency[p] if latency[p] is not None else "-") for p in ("p50", "p95", "p99")),
-        )
-    console.print(table)
-    topics = Table(title="subscriptions")
-    topics.add_column("pattern")
-    topics.add_column("subscribers", justify="right")
-    for pattern, count in reports["topics"].items():
-        topics.add_row(pattern, str(count))
-    console.print(topics)
-    if reports["groups"]:
-        groups = Table(title="queue groups")
-        for column in ("group", "pattern", "members"):
-            groups.add_column(column)
-        for group, patterns in reports["groups"].items():
-            for pattern, members in patterns.items():
-                groups.add_row(group, pattern, str(members))
-        console.print(groups)
-    if reports["consumers"]:
-        consumers = Table(title="durable consumers")
-        columns = ("pending", "due", "delivered", "redelivered", "acked", "termed", "dead_lettered", "ack_floor", "lag")
-        consumers.add_column("consumer")
-        for column in columns:
-            consumers.add_column(column.replace("_", " "), justify="right")
-        for key, row in reports["consumers"].items():
-            consumers.add_row(key, *(str(row[c]) for c in columns))
-        console.print(consumers)
-    if reports["mailboxes"]:
-        keeper = overview.get("mailboxes", {}).get("journal")
-        boxes = Table(title=f"mailboxes ({f'journal {keeper}' if keeper else 'memory only'})")
-        for column in ("identity", "messages", "bytes"):
-            boxes.add_column(column)
-        for identity, row in reports["mailboxes"].items():
-            boxes.add_row(identity, str(row["messages"]), str(row["bytes"]))
-        console.print(boxes)
-    if reports["peers"] is None:
-        console.print(f"peers: not shown (this identity has no subscribe grant naming {SYS_PEER_TOPIC})")
-        return
-    peers = Table(title="peers")
-    for column in ("peer", "kind", "protocol", "subs", "delivered", "dropped", "services", "in flight", "served"):
-        peers.add_column(column)
-    for peer in reports["peers"]:
-        peers.add_row(
-            peer["name"],
-            peer["kind"],
-            peer["protocol"],
-            str(peer["subscriptions"]),
-            str(peer["delivered"]),
-            str(peer["dropped"]),
-            ",".join(peer["services"]),
-            str(peer["in_flight"]),
-            str(peer["served"]),
-        )
-    console.print(peers)
+
+@cli.command()
+@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="Seconds between.")
+@click.option("--rows", type=click.IntRange(1, 100), default=10, show_default=True, help="Peers and topics shown.")
+@connection_options
+@_one_line_errors
+def top(interval: float, rows: int, conn: Connection) -> None:
+    """A live view of peers and topics by rate (like nats top); q quits.  Peers need a subscribe
+    grant naming mc0.sys.peer, as `mc0 stats` does."""
+    import time
+
+    from .watch import console, live, top_view
+
+    with conn.client() as client:
+        ops = ("stats", "traffic")
+        last: list[Any] = [_reports(client, ops), time.monotonic()]
+
+        def render() -> Any:
+            now = time.monotonic()
+            fresh = _reports(client, ops)
+            view = top_view(last[0], fresh, now - last[1], client.endpoint, rows)
+            last[0], last[1] = fresh, now
+            return view
+
+        live(render, interval, console())
 
 
 @cli.command()

@@ -13,6 +13,8 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   consumer (explicit acks, the filter subjects of its topics, no delivery
   bound: mc0 dead-letters), owner and config in its metadata: ``{"info"}``;
 - ``consumer_info`` / ``consumer_delete`` / ``consumer_list`` {journals, owner};
+- ``consumer_report`` {journals}: ``{"consumers"}``, each mc0 consumer with JetStream's
+  figures (num_pending, num_ack_pending, ack_floor, ...) for /consumerz;
 - ``consumer_pull`` {journal, name, batch, wait_ms}: what is there now, else a
   long poll for one record, then what came with it: ``{"records",
   "deliveries"}`` (a long poll for one never leaves records delivered to
@@ -158,6 +160,31 @@ class StoreOps:
                 if jsw.OWNER_KEY in info["metadata"]:
                     found.append([journal, consumer.get("name", ""), info])
         return {"consumers": found}, []
+
+    async def op_consumer_report(self, request: dict[str, Any]) -> Result:
+        """Every mc0 consumer of these journals with JetStream's figures (for /consumerz)."""
+        rows = []
+        for journal in request["journals"]:
+            for consumer in await self._consumers(journal):
+                info = consumer_info(consumer)
+                if jsw.OWNER_KEY not in info["metadata"]:
+                    continue  # not mc0's
+                rows.append(
+                    {
+                        "journal": journal,
+                        "name": consumer.get("name", ""),
+                        "owner": info["metadata"][jsw.OWNER_KEY],
+                        "store": "jetstream",
+                        "num_pending": info["num_pending"],
+                        "num_pending_exact": True,  # JetStream applies the topic filter
+                        "num_ack_pending": info["num_ack_pending"],
+                        "ack_floor": info["ack_floor"],
+                        "redelivered": info["num_redelivered"],
+                        "delivered": info["delivered"],
+                        "waiting_pulls": info["num_waiting"],
+                    }
+                )
+        return {"consumers": rows}, []
 
     async def op_consumer_pull(self, request: dict[str, Any]) -> Result:
         journal, name, batch = request["journal"], request["name"], int(request["batch"])

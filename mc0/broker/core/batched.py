@@ -30,6 +30,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Header, Status, Verb, batch
 from .peers import Out, Peer
+from .traffic import Tally
 from .verbs import call, put
 
 if TYPE_CHECKING:
@@ -46,10 +47,20 @@ DEFER_MESSAGES = 1024  # a peer's messages waiting behind its unfinished batch, 
 _SHORT = "batch record too short for its fields"
 
 
-def _drain(sink: dict[bytes, list[bytes]], out: list[Out]) -> None:
-    """Move each batched subscriber's collected MESSAGE records to ``out`` as one payload."""
+def _drain(sink: dict[bytes, list[bytes]], out: list[Out], peers: dict[bytes, Peer]) -> None:
+    """Move each batched subscriber's collected MESSAGE records to ``out`` as one payload.
+
+    The shell counts each payload it queues as one message to its peer (``Peer.msgs_out``);
+    a joined payload holds ``len(records)``, so the rest are counted here (once per subscriber
+    and walk, never per record)."""
     for routing_id, records in sink.items():
-        out.append((routing_id, records[0] if len(records) == 1 else b"".join(records)))
+        if len(records) == 1:
+            out.append((routing_id, records[0]))
+            continue
+        out.append((routing_id, b"".join(records)))
+        peer = peers.get(routing_id)
+        if peer is not None:
+            peer.msgs_out += len(records) - 1
     sink.clear()
 
 
@@ -85,8 +96,12 @@ class BatchedInput:
         self.pubsub = core.pubsub
         self.rpc = core.rpc
         self.streams = core.streams
+        self._peers = core.peers.by_id  # (who a joined fan-out payload goes to: _drain counts its records)
         self.batch_slice = BATCH_SLICE  # records walked per call before the cursor is kept (the shell may change it)
-        self._plain_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # the PUT record fast path's cache
+        # The PUT record fast path's cache: topic -> (topic, tokens, its traffic tally).
+        self._plain_topics: dict[bytes, tuple[str, tuple[str, ...], Tally]] = {}
+        self._traffic = core.traffic
+        self._traffic_generation = core.traffic.generation  # tallies dropped since: the cache starts afresh
         self._max_message_bytes = core.settings.limits.max_message_bytes
         self.cursors: dict[bytes, BatchCursor] = {}  # routing id -> its batch walk, while there is work
         self._scratch_cursor: BatchCursor | None = None  # reused by every batch walked in one slice
@@ -108,6 +123,9 @@ class BatchedInput:
         if len(blob) > limits.max_batch_bytes:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
             return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
+        if self._traffic.generation != self._traffic_generation:
+            self._plain_topics.clear()
+            self._traffic_generation = self._traffic.generation
         cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
         if cursor is None:
             cursor = self._scratch_cursor = BatchCursor(peer)
@@ -210,7 +228,7 @@ class BatchedInput:
                         published += self._put_record(peer, blob, start, end, now, out, sink)
                         continue
                     if sink:
-                        _drain(sink, out)
+                        _drain(sink, out, self._peers)
                     if code in _RPC_RECORDS:
                         out += self._rpc_record(peer, blob, code, start, end, now)
                         continue
@@ -226,11 +244,11 @@ class BatchedInput:
                     if exc.request_id is None and (cursor.refused < REFUSALS_ANSWERED or cursor.first_refusal is None):
                         exc = ProtocolError(exc.code, exc.reason, batch.id_of(blob, code, start, end))
                     if sink:
-                        _drain(sink, out)
+                        _drain(sink, out, self._peers)
                     out += self._refused(cursor, exc, now)
                 except Exception as exc:  # one record's bug costs that record only
                     if sink:
-                        _drain(sink, out)
+                        _drain(sink, out, self._peers)
                     cursor.refused += 1
                     record_id = batch.id_of(blob, code, start, end)
                     out += self.core.internal_error(peer.routing_id, (), exc, record_id, now=now)
@@ -238,13 +256,14 @@ class BatchedInput:
                 done = True
         except ProtocolError as exc:  # the blob stopped splitting into records here
             if sink:
-                _drain(sink, out)
+                _drain(sink, out, self._peers)
             out += self.core.reject(peer.routing_id, peer, (), exc, now)
             done = True
         if sink:
-            _drain(sink, out)
+            _drain(sink, out, self._peers)
         if published:
             self.counters["published"] += published
+        peer.msgs_in += walked  # a batch counts as its records (one add per walk, none per record)
         cursor.pos = pos
         if done or pos >= len(blob):
             cursor.blob = b""
@@ -303,17 +322,19 @@ class BatchedInput:
             topic, tokens = self.pubsub.route_of(topic_b)
             if (self.streams.journals and self.streams.routes(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
                 if sink:
-                    _drain(sink, out)
+                    _drain(sink, out, self._peers)
                 command = P.Command(Verb.PUT, {Header.TOPIC: topic}, (blob[start + data_at : end],))
                 out += put(self.core, peer, command, now)  # journaled (or refused): the general path
                 return 0
             if len(self._plain_topics) >= _PLAIN_TOPICS:
                 self._plain_topics.clear()
-            plain = self._plain_topics[topic_b] = (topic, tokens)
-        topic, tokens = plain
+            plain = self._plain_topics[topic_b] = (topic, tokens, self._traffic.tally(topic))
+        topic, tokens, tally = plain
         grants = peer.grants
         if not grants.unrestricted and not grants.may_publish(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}")
+        tally.msgs += 1
+        tally.bytes += end - start - data_at
         self.pubsub.fan_out_put(topic, tokens, peer, blob[start:end], data_at, now, out, sink)
         return 1
 

@@ -39,10 +39,11 @@ from .peers import Out, Peer, PeerTable
 from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .routes import Routes
 from .rpc import Rpc
+from .traffic import TopicTraffic
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE, P.ADMIN_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, P.ADMIN_SERVICE})  # no worker may serve these
-REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers")
+REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers", "traffic")
 
 
 class Builtins:
@@ -56,8 +57,10 @@ class Builtins:
         mailboxes: Mailboxes,
         consumers: Consumers,
         routes: Routes | None = None,
+        traffic: TopicTraffic | None = None,
     ) -> None:
         self.peers = peers
+        self.traffic = traffic
         self.routes = routes
         self.mailboxes = mailboxes
         self.consumers = consumers
@@ -225,6 +228,8 @@ class Builtins:
             return self.mailboxes.report()
         if op == "consumers":
             return self.consumers.report()
+        if op == "traffic":  # messages and bytes published per topic since the start, the busiest first
+            return self.traffic.report() if self.traffic is not None else []
         if op == "peers":
             rows = []
             for peer in self.peers.by_id.values():
@@ -240,6 +245,11 @@ class Builtins:
                         "groups": self.pubsub.groups_of(peer),
                         "delivered": peer.delivered,
                         "dropped": peer.drops,
+                        "address": peer.address,
+                        "msgs_in": peer.msgs_in,
+                        "bytes_in": peer.bytes_in,
+                        "msgs_out": peer.msgs_out,
+                        "bytes_out": peer.bytes_out,
                         "services": list(state.services) if state else [],
                         "capacity": state.capacity if state else 0,
                         "in_flight": len(state.jobs) if state else 0,

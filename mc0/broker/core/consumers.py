@@ -619,3 +619,34 @@ class Consumers:
 
     def report(self) -> dict[str, object]:
         return {f"{j}/{n}": self.info(c) for (j, n), c in sorted(self.consumers.items())}
+
+    def monitor_rows(self) -> list[dict[str, object]]:
+        """/consumerz: every consumer, this broker's then JetStream's (as JetStream last said).
+
+        ``num_pending``: stored records not yet handed to it (from its cursor, past what
+        retention trimmed; exact when its topics are ``>``, else an upper bound: the filter
+        is not applied, ``num_pending_exact`` false); ``num_ack_pending``: handed and not
+        settled (waiting for an ack, or due again)."""
+        rows: list[dict[str, object]] = []
+        for (journal, name), consumer in sorted(self.consumers.items()):
+            stored = consumer.journal
+            stats = consumer.stats
+            rows.append(
+                {
+                    "journal": journal,
+                    "name": name,
+                    "owner": consumer.owner,
+                    "store": stored.settings.store,
+                    "num_pending": max(0, stored.next_seq - max(consumer.cursor, stored.first_seq)),
+                    "num_pending_exact": consumer.config.topics == (">",),
+                    "num_ack_pending": len(consumer.held),
+                    "ack_floor": consumer.ack_floor,
+                    "redelivered": stats["redelivered"],
+                    "dead_lettered": stats["dead_lettered"],
+                    "delivered": stats["delivered"],
+                    "waiting_pulls": len(consumer.waiting),
+                }
+            )
+        if self.store is not None:
+            rows += self.store.reported
+        return rows

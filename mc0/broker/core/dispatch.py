@@ -43,7 +43,7 @@ from .jobs import Service
 from .journaling import StreamOut, Streams
 from .loglimit import LogLimiter
 from .mailboxes import Mailboxes, letter_of
-from .peers import Out, Peer, PeerTable
+from .peers import Out, Peer, PeerTable, close_reason
 from .pubsub import PubSub
 from .replication import Replication
 from .routes import Routes, is_route_id
@@ -53,6 +53,7 @@ from .storeconsumers import StoreConsumers
 from .storedletters import StoredLetters
 from .sysbus import SysBus
 from .telemetry import PeerEvent
+from .traffic import TopicTraffic
 
 __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
 
@@ -158,9 +159,18 @@ class BrokerCore:
                 max_consumers=self.settings.max_consumers,
                 max_per_identity=self.settings.max_consumers_per_identity,
             )
+        self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
         self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
         self.builtins = Builtins(
-            self.peers, self.pubsub, self.rpc, self.streams, self.counters, self.mailboxes, self.consumers, self.routes
+            self.peers,
+            self.pubsub,
+            self.rpc,
+            self.streams,
+            self.counters,
+            self.mailboxes,
+            self.consumers,
+            self.routes,
+            traffic=self.traffic,
         )
         self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
         self.log_limit = LogLimiter()  # what a peer's faults may write to the log
@@ -187,6 +197,13 @@ class BrokerCore:
     @property
     def services(self) -> dict[str, Service]:
         return self.rpc.services
+
+    def monitoring(self, now: float) -> None:
+        """The monitor is being read: refresh what it shows that the store keeps (JetStream's
+        consumer figures, asked at most every few seconds; see ``StoreConsumers.monitor``)."""
+        store = self.consumers.store
+        if store is not None:
+            store.monitor([n for n, j in self.streams.journals.items() if j.settings.replicated], now)
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -229,6 +246,9 @@ class BrokerCore:
             if not self.settings.foreign_dialects:
                 self.counters["foreign_refused"] += 1
                 return out
+            if peer is not None:
+                peer.msgs_in += 1
+                peer.bytes_in += len(frames[-1])
             return out + foreign(self.dialect_ops, peer, routing_id, frames, now, identity, fd)
         if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
             answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
@@ -254,7 +274,10 @@ class BrokerCore:
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
+                peer.bytes_in += len(frames[2])  # (its records count as messages as they are walked)
                 return self.batched.batch(peer, frames[2], now)
+            peer.msgs_in += 1
+            peer.bytes_in += len(frames[-1]) if frames else 0  # the body, as /varz in_bytes counts
         out: list[Out] = []
         try:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
@@ -375,9 +398,13 @@ class BrokerCore:
         self.forgotten.clear()  # in place: see __init__
         return taken
 
-    def forget(self, peer: Peer, why: str, now: float, *, reason: str = "") -> list[Out]:
-        """Drop a peer and all it held, in every room; what that means for others (``reason``: said to people)."""
-        if self.peers.remove(peer):
+    def forget(self, peer: Peer, why: str, now: float, *, reason: str | None = None) -> list[Out]:
+        """Drop a peer and everything it held, in every room; returns what that means for others.
+
+        ``why`` is the reason's code (the ``forgotten_<why>`` counter, the mc0.sys.peer event);
+        ``reason`` the words /connz?state=closed keeps with the closed connection (default: the
+        code's, ``peers.close_reason``), e.g. ``"closed by alice"`` for an operator's close."""
+        if self.peers.remove(peer, close_reason(why) if reason is None else reason, now):
             self.forgotten.append(peer.routing_id)
         cursor = self._unfinished.get(peer.routing_id) if self._unfinished else None
         if cursor is not None and cursor.peer is peer:
@@ -394,6 +421,11 @@ class BrokerCore:
         out = kept_again + self.rpc.drop_peer(peer, now)
         out += self._peer_event("disconnect", peer, why, now)
         return out
+
+    def connection_opened(self, fd: int, address: str) -> None:
+        """The shell read a first message from connection ``fd``, whose transport says it comes from
+        ``address``: a peer that connects on it shows it (/connz)."""
+        self.peers.opened(fd, address)
 
     def connection_closed(self, fd: int, now: float) -> None:
         """The shell saw connection ``fd`` close; its peer goes at ``forget_closed``.
@@ -494,6 +526,7 @@ class BrokerCore:
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
         self.streams.enforce_retention(now)
+        self.traffic.prune(now)
         for line in self.log_limit.summary(now):
             log.warning("%s", line)
         self.mailboxes.expire(now)

@@ -14,7 +14,9 @@ is passed in.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ... import protocol as P
@@ -34,6 +36,50 @@ DROP_EPISODE_GAP = 1.0
 # A closed connection's peer waits for the shell to read its socket empty,
 # at most this long (a socket under constant load never reads empty).
 CLOSE_WAIT_LIMIT = 0.5
+# /connz?state=closed: the last this many closed connections are kept (nats-server keeps 10,000 by default;
+# each entry here is ~1 KB).
+CLOSED_KEPT = 256
+# Why a session ended, as /connz?state=closed says it, by the dispatcher's reason code (``BrokerCore.forget``'s
+# ``why``, also the ``forgotten_<why>`` counter).  None: not the end of a connection (a MemoDB request's
+# session ends with its answer), nothing is kept.  A code not listed is shown with its underscores as spaces.
+CLOSE_REASONS: dict[str, str | None] = {
+    "too_slow": "evicted: slow consumer",
+    "revoked": "revoked",
+    "expired": "heartbeat expired",
+    "closed": "disconnected",  # the connection closed (the monitor saw it)
+    "disconnected": "disconnected",  # it said DISCONNECT
+    "unreachable": "disconnected",  # the socket says it is gone
+    "replaced": "replaced: its routing id changed hands",
+    "reconnected": "reconnected: a new CONNECT on the same session",
+    "internal_error": "closed: internal error",
+    "broker_shutdown": "broker shut down",
+    "answered": None,
+}
+
+
+def close_reason(why: str) -> str | None:
+    """The text /connz?state=closed gives for ``forget``'s reason code (None: nothing to keep)."""
+    return CLOSE_REASONS.get(why, why.replace("_", " "))
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """One closed connection as /connz?state=closed shows it (times: the loop's monotonic clock)."""
+
+    name: str
+    identity: str
+    dialect: str
+    protocol: str
+    address: str
+    connected: float
+    closed: float
+    reason: str
+    msgs_in: int
+    bytes_in: int
+    msgs_out: int
+    bytes_out: int
+    delivered: int
+    dropped: int
 
 
 class Peer:
@@ -63,6 +109,12 @@ class Peer:
         "enveloped",
         "beat",
         "expires",
+        "connected",
+        "address",
+        "msgs_in",
+        "bytes_in",
+        "msgs_out",
+        "bytes_out",
     )
 
     _serials: ClassVar[itertools.count[int]] = itertools.count(1)
@@ -102,6 +154,14 @@ class Peer:
         self.enveloped = False
         self.beat = ttl  # the broker heartbeats it after this much silence toward it (mc0 peers: a fraction of TTL)
         self.expires = True  # False: it named no TTL, so promised no rate: only its connection's close ends it
+        self.connected = now  # (monitoring: /connz connected_at)
+        self.address = ""  # the transport's peer address, where it has one (PeerTable.add, from the shell)
+        # Traffic, for monitoring (each a bare increment where it happens: the dispatcher and batched.py count
+        # what it sends, a BATCH as its records; the shell's Delivery counts what is queued for it).
+        self.msgs_in = 0
+        self.bytes_in = 0
+        self.msgs_out = 0
+        self.bytes_out = 0
 
     def __repr__(self) -> str:
         return f"<Peer {self.name} {self.dialect.name} v{self.version}>"
@@ -142,6 +202,10 @@ class PeerTable:
         self._by_fd: dict[int, bytes] = {}
         self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
+        # The transport's address of each open connection (by fd), as the shell reported it (``opened``);
+        # a peer takes its connection's when it is added.
+        self._addresses: dict[int, str] = {}
+        self.closed: deque[Closed] = deque(maxlen=CLOSED_KEPT)  # the last closed connections, oldest first
         self.next_sweep = 0.0
         # Everything peers sent before this was read (the shell says so: BrokerCore.caught_up);
         # silence is measured up to here.  None: the shell does not say (silence is up to now).
@@ -159,22 +223,53 @@ class PeerTable:
 
     def add(self, peer: Peer, now: float) -> None:
         self.by_id[peer.routing_id] = peer
-        if peer.fd is not None and peer.routing_id not in self._closing:
-            self._by_fd[peer.fd] = peer.routing_id
+        if peer.fd is not None:
+            peer.address = self._addresses.get(peer.fd, peer.address)
+            if peer.routing_id not in self._closing:
+                self._by_fd[peer.fd] = peer.routing_id
         self.next_sweep = min(self.next_sweep, now + peer.beat)  # its first heartbeat (beat <= ttl)
 
-    def remove(self, peer: Peer) -> bool:
-        """Forget ``peer`` if it is still the current one; True if it was."""
+    def remove(self, peer: Peer, reason: str | None = None, now: float = 0.0) -> bool:
+        """Forget ``peer`` if it is still the current one; True if it was.  ``reason``: why its
+        session ended, kept (with its traffic) among the last ``CLOSED_KEPT`` closed connections."""
         if self.by_id.get(peer.routing_id) is not peer:
             return False
         del self.by_id[peer.routing_id]
         if peer.fd is not None and self._by_fd.get(peer.fd) == peer.routing_id:
             del self._by_fd[peer.fd]
+        if reason is not None:
+            self.closed.append(
+                Closed(
+                    peer.name,
+                    peer.identity,
+                    peer.dialect.name,
+                    peer.version,
+                    peer.address,
+                    peer.connected,
+                    now,
+                    reason,
+                    peer.msgs_in,
+                    peer.bytes_in,
+                    peer.msgs_out,
+                    peer.bytes_out,
+                    peer.delivered,
+                    peer.drops,
+                )  # fmt: skip
+            )
         return True
 
-    # ------------------------------------------------------------ closed connections
+    # ------------------------------------------------------------ connections
+    def knows_address(self, fd: int) -> bool:
+        return fd in self._addresses
+
+    def opened(self, fd: int, address: str) -> None:
+        """The shell read the first message of connection ``fd``, from ``address`` (the transport's
+        peer address: ``ip:port`` over TCP); a peer that connects on it shows it."""
+        self._addresses[fd] = address
+
     def connection_closed(self, fd: int, now: float) -> None:
         """Connection ``fd`` closed: unbind the number now (libzmq may reuse it), forget the peer later."""
+        self._addresses.pop(fd, None)
         routing_id = self._by_fd.pop(fd, None)
         if routing_id is not None:
             self._closing[routing_id] = (fd, now)

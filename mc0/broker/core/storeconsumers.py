@@ -55,6 +55,7 @@ log = logging.getLogger("mc0.broker")
 MAX_PULL = 1_000
 KNOWN_S = 10.0  # a consumer's owner and config, as learnt, are trusted this long (then asked again)
 MAX_ACKS = 10_000
+REPORT_INTERVAL = 2.0  # seconds: how often the monitor asks JetStream for its consumers' figures, at most
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
 DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
 
@@ -121,6 +122,33 @@ class StoreConsumers:
         self.known: dict[tuple[str, str], Known] = {}
         self._known_until: dict[tuple[str, str], float] = {}
         self._asking: dict[tuple[bytes, str], int] = {}  # (client, rid) -> the store call answering it
+        # /consumerz: every mc0 consumer of the JetStream journals as JetStream last said (``monitor``),
+        # with this broker's own dead-letter tallies (JetStream has none: mc0 dead-letters).
+        self.reported: list[dict[str, object]] = []
+        self.dead_lettered: Counter[tuple[str, str]] = Counter()
+        self._report_due = 0.0
+        self._reporting = False
+
+    # ------------------------------------------------------------ monitoring
+    def monitor(self, journals: Sequence[str], now: float) -> None:
+        """The monitor is read: ask JetStream for its consumers' figures (one call in flight, at
+        most every ``REPORT_INTERVAL``); ``reported`` holds the last answer."""
+        if self._reporting or now < self._report_due or not journals:
+            return
+        self._reporting = True
+        self._report_due = now + REPORT_INTERVAL
+
+        def reported(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            self._reporting = False
+            if failure(data) is None:
+                self.reported = [
+                    {**row, "dead_lettered": self.dead_lettered[str(row.get("journal")), str(row.get("name"))]}
+                    for row in data.get("consumers", [])
+                    if isinstance(row, dict)
+                ]
+            return []
+
+        self.calls.call({"op": "consumer_report", "journals": list(journals)}, reported)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -377,6 +405,7 @@ class StoreConsumers:
                 reason = f"not acknowledged after {count - 1} deliveries (max_deliver {config.max_deliver})"
                 self._dead_letter((topic, record, reason, count - 1))
                 self.counters["consumer_dead_lettered"] += 1
+                self.dead_lettered[config.journal, config.name] += 1
                 ended.append(record.seq)
             elif not known.matches(tokens) or not may_read(grants, tokens, record.headers):
                 self.counters["consumer_filtered"] += 1

@@ -56,6 +56,7 @@ def put(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]
     if not peer.grants.may_publish(tokens):
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
     core.counters["published"] += 1
+    core.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
     journals = core.streams.routes(tokens) if core.streams.journals else ()
     if journals:
         return put_journaled(core, peer, command, topic, tokens, journals, now)
@@ -72,6 +73,7 @@ def put_opaque(core: BrokerCore, peer: Peer, command: Command, topic: str, now: 
     if not peer.grants.may_use_opaque("publish"):
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
     core.counters["published"] += 1
+    core.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
     out = core.pubsub.fan_out_opaque(topic, peer.sender, command.headers, command.payload, now)
     return out + answer(core, peer, command, now)
 

@@ -1,5 +1,6 @@
-"""The monitoring HTTP shell: /healthz, /varz, /connz, /subsz, /servicez (JSON) and /metrics (Prometheus),
-and the admin actions (``POST /admin/OP``: :mod:`.actions`) when ``[http] admin_token_file`` names a token.
+"""The monitoring HTTP shell: the console (``/``), /healthz, /varz, /connz, /subsz, /servicez, /consumerz,
+/journalz, /mailboxz (JSON) and /metrics (Prometheus), and the admin actions (``POST /admin/OP``:
+:mod:`.actions`) when ``[http] admin_token_file`` names a token.
 
 Contract: ``MonitorServer(listen, wake=...)`` does no I/O; ``start()`` binds
 (``host:port``; port 0 picks one) and serves from one daemon thread;
@@ -16,6 +17,13 @@ answers within ``SNAPSHOT_WAIT``, 503 when it is stalled.  The listening
 socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
+
+GET handling is in plain functions of the path (``_get``): the console's
+files come from the installed package (``mc0/broker/monitoring/console``,
+package data) with a Content-Security-Policy that lets the page load and
+fetch from this origin only; ``/connz`` takes ``state``, ``sort``, ``limit``,
+``offset`` and ``subs`` (a query it cannot answer is 400, naming why).  Each
+page is rendered once per snapshot and query (at most ``RENDERS_KEPT`` kept).
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from ipaddress import ip_address
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -38,13 +48,25 @@ from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
 from . import actions
-from .snapshot import Snapshot
+from .snapshot import BadQuery, Snapshot, connz
 
 log = logging.getLogger("mc0.broker.http")
 
 SNAPSHOT_WAIT = 1.0  # seconds a request waits for the loop before /healthz says stalled
 DEFAULT_PORT = 8222  # nats-server's monitoring port
-PATHS = ("/healthz", "/varz", "/connz", "/subsz", "/servicez", "/metrics")
+PATHS = ("/healthz", "/varz", "/connz", "/subsz", "/servicez", "/consumerz", "/journalz", "/mailboxz", "/metrics")
+RENDERS_KEPT = 32  # pages rendered per snapshot (one per path and query): kept, at most
+# The console: one page and its two files, shipped in the package (mc0/broker/monitoring/console/).
+CONSOLE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console.js": ("console.js", "text/javascript; charset=utf-8"),
+}
+# The console loads, fetches and shows nothing but what this listener serves; no inline script runs.
+CONSOLE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 ACCEPT_BACKLOG = 1024  # connections the kernel queues before they are accepted (http.server's default: 5)
 
 
@@ -156,6 +178,34 @@ class _Collector(Collector):
             end.add_metric([name], float(info.get("end_seq", info.get("next_seq", 0))))
         yield first
         yield end
+        yield from _store_metrics(snap)
+        cluster = snap.varz.get("cluster")
+        cluster = cluster if isinstance(cluster, dict) else {}
+        member = float(bool(cluster.get("name")))
+        yield GaugeMetricFamily("mc0_cluster_member", "1 when this broker is in a cluster, else 0.", value=member)
+        yield GaugeMetricFamily(
+            "mc0_nats_connected", "1 while the cluster link is connected to NATS (0 standalone).",
+            value=float(bool(cluster.get("nats_connected"))),
+        )  # fmt: skip
+        brokers = float(len(cluster.get("brokers") or ()))
+        yield GaugeMetricFamily("mc0_cluster_brokers", "Other brokers with a route here.", value=brokers)
+
+
+def _store_metrics(snap: Snapshot) -> Iterator[Metric]:
+    """Durable consumers' backlogs and journals' sizes, labelled by name (from /consumerz, /journalz)."""
+    by = ["journal", "consumer"]
+    pending = GaugeMetricFamily("mc0_consumer_pending", "Stored records a consumer has yet to be handed.", labels=by)
+    ack_pending = GaugeMetricFamily("mc0_consumer_ack_pending", "Records handed to a consumer, not acked.", labels=by)
+    for row in snap.consumerz.get("consumers", ()):  # type: ignore[attr-defined]
+        labels = [str(row["journal"]), str(row["name"])]
+        pending.add_metric(labels, float(row["num_pending"]))
+        ack_pending.add_metric(labels, float(row["num_ack_pending"]))
+    records = GaugeMetricFamily("mc0_journal_records", "Records a journal keeps.", labels=["journal"])
+    size = GaugeMetricFamily("mc0_journal_bytes", "Bytes a journal keeps (this broker's copy).", labels=["journal"])
+    for row in snap.journalz.get("journals", ()):  # type: ignore[attr-defined]
+        records.add_metric([str(row["name"])], float(row.get("records", 0)))
+        size.add_metric([str(row["name"])], float(row.get("bytes", 0)))
+    yield from (pending, ack_pending, records, size)
 
 
 class MonitorServer:
@@ -175,10 +225,11 @@ class MonitorServer:
         self.registry = CollectorRegistry(auto_describe=False)  # filled by start() (the process collector reads /proc)
         self._render_lock = threading.Lock()
         self._rendered_for: Snapshot | None = None
-        self._rendered: dict[str, tuple[str, bytes]] = {}
+        self._rendered: dict[str, tuple[int, str, bytes]] = {}
         self.rendering: Snapshot | None = None  # the snapshot /metrics is rendered from (the collector reads it)
         self.url = ""
         self.version = "unknown"
+        self._console: dict[str, bytes] = {}  # the console's files, read from the package once
 
     # ------------------------------------------------------------ loop side
     @property
@@ -271,31 +322,55 @@ class MonitorServer:
         request.wfile.write(body)
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        path = request.path.split("?", 1)[0].rstrip("/") or "/"
-        if path == "/":
-            status, content_type, body = 200, "application/json", _json({"endpoints": list(PATHS)})
-        elif path not in PATHS:
-            status, content_type, body = 404, "application/json", _json({"error": f"pages: {', '.join(PATHS)}"})
-        else:
-            snap = self.current()  # requests waiting at once share one
-            if snap is None:
-                reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
-                status, content_type, body = 503, "application/json", _json({"status": "stalled", "reason": reason})
-            else:
-                with self._render_lock:  # one render at a time, each page once per snapshot
-                    if snap is not self._rendered_for:
-                        self._rendered_for, self._rendered = snap, {}
-                    if path not in self._rendered:
-                        self.rendering = snap
-                        self._rendered[path] = self._render(path, snap)
-                    status, (content_type, body) = 200, self._rendered[path]
+        status, headers, body = self._get(request.path, request.headers.get("Accept", ""))
         request.send_response(status)
-        request.send_header("Content-Type", content_type)
+        for name, value in headers.items():
+            request.send_header(name, value)
         request.send_header("Content-Length", str(len(body)))
+        request.send_header("X-Content-Type-Options", "nosniff")
         request.end_headers()
         request.wfile.write(body)
 
-    def _render(self, path: str, snap: Snapshot) -> tuple[str, bytes]:
+    def _get(self, target: str, accept: str = "") -> tuple[int, dict[str, str], bytes]:
+        """GET ``target`` (path and query) -> (status, headers, body)."""
+        raw_path, _, raw_query = target.partition("?")
+        path = raw_path.rstrip("/") or "/"
+        if path == "/" and "application/json" in accept and "text/html" not in accept:
+            return 200, {"Content-Type": "application/json"}, _json({"endpoints": list(PATHS), "console": "/"})
+        if path in CONSOLE_FILES:
+            return self._console_file(path)
+        if path not in PATHS:
+            return 404, {"Content-Type": "application/json"}, _json({"error": f"pages: /, {', '.join(PATHS)}"})
+        query = {k: v[-1] for k, v in parse_qs(raw_query, keep_blank_values=True).items()}
+        snap = self.current()  # requests waiting at once share one
+        if snap is None:
+            reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
+            return 503, {"Content-Type": "application/json"}, _json({"status": "stalled", "reason": reason})
+        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items())) if path == "/connz" else path
+        with self._render_lock:  # one render at a time, each page once per snapshot and query
+            if snap is not self._rendered_for:
+                self._rendered_for, self._rendered = snap, {}
+            rendered = self._rendered.get(key)
+            if rendered is None:
+                self.rendering = snap
+                try:
+                    rendered = (200, *self._render(path, snap, query))
+                except BadQuery as exc:
+                    rendered = (400, "application/json", _json({"error": str(exc)}))
+                if len(self._rendered) < RENDERS_KEPT:
+                    self._rendered[key] = rendered
+        status, content_type, body = rendered
+        return status, {"Content-Type": content_type, "Cache-Control": "no-store"}, body
+
+    def _console_file(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        name, content_type = CONSOLE_FILES[path]
+        body = self._console.get(name)
+        if body is None:
+            body = self._console[name] = resources.files(__package__).joinpath("console", name).read_bytes()
+        headers = {"Content-Type": content_type, "Content-Security-Policy": CONSOLE_POLICY, "Cache-Control": "no-cache"}
+        return 200, headers, body
+
+    def _render(self, path: str, snap: Snapshot, query: dict[str, str]) -> tuple[str, bytes]:
         if path == "/metrics":
             return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
         data: object
@@ -306,6 +381,8 @@ class MonitorServer:
             data = {"status": "degraded", "reason": "NATS unreachable"} if cut_off else {"status": "ok"}
         elif path == "/varz":
             data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
+        elif path == "/connz":
+            data = connz(snap, query)
         else:
             data = getattr(snap, path[1:])
         return "application/json", _json(data)

@@ -1,4 +1,5 @@
-"""Monitoring snapshots: what ``/varz``, ``/connz``, ``/subsz``, ``/servicez`` and ``/metrics`` show.
+"""Monitoring snapshots: what ``/varz``, ``/connz``, ``/subsz``, ``/servicez``, ``/consumerz``, ``/journalz``,
+``/mailboxz`` and ``/metrics`` show.
 
 Contract: ``snapshot(core, outbox, now=..., started=..., wall=...)`` reads
 the broker's rooms and returns one self-contained, JSON-ready ``Snapshot``
@@ -6,16 +7,32 @@ the broker's rooms and returns one self-contained, JSON-ready ``Snapshot``
 thread can serve it while the loop goes on changing the rooms.  It is built
 on the broker loop, only when the HTTP side asked for one (so an idle
 monitor costs nothing); the cost is one walk over peers, subscription
-patterns and services.  Pure: the clock is passed in, no I/O, changes
-nothing.  Peers are named ``identity#n``, never by routing id.
+patterns, services, consumers and journals.  Pure: the clock is passed in,
+no I/O, changes nothing.  Peers are named as ``Peer.name`` (``identity#n``),
+never by routing id.  Times people read are RFC 3339 UTC (``rfc3339``);
+``/connz``'s sorting and paging are the HTTP side's (:func:`connz`), over
+every row the snapshot holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from ..core.dispatch import BrokerCore
+from ..core.peers import Closed
+
+# /connz rows' fields a ``sort`` may name: numbers sort descending (the busiest first), text and
+# ``connected_at`` ascending (``closed_at`` descending: the newest close first), as nats-server's.
+CONNZ_NUMBERS = (
+    "num_subscriptions", "pending_bytes", "idle_s", "delivered", "dropped", "in_flight",
+    "msgs_in", "bytes_in", "msgs_out", "bytes_out", "uptime_s",
+)  # fmt: skip
+CONNZ_TEXTS = ("name", "identity", "dialect", "protocol", "address", "connected_at", "reason")
+CONNZ_DEFAULT_LIMIT = 1024  # as nats-server's /connz
+CONNZ_MAX_LIMIT = 10_000
+CONNZ_STATES = ("open", "closed", "all")
 
 
 class QueueFigures(Protocol):
@@ -28,20 +45,47 @@ class QueueFigures(Protocol):
     def backlog(self, routing_id: bytes) -> int: ...
 
 
-# /connz lists at most this many peers (the busiest by pending bytes first); the count is exact.
-CONNZ_LIMIT = 1_000
-
-
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     taken: float  # the loop's monotonic clock when built
     varz: dict[str, object]
-    connz: dict[str, object]
+    connections: list[dict[str, object]]  # every open connection (as /connz shows it, without subscriptions)
     subsz: dict[str, object]
     servicez: dict[str, dict[str, object]]
+    closed: list[dict[str, object]] = field(default_factory=list)  # the last closed connections, newest first
+    subscriptions_of: dict[str, list[str]] = field(default_factory=dict)  # peer name -> its patterns (?subs=1)
+    consumerz: dict[str, object] = field(default_factory=dict)
+    journalz: dict[str, object] = field(default_factory=dict)
+    mailboxz: dict[str, object] = field(default_factory=dict)
     # service -> (cumulative bucket counts as (upper bound, count) ending with +Inf, sum of seconds)
     latency: dict[str, tuple[list[tuple[float, int]], float]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+
+
+def rfc3339(wall: float) -> str:
+    """Wall-clock seconds as RFC 3339 UTC with milliseconds (``2025-01-31T12:00:00.123Z``)."""
+    return datetime.fromtimestamp(wall, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _closed_row(entry: Closed, wall_of: float) -> dict[str, object]:
+    """A closed connection (``wall_of``: add to the loop's clock for wall-clock seconds)."""
+    return {
+        "name": entry.name,
+        "identity": entry.identity,
+        "dialect": entry.dialect,
+        "protocol": entry.protocol,
+        "address": entry.address,
+        "connected_at": rfc3339(entry.connected + wall_of),
+        "closed_at": rfc3339(entry.closed + wall_of),
+        "uptime_s": round(max(0.0, entry.closed - entry.connected), 3),
+        "reason": entry.reason,
+        "msgs_in": entry.msgs_in,
+        "bytes_in": entry.bytes_in,
+        "msgs_out": entry.msgs_out,
+        "bytes_out": entry.bytes_out,
+        "delivered": entry.delivered,
+        "dropped": entry.dropped,
+    }
 
 
 def snapshot(
@@ -57,31 +101,15 @@ def snapshot(
     """Everything the monitor serves, as of ``now`` (``started``: the loop's clock at start;
     ``wall``: wall-clock seconds now, for the timestamps people read; ``in_bytes``: the
     message bytes the shell has received; ``cluster``: the cluster link's state, if any)."""
+    wall_of = wall - now
     peers = list(core.peers.by_id.values())
     rpc = core.rpc
     pubsub = core.pubsub
     counters = dict(sorted(core.counters.items()))
     services = {name: core.builtins.service_report(rpc.services[name]) for name in sorted(rpc.services)}
-    journals = {name: journal.info() for name, journal in core.streams.journals.items()}
-    varz: dict[str, object] = {
-        "now": round(wall, 3),
-        "uptime_s": round(now - started, 3),
-        "connections": len(peers),
-        "subscriptions": len(pubsub.subscriptions),
-        "services": len(rpc.services),
-        "in_msgs": counters.get("received", 0),
-        "in_bytes": in_bytes,
-        "out_msgs": outbox.sent_messages,
-        "out_bytes": outbox.sent_bytes,
-        "delivered": counters.get("delivered", 0),
-        "dropped": counters.get("dropped", 0),
-        "slow_consumers": counters.get("forgotten_slow", 0),
-        "pending_bytes": outbox.queued_bytes,
-        "journals": journals,
-        "counters": counters,
-        "cluster": cluster if cluster is not None else {"name": "", "nats_connected": False, "brokers": []},
-    }
+    journal_infos = {name: journal.info() for name, journal in core.streams.journals.items()}
     rows = []
+    subscriptions_of: dict[str, list[str]] = {}
     for peer in peers:
         state = rpc.worker_state(peer)
         rows.append(
@@ -90,30 +118,137 @@ def snapshot(
                 "identity": peer.identity,
                 "dialect": peer.dialect.name,
                 "protocol": peer.version,
-                "subscriptions": pubsub.count_of(peer),
+                "address": peer.address,
+                "connected_at": rfc3339(peer.connected + wall_of),
+                "uptime_s": round(max(0.0, now - peer.connected), 3),
+                "subscriptions": pubsub.count_of(peer),  # (with ?subs=1: the patterns themselves)
+                "num_subscriptions": pubsub.count_of(peer),
                 "groups": sorted(pubsub.groups_of(peer)),
                 "pending_bytes": outbox.backlog(peer.routing_id),
                 "idle_s": round(max(0.0, now - peer.last_recv), 3),
+                "msgs_in": peer.msgs_in,
+                "bytes_in": peer.bytes_in,
+                "msgs_out": peer.msgs_out,
+                "bytes_out": peer.bytes_out,
                 "delivered": peer.delivered,
                 "dropped": peer.drops,
                 "services": list(state.services) if state else [],
                 "in_flight": len(state.jobs) if state else 0,
             }
         )
-    rows.sort(key=lambda r: (-int(r["pending_bytes"]), str(r["name"])))  # type: ignore[call-overload]
-    connz: dict[str, object] = {"count": len(rows), "limit": CONNZ_LIMIT, "connections": rows[:CONNZ_LIMIT]}
+        subscriptions_of[peer.name] = sorted(pubsub.patterns_of(peer))
+    rows.sort(key=lambda r: str(r["name"]))
+    closed = [_closed_row(entry, wall_of) for entry in reversed(core.peers.closed)]
+    varz: dict[str, object] = {
+        "now": rfc3339(wall),
+        "now_s": round(wall, 3),
+        "start": rfc3339(started + wall_of),
+        "uptime_s": round(now - started, 3),
+        "connections": len(peers),
+        "subscriptions": len(pubsub.subscriptions),
+        "services": len(rpc.services),
+        "in_msgs": counters.get("received", 0),
+        "in_bytes": in_bytes,
+        "out_msgs": outbox.sent_messages,
+        "out_bytes": outbox.sent_bytes,
+        "published": counters.get("published", 0),
+        "delivered": counters.get("delivered", 0),
+        "dropped": counters.get("dropped", 0),
+        "slow_consumers": counters.get("forgotten_too_slow", 0),
+        "pending_bytes": outbox.queued_bytes,
+        # RPC over every service: requests taken, and those that failed (an ERROR answer or a timeout).
+        "rpc_requests": sum(int(s["requests"]) for s in services.values()),  # type: ignore[call-overload]
+        "rpc_errors": sum(int(s["errors"]) + int(s["timeouts"]) for s in services.values()),  # type: ignore[call-overload]
+        # Messages refused (every 4xx/5xx answered to a peer) and internal errors.
+        "errors": sum(n for k, n in counters.items() if k.startswith("rejected_")) + counters.get("internal_errors", 0),
+        "closed_connections": len(closed),
+        "journals": journal_infos,
+        "counters": counters,
+        "cluster": cluster if cluster is not None else {"name": "", "nats_connected": False, "brokers": []},
+    }
     subsz: dict[str, object] = {
         "subscriptions": len(pubsub.subscriptions),
         "patterns": pubsub.report(),
         "groups": pubsub.group_report(),
+        "topics": core.traffic.report(),  # the busiest topics published to since the start (messages, bytes)
+    }
+    journalz: dict[str, object] = {
+        "journals": [
+            {
+                "name": name,
+                "store": core.streams.journals[name].settings.store,
+                "first_seq": info.get("first_seq", 0),
+                "last_seq": int(info.get("next_seq", 1)) - 1,  # type: ignore[call-overload]
+                **{k: v for k, v in info.items() if k not in ("first_seq",)},
+            }
+            for name, info in sorted(journal_infos.items())
+        ]
     }
     latency = {name: (s.latency.cumulative(), s.latency.sum) for name, s in rpc.services.items()}
     return Snapshot(
         taken=now,
         varz=varz,
-        connz=connz,
+        connections=rows,
         subsz=subsz,
         servicez=services,
+        closed=closed,
+        subscriptions_of=subscriptions_of,
+        consumerz={"consumers": core.consumers.monitor_rows()},
+        journalz=journalz,
+        mailboxz={"summary": core.mailboxes.summary(), "mailboxes": core.mailboxes.report()},
         latency=latency,
         counters=counters,
     )
+
+
+class BadQuery(ValueError):
+    """A /connz query the page cannot answer (the HTTP side answers 400 with its text)."""
+
+
+def _number(query: dict[str, str], key: str, default: int, most: int) -> int:
+    text = query.get(key)
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or int(text) > most:
+        raise BadQuery(f"{key} must be a whole number 0-{most}, got {text[:20]!r}")
+    return int(text)
+
+
+def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
+    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``limit``, ``offset``,
+        ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not their count, which
+    ``num_subscriptions`` always has); BadQuery otherwise."""
+    state = query.get("state") or "open"
+    if state not in CONNZ_STATES:
+        raise BadQuery(f"state must be one of {', '.join(CONNZ_STATES)}, got {state[:20]!r}")
+    sort = query.get("sort") or ("closed_at" if state == "closed" else "name")
+    sort = "num_subscriptions" if sort == "subscriptions" else sort
+    sortable = (*CONNZ_NUMBERS, *CONNZ_TEXTS, "closed_at")
+    if sort not in sortable:
+        raise BadQuery(f"sort must be one of {', '.join(sortable)}, got {sort[:20]!r}")
+    limit = _number(query, "limit", CONNZ_DEFAULT_LIMIT, CONNZ_MAX_LIMIT)
+    offset = _number(query, "offset", 0, 1 << 40)
+    subs = query.get("subs", "") in ("1", "true", "detail")
+    rows = (snap.connections if state != "closed" else []) + (snap.closed if state != "open" else [])
+    if sort in CONNZ_NUMBERS:
+        ordered = sorted(rows, key=lambda r: (-float(r.get(sort, 0)), str(r["name"])))  # type: ignore[arg-type]
+    elif sort == "closed_at":
+        ordered = sorted(rows, key=lambda r: str(r.get("closed_at", "")), reverse=True)
+    else:
+        ordered = sorted(rows, key=lambda r: (str(r.get(sort, "")), str(r["name"])))
+    page = ordered[offset : offset + limit]
+    if subs:
+        page = [
+            {**r, "subscriptions": snap.subscriptions_of.get(str(r["name"]), [])} if "closed_at" not in r else r
+            for r in page
+        ]
+    return {
+        "now": snap.varz["now"],
+        "state": state,
+        "sort": sort,
+        "count": len(rows),
+        "offset": offset,
+        "limit": limit,
+        "num_connections": len(page),
+        "connections": page,
+    }
