@@ -292,8 +292,12 @@ class Broker:
         poller = zmq.Poller()
         holding = zmq.Poller()  # the same sockets but the ROUTER: while the input is held (back-pressure)
         poller.register(sock, zmq.POLLIN)
+        # A plain socket is registered, and so reported by ``poll``, as its fd (an int): pyzmq
+        # answers a non-zmq entry with its fd, never the object, so the object would never be
+        # found ``in ready``, the pipe never drained, and the loop would spin on it for ever.
+        wake_fd = self._wake_r.fileno()
         for pollers in (poller, holding):
-            pollers.register(self._wake_r, zmq.POLLIN)
+            pollers.register(wake_fd, zmq.POLLIN)
         for listener in self.listeners:
             assert listener.socket is not None  # (started by bind)
             for pollers in (poller, holding):
@@ -331,7 +335,7 @@ class Broker:
                 # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
                 timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
                 ready = dict((holding if held else poller).poll(timeout))
-                if self._wake_r in ready:
+                if wake_fd in ready:
                     self._drain_wake()
                 if zap is not None and zap.zap_socket in ready:
                     zap.handle()
