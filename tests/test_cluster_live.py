@@ -20,6 +20,7 @@ import pytest
 import mc0
 from mc0 import ports
 from mc0.natsproc import NatsCluster
+from mc0.protocol.peernames import parse_peer_name
 
 from .clusterbus import HELLO_MS, ROUTE_LIVENESS, ClusterBus, nats_cluster, until
 
@@ -259,6 +260,36 @@ def test_scatter_counts_every_worker_of_the_cluster(bus: ClusterBus) -> None:
             stream = client.scatter("census", b"?", timeout=5)
             assert sorted(r.body for r in stream) == [b"w0", b"w1", b"w2", b"w3"]
             assert (stream.count, stream.missing) == (4, 0)
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def test_peer_names_are_unique_in_the_cluster_and_say_which_broker_the_peer_is_at(bus: ClusterBus) -> None:
+    """A scatter over one worker at each broker names three workers (WORKER), each ``identity#n@BROKER``;
+    ``mc0.broker peers`` (what /connz and mc0 stats show) names every peer of the cluster once."""
+    workers = [_worker(bus, i, "census", lambda r, i=i: f"w{i}".encode()) for i in range(3)]
+    try:
+        for worker in workers:
+            threading.Thread(target=worker.run, daemon=True).start()
+        _served(bus, 0, "census", workers=3)
+        with bus.client(0) as client:
+            stream = client.scatter("census", b"?", timeout=10)
+            by_body = {r.body: r.worker for r in stream}
+            assert (stream.count, stream.missing) == (3, 0)
+        names = {body: parse_peer_name(worker or "") for body, worker in by_body.items()}
+        assert len(set(by_body.values())) == 3, by_body  # the three workers, told apart
+        for i in range(3):
+            name = names[f"w{i}".encode()]
+            assert name is not None and (name.identity, name.broker) == ("anonymous", bus.name(i)), by_body
+        seen: list[str] = []
+        for i in range(3):
+            with bus.client(i) as client:
+                rows = json.loads(client.request("mc0.broker", b"peers", timeout=5).body)
+            seen += [row["name"] for row in rows]
+            assert all(getattr(parse_peer_name(row["name"]), "broker", None) == bus.name(i) for row in rows), rows
+        assert len(seen) == len(set(seen)), sorted(seen)
+        assert {by_body[f"w{i}".encode()] for i in range(3)} <= set(seen)
     finally:
         for worker in workers:
             worker.close()

@@ -33,9 +33,14 @@ _EPOCH = struct.Struct("!Q")
 WIRE_VERSION = 1
 
 
+def is_name(name: str) -> bool:
+    """``name`` is a broker name (1-64 letters, digits, ``-`` or ``_``)."""
+    return _NAME.fullmatch(name) is not None
+
+
 def check_name(name: str, where: str = "cluster.name") -> str:
     """A broker name usable as a subject token (ConfigError naming ``where`` otherwise)."""
-    if not _NAME.fullmatch(name):
+    if not is_name(name):
         raise ConfigError(where, f"1 to {MAX_NAME_BYTES} letters, digits, '-' or '_', got {name!r}")
     return name
 

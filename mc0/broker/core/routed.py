@@ -47,6 +47,7 @@ def join(core: BrokerCore, name: str, route_ttl: float) -> None:
     identities are announced to the other brokers (call before any peer connects)."""
     routes = core.routes
     routes.name, routes.ttl = name, route_ttl
+    core.peers.broker = name  # its peers' names say where they live: identity#n@name
     core.pubsub.interest = routes
     core.mailboxes.presence = routes
     core.sysbus.origin = jsw.origin(name)  # what it publishes to JetStream journals comes from here
