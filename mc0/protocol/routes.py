@@ -8,6 +8,10 @@ user the brokers share is allowed ``mc0.>``; nobody else should be):
 - ``mc0.cl.to.NAME``: the route traffic to broker NAME, one NATS message per
   flush of that route's queue (a batched-wire blob of records, <= 256 KiB).
 
+A queue-group copy one broker chose another for and that broker could not
+place goes back with ``REFUSED`` (and on to another with ``TRIED``): a list
+of broker names (:func:`broker_list`, :func:`parse_broker_list`).
+
 A route message is ``from_len:u8 from epoch:u64 blob``: the sender's name and
 epoch travel inside the payload (cheaper than NATS headers through nats-py).
 An epoch is drawn at random when a broker starts: a beacon or message with a
@@ -22,6 +26,7 @@ import json
 import re
 import struct
 import urllib.parse
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 
@@ -109,3 +114,21 @@ def parse_route_message(data: bytes) -> tuple[str, int, bytes] | None:
         return None
     (epoch,) = _EPOCH.unpack_from(data, 1 + size)
     return sender, epoch, data[end:]
+
+
+# A queue-group copy handed back between brokers names the brokers that could not place it
+# (TRIED, REFUSED): comma-separated broker names, each once; at most one per broker of a cluster.
+MAX_BROKER_LIST = 256
+
+
+def broker_list(names: Sequence[str]) -> bytes:
+    """The TRIED / REFUSED value naming ``names`` (broker names, in order)."""
+    return ",".join(names).encode()
+
+
+def parse_broker_list(text: str) -> tuple[str, ...] | None:
+    """The broker names of a TRIED / REFUSED value (each once, in order); None if malformed."""
+    names = tuple(dict.fromkeys(text.split(",")))
+    if len(names) > MAX_BROKER_LIST or not all(_NAME.fullmatch(n) for n in names):
+        return None
+    return names
