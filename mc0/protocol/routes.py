@@ -8,10 +8,6 @@ user the brokers share is allowed ``mc0.>``; nobody else should be):
 - ``mc0.cl.to.NAME``: the route traffic to broker NAME, one NATS message per
   flush of that route's queue (a batched-wire blob of records, <= 256 KiB).
 
-A queue-group copy one broker chose another for and that broker could not
-place goes back with ``REFUSED`` (and on to another with ``TRIED``): a list
-of broker names (:func:`broker_list`, :func:`parse_broker_list`).
-
 A route message is ``from_len:u8 from epoch:u64 blob``: the sender's name and
 epoch travel inside the payload (cheaper than NATS headers through nats-py).
 An epoch is drawn at random when a broker starts: a beacon or message with a
@@ -26,7 +22,6 @@ import json
 import re
 import struct
 import urllib.parse
-from collections.abc import Sequence
 
 from ..errors import ConfigError
 
@@ -116,12 +111,13 @@ def parse_route_message(data: bytes) -> tuple[str, int, bytes] | None:
     return sender, epoch, data[end:]
 
 
-# A queue-group copy handed back between brokers names the brokers that could not place it
-# (TRIED, REFUSED): comma-separated broker names, each once; at most one per broker of a cluster.
+# A queue-group copy one broker chose another for and that one could not place goes back with
+# REFUSED (and on to another with TRIED): the brokers that could not place it, as comma-separated
+# broker names, each once (at most one per broker of a cluster).
 MAX_BROKER_LIST = 256
 
 
-def broker_list(names: Sequence[str]) -> bytes:
+def broker_list(names: tuple[str, ...] | list[str]) -> bytes:
     """The TRIED / REFUSED value naming ``names`` (broker names, in order)."""
     return ",".join(names).encode()
 
