@@ -45,6 +45,25 @@ def check_name(name: str, where: str = "cluster.name") -> str:
     return name
 
 
+# A queue-group copy one broker chose another for and that one could not place goes back with
+# REFUSED (and on to another with TRIED): the brokers that could not place it, as comma-separated
+# broker names, each once (at most one per broker of a cluster).
+MAX_BROKER_LIST = 256
+
+
+def broker_list(names: tuple[str, ...] | list[str]) -> bytes:
+    """The TRIED / REFUSED value naming ``names`` (broker names, in order)."""
+    return ",".join(names).encode()
+
+
+def parse_broker_list(text: str) -> tuple[str, ...] | None:
+    """The broker names of a TRIED / REFUSED value (each once, in order); None if malformed."""
+    names = tuple(dict.fromkeys(text.split(",")))
+    if len(names) > MAX_BROKER_LIST or not all(_NAME.fullmatch(n) for n in names):
+        return None
+    return names
+
+
 def check_url(url: str, where: str = "cluster.nats") -> str:
     """A NATS server URL (``nats://[user:pass@]host:port`` or ``tls://...``); ConfigError otherwise."""
     parts = urllib.parse.urlsplit(url)
@@ -109,22 +128,3 @@ def parse_route_message(data: bytes) -> tuple[str, int, bytes] | None:
         return None
     (epoch,) = _EPOCH.unpack_from(data, 1 + size)
     return sender, epoch, data[end:]
-
-
-# A queue-group copy one broker chose another for and that one could not place goes back with
-# REFUSED (and on to another with TRIED): the brokers that could not place it, as comma-separated
-# broker names, each once (at most one per broker of a cluster).
-MAX_BROKER_LIST = 256
-
-
-def broker_list(names: tuple[str, ...] | list[str]) -> bytes:
-    """The TRIED / REFUSED value naming ``names`` (broker names, in order)."""
-    return ",".join(names).encode()
-
-
-def parse_broker_list(text: str) -> tuple[str, ...] | None:
-    """The broker names of a TRIED / REFUSED value (each once, in order); None if malformed."""
-    names = tuple(dict.fromkeys(text.split(",")))
-    if len(names) > MAX_BROKER_LIST or not all(_NAME.fullmatch(n) for n in names):
-        return None
-    return names
