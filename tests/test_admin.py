@@ -95,29 +95,6 @@ def test_parse_request(query: object, expected: tuple[str, dict[str, str]] | str
         assert A.parse_request(query, "r") == expected
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("bob#2", A.PeerId("bob", 2)),
-        ("bob#2@b2", A.PeerId("bob", 2, "b2")),
-        ("x@y#10@node_1", A.PeerId("x@y", 10, "node_1")),
-        ("bob#0002", None),  # one reading per name: no leading zero
-        ("bob#0", None),
-        ("bob", None),
-        ("bob#", None),
-        ("#1", None),
-        ("bob#1@", None),
-        ("bob#1@a b", None),
-        ("bob#١", None),  # a digit, but not an ASCII one
-        ("bob#" + "9" * 20, None),
-    ],
-)
-def test_parse_peer_id(text: str, expected: A.PeerId | None) -> None:
-    assert A.parse_peer_id(text) == expected
-    if expected is not None:
-        assert str(expected) == text
-
-
 # ---------------------------------------------------------------- one broker
 class Desk:
     """A core with an in-memory journal, sessions named by routing id, and mc0.admin requests."""

@@ -15,6 +15,7 @@ import pytest
 
 import mc0
 from mc0.natsproc import NatsCluster
+from mc0.protocol.peernames import parse_peer_name
 
 from .clusterbus import ClusterBus, nats_cluster, until
 from .test_jetstream_live import confirmed, journal
@@ -116,7 +117,7 @@ def test_conn_close_asked_at_one_broker_ends_the_session_at_another(tmp_path: Pa
         with bus.client(1, "bob") as first, bus.client(1, "bob") as second, bus.client(0, "root") as root:
             with bus.client(1, "root") as there:
                 rows = json.loads(there.request("mc0.broker", b"peers").body)
-            names = sorted((r["name"] for r in rows if r["identity"] == "bob"), key=lambda n: int(n.split("#")[1]))
+            names = sorted((r["name"] for r in rows if r["identity"] == "bob"), key=lambda n: serial_of(n))
             assert len(names) == 2
             local = names[0].partition("@")[0]
             victim = f"{local}@b2"
@@ -130,3 +131,9 @@ def test_conn_close_asked_at_one_broker_ends_the_session_at_another(tmp_path: Pa
                 admin(root, "conn.close", id=victim)
             with pytest.raises(mc0.NotFound, match="no broker b9 in this cluster"):
                 admin(root, "conn.close", id=f"{local}@b9")
+
+
+def serial_of(name: str) -> int:
+    parsed = parse_peer_name(name)
+    assert parsed is not None, name
+    return parsed.serial

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import zmq
 
+from mc0 import ports
 from mc0.process import BrokerProcess
 
 from .conftest import RawPeer, headers_of, payload_of, write_config
@@ -339,3 +344,52 @@ def test_a_new_connection_on_the_fd_of_a_killed_one_is_not_ended_by_that_close(b
             assert kid.stdout is not None
             kid.stdout.close()
     assert reset == 0
+
+
+# ------------------------------------------------------------ an idle loop sleeps
+IDLE_WINDOW_S = 3.0
+# An idle broker's loop wakes at most once a second (its poll timeout) and its HTTP thread sleeps in
+# accept: ~0.00 s of CPU per window.  A loop spinning on an undrained wake pipe burns a whole core,
+# and still gets at least a sixth of one beside a CPU hog per core and other load (0.5 s a window):
+# the bound lies between, with room both ways.
+IDLE_CPU_BOUND_S = 0.25
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _idle_cpu(process: psutil.Process) -> float:
+    """CPU seconds the broker process used in one idle window."""
+    before = _cpu_seconds(process)
+    time.sleep(IDLE_WINDOW_S)  # measuring a window of idleness: nothing to poll for
+    return _cpu_seconds(process) - before
+
+
+def _varz(base: str) -> dict[str, Any]:
+    with urllib.request.urlopen(base + "/varz", timeout=10) as response:
+        data: dict[str, Any] = json.loads(response.read())
+    return data
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wake", ["http", "sighup"])
+def test_an_idle_broker_sleeps_after_a_wake_up(wake: str) -> None:
+    """A wake-up (an HTTP request wanting a snapshot, a SIGHUP asking a reload) is read off the
+    loop's wake pipe: the broker sleeps again after it (Broker.run; pyzmq reports a plain socket
+    by its fd, never as the object registered)."""
+    port = ports.free_port()
+    base = f"http://127.0.0.1:{port}"
+    with BrokerProcess("--http", f"127.0.0.1:{port}", insecure=True) as broker:
+        assert broker.proc is not None
+        process = psutil.Process(broker.proc.pid)
+        before = _idle_cpu(process)
+        if wake == "http":
+            assert _varz(base)["counters"].get("reloads", 0) == 0
+        else:
+            broker.signal(signal.SIGHUP)  # handled at once: the signal interrupts the loop's poll
+        after = [_idle_cpu(process) for _ in range(2)]
+        # (asked after the windows: a GET before them would wake the loop as well)
+        assert _varz(base)["counters"].get("reloads", 0) == (1 if wake == "sighup" else 0)
+        assert max(after) < IDLE_CPU_BOUND_S, (wake, before, after)

@@ -20,6 +20,7 @@ import pytest
 import mc0
 from mc0 import ports
 from mc0.natsproc import NatsCluster
+from mc0.protocol.peernames import parse_peer_name
 
 from .clusterbus import HELLO_MS, ROUTE_LIVENESS, ClusterBus, nats_cluster, until
 
@@ -182,6 +183,50 @@ def test_a_queue_group_gets_each_message_once_in_the_whole_cluster(bus: ClusterB
             client.close()
 
 
+def test_a_queue_group_member_denied_the_topic_is_passed_over_across_brokers(tmp_path: Path, nats: NatsCluster) -> None:
+    """dave at b1 and carol at b2 share a group; carol is denied orders.secret.>: b3's secret PUTs all
+    reach dave (a broker whose members cannot take a group copy hands it back to the broker that chose,
+    which chooses again), each once; the topics both may take are still shared."""
+    policy = (
+        '[permissions.identity.alice]\npublish = ["orders.>"]\nsubscribe = []\n'
+        '[permissions.identity.dave]\npublish = []\nsubscribe = ["orders.>"]\n'
+        '[permissions.identity.carol]\npublish = []\nsubscribe = ["orders.>"]\n'
+        '[permissions.identity.carol.deny]\nsubscribe = ["orders.secret.>"]\n'
+    )
+    identities = ("alice", "carol", "dave")
+    with ClusterBus(tmp_path, nats, curve=True, extra=policy, identities=identities) as secure:
+        secure.wait_joined()
+        with (
+            secure.client(0, "dave") as dave,
+            secure.client(1, "carol") as carol,
+            secure.client(2, "alice") as alice,
+        ):
+            daves = dave.subscribe("orders.>", group="billing")
+            carols = carol.subscribe("orders.>", group="billing")
+            until(lambda: secure.interest(2, "orders.x", group="billing") == 2, 10, "both members known at b3")
+            n = 100
+            for i in range(n):
+                alice.publish("orders.secret.plan", f"s{i}".encode())
+            for i in range(n):
+                alice.publish("orders.eu", f"e{i}".encode())
+            alice.flush(timeout=10)
+            got_dave: list[mc0.Message] = []
+            got_carol: list[mc0.Message] = []
+            deadline = time.monotonic() + 20
+            while len(got_dave) + len(got_carol) < 2 * n and time.monotonic() < deadline:
+                got_dave += drain(daves, 2 * n, timeout=0.2)
+                got_carol += drain(carols, 2 * n, timeout=0.2)
+            got_dave += drain(daves, 2 * n, timeout=0.5)  # nothing more may come: each message once
+            got_carol += drain(carols, 2 * n, timeout=0.5)
+            # (a copy handed back reaches dave after those chosen for him directly: a burst's order may change)
+            secret = sorted(m.body for m in got_dave if m.topic == "orders.secret.plan")
+            assert secret == sorted(f"s{i}".encode() for i in range(n)), f"dave got {len(secret)} of {n} secrets"
+            assert [m.topic for m in got_carol if m.topic != "orders.eu"] == []
+            shared = sorted(m.body for m in got_dave + got_carol if m.topic == "orders.eu")
+            assert shared == sorted(f"e{i}".encode() for i in range(n))  # once each, in the whole cluster
+            assert any(m.topic == "orders.eu" for m in got_carol), "carol takes her share of what she may see"
+
+
 # ---------------------------------------------------------------- RPC
 def _worker(bus: ClusterBus, i: int, service: str, handler: Any, capacity: int = 1) -> mc0.Worker:
     worker = mc0.Worker(bus.endpoint(i), capacity=capacity, **bus.options())
@@ -259,6 +304,36 @@ def test_scatter_counts_every_worker_of_the_cluster(bus: ClusterBus) -> None:
             stream = client.scatter("census", b"?", timeout=5)
             assert sorted(r.body for r in stream) == [b"w0", b"w1", b"w2", b"w3"]
             assert (stream.count, stream.missing) == (4, 0)
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def test_peer_names_are_unique_in_the_cluster_and_say_which_broker_the_peer_is_at(bus: ClusterBus) -> None:
+    """A scatter over one worker at each broker names three workers (WORKER), each ``identity#n@BROKER``;
+    ``mc0.broker peers`` (what /connz and mc0 stats show) names every peer of the cluster once."""
+    workers = [_worker(bus, i, "census", lambda r, i=i: f"w{i}".encode()) for i in range(3)]
+    try:
+        for worker in workers:
+            threading.Thread(target=worker.run, daemon=True).start()
+        _served(bus, 0, "census", workers=3)
+        with bus.client(0) as client:
+            stream = client.scatter("census", b"?", timeout=10)
+            by_body = {r.body: r.worker for r in stream}
+            assert (stream.count, stream.missing) == (3, 0)
+        names = {body: parse_peer_name(worker or "") for body, worker in by_body.items()}
+        assert len(set(by_body.values())) == 3, by_body  # the three workers, told apart
+        for i in range(3):
+            name = names[f"w{i}".encode()]
+            assert name is not None and (name.identity, name.broker) == ("anonymous", bus.name(i)), by_body
+        seen: list[str] = []
+        for i in range(3):
+            with bus.client(i) as client:
+                rows = json.loads(client.request("mc0.broker", b"peers", timeout=5).body)
+            seen += [row["name"] for row in rows]
+            assert all(getattr(parse_peer_name(row["name"]), "broker", None) == bus.name(i) for row in rows), rows
+        assert len(seen) == len(set(seen)), sorted(seen)
+        assert {by_body[f"w{i}".encode()] for i in range(3)} <= set(seen)
     finally:
         for worker in workers:
             worker.close()

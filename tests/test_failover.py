@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+import zmq
 
 import mc0
 import mc0.aio
@@ -406,6 +408,49 @@ async def test_unanswered_confirmed_publish_is_sent_again_with_its_msgid(api: An
     records = (await api(pub.fetch("main"))).records
     assert [r.body for r in records] == [b"once"]
     await api(pub.close())
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(90)
+async def test_confirmed_publishes_the_lost_broker_answered_are_not_sent_again(brokers: Brokers) -> None:
+    """The broker stores and answers 120 confirmed publishes (no MSGID) and is killed before the client
+    read the answers: the client reads what the old socket holds before it settles, so every publish
+    returns the lost broker's Ack and none is sent to the next broker (which would store it again)."""
+    first, second = brokers.start("a"), brokers.start("b")
+    pub = await mc0.aio.Client(f"{first},{second}", **brokers.options).connect()
+    n = 120
+    brokers.signal("a", signal.SIGSTOP)  # (so that no answer comes before the client's loop is held)
+    publishes = [asyncio.ensure_future(pub.publish("fo.orders", b"%d" % i, confirm=True, timeout=30)) for i in range(n)]
+    out = pub._out
+    assert out is not None and pub._socket is not None
+    await until(lambda: len(pub._pending) == n and out.pending == 0, 10, "every publish handed to the socket")
+    # From here until libzmq saw the kill the client's loop is held (no await): the answers wait unread on
+    # its socket when the loss is known (looking at ZMQ_EVENTS also keeps the Link from reading on its own).
+    brokers.signal("a", signal.SIGCONT)
+    with mc0.Client(first, **brokers.options) as look:
+        deadline = time.monotonic() + 20
+        while len(look.fetch("main").records) < n:  # stored at a, so a sent each OK in the same turn
+            assert time.monotonic() < deadline, "the broker did not store the publishes"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while not pub._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the answers reached the client's socket
+        assert time.monotonic() < deadline, "no answer reached the client"
+        time.sleep(0.005)
+    time.sleep(0.2)  # (an answer in a second batch: the same TCP connection, right behind)
+    brokers.kill("a")
+    port = int(first.rpartition(":")[2])
+    deadline = time.monotonic() + 10
+    while any(c.raddr and c.raddr.port == port for c in psutil.Process().net_connections("tcp")):
+        assert time.monotonic() < deadline, "the kill was not seen"  # (libzmq closes a lost connection's fd)
+        time.sleep(0.005)
+    acks = await asyncio.wait_for(asyncio.gather(*publishes), 20)
+    assert len(acks) == n and all(ack.journal == "main" for ack in acks)
+    assert sorted(ack.seq for ack in acks) == list(range(1, n + 1))
+    await until(lambda: pub.connected and pub.endpoint == second, 10, "failover")
+    with mc0.Client(second, **brokers.options) as look:
+        again = look.fetch("main").records
+    assert again == [], f"{len(again)} of {n} publishes the lost broker had answered were stored again at {second}"
+    await pub.close()
 
 
 @pytest.mark.asyncio

@@ -14,6 +14,7 @@ from mc0 import protocol as P
 from mc0.broker.core import routed
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.routes import ROUTE_PREFIX, is_route_id, route_id
+from mc0.permissions import Permissions
 from mc0.protocol import batch
 
 
@@ -32,8 +33,13 @@ class Net:
     """Brokers a, b, c (or as named) joined to each other; ``inbox[(broker, peer)]`` holds what a
     peer was handed (as frames, in order)."""
 
-    def __init__(self, names: tuple[str, ...] = ("a", "b", "c"), **settings: object) -> None:
-        self.cores = {n: BrokerCore(CoreSettings(min_ttl_ms=10, **settings)) for n in names}  # type: ignore[arg-type]
+    def __init__(
+        self, names: tuple[str, ...] = ("a", "b", "c"), permissions: Permissions | None = None, **settings: object
+    ) -> None:
+        self.cores = {
+            n: BrokerCore(CoreSettings(min_ttl_ms=10, **settings), permissions)  # type: ignore[arg-type]
+            for n in names
+        }
         self.epochs = {n: 1000 + i for i, n in enumerate(names)}
         self.inbox: dict[tuple[str, bytes], list[list[bytes]]] = defaultdict(list)
         self.route_messages = 0
@@ -176,6 +182,98 @@ def test_a_queue_group_gets_each_message_once_in_the_whole_cluster() -> None:
     assert merged == list(range(n))  # each message to exactly one member
     assert all(got.values())  # and every broker's members got some
     assert net.messages("c", b"plain") == [str(i).encode() for i in range(n)]
+
+
+SECRET_DENIED = Permissions.from_table(
+    {
+        "default": {"publish": [">"], "subscribe": [">"]},
+        "identity": {n: {"deny": {"subscribe": ["orders.secret.>"]}} for n in ("carol", "erin")},
+    }
+)
+
+
+def test_a_group_copy_no_member_there_may_take_goes_back_to_the_broker_that_chose_and_on_to_one_that_may() -> None:
+    """dave at a, carol at b (denied orders.secret.>) in one group, the publisher at c: every secret
+    message reaches dave, once; b hands back the copies c chose it for, and c chooses again."""
+    net = Net(permissions=SECRET_DENIED)
+    for at, rid, who in (("a", b"dave", "dave"), ("b", b"carol", "carol")):
+        net.connect(at, rid, who)
+        net.send(at, rid, "SUB", "GROUP", "billing", "", "orders.>", who=who)
+    net.connect("c", b"pub", "alice")
+    n = 20
+    for i in range(n):
+        net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "X-N", str(i), "", f"s{i}", who="alice")
+    dave = net.take("a", b"dave")
+    assert sorted(g[-1] for g in dave) == sorted(f"s{i}".encode() for i in range(n))  # each once
+    assert all(header(g, "GROUP") == "billing" and header(g, "SENDER") == "alice" for g in dave)
+    assert sorted(header(g, "X-N") or "" for g in dave) == sorted(str(i) for i in range(n))  # X- headers kept
+    assert all(header(g, "TRIED") is None and header(g, "REFUSED") is None for g in dave)  # routes' words only
+    assert net.take("b", b"carol") == []
+    # b hands back the first copy c chose it for; c then passes b over for the topic (b's members may not
+    # take it) while dave may: one round trip, not one per message.
+    assert net.cores["b"].counters["route_group_handed_back"] == 1
+    assert net.cores["c"].counters["route_group_unplaced"] == 0
+    for i in range(n):  # what both may take is still shared
+        net.send("c", b"pub", "PUT", "TOPIC", "orders.eu", "", f"e{i}", who="alice")
+    shared = {m: net.messages(at, m) for at, m in (("a", b"dave"), ("b", b"carol"))}
+    assert sorted(b for got in shared.values() for b in got) == sorted(f"e{i}".encode() for i in range(n))
+    assert all(shared.values())
+
+
+def test_a_group_copy_nobody_in_the_cluster_may_take_visits_each_broker_once_and_is_counted() -> None:
+    net = Net(("a", "b", "c", "d"), permissions=SECRET_DENIED)
+    for at, rid, who in (("a", b"erin", "erin"), ("b", b"carol", "carol")):
+        net.connect(at, rid, who)
+        net.send(at, rid, "SUB", "GROUP", "billing", "", "orders.>", who=who)
+    net.connect("c", b"pub", "alice")
+    before = net.route_messages
+    net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "", "nobody", who="alice")
+    assert net.route_messages - before == 4  # c -> one, back, c -> the other, back: then no one is left
+    assert net.take("a", b"erin") == [] and net.take("b", b"carol") == []
+    assert net.cores["c"].counters["route_group_unplaced"] == 1
+
+
+def test_a_route_that_refused_a_topic_is_still_tried_when_no_one_else_may_take_it() -> None:
+    """c passes b over for a topic b handed back while another member may take it; when grants change
+    (a reload at a and at b, which c does not see) b is tried again, and nothing is lost."""
+    net = Net(permissions=SECRET_DENIED)
+    for at, rid, who in (("a", b"dave", "dave"), ("b", b"carol", "carol")):
+        net.connect(at, rid, who)
+        net.send(at, rid, "SUB", "GROUP", "billing", "", "orders.>", who=who)
+    net.connect("c", b"pub", "alice")
+    for i in range(4):
+        net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "", f"s{i}", who="alice")
+    assert sorted(net.messages("a", b"dave")) == [b"s0", b"s1", b"s2", b"s3"]
+    swapped = Permissions.from_table(
+        {
+            "default": {"publish": [">"], "subscribe": [">"]},
+            "identity": {"dave": {"deny": {"subscribe": ["orders.secret.>"]}}},
+        }
+    )
+    version = net.cores["c"].pubsub.version
+    for at in ("a", "b"):
+        assert net.cores[at].set_permissions(swapped, net.now) == []  # (nothing withdrawn: deny lists act per message)
+    assert net.cores["c"].pubsub.version == version  # c sees no change: its hint about b is stale now
+    for i in range(4):
+        net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "", f"t{i}", who="alice")
+    assert sorted(net.messages("b", b"carol")) == [b"t0", b"t1", b"t2", b"t3"]
+    assert net.messages("a", b"dave") == []
+
+
+def test_a_handed_back_copy_never_reaches_the_publisher_that_said_echo_0() -> None:
+    net = Net(permissions=SECRET_DENIED)
+    net.connect("c", b"pub", "alice", "ECHO", "0")
+    net.send("c", b"pub", "SUB", "GROUP", "billing", "", "orders.>", who="alice")
+    net.connect("b", b"carol", "carol")
+    net.send("b", b"carol", "SUB", "GROUP", "billing", "", "orders.>", who="carol")
+    net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "", "mine", who="alice")
+    assert net.take("c", b"pub") == [] and net.take("b", b"carol") == []
+    assert net.cores["c"].counters["route_group_unplaced"] == 1
+    net.connect("c", b"other", "bob")  # another peer at c may take it
+    net.send("c", b"other", "SUB", "GROUP", "billing", "", "orders.>", who="bob")
+    for i in range(2):  # (one goes to bob at once, one to carol, handed back, then to bob)
+        net.send("c", b"pub", "PUT", "TOPIC", "orders.secret.plan", "", f"m{i}", who="alice")
+    assert sorted(net.messages("c", b"other")) == [b"m0", b"m1"] and net.take("c", b"pub") == []
 
 
 def test_a_request_at_one_broker_is_served_by_a_worker_behind_another() -> None:
@@ -337,6 +435,12 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
         batch.work_record(b"svc", b"1", b"alice", 100, b"x")[:-3],  # a WORK record cut short
         batch.work_record(b"bad..name", b"1", b"alice", 100, b"x"),
         b"\x05\x00\x00\x00\x02\x01\x00",  # a MESSAGE record too short for its fields
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "REFUSED", "a", "", "x")),  # no GROUP
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "TRIED", "a", "", "x")),  # no GROUP
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "GROUP", "g", "REFUSED", "", "", "x")),
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "GROUP", "g", "REFUSED", "a,b c", "", "x")),
+        batch.frames_record(f("MESSAGE", "TOPIC", "t", "SENDER", "s", "GROUP", "g", "TRIED", "a,,b", "", "x")),
+        batch.frames_record(f("MESSAGE", "TOPIC", "a b", "SENDER", "s", "GROUP", "g", "", "x")),  # an opaque topic
     ],
 )
 def test_a_route_record_that_cannot_be_taken_is_counted_and_dropped_unanswered(records: bytes) -> None:

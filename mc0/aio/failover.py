@@ -12,7 +12,9 @@ on it.  With several (``"tcp://a:1,tcp://b:2"``):
   refused or unresolvable endpoint, a refused key or a refused CONNECT moves
   on at once; when none answers, one error names every endpoint and what it did.
 * ``_lose``: the broker is gone (the monitor's DISCONNECTED, its DISCONNECT,
-  silence past ``liveness x TTL``).  What it may have run is failed
+  silence past ``liveness x TTL``).  What its socket still holds is read
+  first (answers it sent before it went settle their commands: a confirmed
+  publish it answered is never sent again).  What it may have run is failed
   (``NotConnected``: a request is never sent twice), what no broker has seen
   waits in the Link, confirmed publishes (with their MSGID) and pings are
   queued to be sent again first; ``_fail_over`` then tries the endpoints
@@ -100,6 +102,7 @@ class Failover:
     _watch: Callable[[zmq.asyncio.Socket], Coroutine[Any, Any, None]]
     _watcher: asyncio.Task[None] | None = None
     _failing: asyncio.Task[None] | None = None
+    _reading_lost = False  # reading what the lost broker's socket held (_lose)
     # Confirmed publishes and pings in flight, by ID: what a failover sends again.
     _resend: dict[str, Frames]
 
@@ -114,10 +117,13 @@ class Failover:
         # is in the Link's buffer, counted in bytes, where back-pressure reaches the publisher.
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        # Queue only to a connection that is up: what is sent while it is down waits in the Link
-        # (counted, bounded) instead of in libzmq, where it would reach a restarted broker ahead
-        # of the CONNECT and be refused.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
+        # One endpoint: queue only to a connection that is up: what is sent while it is down waits in
+        # the Link (counted, bounded) instead of in libzmq, where it would reach a restarted broker
+        # ahead of the CONNECT and be refused.  A list: a lost broker's socket is never used again
+        # (each attempt dials a new one), and what the broker sent before it went must stay readable
+        # (_lose reads it): under IMMEDIATE libzmq drops a lost connection's unread messages as soon
+        # as the socket next processes its commands (any send, or a look at ZMQ_EVENTS).
+        sock.setsockopt(zmq.IMMEDIATE, 0 if len(self.endpoints) > 1 else 1)
         if self._curve is not None:
             configure_client(sock, *self._curve)
         self._monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(MONITOR_EVENTS))
@@ -213,8 +219,20 @@ class Failover:
         if self._closing or self._closed or not self.session.ever_connected or self._out is None:
             return
         lost = self.endpoint
+        failing = self._failing is not None and not self._failing.done()
+        if not failing:
+            if self._reading_lost:
+                return  # (a DISCONNECT among what the lost broker's socket held: this loss)
+            # What the lost broker said before it went (answers, messages) is read first: a confirmed
+            # publish it answered is settled by its answer, never sent again.  (Not while a failover
+            # runs: the socket then is one being tried, whose CONNECT answer must not pass as a session.)
+            self._reading_lost = True
+            try:
+                self._out.read_left()
+            finally:
+                self._reading_lost = False
         self._settle_in_flight(lost)  # (again while a failover runs: what waits stays, nothing twice)
-        if self._failing is not None and not self._failing.done():
+        if failing:
             return  # the failover under way goes on: it checks the broker it reached is still there
         log.warning("lost the broker at %s (%s): failing over", lost, reason)
         self._failing = asyncio.get_running_loop().create_task(
@@ -233,16 +251,15 @@ class Failover:
             Status.NOT_CONNECTED, f"the broker at {lost} was lost before it answered (not sent again: it may have run)"
         )
         again: list[Frames] = []
-        for request_id in list(self._pending):
-            if request_id in unsent:
+        for request_id, future in list(self._pending.items()):
+            if request_id in unsent or future.done():  # (done: its answer is in, only not yet taken)
                 continue
             frames = self._resend.get(request_id)
             if frames is not None:
                 again.append(frames)
                 continue
-            future = self._pending.pop(request_id)
-            if not future.done():
-                future.set_exception(error)
+            del self._pending[request_id]
+            future.set_exception(error)
         for request_id in [r for r in self._calls if r not in unsent]:
             call = self._calls.pop(request_id)
             self._call_deadlines.discard(request_id)

@@ -22,8 +22,9 @@ libzmq has not taken is bounded by ``max_bytes``: ``wait_for_room`` is the
 back-pressure a producer awaits.  Thread-safe entry for other threads:
 ``send_record_threadsafe`` and ``wait_for_room_threadsafe``.  A client that
 fails over to another broker moves the Link to a new socket
-(``replace_socket``): what waits here stays, in order; ``unsent_ids`` names
-the commands among it that no broker has seen, and ``send_first`` puts
+(``replace_socket``): what waits here stays, in order; ``read_left`` reads
+what the lost broker's socket still holds (its last answers), ``unsent_ids``
+names the commands among it that no broker has seen, and ``send_first`` puts
 commands to repeat ahead of it.
 
 ZMQ_FD is edge-triggered: it signals that ``ZMQ_EVENTS`` may have changed,
@@ -253,6 +254,27 @@ class Link:
             except ProtocolError:  # our own records: cannot happen, and would only mean fewer ids
                 continue
         return ids
+
+    def read_left(self) -> int:
+        """Read every message the socket holds now, handing each to ``on_message`` (the lost
+        broker's last answers, read before what it left unanswered is sent again); how many."""
+        if self.closed:
+            return 0
+        sock = self.socket
+        read = 0
+        while not self.closed:
+            try:
+                frames = [sock.recv(NOBLOCK)]
+            except zmq.ZMQError:  # Again: nothing left (or the socket is gone)
+                return read
+            while sock.getsockopt(RCVMORE):
+                frames.append(sock.recv(NOBLOCK))
+            read += 1
+            try:
+                self.on_message(frames)
+            except Exception:  # as in _on_events: one message's fault stops nothing
+                log.exception("error handling a message from the broker")
+        return read
 
     def send_first(self, commands: list[Frames]) -> None:
         """``commands`` go ahead of everything waiting, once the session is accepted (``flush``)."""

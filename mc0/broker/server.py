@@ -314,7 +314,9 @@ class Broker:
         poller = zmq.Poller()
         holding = zmq.Poller()  # the same sockets but the ROUTER: while the input is held (back-pressure)
         poller.register(sock, zmq.POLLIN)
-        # zmq.Poller names a plain socket by its fd in what poll() returns: registered (and looked up) by fd.
+        # A plain socket is registered, and so reported by ``poll``, as its fd (an int): pyzmq
+        # answers a non-zmq entry with its fd, never the object, so the object would never be
+        # found ``in ready``, the pipe never drained, and the loop would spin on it for ever.
         wake_fd = self._wake_r.fileno()
         for pollers in (poller, holding):
             pollers.register(wake_fd, zmq.POLLIN)

@@ -17,21 +17,17 @@ and one listing (over the bus only), ``consumer.ls {"journal": "main"}``
 
 A session is named ``identity#n`` on a standalone broker and
 ``identity#n@BROKER`` in a cluster (BROKER: the cluster name of the broker
-the session is on); :func:`parse_peer_id` reads either.  An identity may hold
-any character (``#`` and ``@`` too): the serial (digits, no leading zero) is
-after the last ``#``, and a broker name (letters, digits, ``-``, ``_``) after
-an ``@`` that follows it.
+the session is on): :mod:`.peernames` makes and reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, ProtocolError
+from ..errors import ProtocolError
 from .model import Status
-from .routes import check_name
+from .peernames import parse_peer_name
 
 ADMIN_SERVICE = "mc0.admin"
 CONN_CLOSE, CONSUMER_RM, JOURNAL_PURGE, CONSUMER_LS = "conn.close", "consumer.rm", "journal.purge", "consumer.ls"
@@ -45,39 +41,6 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     CONSUMER_LS: ((), ("journal",)),
 }
 MAX_NAME_BYTES = 1024  # an id, a journal's or a consumer's name (longer is refused: 400)
-
-
-@dataclass(frozen=True, slots=True)
-class PeerId:
-    """A session's name: ``identity#serial``, and the broker it is on ("" when not said)."""
-
-    identity: str
-    serial: int
-    broker: str = ""
-
-    @property
-    def local(self) -> str:
-        """``identity#serial``: the name without the broker."""
-        return f"{self.identity}#{self.serial}"
-
-    def __str__(self) -> str:
-        return f"{self.local}@{self.broker}" if self.broker else self.local
-
-
-def parse_peer_id(text: str) -> PeerId | None:
-    """``identity#n`` or ``identity#n@BROKER`` -> PeerId; None if it is neither."""
-    identity, sep, rest = text.rpartition("#")
-    if not sep or not identity:
-        return None
-    serial, at, broker = rest.partition("@")
-    if not (serial.isascii() and serial.isdigit()) or serial[0] == "0" or len(serial) > 19:
-        return None
-    if at:
-        try:
-            check_name(broker, "id")
-        except ConfigError:
-            return None
-    return PeerId(identity, int(serial), broker)
 
 
 def parse_request(query: object, rid: str | None) -> tuple[str, dict[str, str]]:
@@ -107,7 +70,7 @@ def parse_arguments(op: str, args: Mapping[str, Any], rid: str | None) -> dict[s
                 Status.BAD_REQUEST, f"{op}: {key} must be a non-empty string of at most {MAX_NAME_BYTES} bytes", rid
             )
         checked[key] = value
-    if op == CONN_CLOSE and parse_peer_id(checked["id"]) is None:
+    if op == CONN_CLOSE and parse_peer_name(checked["id"]) is None:
         reason = f"{op}: id {checked['id'][:80]!r} is not a session's name (identity#n, or identity#n@BROKER)"
         raise ProtocolError(Status.BAD_REQUEST, reason, rid)
     return checked

@@ -63,12 +63,14 @@ def message(
     *,
     group: bytes | None = None,
     to: bytes | None = None,
+    passed: tuple[bytes, bytes] | None = None,
 ) -> list[bytes]:
     """MESSAGE frames; ``sender=None`` builds the seed (0.x) shape without SENDER.
 
     ``position`` is ``(journal, seq)`` for a journaled message, ``group`` the
     queue group it is delivered for, ``to`` the identity of a direct message
-    (1.0 peers only).
+    (1.0 peers only); ``passed`` (between brokers only: ``(b"TRIED" or b"REFUSED",
+    broker list)``) the brokers a group copy was handed back by.
     """
     frames = [b"MESSAGE", b"TOPIC", topic]
     if sender is not None:
@@ -79,6 +81,8 @@ def message(
             frames += (b"GROUP", group)
         if to is not None:
             frames += (b"TO", to)
+        if passed is not None:
+            frames += passed
     frames += user_headers
     frames.append(b"")
     frames += body

@@ -60,6 +60,9 @@ class Header(StrEnum):
     TO = "TO"  # PUT: a direct message to one identity (its mailbox); MESSAGE: the identity it was sent to
     MAILBOX = "MAILBOX"  # OK to a PUT TO: "delivered" (to a session now) or "stored" (kept until it connects)
     EXACT = "EXACT"  # SUB / UNSUB between brokers (routes): "1" = the patterns are 0.x peers' exact topics
+    # A queue-group copy between brokers (routes; the names: mc0.protocol.routes.broker_list):
+    TRIED = "TRIED"  # the brokers that already handed this copy back (none of their members could take it)
+    REFUSED = "REFUSED"  # the copy handed back to the broker that chose: these brokers could not place it
 
 
 USER_HEADER_PREFIX = "X-"
@@ -278,9 +281,11 @@ ROUTE_GRAMMAR: dict[Verb, Grammar] = {
     Verb.FINAL: Grammar(_ID, _h(Header.COUNT, Header.MISSING), True, Payload.OPTIONAL),
     Verb.ERROR: Grammar(_h(Header.ID, Header.CODE, Header.MESSAGE)),
     # A publication there that our peers want (GROUP: for our members of that group; TO: a letter).
+    # A group copy none of our members can take goes back to the broker that chose (REFUSED: with
+    # every broker that could not, ourselves last), which chooses again among the others (TRIED).
     Verb.MESSAGE: Grammar(
         _h(Header.TOPIC, Header.SENDER),
-        _h(Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO),
+        _h(Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO, Header.TRIED, Header.REFUSED),
         True,
         Payload.REQUIRED,
     ),

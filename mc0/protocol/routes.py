@@ -58,11 +58,35 @@ _RECORD_HEAD = 5  # a batch record's size:u32 code:u8
 WIRE_VERSION = 1
 
 
+def is_name(name: str) -> bool:
+    """``name`` is a broker name (1-64 letters, digits, ``-`` or ``_``)."""
+    return _NAME.fullmatch(name) is not None
+
+
 def check_name(name: str, where: str = "cluster.name") -> str:
     """A broker name usable as a subject token (ConfigError naming ``where`` otherwise)."""
-    if not _NAME.fullmatch(name):
+    if not is_name(name):
         raise ConfigError(where, f"1 to {MAX_NAME_BYTES} letters, digits, '-' or '_', got {name!r}")
     return name
+
+
+# A queue-group copy one broker chose another for and that one could not place goes back with
+# REFUSED (and on to another with TRIED): the brokers that could not place it, as comma-separated
+# broker names, each once (at most one per broker of a cluster).
+MAX_BROKER_LIST = 256
+
+
+def broker_list(names: tuple[str, ...] | list[str]) -> bytes:
+    """The TRIED / REFUSED value naming ``names`` (broker names, in order)."""
+    return ",".join(names).encode()
+
+
+def parse_broker_list(text: str) -> tuple[str, ...] | None:
+    """The broker names of a TRIED / REFUSED value (each once, in order); None if malformed."""
+    names = tuple(dict.fromkeys(text.split(",")))
+    if len(names) > MAX_BROKER_LIST or not all(_NAME.fullmatch(n) for n in names):
+        return None
+    return names
 
 
 def check_url(url: str, where: str = "cluster.nats") -> str:

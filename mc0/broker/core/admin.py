@@ -37,6 +37,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Status
 from ...protocol import admin as A
+from ...protocol.peernames import parse_peer_name, peer_name
 from .consumerstate import NAME
 from .peers import Out, Peer
 from .routes import ROUTE_IDENTITY_PREFIX
@@ -246,7 +247,7 @@ def route_answer(core: BrokerCore, route: Peer, rid: str, status: int, data: byt
 # ---------------------------------------------------------------- the ops
 def _conn_close(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
     """At the broker the id names: here, or carried to that one broker."""
-    peer_id = A.parse_peer_id(gather.args["id"])
+    peer_id = parse_peer_name(gather.args["id"])
     assert peer_id is not None  # (parse_arguments checked it)
     routes = core.routes
     if not peer_id.broker or peer_id.broker == routes.name:
@@ -387,11 +388,12 @@ def here(
 
 
 def _close_here(core: BrokerCore, text: str, who: str, now: float) -> tuple[Part, list[Out]]:
-    peer_id = A.parse_peer_id(text)
+    peer_id = parse_peer_name(text)
     if peer_id is None:
         return {"status": Status.BAD_REQUEST, "error": f"{text[:80]!r} is not a session's name"}, []
     here_name = core.routes.name
-    names = {str(peer_id), peer_id.local, f"{peer_id.local}@{here_name}" if here_name else peer_id.local}
+    local = peer_name(peer_id.identity, peer_id.serial)
+    names = {text, local, peer_name(peer_id.identity, peer_id.serial, here_name) if here_name else local}
     peer = next((p for p in core.peers.by_id.values() if p.name in names and not p.route), None)
     if peer is None:
         where = f" at broker {here_name}" if here_name else ""

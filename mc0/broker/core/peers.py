@@ -1,8 +1,10 @@
 """Peers: the broker's view of each connection, and the table that finds them.
 
-Contract: owns :class:`Peer` (identity, protocol version, dialect, liveness
-clocks, delivery and drop counters) and :class:`PeerTable` (routing id ->
-peer, the connection-fd bindings that let a reported close find its peer,
+Contract: owns :class:`Peer` (identity, its name shown to others, protocol
+version, dialect, liveness clocks, delivery and drop counters) and
+:class:`PeerTable` (routing id -> peer, the names it gives its peers
+(:mod:`mc0.protocol.peernames`: ``identity#n``, ``identity#n@BROKER`` in a
+cluster), the connection-fd bindings that let a reported close find its peer,
 closes waiting for the socket to read empty, revoked identities, the
 heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
 the dispatcher (:mod:`mc0.broker.core.dispatch`) carries the decisions out across
@@ -23,6 +25,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...permissions import ALLOW_ALL, Grants
 from ...protocol import Dialect, batch
+from ...protocol.peernames import peer_name
 
 # What the core asks the shell to send: (routing id, frames), or (routing id, a batch record)
 # for a peer granted batched framing (bytes: the shell appends it to that peer's next batch).
@@ -89,6 +92,7 @@ class Peer:
         "routing_id",
         "identity",
         "sender",
+        "serial",
         "name",
         "legacy",
         "version",
@@ -134,7 +138,9 @@ class Peer:
         self.sender = identity.encode()
         self.sender_block = batch.sender_block(self.sender)  # its MESSAGE records' sender part, built once
         # Shown to others (WORKER header, stats): never the routing id, which could help a squatter.
-        self.name = f"{identity}#{next(Peer._serials)}"
+        # ``identity#n`` until the table takes it: a broker of a cluster adds its own name then.
+        self.serial = next(Peer._serials)
+        self.name = peer_name(identity, self.serial)
         self.fd = fd  # the connection it arrived on (ZMQ_SRCFD), when the shell knows it
         self.version = version
         self.legacy = version in P.SEED_VERSIONS
@@ -199,6 +205,9 @@ class PeerTable:
 
     def __init__(self) -> None:
         self.by_id: dict[bytes, Peer] = {}
+        # This broker's cluster name ("" standalone): its peers are named ``identity#n@broker``, unique
+        # in the whole cluster (mc0.protocol.peernames).
+        self.broker = ""
         self._by_fd: dict[int, bytes] = {}
         self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
@@ -222,6 +231,8 @@ class PeerTable:
         return self.by_id.get(peer.routing_id) is peer
 
     def add(self, peer: Peer, now: float) -> None:
+        if self.broker:
+            peer.name = peer_name(peer.identity, peer.serial, self.broker)
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None:
             peer.address = self._addresses.get(peer.fd, peer.address)

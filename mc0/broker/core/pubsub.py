@@ -30,7 +30,7 @@ from ...permissions import Grants
 from ...protocol import Command, Header, Limits, Status, batch
 from ...topics import seed_topic, split_pattern, split_topic
 from ...trie import TopicTrie
-from .groups import Chosen, GroupChoice, Member
+from .groups import Chosen, GroupChoice, HandedBack, Member
 from .peers import Out, Peer
 
 TOPIC_CACHE_SIZE = 4096
@@ -318,15 +318,24 @@ class PubSub:
         return bool(self.subscriptions.match(tokens)) or bool(self._group_patterns and self.groups.match(tokens))
 
     def _group_copies(
-        self, chosen: list[Chosen], topic_b: bytes, sender: bytes, user: Sequence[bytes], body: Sequence[bytes]
+        self,
+        chosen: list[Chosen],
+        topic_b: bytes,
+        sender: bytes,
+        user: Sequence[bytes],
+        body: Sequence[bytes],
+        tried: bytes | None = None,
     ) -> list[Out]:
+        """The copy for each chosen member; ``tried``: brokers that handed this copy back (a route
+        chosen now is told them, to name them again if it hands the copy back too)."""
         out: list[Out] = []
-        one_frame = not user and len(body) == 1
+        one_frame = not user and len(body) == 1 and tried is None
         for group_b, peer in chosen:
             if peer.batched and one_frame:  # the common case, in one pass
                 out.append((peer.routing_id, batch.group_message_record(topic_b, sender, group_b, bytes(body[0]))))
                 continue
-            frames = P.message(topic_b, sender, user, body, group=group_b)
+            passed = (Header.TRIED.encode(), tried) if tried is not None and peer.route else None
+            frames = P.message(topic_b, sender, user, body, group=group_b, passed=passed)
             out.append((peer.routing_id, batch.frames_record(frames) if peer.batched else frames))
         return out
 
@@ -343,6 +352,7 @@ class PubSub:
         publisher: Peer | None = None,
         admits: Callable[[Grants], bool] | None = None,
         from_route: tuple[str | None] | None = None,
+        back: HandedBack | None = None,
     ) -> list[Out]:
         """One MESSAGE built once, handed to every subscriber that may see it, and one
         copy to a member of each queue group it matches.
@@ -353,7 +363,9 @@ class PubSub:
         ``admits``: a further check of each receiver's grants (a dead letter's original topic);
         ``from_route``: the message came from another broker, which handled the other brokers:
         ``(None,)`` its plain copy (this broker's own plain subscribers only), ``(g,)`` the copy
-        for queue group g it chose this broker for (one own member of g, nobody else).
+        for queue group g it chose this broker for (one own member of g, nobody else);
+        ``back`` with ``(g,)``: this broker's copy for g, handed back by the broker it chose (an own
+        member of g or a route that has not refused it).
         """
         skip = publisher if publisher is not None and not publisher.echo else None
         targets: Sequence[Peer]
@@ -365,7 +377,7 @@ class PubSub:
             chosen = []
         else:
             targets = ()
-            chosen = self.choice.chosen(self.version, tokens, skip, admits, only=from_route[0])
+            chosen = self.choice.chosen(self.version, tokens, skip, admits, only=from_route[0], back=back)
         out: list[Out] = []
         if not targets and not chosen:
             return out
@@ -373,7 +385,7 @@ class PubSub:
         user = P.user_header_frames(headers) if len(headers) > 1 + (Header.ID in headers) else []
         topic_b = topic.encode()
         if chosen:
-            out += self._group_copies(chosen, topic_b, sender, user, body)
+            out += self._group_copies(chosen, topic_b, sender, user, body, back.tried if back is not None else None)
             for _, member in chosen:
                 member.last_sent = now
                 member.delivered += 1
@@ -411,6 +423,11 @@ class PubSub:
             target.delivered += 1
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
+
+    def handed_back(self, tokens: tuple[str, ...], group: str, route: Peer) -> None:
+        """``route`` handed back this broker's copy for ``group``: its members may not take the topic;
+        it is passed over for the topic while another member may (until a subscription changes)."""
+        self.choice.handed_back(self.version, tokens, group, route)
 
     def fan_out_groups(
         self, topic: str, tokens: tuple[str, ...], sender: bytes, headers: dict[str, str], body: Sequence[bytes],

@@ -5,7 +5,10 @@ batched-wire blob from the broker ``route`` stands for) record by record and
 returns what to send.  The rules that keep a cluster one hop deep and
 exactly once: a route's ``MESSAGE`` reaches this broker's *own* peers only
 (its plain copy the plain subscribers, its ``GROUP g`` copy one own member
-of g, its ``TO x`` letter x's own session or x's mailbox here); a route's
+of g, or back to the route with ``REFUSED`` when none may take it, and a copy
+of ours handed back that way is chosen again, here or for another route: one
+hop each way, never onward; its ``TO x`` letter x's own session or x's
+mailbox here); a route's
 ``REQUEST`` goes to this broker's own workers only; what a route announces
 (``SUB``, ``READY``, ``SUB TO``) makes it a subscriber, a worker and an
 identity's session holder here, like any peer, so this broker's own traffic
@@ -31,9 +34,11 @@ from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
 from ...protocol import jetstream as jsw
+from ...protocol import routes as route_wire
 from ...topics import seed_topic, split_pattern
 from . import admin
 from .access import dead_letter_origin, is_dead_letter
+from .groups import HandedBack
 from .peers import Out, Peer
 from .routes import ROUTE_IDENTITY_PREFIX
 
@@ -51,6 +56,7 @@ def join(core: BrokerCore, name: str, route_ttl: float) -> None:
     identities are announced to the other brokers (call before any peer connects)."""
     routes = core.routes
     routes.name, routes.ttl = name, route_ttl
+    core.peers.broker = name  # its peers' names say where they live: identity#n@name
     core.pubsub.interest = routes
     core.mailboxes.presence = routes
     core.sysbus.origin = jsw.origin(name)  # what it publishes to JetStream journals comes from here
@@ -257,7 +263,86 @@ def _message(core: BrokerCore, route: Peer, command: Command, now: float) -> lis
         if seq is None:
             raise ProtocolError(Status.BAD_REQUEST, "SEQ must be a decimal integer")
         position = (headers[Header.JOURNAL], seq)
-    return _publication(core, topic, tokens, sender, headers, body, now, position, headers.get(Header.GROUP))
+    group = headers.get(Header.GROUP)
+    if group is None:
+        if Header.TRIED in headers or Header.REFUSED in headers:
+            raise ProtocolError(Status.BAD_REQUEST, "TRIED and REFUSED go with GROUP only")
+        return _publication(core, topic, tokens, sender, headers, body, now, position, None)
+    if not tokens:
+        raise ProtocolError(Status.BAD_REQUEST, "a queue group's copy needs a 1.0 topic")
+    tried = _broker_list(headers, Header.TRIED)
+    refused = _broker_list(headers, Header.REFUSED)
+    if refused is not None:  # our own copy, handed back: choose again
+        return _handed_back(core, route, topic, tokens, sender, headers, body, now, group, (*refused, _name_of(route)))
+    out = _publication(core, topic, tokens, sender, headers, body, now, position, group)
+    if not out:  # (only a group copy can come of it) no own member of the group could take it
+        out.append(_hand_back(core, route, topic, sender, headers, body, group, tried or ()))
+    return out
+
+
+# ---------------------------------------------------------------- queue-group copies handed back
+def _name_of(route: Peer) -> str:
+    return route.identity[len(ROUTE_IDENTITY_PREFIX) :]
+
+
+def _broker_list(headers: dict[str, str], header: Header) -> tuple[str, ...] | None:
+    text = headers.get(header)
+    if text is None:
+        return None
+    names = route_wire.parse_broker_list(text)
+    if names is None:
+        raise ProtocolError(Status.BAD_REQUEST, f"{header} must name brokers")
+    return names
+
+
+_REFUSED = Header.REFUSED.encode()
+
+
+def _hand_back(
+    core: BrokerCore,
+    route: Peer,
+    topic: str,
+    sender: bytes,
+    headers: dict[str, str],
+    body: Sequence[bytes],
+    group: str,
+    tried: tuple[str, ...],
+) -> Out:
+    """A copy for queue group ``group`` that ``route`` chose this broker for, and that none of its
+    own members may take (its deny lists, the grants a dead letter needs, or it just left): back to
+    the broker that chose (one hop: never onward to a third), naming every broker that could not."""
+    refused = route_wire.broker_list((*[n for n in tried if n != core.routes.name], core.routes.name))
+    frames = P.message(
+        topic.encode(), sender, P.user_header_frames(headers), body, group=group.encode(), passed=(_REFUSED, refused)
+    )
+    core.counters["route_group_handed_back"] += 1
+    return route.routing_id, batch.frames_record(frames)
+
+
+def _handed_back(
+    core: BrokerCore,
+    route: Peer,
+    topic: str,
+    tokens: tuple[str, ...],
+    sender: bytes,
+    headers: dict[str, str],
+    body: Sequence[bytes],
+    now: float,
+    group: str,
+    refused: tuple[str, ...],
+) -> list[Out]:
+    """This broker's copy for ``group``, handed back by ``route`` (``refused``: every broker that could
+    not place it, the route last): to another member, an own one or one behind a route that has not
+    refused it (told who did, ``TRIED``); none left: nobody in the cluster may take it (counted)."""
+    core.pubsub.handed_back(tokens, group, route)
+    names = tuple(dict.fromkeys(refused))
+    passed_over = {peer for name in names if (peer := core.routes.by_name.get(name)) is not None}
+    back = HandedBack(passed_over, sender, route_wire.broker_list(names))
+    admits = _dead_letter_admits(tokens, headers)
+    out = core.pubsub.fan_out(topic, tokens, sender, headers, body, now, admits=admits, from_route=(group,), back=back)
+    if not out:
+        core.counters["route_group_unplaced"] += 1
+    return out
 
 
 def _publication(
@@ -273,14 +358,20 @@ def _publication(
 ) -> list[Out]:
     if not tokens:
         return core.pubsub.fan_out_opaque(topic, sender, headers, body, now, from_route=True)
-    admits: Callable[[Grants], bool] | None = None
-    if is_dead_letter(tokens):  # it reaches only those allowed the topic it died on, here as there
-        origin = dead_letter_origin(headers)
-
-        def admits(grants: Grants) -> bool:
-            return origin is not None and grants.may_receive(origin)
-
+    admits = _dead_letter_admits(tokens, headers)
     return core.pubsub.fan_out(topic, tokens, sender, headers, body, now, position, admits=admits, from_route=(group,))
+
+
+def _dead_letter_admits(tokens: tuple[str, ...], headers: dict[str, str]) -> Callable[[Grants], bool] | None:
+    """A dead letter reaches only those allowed the topic it died on, here as there (None: not one)."""
+    if not is_dead_letter(tokens):
+        return None
+    origin = dead_letter_origin(headers)
+
+    def admits(grants: Grants) -> bool:
+        return origin is not None and grants.may_receive(origin)
+
+    return admits
 
 
 # ---------------------------------------------------------------- what a route announces
