@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,18 @@ def fetch_all(client: mc0.Client, name: str, *, from_seq: int = 1) -> list[mc0.R
             return records
         seq = page.next_seq
     raise AssertionError("fetch did not end")
+
+
+def received(subscription: mc0.Subscription, count: int, within: float = 15.0) -> list[tuple[int, bytes]]:
+    """(seq, body) of the first ``count`` messages of ``subscription`` (fewer if they do not come in time)."""
+    got: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + within
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            got += [(m.seq, m.body) for m in subscription.next_batch(count - len(got), timeout=0.2)]
+        except mc0.Timeout:
+            pass
+    return got
 
 
 def until(condition: Any, timeout: float = 15.0, what: str = "condition") -> float:
@@ -463,3 +476,57 @@ def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then
         finally:
             link.close()
             context.term()
+
+
+def test_a_message_in_a_stream_that_mc0_did_not_write_is_skipped_counted_and_logged_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """A NATS user allowed the stream's subjects publishes what is no mc0 record between two records.
+    Every broker goes on: a live subscriber, a replay, a JSON fetch and a columns fetch get the two
+    records at their seqs (the foreign ones skipped), confirmed PUTs on every journal are answered,
+    the journal's info counts them ``unreadable``, and the broker's log says so once."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    foreign = [b"not an mc0 record", b"", b"\x00" * 7, b"\xff" * 40, b"\x05\x00\x00\x00\x00\x00\x01\x00ab"]
+    extra = journal("mixed", '["mixed.>"]') + '[journals.local]\ntopics = ["local.>"]\n'
+
+    async def publish_foreign() -> list[int]:
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            return [int((await stored(nc, "mc0.j.mixed.x", body))["seq"]) for body in foreign]
+        finally:
+            await nc.close()
+
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            live = reader.subscribe("mixed.>")
+            first = confirmed(writer, "mixed.x", b"first")
+            skipped = asyncio.run(publish_foreign())
+            last = confirmed(writer, "mixed.x", b"last")
+            assert skipped == list(range(first.seq + 1, last.seq))
+            wanted = [(first.seq, b"first"), (last.seq, b"last")]
+            assert received(live, 2) == wanted
+            assert received(reader.subscribe("mixed.>", from_seq=first.seq, journal="mixed"), 2) == wanted
+            # The loop is not wedged: confirmed PUTs on a file journal and on the stream are answered.
+            kept = reader.publish("local.x", b"kept", confirm=True, timeout=10)
+            assert kept is not None and kept.journal == "local"
+            more = confirmed(reader, "mixed.y", b"more")
+            assert [(r.seq, r.body) for r in fetch_all(reader, "mixed", from_seq=first.seq)] == [
+                *wanted,
+                (more.seq, b"more"),
+            ]
+            pages = list(reader.fetch_pages("mixed", from_seq=first.seq, timeout=10))
+            assert [(r.seq, r.body) for p in pages for r in p.records()] == [*wanted, (more.seq, b"more")]
+            assert reader.journal_info()["mixed"]["unreadable"] == len(foreign)
+            assert writer.journal_info()["mixed"]["unreadable"] == len(foreign)
+        broker = bus.brokers[1]
+        assert broker is not None and broker.proc is not None
+        broker.signal(signal.SIGTERM)
+        broker.proc.wait(30)
+        log = broker.stderr_text()
+        assert log.count("is not an mc0 record") == 1 and "Traceback" not in log, log[-2000:]
+
