@@ -530,3 +530,44 @@ def test_a_message_in_a_stream_that_mc0_did_not_write_is_skipped_counted_and_log
         log = broker.stderr_text()
         assert log.count("is not an mc0 record") == 1 and "Traceback" not in log, log[-2000:]
 
+
+def test_a_record_jetstream_can_never_store_gets_413_at_once_naming_the_limit(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """The NATS servers' max_payload (1 MiB here) bounds a JetStream journal's record, its headers
+    counted: a 2 MiB confirmed PUT (under max_message_bytes, and a file journal takes it) gets 413 at
+    once, naming the limit, never "504 send it again"; so does one whose payload fits but not with
+    its NATS headers (sent, the server would drop the broker's connection); one of exactly the limit
+    is stored and served by the other broker."""
+    from mc0.broker.storage.records import encode_payload
+    from mc0.protocol import jetstream as jsw
+
+    limit = 1024 * 1024
+    extra = "jetstream_timeout_ms = 30000\n" + journal("big", '["big.>"]') + '[journals.files]\ntopics = ["files.>"]\n'
+
+    def body_for(size: int, msgid: str | None) -> bytes:
+        """A body that makes the record ``size`` bytes as a NATS message (with ``msgid``'s header)."""
+        headers = {"MSGID": msgid} if msgid else {}
+        # The header block NATS counts: "NATS/1.0", a "Key: Value" line, an empty line.
+        block = f"NATS/1.0\r\n{jsw.MSG_ID}: {jsw.msg_id('anonymous', msgid)}\r\n\r\n".encode() if msgid else b""
+        return b"x" * (size - len(block) - len(encode_payload("big.x", "anonymous", headers, [b""])))
+
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            confirmed(writer, "big.x", b"warm-up")
+            kept = writer.publish("files.x", b"x" * (2 << 20), confirm=True, timeout=10)
+            assert kept is not None and kept.journal == "files"  # a file journal takes 2 MiB
+            cases = [(b"x" * (2 << 20), None), (body_for(limit + 1, None), None), (body_for(limit + 1, "m-1"), "m-1")]
+            for body, msgid in cases:
+                began = time.monotonic()
+                with pytest.raises(mc0.TooLarge, match=f"max_payload \\({limit} bytes\\)"):
+                    writer.publish("big.x", body, confirm=True, msgid=msgid, timeout=20)
+                assert time.monotonic() - began < 5.0  # at once (a 504 would take jetstream_timeout_ms: 30 s)
+                with pytest.raises(mc0.TooLarge):  # and again: the same definite answer
+                    writer.publish("big.x", body, confirm=True, msgid=msgid, timeout=20)
+            fits = body_for(limit, "m-2")
+            ack = writer.publish("big.x", fits, confirm=True, msgid="m-2", timeout=20)
+            assert ack is not None and ack.seq is not None
+            until(lambda: reader.journal_info()["big"]["copy_next_seq"] > ack.seq, what="the copy")
+            assert [r.body for r in fetch_all(reader, "big", from_seq=ack.seq)] == [fits]

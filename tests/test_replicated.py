@@ -497,6 +497,7 @@ def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_
     given = subprocess.run([*command, "--cluster", "nats://127.0.0.1:4222"], capture_output=True, text=True, timeout=30)
     assert given.returncode == 0, given.stderr
     assert "kept by JetStream, R3" in given.stdout
+    assert "a record is at most the NATS servers' max_payload (1 MiB unless they set more)" in given.stdout
 
 
 def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_nothing() -> None:
