@@ -571,3 +571,37 @@ def test_a_record_jetstream_can_never_store_gets_413_at_once_naming_the_limit(
             assert ack is not None and ack.seq is not None
             until(lambda: reader.journal_info()["big"]["copy_next_seq"] > ack.seq, what="the copy")
             assert [r.body for r in fetch_all(reader, "big", from_seq=ack.seq)] == [fits]
+
+
+def test_a_consumer_deleted_and_made_again_by_another_identity_is_checked_against_jetstream_not_a_stale_view(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """alice's consumer "billing", known at broker A, is deleted through B and bob makes his own
+    "billing" there (another filter).  A must not act on what it learnt: alice's pull, ack and delete
+    at A are refused (403) and touch nothing of bob's, and bob gets every record, none terminated."""
+    policy = "".join(
+        f'[permissions.identity.{who}]\npublish = [">"]\nsubscribe = [">"]\ncall = [">"]\n' for who in ("alice", "bob")
+    )
+    extra = journal("ledger", '["bill.>"]') + policy
+    with ClusterBus(tmp_path, nats, 2, curve=True, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0, "alice") as alice_a, bus.client(1, "alice") as alice_b, bus.client(1, "bob") as bob:
+            mine = alice_a.consume("ledger", "billing", topics=["bill.eu.>"], ack_wait=30.0)
+            assert mine.fetch(10, wait=0) == []
+            assert mine.info()["owner"] == "alice"  # A knows it as alice's, with her filter
+            alice_b.consume("ledger", "billing", topics=["bill.eu.>"], ack_wait=30.0).delete()
+            theirs = bob.consume("ledger", "billing", topics=["bill.>"], ack_wait=30.0)
+            seqs = [confirmed(bob, f"bill.{where}.x", b"due").seq for where in ("us", "eu", "us", "eu", "us")]
+            with pytest.raises(mc0.Forbidden):
+                mine.fetch(10, wait=0)  # bob's now: not alice's to pull, with or without her filter
+            with pytest.raises(mc0.Forbidden):
+                mine.ack(*seqs)
+            with pytest.raises(mc0.Forbidden):
+                mine.delete()
+            got: list[int] = []
+            for _ in range(20):
+                got += [m.seq for m in theirs.fetch(10, wait=1)]
+                if len(got) >= len(seqs):
+                    break
+            assert sorted(got) == seqs  # every record, once (none terminated by A's stale filter)
+            assert theirs.info()["owner"] == "bob"

@@ -675,3 +675,47 @@ def test_a_copy_holding_bytes_that_are_no_record_skips_them_counts_and_logs_them
     assert copy.counters["unreadable"] == 4
     assert len([r for r in caplog.records if "is not an mc0 record" in r.getMessage()]) == 1
     copy.close()
+
+
+def test_an_op_on_a_store_consumer_names_the_one_it_means_and_one_made_again_is_decided_again() -> None:
+    """What the core learnt of a consumer is only a cache: each op carries ``expect`` (owner, creation
+    nonce); a ``changed`` answer (the store did nothing) is decided again on the consumer there now,
+    once; a 404 forgets what was learnt."""
+    core = core_with(store())
+    consumers = core.consumers.store
+    assert consumers is not None
+    config = {"journal": "main", "name": "c", "topics": ["orders.>"], "ack_wait_ms": 30000, "max_deliver": 5}
+    config |= {"max_ack_pending": 1000, "deliver": "all"}
+
+    def info(owner: str, made: str, topics: list[str] = ["orders.>"]) -> dict[str, Any]:  # noqa: B006
+        saved = json.dumps({**config, "topics": topics})
+        return {"metadata": {jsw.OWNER_KEY: owner, jsw.CONFIG_KEY: saved}, "made": made}
+
+    consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
+    assert consumer_request(core, "1", op="pull", max=10) == []
+    ((token, pull),) = fromstore.calls(core)
+    assert (pull["op"], pull["expect"]) == ("consumer_pull", {"owner": "sub", "made": "n1"})
+    # Deleted and made again by another identity: refused, nothing more asked of the store.
+    ((to, refused),) = fromstore.answered(core, token, {"changed": info("pub", "n2")}, [], 0.0)
+    assert to == b"sub" and refused[:5] == f("ERROR", "ID", "1", "CODE", "403")
+    assert not core.calls.queued and consumers.known["main", "c"].made == "n2"
+    assert core.counters["consumer_changed"] == 1
+    # Made again by its owner with another filter: asked again at once, for that one.
+    consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
+    assert consumer_request(core, "2", op="ack", seqs=[4]) == []
+    ((token, ack),) = fromstore.calls(core)
+    assert fromstore.answered(core, token, {"changed": info("sub", "n3", ["audit.>"])}, [], 0.0) == []
+    ((token, again),) = fromstore.calls(core)
+    assert (again["op"], again["seqs"], again["expect"]) == ("consumer_settle", [4], {"owner": "sub", "made": "n3"})
+    # Made again once more while asked: the caller is told to ask again (never a loop).
+    ((_, gave_up),) = fromstore.answered(core, token, {"changed": info("sub", "n4")}, [], 0.0)
+    assert gave_up[:5] == f("ERROR", "ID", "2", "CODE", "503")
+    # Gone: 404, and what was learnt is forgotten (the next op asks for its info first).
+    assert consumer_request(core, "3", op="info") == []
+    ((token, _),) = fromstore.calls(core)
+    ((_, gone),) = fromstore.answered(
+        core, token, {"error": {"code": 404, "description": "consumer not found"}}, [], 0.0
+    )
+    assert gone[:5] == f("ERROR", "ID", "3", "CODE", "404") and ("main", "c") not in consumers.known
+    assert consumer_request(core, "4", op="info") == []
+    assert [call["op"] for _, call in fromstore.calls(core)] == ["consumer_info"]
