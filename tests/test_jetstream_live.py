@@ -605,3 +605,53 @@ def test_a_consumer_deleted_and_made_again_by_another_identity_is_checked_agains
                     break
             assert sorted(got) == seqs  # every record, once (none terminated by A's stale filter)
             assert theirs.info()["owner"] == "bob"
+
+
+def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_every_copy_catches_up(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """What NATS did after losing its quorum (tests/test_jetstream_faults.py), made certain: every
+    broker's feed consumer is paused, so it goes on heartbeating and delivers nothing.  The records the
+    stream holds past it still reach every broker's copy, and a replay there delivers them."""
+    import asyncio
+    import datetime
+
+    from nats.aio.client import Client as Nats
+
+    async def pause_feeds() -> int:
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            listed = json.loads((await nc.request("$JS.API.CONSUMER.LIST.MC0_J_stall", b"", timeout=5)).data)
+            until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+            for consumer in listed["consumers"]:
+                request = json.dumps({"pause_until": until.isoformat()}).encode()
+                paused = await nc.request(f"$JS.API.CONSUMER.PAUSE.MC0_J_stall.{consumer['name']}", request, timeout=5)
+                assert json.loads(paused.data).get("paused") is True
+            for consumer in listed["consumers"]:  # (bounded) until the node that runs it says it is paused
+                subject = f"$JS.API.CONSUMER.INFO.MC0_J_stall.{consumer['name']}"
+                for _ in range(250):
+                    if json.loads((await nc.request(subject, b"", timeout=5)).data).get("paused"):
+                        break
+                    await asyncio.sleep(0.02)
+            return len(listed["consumers"])
+        finally:
+            await nc.close()
+
+    with ClusterBus(tmp_path, nats, 2, extra=journal("stall", '["stall.>"]')) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            first = confirmed(writer, "stall.x", b"first")
+            for client in (writer, reader):
+                until(lambda c=client: c.journal_info()["stall"]["copy_next_seq"] > first.seq, what="the copies")
+            assert asyncio.run(pause_feeds()) == 2  # one feed per broker
+            last = confirmed(writer, "stall.x", b"last")
+            for client in (writer, reader):
+                took = until(
+                    lambda c=client: c.journal_info()["stall"]["copy_next_seq"] > last.seq, 30, "a copy past the stall"
+                )
+                print(f"a copy caught up {took:.2f} s after the record that a paused feed never delivered")
+            assert received(reader.subscribe("stall.>", from_seq=first.seq, journal="stall"), 2) == [
+                (first.seq, b"first"),
+                (last.seq, b"last"),
+            ]

@@ -169,6 +169,7 @@ class JetStreamPart:
             "pending": len(self._pending),
             "streams_ready": sorted(n for n, e in self.ready.items() if e.is_set()),
             "delivered": {n: f.delivered for n, f in self.feeds.items()},
+            "stalls": {n: f.stalls for n, f in self.feeds.items()},
         }
 
     async def _ensure(self, spec: StreamSpec) -> None:
