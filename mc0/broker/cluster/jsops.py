@@ -17,11 +17,12 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
 The ops on an existing consumer (info, pull, settle, delete) may carry
 ``expect`` {owner, made}: the consumer the core believes it is (its owner
 and creation nonce, :data:`~mc0.protocol.jetstream.MADE_KEY`).  The truth is
-JetStream's: info, settle and delete ask for the consumer's info first, a
-pull asks after it brought records; when the consumer of that name is
-another one (deleted and made again elsewhere), the op does nothing (a pull
-gives back what it brought at once: naked, never terminated) and answers
-``{"changed": info}``, the consumer that is there now.
+JetStream's: every op asks for the consumer's info first, and a pull asks
+again after it brought records (it may have been made again meanwhile);
+when the consumer of that name is another one (deleted and made again
+elsewhere), the op does nothing (a pull gives back what it brought at once:
+naked, never terminated) and answers ``{"changed": info}``, the consumer
+that is there now.
 - ``consumer_pull`` {journal, name, batch, wait_ms}: what is there now, else a
   long poll for one record, then what came with it: ``{"records",
   "deliveries"}`` (a long poll for one never leaves records delivered to
@@ -183,13 +184,17 @@ class StoreOps:
     async def op_consumer_pull(self, request: dict[str, Any]) -> Result:
         journal, name, batch = request["journal"], request["name"], int(request["batch"])
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{jsw.stream_name(journal)}.{name}"
+        if "expect" in request:  # another's consumer is not pulled from (that would count a delivery)
+            info = await self._info(request)
+            if not self._expected(request, info):
+                return {"changed": info}, []
         got = await self._next(subject, {"batch": batch, "no_wait": True}, API_TIMEOUT_S)
         wait = float(request.get("wait_ms", 0)) / 1000.0
         if not got and wait > 0:
             got = await self._next(subject, {"batch": 1, "expires": int(wait * 1e9)}, wait + API_TIMEOUT_S)
             if got and batch > 1:
                 got += await self._next(subject, {"batch": batch - 1, "no_wait": True}, API_TIMEOUT_S)
-        if got and "expect" in request:  # whose records are these? (the consumer may have been made again)
+        if got and "expect" in request:  # whose are they? (made again since the look above: a narrow race)
             info = await self._info(request)
             if not self._expected(request, info):
                 for msg in got:  # another's: given back at once, for its owner (never terminated)

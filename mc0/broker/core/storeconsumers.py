@@ -29,7 +29,7 @@ What a broker learnt of a consumer (owner, config, creation nonce) is a
 cache, never the truth: another broker may delete it and another identity
 make one of the same name.  So every op names the consumer it means
 (``expect``: owner and nonce) and the store acts only on that one (a pull
-checks what it brought): else it answers ``changed`` with the consumer there
+also checks what it brought): else it answers ``changed`` with the consumer there
 now, nothing done (records a pull brought are given back, never
 terminated), and the op is decided again on that one (403 for another
 owner).  A 404 forgets what was learnt.
