@@ -14,15 +14,6 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   bound: mc0 dead-letters), owner and config in its metadata: ``{"info"}``;
 - ``consumer_info`` / ``consumer_delete`` / ``consumer_list`` {journals, owner};
 
-The ops on an existing consumer (info, pull, settle, delete) may carry
-``expect`` {owner, made}: the consumer the core believes it is (its owner
-and creation nonce, :data:`~mc0.protocol.jetstream.MADE_KEY`).  The truth is
-JetStream's: every op asks for the consumer's info first, and a pull asks
-again after it brought records (it may have been made again meanwhile);
-when the consumer of that name is another one (deleted and made again
-elsewhere), the op does nothing (a pull gives back what it brought at once:
-naked, never terminated) and answers ``{"changed": info}``, the consumer
-that is there now.
 - ``consumer_pull`` {journal, name, batch, wait_ms}: what is there now, else a
   long poll for one record, then what came with it: ``{"records",
   "deliveries"}`` (a long poll for one never leaves records delivered to
@@ -39,6 +30,16 @@ that is there now.
   those past seq ``after`` (0 when not given; a batched direct get on its
   subject: any replica answers); ``letters_purge``
   {journal, identity, upto}: remove them up to ``upto``.
+
+The ops on an existing consumer (info, pull, settle, delete) may carry
+``expect`` {owner, made}: the consumer the core believes it is (its owner
+and creation nonce, :data:`~mc0.protocol.jetstream.MADE_KEY`).  The truth is
+JetStream's: every op asks for the consumer's info first, and a pull asks
+again after it brought records (it may have been made again meanwhile);
+when the consumer of that name is another one (deleted and made again
+elsewhere), the op does nothing (a pull gives back what it brought at once:
+naked, never terminated) and answers ``{"changed": info}``, the consumer
+that is there now.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class StoreConsumers:
             problem = failure(data)
             if problem is not None:
                 if about is not None and problem[0] == Status.NOT_FOUND:
-                    self._forget(about)
+                    self.forget(*about)
                 return self._error(client, rid, *problem)
             return then(data, records, now)
 
@@ -199,9 +199,11 @@ class StoreConsumers:
         self.known[journal, name] = known
         self._known_until[journal, name] = now + KNOWN_S
 
-    def _forget(self, key: tuple[str, str]) -> None:
-        self.known.pop(key, None)
-        self._known_until.pop(key, None)
+    def forget(self, journal: str, name: str) -> bool:
+        """What this broker learnt of a consumer goes (an operator removed it): the next request on
+        its name asks JetStream again.  True if something was known."""
+        self._known_until.pop((journal, name), None)
+        return self.known.pop((journal, name), None) is not None
 
     def waiting_for(self, peer: Peer, rid: str) -> bool:
         return (peer.routing_id, rid) in self._asking
@@ -339,7 +341,7 @@ class StoreConsumers:
                 try:
                     fresh = known_of(data["changed"])
                 except (ValueError, KeyError, TypeError, InvalidTopic):
-                    self._forget(key)
+                    self.forget(*key)
                     return self._error(
                         client, rid, Status.NOT_FOUND, f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
                     )
@@ -360,7 +362,7 @@ class StoreConsumers:
             try:
                 found = known_of(data["info"])
             except (ValueError, KeyError, TypeError, InvalidTopic):
-                self._forget(key)
+                self.forget(*key)
                 reason = f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
                 return self._error(client, rid, Status.NOT_FOUND, reason)
             self._learn(journal.name, name, found, now)
@@ -383,7 +385,7 @@ class StoreConsumers:
         if op == "info":
             return self._final(client, rid, user, self._info(known, data["info"]))
         if op == "delete":
-            self._forget((config.journal, config.name))
+            self.forget(config.journal, config.name)
             return self._final(client, rid, user, {"deleted": config.name})
         if op != "pull":
             done = int(data.get("done", 0))
