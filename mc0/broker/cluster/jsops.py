@@ -13,7 +13,6 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   consumer (explicit acks, the filter subjects of its topics, no delivery
   bound: mc0 dead-letters), owner and config in its metadata: ``{"info"}``;
 - ``consumer_info`` / ``consumer_delete`` / ``consumer_list`` {journals, owner};
-
 - ``consumer_pull`` {journal, name, batch, wait_ms}: what is there now, else a
   long poll for one record, then what came with it: ``{"records",
   "deliveries"}`` (a long poll for one never leaves records delivered to
