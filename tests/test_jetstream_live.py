@@ -657,3 +657,33 @@ def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_
                 (first.seq, b"first"),
                 (last.seq, b"last"),
             ]
+
+
+@pytest.mark.parametrize("over", ["body", "headers"])
+def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_naming_the_limit(
+    tmp_path: Path, nats: NatsCluster, over: str
+) -> None:
+    """``mc0 journal copy`` of a file journal whose second record is over the NATS servers' max_payload
+    (by its body, or only with the headers the copy adds): the first is copied, then one line naming
+    the limit, exit 1; never a hang or a dropped connection."""
+    import subprocess
+    import sys
+
+    from mc0.broker.storage.filestore import Journal
+    from mc0.settings import JournalSettings
+
+    folder = tmp_path / "old"
+    old = Journal("old", JournalSettings(folder=str(folder))).open()
+    old.append("big.x", "alice", {}, [b"small"])
+    old.append("big.x", "alice", {}, [b"x" * ((2 << 20) if over == "body" else (1 << 20) - 40)])
+    old.commit()
+    old.close()
+    name = f"big{over}"
+    config = tmp_path / "copy.toml"
+    config.write_text(f"[cluster]\nnats = {json.dumps(nats.urls())}\n" + journal(name, '["big.>"]'))
+    command = [sys.executable, "-m", "mc0", "journal", "copy", name, "--from", str(folder), "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith("mc0: error: seq 2: the record is ") and len(done.stderr.strip().splitlines()) == 1
+    assert "over the NATS servers' max_payload (1048576 bytes)" in done.stderr
+    assert done.stderr.strip().endswith("copied up to 1")
