@@ -684,6 +684,22 @@ def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_namin
     command = [sys.executable, "-m", "mc0", "journal", "copy", name, "--from", str(folder), "--config", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stderr.startswith("mc0: error: seq 2: the record is ") and len(done.stderr.strip().splitlines()) == 1
-    assert "over the NATS servers' max_payload (1048576 bytes)" in done.stderr
-    assert done.stderr.strip().endswith("copied up to 1")
+    *progress, error = done.stderr.strip().splitlines()  # (progress lines, then the error in one line)
+    assert all(line.startswith("journal copy: ") for line in progress) and "Traceback" not in done.stderr
+    assert error.startswith("mc0: error: seq 2: the record is ") and error.endswith("copied up to 1")
+    assert "over the NATS servers' max_payload (1048576 bytes)" in error
+
+    async def last_seq() -> int:
+        from nats.aio.client import Client as Nats
+
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            info = await nc.request(f"$JS.API.STREAM.INFO.MC0_J_{name}", b"", timeout=5)
+            return int(json.loads(info.data)["state"]["last_seq"])
+        finally:
+            await nc.close()
+
+    import asyncio
+
+    assert asyncio.run(last_seq()) == 1  # the record before it is in the stream

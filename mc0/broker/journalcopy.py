@@ -140,6 +140,7 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
         for begin in range(0, len(records), WINDOW):
             window = records[begin : begin + WINDOW]
             sent = []
+            too_big = ""
             for record in window:
                 if record.seq != expected:
                     gap = f"the file journal has a gap before seq {record.seq} (a segment lost)"
@@ -151,7 +152,8 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                 payload = encode_payload(record.topic, record.sender, record.headers, record.parts)
                 size = message_size(payload, headers)
                 if size > nc.max_payload:  # (sent, the server would close the connection: never stored)
-                    raise Error(f"seq {record.seq}: {too_large(size, nc.max_payload)}: copied up to {record.seq - 1}")
+                    too_big = f"seq {record.seq}: {too_large(size, nc.max_payload)}: copied up to {record.seq - 1}"
+                    break  # (what was sent before it is confirmed first)
                 try:
                     sent.append(await js.publish_async(jsw.subject(name, record.topic), payload, headers=headers))
                 except Exception as exc:  # (nats-py's buffer full while reconnecting, the connection closed)
@@ -160,7 +162,7 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                         " at most; run it again to go on"
                     ) from None
                 expected += 1
-            for record, future in zip(window, sent, strict=True):
+            for record, future in zip(window[: len(sent)], sent, strict=True):
                 try:
                     ack = await asyncio.wait_for(future, 30)
                 except Exception as exc:
@@ -169,9 +171,11 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                     ) from None
                 if ack.seq != record.seq:
                     raise Error(f"seq {record.seq} landed at {ack.seq} in the stream: stopped")
-            copied += len(window)
+            copied += len(sent)
             if progress is not None:
                 progress(copied)
+            if too_big:
+                raise Error(too_big)
     return copied
 
 
