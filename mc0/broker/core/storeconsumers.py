@@ -301,25 +301,7 @@ class StoreConsumers:
             ops = "create, pull, ack, nak, term, info, delete, list"
             raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
         name = str(query.get("name", ""))
-        request: dict[str, Any] = {"journal": journal.name, "name": name}
-        if op == "pull":
-            batch = int_field(query, "max", 100, 1, MAX_PULL, rid)
-            wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
-            wait_ms = max(0, min(wait_ms, int((deadline - now) * 1000) - 50))  # answered before the deadline
-            request.update(op="consumer_pull", batch=batch, wait_ms=wait_ms)
-        elif op in ("ack", "nak", "term"):
-            seqs = query.get("seqs")
-            if (
-                not isinstance(seqs, list)
-                or len(seqs) > MAX_ACKS
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
-            ):
-                reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
-                raise ProtocolError(Status.BAD_REQUEST, reason, rid)
-            delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) if op == "nak" else 0
-            request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
-        else:
-            request.update(op="consumer_info" if op == "info" else "consumer_delete")
+        request = self._store_request(op, query, journal.name, name, deadline - now, rid)
         self._admit(client, rid)
 
         key = (journal.name, name)
@@ -369,6 +351,32 @@ class StoreConsumers:
             return with_known(found)
 
         return self._call(client, rid, info, found, key)
+
+    def _store_request(
+        self, op: str, query: dict[str, Any], journal: str, name: str, time_left: float, rid: str
+    ) -> dict[str, Any]:
+        """What the store is asked for op ``op`` of the client's ``query`` (validated: 400 as a
+        ProtocolError); a pull's long poll ends before the request's deadline (``time_left`` s)."""
+        request: dict[str, Any] = {"journal": journal, "name": name}
+        if op == "pull":
+            batch = int_field(query, "max", 100, 1, MAX_PULL, rid)
+            wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
+            wait_ms = max(0, min(wait_ms, int(time_left * 1000) - 50))  # answered before the deadline
+            request.update(op="consumer_pull", batch=batch, wait_ms=wait_ms)
+        elif op in ("ack", "nak", "term"):
+            seqs = query.get("seqs")
+            if (
+                not isinstance(seqs, list)
+                or len(seqs) > MAX_ACKS
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
+            ):
+                reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
+                raise ProtocolError(Status.BAD_REQUEST, reason, rid)
+            delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) if op == "nak" else 0
+            request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
+        else:
+            request.update(op="consumer_info" if op == "info" else "consumer_delete")
+        return request
 
     def _done(
         self,
