@@ -226,3 +226,103 @@ def test_the_whole_nats_cluster_killed_and_started_again_brings_journals_consume
                 assert [m.body for m in letters] == [f"letter {i}".encode() for i in range(3)]
     finally:
         nats.stop()
+
+
+def nats_api(nats: NatsCluster, subject: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JetStream API request as the ``open`` NATS user, at any running node."""
+
+    async def ask() -> dict[str, Any]:
+        import json
+
+        import nats as natspy
+
+        nc = await natspy.connect(servers=[nats.url(i, "open") for i in nats.running()], connect_timeout=2)
+        try:
+            payload = json.dumps(request).encode() if request is not None else b""
+            answer: dict[str, Any] = json.loads((await nc.request(f"$JS.API.{subject}", payload, timeout=5)).data)
+            return answer
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+def local_feeds(nats: NatsCluster, stream: str) -> dict[int, str]:
+    """Node -> a feed consumer of ``stream`` that lives on that node and delivers to a client connected
+    to that same node (what a broker's copy of the stream is filled by)."""
+    import json
+    import urllib.request
+
+    found: dict[int, str] = {}
+    consumers = nats_api(nats, f"CONSUMER.LIST.{stream}").get("consumers") or []
+    for node in nats.running():
+        url = f"http://127.0.0.1:{nats.http_ports[node]}/connz?subs=1"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            connz = json.loads(answer.read())
+        subjects = {s for c in connz.get("connections") or [] for s in c.get("subscriptions_list") or []}
+        for consumer in consumers:
+            here = (consumer.get("cluster") or {}).get("leader") == f"n{node + 1}"
+            if here and consumer["config"].get("deliver_subject") in subjects:
+                found[node] = consumer["name"]
+    return found
+
+
+def test_after_nats_lost_its_quorum_every_brokers_copy_catches_up(tmp_path: Path) -> None:
+    """The stream's leader and another node killed (kill -9), the other one back after a while: JetStream
+    has its quorum again and stores the re-sent PUT.  A broker whose feed consumer lived on the
+    surviving node (its own connection there too, so no reconnect tells it to start again) may get
+    heartbeats from that consumer and never a record again (nats-server did, twice in ~45 tries here;
+    tests/test_jetstream_live.py makes that state certain with a paused consumer): every broker's copy
+    must still reach the records acknowledged before and after, and a replay there deliver them."""
+    nats = started(tmp_path)
+    extra = f"jetstream_timeout_ms = {TIMEOUT_MS}\n" + journal("quorum", '["quorum.>"]')
+    stream = "MC0_J_quorum"
+    try:
+        with ClusterBus(tmp_path, nats, 3, extra=extra) as bus:
+            bus.wait_joined()
+            with bus.client(0) as writer:
+                before = confirmed(writer, "quorum.x", b"before", msgid="q-0")
+            for i in range(3):
+                with bus.client(i) as reader:
+                    until(lambda r=reader: r.journal_info()["quorum"]["copy_next_seq"] > before.seq, 20, "copies")
+            # A feed consumer on the node its broker talks to; else its consumers are deleted, and the
+            # feeds make new ones, placed anew (bounded).
+            feeds: dict[int, str] = {}
+            for _ in range(20):
+                feeds = local_feeds(nats, stream)
+                if feeds:
+                    break
+                for consumer in nats_api(nats, f"CONSUMER.LIST.{stream}").get("consumers") or []:
+                    nats_api(nats, f"CONSUMER.DELETE.{stream}.{consumer['name']}")
+                until(lambda: len(nats_api(nats, f"CONSUMER.LIST.{stream}").get("consumers") or []) >= 3, 30, "feeds")
+            assert feeds, "no feed consumer ever lived on its broker's node"
+            survivor = next(iter(feeds))
+            for _ in range(20):  # the stream's leader elsewhere (a step-down moves it, the consumers stay)
+                if stream_leader(nats, stream) != survivor:
+                    break
+                nats_api(nats, f"STREAM.LEADER.STEPDOWN.{stream}")
+                time.sleep(1.0)
+            leader = stream_leader(nats, stream)
+            assert leader != survivor
+            for node in range(3):
+                if node != survivor:
+                    nats.kill(node)  # the leader and the other: no quorum
+            time.sleep(10)  # the outage lasts (not a wait for anything: the survivor stands for election)
+            nats.start_node(next(n for n in range(3) if n not in (survivor, leader)))  # a quorum again
+            with bus.client(0) as writer:
+                again = confirmed(writer, "quorum.x", b"after", msgid="q-1", within=60)
+            assert again.seq == before.seq + 1
+            for i in range(3):
+                faults: list[Exception] = []
+                with bus.client(i, on_fault=faults.append) as reader:
+                    took = until(
+                        lambda r=reader: r.journal_info()["quorum"]["copy_next_seq"] > again.seq, 40, f"b{i + 1}'s copy"
+                    )
+                    replay = reader.subscribe("quorum.>", from_seq=before.seq, journal="quorum")
+                    got = [(m.seq, m.body) for m in replay.next_batch(10, timeout=10)]
+                    if len(got) < 2:
+                        got += [(m.seq, m.body) for m in replay.next_batch(10, timeout=10)]
+                print(f"b{i + 1}'s copy reached the re-sent PUT {took:.2f} s after its OK; replay {got}")
+                assert got == [(before.seq, b"before"), (again.seq, b"after")] and not faults
+    finally:
+        nats.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,18 @@ def fetch_all(client: mc0.Client, name: str, *, from_seq: int = 1) -> list[mc0.R
             return records
         seq = page.next_seq
     raise AssertionError("fetch did not end")
+
+
+def received(subscription: mc0.Subscription, count: int, within: float = 15.0) -> list[tuple[int, bytes]]:
+    """(seq, body) of the first ``count`` messages of ``subscription`` (fewer if they do not come in time)."""
+    got: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + within
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            got += [(m.seq, m.body) for m in subscription.next_batch(count - len(got), timeout=0.2)]
+        except mc0.Timeout:
+            pass
+    return got
 
 
 def until(condition: Any, timeout: float = 15.0, what: str = "condition") -> float:
@@ -464,3 +477,230 @@ def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then
         finally:
             link.close()
             context.term()
+
+
+def test_a_message_in_a_stream_that_mc0_did_not_write_is_skipped_counted_and_logged_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """A NATS user allowed the stream's subjects publishes what is no mc0 record between two records.
+    Every broker goes on: a live subscriber, a replay, a JSON fetch and a columns fetch get the two
+    records at their seqs (the foreign ones skipped), confirmed PUTs on every journal are answered,
+    the journal's info counts them ``unreadable``, and the broker's log says so once."""
+    import asyncio
+
+    from nats.aio.client import Client as Nats
+
+    foreign = [b"not an mc0 record", b"", b"\x00" * 7, b"\xff" * 40, b"\x05\x00\x00\x00\x00\x00\x01\x00ab"]
+    extra = journal("mixed", '["mixed.>"]') + '[journals.local]\ntopics = ["local.>"]\n'
+
+    async def publish_foreign() -> list[int]:
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            return [int((await stored(nc, "mc0.j.mixed.x", body))["seq"]) for body in foreign]
+        finally:
+            await nc.close()
+
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            live = reader.subscribe("mixed.>")
+            first = confirmed(writer, "mixed.x", b"first")
+            skipped = asyncio.run(publish_foreign())
+            last = confirmed(writer, "mixed.x", b"last")
+            assert skipped == list(range(first.seq + 1, last.seq))
+            wanted = [(first.seq, b"first"), (last.seq, b"last")]
+            assert received(live, 2) == wanted
+            assert received(reader.subscribe("mixed.>", from_seq=first.seq, journal="mixed"), 2) == wanted
+            # The loop is not wedged: confirmed PUTs on a file journal and on the stream are answered.
+            kept = reader.publish("local.x", b"kept", confirm=True, timeout=10)
+            assert kept is not None and kept.journal == "local"
+            more = confirmed(reader, "mixed.y", b"more")
+            assert [(r.seq, r.body) for r in fetch_all(reader, "mixed", from_seq=first.seq)] == [
+                *wanted,
+                (more.seq, b"more"),
+            ]
+            pages = list(reader.fetch_pages("mixed", from_seq=first.seq, timeout=10))
+            assert [(r.seq, r.body) for p in pages for r in p.records()] == [*wanted, (more.seq, b"more")]
+            assert reader.journal_info()["mixed"]["unreadable"] == len(foreign)
+            assert writer.journal_info()["mixed"]["unreadable"] == len(foreign)
+        broker = bus.brokers[1]
+        assert broker is not None and broker.proc is not None
+        broker.signal(signal.SIGTERM)
+        broker.proc.wait(30)
+        log = broker.stderr_text()
+        assert log.count("is not an mc0 record") == 1 and "Traceback" not in log, log[-2000:]
+
+
+def test_a_record_jetstream_can_never_store_gets_413_at_once_naming_the_limit(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """The NATS servers' max_payload (1 MiB here) bounds a JetStream journal's record, its headers
+    counted: a 2 MiB confirmed PUT (under max_message_bytes, and a file journal takes it) gets 413 at
+    once, naming the limit, never "504 send it again"; so does one whose payload fits but not with
+    its NATS headers (sent, the server would drop the broker's connection); one of exactly the limit
+    is stored and served by the other broker."""
+    from mc0.broker.storage.records import encode_payload
+    from mc0.protocol import jetstream as jsw
+
+    limit = 1024 * 1024
+    extra = "jetstream_timeout_ms = 30000\n" + journal("big", '["big.>"]') + '[journals.files]\ntopics = ["files.>"]\n'
+
+    def body_for(size: int, msgid: str | None) -> bytes:
+        """A body that makes the record ``size`` bytes as a NATS message (with ``msgid``'s header)."""
+        headers = {"MSGID": msgid} if msgid else {}
+        # The header block NATS counts: "NATS/1.0", a "Key: Value" line, an empty line.
+        block = f"NATS/1.0\r\n{jsw.MSG_ID}: {jsw.msg_id('anonymous', msgid)}\r\n\r\n".encode() if msgid else b""
+        return b"x" * (size - len(block) - len(encode_payload("big.x", "anonymous", headers, [b""])))
+
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            confirmed(writer, "big.x", b"warm-up")
+            kept = writer.publish("files.x", b"x" * (2 << 20), confirm=True, timeout=10)
+            assert kept is not None and kept.journal == "files"  # a file journal takes 2 MiB
+            cases = [(b"x" * (2 << 20), None), (body_for(limit + 1, None), None), (body_for(limit + 1, "m-1"), "m-1")]
+            for body, msgid in cases:
+                began = time.monotonic()
+                with pytest.raises(mc0.TooLarge, match=f"max_payload \\({limit} bytes\\)"):
+                    writer.publish("big.x", body, confirm=True, msgid=msgid, timeout=20)
+                assert time.monotonic() - began < 5.0  # at once (a 504 would take jetstream_timeout_ms: 30 s)
+                with pytest.raises(mc0.TooLarge):  # and again: the same definite answer
+                    writer.publish("big.x", body, confirm=True, msgid=msgid, timeout=20)
+            fits = body_for(limit, "m-2")
+            ack = writer.publish("big.x", fits, confirm=True, msgid="m-2", timeout=20)
+            assert ack is not None and ack.seq is not None
+            until(lambda: reader.journal_info()["big"]["copy_next_seq"] > ack.seq, what="the copy")
+            assert [r.body for r in fetch_all(reader, "big", from_seq=ack.seq)] == [fits]
+
+
+def test_a_consumer_deleted_and_made_again_by_another_identity_is_checked_against_jetstream_not_a_stale_view(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """alice's consumer "billing", known at broker A, is deleted through B and bob makes his own
+    "billing" there (another filter).  A must not act on what it learnt: alice's pull, ack and delete
+    at A are refused (403) and touch nothing of bob's, and bob gets every record, none terminated."""
+    policy = "".join(
+        f'[permissions.identity.{who}]\npublish = [">"]\nsubscribe = [">"]\ncall = [">"]\n' for who in ("alice", "bob")
+    )
+    extra = journal("ledger", '["bill.>"]') + policy
+    with ClusterBus(tmp_path, nats, 2, curve=True, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0, "alice") as alice_a, bus.client(1, "alice") as alice_b, bus.client(1, "bob") as bob:
+            mine = alice_a.consume("ledger", "billing", topics=["bill.eu.>"], ack_wait=30.0)
+            assert mine.fetch(10, wait=0) == []
+            assert mine.info()["owner"] == "alice"  # A knows it as alice's, with her filter
+            alice_b.consume("ledger", "billing", topics=["bill.eu.>"], ack_wait=30.0).delete()
+            theirs = bob.consume("ledger", "billing", topics=["bill.>"], ack_wait=30.0)
+            seqs = [confirmed(bob, f"bill.{where}.x", b"due").seq for where in ("us", "eu", "us", "eu", "us")]
+            with pytest.raises(mc0.Forbidden):
+                mine.fetch(10, wait=0)  # bob's now: not alice's to pull, with or without her filter
+            with pytest.raises(mc0.Forbidden):
+                mine.ack(*seqs)
+            with pytest.raises(mc0.Forbidden):
+                mine.delete()
+            got: list[tuple[int, int]] = []
+            for _ in range(20):
+                got += [(m.seq, m.deliveries) for m in theirs.fetch(10, wait=1)]
+                if len(got) >= len(seqs):
+                    break
+            # Every record, once, a first delivery each: none terminated by A's stale filter, none
+            # pulled by alice (which would have counted a delivery).
+            assert sorted(got) == [(seq, 1) for seq in seqs]
+            assert theirs.info()["owner"] == "bob"
+
+
+def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_every_copy_catches_up(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """What NATS did after losing its quorum (tests/test_jetstream_faults.py), made certain: every
+    broker's feed consumer is paused, so it goes on heartbeating and delivers nothing.  The records the
+    stream holds past it still reach every broker's copy, and a replay there delivers them."""
+    import asyncio
+    import datetime
+
+    from nats.aio.client import Client as Nats
+
+    async def pause_feeds() -> int:
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            listed = json.loads((await nc.request("$JS.API.CONSUMER.LIST.MC0_J_stall", b"", timeout=5)).data)
+            until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+            for consumer in listed["consumers"]:
+                request = json.dumps({"pause_until": until.isoformat()}).encode()
+                paused = await nc.request(f"$JS.API.CONSUMER.PAUSE.MC0_J_stall.{consumer['name']}", request, timeout=5)
+                assert json.loads(paused.data).get("paused") is True
+            for consumer in listed["consumers"]:  # (bounded) until the node that runs it says it is paused
+                subject = f"$JS.API.CONSUMER.INFO.MC0_J_stall.{consumer['name']}"
+                for _ in range(250):
+                    if json.loads((await nc.request(subject, b"", timeout=5)).data).get("paused"):
+                        break
+                    await asyncio.sleep(0.02)
+            return len(listed["consumers"])
+        finally:
+            await nc.close()
+
+    with ClusterBus(tmp_path, nats, 2, extra=journal("stall", '["stall.>"]')) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            first = confirmed(writer, "stall.x", b"first")
+            for client in (writer, reader):
+                until(lambda c=client: c.journal_info()["stall"]["copy_next_seq"] > first.seq, what="the copies")
+            assert asyncio.run(pause_feeds()) == 2  # one feed per broker
+            last = confirmed(writer, "stall.x", b"last")
+            for client in (writer, reader):
+                took = until(
+                    lambda c=client: c.journal_info()["stall"]["copy_next_seq"] > last.seq, 30, "a copy past the stall"
+                )
+                print(f"a copy caught up {took:.2f} s after the record that a paused feed never delivered")
+            assert received(reader.subscribe("stall.>", from_seq=first.seq, journal="stall"), 2) == [
+                (first.seq, b"first"),
+                (last.seq, b"last"),
+            ]
+
+
+@pytest.mark.parametrize("over", ["body", "headers"])
+def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_naming_the_limit(
+    tmp_path: Path, nats: NatsCluster, over: str
+) -> None:
+    """``mc0 journal copy`` of a file journal whose second record is over the NATS servers' max_payload
+    (by its body, or only with the headers the copy adds): the first is copied, then one line naming
+    the limit, exit 1; never a hang or a dropped connection."""
+    import subprocess
+    import sys
+
+    from mc0.broker.storage.filestore import Journal
+    from mc0.settings import JournalSettings
+
+    folder = tmp_path / "old"
+    old = Journal("old", JournalSettings(folder=str(folder))).open()
+    old.append("big.x", "alice", {}, [b"small"])
+    old.append("big.x", "alice", {}, [b"x" * ((2 << 20) if over == "body" else (1 << 20) - 40)])
+    old.commit()
+    old.close()
+    name = f"big{over}"
+    config = tmp_path / "copy.toml"
+    config.write_text(f"[cluster]\nnats = {json.dumps(nats.urls())}\n" + journal(name, '["big.>"]'))
+    command = [sys.executable, "-m", "mc0", "journal", "copy", name, "--from", str(folder), "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    *progress, error = done.stderr.strip().splitlines()  # (progress lines, then the error in one line)
+    assert all(line.startswith("journal copy: ") for line in progress) and "Traceback" not in done.stderr
+    assert error.startswith("mc0: error: seq 2: the record is ") and error.endswith("copied up to 1")
+    assert "over the NATS servers' max_payload (1048576 bytes)" in error
+
+    async def last_seq() -> int:
+        from nats.aio.client import Client as Nats
+
+        nc = Nats()
+        await nc.connect(servers=nats.urls("open"), connect_timeout=5)
+        try:
+            info = await nc.request(f"$JS.API.STREAM.INFO.MC0_J_{name}", b"", timeout=5)
+            return int(json.loads(info.data)["state"]["last_seq"])
+        finally:
+            await nc.close()
+
+    import asyncio
+
+    assert asyncio.run(last_seq()) == 1  # the record before it is in the stream

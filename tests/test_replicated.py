@@ -465,7 +465,7 @@ def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: P
     copy.stream_state(1, 0, "made-1", 1)
     payload = encode_payload("orders.x", "alice", {"X-a": "b"}, [b"body"])
     now = time.time()  # (the copy's own age retention runs at a segment's roll)
-    assert [copy.arrived(seq, now + seq, payload) for seq in (1, 2, 2, 5)] == [True, True, False, True]
+    assert [copy.arrived(seq, now + seq, payload) is not None for seq in (1, 2, 2, 5)] == [True, True, False, True]
     copy.flush()
     records, next_seq = copy.read(1)
     assert [(r.seq, r.ts - now, r.topic, r.headers) for r in records] == [
@@ -497,6 +497,7 @@ def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_
     given = subprocess.run([*command, "--cluster", "nats://127.0.0.1:4222"], capture_output=True, text=True, timeout=30)
     assert given.returncode == 0, given.stderr
     assert "kept by JetStream, R3" in given.stdout
+    assert "a record is at most the NATS servers' max_payload (1 MiB unless they set more)" in given.stdout
 
 
 def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_nothing() -> None:
@@ -533,7 +534,13 @@ def test_a_copy_that_cannot_be_written_stops_there_and_live_records_go_on_once(t
         raise OSError(28, "No space left on device")
 
     copy.cache.append_at = disk_full  # type: ignore[method-assign]
-    assert [copy.arrived(seq, float(seq), payload) for seq in (2, 3, 3, 2, 4)] == [True, True, False, False, True]
+    assert [copy.arrived(seq, float(seq), payload) is not None for seq in (2, 3, 3, 2, 4)] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
     copy.flush()
     assert copy.broken.startswith("OSError") and copy.counters["copy_write_failed"] == 1
     assert (copy.next_seq, copy.stored_next_seq) == (2, 5)  # what it holds is served; no silent gap after it
@@ -601,3 +608,114 @@ def test_a_confirmed_put_while_nats_never_answered_fails_504_after_the_timeout(t
         with pytest.raises(mc0.DeadlineExceeded, match="JetStream"):
             client.publish("orders.x", b"x", confirm=True, timeout=20)
         assert time.monotonic() - started < 10  # the journal's timeout and a sweep, not the client's 20 s
+
+
+# ------------------------------------------------------------------ messages that are no mc0 record
+FOREIGN = [b"", b"junk", b"\x00" * 7, b"\xff" * 40, b"\x05\x00\x00\x00\x00\x00\x01\x00ab"]  # none decodes
+
+
+def test_a_message_that_is_no_mc0_record_is_a_hole_in_the_copy_that_every_read_skips(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    good = encode_payload("orders.x", "alice", {"MSGID": "m"}, [b"a", b"b"])
+    other = encode_payload("audit.y", "bob", {}, [b"c"])
+    bodies = [good, *FOREIGN[:3], other, *FOREIGN[3:], good, b""]  # seqs 1..9, a hole last
+    with caplog.at_level("WARNING", logger="mc0.journal"):
+        arrived = [copy.arrived(seq, float(seq), body) for seq, body in enumerate(bodies, 1)]
+        assert [r.seq if r is not None else None for r in arrived] == [1, None, None, None, 5, None, None, 8, None]
+        assert copy.arrived(3, 3.0, b"junk") is None  # had it: not counted again
+        copy.flush()
+        assert (copy.next_seq, copy.stored_next_seq, copy.counters["unreadable"]) == (10, 10, 6)
+        for _ in range(2):  # every read skips them, and counts nothing more
+            assert [(r.seq, r.topic, r.parts) for r in copy.read(1)[0]] == [
+                (1, "orders.x", (b"a", b"b")),
+                (5, "audit.y", (b"c",)),
+                (8, "orders.x", (b"a", b"b")),
+            ]
+            assert [r.seq for r in copy.read(2, 9, lambda topic: topic == "audit.y")[0]] == [5]
+            columns, next_seq = copy.read_columns(1)
+            assert (columns.seqs, columns.topics, columns.part_counts, next_seq) == (
+                [1, 5, 8],
+                [b"orders.x", b"audit.y", b"orders.x"],
+                [2, 1, 2],
+                10,
+            )
+    assert copy.info()["unreadable"] == 6
+    assert len([r for r in caplog.records if "is not an mc0 record" in r.getMessage()]) == 1  # logged once
+    copy.close()
+    again = ReplicatedJournal("main", settings).open()  # the holes survive a restart (a valid CRC each)
+    assert (again.next_seq, [r.seq for r in again.read(1)[0]]) == (10, [1, 5, 8])
+    again.close()
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_a_copy_holding_bytes_that_are_no_record_skips_them_counts_and_logs_them_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, columns: bool
+) -> None:
+    """A copy written before holes existed holds a foreign message's bytes as they came: a read skips
+    each (counted, logged once), never fails on it."""
+    from mc0.broker.storage.filestore import Journal
+
+    copy = Journal("old", JournalSettings(folder=str(tmp_path / "old"), dedup_window_s=0)).open()
+    good = encode_payload("orders.x", "alice", {}, [b"body"])
+    for seq, body in enumerate([good, *FOREIGN[1:], good], 1):
+        copy.append_at(seq, float(seq), body)
+    copy.commit()
+    with caplog.at_level("WARNING", logger="mc0.journal"):
+        for _ in range(3):
+            if columns:
+                page, next_seq = copy.read_columns(1)
+                assert (page.seqs, page.parts, next_seq) == ([1, 6], [b"body", b"body"], 7)
+            else:
+                records, next_seq = copy.read(1)
+                assert ([(r.seq, r.parts) for r in records], next_seq) == ([(1, (b"body",)), (6, (b"body",))], 7)
+    assert copy.counters["unreadable"] == 4
+    assert len([r for r in caplog.records if "is not an mc0 record" in r.getMessage()]) == 1
+    copy.close()
+
+
+def test_an_op_on_a_store_consumer_names_the_one_it_means_and_one_made_again_is_decided_again() -> None:
+    """What the core learnt of a consumer is only a cache: each op carries ``expect`` (owner, creation
+    nonce); a ``changed`` answer (the store did nothing) is decided again on the consumer there now,
+    once; a 404 forgets what was learnt."""
+    core = core_with(store())
+    consumers = core.consumers.store
+    assert consumers is not None
+    config = {"journal": "main", "name": "c", "topics": ["orders.>"], "ack_wait_ms": 30000, "max_deliver": 5}
+    config |= {"max_ack_pending": 1000, "deliver": "all"}
+
+    def info(owner: str, made: str, topics: list[str] = ["orders.>"]) -> dict[str, Any]:  # noqa: B006
+        saved = json.dumps({**config, "topics": topics})
+        return {"metadata": {jsw.OWNER_KEY: owner, jsw.CONFIG_KEY: saved}, "made": made}
+
+    consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
+    assert consumer_request(core, "1", op="pull", max=10) == []
+    ((token, pull),) = fromstore.calls(core)
+    assert (pull["op"], pull["expect"]) == ("consumer_pull", {"owner": "sub", "made": "n1"})
+    # Deleted and made again by another identity: refused, nothing more asked of the store.
+    ((to, refused),) = fromstore.answered(core, token, {"changed": info("pub", "n2")}, [], 0.0)
+    assert to == b"sub" and refused[:5] == f("ERROR", "ID", "1", "CODE", "403")
+    assert not core.calls.queued and consumers.known["main", "c"].made == "n2"
+    assert core.counters["consumer_changed"] == 1
+    # Made again by its owner with another filter: asked again at once, for that one.
+    consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
+    assert consumer_request(core, "2", op="ack", seqs=[4]) == []
+    ((token, ack),) = fromstore.calls(core)
+    assert fromstore.answered(core, token, {"changed": info("sub", "n3", ["audit.>"])}, [], 0.0) == []
+    ((token, again),) = fromstore.calls(core)
+    assert (again["op"], again["seqs"], again["expect"]) == ("consumer_settle", [4], {"owner": "sub", "made": "n3"})
+    # Made again once more while asked: the caller is told to ask again (never a loop).
+    ((_, gave_up),) = fromstore.answered(core, token, {"changed": info("sub", "n4")}, [], 0.0)
+    assert gave_up[:5] == f("ERROR", "ID", "2", "CODE", "503")
+    # Gone: 404, and what was learnt is forgotten (the next op asks for its info first).
+    assert consumer_request(core, "3", op="info") == []
+    ((token, _),) = fromstore.calls(core)
+    ((_, gone),) = fromstore.answered(
+        core, token, {"error": {"code": 404, "description": "consumer not found"}}, [], 0.0
+    )
+    assert gone[:5] == f("ERROR", "ID", "3", "CODE", "404") and ("main", "c") not in consumers.known
+    assert consumer_request(core, "4", op="info") == []
+    assert [call["op"] for _, call in fromstore.calls(core)] == ["consumer_info"]

@@ -117,6 +117,13 @@ def check_config(config: Config) -> list[str]:
             what = f"topics {', '.join(settings.topics)}"
         if settings.replicated:
             what += f"; kept by JetStream, R{settings.replicas}: the folder holds this broker's local copy"
+            # A record is one NATS message: the servers' max_payload bounds it (the broker learns it when
+            # it connects; 1 MiB is nats-server's default).  A PUT over it gets 413 at once.
+            limit = config.broker.limits.max_message_bytes
+            what += (
+                "; a record is at most the NATS servers' max_payload (1 MiB unless they set more), "
+                f"a larger PUT gets 413 (max_message_bytes {limit})"
+            )
         lines.append(f"journal {name}: {folder.resolve()} ({state}; {what})")
     if not any(settings.mailboxes for settings in config.journals.values()):
         lines.append("mailboxes: in memory only (a restart loses kept letters; see [journals.NAME] mailboxes)")

@@ -13,7 +13,9 @@ a ``Nats-Msg-Id``.  A run that stopped half way is run again: it goes on
 after the stream's last seq.  A stream that already holds other records
 (seqs that cannot line up), a gap in the file journal (a lost segment) and
 a journal that keeps mailboxes (letters are delivered, not copied) are
-errors saying so; nothing is published then.  Durable consumers are not
+errors saying so; nothing is published then.  A record larger than the NATS
+servers' ``max_payload`` (its headers counted) stops the copy before it, in
+one line naming the limit (sent, the server would close the connection).  Durable consumers are not
 copied: create them again on the new journal (``deliver`` all, or ack up to
 where they stood).
 """
@@ -29,6 +31,7 @@ from typing import Any
 from ..errors import ConfigError, Error
 from ..protocol import jetstream as jsw
 from ..settings import Config
+from .cluster.jetstream import message_size, too_large
 from .cluster.link import nats_options
 from .cluster.streams import StoreError, api, spec_of
 from .storage.filestore import Journal
@@ -137,6 +140,7 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
         for begin in range(0, len(records), WINDOW):
             window = records[begin : begin + WINDOW]
             sent = []
+            too_big = ""
             for record in window:
                 if record.seq != expected:
                     gap = f"the file journal has a gap before seq {record.seq} (a segment lost)"
@@ -146,6 +150,10 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                     "Nats-Expected-Last-Sequence": str(record.seq - 1),
                 }
                 payload = encode_payload(record.topic, record.sender, record.headers, record.parts)
+                size = message_size(payload, headers)
+                if size > nc.max_payload:  # (sent, the server would close the connection: never stored)
+                    too_big = f"seq {record.seq}: {too_large(size, nc.max_payload)}: copied up to {record.seq - 1}"
+                    break  # (what was sent before it is confirmed first)
                 try:
                     sent.append(await js.publish_async(jsw.subject(name, record.topic), payload, headers=headers))
                 except Exception as exc:  # (nats-py's buffer full while reconnecting, the connection closed)
@@ -154,7 +162,7 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                         " at most; run it again to go on"
                     ) from None
                 expected += 1
-            for record, future in zip(window, sent, strict=True):
+            for record, future in zip(window[: len(sent)], sent, strict=True):
                 try:
                     ack = await asyncio.wait_for(future, 30)
                 except Exception as exc:
@@ -163,9 +171,11 @@ async def _publish(nc: Any, name: str, source: Journal, start: int, progress: Ca
                     ) from None
                 if ack.seq != record.seq:
                     raise Error(f"seq {record.seq} landed at {ack.seq} in the stream: stopped")
-            copied += len(window)
+            copied += len(sent)
             if progress is not None:
                 progress(copied)
+            if too_big:
+                raise Error(too_big)
     return copied
 
 

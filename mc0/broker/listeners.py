@@ -197,11 +197,12 @@ class ClusterListener:
         journal = self.replicated.get(news.journal)
         if journal is None:
             return []
-        listening = fromstore.listening(core)  # (nobody to hand them to: no record is decoded)
+        listening = fromstore.listening(core)
         fresh: list[tuple[Record, str]] = []
         for seq, ts, origin, payload in news.records:
-            if journal.arrived(seq, ts, payload) and listening:
-                fresh.append((_record(seq, ts, payload), origin))
+            record = journal.arrived(seq, ts, payload)  # (None: had it, or no mc0 record: a hole, counted)
+            if record is not None and listening:
+                fresh.append((record, origin))
         journal.flush()
         return fromstore.arrived(core, news.journal, fresh, now) if fresh else []
 

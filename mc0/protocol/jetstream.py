@@ -7,7 +7,7 @@ tokens, the same wildcards), whose body is the record's payload as the file
 journal writes it (:mod:`mc0.broker.storage.records`) and whose seq and time
 are the stream's, so every broker reads the same record at the same seq.  A
 durable consumer ``C`` is the JetStream durable pull consumer ``C`` of that
-stream, its mc0 owner and config in the consumer's metadata.  A kept letter
+stream, its mc0 owner, config and creation nonce in the consumer's metadata.  A kept letter
 for identity ``I`` (the journal that keeps mailboxes) is a message on
 ``mc0.j.NAME.<hex of I>``: one subject per identity, so its letters are read
 in order and removed (purged) up to the last one delivered.
@@ -27,6 +27,10 @@ MSG_ID = "Nats-Msg-Id"
 ORIGIN = "Mc0-Origin"
 OWNER_KEY = "mc0_owner"  # consumer metadata: the identity that created it
 CONFIG_KEY = "mc0_config"  # consumer metadata: its mc0 config (JSON)
+# Consumer metadata: a nonce made at its creation.  A consumer deleted and made again under the same
+# name (by anyone, through any broker) has another: what a broker learnt of the old one never passes
+# for the new one.  (One made before mc0 wrote it goes by JetStream's creation time.)
+MADE_KEY = "mc0_made"
 # A client's mc0.consumer requests on JetStream journals in flight at once (each is a store call
 # the cluster link runs, not a queued request: max_requests does not count them; 429 beyond).
 MAX_STORE_CALLS = 64

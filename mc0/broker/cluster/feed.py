@@ -7,11 +7,22 @@ posts what it delivers to the broker loop in batches (one PAIR message per
 turn of the link's event loop).  Before each start it posts ``StreamState``:
 where the stream starts and ends and where delivery starts (the stream's
 first seq when the copy was made from another stream of the same name, or
-ran past this one's end).  A gap in the consumer sequence, a heartbeat that
+ran past this one's end); only from a stream that has a leader (without
+one, a replica answers with its own state, which may lag what was
+acknowledged: tried again).  A gap in the consumer sequence, a heartbeat that
 says something was delivered this side never got, three silent heartbeat
 intervals (its server died) or ``restart()`` (NATS failover) recreate the
 consumer from the next seq wanted: nothing is skipped, nothing handed twice
-(the loop's copy also skips a seq it holds).
+(the loop's copy also skips a seq it holds).  So does a consumer that is
+alive but stalled: one that heartbeats and delivers nothing while the stream
+holds a record past what it delivered (seen after NATS lost its quorum and
+got it back: an R1 consumer on a replica that is no longer the stream's
+leader went on heartbeating and never delivered again).  While it delivers
+nothing (and flow control is not held), the feed asks the stream, every
+``STALL_CHECK_S``, for its first record from the next seq wanted on (a
+direct get: any replica answers, nothing when there is none); a record the
+stream held at one look and the consumer did not deliver by the next is a
+stall: counted (``stalls``), logged, recreated.
 
 Credit: what a feed posts is counted by the link's :class:`Poster` (bytes of
 ``Records`` posted and not yet taken by the broker loop, every journal's
@@ -26,6 +37,7 @@ flow-control window of JetStream (a few MiB).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -43,6 +55,7 @@ INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
 # Records posted to the broker loop and not yet taken, beyond which flow control is held.
 FEED_BUDGET_BYTES = 64 * 1024 * 1024
 CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
+STALL_CHECK_S = 2.0  # while nothing is delivered, the stream is asked this often for what it holds beyond
 
 
 class Poster:
@@ -120,6 +133,7 @@ class StreamFeed:
         self.delivered = 0  # records handed to the loop
         self.starts = 0
         self.held = 0  # times flow control was held while the loop was behind
+        self.stalls = 0  # consumers recreated because they delivered nothing the stream held
         self._holding = False
         self._credit = post if isinstance(post, Poster) else None
         self._flow_reply: str | None = None  # a flow-control reply held until the loop catches up
@@ -129,6 +143,9 @@ class StreamFeed:
         self._seen = 0.0
         self._batch: list[tuple[int, int, str, bytes]] = []
         self._scheduled = False
+        self._moved = False  # records delivered since the last look for a stall
+        self._look_at = 0.0  # when to look next
+        self._held_seq = 0  # a seq the stream held at the last look, not delivered then (0: none)
         self._forgetting: set[asyncio.Task[None]] = set()  # consumer deletions under way
 
     def restart(self) -> None:
@@ -149,6 +166,8 @@ class StreamFeed:
                     await self._answer_flow()
                     if time.monotonic() - self._seen > 3 * HEARTBEAT_S:
                         break  # silent: its server is gone, or the consumer is
+                    if await self._stalled():
+                        break
                 self._flush()
             except asyncio.CancelledError:
                 raise
@@ -168,6 +187,11 @@ class StreamFeed:
 
     async def _start(self) -> tuple[Any, str]:
         info = await api(self.nc, f"STREAM.INFO.{self.stream}")
+        cluster = info.get("cluster")
+        if isinstance(cluster, dict) and not cluster.get("leader"):
+            # No leader (NATS lost its quorum): a replica answered with its own state, which may lag what
+            # was acknowledged; the copy must not be measured against it (it would start again, empty).
+            raise StoreError(503, f"stream {self.stream} has no leader now")
         state = info["state"]
         first, last, made = int(state["first_seq"]), int(state["last_seq"]), str(info.get("created", ""))
         start = first if made != self.created or self.next_seq > last + 1 else max(self.next_seq, first)
@@ -175,6 +199,7 @@ class StreamFeed:
         self.created, self.next_seq = made, start
         self._consumer_seq = 0
         self._flow_reply = None
+        self._moved, self._held_seq, self._look_at = False, 0, time.monotonic() + STALL_CHECK_S
         self._broken.clear()
         self.wanted_restart.clear()
         self._seen = time.monotonic()
@@ -228,12 +253,51 @@ class StreamFeed:
         if seq < self.next_seq:
             return
         self.next_seq = seq + 1
+        self._moved = True
         origin = headers.get(jsw.ORIGIN, "") if headers else ""
         self._batch.append((seq, ts, origin, msg.data))
         self.delivered += 1
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _stalled(self) -> bool:
+        """The consumer delivers nothing the stream holds (see the module doc): look every STALL_CHECK_S
+        while it delivers nothing; a record held at one look and still not delivered at the next."""
+        now = time.monotonic()
+        if now < self._look_at:
+            return False
+        self._look_at = now + STALL_CHECK_S
+        if self._moved or self._holding or self._flow_reply is not None:
+            self._moved, self._held_seq = False, 0  # it delivers, or waits for the loop: nothing to suspect
+            return False
+        if self._held_seq and self.next_seq <= self._held_seq:
+            self.stalls += 1
+            log.warning(
+                "journal %s: delivery from %s stalled at seq %d (the stream holds seq %d): its consumer is made again",
+                self.journal,
+                self.stream,
+                self.next_seq,
+                self._held_seq,
+            )
+            return True
+        self._held_seq = await self._first_held()
+        return False
+
+    async def _first_held(self) -> int:
+        """The seq of the stream's first record at or past ``next_seq`` (0: none, or no answer)."""
+        get = {"seq": self.next_seq, "next_by_subj": jsw.subjects(self.journal)}
+        try:
+            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(get).encode(), timeout=1.0)
+        except Exception:  # no answer (no replica now): nothing to suspect
+            return 0
+        headers = msg.headers or {}
+        if headers.get("Status"):  # 404: none past it (408, ...: nothing to say)
+            return 0
+        try:
+            return int(headers.get("Nats-Sequence", "0"))
+        except ValueError:
+            return 0
 
     async def _answer_flow(self) -> None:
         reply = self._flow_reply

@@ -12,8 +12,12 @@ JetStream answered.
 - Publishing: ``publish`` sends a proposal with a reply subject under one
   inbox subscription (and a ``Nats-Msg-Id`` when the publisher gave a MSGID);
   a PubAck becomes ``Acks``, a refusal ``Failed`` (429 for JetStream's limits,
-  507 otherwise).  No responders (the stream has no leader now: not stored)
-  and "this id is being stored" are retried; after a NATS failover a pending
+  413 for a record larger than the stream can ever hold, 507 otherwise).  A
+  proposal larger than the NATS servers' ``max_payload`` (its headers
+  counted, as the server counts them) fails 413 at once, naming the limit:
+  sent, it could never be stored, and the server would close the connection.
+  No responders (the stream has no leader now: not stored) and "this id is
+  being stored" are retried; after a NATS failover a pending
   proposal with a MSGID is sent again (JetStream stores it once) and one
   without fails 504 (it may or may not have been stored: sending it again could
   store it twice); a proposal without a PubAck after ``timeout_s`` fails 504:
@@ -49,8 +53,26 @@ RETRY_S = 0.1  # a proposal JetStream could not take yet (no leader) is sent aga
 SWEEP_S = 0.02
 # JetStream error codes: its limits (429); a proposal still being stored under the same id (retry).
 LIMIT_ERRORS = {10077, 10078, 10027, 10047}
+TOO_LARGE_ERRORS = {10054}  # JetStream: message size exceeds the stream's maximum (refused whatever is retried)
 IN_PROCESS = 10158
 STREAM_IN_USE = 10058  # a stream of that name with another config: updated to this one
+
+
+def message_size(payload: bytes, headers: dict[str, str]) -> int:
+    """What a NATS server counts against its ``max_payload`` for this message: the payload and the
+    header block nats-py writes (``NATS/1.0``, a ``Key: Value`` line each, an empty line)."""
+    if not headers:
+        return len(payload)
+    block = len(b"NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(payload) + block
+
+
+def too_large(size: int, limit: int) -> str:
+    return (
+        f"the record is {size} bytes as a NATS message, over the NATS servers' max_payload ({limit} bytes): "
+        "JetStream can never store it (a record of this journal, with its topic, sender and headers, "
+        f"is at most {limit} bytes; raise max_payload in nats-server's config, up to 64 MiB, for larger)"
+    )
 
 
 class _Pending:
@@ -147,6 +169,7 @@ class JetStreamPart:
             "pending": len(self._pending),
             "streams_ready": sorted(n for n, e in self.ready.items() if e.is_set()),
             "delivered": {n: f.delivered for n, f in self.feeds.items()},
+            "stalls": {n: f.stalls for n, f in self.feeds.items()},
         }
 
     async def _ensure(self, spec: StreamSpec) -> None:
@@ -163,7 +186,13 @@ class JetStreamPart:
                         raise
                     await api(self.nc, f"STREAM.UPDATE.{name}", config)
                 self.ready[spec.journal].set()
-                log.info("journal %s: JetStream stream %s (R%d) ready", spec.journal, name, spec.replicas)
+                log.info(
+                    "journal %s: JetStream stream %s (R%d) ready; a record is at most %d bytes (NATS max_payload)",
+                    spec.journal,
+                    name,
+                    spec.replicas,
+                    self.nc.max_payload,
+                )
                 return
             except StoreError as exc:
                 if attempt == 1 or attempt % 40 == 0:
@@ -191,6 +220,11 @@ class JetStreamPart:
             self._retry[serial] = 0.0
 
     async def _send(self, serial: int, pending: _Pending) -> None:
+        limit = int(self.nc.max_payload)  # (the connected server's: what its INFO said)
+        size = message_size(pending.payload, pending.headers)
+        if size > limit:
+            self._fail(serial, pending, 413, too_large(size, limit))
+            return
         pending.attempts += 1
         reply = f"{self._inbox}.{serial}"
         try:
@@ -221,7 +255,7 @@ class JetStreamPart:
             if err_code == IN_PROCESS:  # the same id is being stored (an earlier attempt): ask again
                 self._retry[serial] = time.monotonic() + RETRY_S
                 return
-            code = 429 if err_code in LIMIT_ERRORS else 507
+            code = 429 if err_code in LIMIT_ERRORS else 413 if err_code in TOO_LARGE_ERRORS else 507
             self._fail(serial, pending, code, str(error.get("description") or "JetStream refused the record"))
             return
         del self._pending[serial]

@@ -36,12 +36,23 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   those past seq ``after`` (0 when not given; a batched direct get on its
   subject: any replica answers); ``letters_purge``
   {journal, identity, upto}: remove them up to ``upto``.
+
+The ops on an existing consumer (info, pull, settle, delete) may carry
+``expect`` {owner, made}: the consumer the core believes it is (its owner
+and creation nonce, :data:`~mc0.protocol.jetstream.MADE_KEY`).  The truth is
+JetStream's: every op asks for the consumer's info first, and a pull asks
+again after it brought records (it may have been made again meanwhile);
+when the consumer of that name is another one (deleted and made again
+elsewhere), the op does nothing (a pull gives back what it brought at once:
+naked, never terminated) and answers ``{"changed": info}``, the consumer
+that is there now.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections import OrderedDict
 from typing import Any
@@ -64,8 +75,10 @@ Result = tuple[dict[str, Any], list[bytes]]
 def consumer_info(info: dict[str, Any]) -> dict[str, Any]:
     """What the core reads of JetStream's consumer info."""
     config = info.get("config") or {}
+    metadata = config.get("metadata") or {}
     return {
-        "metadata": config.get("metadata") or {},
+        "metadata": metadata,
+        "made": str(metadata.get(jsw.MADE_KEY) or info.get("created") or ""),
         "delivered": int((info.get("delivered") or {}).get("stream_seq", 0)),
         "ack_floor": int((info.get("ack_floor") or {}).get("stream_seq", 0)),
         "num_ack_pending": int(info.get("num_ack_pending", 0)),
@@ -80,7 +93,8 @@ class StoreOps:
         self.nc = nc
         self.specs = specs
         self._requests = asyncio.Semaphore(max_requests)  # acks in flight, every settle together
-        self._replies: dict[tuple[str, str], OrderedDict[int, str]] = {}  # (journal, consumer) -> seq -> ack subject
+        # (journal, consumer, made) -> seq -> the ack subject it was pulled with (made: that consumer's own)
+        self._replies: dict[tuple[str, str, str], OrderedDict[int, str]] = {}
 
     # ------------------------------------------------------------ consumers
     async def _consumers(self, journal: str) -> list[dict[str, Any]]:
@@ -95,9 +109,22 @@ class StoreOps:
                 break
         return found
 
-    async def op_consumer_info(self, request: dict[str, Any]) -> Result:
+    async def _info(self, request: dict[str, Any]) -> dict[str, Any]:
         stream = jsw.stream_name(request["journal"])
-        return {"info": consumer_info(await api(self.nc, f"CONSUMER.INFO.{stream}.{request['name']}"))}, []
+        return consumer_info(await api(self.nc, f"CONSUMER.INFO.{stream}.{request['name']}"))
+
+    @staticmethod
+    def _expected(request: dict[str, Any], info: dict[str, Any]) -> bool:
+        """The consumer ``info`` describes is the one the request expects (or it expects none)."""
+        expect = request.get("expect")
+        if not isinstance(expect, dict):
+            return True
+        owner = str(info["metadata"].get(jsw.OWNER_KEY, ""))
+        return owner == expect.get("owner") and info["made"] == expect.get("made")
+
+    async def op_consumer_info(self, request: dict[str, Any]) -> Result:
+        info = await self._info(request)
+        return ({"info": info} if self._expected(request, info) else {"changed": info}), []
 
     async def op_consumer_lookup(self, request: dict[str, Any]) -> Result:
         try:
@@ -128,7 +155,11 @@ class StoreOps:
             "max_ack_pending": int(config["max_ack_pending"]),
             "deliver_policy": "new" if config["deliver"] == "new" else "all",
             "num_replicas": int(request.get("replicas", 0)),
-            "metadata": {jsw.OWNER_KEY: request["owner"], jsw.CONFIG_KEY: json.dumps(config, sort_keys=True)},
+            "metadata": {
+                jsw.OWNER_KEY: request["owner"],
+                jsw.CONFIG_KEY: json.dumps(config, sort_keys=True),
+                jsw.MADE_KEY: secrets.token_hex(8),
+            },
         }
         if len(topics) == 1:
             durable["filter_subject"] = topics[0]
@@ -138,8 +169,14 @@ class StoreOps:
         return {"info": consumer_info(await api(self.nc, f"CONSUMER.CREATE.{stream}.{name}", create))}, []
 
     async def op_consumer_delete(self, request: dict[str, Any]) -> Result:
-        await api(self.nc, f"CONSUMER.DELETE.{jsw.stream_name(request['journal'])}.{request['name']}")
-        self._replies.pop((request["journal"], request["name"]), None)
+        journal, name = request["journal"], request["name"]
+        if "expect" in request:
+            info = await self._info(request)
+            if not self._expected(request, info):
+                return {"changed": info}, []
+        await api(self.nc, f"CONSUMER.DELETE.{jsw.stream_name(journal)}.{name}")
+        for key in [k for k in self._replies if k[:2] == (journal, name)]:
+            del self._replies[key]
         return {}, []
 
     async def op_consumer_list(self, request: dict[str, Any]) -> Result:
@@ -189,13 +226,25 @@ class StoreOps:
     async def op_consumer_pull(self, request: dict[str, Any]) -> Result:
         journal, name, batch = request["journal"], request["name"], int(request["batch"])
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{jsw.stream_name(journal)}.{name}"
+        if "expect" in request:  # another's consumer is not pulled from (that would count a delivery)
+            info = await self._info(request)
+            if not self._expected(request, info):
+                return {"changed": info}, []
         got = await self._next(subject, {"batch": batch, "no_wait": True}, API_TIMEOUT_S)
         wait = float(request.get("wait_ms", 0)) / 1000.0
         if not got and wait > 0:
             got = await self._next(subject, {"batch": 1, "expires": int(wait * 1e9)}, wait + API_TIMEOUT_S)
             if got and batch > 1:
                 got += await self._next(subject, {"batch": batch - 1, "no_wait": True}, API_TIMEOUT_S)
-        replies = self._replies.setdefault((journal, name), OrderedDict())
+        if got and "expect" in request:  # whose are they? (made again since the look above: a narrow race)
+            info = await self._info(request)
+            if not self._expected(request, info):
+                for msg in got:  # another's: given back at once, for its owner (never terminated)
+                    if msg.reply:
+                        await self.nc.publish(msg.reply, b"-NAK")
+                await self.nc.flush()
+                return {"changed": info}, []
+        replies = self._replies.setdefault((journal, name, self._made(request)), OrderedDict())
         records, deliveries, payloads = [], [], []
         for msg in got:
             tokens = ack_tokens(msg.reply or "")
@@ -209,6 +258,11 @@ class StoreOps:
         while len(replies) > MAX_REPLIES:
             replies.popitem(last=False)
         return {"records": records, "deliveries": deliveries}, payloads
+
+    @staticmethod
+    def _made(request: dict[str, Any]) -> str:
+        expect = request.get("expect")
+        return str(expect.get("made", "")) if isinstance(expect, dict) else ""
 
     async def _next(self, subject: str, request: dict[str, Any], timeout: float) -> list[Any]:
         """One MSG.NEXT request: the messages it brings, until its status (404/408/409) or ``timeout``."""
@@ -243,15 +297,19 @@ class StoreOps:
     async def op_consumer_settle(self, request: dict[str, Any]) -> Result:
         journal, name, how = request["journal"], request["name"], request["how"]
         stream = jsw.stream_name(journal)
-        replies = self._replies.get((journal, name), OrderedDict())
+        replies = self._replies.get((journal, name, self._made(request)), OrderedDict())
         seqs = [int(s) for s in request["seqs"]]
         body = {"ack": b"+ACK", "term": b"+TERM", "nak": b"-NAK"}[how]
         delay = int(request.get("delay_ms", 0))
         if how == "nak" and delay:
             body = b"-NAK " + json.dumps({"delay": delay * 1_000_000}).encode()
         delivered = 0
-        if any(s not in replies for s in seqs):  # pulled through another broker: made ack subjects
+        # Asked first when the consumer is to be checked, or a seq was pulled through another broker
+        # (its ack subject is made here).
+        if "expect" in request or any(s not in replies for s in seqs):
             info = await api(self.nc, f"CONSUMER.INFO.{stream}.{name}")
+            if not self._expected(request, consumer_info(info)):
+                return {"changed": consumer_info(info)}, []
             delivered = int((info.get("delivered") or {}).get("consumer_seq", 0))
             # A seq at or below the ack floor, or past the last one delivered, cannot be pending:
             # ignored without asking (each ask of one not pending waits SETTLE_TIMEOUT_S for nothing).

@@ -6,7 +6,8 @@ and proposal token: ``hold`` one, then ``stored`` turns it into its OK (``JOURNA
 j SEQ n``, ``DUPLICATE 1`` when the stream's duplicate window knew the MSGID:
 the first copy's seq) and ``failed`` into an ERROR (504: no acknowledgement in
 time, stored or not is unknown, a re-send with the same MSGID is stored once;
-507: the store refused; 429: the store's bounds, a full mailbox).  ``arrived``
+507: the store refused; 429: the store's bounds, a full mailbox; 413: larger
+than the store can ever hold, so sending it again is no use).  ``arrived``
 takes the records the stream delivered (in seq order, the shell having put
 them in the local copy) and fans each out to this broker's *own* subscribers
 with its JOURNAL and SEQ, as every other broker does from its own delivery:
@@ -80,12 +81,13 @@ class Replication:
         return [(held.routing_id, P.ok_journaled(held.request_id, journal, seq, duplicate=duplicate))]
 
     def failed(self, journal: str, token: int, code: int, reason: str) -> list[Out]:
-        """The store did not take proposal ``token`` (``code``: 504 unknown outcome, 507 refused, 429 full)."""
+        """The store did not take proposal ``token`` (``code``: 504 unknown outcome, 507 refused, 429 full,
+        413 larger than the store can ever hold)."""
         self.counters[f"store_failed_{code}"] += 1
         held = self._held.pop((journal, token), None)
         if held is None:
             return []
-        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED):
+        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED, Status.TOO_LARGE):
             code = Status.STORAGE_FAILED
         return [(held.routing_id, P.error(Status(code), f"journal {journal}: {reason}", held.request_id))]
 

@@ -8,7 +8,8 @@ B and an ack at B is seen everywhere.  Each request is validated whole first
 (400 as for a local consumer), then answered when the store answers (a store
 call; an answer that failed is the store's code, 503 when it did not answer).
 What stays the core's: the owner (kept in the consumer's metadata: only its
-identity uses it), the owner's grants at each pull (a record they may not be
+identity uses it; checked against JetStream's own at every op, as below),
+the owner's grants at each pull (a record they may not be
 handed is terminated unsent and counted ``filtered``, as a SUB's deny list
 drops it), ``max_deliver`` (a record pulled for the (max_deliver+1)-th time
 is dead-lettered on ``mc0.sys.dead.<journal>.<consumer>`` and terminated: the
@@ -24,6 +25,14 @@ flight at once (a cancelled pull's too, until the store answers it), and at
 most ``max_total`` (``MAX_STORE_CALLS_TOTAL``) for all clients together (so
 many connections cannot multiply the first bound); a request beyond either
 is answered 429 and changes nothing.
+What a broker learnt of a consumer (owner, config, creation nonce) is a
+cache, never the truth: another broker may delete it and another identity
+make one of the same name.  So every op names the consumer it means
+(``expect``: owner and nonce) and the store acts only on that one (a pull
+also checks what it brought): else it answers ``changed`` with the consumer there
+now, nothing done (records a pull brought are given back, never
+terminated), and the op is decided again on that one (403 for another
+owner).  A 404 forgets what was learnt.
 Pure: no sockets, no clock.
 """
 
@@ -53,7 +62,9 @@ from .storecalls import StoreCalls, failure
 log = logging.getLogger("mc0.broker")
 
 MAX_PULL = 1_000
-KNOWN_S = 10.0  # a consumer's owner and config, as learnt, are trusted this long (then asked again)
+# What was learnt of a consumer is used this long, then asked again.  Never trusted: every op names the
+# consumer it means (owner, creation nonce) and the store acts only if that one is there (else: changed).
+KNOWN_S = 10.0
 MAX_ACKS = 10_000
 REPORT_INTERVAL = 2.0  # seconds: how often the monitor asks JetStream for its consumers' figures, at most
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
@@ -61,14 +72,21 @@ DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
 
 
 class Known:
-    """What this broker knows of a store consumer: its config (patterns) and owner."""
+    """What this broker knows of a store consumer: its config (patterns), owner and creation nonce
+    (``made``: which consumer of that name it is)."""
 
-    __slots__ = ("config", "patterns", "owner")
+    __slots__ = ("config", "patterns", "owner", "made")
 
-    def __init__(self, config: ConsumerConfig, owner: str) -> None:
+    def __init__(self, config: ConsumerConfig, owner: str, made: str = "") -> None:
         self.config = config
         self.patterns = tuple(split_pattern(t) for t in config.topics)
         self.owner = owner
+        self.made = made
+
+    @property
+    def expect(self) -> dict[str, str]:
+        """What an op on it asks the store to check first (the store acts only on this consumer)."""
+        return {"owner": self.owner, "made": self.made}
 
     def matches(self, tokens: tuple[str, ...] | None) -> bool:
         return tokens is not None and any(pattern_matches(p, tokens) for p in self.patterns)
@@ -79,7 +97,7 @@ def known_of(data: dict[str, Any]) -> Known:
     metadata = data["metadata"]
     saved = json.loads(metadata[jsw.CONFIG_KEY])
     config = ConsumerConfig(**{**saved, "topics": tuple(saved["topics"])})
-    return Known(config, str(metadata.get(jsw.OWNER_KEY, "")))
+    return Known(config, str(metadata.get(jsw.OWNER_KEY, "")), str(data.get("made", "")))
 
 
 def refusal(peer: Peer, patterns: Sequence[tuple[str, ...]], topics: Sequence[str]) -> str | None:
@@ -117,8 +135,9 @@ class StoreConsumers:
         self.max_per_identity = max_per_identity
         self.max_calls = max_calls
         self.max_total = max_total
-        # What this broker learnt of each consumer, and until when it trusts it (another broker may
-        # delete it and another identity create one of that name: an owner is looked up again then).
+        # What this broker learnt of each consumer, and until when it uses it.  Another broker may delete
+        # it and another identity make one of that name: each op names the one it means (``expect``)
+        # and the store checks it against JetStream's own (see handle).
         self.known: dict[tuple[str, str], Known] = {}
         self._known_until: dict[tuple[str, str], float] = {}
         self._asking: dict[tuple[bytes, str], int] = {}  # (client, rid) -> the store call answering it
@@ -167,8 +186,10 @@ class StoreConsumers:
         rid: str,
         request: dict[str, Any],
         then: Callable[[dict[str, Any], Sequence[Record], float], list[Out]],
+        about: tuple[str, str] | None = None,
     ) -> list[Out]:
-        """A store call answering ``client``'s request ``rid`` (a failed one answers the error)."""
+        """A store call answering ``client``'s request ``rid`` (a failed one answers the error; a 404
+        about consumer ``about`` (journal, name) also forgets what was learnt of it)."""
         key = (client.routing_id, rid)
 
         def answered(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
@@ -177,6 +198,8 @@ class StoreConsumers:
             del self._asking[key]
             problem = failure(data)
             if problem is not None:
+                if about is not None and problem[0] == Status.NOT_FOUND:
+                    self.forget(*about)
                 return self._error(client, rid, *problem)
             return then(data, records, now)
 
@@ -306,11 +329,67 @@ class StoreConsumers:
             ops = "create, pull, ack, nak, term, info, delete, list"
             raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
         name = str(query.get("name", ""))
-        request: dict[str, Any] = {"journal": journal.name, "name": name}
+        request = self._store_request(op, query, journal.name, name, deadline - now, rid)
+        self._admit(client, rid)
+
+        key = (journal.name, name)
+
+        def with_known(known: Known, again: bool = False) -> list[Out]:
+            if known.owner and known.owner != client.identity:
+                reason = f"consumer {name} on journal {journal.name} belongs to another identity"
+                return self._error(client, rid, Status.FORBIDDEN, reason)
+            refused = refusal(client, known.patterns, known.config.topics) if op != "delete" else None
+            if refused is not None:  # (its owner may always delete it)
+                return self._error(client, rid, Status.FORBIDDEN, refused)
+
+            def done(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+                if "changed" not in data:
+                    return self._done(client, rid, user, known, op, data, records, now)
+                # Another consumer of that name than the one learnt here (deleted and made again,
+                # through another broker): the store did nothing; decided again on the one there now.
+                self.counters["consumer_changed"] += 1
+                try:
+                    fresh = known_of(data["changed"])
+                except (ValueError, KeyError, TypeError, InvalidTopic):
+                    self.forget(*key)
+                    return self._error(
+                        client, rid, Status.NOT_FOUND, f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
+                    )
+                self._learn(journal.name, name, fresh, now)
+                if again:  # (made again twice while asked: the caller asks again)
+                    reason = f"consumer {name} on journal {journal.name} was made again while asked: ask again"
+                    return self._error(client, rid, Status.NO_WORKER, reason)
+                return with_known(fresh, again=True)
+
+            return self._call(client, rid, {**request, "expect": known.expect}, done, key)
+
+        known = self.known.get(key)
+        if known is not None and self._known_until.get(key, 0.0) > now:
+            return with_known(known)
+        info = {"op": "consumer_info", "journal": journal.name, "name": name}
+
+        def found(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
+            try:
+                found = known_of(data["info"])
+            except (ValueError, KeyError, TypeError, InvalidTopic):
+                self.forget(*key)
+                reason = f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
+                return self._error(client, rid, Status.NOT_FOUND, reason)
+            self._learn(journal.name, name, found, now)
+            return with_known(found)
+
+        return self._call(client, rid, info, found, key)
+
+    def _store_request(
+        self, op: str, query: dict[str, Any], journal: str, name: str, time_left: float, rid: str
+    ) -> dict[str, Any]:
+        """What the store is asked for op ``op`` of the client's ``query`` (validated: 400 as a
+        ProtocolError); a pull's long poll ends before the request's deadline (``time_left`` s)."""
+        request: dict[str, Any] = {"journal": journal, "name": name}
         if op == "pull":
             batch = int_field(query, "max", 100, 1, MAX_PULL, rid)
             wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
-            wait_ms = max(0, min(wait_ms, int((deadline - now) * 1000) - 50))  # answered before the deadline
+            wait_ms = max(0, min(wait_ms, int(time_left * 1000) - 50))  # answered before the deadline
             request.update(op="consumer_pull", batch=batch, wait_ms=wait_ms)
         elif op in ("ack", "nak", "term"):
             seqs = query.get("seqs")
@@ -325,36 +404,7 @@ class StoreConsumers:
             request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
         else:
             request.update(op="consumer_info" if op == "info" else "consumer_delete")
-        self._admit(client, rid)
-
-        def with_known(known: Known) -> list[Out]:
-            if known.owner and known.owner != client.identity:
-                reason = f"consumer {name} on journal {journal.name} belongs to another identity"
-                return self._error(client, rid, Status.FORBIDDEN, reason)
-            refused = refusal(client, known.patterns, known.config.topics) if op != "delete" else None
-            if refused is not None:  # (its owner may always delete it)
-                return self._error(client, rid, Status.FORBIDDEN, refused)
-
-            def done(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
-                return self._done(client, rid, user, known, op, data, records, now)
-
-            return self._call(client, rid, request, done)
-
-        known = self.known.get((journal.name, name))
-        if known is not None and self._known_until.get((journal.name, name), 0.0) > now:
-            return with_known(known)
-        info = {"op": "consumer_info", "journal": journal.name, "name": name}
-
-        def found(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
-            try:
-                found = known_of(data["info"])
-            except (ValueError, KeyError, TypeError, InvalidTopic):
-                reason = f"no mc0 consumer {name[:64]!r} on journal {journal.name}"
-                return self._error(client, rid, Status.NOT_FOUND, reason)
-            self._learn(journal.name, name, found, now)
-            return with_known(found)
-
-        return self._call(client, rid, info, found)
+        return request
 
     def _done(
         self,
@@ -371,8 +421,7 @@ class StoreConsumers:
         if op == "info":
             return self._final(client, rid, user, self._info(known, data["info"]))
         if op == "delete":
-            self.known.pop((config.journal, config.name), None)
-            self._known_until.pop((config.journal, config.name), None)
+            self.forget(config.journal, config.name)
             return self._final(client, rid, user, {"deleted": config.name})
         if op != "pull":
             done = int(data.get("done", 0))

@@ -29,6 +29,12 @@ File format (little endian), one file per segment named by its first seq::
               topic, sender, n_headers * (u16 klen, u32 vlen, key, value),
               n_parts * (u32 len, bytes)
 
+A record with an empty payload is a hole (``append_at``: a seq a JetStream
+journal's stream holds that is no mc0 record); readers skip it.  A record
+whose payload cannot be decoded (a copy written before holes existed) is
+skipped too, counted ``unreadable`` and logged once: a read never fails on
+one record's bytes.
+
 Memory per journal: 8 bytes per retained record (the offset index) plus the
 dedup memory.  Wall-clock time comes from the injected ``clock``.
 """
@@ -47,7 +53,7 @@ from pathlib import Path
 
 from ...errors import Error
 from ...message import Record
-from ...protocol import Header, PageColumns
+from ...protocol import Header, PageColumns, page_columns
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
 from .port import Trimmed
@@ -114,7 +120,8 @@ class Journal:
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
         self._opened = False
         self._floor: int | None = None  # retain_from: retention keeps this seq and later
-        self.counters = {"appended": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0}
+        self.counters = {"appended": 0, "fsyncs": 0, "trimmed_segments": 0, "truncated_bytes": 0, "unreadable": 0}
+        self._unreadable_seen: set[int] = set()  # seqs counted unreadable (each is counted and logged once)
         self._consumer_files = ConsumerFiles(self.folder / CONSUMER_FOLDER, sync=self.settings.fsync == "always")
 
     # ------------------------------------------------------------ lifecycle
@@ -275,7 +282,8 @@ class Journal:
 
     def append_at(self, seq: int, ts: float, payload: bytes) -> bool:
         """Add a record another store numbered (a JetStream journal's local copy): ``payload`` as
-        ``encode_payload`` made it, at ``seq`` and ``ts``.  A seq already held is skipped (False);
+        ``encode_payload`` made it, at ``seq`` and ``ts`` (an empty ``payload``: a hole, a seq that
+        holds no record, which readers skip).  A seq already held is skipped (False);
         one past a gap (records the stream deleted) starts a new segment there.  Written to the OS
         at the next ``commit``."""
         active = self._segments[-1]
@@ -522,10 +530,15 @@ class Journal:
         chunks, seq = self._chunks(from_seq, to_seq, max_records, max_bytes)
         for segment, start, stop in chunks:
             data = self._segment_bytes(segment, start, stop)
+            sizes = {name: len(getattr(columns, name)) for name in columns._fields}
             try:
                 payload_columns(data, match, columns)
-            except (struct.error, ValueError) as exc:
-                raise JournalError(f"journal {self.name}: {segment.path.name}: {exc}") from None
+            except (struct.error, ValueError):  # a record that is no mc0 record: this chunk record by record
+                more = page_columns(self._read_segment(segment, start, stop, match))
+                for name, size in sizes.items():
+                    column = getattr(columns, name)
+                    del column[size:]
+                    column.extend(getattr(more, name))
         return columns, seq
 
     def _chunks(
@@ -580,6 +593,8 @@ class Journal:
     def _read_segment(
         self, segment: _Segment, from_seq: int, to_seq: int, match: Callable[[str], bool] | None
     ) -> list[Record]:
+        """The records of ``[from_seq, to_seq)`` of a segment that pass ``match``: holes skipped, and
+        records that cannot be decoded skipped (counted, logged once)."""
         data = self._segment_bytes(segment, from_seq, to_seq)
         out: list[Record] = []
         pos = 0
@@ -588,13 +603,28 @@ class Journal:
             length, _crc, seq, ts = HEAD.unpack_from(data, pos)
             body_start = pos + HEAD.size
             pos = body_start + length
-            if match is not None:
-                (topic_len,) = struct.unpack_from("<H", data, body_start)
-                topic = bytes(view[body_start + PAYLOAD_HEAD.size : body_start + PAYLOAD_HEAD.size + topic_len])
-                if not match(topic.decode()):
-                    continue
-            out.append(decode_payload(seq, ts, view, body_start, pos))
+            if not length:
+                continue  # a hole
+            try:
+                if match is not None:
+                    (topic_len,) = struct.unpack_from("<H", data, body_start)
+                    topic = bytes(view[body_start + PAYLOAD_HEAD.size : body_start + PAYLOAD_HEAD.size + topic_len])
+                    if not match(topic.decode()):
+                        continue
+                out.append(decode_payload(seq, ts, view, body_start, pos))
+            except (struct.error, ValueError) as exc:
+                self._unreadable(seq, exc)
         return out
+
+    def _unreadable(self, seq: int, exc: Exception) -> None:
+        """Record ``seq`` is no mc0 record: skipped by every read; counted and logged once."""
+        if seq in self._unreadable_seen:
+            return
+        if len(self._unreadable_seen) < 10_000:  # (bounded: past it, a record may be counted again)
+            self._unreadable_seen.add(seq)
+        self.counters["unreadable"] += 1
+        if self.counters["unreadable"] == 1:
+            log.warning("journal %s: seq %d is not an mc0 record (%s): skipped by every read", self.name, seq, exc)
 
     # ------------------------------------------------------------ durable consumers' state
     def load_consumers(self) -> dict[str, bytes]:

@@ -5,6 +5,10 @@ Contract: pure functions over bytes, no I/O.  A record on disk is ``head payload
 which is also the body of a JetStream journal's message (its seq and time are the
 stream's), so a record reads back the same from either store.  ``decode_payload``
 and ``payload_columns`` raise ``struct.error``/``ValueError`` on inconsistent bytes.
+A record with an empty payload is a *hole*: a seq its store holds that is no
+mc0 record (a message in a JetStream journal's stream that mc0 did not write):
+it keeps the seqs contiguous and every reader skips it (``payload_columns``
+here, ``filestore`` for records).
 """
 
 from __future__ import annotations
@@ -92,7 +96,15 @@ def payload_columns(data: bytes, match: Callable[[str], bool] | None, columns: P
     size = len(data)
     head, record_head, part_head = _RECORD_HEAD.size, HEAD.size, _PART.size  # locals: read per record
     while pos < size:
-        length, _crc, seq, ts, topic_len, sender_len, n_headers, n_parts = unpack_record(data, pos)
+        try:
+            length, _crc, seq, ts, topic_len, sender_len, n_headers, n_parts = unpack_record(data, pos)
+        except struct.error:  # a hole last: no payload head after its head (anything else is corrupt)
+            if HEAD.unpack_from(data, pos)[0]:
+                raise
+            length = 0
+        if not length:  # a hole: no record
+            pos += record_head
+            continue
         p = pos + head
         pos += record_head + length  # the next record: this one ends here
         t = p + topic_len

@@ -9,7 +9,9 @@ and the outcome of each comes back to the core by its token.  The shell fills
 the copy as the stream grows (``arrived`` in seq order, then ``flush``) and
 tells it the stream's state (``stream_state``: where it starts, where it
 ends, and whether it is a stream the copy was not made from, which empties
-the copy).  ``read``/``read_columns``/``first_seq``/``next_seq`` are the
+the copy).  A message of the stream that is no mc0 record (published there
+by something else than a broker) is a hole in the copy: skipped by every
+read, counted ``unreadable`` and logged once.  ``read``/``read_columns``/``first_seq``/``next_seq`` are the
 copy's; ``stored_next_seq`` is how far the stream is known to reach (the
 copy may lag it by the time the stream takes to deliver).
 
@@ -28,6 +30,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
@@ -37,7 +40,7 @@ from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
 from .filestore import Journal
-from .records import encode_payload
+from .records import decode_payload, encode_payload
 
 log = logging.getLogger("mc0.journal")
 
@@ -72,7 +75,7 @@ class ReplicatedJournal:
         self._waiting: dict[int, int] = {}  # token -> payload bytes, proposed and not yet answered
         self._waiting_bytes = 0
         self.created = ""  # the stream's creation time the copy belongs to
-        self.counters = {"proposed": 0, "arrived": 0, "resets": 0, "copy_write_failed": 0}
+        self.counters = {"proposed": 0, "arrived": 0, "resets": 0, "copy_write_failed": 0, "unreadable": 0}
         self.broken = ""  # why the copy cannot be written ("" = it can)
         self._next_live = 0  # the seq after the last the stream delivered (duplicates are dropped by it)
 
@@ -225,6 +228,8 @@ class ReplicatedJournal:
             "replicas": self.settings.replicas,
             "copy_next_seq": self.cache.next_seq,
             "dedup_window_s": self.settings.dedup_window_s,
+            # Messages of the stream that are no mc0 record: skipped (holes in the copy).
+            "unreadable": self.counters["unreadable"] + self.cache.counters["unreadable"],
         }
 
     def load_consumers(self) -> dict[str, bytes]:
@@ -245,9 +250,19 @@ class ReplicatedJournal:
         if seq >= self._stored_next:
             self._stored_next = seq + 1
 
-    def arrived(self, seq: int, ts: float, payload: bytes) -> bool:
-        """A record the stream delivered, in seq order; False if the copy (or, with the copy
-        broken, the live stream) had it."""
+    def arrived(self, seq: int, ts: float, payload: bytes) -> Record | None:
+        """A record the stream delivered, in seq order: the record, if it is new (None if the copy,
+        or with the copy broken the live stream, had it).  A message that is no mc0 record (anything
+        a NATS user allowed the stream's subjects published there) is None too: the copy keeps a
+        hole at its seq, so the seqs stay the stream's and every read skips it; counted
+        ``unreadable`` and logged once."""
+        try:
+            record: Record | None = decode_payload(seq, ts, payload, 0, len(payload))
+        except (ValueError, struct.error) as exc:
+            record = None
+            if seq >= max(self._next_live, self.cache.next_seq):
+                self._unreadable(seq, exc)
+            payload = b""
         if not self.broken:
             try:
                 appended = self.cache.append_at(seq, ts, payload)
@@ -258,13 +273,25 @@ class ReplicatedJournal:
                     self.counters["arrived"] += 1
                     self.acknowledged(seq)
                     self._next_live = max(self._next_live, seq + 1)
-                return appended
+                return record if appended else None
         if seq < max(self._next_live, self.cache.next_seq):
-            return False
+            return None
         self.counters["arrived"] += 1
         self.acknowledged(seq)
         self._next_live = seq + 1
-        return True
+        return record
+
+    def _unreadable(self, seq: int, exc: Exception) -> None:
+        self.counters["unreadable"] += 1
+        if self.counters["unreadable"] == 1:
+            log.warning(
+                "journal %s: seq %d of stream %s is not an mc0 record (%s: written by something else than a "
+                "broker): skipped, here and at every read; further ones are only counted (unreadable)",
+                self.name,
+                seq,
+                self.stream,
+                exc,
+            )
 
     def flush(self) -> None:
         """Write what arrived to the OS (readers see it either way)."""

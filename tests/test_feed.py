@@ -1,0 +1,132 @@
+"""StreamFeed (mc0/broker/cluster/feed.py) against a stand-in for nats-py that answers the JetStream API
+from a table: what it does with a stream that has no leader, and when it calls a consumer stalled.
+The same feed on real nats-server nodes: tests/test_jetstream_live.py and tests/test_jetstream_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from mc0.broker.cluster import feed as feeds
+from mc0.broker.cluster.feed import StreamFeed
+from mc0.broker.cluster.streams import STATE, StoreError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Answer:
+    def __init__(self, data: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
+        self.data = json.dumps(data or {}).encode()
+        self.headers = headers
+
+
+class Subscription:
+    async def unsubscribe(self) -> None:
+        pass
+
+
+class FakeNats:
+    """nats-py as the feed uses it: ``request`` answered from ``answers`` (subject -> Answer), each asked
+    subject and payload kept in ``asked``."""
+
+    def __init__(self, answers: dict[str, Answer]) -> None:
+        self.answers = answers
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    async def request(self, subject: str, payload: bytes, timeout: float) -> Answer:
+        self.asked.append((subject, json.loads(payload) if payload else {}))
+        if subject not in self.answers:
+            raise TimeoutError(subject)
+        return self.answers[subject]
+
+    def new_inbox(self) -> str:
+        return "_INBOX.feed"
+
+    async def subscribe(self, subject: str, **options: Any) -> Subscription:
+        return Subscription()
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        pass
+
+
+def stream_info(leader: str | None, first: int = 1, last: int = 9) -> Answer:
+    cluster = {"name": "mc0", "leader": leader} if leader is not None else {"name": "mc0"}
+    state = {"first_seq": first, "last_seq": last}
+    return Answer({"created": "made-1", "state": state, "cluster": cluster})
+
+
+def feed_of(nc: FakeNats, posted: list[Sequence[bytes]], next_seq: int = 10) -> StreamFeed:
+    return StreamFeed(nc, posted.append, "main", asyncio.Event(), (next_seq, "made-1"))
+
+
+@pytest.mark.parametrize(
+    ("leader", "starts"),
+    [
+        ("n2", True),  # a leader: its state is the stream's
+        ("", False),  # none (NATS lost its quorum): a replica's own state, maybe behind what was acknowledged
+        (None, False),
+    ],
+)
+def test_a_stream_without_a_leader_is_not_measured_against_and_no_consumer_is_made(
+    leader: str | None, starts: bool
+) -> None:
+    created = Answer({"name": "feed-1"})
+    nc = FakeNats(
+        {"$JS.API.STREAM.INFO.MC0_J_main": stream_info(leader, 1, 4), "$JS.API.CONSUMER.CREATE.MC0_J_main": created}
+    )
+    posted: list[Sequence[bytes]] = []
+    feed = feed_of(nc, posted)  # its copy reaches seq 9: past what the replica says (4)
+
+    async def start() -> None:
+        await feed._start()
+
+    if starts:
+        asyncio.run(start())
+        assert [frames[0] for frames in posted] == [STATE] and feed.next_seq == 1  # (a leader says so: again)
+        assert [subject for subject, _ in nc.asked][-1] == "$JS.API.CONSUMER.CREATE.MC0_J_main"
+    else:
+        with pytest.raises(StoreError) as refused:
+            asyncio.run(start())
+        assert refused.value.code == 503 and "no leader" in refused.value.description
+        assert posted == [] and feed.next_seq == 10  # the copy is left as it is
+        assert [subject for subject, _ in nc.asked] == ["$JS.API.STREAM.INFO.MC0_J_main"]
+
+
+@pytest.mark.parametrize(
+    ("looks", "stalled"),
+    [
+        # (what the stream holds from the next seq wanted on at each look, records delivered before it)
+        ([(12, 0), (12, 0)], True),  # held at one look, still not delivered at the next: a stall
+        ([(0, 0), (0, 0), (0, 0)], False),  # nothing held: an idle stream
+        ([(12, 0), (12, 1)], False),  # it delivered meanwhile: nothing to suspect
+        ([(12, 1), (12, 0), (12, 0)], True),
+    ],
+)
+def test_a_consumer_is_stalled_when_a_record_the_stream_held_at_one_look_is_not_delivered_by_the_next(
+    looks: list[tuple[int, int]], stalled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nc = FakeNats({})
+    feed = feed_of(nc, [])
+    clock = [1000.0]
+    monkeypatch.setattr(feeds.time, "monotonic", lambda: clock[0])
+    verdicts = []
+
+    async def look() -> None:
+        for held, delivered in looks:
+            if held:
+                nc.answers["$JS.API.DIRECT.GET.MC0_J_main"] = Answer(headers={"Nats-Sequence": str(held)})
+            else:
+                nc.answers["$JS.API.DIRECT.GET.MC0_J_main"] = Answer(headers={"Status": "404"})
+            feed._moved = feed._moved or bool(delivered)
+            clock[0] += feeds.STALL_CHECK_S
+            verdicts.append(await feed._stalled())
+
+    asyncio.run(look())
+    assert any(verdicts) == stalled and verdicts[:-1] == [False] * (len(verdicts) - 1)
+    assert feed.stalls == int(stalled)
+    asked = [request for subject, request in nc.asked if subject == "$JS.API.DIRECT.GET.MC0_J_main"]
+    assert all(request == {"seq": 10, "next_by_subj": "mc0.j.main.>"} for request in asked)
