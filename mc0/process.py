@@ -5,6 +5,13 @@ arguments and returns once the broker printed its ``listening on`` line
 (``Timeout`` otherwise, with the child's stderr in the message); ``stop()``
 sends SIGTERM and returns the exit status; ``kill()`` is SIGKILL.  Used by
 the demo, the tests and the benchmarks, so all three run the real thing.
+
+The child's stdout and stderr are read by threads for as long as it runs, so
+a broker that logs a lot never blocks in ``write(2)`` on a full pipe (at
+``-vv`` a pipe nobody read filled after ~350 connections and the broker
+stopped answering).  What it wrote to stderr is kept up to
+``STDERR_KEPT_BYTES``; past that the oldest half goes, and
+:meth:`stderr_text` says how much was left out.
 """
 
 from __future__ import annotations
@@ -24,6 +31,42 @@ from .errors import Error, Timeout
 
 READY_PREFIX = "mc0 broker listening on "
 KEY_PREFIX = "mc0 broker public key "
+STDERR_KEPT_BYTES = 8 << 20  # what stderr_text() can show; the rest of a long log is dropped from the front
+
+
+class StderrKeeper:
+    """Reads a child's stderr to its end in a thread, keeping at most ``limit`` characters of it."""
+
+    def __init__(self, stream: Any, limit: int = STDERR_KEPT_BYTES) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._chunks: list[str] = []
+        self._kept = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        for line in self._stream:
+            with self._lock:
+                self._chunks.append(line)
+                self._kept += len(line)
+                if self._kept > self._limit:  # (amortised: drop the oldest half at once)
+                    text = "".join(self._chunks)
+                    cut = len(text) - self._limit // 2
+                    self.dropped += cut
+                    self._chunks = [text[cut:]]
+                    self._kept = len(self._chunks[0])
+        self._stream.close()  # (EOF: the child closed its end)
+
+    def text(self, wait: float = 0.0) -> str:
+        """What was kept so far (``wait``: first give the reader that long to reach the end)."""
+        if wait:
+            self._thread.join(wait)
+        with self._lock:
+            kept = "".join(self._chunks)
+        return f"[... {self.dropped} characters of stderr left out ...]\n{kept}" if self.dropped else kept
 
 
 class BrokerProcess:
@@ -49,6 +92,7 @@ class BrokerProcess:
         self.cwd = cwd
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[str] | None = None
+        self._stderr: StderrKeeper | None = None
         self.endpoints: list[str] = []
         self.public_key: bytes | None = None
 
@@ -68,7 +112,8 @@ class BrokerProcess:
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.cwd
         )
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._stderr = StderrKeeper(self.proc.stderr)
         # A thread reads stdout line by line (select() on a buffered pipe misses
         # lines already read ahead) and keeps draining it after start.
         lines: queue.Queue[str] = queue.Queue()
@@ -90,11 +135,11 @@ class BrokerProcess:
         raise Timeout(f"broker start ({' '.join(command)}): {stderr.strip()[-500:]}", self.start_timeout)
 
     def _stderr_after_kill(self) -> str:
-        assert self.proc is not None
+        assert self.proc is not None and self._stderr is not None
         if self.proc.poll() is None:
             self.proc.kill()
-        _, stderr = self.proc.communicate(timeout=5)
-        return stderr or ""
+        self.proc.wait(5)
+        return self._stderr.text(wait=5.0)
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -122,10 +167,10 @@ class BrokerProcess:
         self._close_pipes()
 
     def stderr_text(self) -> str:
-        """The child's stderr so far (only after it exited)."""
-        if self.proc is None or self.proc.stderr is None or self.proc.poll() is None:
+        """The child's stderr so far (all of it once the child exited; at most STDERR_KEPT_BYTES)."""
+        if self._stderr is None or self.proc is None:
             return ""
-        return self.proc.stderr.read()
+        return self._stderr.text(wait=5.0 if self.proc.poll() is not None else 0.0)
 
     def _close_pipes(self) -> None:
         pass  # stdout belongs to the reader thread, which ends at EOF
@@ -141,8 +186,8 @@ class BrokerProcess:
                 self.stop()
             except Error:
                 pass
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self._stderr is not None:
+            self._stderr.text(wait=5.0)  # the reader reaches EOF: the pipe is then closed with the process
 
 
 def _pump_lines(stream: Any, lines: queue.Queue[str]) -> None:
