@@ -29,8 +29,9 @@ File format (little endian), one file per segment named by its first seq::
               topic, sender, n_headers * (u16 klen, u32 vlen, key, value),
               n_parts * (u32 len, bytes)
 
-Memory per journal: 8 bytes per retained record (the offset index) plus the
-dedup memory.  Wall-clock time comes from the injected ``clock``.
+Memory per journal: 9 bytes per retained record (the offset index and the
+topic index, :mod:`.topicindex`: a filtered read skips what cannot match
+without reading it) plus the dedup memory.  Wall-clock time comes from the injected ``clock``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .records import (
     encode_record,
     payload_columns,
 )
+from .topicindex import TopicIndex, select
 
 __all__ = [
     "FSYNC_POLICIES",
@@ -84,12 +86,13 @@ class JournalError(Error, OSError):
 
 
 class _Segment:
-    __slots__ = ("first_seq", "path", "offsets", "size", "first_ts", "last_ts", "fd")
+    __slots__ = ("first_seq", "path", "offsets", "topics", "size", "first_ts", "last_ts", "fd")
 
     def __init__(self, first_seq: int, path: Path) -> None:
         self.first_seq = first_seq
         self.path = path
         self.offsets = array("Q")  # record i (seq first_seq + i) starts here
+        self.topics = TopicIndex()  # record i's topic (kept beside offsets; a read trusts it only when as long)
         self.size = 0  # bytes on disk (and in the write buffer, for the active segment)
         self.first_ts: float | None = None
         self.last_ts = 0.0
@@ -181,6 +184,7 @@ class Journal:
             if zlib.crc32(view[pos + HEAD.size : end], zlib.crc32(SEQ_TS.pack(rec_seq, ts))) != crc:
                 break
             segment.offsets.append(pos)
+            segment.topics.add_payload(data, pos + HEAD.size, end)
             if segment.first_ts is None:
                 segment.first_ts = ts
             segment.last_ts = ts
@@ -260,6 +264,7 @@ class Journal:
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
+        active.topics.add(topic)
         active.size += len(data)
         if active.first_ts is None:
             active.first_ts = ts
@@ -292,6 +297,7 @@ class Journal:
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
+        active.topics.add_payload(payload, 0, len(payload))
         active.size += len(data)
         if active.first_ts is None:
             active.first_ts = ts
@@ -325,6 +331,7 @@ class Journal:
         active = self._segments[-1]
         if active.offsets or active.first_seq != first_seq:
             active.offsets = array("Q")
+            active.topics = TopicIndex()
             active.size = 0
             self._replace_empty(first_seq)
         self._dedup.clear()
@@ -423,6 +430,7 @@ class Journal:
             pass
         while active.offsets and active.offsets[-1] >= self._buffer_start:
             active.offsets.pop()
+        active.topics.truncate(len(active.offsets))
         active.size = self._buffer_start
         self._buffer.clear()
         last = active.next_seq
@@ -522,11 +530,26 @@ class Journal:
         chunks, seq = self._chunks(from_seq, to_seq, max_records, max_bytes)
         for segment, start, stop in chunks:
             data = self._segment_bytes(segment, start, stop)
+            check = match
+            if match is not None:
+                data, check = self._candidates(segment, start, stop, data, match)
             try:
-                payload_columns(data, match, columns)
+                payload_columns(data, check, columns)
             except (struct.error, ValueError) as exc:
                 raise JournalError(f"journal {self.name}: {segment.path.name}: {exc}") from None
         return columns, seq
+
+    @staticmethod
+    def _candidates(
+        segment: _Segment, start: int, stop: int, data: bytes, match: Callable[[str], bool]
+    ) -> tuple[bytes, Callable[[str], bool] | None]:
+        """Of ``data`` (records ``[start, stop)`` of the segment) the records whose topic may pass
+        ``match``, by the topic index, and the filter still to apply to them (:func:`.topicindex.select`)."""
+        index = segment.topics
+        if len(index.ids) != len(segment.offsets):  # (never expected: then every record is checked)
+            return data, match
+        i, j = start - segment.first_seq, stop - segment.first_seq
+        return select(data, segment.offsets[i:j], index.flags(i, j, match), match)
 
     def _chunks(
         self, from_seq: int, to_seq: int | None, max_records: int, max_bytes: int
