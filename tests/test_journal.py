@@ -13,6 +13,7 @@ import pytest
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.journaling import holds_dead_letters
 from mc0.broker.storage.filestore import Journal, JournalSettings, Trimmed
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.broker.storage.port import JournalStore
@@ -428,6 +429,24 @@ def test_bad_fetch_is_400(tmp_path: Path, query: object, code: str) -> None:
     core, _ = core_with(tmp_path)
     out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", json.dumps(query)), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code)
+
+
+@pytest.mark.parametrize(
+    ("topics", "expected"),
+    [
+        ([], False),
+        ([b"orders.new"], False),
+        ([b"mc0.sys.dead.orders.new"], True),
+        ([b"orders.new", b"a", b"mc0.sys.dead.x"], True),
+        ([b"orders.mc0.sys.dead.x"], False),  # the prefix inside a topic is no dead letter
+        ([b"mc0.sys.deadline"], False),
+        ([b"mc0.sys.dead"], False),
+    ],
+)
+def test_a_columns_page_holds_dead_letters_only_when_a_topic_starts_with_the_prefix(
+    topics: list[bytes], expected: bool
+) -> None:
+    assert holds_dead_letters(topics) is expected
 
 
 def test_a_large_fetch_goes_out_one_page_per_turn_and_a_blocked_page_is_resent(tmp_path: Path) -> None:
