@@ -112,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--topics", default=None, help="the filtered Spark read's topics option (default: bench.t1, a quarter)"
     )
+    parser.add_argument(
+        "--filter-broker",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also the filtered Spark read against a broker run with PYTHONPATH=PATH (another commit's mc0/)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     for name in ("count", "size", "window", "spark_count", "spark_size", "runs"):
@@ -146,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.spark_scan import FILTER, scan_rates
 
         topics = args.topics or FILTER
+        brokers = dict(b.split("=", 1) for b in args.filter_broker if "=" in b)
         scans, failed = scan_rates(
-            args.spark_count, args.spark_size, args.runs, console.log, options=options, topics=topics
+            args.spark_count, args.spark_size, args.runs, console.log, options=options, topics=topics, brokers=brokers
         )
         # The scans beside the plain source; the filtered read (rows it returns per second) and its
         # ceiling (the plain source over just those rows) beside the plain scan, as issue 30 compares them.
-        filtered = ("plain Python source, the filter's rows", "spark read, topic filter")
+        filtered = [k for k in scans if k.startswith(("plain Python source, the filter's rows", "spark read, topic"))]
         whole = {k: v for k, v in scans.items() if k not in filtered}
         rows += summarize(whole, "plain Python source", "rows/s", failed)
         pair = {"spark read": scans["spark read"], **{k: scans[k] for k in filtered}}

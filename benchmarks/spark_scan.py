@@ -18,6 +18,10 @@ same rows and the client's own fetch loop, all in one invocation.
   of just the rows the filter returns, the same query and partition count: what
   Spark's Python data source path costs for those rows, the ceiling of the
   filtered read.
+- **spark read, topic filter, broker NAME** (``--filter-broker NAME=PATH``): the
+  filtered read against another broker process started with ``PYTHONPATH=PATH``
+  (say an archive of another commit's ``mc0/``), filled alike: the broker side's
+  before/after, interleaved in the same runs.
 
 The first two Spark rows run the same query in ``local[2]`` with the same partitioning,
 an aggregation over every column (count, sum of seqs, an xxhash64 of each
@@ -31,6 +35,8 @@ filtered run whose count or bytes differ from a Python filter over the records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import statistics
 import tempfile
 import time
@@ -232,6 +238,7 @@ def scan_rates(
     *,
     options: dict[str, str] | None = None,
     topics: str = FILTER,
+    brokers: dict[str, str] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Rows/s per system over ``runs`` interleaved runs, and the failed-run count per system."""
     import pyspark.cloudpickle as cloudpickle
@@ -249,12 +256,22 @@ def scan_rates(
         "spark read": [],
         "plain Python source, the filter's rows": [],
         "spark read, topic filter": [],
+        **{f"spark read, topic filter, broker {name}": [] for name in brokers or {}},
     }
     failed = {name: 0 for name in rates}
-    with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp, contextlib.ExitStack() as others:
         with BrokerProcess(config=_config(Path(tmp)), insecure=True) as broker:
             say(f"publishing {count:,} records of {size} B")
             asyncio.run(_fill(broker.endpoint, count, size))
+            endpoints: dict[str, str] = {}
+            for name, path in (brokers or {}).items():  # the same records, kept by another mc0
+                folder = Path(tmp) / f"broker-{len(endpoints)}"
+                folder.mkdir()
+                env = {**os.environ, "PYTHONPATH": path}
+                other = others.enter_context(BrokerProcess(config=_config(folder), insecure=True, env=env, cwd=tmp))
+                say(f"publishing them again to broker {name} (PYTHONPATH={path})")
+                asyncio.run(_fill(other.endpoint, count, size))
+                endpoints[name] = other.endpoint
             _, records = fetch_all(broker.endpoint, count)
             want = expected_aggregate(records)
             arrow_file = Path(tmp) / "rows.arrow"
@@ -282,12 +299,20 @@ def scan_rates(
                 _scan(reader.load())
                 _scan(filtered.load(), FILTER_AGGREGATE)
                 want["digest"] = digest
-                scans = (
+                scans = [
                     ("plain Python source", plain, AGGREGATE, want),
                     ("spark read", reader, AGGREGATE, want),
                     ("plain Python source, the filter's rows", plain_filtered, FILTER_AGGREGATE, want_filtered),
                     ("spark read, topic filter", filtered, FILTER_AGGREGATE, want_filtered),
-                )
+                ]
+                for name, endpoint in endpoints.items():
+                    other_filtered = spark.read.format("mc0").option("endpoint", endpoint).option("topics", topics)
+                    for key, value in (options or {}).items():
+                        other_filtered = other_filtered.option(key, value)
+                    _scan(other_filtered.load(), FILTER_AGGREGATE)
+                    scans.append(
+                        (f"spark read, topic filter, broker {name}", other_filtered, FILTER_AGGREGATE, want_filtered)
+                    )
                 for run in range(runs):
                     rate, fetched = fetch_all(broker.endpoint, count)
                     rates["client fetch"].append(rate)

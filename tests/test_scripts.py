@@ -137,7 +137,7 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
     out = tmp_path / "scan.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--spark-only", "--runs", "1", "--spark-count", "3000",
-         "--option", "maxRecordsPerPartition=1000", "--json", str(out)],
+         "--option", "maxRecordsPerPartition=1000", "--filter-broker", f"same={SCRIPTS.parent}", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=280,
@@ -146,6 +146,7 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     scans = {"client fetch", "client fetch_pages", "plain Python source", "spark read"}
     filtered = {"plain Python source, the filter's rows", "spark read, topic filter"}  # beside the plain scan
+    filtered.add("spark read, topic filter, broker same")  # --filter-broker: here this checkout's own mc0
     assert set(rows) == scans | filtered
     assert all(r["median"] > 0 and r["failed"] == 0 for r in rows.values())
     assert {r["baseline"] for n, r in rows.items() if n in scans} == {"plain Python source"}
