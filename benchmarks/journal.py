@@ -110,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--option", action="append", default=[], help="a mc0 source option KEY=VALUE (Spark scan)")
     parser.add_argument(
-        "--topics", default=None, help="the filtered Spark read's topics option (default: bench.t1, a quarter)"
+        "--topics",
+        default=None,
+        help="the filtered Spark read's topics option (default: bench.t1, one of --spark-topics)",
+    )
+    parser.add_argument(
+        "--spark-topics", type=int, default=4, help="topics the scanned records go to in turn (bench.t0, bench.t1, ...)"
     )
     parser.add_argument(
         "--filter-broker",
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    for name in ("count", "size", "window", "spark_count", "spark_size", "runs"):
+    for name in ("count", "size", "window", "spark_count", "spark_size", "spark_topics", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     from rich.console import Console
@@ -155,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         topics = args.topics or FILTER
         brokers = dict(b.split("=", 1) for b in args.filter_broker if "=" in b)
         scans, failed = scan_rates(
-            args.spark_count, args.spark_size, args.runs, console.log, options=options, topics=topics, brokers=brokers
+            args.spark_count,
+            args.spark_size,
+            args.runs,
+            console.log,
+            options=options,
+            topics=topics,
+            brokers=brokers,
+            topic_count=args.spark_topics,
         )
         # The scans beside the plain source; the filtered read (rows it returns per second) and its
         # ceiling (the plain source over just those rows) beside the plain scan, as issue 30 compares them.

@@ -11,7 +11,7 @@ same rows and the client's own fetch loop, all in one invocation.
   source path ingests here.
 - **spark read**: ``spark.read.format("mc0")`` over the broker's journal.
 - **spark read, topic filter**: the read as users write it, ``option("topics", FILTER)``
-  (one topic of the four: a quarter of the records) then ``count(*)`` and
+  (one topic of the four, ``--spark-topics``: a quarter of the records) then ``count(*)`` and
   ``sum(length(body))``; its rate is rows *returned* per second (the journal
   records it covers, four times as many, go by in the same time).
 - **plain Python source, the filter's rows**: the plain source over an Arrow file
@@ -48,7 +48,8 @@ from mc0.process import BrokerProcess
 from mc0.spark.options import DEFAULT_PARTITION_RECORDS
 
 ROWS_PER_BATCH = 1000
-FILTER = "bench.t1"  # the filtered read's topics option: one topic of the four _fill publishes on
+FILTER = "bench.t1"  # the filtered read's topics option: one topic of the TOPICS _fill publishes on
+TOPICS = 4
 FILTER_AGGREGATE = ["count(*) AS n", "sum(length(body)) AS bytes"]
 AGGREGATE = [
     "count(*) AS n",
@@ -83,14 +84,15 @@ def _config(folder: Path) -> str:
     return str(path)
 
 
-async def _fill(endpoint: str, count: int, size: int) -> None:
-    """``count`` journaled PUTs of ``size`` bytes (every tenth with an X- header), then wait until all are kept."""
+async def _fill(endpoint: str, count: int, size: int, topics: int = TOPICS) -> None:
+    """``count`` journaled PUTs of ``size`` bytes on ``topics`` topics in turn (every tenth with an X- header),
+    then wait until all are kept."""
     from mc0.aio import Client
 
     async with Client(endpoint, timeout=60) as client:
         for i in range(count):
             headers = {"X-i": str(i)} if i % 10 == 0 else None
-            await client.publish(f"bench.t{i % 4}", (b"%08d" % i).ljust(size, b"x"), headers=headers)
+            await client.publish(f"bench.t{i % topics}", (b"%08d" % i).ljust(size, b"x"), headers=headers)
         await client.flush()
         for _ in range(6000):  # bounded: 60 s
             if int((await client.journal_info())["main"]["next_seq"]) > count:
@@ -239,6 +241,7 @@ def scan_rates(
     options: dict[str, str] | None = None,
     topics: str = FILTER,
     brokers: dict[str, str] | None = None,
+    topic_count: int = TOPICS,
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Rows/s per system over ``runs`` interleaved runs, and the failed-run count per system."""
     import pyspark.cloudpickle as cloudpickle
@@ -262,7 +265,7 @@ def scan_rates(
     with tempfile.TemporaryDirectory(prefix="mc0-bench-") as tmp, contextlib.ExitStack() as others:
         with BrokerProcess(config=_config(Path(tmp)), insecure=True) as broker:
             say(f"publishing {count:,} records of {size} B")
-            asyncio.run(_fill(broker.endpoint, count, size))
+            asyncio.run(_fill(broker.endpoint, count, size, topic_count))
             endpoints: dict[str, str] = {}
             for name, path in (brokers or {}).items():  # the same records, kept by another mc0
                 folder = Path(tmp) / f"broker-{len(endpoints)}"
@@ -270,7 +273,7 @@ def scan_rates(
                 env = {**os.environ, "PYTHONPATH": path}
                 other = others.enter_context(BrokerProcess(config=_config(folder), insecure=True, env=env, cwd=tmp))
                 say(f"publishing them again to broker {name} (PYTHONPATH={path})")
-                asyncio.run(_fill(other.endpoint, count, size))
+                asyncio.run(_fill(other.endpoint, count, size, topic_count))
                 endpoints[name] = other.endpoint
             _, records = fetch_all(broker.endpoint, count)
             want = expected_aggregate(records)
