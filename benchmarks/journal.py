@@ -1,6 +1,7 @@
 """Journal benchmark: confirmed PUT rate into a journal (per fsync policy) relative to a plain
 confirmed PUT, and the Spark scan of a journal (benchmarks/spark_scan.py) beside a plain Python
-source over the same rows and the client's own fetch loops; with ``--jetstream``, confirmed
+source over the same rows and the client's own fetch loops, and a Spark read with a topic filter
+(``--topics``) beside the plain scan and a plain source over the rows it returns; with ``--jetstream``, confirmed
 publishes into an R3 JetStream journal through a broker beside nats-py straight into an R3 stream
 (benchmarks/jetstream.py: three nats-server nodes, sync_interval always on both sides); with
 ``--file-vs-jetstream``, confirmed publishes into a file journal per fsync policy through a broker
@@ -108,9 +109,24 @@ def main(argv: list[str] | None = None) -> int:
         " beside nats-py into one JetStream node, sync_interval=always (always, batch) or its default (never)",
     )
     parser.add_argument("--option", action="append", default=[], help="a mc0 source option KEY=VALUE (Spark scan)")
+    parser.add_argument(
+        "--topics",
+        default=None,
+        help="the filtered Spark read's topics option (default: bench.t1, one of --spark-topics)",
+    )
+    parser.add_argument(
+        "--spark-topics", type=int, default=4, help="topics the scanned records go to in turn (bench.t0, bench.t1, ...)"
+    )
+    parser.add_argument(
+        "--filter-broker",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also the filtered Spark read against a broker run with PYTHONPATH=PATH (another commit's mc0/)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    for name in ("count", "size", "window", "spark_count", "spark_size", "runs"):
+    for name in ("count", "size", "window", "spark_count", "spark_size", "spark_topics", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     from rich.console import Console
@@ -139,10 +155,27 @@ def main(argv: list[str] | None = None) -> int:
             pair = {name: rates[name] for name in (baseline, *compared)}
             rows += summarize(pair, baseline, "msg/s", {name: missing[name] for name in pair})
     if not args.no_spark and not args.jetstream_only and not args.file_vs_jetstream:
-        from benchmarks.spark_scan import scan_rates
+        from benchmarks.spark_scan import FILTER, scan_rates
 
-        scans, failed = scan_rates(args.spark_count, args.spark_size, args.runs, console.log, options=options)
-        rows += summarize(scans, "plain Python source", "rows/s", failed)
+        topics = args.topics or FILTER
+        brokers = dict(b.split("=", 1) for b in args.filter_broker if "=" in b)
+        scans, failed = scan_rates(
+            args.spark_count,
+            args.spark_size,
+            args.runs,
+            console.log,
+            options=options,
+            topics=topics,
+            brokers=brokers,
+            topic_count=args.spark_topics,
+        )
+        # The scans beside the plain source; the filtered read (rows it returns per second) and its
+        # ceiling (the plain source over just those rows) beside the plain scan, as issue 30 compares them.
+        filtered = [k for k in scans if k.startswith(("plain Python source, the filter's rows", "spark read, topic"))]
+        whole = {k: v for k, v in scans.items() if k not in filtered}
+        rows += summarize(whole, "plain Python source", "rows/s", failed)
+        pair = {"spark read": scans["spark read"], **{k: scans[k] for k in filtered}}
+        rows += summarize(pair, "spark read", "rows/s", failed)[1:]
     load = os.getloadavg()[0]
     table = Table(title=f"journal benchmark (median of {args.runs}; ratios within this run; load average {load:.1f})")
     for column in ("", "median", "min", "max", "ratio", "failed runs"):

@@ -3,7 +3,8 @@
 
 python scripts/bench_journal.py                      # full run (needs mc0[spark] and Java)
 python scripts/bench_journal.py --no-spark --runs 1  # the append rates only
-python scripts/bench_journal.py --spark-only         # the Spark scan: 200,000 rows of 100 B, local[2]
+python scripts/bench_journal.py --spark-only         # the Spark scan: 200,000 rows of 100 B, local[2],
+                                                     # and the read with a topic filter (--topics PATTERNS)
 python scripts/bench_journal.py --jetstream-only --runs 3  # R3 JetStream journal via a broker vs nats-py
 python scripts/bench_journal.py --file-vs-jetstream --runs 3  # file journal vs one JetStream node, equal sync
 """

@@ -219,19 +219,27 @@ def replayed(bus: Bus, rid: bytes) -> set[str]:
     return origins([list(s.frames) for s in bus.core.stream(5.0) if s.routing_id == rid])
 
 
-def fetched(bus: Bus, rid: bytes) -> set[str]:
+def fetched(bus: Bus, rid: bytes, page: str = "json") -> set[str]:
     dead_letters(bus, 5.0)
     bus.core.commit()
-    body = json.dumps({"op": "fetch", "journal": "main", "topics": ["mc0.sys.dead.>"]})
+    body = json.dumps({"op": "fetch", "journal": "main", "topics": ["mc0.sys.dead.>"], "page": page})
     assert bus.core.handle(rid, f("REQUEST", "SERVICE", "mc0.journal", "ID", "j", "", body), 5.0, bus.who[rid]) == []
     found = set()
     for _ in range(5):  # bounded: pages then the FINAL
         for sent in bus.core.stream(5.0):
             frames = list(sent.frames)
             if frames[0] == b"PARTIAL":
-                records = P.parse_journal_page(frames[frames.index(b"") + 1 :])
+                parts = frames[frames.index(b"") + 1 :]
+                if page == "json":
+                    records = P.parse_journal_page(parts)
+                else:
+                    records = P.parse_columns_page(parts[0]).records()
                 found |= {r.headers["X-Dead-Topic"] for r in records}
     return found
+
+
+def fetched_as_columns(bus: Bus, rid: bytes) -> set[str]:
+    return fetched(bus, rid, "columns/1")
 
 
 def consumed(bus: Bus, rid: bytes) -> set[str]:
@@ -243,7 +251,7 @@ def consumed(bus: Bus, rid: bytes) -> set[str]:
     return {r.headers["X-Dead-Topic"] for r in P.parse_journal_page(parts[:2])}
 
 
-DEAD_PATHS = [live, in_a_queue_group, replayed, fetched, consumed]
+DEAD_PATHS = [live, in_a_queue_group, replayed, fetched, fetched_as_columns, consumed]
 
 
 @pytest.mark.parametrize("path", DEAD_PATHS, ids=lambda p: p.__name__)

@@ -13,11 +13,14 @@ import pytest
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.core.journaling import holds_dead_letters
 from mc0.broker.storage.filestore import Journal, JournalSettings, Trimmed
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.broker.storage.port import JournalStore
 from mc0.config import parse
 from mc0.errors import ConfigError
+from mc0.permissions import Permissions
+from mc0.topics import pattern_matches, split_pattern, split_topic
 
 from .conftest import headers_of, payload_of
 from .test_core import connect, f
@@ -428,6 +431,119 @@ def test_bad_fetch_is_400(tmp_path: Path, query: object, code: str) -> None:
     core, _ = core_with(tmp_path)
     out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", json.dumps(query)), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code)
+
+
+# ------------------------------------------------------------------ the fetch's topic filter, in the core
+
+FETCHED_TOPICS = ["orders.new", "orders.eu.new", "orders.eu.paid", "payments.card", "audit", "orders"]
+
+
+def fetch_all(core: BrokerCore, query: dict[str, object], rid: bytes = b"sub") -> list[P.Record]:
+    """A fetch to its FINAL (loop turns, bounded), its pages read whatever their encoding."""
+    body = json.dumps({"op": "fetch", "journal": "main", **query})
+    assert handle(core, rid, f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0) == []
+    records: list[P.Record] = []
+    for _ in range(1000):
+        for out in core.stream(0.0):
+            if out.frames[0] == b"FINAL":
+                return records
+            parts = payload_of(list(out.frames))
+            records += (
+                P.parse_columns_page(parts[0]).records() if P.is_columns_page(parts[0]) else P.parse_journal_page(parts)
+            )
+    raise AssertionError("no FINAL")
+
+
+@pytest.mark.parametrize("files", [False, True], ids=["memory", "files"])
+@pytest.mark.parametrize("page", ["json", "columns/1"])
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        [],  # no filter
+        ["*"],  # one token
+        [">"],
+        ["orders.*"],
+        ["orders.>"],
+        ["orders.*.new"],
+        ["orders.new", "payments.>"],
+        ["orders.>", "orders.eu.new"],  # overlapping: each record once
+        ["nothing.here"],
+        ["mc0.>"],  # mc0.sys.* is matched only by a pattern naming mc0.sys: nothing here either way
+    ],
+)
+def test_a_fetch_returns_exactly_the_records_its_patterns_match(
+    tmp_path: Path, files: bool, page: str, patterns: list[str]
+) -> None:
+    core, j = core_with(tmp_path, (">",), files=files, segment_bytes=4096)
+    for i in range(1500):
+        handle(core, b"pub", f("PUT", "TOPIC", FETCHED_TOPICS[i % 6], "", str(i)), 0.0)
+    core.commit()
+    everything, _ = j.read(1, None, None, max_records=10_000, max_bytes=1 << 30)
+    wanted = [split_pattern(p) for p in patterns]
+    expected = [r for r in everything if not wanted or any(pattern_matches(p, split_topic(r.topic)) for p in wanted)]
+    query: dict[str, object] = {"topics": patterns, "page": page, "page_records": 1000}
+    assert fetch_all(core, query) == expected
+
+
+def test_a_fetch_returns_only_topics_its_reader_may_subscribe_to(tmp_path: Path) -> None:
+    store = MemoryStore("main", JournalSettings(topics=(">",)))
+    permissions = Permissions.from_table({"identity": {"carol": {"subscribe": ["orders.eu.>"], "publish": [">"]}}})
+    core = BrokerCore(CoreSettings(), permissions, journals=[store])
+    for rid in (b"pub", b"carol"):
+        connect(core, rid, who=rid.decode())
+    for i in range(60):
+        handle(core, b"pub", f("PUT", "TOPIC", FETCHED_TOPICS[i % 6], "", str(i)), 0.0)
+    core.commit()
+    for patterns in ([], [">"], ["orders.>"], ["payments.>"]):
+        for page in ("json", "columns/1"):
+            topics = {r.topic for r in fetch_all(core, {"topics": patterns, "page": page}, b"carol")}
+            assert topics == ({"orders.eu.new", "orders.eu.paid"} if patterns != ["payments.>"] else set())
+
+
+@pytest.mark.parametrize(
+    ("topics", "code", "reason"),
+    [
+        (["a..b"], "400", "invalid topic 'a..b': empty token"),
+        (["orders.>", "a.>.b"], "400", "'>' may only be the last token"),
+        ([""], "400", "invalid topic '': empty"),
+        (["mcollective discovery"], "400", "contains whitespace"),  # a 0.x opaque topic is no pattern
+        ([5], "400", "topics must be a list of patterns"),
+        ([["orders.>"]], "400", "topics must be a list of patterns"),
+        ({"orders": ">"}, "400", "topics must be a list of patterns"),
+        (["a." * 40 + "b"], "413", "more than 32 tokens"),
+        (["x" * 2000], "413", "longer than 1024 UTF-8 bytes"),
+    ],
+)
+def test_a_fetch_with_a_bad_pattern_is_refused_and_changes_nothing(
+    tmp_path: Path, topics: object, code: str, reason: str
+) -> None:
+    core, _ = core_with(tmp_path, (">",))
+    handle(core, b"pub", f("PUT", "TOPIC", "orders.new", "", "x"), 0.0)
+    core.commit()
+    fetches = core.counters["journal_fetches"]
+    body = json.dumps({"op": "fetch", "journal": "main", "topics": topics, "page": "columns/1"})
+    out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0)
+    assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code) and reason in headers_of(list(out[0][1]))["MESSAGE"]
+    assert not core.streaming and core.counters["journal_fetches"] == fetches  # no fetch started
+    assert [r.topic for r in fetch_all(core, {"topics": ["orders.>"]})] == ["orders.new"]  # and the next one runs
+
+
+@pytest.mark.parametrize(
+    ("topics", "expected"),
+    [
+        ([], False),
+        ([b"orders.new"], False),
+        ([b"mc0.sys.dead.orders.new"], True),
+        ([b"orders.new", b"a", b"mc0.sys.dead.x"], True),
+        ([b"orders.mc0.sys.dead.x"], False),  # the prefix inside a topic is no dead letter
+        ([b"mc0.sys.deadline"], False),
+        ([b"mc0.sys.dead"], False),
+    ],
+)
+def test_a_columns_page_holds_dead_letters_only_when_a_topic_starts_with_the_prefix(
+    topics: list[bytes], expected: bool
+) -> None:
+    assert holds_dead_letters(topics) is expected
 
 
 def test_a_large_fetch_goes_out_one_page_per_turn_and_a_blocked_page_is_resent(tmp_path: Path) -> None:

@@ -163,16 +163,21 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
     out = tmp_path / "scan.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--spark-only", "--runs", "1", "--spark-count", "3000",
-         "--option", "maxRecordsPerPartition=1000", "--json", str(out)],
+         "--option", "maxRecordsPerPartition=1000", "--filter-broker", f"same={SCRIPTS.parent}", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=280,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"client fetch", "client fetch_pages", "plain Python source", "spark read"}
-    assert all(r["median"] > 0 and r["failed"] == 0 and r["baseline"] == "plain Python source" for r in rows.values())
-    assert "spark read" in result.stdout and "FAILING" not in result.stdout
+    scans = {"client fetch", "client fetch_pages", "plain Python source", "spark read"}
+    filtered = {"plain Python source, the filter's rows", "spark read, topic filter"}  # beside the plain scan
+    filtered.add("spark read, topic filter, broker same")  # --filter-broker: here this checkout's own mc0
+    assert set(rows) == scans | filtered
+    assert all(r["median"] > 0 and r["failed"] == 0 for r in rows.values())
+    assert {r["baseline"] for n, r in rows.items() if n in scans} == {"plain Python source"}
+    assert {r["baseline"] for n, r in rows.items() if n in filtered} == {"spark read"}
+    assert "spark read, topic filter" in result.stdout and "FAILING" not in result.stdout
 
 
 @pytest.mark.timeout(240)

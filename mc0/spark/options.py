@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..endpoints import parse_endpoints
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidTopic
+from ..topics import split_pattern
 
 SOURCE_NAME = "mc0"
 SCHEMA = "seq long, ts timestamp, topic string, sender string, headers map<string,string>, body binary"
@@ -118,6 +119,11 @@ class ReadSettings:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ReadSettings:
         topics = tuple(t.strip() for t in str(options.get("topics", "")).split(",") if t.strip())
+        for pattern in topics:  # checked here, in the driver: not by every task's fetch (a 400 each)
+            try:
+                split_pattern(pattern)
+            except InvalidTopic as exc:
+                raise ConfigError("option topics", f"{pattern[:80]!r} is not a topic pattern: {exc.reason}") from None
         return cls(
             Connection.from_options(options),
             str(options.get("journal", DEFAULT_JOURNAL)),

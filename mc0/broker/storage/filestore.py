@@ -35,8 +35,9 @@ whose payload cannot be decoded (a copy written before holes existed) is
 skipped too, counted ``unreadable`` and logged once: a read never fails on
 one record's bytes.
 
-Memory per journal: 8 bytes per retained record (the offset index) plus the
-dedup memory.  Wall-clock time comes from the injected ``clock``.
+Memory per journal: 9 bytes per retained record (the offset index and the
+topic index, :mod:`.topicindex`: a filtered read skips what cannot match
+without reading it) plus the dedup memory.  Wall-clock time comes from the injected ``clock``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from .records import (
     encode_record,
     payload_columns,
 )
+from .topicindex import TopicIndex, select
 
 __all__ = [
     "FSYNC_POLICIES",
@@ -90,12 +92,13 @@ class JournalError(Error, OSError):
 
 
 class _Segment:
-    __slots__ = ("first_seq", "path", "offsets", "size", "first_ts", "last_ts", "fd")
+    __slots__ = ("first_seq", "path", "offsets", "topics", "size", "first_ts", "last_ts", "fd")
 
     def __init__(self, first_seq: int, path: Path) -> None:
         self.first_seq = first_seq
         self.path = path
         self.offsets = array("Q")  # record i (seq first_seq + i) starts here
+        self.topics = TopicIndex()  # record i's topic (kept beside offsets; a read trusts it only when as long)
         self.size = 0  # bytes on disk (and in the write buffer, for the active segment)
         self.first_ts: float | None = None
         self.last_ts = 0.0
@@ -188,6 +191,7 @@ class Journal:
             if zlib.crc32(view[pos + HEAD.size : end], zlib.crc32(SEQ_TS.pack(rec_seq, ts))) != crc:
                 break
             segment.offsets.append(pos)
+            segment.topics.add_payload(data, pos + HEAD.size, end)
             if segment.first_ts is None:
                 segment.first_ts = ts
             segment.last_ts = ts
@@ -267,6 +271,7 @@ class Journal:
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
+        active.topics.add(topic)
         active.size += len(data)
         if active.first_ts is None:
             active.first_ts = ts
@@ -300,6 +305,7 @@ class Journal:
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
+        active.topics.add_payload(payload, 0, len(payload))
         active.size += len(data)
         if active.first_ts is None:
             active.first_ts = ts
@@ -333,6 +339,7 @@ class Journal:
         active = self._segments[-1]
         if active.offsets or active.first_seq != first_seq:
             active.offsets = array("Q")
+            active.topics = TopicIndex()
             active.size = 0
             self._replace_empty(first_seq)
         self._dedup.clear()
@@ -431,6 +438,7 @@ class Journal:
             pass
         while active.offsets and active.offsets[-1] >= self._buffer_start:
             active.offsets.pop()
+        active.topics.truncate(len(active.offsets))
         active.size = self._buffer_start
         self._buffer.clear()
         last = active.next_seq
@@ -531,8 +539,11 @@ class Journal:
         for segment, start, stop in chunks:
             data = self._segment_bytes(segment, start, stop)
             sizes = {name: len(getattr(columns, name)) for name in columns._fields}
+            check = match
+            if match is not None:
+                data, check = self._candidates(segment, start, stop, data, match)
             try:
-                payload_columns(data, match, columns)
+                payload_columns(data, check, columns)
             except (struct.error, ValueError):  # a record that is no mc0 record: this chunk record by record
                 more = page_columns(self._read_segment(segment, start, stop, match))
                 for name, size in sizes.items():
@@ -540,6 +551,18 @@ class Journal:
                     del column[size:]
                     column.extend(getattr(more, name))
         return columns, seq
+
+    @staticmethod
+    def _candidates(
+        segment: _Segment, start: int, stop: int, data: bytes, match: Callable[[str], bool]
+    ) -> tuple[bytes, Callable[[str], bool] | None]:
+        """Of ``data`` (records ``[start, stop)`` of the segment) the records whose topic may pass
+        ``match``, by the topic index, and the filter still to apply to them (:func:`.topicindex.select`)."""
+        index = segment.topics
+        if len(index.ids) != len(segment.offsets):  # (never expected: then every record is checked)
+            return data, match
+        i, j = start - segment.first_seq, stop - segment.first_seq
+        return select(data, segment.offsets[i:j], index.flags(i, j, match), match)
 
     def _chunks(
         self, from_seq: int, to_seq: int | None, max_records: int, max_bytes: int
