@@ -43,7 +43,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
-    "client": ("mc0.events", "mc0.session", "mc0.session_batch", "mc0.aio", "mc0.sync_streams", "mc0.client"),
+    "client": ("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_streams", "mc0.client"),
     "storage": ("mc0.broker.storage",),
     "core": ("mc0.broker.core",),
     "dialects": ("mc0.broker.dialects",),
@@ -93,7 +93,7 @@ PURE_FLOORS = ("protocol", "core", "dialects")
 PURE_MODULES = (
     "mc0.deadlines",
     "mc0.session",
-    "mc0.session_batch",
+    "mc0.pattern_table",
     "mc0.events",
     "mc0.trie",
     "mc0.topics",
@@ -187,14 +187,13 @@ DEBTS: dict[str, set[object]] = {
             )
         ),
         "mc0.client:Worker._aio",
-        *(f"mc0.session_batch:BatchedReceive.{a}" for a in ("_group_routes", "_requests", "_routes", "receive")),
     },
     "private_imports": {
         "mc0.client -> mc0.sync_streams._background_loop",
         "mc0.client -> mc0.sync_streams._in_loop_thread",
         "mc0.client -> mc0.sync_streams._run",
     },
-    "batch_layouts": {"mc0.broker.core.batched: batch.U16", "mc0.session_batch: batch.U16"},
+    "batch_layouts": {"mc0.broker.core.batched: batch.U16"},
 }
 
 # Functions that need more than MAX_FUNCTION_LINES, each with its reason ("module:qualname": why).
