@@ -166,26 +166,6 @@ DEBTS: dict[str, set[object]] = {
         "mc0.broker.core.pubsub:PubSub.fan_out",
     },
     "borrowed_state": {
-        *(
-            f"mc0.aio.failover:Failover.{a}"
-            for a in (
-                "_call_deadlines",
-                "_calls",
-                "_closed",
-                "_closing",
-                "_context",
-                "_curve",
-                "_out",
-                "_pending",
-                "_resend",
-                "_streams",
-                "_tasks",
-                "_watch",
-                "endpoints",
-                "session",
-                "timeout",
-            )
-        ),
         "mc0.client:Worker._aio",
     },
     "private_imports": {
