@@ -33,15 +33,15 @@ from collections.abc import Callable, Mapping, Sequence
 from . import protocol as P
 from .errors import ProtocolError
 from .events import (
-    MAILBOX_ROUTE,
-    MAILBOX_ROUTES,
+    MAILBOX_KEY,
+    MAILBOX_KEYS,
     Answer,
     CancelWork,
     Connected,
     ConnectRefused,
-    Delivery,
     Event,
     Fault,
+    Received,
     Reconnecting,
     Work,
     answer_error,
@@ -65,13 +65,13 @@ CACHE_SIZE = 4096  # topics, senders and services remembered as already validate
 
 
 __all__ = [
-    "MAILBOX_ROUTE",
+    "MAILBOX_KEY",
     "Answer",
     "CancelWork",
     "ClientSession",
     "ConnectRefused",
     "Connected",
-    "Delivery",
+    "Received",
     "Event",
     "Fault",
     "Frames",
@@ -380,7 +380,7 @@ class ClientSession:
             return [], []
         verb = command.verb
         if verb is Verb.MESSAGE:
-            return [self._delivery(command)], []
+            return [self._received(command)], []
         if verb is Verb.REQUEST:
             return [self._work(command)], []
         if verb is Verb.CANCEL:
@@ -467,7 +467,7 @@ class ClientSession:
             tuple(bytes(p) for p in command.payload),
         )
 
-    def _delivery(self, command: Command) -> Delivery:
+    def _received(self, command: Command) -> Received:
         """A MESSAGE the general way (any headers, any number of body frames)."""
         headers = command.headers
         topic = headers[Header.TOPIC]
@@ -478,14 +478,14 @@ class ClientSession:
         parts = tuple(bytes(p) for p in command.payload)
         message = new_message(topic, parts, headers.get(Header.SENDER), group, command.user_headers(), journal, seq)
         if Header.TO in headers:  # a direct message: the mailbox gets it
-            return Delivery(message, MAILBOX_ROUTES)
+            return Received(message, MAILBOX_KEYS)
         # A queue group's copy is for that group's subscriptions only.
         _, _, keys = self._pattern_table.route(topic.encode(), group.encode() if group is not None else None)
         if seq is not None and group is None and self._resume:
             for pattern in keys:
                 if pattern in self._resume:
                     self._resume[pattern] = (journal, seq + 1)
-        return Delivery(message, keys)
+        return Received(message, keys)
 
     # ------------------------------------------------------------ batched input
     def receive_batch(
@@ -532,8 +532,8 @@ class ClientSession:
                     continue
                 more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
                 for event in more:  # a MESSAGE with headers is delivered in its place, in order
-                    if type(event) is Delivery:
-                        deliver(event.message, event.patterns)
+                    if type(event) is Received:
+                        deliver(event.message, event.keys)
                     else:
                         events.append(event)
                 replies += answers

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from mc0 import errors
 from mc0 import protocol as P
 from mc0.protocol import batch
-from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Delivery, Fault, Reconnecting
+from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Fault, Received, Reconnecting
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -79,8 +79,8 @@ def test_messages_route_to_every_matching_local_pattern_once() -> None:
     session.add_pattern("z")
     events, _ = session.receive(P.message(b"a.b", b"alice", [b"X-K", b"v"], [b"x"]), 1.0)
     (delivery,) = events
-    assert isinstance(delivery, Delivery)
-    assert sorted(delivery.patterns) == ["a.*", "a.>"]
+    assert isinstance(delivery, Received)
+    assert sorted(delivery.keys) == ["a.*", "a.>"]
     assert delivery.message.sender == "alice" and delivery.message.headers == {"X-K": "v"}
 
 
@@ -191,8 +191,8 @@ def test_a_message_is_the_same_message_for_the_same_subscriptions_whatever_its_s
     session.receive_batch(record, 1.0, deliver)
     session.receive_batch(batch.frames_record(frames), 1.0, deliver)
     (delivery,), _ = session.receive(frames, 1.0)
-    assert isinstance(delivery, Delivery)
-    seen.append((delivery.message, delivery.patterns))
+    assert isinstance(delivery, Received)
+    seen.append((delivery.message, delivery.keys))
     assert len(seen) == 3 and seen[0] == seen[1] == seen[2], seen
     assert session.malformed == 0
 

@@ -41,10 +41,10 @@ from ..session import (
     ClientSession,
     Connected,
     ConnectRefused,
-    Delivery,
     Event,
     Fault,
     Frames,
+    Received,
     Reconnecting,
     answer_error,
     group_key,
@@ -52,7 +52,8 @@ from ..session import (
 from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
 from .dialer import SOCKET_HWM, Dialer
 from .link import Link
-from .streams import ReplyStream, Subscription
+from .replies import ReplyStream
+from .subscription import Subscription
 
 __all__ = ["DEFAULT_MAX_OUTGOING", "SOCKET_HWM", "Connection", "Waiter"]
 
@@ -137,7 +138,7 @@ class Connection:
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
         self._calls: dict[str, Waiter[Reply]] = {}  # request() awaiting a FINAL by id
         self._call_deadlines: Deadlines[str] = Deadlines()  # when to give up on each of _calls
-        self._streams: dict[str, ReplyStream] = {}
+        self._reply_streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
         self._rearm = asyncio.Event()  # wakes the timer task when a deadline moved earlier
@@ -223,8 +224,8 @@ class Connection:
             self._call_deadlines.discard(request_id)
             if not call.done():
                 call.set_exception(error)
-        for request_id in [r for r in self._streams if r not in unsent]:
-            self._streams.pop(request_id)._feed(error)
+        for request_id in [r for r in self._reply_streams if r not in unsent]:
+            self._reply_streams.pop(request_id)._feed(error)
         out.send_first(again)
 
     async def close(self) -> None:
@@ -291,9 +292,9 @@ class Connection:
                 call.set_exception(error)
         self._calls.clear()
         self._call_deadlines.clear()
-        for stream in list(self._streams.values()):
+        for stream in list(self._reply_streams.values()):
             stream._feed(error)
-        self._streams.clear()
+        self._reply_streams.clear()
 
     # ------------------------------------------------------------ plumbing
     def ensure_open(self) -> None:
@@ -340,11 +341,12 @@ class Connection:
             except Exception:
                 log.exception("on_fault callback raised")
 
-    # What the client's subscriptions and reply streams ask of it (streams.StreamOwner, with
-    # Client.unsubscribe and ``connected``): they reach nothing else of the connection.
+    # What the client's subscriptions and reply streams ask of it (subscription.SubscriptionOwner:
+    # report_fault and Client.unsubscribe; replies.ReplyOwner: these two and ``connected``):
+    # they reach nothing else of the connection.
     def stream_ended(self, request_id: str) -> None:
         """A reply stream stopped listening: nothing more is fed to it."""
-        self._streams.pop(request_id, None)
+        self._reply_streams.pop(request_id, None)
 
     def cancel_request(self, request_id: str) -> None:
         """Send CANCEL for a request (``ClosedError`` once the client is closed)."""
@@ -410,20 +412,20 @@ class Connection:
             call.set_result(_new_reply((data,), {}, True, None, None))
         return True
 
-    def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
-        """A received message to every subscription whose patterns it matched (once each)."""
-        if len(patterns) == 1:
-            for sub in self._subscriptions.get(patterns[0], ()):
+    def _deliver(self, message: Message, keys: tuple[str, ...]) -> None:
+        """A received message to every subscription held under its local keys (once each)."""
+        if len(keys) == 1:
+            for sub in self._subscriptions.get(keys[0], ()):
                 sub._offer(message)
-        elif patterns:
-            interested = {id(s): s for p in patterns for s in self._subscriptions.get(p, ())}
+        elif keys:
+            interested = {id(s): s for k in keys for s in self._subscriptions.get(k, ())}
             for sub in interested.values():
                 sub._offer(message)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            if type(event) is Delivery:
-                self._deliver(event.message, event.patterns)
+            if type(event) is Received:
+                self._deliver(event.message, event.keys)
             else:
                 self._on_event(event)
 
@@ -434,7 +436,7 @@ class Connection:
             if call is not None:
                 self._answer_call(request_id, call, event.command)
                 return
-            stream = self._streams.get(request_id)
+            stream = self._reply_streams.get(request_id)
             if stream is not None:
                 stream._feed(event.command)
                 return

@@ -425,11 +425,11 @@ def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, sid
 # ---------------------------------------------------------------- a client's readers
 # What a client reads of the batches its broker sends (mc0.session.ClientSession.receive_batch).
 
-# A received record: (code, start, end, sender, topic, group, data); see ``received``.
-Received = tuple[int, int, int, bytes, bytes, bytes | None, bytes]
+# A record as ``received`` reads it: (code, start, end, sender, topic, group, data).
+ReceivedRecord = tuple[int, int, int, bytes, bytes, bytes | None, bytes]
 
 
-def received(blob: bytes) -> Iterator[Received]:
+def received(blob: bytes) -> Iterator[ReceivedRecord]:
     """Each record of a batch from the broker: ``(code, start, end, sender, topic, group, data)``.
 
     The two shapes a plain delivery takes come read, as code MESSAGE: a
