@@ -43,7 +43,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
-    "client": ("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_streams", "mc0.client"),
+    "client": ("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_loop", "mc0.client"),
     "storage": ("mc0.broker.storage",),
     "core": ("mc0.broker.core",),
     "dialects": ("mc0.broker.dialects",),
@@ -165,14 +165,8 @@ DEBTS: dict[str, set[object]] = {
         "mc0.demo:run_demo",
         "mc0.broker.core.pubsub:PubSub.fan_out",
     },
-    "borrowed_state": {
-        "mc0.client:Worker._aio",
-    },
-    "private_imports": {
-        "mc0.client -> mc0.sync_streams._background_loop",
-        "mc0.client -> mc0.sync_streams._in_loop_thread",
-        "mc0.client -> mc0.sync_streams._run",
-    },
+    "borrowed_state": set(),
+    "private_imports": set(),
     "batch_layouts": {"mc0.broker.core.batched: batch.U16"},
 }
 

@@ -343,7 +343,7 @@ def background(api: Any, call: Callable[[], Any]) -> asyncio.Future[Any]:
 
 def inner(client: Any) -> Any:
     """The asyncio client under a sync one (to look at what it has in flight)."""
-    return getattr(client, "_aio", client)
+    return getattr(client, "_inner", client)
 
 
 @pytest.mark.asyncio
