@@ -476,7 +476,7 @@ class ClientSession:
         journal = headers.get(Header.JOURNAL)
         group = headers.get(Header.GROUP)
         parts = tuple(bytes(p) for p in command.payload)
-        message = new_message(topic, parts, headers.get(Header.SENDER), group, command.user_headers(), journal, seq)
+        message = new_message(topic, parts, headers.get(Header.SENDER), command.user_headers(), journal, seq, group)
         if Header.TO in headers:  # a direct message: the mailbox gets it
             return Received(message, MAILBOX_KEYS)
         # A queue group's copy is for that group's subscriptions only.
@@ -515,7 +515,7 @@ class ClientSession:
             for code, start, end, sender_b, topic_b, group_b, data in batch.received(blob):
                 if code == batch.MESSAGE:  # (PatternTable.route, as dict lookups: once per message)
                     topic, group, keys = routes[topic_b] if group_b is None else group_routes[group_b, topic_b]
-                    deliver(new_message(topic, (data,), senders[sender_b], group), keys)
+                    deliver(new_message(topic, (data,), senders[sender_b], {}, None, None, group), keys)
                     continue
                 if code == batch.WORK:
                     service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)

@@ -440,15 +440,20 @@ def received(blob: bytes) -> Iterator[ReceivedRecord]:
     where the blob stops splitting into records or a MESSAGE record's fields
     run past it, after the records before it.
     """
-    # records() and message_fields() inline: this walk runs once per message a client receives.
+    # records() and message_fields() inline: this walk runs once per message a client receives.  A
+    # record's head and the first u16 of its body are read in one unpack (a MESSAGE's sender length).
     end_of_blob = len(blob)
     unpack_head = _HEAD.unpack_from
+    unpack_head_u16 = _PUT_HEAD.unpack_from
     unpack_u16 = _U16.unpack_from
     pos = 0
     while pos < end_of_blob:
-        if pos + 5 > end_of_blob:
+        if pos + 7 <= end_of_blob:
+            size, code, first = unpack_head_u16(blob, pos)
+        elif pos + 5 <= end_of_blob:
+            (size, code), first = unpack_head(blob, pos), 0  # (a MESSAGE this short is refused below)
+        else:
             raise ProtocolError(Status.BAD_REQUEST, f"batch ends inside a record header at byte {pos}")
-        size, code = unpack_head(blob, pos)
         start = pos + 5
         end = pos + 4 + size
         if size < 1 or end > end_of_blob:
@@ -458,8 +463,7 @@ def received(blob: bytes) -> Iterator[ReceivedRecord]:
         pos = end
         if code == MESSAGE:
             # (A length read past a short record's end is refused by the one check: t > end.)
-            (sl,) = unpack_u16(blob, start)
-            s = start + 2 + sl
+            s = start + 2 + first
             (tl,) = unpack_u16(blob, s)
             t = s + 2 + tl
             if t > end:
