@@ -1,22 +1,29 @@
-"""Sync client: ``mc0.Client`` and ``Subscription``, mirroring :mod:`mc0.aio`.
+"""Sync client: ``mc0.Client``, ``Worker`` and the sync views of what they hand out, over :mod:`mc0.aio`.
 
-Contract: the same names and options as the asyncio API.  Each call runs the
-asyncio implementation on one shared background event loop (a daemon thread
-started on first use; :mod:`mc0.sync_streams` holds it and the views of
-subscriptions and streams), so heartbeats and healing continue while the caller's
-thread is busy or blocked.  Blocking calls are bounded by the client's
-``timeout`` (``Timeout``); ``Subscription.next(timeout=None)`` waits until a
-message arrives or the subscription is closed.
+Contract: each class is a :class:`~mc0.sync_loop.View` of its asyncio twin,
+name for name, and runs it on one shared background event loop (a daemon
+thread started on first use: :mod:`mc0.sync_loop`), so heartbeats and healing
+continue while the caller's thread is busy or blocked.  A method that only
+waits for its twin's is made from it (``blocking`` / ``viewed``): the same
+signature, written once, in :mod:`mc0.aio`.  The rest are written here for a
+reason each: a fast path that skips the loop (``publish``, ``request``,
+``submit``, ``Subscription.next``), a sync view in the arguments
+(``unsubscribe``, the consumer's acks), or what only a thread has (``run``'s
+signals, ``connect`` returning the sync object); tests/test_sync_api.py holds
+every sync signature to its twin's.  Blocking calls are bounded by the
+client's ``timeout`` (``Timeout``); ``Subscription.next(timeout=None)`` waits
+until a message arrives or the subscription is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
@@ -24,23 +31,168 @@ from typing import Any, TypeVar
 from . import aio
 from .errors import ClosedError
 from .keys import KeyPair
-from .message import Ack, FetchResult, Message, Reply
-from .protocol import DEFAULT_LIMITS, Limits
+from .message import Ack, Message, Reply
+from .protocol import DEFAULT_LIMITS, ColumnsPage, Limits
 from .settings import ClientConfig
-from .sync_streams import PageStream, ReplyStream, Subscription, _background_loop, _in_loop_thread, _run
+from .sync_loop import View, background_loop, blocking, in_loop_thread, run, viewed
 
 __all__ = ["Client", "ConsumedMessage", "Consumer", "PageStream", "ReplyStream", "Subscription", "Worker"]
 
 log = logging.getLogger("mc0.client")
 
 
-class ConsumedMessage:
+# ---------------------------------------------------------------- what arrives
+class Subscription(View[aio.Subscription]):
+    """Sync view of :class:`mc0.aio.Subscription`: an iterator with ``next(timeout)``."""
+
+    @property
+    def pattern(self) -> str:
+        return self._inner.pattern
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return self._inner.patterns
+
+    @property
+    def group(self) -> str | None:
+        return self._inner.group
+
+    @property
+    def dropped(self) -> int:
+        return self._inner.dropped
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    @property
+    def pending(self) -> int:
+        return self._inner.pending
+
+    def next(self, timeout: float | None = None) -> Message:
+        """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed.
+
+        Taken straight from the subscription's buffer in this thread (no hop
+        into the client's event loop while messages are waiting)."""
+        return self._inner.next_threadsafe(timeout)
+
+    def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
+        return self._inner.next_batch_threadsafe(max_messages, timeout)
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        try:
+            return self.next()
+        except ClosedError:
+            raise StopIteration from None
+
+    close = blocking(aio.Subscription.close)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ReplyStream(View[aio.ReplyStream]):
+    """Sync view of :class:`mc0.aio.ReplyStream`: iterate PARTIALs then the FINAL."""
+
+    @property
+    def final(self) -> Reply | None:
+        return self._inner.final
+
+    @property
+    def count(self) -> int | None:
+        return self._inner.count
+
+    @property
+    def missing(self) -> int | None:
+        return self._inner.missing
+
+    @property
+    def queued(self) -> int:
+        return self._inner.queued
+
+    def __iter__(self) -> Iterator[Reply]:
+        return self
+
+    def __next__(self) -> Reply:
+        try:
+            return run(self._inner.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    cancel = blocking(aio.ReplyStream.cancel)
+    close = blocking(aio.ReplyStream.close)
+
+    def __enter__(self) -> ReplyStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PageStream(View[aio.PageStream]):
+    """Sync view of :class:`mc0.aio.PageStream`: iterate a fetch's columns pages as they arrive.
+
+    Pages cross from the client's loop thread in bunches (``next_pages``:
+    everything that arrived while the caller was busy), not one by one.
+    """
+
+    def __init__(self, inner: aio.PageStream) -> None:
+        super().__init__(inner)
+        self._ready: collections.deque[ColumnsPage] = collections.deque()
+
+    @property
+    def next_seq(self) -> int | None:
+        return self._inner.next_seq
+
+    @property
+    def first_seq(self) -> int | None:
+        return self._inner.first_seq
+
+    @property
+    def end_seq(self) -> int | None:
+        return self._inner.end_seq
+
+    @property
+    def records(self) -> int:
+        return self._inner.records
+
+    @property
+    def done(self) -> bool:
+        return self._inner.done
+
+    next_pages = blocking(aio.PageStream.next_pages)
+
+    def __iter__(self) -> Iterator[ColumnsPage]:
+        return self
+
+    def __next__(self) -> ColumnsPage:
+        if not self._ready:
+            self._ready.extend(self.next_pages())
+            if not self._ready:
+                raise StopIteration
+        return self._ready.popleft()
+
+    def close(self) -> None:
+        """Stop the fetch (CANCEL) if it has not ended, and drop the pages not yet taken (idempotent)."""
+        self._ready.clear()
+        run(self._inner.close())
+
+    def __enter__(self) -> PageStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ConsumedMessage(View[aio.ConsumedMessage]):
     """One message from a durable consumer; see :class:`mc0.aio.ConsumedMessage`."""
-
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: aio.ConsumedMessage) -> None:
-        self._inner = inner
 
     @property
     def message(self) -> Message:
@@ -62,65 +214,61 @@ class ConsumedMessage:
     def body(self) -> bytes:
         return self._inner.body
 
-    def ack(self) -> None:
-        _run(self._inner.ack())
-
-    def nak(self, delay: float = 0.0) -> None:
-        _run(self._inner.nak(delay))
-
-    def term(self) -> None:
-        _run(self._inner.term())
+    ack = blocking(aio.ConsumedMessage.ack)
+    nak = blocking(aio.ConsumedMessage.nak)
+    term = blocking(aio.ConsumedMessage.term)
 
     def ack_nowait(self) -> None:
         """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
-        _background_loop().call_soon_threadsafe(self._inner.ack_nowait)
+        background_loop().call_soon_threadsafe(self._inner.ack_nowait)
 
     def __repr__(self) -> str:
         return f"<ConsumedMessage seq={self.seq} deliveries={self.deliveries} topic={self.topic!r}>"
 
 
-class Consumer:
+def _consumed(messages: list[aio.ConsumedMessage]) -> list[ConsumedMessage]:
+    return [ConsumedMessage(m) for m in messages]
+
+
+class Consumer(View[aio.Consumer]):
     """A durable consumer (blocking); see :class:`mc0.aio.Consumer`."""
 
     def __init__(self, inner: aio.Consumer) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.journal = inner.journal
         self.name = inner.name
 
-    def fetch(self, max: int = 100, *, wait: float = 1.0) -> list[ConsumedMessage]:
-        return [ConsumedMessage(m) for m in _run(self._inner.fetch(max, wait=wait))]
+    fetch = viewed(aio.Consumer.fetch, _consumed)
 
-    def _seqs(self, messages: Sequence[ConsumedMessage | int]) -> list[int]:
-        return [m if isinstance(m, int) else m.seq for m in messages]
-
+    # The settling methods take the sync ConsumedMessage (or a seq): written here for that type.
     def ack(self, *messages: ConsumedMessage | int) -> int:
-        return _run(self._inner.ack(*self._seqs(messages)))
+        return run(self._inner.ack(*_seqs(messages)))
 
     def nak(self, *messages: ConsumedMessage | int, delay: float = 0.0) -> int:
-        return _run(self._inner.nak(*self._seqs(messages), delay=delay))
+        return run(self._inner.nak(*_seqs(messages), delay=delay))
 
     def term(self, *messages: ConsumedMessage | int) -> int:
-        return _run(self._inner.term(*self._seqs(messages)))
+        return run(self._inner.term(*_seqs(messages)))
 
     def ack_nowait(self, *messages: ConsumedMessage | int) -> None:
         """Ack without waiting; see :meth:`mc0.aio.Consumer.ack_nowait`."""
-        _background_loop().call_soon_threadsafe(self._inner.ack_nowait, *self._seqs(messages))
+        background_loop().call_soon_threadsafe(self._inner.ack_nowait, *_seqs(messages))
 
-    def flush_acks(self) -> None:
-        _run(self._inner.flush_acks())
+    flush_acks = blocking(aio.Consumer.flush_acks)
+    info = blocking(aio.Consumer.info)
+    delete = blocking(aio.Consumer.delete)
 
     @property
     def ack_errors(self) -> int:
         return self._inner.ack_errors
 
-    def info(self) -> dict[str, Any]:
-        return _run(self._inner.info())
 
-    def delete(self) -> None:
-        _run(self._inner.delete())
+def _seqs(messages: Sequence[ConsumedMessage | int]) -> list[int]:
+    return [m if isinstance(m, int) else m.seq for m in messages]
 
 
-class Client:
+# ---------------------------------------------------------------- the client
+class Client(View[aio.Client]):
     """Blocking client; see :class:`mc0.aio.Client` for the semantics."""
 
     _mailbox: Subscription | None = None
@@ -142,19 +290,21 @@ class Client:
         echo: bool = True,
     ) -> None:
         """See :class:`mc0.aio.Client`; ``on_fault`` runs on the client's I/O thread."""
-        self._aio = self._make(
-            endpoint,
-            ttl=ttl,
-            timeout=timeout,
-            liveness=liveness,
-            limits=limits,
-            config=config,
-            key=key,
-            broker_key=broker_key,
-            batch=batch,
-            max_outgoing=max_outgoing,
-            on_fault=on_fault,
-            echo=echo,
+        super().__init__(
+            self._make(
+                endpoint,
+                ttl=ttl,
+                timeout=timeout,
+                liveness=liveness,
+                limits=limits,
+                config=config,
+                key=key,
+                broker_key=broker_key,
+                batch=batch,
+                max_outgoing=max_outgoing,
+                on_fault=on_fault,
+                echo=echo,
+            )
         )
 
     def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
@@ -162,41 +312,41 @@ class Client:
 
     @property
     def endpoint(self) -> str:
-        return self._aio.endpoint
+        return self._inner.endpoint
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        return self._aio.endpoints
+        return self._inner.endpoints
 
     @property
     def closed(self) -> bool:
         """``close()`` (or ``drain()``) ran."""
-        return self._aio.closed
+        return self._inner.closed
 
     @property
     def connected(self) -> bool:
-        return self._aio.connected
+        return self._inner.connected
 
     @property
     def identity(self) -> str | None:
-        return self._aio.identity
+        return self._inner.identity
 
     @property
     def reconnects(self) -> int:
-        return self._aio.reconnects
+        return self._inner.reconnects
 
     @property
     def faults(self) -> list[Exception]:
-        return list(self._aio.faults)
+        return list(self._inner.faults)
 
     def connect(self) -> Client:
-        _run(self._aio.connect())
+        run(self._inner.connect())
         return self
 
     def close(self) -> None:
-        if self._aio.closed:
+        if self._inner.closed:
             return
-        _run(self._aio.close())
+        run(self._inner.close())
 
     def __enter__(self) -> Client:
         return self.connect()
@@ -206,6 +356,20 @@ class Client:
     ) -> None:
         self.close()
 
+    # ------------------------------------------------------------ made from the async methods
+    subscribe = viewed(aio.Client.subscribe, Subscription)
+    journal_info = blocking(aio.Client.journal_info)
+    fetch = blocking(aio.Client.fetch)
+    fetch_pages = viewed(aio.Client.fetch_pages, PageStream)
+    ping = blocking(aio.Client.ping)
+    send_to = blocking(aio.Client.send_to)
+    consume = viewed(aio.Client.consume, Consumer)
+    drain = blocking(aio.Client.drain)
+    flush = blocking(aio.Client.flush)
+    stream = viewed(aio.Client.stream, ReplyStream)
+    scatter = viewed(aio.Client.scatter, ReplyStream)
+
+    # ------------------------------------------------------------ written here (see the module's contract)
     def publish(
         self,
         topic: str,
@@ -217,144 +381,22 @@ class Client:
         timeout: float | None = None,
     ) -> Ack | None:
         if confirm:
-            return _run(self._aio.publish(topic, body, headers=headers, confirm=True, msgid=msgid, timeout=timeout))
+            return run(self._inner.publish(topic, body, headers=headers, confirm=True, msgid=msgid, timeout=timeout))
         # Validated here (misuse raises in the caller), handed to the loop without a hop per message;
         # blocks only while the outgoing buffer is full (back-pressure, bounded by ``timeout``).
-        self._aio.publish_nowait(topic, body, headers=headers, msgid=msgid, timeout=timeout)
+        self._inner.publish_nowait(topic, body, headers=headers, msgid=msgid, timeout=timeout)
         return None
-
-    def subscribe(
-        self,
-        *patterns: str,
-        max_pending: int = aio.DEFAULT_MAX_PENDING,
-        max_pending_bytes: int = aio.DEFAULT_MAX_PENDING_BYTES,
-        from_seq: int | None = None,
-        journal: str | None = None,
-        timeout: float | None = None,
-        group: str | None = None,
-    ) -> Subscription:
-        inner = self._aio.subscribe(
-            *patterns,
-            max_pending=max_pending,
-            max_pending_bytes=max_pending_bytes,
-            from_seq=from_seq,
-            journal=journal,
-            timeout=timeout,
-            group=group,
-        )
-        return Subscription(_run(inner))
-
-    def journal_info(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
-        return _run(self._aio.journal_info(timeout=timeout))
-
-    def fetch(
-        self,
-        journal: str,
-        *,
-        from_seq: int = 0,
-        to_seq: int | None = None,
-        topics: Sequence[str] = (),
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        timeout: float | None = None,
-    ) -> FetchResult:
-        return _run(
-            self._aio.fetch(
-                journal,
-                from_seq=from_seq,
-                to_seq=to_seq,
-                topics=topics,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                timeout=timeout,
-            )
-        )
-
-    def fetch_pages(
-        self,
-        journal: str,
-        *,
-        from_seq: int = 0,
-        to_seq: int | None = None,
-        topics: Sequence[str] = (),
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        page_records: int | None = None,
-        page_bytes: int | None = None,
-        timeout: float | None = None,
-    ) -> PageStream:
-        inner = self._aio.fetch_pages(
-            journal,
-            from_seq=from_seq,
-            to_seq=to_seq,
-            topics=topics,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            page_records=page_records,
-            page_bytes=page_bytes,
-            timeout=timeout,
-        )
-        return PageStream(_run(inner))
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
         target = subscription if isinstance(subscription, str) else subscription._inner
-        _run(self._aio.unsubscribe(target))
-
-    def ping(self, *, timeout: float | None = None) -> float:
-        return _run(self._aio.ping(timeout=timeout))
+        run(self._inner.unsubscribe(target))
 
     @property
     def mailbox(self) -> Subscription:
         """Direct messages sent to this client's identity; see :attr:`mc0.aio.Client.mailbox`."""
         if self._mailbox is None:
-            self._mailbox = Subscription(self._aio.mailbox)
+            self._mailbox = Subscription(self._inner.mailbox)
         return self._mailbox
-
-    def send_to(
-        self,
-        identity: str,
-        topic: str,
-        body: bytes | Sequence[bytes],
-        *,
-        headers: Mapping[str, str] | None = None,
-        confirm: bool = False,
-        timeout: float | None = None,
-    ) -> str | None:
-        """A direct message to one identity; see :meth:`mc0.aio.Client.send_to`."""
-        return _run(self._aio.send_to(identity, topic, body, headers=headers, confirm=confirm, timeout=timeout))
-
-    def consume(
-        self,
-        journal: str,
-        name: str,
-        *,
-        topics: Sequence[str] = (">",),
-        ack_wait: float = 30.0,
-        max_deliver: int = 5,
-        max_ack_pending: int = 1_000,
-        deliver: str = "all",
-        timeout: float | None = None,
-    ) -> Consumer:
-        """A durable consumer; see :meth:`mc0.aio.Client.consume`."""
-        inner = self._aio.consume(
-            journal,
-            name,
-            topics=topics,
-            ack_wait=ack_wait,
-            max_deliver=max_deliver,
-            max_ack_pending=max_ack_pending,
-            deliver=deliver,
-            timeout=timeout,
-        )
-        return Consumer(_run(inner))
-
-    def drain(self, *, timeout: float | None = None) -> None:
-        """Stop receiving, let what is outstanding finish, then close; see :meth:`mc0.aio.Client.drain`."""
-        _run(self._aio.drain(timeout=timeout))
-
-    def flush(self, *, timeout: float | None = None) -> None:
-        """Return once everything queued so far has reached the broker (a PING round trip)."""
-        _run(self._aio.flush(timeout=timeout))
 
     def request(
         self,
@@ -364,29 +406,9 @@ class Client:
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
-        if headers or not isinstance(body, bytes | str) or _in_loop_thread(_background_loop()):
-            return _run(self._aio.request(service, body, timeout=timeout, headers=headers))
-        return self._aio.request_threadsafe(service, body, timeout=timeout).result()
-
-    def stream(
-        self,
-        service: str,
-        body: bytes | str | Sequence[bytes] = b"",
-        *,
-        timeout: float | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> ReplyStream:
-        return ReplyStream(_run(self._aio.stream(service, body, timeout=timeout, headers=headers)))
-
-    def scatter(
-        self,
-        service: str,
-        body: bytes | str | Sequence[bytes] = b"",
-        *,
-        timeout: float | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> ReplyStream:
-        return ReplyStream(_run(self._aio.scatter(service, body, timeout=timeout, headers=headers)))
+        if headers or not isinstance(body, bytes | str) or in_loop_thread(background_loop()):
+            return run(self._inner.request(service, body, timeout=timeout, headers=headers))
+        return self._inner.request_threadsafe(service, body, timeout=timeout).result()
 
     def submit(
         self,
@@ -398,10 +420,10 @@ class Client:
     ) -> Future[Reply]:
         """``request`` without waiting: a ``concurrent.futures.Future`` (many at once)."""
         if not headers and isinstance(body, bytes | str):
-            return self._aio.request_threadsafe(service, body, timeout=timeout)  # no task per call
-        self._aio.ensure_open()
-        coro = self._aio.request(service, body, timeout=timeout, headers=headers)
-        return asyncio.run_coroutine_threadsafe(coro, _background_loop())
+            return self._inner.request_threadsafe(service, body, timeout=timeout)  # no task per call
+        self._inner.ensure_open()
+        coro = self._inner.request(service, body, timeout=timeout, headers=headers)
+        return asyncio.run_coroutine_threadsafe(coro, background_loop())
 
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -410,25 +432,27 @@ H = TypeVar("H", bound=Callable[..., Any])
 class Worker(Client):
     """Blocking worker; see :class:`mc0.aio.Worker`. Handlers may be sync or async."""
 
-    _aio: aio.Worker
-
     def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
         self._capacity = capacity
         self._signal_tasks: list[asyncio.Task[None]] = []  # drain / close started by a signal (kept referenced)
         super().__init__(endpoint, **options)
 
-    def _make(self, endpoint: str | None, **options: Any) -> aio.Client:
-        return aio.Worker(endpoint, capacity=self._capacity, **options)
+    def _make(self, endpoint: str | None, **options: Any) -> aio.Worker:
+        self._worker = aio.Worker(endpoint, capacity=self._capacity, **options)  # (the same object as _inner)
+        return self._worker
 
     @property
     def handled(self) -> int:
-        return self._aio.handled
+        return self._worker.handled
 
     def service(self, name: str) -> Callable[[H], H]:
-        return self._aio.service(name)
+        return self._worker.service(name)
+
+    def add_service(self, name: str, handler: aio.Handler) -> None:
+        self._worker.add_service(name, handler)
 
     def connect(self) -> Worker:
-        _run(self._aio.connect())
+        run(self._worker.connect())
         return self
 
     def __enter__(self) -> Worker:
@@ -449,7 +473,7 @@ class Worker(Client):
             def on_signal(signum: int, frame: FrameType | None) -> None:
                 nonlocal signalled
                 signalled += 1
-                loop = _background_loop()
+                loop = background_loop()
                 if signalled == 1:
                     loop.call_soon_threadsafe(self._start_drain, drain_timeout)
                 else:
@@ -457,36 +481,34 @@ class Worker(Client):
 
             previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            _run(self._aio.run())
+            run(self._worker.run())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
     def stop(self) -> None:
         """Make ``run()`` return (any thread, or a signal handler)."""
-        _background_loop().call_soon_threadsafe(self._aio.stop)
+        background_loop().call_soon_threadsafe(self._worker.stop)
 
-    def drain(self, *, timeout: float | None = None) -> None:
-        """See :meth:`mc0.aio.Worker.drain`: no new work, running handlers finish, then close."""
-        _run(self._aio.drain(timeout=timeout))
+    drain = blocking(aio.Worker.drain)
 
     def _start_drain(self, timeout: float | None) -> None:
         """On the loop thread: drain in the background; ``run()`` returns when it closed."""
-        if self._aio.closed:
+        if self._worker.closed:
             return
         self._signal_tasks.append(asyncio.get_running_loop().create_task(self._drain_quietly(timeout)))
 
     async def _drain_quietly(self, timeout: float | None) -> None:
         try:
-            await self._aio.drain(timeout=timeout)
+            await self._worker.drain(timeout=timeout)
         except ClosedError:
             pass  # a second signal closed it mid-drain: that was asked for
         except Exception as exc:  # a Timeout past the deadline: logged, the worker is closed anyway
             log.warning("worker drain: %s", exc)
         finally:
-            self._aio.stop()
+            self._worker.stop()
 
     def _close_now(self) -> None:
         """On the loop thread: cancel running handlers and close (a second signal)."""
-        self._signal_tasks.append(asyncio.get_running_loop().create_task(self._aio.close()))
-        self._aio.stop()
+        self._signal_tasks.append(asyncio.get_running_loop().create_task(self._worker.close()))
+        self._worker.stop()

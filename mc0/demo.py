@@ -20,6 +20,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from . import keys
 from .client import Client, Worker
@@ -79,87 +80,108 @@ def run_demo(say: Callable[[str], None], folder: Path = DEMO_DIR) -> None:
     say(f"1. keys and config in {folder} (created on first run; only alice and bob are allowed)")
     config = prepare(folder, say)
     key_dir = folder / "keys"
-
     broker_key = key_dir / f"broker{keys.PUBLIC_SUFFIX}"
-
-    def key_of(name: str) -> Path:
-        return key_dir / f"{name}{keys.SECRET_SUFFIX}"
 
     say("2. starting a broker process with CURVE on a free loopback port ...")
     with BrokerProcess(config=str(config)) as broker:
         endpoint = broker.endpoint
         say(f"   broker listening on {endpoint}, public key {(broker.public_key or b'?').decode()}")
-        alice = Client(endpoint, key=key_of("alice"), broker_key=broker_key)
-        bob = Client(endpoint, key=key_of("bob"), broker_key=broker_key)
-        with alice, bob:
-            say("3. bob subscribes to 'demo.orders.>' and 'demo.*.audit'")
-            subscription = bob.subscribe("demo.orders.>", "demo.*.audit")
-            say("4. alice publishes; the broker stamps her authenticated identity as SENDER")
-            alice.publish("demo.orders.created", b'{"order": 1}', headers={"X-Trace": "t-1"})
-            alice.publish("demo.orders.audit", b"matches both of bob's patterns, arrives once", confirm=True)
-            for topic in ["demo.orders.created", "demo.orders.audit"]:
-                message = subscription.next(timeout=5)
-                body = message.body.decode()
-                say(f"   bob got {message.topic} from {message.sender}: {body} {message.headers}")
-                if (message.topic, message.sender) != (topic, "alice"):
-                    raise Error(f"demo: expected {topic} from alice, got {message.topic} from {message.sender}")
-            say("5. bob may not publish orders (permissions in the demo config)")
-            try:
-                bob.publish("demo.orders.forged", b"x", confirm=True)
-                raise Error("demo: bob published an order")
-            except Forbidden as exc:
-                say(f"   broker answered ERROR {exc.code}: {exc.reason}")
 
-            say("6. a worker (as alice) serves 'demo.greet' and 'demo.count'")
-            worker = Worker(endpoint, capacity=2, key=key_of("alice"), broker_key=broker_key)
-            worker.service("demo.greet")(_greet)
-            worker.service("demo.count")(_count)
-            with worker:
-                say("7. RPC: the worker answers differently per authenticated CALLER")
-                for client in (alice, bob):
-                    reply = client.request("demo.greet", b"how are you?", timeout=5)
-                    say(f"   {client.identity} got FINAL: {reply.body.decode()}")
-                say("8. a streamed reply: PARTIALs then the FINAL")
-                for part in bob.stream("demo.count", b"3", timeout=5):
-                    say(f"   {'FINAL  ' if part.final else 'PARTIAL'} {part.body.decode()}")
-                say("9. the broker's own service mc0.broker answers 'services'")
-                services = json.loads(alice.request("mc0.broker", b"services", timeout=5).body)
-                for name, row in services.items():
-                    say(f"   {name}: {row['workers']} worker(s), served {row['served']}")
-            say("10. with the worker gone, a request gets 503 at once")
-            try:
-                alice.request("demo.greet", b"anyone?", timeout=5)
-                raise Error("demo: a request without workers was answered")
-            except NoResponders as exc:
-                say(f"   broker answered ERROR {exc.code}: {exc.reason}")
-            say("11. a key the broker does not know is refused at the CURVE handshake")
-            try:
-                Client(endpoint, timeout=5, key=key_of("stranger"), broker_key=broker_key).connect()
-                raise Error("demo: the stranger got in")
-            except AuthFailed as exc:
-                say(f"   AuthFailed: {exc}")
-            say(f"12. ping: {alice.ping() * 1000:.2f} ms round trip")
-            say("13. bad input gets a clear answer: PUT to the broker's own topic space")
-            try:
-                alice.publish("mc0.sys.fake", b"x", confirm=True)
-                raise Error("demo: the broker accepted a PUT to mc0.sys.*")
-            except Forbidden as exc:
-                say(f"   broker answered ERROR {exc.code}: {exc.reason}")
-            _bus_features(alice, lambda: Client(endpoint, key=key_of("alice"), broker_key=broker_key), say)
-            say("17. a direct message to bob while bob is offline: the broker keeps it")
-            bob.close()
-            outcome = alice.send_to("bob", "demo.notice", b"your report is ready", confirm=True)
-            say(f"   the broker says: {outcome}")
-            with Client(endpoint, key=key_of("bob"), broker_key=broker_key) as bob_again:
-                letter = bob_again.mailbox.next(timeout=5)
-                say(f"   bob connects and finds it in his mailbox: {letter.body.decode()!r} from {letter.sender}")
-                if (outcome, letter.sender) != ("stored", "alice"):
-                    raise Error(f"demo: expected a stored letter from alice, got {outcome} from {letter.sender}")
+        def client(name: str, **options: Any) -> Client:
+            """A client of ``name``'s key (not connected)."""
+            return Client(endpoint, key=key_dir / f"{name}{keys.SECRET_SUFFIX}", broker_key=broker_key, **options)
+
+        def worker(name: str) -> Worker:
+            return Worker(endpoint, capacity=2, key=key_dir / f"{name}{keys.SECRET_SUFFIX}", broker_key=broker_key)
+
+        alice, bob = client("alice"), client("bob")
+        with alice, bob:
+            _pubsub(alice, bob, say)
+            _rpc(alice, bob, worker("alice"), say)
+            _refusals(alice, client, say)
+            _bus_features(alice, lambda: client("alice"), say)
+            _mailbox(alice, bob, lambda: client("bob"), say)
         say("18. stopping the broker with SIGTERM")
         status = broker.stop()
         if status != 0:
             raise Error(f"demo: broker exited with status {status}")
         say("   broker exited 0")
+
+
+def _pubsub(alice: Client, bob: Client, say: Callable[[str], None]) -> None:
+    """Wildcards, the authenticated SENDER, one delivery for overlapping patterns, a refused publish."""
+    say("3. bob subscribes to 'demo.orders.>' and 'demo.*.audit'")
+    subscription = bob.subscribe("demo.orders.>", "demo.*.audit")
+    say("4. alice publishes; the broker stamps her authenticated identity as SENDER")
+    alice.publish("demo.orders.created", b'{"order": 1}', headers={"X-Trace": "t-1"})
+    alice.publish("demo.orders.audit", b"matches both of bob's patterns, arrives once", confirm=True)
+    for topic in ["demo.orders.created", "demo.orders.audit"]:
+        message = subscription.next(timeout=5)
+        body = message.body.decode()
+        say(f"   bob got {message.topic} from {message.sender}: {body} {message.headers}")
+        if (message.topic, message.sender) != (topic, "alice"):
+            raise Error(f"demo: expected {topic} from alice, got {message.topic} from {message.sender}")
+    say("5. bob may not publish orders (permissions in the demo config)")
+    try:
+        bob.publish("demo.orders.forged", b"x", confirm=True)
+        raise Error("demo: bob published an order")
+    except Forbidden as exc:
+        say(f"   broker answered ERROR {exc.code}: {exc.reason}")
+
+
+def _rpc(alice: Client, bob: Client, worker: Worker, say: Callable[[str], None]) -> None:
+    """A worker's answers per CALLER, a streamed reply, the broker's own service, then a 503."""
+    say("6. a worker (as alice) serves 'demo.greet' and 'demo.count'")
+    worker.service("demo.greet")(_greet)
+    worker.service("demo.count")(_count)
+    with worker:
+        say("7. RPC: the worker answers differently per authenticated CALLER")
+        for client in (alice, bob):
+            reply = client.request("demo.greet", b"how are you?", timeout=5)
+            say(f"   {client.identity} got FINAL: {reply.body.decode()}")
+        say("8. a streamed reply: PARTIALs then the FINAL")
+        for part in bob.stream("demo.count", b"3", timeout=5):
+            say(f"   {'FINAL  ' if part.final else 'PARTIAL'} {part.body.decode()}")
+        say("9. the broker's own service mc0.broker answers 'services'")
+        services = json.loads(alice.request("mc0.broker", b"services", timeout=5).body)
+        for name, row in services.items():
+            say(f"   {name}: {row['workers']} worker(s), served {row['served']}")
+    say("10. with the worker gone, a request gets 503 at once")
+    try:
+        alice.request("demo.greet", b"anyone?", timeout=5)
+        raise Error("demo: a request without workers was answered")
+    except NoResponders as exc:
+        say(f"   broker answered ERROR {exc.code}: {exc.reason}")
+
+
+def _refusals(alice: Client, client: Callable[..., Client], say: Callable[[str], None]) -> None:
+    """An unknown key refused at the handshake, a ping, a PUT to the broker's own topics refused."""
+    say("11. a key the broker does not know is refused at the CURVE handshake")
+    try:
+        client("stranger", timeout=5).connect()
+        raise Error("demo: the stranger got in")
+    except AuthFailed as exc:
+        say(f"   AuthFailed: {exc}")
+    say(f"12. ping: {alice.ping() * 1000:.2f} ms round trip")
+    say("13. bad input gets a clear answer: PUT to the broker's own topic space")
+    try:
+        alice.publish("mc0.sys.fake", b"x", confirm=True)
+        raise Error("demo: the broker accepted a PUT to mc0.sys.*")
+    except Forbidden as exc:
+        say(f"   broker answered ERROR {exc.code}: {exc.reason}")
+
+
+def _mailbox(alice: Client, bob: Client, bob_again: Callable[[], Client], say: Callable[[str], None]) -> None:
+    """A letter to bob while he is offline, kept by the broker and found when he connects."""
+    say("17. a direct message to bob while bob is offline: the broker keeps it")
+    bob.close()
+    outcome = alice.send_to("bob", "demo.notice", b"your report is ready", confirm=True)
+    say(f"   the broker says: {outcome}")
+    with bob_again() as bob_back:
+        letter = bob_back.mailbox.next(timeout=5)
+        say(f"   bob connects and finds it in his mailbox: {letter.body.decode()!r} from {letter.sender}")
+        if (outcome, letter.sender) != ("stored", "alice"):
+            raise Error(f"demo: expected a stored letter from alice, got {outcome} from {letter.sender}")
 
 
 def _bus_features(alice: Client, another: Callable[[], Client], say: Callable[[str], None]) -> None:

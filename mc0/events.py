@@ -3,9 +3,9 @@
 Contract: values only (frozen dataclasses and NamedTuples), built by
 :class:`mc0.session.ClientSession` and consumed by the asyncio shell; no
 behaviour beyond reading themselves.  ``answer_error`` maps an ERROR command
-to the matching :class:`mc0.RemoteError` subclass.  A :class:`Delivery`
+to the matching :class:`mc0.RemoteError` subclass.  A :class:`Received`
 names the local subscriptions it is for by key: a plain pattern, ``group_key``
-for a queue-group subscription, ``MAILBOX_ROUTE`` for the mailbox.
+for a queue-group subscription, ``MAILBOX_KEY`` for the mailbox.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from .message import Message
 from .protocol import Command, Header, Verb
 
 __all__ = [
-    "MAILBOX_ROUTE",
-    "MAILBOX_ROUTES",
+    "MAILBOX_KEY",
+    "MAILBOX_KEYS",
     "group_key",
     "split_key",
     "Answer",
     "CancelWork",
     "ConnectRefused",
     "Connected",
-    "Delivery",
+    "Received",
     "Event",
     "Fault",
     "Reconnecting",
@@ -49,8 +49,8 @@ class Answer:
         return None
 
 
-MAILBOX_ROUTE = ""  # the local key of a client's mailbox (no pattern is empty)
-MAILBOX_ROUTES = (MAILBOX_ROUTE,)
+MAILBOX_KEY = ""  # the local key of a client's mailbox (no pattern is empty)
+MAILBOX_KEYS = (MAILBOX_KEY,)
 
 
 def group_key(pattern: str, group: str | None) -> str:
@@ -64,11 +64,12 @@ def split_key(key: str) -> tuple[str, str | None]:
     return pattern, group or None
 
 
-class Delivery(NamedTuple):
-    """A MESSAGE and the local patterns it matched (a tuple: one is built per message received)."""
+class Received(NamedTuple):
+    """A MESSAGE received, and the local keys of the subscriptions it is for (a tuple: one is
+    built per message received the general way)."""
 
     message: Message
-    patterns: tuple[str, ...]
+    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ class CancelWork:
     bid: str
 
 
-Event = Answer | Delivery | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
+Event = Answer | Received | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
 
 
 def answer_error(command: Command) -> RemoteError:

@@ -146,14 +146,25 @@ _SET_TOPIC, _SET_PARTS, _SET_SENDER, _SET_HEADERS, _SET_JOURNAL, _SET_SEQ, _SET_
 )
 
 
-def new_message(topic: str, data: bytes, sender: str | None, group: str | None = None) -> Message:
-    """``Message(topic, (data,), sender, group=group)`` without the dataclass __init__ (the receive hot path)."""
+def new_message(
+    topic: str,
+    parts: tuple[bytes, ...],
+    sender: str | None,
+    headers: dict[str, str],
+    journal: str | None,
+    seq: int | None,
+    group: str | None,
+) -> Message:
+    """``Message(topic, parts, sender, headers, journal, seq, group)`` without the dataclass
+    __init__: how the client builds every Message it receives (the receive hot path).  Every
+    field, in field order, no defaults (a default costs the hot path): ``headers`` is the
+    message's own dict."""
     message = _new(Message)
     _SET_TOPIC(message, topic)
-    _SET_PARTS(message, (data,))
+    _SET_PARTS(message, parts)
     _SET_SENDER(message, sender)
-    _SET_HEADERS(message, {})
-    _SET_JOURNAL(message, None)
-    _SET_SEQ(message, None)
+    _SET_HEADERS(message, headers)
+    _SET_JOURNAL(message, journal)
+    _SET_SEQ(message, seq)
     _SET_GROUP(message, group)
     return message

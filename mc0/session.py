@@ -16,39 +16,42 @@ reports.  It owns everything a client must get right by itself:
   (DISCONNECT, silence, the link lost) is reported as ``Reconnecting(lost=True)``
   with no CONNECT: the shell opens a link to another endpoint and calls
   ``connect``; the answer restores the session there as above;
-* routing each MESSAGE to the local patterns that match it (a local trie),
-  so overlapping subscriptions of one client each see the message once;
+* decoding what the broker sends, a ``BATCH`` in one pass: every MESSAGE,
+  whatever its shape, becomes a :class:`~mc0.message.Message` the one way
+  (:func:`~mc0.message.new_message`) for the local subscriptions the
+  :class:`~mc0.pattern_table.PatternTable` routes it to, so overlapping
+  subscriptions of one client each see it once;
 * local validation of what the user asks to send (misuse raises here).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import struct
+from collections.abc import Callable, Mapping, Sequence
 
 from . import protocol as P
-from .errors import InvalidTopic, ProtocolError
+from .errors import ProtocolError
 from .events import (
-    MAILBOX_ROUTE,
-    MAILBOX_ROUTES,
+    MAILBOX_KEY,
+    MAILBOX_KEYS,
     Answer,
     CancelWork,
     Connected,
     ConnectRefused,
-    Delivery,
     Event,
     Fault,
+    Received,
     Reconnecting,
     Work,
     answer_error,
     group_key,
     split_key,
 )
-from .message import Message
+from .message import Message, new_message
+from .pattern_table import PatternTable, Remembered
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
-from .session_batch import BatchedReceive
 from .topics import split_pattern, split_topic
-from .trie import TopicTrie
 
 log = logging.getLogger("mc0.client")
 
@@ -62,13 +65,13 @@ CACHE_SIZE = 4096  # topics, senders and services remembered as already validate
 
 
 __all__ = [
-    "MAILBOX_ROUTE",
+    "MAILBOX_KEY",
     "Answer",
     "CancelWork",
     "ClientSession",
     "ConnectRefused",
     "Connected",
-    "Delivery",
+    "Received",
     "Event",
     "Fault",
     "Frames",
@@ -79,7 +82,7 @@ __all__ = [
 ]
 
 
-class ClientSession(BatchedReceive):
+class ClientSession:
     def __init__(
         self,
         *,
@@ -109,7 +112,7 @@ class ClientSession(BatchedReceive):
         # Patterns subscribed FROM a seq: (journal, next seq to ask for) so that
         # healing resumes the replay where delivery stopped instead of going live only.
         self._resume: dict[str, tuple[str | None, int]] = {}
-        self._routes: TopicTrie[str] = TopicTrie()
+        self._pattern_table = PatternTable()  # the local subscriptions a received MESSAGE is for
         self.malformed = 0
         self._requests: set[str] = set()  # REQUEST ids sent and not yet answered with a terminal
         self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
@@ -117,13 +120,10 @@ class ClientSession(BatchedReceive):
         self.batch_wanted = batch and version == P.FULL_VERSION
         self.echo = echo  # False: CONNECT ECHO 0 (the broker never hands us our own publishes)
         self.failover = failover  # a lost broker is left to the shell, which moves to another endpoint
-        self._group_routes: dict[str, TopicTrie[str]] = {}  # queue group -> its patterns' local keys
         self.batched = False  # the broker granted BATCH 1: commands go out (and come in) as batch records
         self._topics: dict[str, bytes] = {}  # validated topics -> their bytes
         self._services: dict[str, bytes] = {}
-        self._routed: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # received topic -> (text, local patterns)
-        self._group_routed: dict[tuple[bytes, bytes], tuple[str, str, tuple[str, ...]]] = {}  # the same per group
-        self._senders: dict[bytes, str] = {}
+        self._senders: Remembered[bytes, str] = Remembered(bytes.decode)  # received senders -> their text
 
     # ------------------------------------------------------------ ids and state
     def new_id(self) -> str:
@@ -273,12 +273,7 @@ class ClientSession(BatchedReceive):
         self._pattern_refs[key] = refs + 1
         if refs:
             return None
-        if group is None:
-            self._routes.insert(tokens, pattern)
-            self._routed.clear()
-        else:
-            self._group_routes.setdefault(group, TopicTrie()).insert(tokens, key)
-            self._group_routed.clear()
+        self._pattern_table.add(tokens, key, group)
         return self._sub(group, [pattern.encode()], request_id)
 
     @staticmethod
@@ -321,16 +316,7 @@ class ClientSession(BatchedReceive):
         del self._pattern_refs[key]
         self._resume.pop(key, None)
         tokens = split_pattern(pattern, max_bytes=1 << 30, max_tokens=1 << 30)
-        if group is None:
-            self._routes.remove(tokens, pattern)
-            self._routed.clear()
-        else:
-            routes = self._group_routes.get(group)
-            if routes is not None:
-                routes.remove(tokens, key)
-                if not routes:
-                    del self._group_routes[group]
-            self._group_routed.clear()
+        self._pattern_table.remove(tokens, key, group)
         return self._sub(group, [pattern.encode()], verb=Verb.UNSUB)
 
     def unsub_frames(self, pattern: str, group: str | None = None) -> Frames:
@@ -394,7 +380,7 @@ class ClientSession(BatchedReceive):
             return [], []
         verb = command.verb
         if verb is Verb.MESSAGE:
-            return [self._delivery(command)], []
+            return [self._received(command)], []
         if verb is Verb.REQUEST:
             return [self._work(command)], []
         if verb is Verb.CANCEL:
@@ -481,32 +467,80 @@ class ClientSession(BatchedReceive):
             tuple(bytes(p) for p in command.payload),
         )
 
-    def _delivery(self, command: Command) -> Delivery:
+    def _received(self, command: Command) -> Received:
+        """A MESSAGE the general way (any headers, any number of body frames)."""
         headers = command.headers
         topic = headers[Header.TOPIC]
-        try:
-            tokens = split_topic(topic, max_bytes=1 << 30, max_tokens=1 << 30)
-        except InvalidTopic:
-            tokens = ()
-        user = command.user_headers()
         seq_text = headers.get(Header.SEQ)
         seq = P.decimal(seq_text) if seq_text is not None else None
         journal = headers.get(Header.JOURNAL)
         group = headers.get(Header.GROUP)
-        message = Message(
-            topic, tuple(bytes(p) for p in command.payload), headers.get(Header.SENDER), user, journal, seq, group
-        )
+        parts = tuple(bytes(p) for p in command.payload)
+        message = new_message(topic, parts, headers.get(Header.SENDER), command.user_headers(), journal, seq, group)
         if Header.TO in headers:  # a direct message: the mailbox gets it
-            return Delivery(message, MAILBOX_ROUTES)
-        if group is not None:  # one member's copy: only this group's subscriptions get it
-            routes = self._group_routes.get(group)
-            return Delivery(message, routes.match(tokens) if routes is not None and tokens else ())
-        patterns = self._routes.match(tokens) if tokens else ()
-        if seq is not None and self._resume:
-            for pattern in patterns:
+            return Received(message, MAILBOX_KEYS)
+        # A queue group's copy is for that group's subscriptions only.
+        _, _, keys = self._pattern_table.route(topic.encode(), group.encode() if group is not None else None)
+        if seq is not None and group is None and self._resume:
+            for pattern in keys:
                 if pattern in self._resume:
                     self._resume[pattern] = (journal, seq + 1)
-        return Delivery(message, patterns)
+        return Received(message, keys)
+
+    # ------------------------------------------------------------ batched input
+    def receive_batch(
+        self,
+        blob: bytes,
+        now: float,
+        deliver: Callable[[Message, tuple[str, ...]], None],
+        final: Callable[[str, bytes], bool] | None = None,
+    ) -> tuple[list[Event], list[Frames]]:
+        """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
+
+        Each MESSAGE is handed to ``deliver(message, local keys)`` as it is
+        decoded, in order (no event object per message): the shortcut shapes
+        read by :func:`mc0.protocol.batch.received`, any other (headers, several
+        body frames) through :meth:`receive` as if it came alone.  Each FINAL
+        shortcut goes to ``final(request id, body)`` when given, which says
+        whether it took it (else it becomes an ``Answer`` as any other reply);
+        anything else is handled as if it came alone and becomes events.  A
+        blob that stops splitting into records is counted as malformed from there.
+        """
+        self.last_recv = now
+        events: list[Event] = []
+        replies: list[Frames] = []
+        senders = self._senders
+        routes, group_routes = self._pattern_table.routes, self._pattern_table.group_routes
+        try:
+            for code, start, end, sender_b, topic_b, group_b, data in batch.received(blob):
+                if code == batch.MESSAGE:  # (PatternTable.route, as dict lookups: once per message)
+                    topic, group, keys = routes[topic_b] if group_b is None else group_routes[group_b, topic_b]
+                    deliver(new_message(topic, (data,), senders[sender_b], {}, None, None, group), keys)
+                    continue
+                if code == batch.WORK:
+                    service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
+                    events.append(Work(bid, service, caller, timeout_ms, {}, (data,)))
+                    continue
+                if code == batch.FINAL or code == batch.PARTIAL:
+                    request_id, data = batch.reply_fields(blob, start, end)
+                    if code == batch.FINAL:
+                        self._requests.discard(request_id)
+                        if final is not None and final(request_id, data):
+                            continue
+                    verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
+                    events.append(Answer(request_id, Command(verb, {Header.ID: request_id}, (data,))))
+                    continue
+                more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
+                for event in more:  # a MESSAGE with headers is delivered in its place, in order
+                    if type(event) is Received:
+                        deliver(event.message, event.keys)
+                    else:
+                        events.append(event)
+                replies += answers
+        except (ProtocolError, UnicodeDecodeError, struct.error) as exc:
+            self.malformed += 1
+            log.warning("malformed batch from broker, the rest dropped: %s", exc)
+        return events, replies
 
     # ------------------------------------------------------------ the link under the session
     def link_lost(self) -> list[Event]:

@@ -72,7 +72,7 @@ STAGES = [
     ("client: link (socket on the loop)", ("mc0/aio/link.py",)),
     ("client: futures, dispatch", ("mc0/aio/connection.py", "mc0/aio/client.py", "mc0/client.py")),
     ("worker: handler, task, reply", ("mc0/aio/worker.py", "benchmarks/library_mc0.py")),
-    ("sync: cross-thread hand-over", ("mc0/sync_streams.py", "threading.py", "concurrent/futures")),
+    ("sync: cross-thread hand-over", ("mc0/sync_loop.py", "threading.py", "concurrent/futures")),
     ("asyncio loop, tasks, futures", ("asyncio/",)),
     ("nats-py", ("nats/",)),
 ]

@@ -47,7 +47,7 @@ STAGES = [
     ("threads waiting", ("wait (threading.py", "_wait_for_tstate_lock")),
     (
         "client loop and hand-over (asyncio, link, session)",
-        ("asyncio", "mc0/aio/", "mc0/session", "selectors.py", "mc0/sync_streams", "threading.py"),
+        ("asyncio", "mc0/aio/", "mc0/session", "selectors.py", "mc0/sync_loop", "threading.py"),
     ),
     ("pyspark daemon waiting for tasks", ("manager (daemon.py",)),
     ("Spark's Python worker", ("pyspark", "serializers.py", "conversion.py", "plan_data_source_read.py")),

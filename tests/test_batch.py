@@ -242,3 +242,53 @@ def test_a_misframed_batch_is_a_400_and_changes_nothing(frames: list[bytes]) -> 
     answer = list(answer)
     assert rid == b"a" and answer[0] == b"ERROR" and answer[answer.index(b"CODE") + 1] == b"400"
     assert core.counters["internal_errors"] == 0 and b"a" in core.sessions
+
+
+# What a broker sends a client, one record of each shape (a queue-group copy among the FRAMES).
+CLIENT_RECORDS = [
+    batch.message_record(b"a.b", b"alice", b"body"),
+    batch.message_record(b"a.b", b"", b""),
+    batch.group_message_record(b"g.x", b"bob", b"workers", b"copy"),
+    batch.record_of(P.message(b"a.b", b"alice", [b"X-Trace", b"t"], [b"1"])),
+    batch.record_of(P.message(b"a.b", b"alice", [], [b"1", b"2"], group=b"workers")),
+    *(batch.record_of(frames) for frames in BROKER_SAMPLES),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(CLIENT_RECORDS), max_size=12))
+def test_a_clients_walk_reads_every_record_as_frames_of_does(chosen: list[bytes]) -> None:
+    """``received`` (the client's one walk of a batch) splits a blob as ``records`` does and reads a
+    MESSAGE shortcut and a queue-group copy into the fields their frames carry."""
+    blob = b"".join(chosen)
+    walked = list(batch.received(blob))
+    assert [(code, start, end) for code, start, end, *_ in walked if code != batch.MESSAGE] == [
+        (code, start, end)
+        for code, start, end in batch.records(blob)
+        if not (code == batch.MESSAGE or batch.group_message_fields(blob, start, end) is not None)
+    ]
+    assert [(s, e) for _, s, e, *_ in walked] == [(s, e) for _, s, e in batch.records(blob)]
+    for code, start, end, sender, topic, group, data in walked:
+        if code != batch.MESSAGE:
+            assert (sender, topic, group, data) == (b"", b"", None, b"")
+            continue
+        command = P.decode(unpack(blob[start - 5 : end])[0], sender=Side.BROKER)
+        assert command.verb is P.Verb.MESSAGE and list(command.payload) == [data]
+        assert (topic.decode(), sender.decode()) == (command.headers[P.Header.TOPIC], command.headers[P.Header.SENDER])
+        assert (group.decode() if group is not None else None) == command.headers.get(P.Header.GROUP)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"\x01\x00\x00\x00\x02",  # a MESSAGE record with no fields
+        b"\x03\x00\x00\x00\x02\x05\x00",  # the sender's length runs past the record
+        b"\x07\x00\x00\x00\x02\x01\x00a\x09\x00b",  # the topic's length runs past it
+    ],
+)
+def test_a_clients_walk_refuses_a_message_record_whose_fields_run_past_it(record: bytes) -> None:
+    good = batch.message_record(b"a", b"s", b"d")
+    walk = batch.received(good + record + good)
+    assert next(walk)[3:] == (b"s", b"a", None, b"d")  # the records before the damage come first
+    with pytest.raises((P.ProtocolError, struct.error)):
+        next(walk)

@@ -343,7 +343,7 @@ def background(api: Any, call: Callable[[], Any]) -> asyncio.Future[Any]:
 
 def inner(client: Any) -> Any:
     """The asyncio client under a sync one (to look at what it has in flight)."""
-    return getattr(client, "_aio", client)
+    return getattr(client, "_inner", client)
 
 
 @pytest.mark.asyncio
@@ -422,7 +422,7 @@ async def test_confirmed_publishes_the_lost_broker_answered_are_not_sent_again(b
     brokers.signal("a", signal.SIGSTOP)  # (so that no answer comes before the client's loop is held)
     publishes = [asyncio.ensure_future(pub.publish("fo.orders", b"%d" % i, confirm=True, timeout=30)) for i in range(n)]
     out = pub._out
-    assert out is not None and pub._socket is not None
+    assert out is not None and pub._out.socket is not None
     await until(lambda: len(pub._pending) == n and out.pending == 0, 10, "every publish handed to the socket")
     # From here until libzmq saw the kill the client's loop is held (no await): the answers wait unread on
     # its socket when the loss is known (looking at ZMQ_EVENTS also keeps the Link from reading on its own).
@@ -433,7 +433,7 @@ async def test_confirmed_publishes_the_lost_broker_answered_are_not_sent_again(b
             assert time.monotonic() < deadline, "the broker did not store the publishes"
             time.sleep(0.02)
     deadline = time.monotonic() + 10
-    while not pub._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the answers reached the client's socket
+    while not pub._out.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the answers reached the client's socket
         assert time.monotonic() < deadline, "no answer reached the client"
         time.sleep(0.005)
     time.sleep(0.2)  # (an answer in a second batch: the same TCP connection, right behind)
@@ -591,7 +591,7 @@ async def test_close_during_connect_over_a_list_ends_it(api: Any) -> None:
         names = ",".join(f"tcp://127.0.0.1:{s.getsockname()[1]}" for s in (one, two))
         client = api.Client(names, timeout=10)
         connecting = background(api, client.connect)
-        await until(lambda: inner(client)._connected is not None, 5, "connect started")
+        await until(lambda: inner(client)._out is not None, 5, "connect started")
         started = time.monotonic()
         await api(client.close())
         with pytest.raises(mc0.ClosedError):

@@ -20,7 +20,8 @@ from .test_architecture import CLIENT_SIDE, PACKAGE, modules
 # The modules handed an owner instead of importing it, the Protocol naming what they ask of it,
 # and the attribute they keep the owner in.
 OWNED = {
-    "mc0.aio.streams": ("StreamOwner", "client"),
+    "mc0.aio.subscription": ("SubscriptionOwner", "client"),
+    "mc0.aio.replies": ("ReplyOwner", "client"),
     "mc0.aio.consumer": ("Requester", "client"),
 }
 
@@ -61,7 +62,7 @@ def test_the_client_modules_form_no_circle_even_through_imports_kept_for_types()
                 visit(target, [*path, target])
         state[node] = 2
 
-    assert "mc0.aio.streams" in graph and "mc0.aio.client" in graph
+    assert "mc0.aio.subscription" in graph and "mc0.aio.client" in graph
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])

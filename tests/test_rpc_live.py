@@ -126,6 +126,21 @@ async def test_one_worker_serves_several_services(api: Any, broker: BrokerProces
 
 
 @pytest.mark.asyncio
+async def test_add_service_registers_as_the_decorator_does_and_only_before_connect(
+    api: Any, broker: BrokerProcess
+) -> None:
+    worker = (mc0.Worker if api.name == "sync" else mc0.aio.Worker)(broker.endpoint)
+    worker.add_service("plain", lambda r: b"added " + r.body)
+    await api(worker.connect())
+    client = await api(api.Client(broker.endpoint).connect())
+    assert (await api(client.request("plain", b"x", timeout=5))).body == b"added x"
+    with pytest.raises(RuntimeError, match="before connect"):
+        worker.add_service("late", lambda r: b"")
+    await api(worker.close())
+    await api(client.close())
+
+
+@pytest.mark.asyncio
 async def test_a_worker_can_make_requests_itself(api: Any, broker: BrokerProcess) -> None:
     back = await start_worker(api, broker.endpoint, {"db": lambda r: b"row for " + r.caller.encode()})
     front_holder: list[Any] = []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0 import errors
 from mc0 import protocol as P
 from mc0.protocol import batch
-from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Delivery, Fault, Reconnecting
+from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Fault, Received, Reconnecting
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -77,8 +79,8 @@ def test_messages_route_to_every_matching_local_pattern_once() -> None:
     session.add_pattern("z")
     events, _ = session.receive(P.message(b"a.b", b"alice", [b"X-K", b"v"], [b"x"]), 1.0)
     (delivery,) = events
-    assert isinstance(delivery, Delivery)
-    assert sorted(delivery.patterns) == ["a.*", "a.>"]
+    assert isinstance(delivery, Received)
+    assert sorted(delivery.keys) == ["a.*", "a.>"]
     assert delivery.message.sender == "alice" and delivery.message.headers == {"X-K": "v"}
 
 
@@ -159,3 +161,72 @@ def test_a_queue_group_copy_takes_its_shortcut_and_matches_the_general_path() ->
     delivered.clear()
     session.receive_batch(plain_copy, 3.0, deliver)
     assert delivered[0][1] == ()  # no subscription of that group left: nobody local gets it
+
+
+@pytest.mark.parametrize(
+    ("record", "frames"),
+    [
+        (batch.message_record(b"a.b", b"alice", b"1"), P.message(b"a.b", b"alice", [], [b"1"])),
+        (batch.message_record(b"z", b"", b""), P.message(b"z", b"", [], [b""])),
+        (
+            batch.group_message_record(b"a.b", b"alice", b"workers", b"1"),
+            P.message(b"a.b", b"alice", [], [b"1"], group=b"workers"),
+        ),
+        (batch.message_record(b"a..b", b"alice", b"1"), P.message(b"a..b", b"alice", [], [b"1"])),  # no pattern
+    ],
+)
+def test_a_message_is_the_same_message_for_the_same_subscriptions_whatever_its_shape(
+    record: bytes, frames: list[bytes]
+) -> None:
+    """A shortcut record, the same MESSAGE as a FRAMES record, and as an unbatched message: one
+    Message, equal field for field, for the same local subscriptions."""
+    session = connected()
+    for pattern, group in (("a.*", None), ("a.>", None), ("z", None), ("a.>", "workers"), ("b", "workers")):
+        session.add_pattern(pattern, group=group)
+    seen: list[tuple[object, tuple[str, ...]]] = []
+
+    def deliver(message: object, keys: tuple[str, ...]) -> None:
+        seen.append((message, keys))
+
+    session.receive_batch(record, 1.0, deliver)
+    session.receive_batch(batch.frames_record(frames), 1.0, deliver)
+    (delivery,), _ = session.receive(frames, 1.0)
+    assert isinstance(delivery, Received)
+    seen.append((delivery.message, delivery.keys))
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2], seen
+    assert session.malformed == 0
+
+
+GOOD_BLOB = b"".join(
+    [
+        batch.message_record(b"a.b", b"alice", b"1"),
+        batch.group_message_record(b"a.b", b"alice", b"workers", b"2"),
+        batch.record_of(P.message(b"a.b", b"alice", [b"X-T", b"t"], [b"3"])),
+        batch.reply_record(True, b"7", b"f"),
+        batch.work_record(b"svc", b"9", b"bob", 50, b"w"),
+        batch.ok_record(b"1"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.tuples(st.integers(0, len(GOOD_BLOB) - 1), st.integers(0, 255)).map(
+            lambda at: GOOD_BLOB[: at[0]] + bytes([at[1]]) + GOOD_BLOB[at[0] + 1 :]
+        ),
+        st.integers(0, len(GOOD_BLOB)).map(lambda n: GOOD_BLOB[:n]),
+    )
+)
+def test_no_batch_from_the_broker_breaks_the_session(blob: bytes) -> None:
+    """Any blob, random or a good one cut or with one byte changed, is decoded or counted as
+    malformed (once per blob at most): nothing raises, and the session stays usable."""
+    session = connected()
+    session.add_pattern("a.>")
+    session.add_pattern("a.>", group="workers")
+    delivered: list[object] = []
+    session.receive_batch(blob, 1.0, lambda message, keys: delivered.append(message))
+    assert session.malformed <= 1
+    session.receive_batch(GOOD_BLOB, 2.0, lambda message, keys: delivered.append(message))
+    assert session.malformed <= 1 and session.connected

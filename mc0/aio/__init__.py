@@ -7,7 +7,8 @@ for the contract.
 from .client import DEFAULT_MAX_OUTGOING, DEFAULT_REQUEST_TIMEOUT, Client, ack_of
 from .consumer import ConsumedMessage, Consumer
 from .pages import PageStream
-from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
+from .replies import ReplyStream
+from .subscription import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, Subscription
 from .worker import Handler, Worker
 
 __all__ = [

@@ -3,7 +3,7 @@
 Contract: ``publish`` queues into one outgoing buffer coalesced into one
 send per event-loop turn (waiting for room only when ``max_outgoing`` bytes
 are already waiting: back-pressure, never silent loss); ``subscribe``
-returns a :class:`~mc0.aio.streams.Subscription` fed a whole received batch
+returns a :class:`~mc0.aio.subscription.Subscription` fed a whole received batch
 at a time; ``request``/``submit`` resolve one future per request (no task,
 no timer of their own); ``stream``/``scatter`` iterate replies.  The sync
 :class:`mc0.Client` mirrors these names.
@@ -23,11 +23,12 @@ from .. import protocol as P
 from ..errors import ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
-from ..session import MAILBOX_ROUTE, group_key
+from ..session import MAILBOX_KEY, group_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .consumer import Consumer
 from .pages import PageStream
-from .streams import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, ReplyStream, Subscription
+from .replies import ReplyStream
+from .subscription import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 # How fetch() asks for its pages: columns, as large as the broker builds them.
@@ -55,7 +56,7 @@ class Client(Connection):
         broker kept while none of the identity's sessions was connected."""
         if self._mailbox is None:
             self._mailbox = Subscription(self, (), DEFAULT_MAX_PENDING)
-            self._subscriptions[MAILBOX_ROUTE] = [self._mailbox]
+            self._subscriptions[MAILBOX_KEY] = [self._mailbox]
         return self._mailbox
 
     async def consume(
@@ -304,9 +305,9 @@ class Client(Connection):
                     await self.flush()  # the UNSUBs (and every publish before them) reached the broker
                 for sub in subs:
                     await self._release(sub, sub.patterns, tell_broker=False)
-                await self._until_idle(lambda: bool(self._calls or self._streams or self._pending))
+                await self._until_idle(lambda: bool(self._calls or self._reply_streams or self._pending))
         except TimeoutError:
-            left = f"{len(self._calls) + len(self._streams)} requests unanswered"
+            left = f"{len(self._calls) + len(self._reply_streams)} requests unanswered"
             await self.close()
             raise Timeout(f"drain ({left})", wait) from None
         await self.close()
@@ -527,7 +528,7 @@ class Client(Connection):
         frames = self.session.request(service, body, request_id, max(1, round(seconds * 1000)), headers, scatter)  # type: ignore[arg-type]
         # The broker enforces the deadline and always answers; the grace covers its answer's trip.
         stream = ReplyStream(self, request_id, service, scatter, seconds + max(1.0, 2 * self.session.ttl))
-        self._streams[request_id] = stream
+        self._reply_streams[request_id] = stream
         try:
             self._send(frames)
         except BaseException:

@@ -7,52 +7,53 @@ decodes each received message (a batch in one pass; ``Link`` calls
 ``_on_message``) and dispatches what it holds: messages to subscriptions, answers to whoever waits for them; a timer
 task heartbeats, heals (CONNECT again, re-SUB every pattern) and times out
 requests the broker never answered; ``close()`` is idempotent.  Everything
-sent and received goes through :class:`~mc0.aio.link.Link`.  The endpoint
-may be a comma-separated list: the client is on one broker at a time
-(``endpoint``) and fails over to another when it loses it
-(:mod:`mc0.aio.failover`).
+sent and received goes through :class:`~mc0.aio.link.Link`.  The socket,
+its monitor and the Link are its :class:`~mc0.aio.dialer.Dialer`'s: the
+endpoint may be a comma-separated list, the client is on one broker at a
+time (``endpoint``) and the dialer fails over to another when it loses it;
+the connection settles what the lost broker had in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeAlias, TypeVar
 
 import zmq
 import zmq.asyncio
-import zmq.utils.monitor
 
 from .. import keys as keyfiles
 from .. import protocol as P
 from ..deadlines import Deadlines
-from ..endpoints import REFUSED_AFTER, diagnose, no_answer_detail, parse_endpoints, unreachable_message
-from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout, Unreachable
+from ..endpoints import parse_endpoints
+from ..errors import AuthFailed, ClosedError, ConfigError, Error, NotConnected, Timeout
 from ..message import Message, Reply, frozen_builder
 from ..protocol import Command, Limits, Status, Verb, batch
-from ..security import HANDSHAKE_FAILURES, NO_KEY_FAILURE
 from ..session import (
     Answer,
     ClientSession,
     Connected,
     ConnectRefused,
-    Delivery,
     Event,
     Fault,
     Frames,
+    Received,
     Reconnecting,
     answer_error,
     group_key,
 )
 from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
-from .failover import CONNECT_EVENTS, EVENT_NAMES, RESENT_VERBS, SOCKET_HWM, Failover, Waiter
+from .dialer import SOCKET_HWM, Dialer
 from .link import Link
-from .streams import ReplyStream, Subscription
+from .replies import ReplyStream
+from .subscription import Subscription
 
 __all__ = ["DEFAULT_MAX_OUTGOING", "SOCKET_HWM", "Connection", "Waiter"]
 
@@ -63,9 +64,17 @@ log = logging.getLogger("mc0.client")
 DEFAULT_MAX_OUTGOING = 8 * 1024 * 1024
 _new_reply = frozen_builder(Reply)
 _NO_HEADERS: Mapping[str, str] = {}
+# Commands a failover sends again when the lost broker had them unanswered: a PUT (a journal drops
+# a repeat by its MSGID) and a PING.  Anything else it may have acted on is failed instead.
+RESENT_VERBS = frozenset({Verb.PUT.value.encode(), Verb.PING.value.encode()})
+
+T = TypeVar("T")
+# What a request's answer resolves: an asyncio future, or a concurrent one for another thread
+# (both have done / set_result / set_exception, all the loop uses).
+Waiter: TypeAlias = "asyncio.Future[T] | concurrent.futures.Future[T]"
 
 
-class Connection(Failover):
+class Connection:
     """One DEALER connection to a broker (of the endpoint list) and the state of what travels over it."""
 
     def __init__(
@@ -103,9 +112,6 @@ class Connection(Failover):
         self.identity: str | None = None  # our key's name, once connected with CURVE
         # One precedence everywhere (CLI, library, pipeline): argument > MC0_ENDPOINT > config > default.
         self.endpoints = parse_endpoints(endpoint or os.environ.get(ENV_ENDPOINT) or config.endpoint)
-        self.endpoint = self.endpoints[0]  # the one in use (or being tried)
-        self._seen: list[str] = []  # monitor events while connecting (bounded: see _watch)
-        self._connected_ever = False
         self.timeout = timeout if timeout is not None else config.timeout_ms / 1000.0
         self.request_timeout = config.request_timeout_ms / 1000.0
         ttl_ms = round(ttl * 1000) if ttl is not None else config.ttl_ms
@@ -116,71 +122,51 @@ class Connection(Failover):
         self.on_fault = on_fault
         self.reconnects = 0
         self.max_outgoing = max_outgoing
-        self._context = context
-        self._curve: tuple[keyfiles.KeyPair, bytes] | None = None
+        self._dialer = Dialer(
+            self.endpoints,
+            self.session,
+            context,
+            on_link_lost=self._link_lost,
+            on_link_up=self._rearm_timer,
+            on_refused=self._refused,
+            on_broker_lost=self._settle_in_flight,
+        )
+        # Confirmed publishes and pings in flight, by ID: what a failover sends again.
         self._resend: dict[str, Frames] = {}
-        self._socket: zmq.Socket[bytes] | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._out: Link | None = None
+        self._out: Link | None = None  # the dialer's, once connect() opened it
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
         self._calls: dict[str, Waiter[Reply]] = {}  # request() awaiting a FINAL by id
         self._call_deadlines: Deadlines[str] = Deadlines()  # when to give up on each of _calls
-        self._streams: dict[str, ReplyStream] = {}
+        self._reply_streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
-        self._connected: asyncio.Future[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
         self._rearm = asyncio.Event()  # wakes the timer task when a deadline moved earlier
         self._closed = False
         self._closing = False
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use (or being tried), one of ``endpoints``."""
+        return self._dialer.endpoint
 
     # ------------------------------------------------------------ lifecycle
     async def connect(self) -> Self:
         """Open the connection and wait for the broker to accept it."""
         if self._closed:
             raise ClosedError("client is closed")
-        if self._socket is not None:
+        if self._out is not None:
             return self
-        self._curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
-        sock = self._dial(self.endpoints[0])
+        curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
         loop = self._loop = asyncio.get_running_loop()
-        self._out = Link(loop, sock, self.session, self.max_outgoing, self._on_message)
-        self._connected = loop.create_future()
+        self._out = self._dialer.open(loop, curve, self.max_outgoing, self._on_message)
         self._tasks = [loop.create_task(self._beat(), name="mc0-heartbeat")]
-        self._watch_monitor()
         try:
-            if len(self.endpoints) > 1:
-                await self._connect_any()
-            else:
-                self._out.send_now(self.session.connect(time.monotonic()))
-                await self._await_connected()
-        except Error:  # (an mc0.Timeout is a TimeoutError too: it already says what it waited for)
-            await self.close()
-            raise
-        except TimeoutError:
-            await self.close()
-            raise Timeout(f"connect to {self.endpoint}", self.timeout, no_answer_detail(self._connected_ever)) from None
+            await self._dialer.connect_first(self.timeout)
         except BaseException:
             await self.close()
             raise
         return self
-
-    async def _await_connected(self) -> None:
-        """Wait for the broker's OK; after REFUSED_AFTER (or the timeout, if shorter) a refused or
-        unresolvable endpoint is reported as such (Unreachable) instead of waiting out the timeout."""
-        assert self._connected is not None
-        early = min(self.timeout, REFUSED_AFTER)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._connected), early)
-            return
-        except TimeoutError:
-            verdict = diagnose(self._seen, self._connected_ever)
-            if verdict is not None:
-                await self.close()
-                raise Unreachable(unreachable_message(self.endpoint, verdict), verdict=verdict) from None
-            if early >= self.timeout:
-                raise
-        await asyncio.wait_for(asyncio.shield(self._connected), self.timeout - early)
 
     def _curve_keys(self) -> tuple[keyfiles.KeyPair, bytes] | None:
         key, broker = self._key_spec, self._broker_key_spec
@@ -201,44 +187,46 @@ class Connection(Failover):
         self.identity = own.name
         return own, server
 
-    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """The socket monitor: handshake failures become AuthFailed (promptly, not a hang); a
-        lost connection stops sends at once and its return CONNECTs at once (healing takes a
-        reconnect, not ``liveness x TTL``; with an endpoint list, the loss fails over instead)."""
-        while True:
-            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
-            kind = int(event["event"])
-            if kind & CONNECT_EVENTS:
-                if kind == zmq.EVENT_CONNECTED:
-                    self._connected_ever = True
-                elif len(self._seen) < 64 and not self._connected_ever:  # only the first attempts matter
-                    self._seen.append(EVENT_NAMES.get(kind, ""))
-                    self._early_verdict(diagnose(self._seen, self._connected_ever))
+    # What the dialer tells the connection (its constructor's callbacks).
+    def _link_lost(self) -> None:
+        self._dispatch(self.session.link_lost())
+
+    def _rearm_timer(self) -> None:
+        self._rearm.set()
+
+    def _refused(self, error: AuthFailed) -> None:
+        """The broker refused our key after it had accepted the session."""
+        self.report_fault(error)
+        self._fail_pending(error)
+
+    def _settle_in_flight(self, lost: str) -> None:
+        """What the lost broker had: requests it may have run fail (NotConnected); confirmed
+        publishes and pings go again, first; whatever no broker has seen stays where it waits."""
+        out = self._out
+        assert out is not None
+        out.hold_blocked()
+        unsent = out.unsent_ids()
+        error = NotConnected(
+            Status.NOT_CONNECTED, f"the broker at {lost} was lost before it answered (not sent again: it may have run)"
+        )
+        again: list[Frames] = []
+        for request_id, future in list(self._pending.items()):
+            if request_id in unsent or future.done():  # (done: its answer is in, only not yet taken)
                 continue
-            if kind == zmq.EVENT_DISCONNECTED:
-                if self._out is not None:
-                    self._out.hold_blocked()
-                self._dispatch(self.session.link_lost())
+            frames = self._resend.get(request_id)
+            if frames is not None:
+                again.append(frames)
                 continue
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                if self.session.failover:
-                    continue  # each socket of a list gets its CONNECT when it is opened
-                frames = self.session.link_up(time.monotonic())
-                if frames is not None and self._out is not None and not self._closed:
-                    self._out.send_now(frames)
-                    self._rearm.set()
-                continue
-            reason = HANDSHAKE_FAILURES.get(kind)
-            if reason is None:
-                continue
-            if self.identity is None:
-                reason = NO_KEY_FAILURE
-            error = AuthFailed(f"{self.endpoint}: {reason}")
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_exception(error)
-            else:
-                self.report_fault(error)
-                self._fail_pending(error)
+            del self._pending[request_id]
+            future.set_exception(error)
+        for request_id in [r for r in self._calls if r not in unsent]:
+            call = self._calls.pop(request_id)
+            self._call_deadlines.discard(request_id)
+            if not call.done():
+                call.set_exception(error)
+        for request_id in [r for r in self._reply_streams if r not in unsent]:
+            self._reply_streams.pop(request_id)._feed(error)
+        out.send_first(again)
 
     async def close(self) -> None:
         """Send what is queued, say DISCONNECT (confirmed, briefly), stop the tasks, fail what is
@@ -251,8 +239,8 @@ class Connection(Failover):
         if self._closed or self._closing:
             return
         self._closing = True
-        sock = self._socket
-        if sock is not None and self.session.connected:
+        self._dialer.stop()
+        if self._out is not None and self.session.connected:
             request_id = self.session.new_id()
             try:
                 await self._call(request_id, self.session.disconnect(request_id), min(1.0, self.timeout), "disconnect")
@@ -262,7 +250,7 @@ class Connection(Failover):
         self._closed = True
         if self._out is not None:
             self._out.close()
-        tasks = list(self._tasks)  # (a failover replaces its monitor task in the list)
+        tasks = [*self._tasks, *self._dialer.tasks]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -275,15 +263,7 @@ class Connection(Failover):
             for sub in subs:
                 sub._end()
         self._subscriptions.clear()
-        if self._connected is not None and not self._connected.done():
-            self._connected.set_exception(ClosedError("client closed"))
-            self._connected.exception()  # mark retrieved
-        if self._monitor is not None:
-            if sock is not None:
-                sock.disable_monitor()
-            self._monitor.close(linger=0)
-        if sock is not None:
-            sock.close(linger=100)
+        self._dialer.close()
 
     async def __aenter__(self) -> Self:
         return await self.connect()
@@ -312,16 +292,16 @@ class Connection(Failover):
                 call.set_exception(error)
         self._calls.clear()
         self._call_deadlines.clear()
-        for stream in list(self._streams.values()):
+        for stream in list(self._reply_streams.values()):
             stream._feed(error)
-        self._streams.clear()
+        self._reply_streams.clear()
 
     # ------------------------------------------------------------ plumbing
     def ensure_open(self) -> None:
         """Raise ``ClosedError`` unless ``connect()`` ran and ``close()`` did not."""
         if self._closed:
             raise ClosedError("client is closed")
-        if self._socket is None:
+        if self._out is None:
             raise ClosedError("client is not connected: call connect() first")
 
     def _outgoing(self) -> Link:
@@ -361,11 +341,12 @@ class Connection(Failover):
             except Exception:
                 log.exception("on_fault callback raised")
 
-    # What the client's subscriptions and reply streams ask of it (streams.StreamOwner, with
-    # Client.unsubscribe and ``connected``): they reach nothing else of the connection.
+    # What the client's subscriptions and reply streams ask of it (subscription.SubscriptionOwner:
+    # report_fault and Client.unsubscribe; replies.ReplyOwner: these two and ``connected``):
+    # they reach nothing else of the connection.
     def stream_ended(self, request_id: str) -> None:
         """A reply stream stopped listening: nothing more is fed to it."""
-        self._streams.pop(request_id, None)
+        self._reply_streams.pop(request_id, None)
 
     def cancel_request(self, request_id: str) -> None:
         """Send CANCEL for a request (``ClosedError`` once the client is closed)."""
@@ -431,20 +412,20 @@ class Connection(Failover):
             call.set_result(_new_reply((data,), {}, True, None, None))
         return True
 
-    def _deliver(self, message: Message, patterns: tuple[str, ...]) -> None:
-        """A received message to every subscription whose patterns it matched (once each)."""
-        if len(patterns) == 1:
-            for sub in self._subscriptions.get(patterns[0], ()):
+    def _deliver(self, message: Message, keys: tuple[str, ...]) -> None:
+        """A received message to every subscription held under its local keys (once each)."""
+        if len(keys) == 1:
+            for sub in self._subscriptions.get(keys[0], ()):
                 sub._offer(message)
-        elif patterns:
-            interested = {id(s): s for p in patterns for s in self._subscriptions.get(p, ())}
+        elif keys:
+            interested = {id(s): s for k in keys for s in self._subscriptions.get(k, ())}
             for sub in interested.values():
                 sub._offer(message)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            if type(event) is Delivery:
-                self._deliver(event.message, event.patterns)
+            if type(event) is Received:
+                self._deliver(event.message, event.keys)
             else:
                 self._on_event(event)
 
@@ -455,7 +436,7 @@ class Connection(Failover):
             if call is not None:
                 self._answer_call(request_id, call, event.command)
                 return
-            stream = self._streams.get(request_id)
+            stream = self._reply_streams.get(request_id)
             if stream is not None:
                 stream._feed(event.command)
                 return
@@ -469,12 +450,9 @@ class Connection(Failover):
                 log.info("reconnected to %s; %d patterns restored", self.endpoint, len(self._subscriptions))
             if self._out is not None:
                 self._out.flush()  # what waited while the connection healed
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_result(event.ttl_ms)
+            self._dialer.accepted(event.ttl_ms)
         elif isinstance(event, ConnectRefused):
-            if self._connected is not None and not self._connected.done():
-                self._connected.set_exception(event.error)
-            else:
+            if not self._dialer.refused(event.error):
                 self.report_fault(event.error)
         elif isinstance(event, Fault):
             self.report_fault(event.error)
@@ -485,7 +463,7 @@ class Connection(Failover):
                         sub._end()
         elif isinstance(event, Reconnecting):
             if event.lost and self.session.failover:
-                self._lose(event.reason)
+                self._dialer.lose(event.reason, self.timeout)
                 return
             log.info("reconnecting to %s: %s", self.endpoint, event.reason)
             # The broker forgets a session on reconnect: whatever we were waiting for is lost.

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import Error, ProtocolError
-from ..message import Message, Reply
+from ..message import Message, Reply, new_message
 from ..protocol import CONSUMER_SERVICE, Status, parse_journal_page
 
 log = logging.getLogger("mc0.client")
@@ -99,13 +99,14 @@ class Consumer:
         deliveries = json.loads(parts[2]) if len(parts) > 2 else [1] * len(records)
         return [
             ConsumedMessage(
-                Message(
+                new_message(
                     r.topic,
                     r.parts,
                     r.sender,
                     {k: v for k, v in r.headers.items() if k.startswith("X-")},
                     self.journal,
                     r.seq,
+                    None,
                 ),
                 r.seq,
                 int(d),

@@ -20,7 +20,7 @@ import json
 from .. import protocol as P
 from ..message import Reply
 from ..protocol import ColumnsPage
-from .streams import ReplyStream
+from .replies import ReplyStream
 
 
 class PageStream:

@@ -74,7 +74,7 @@ class Worker(Client):
         return register
 
     def add_service(self, name: str, handler: Handler) -> None:
-        if self._socket is not None:
+        if self._out is not None:
             raise RuntimeError("register services before connect()")
         self.session.serve([*self._handlers, name], self.capacity)  # validates the name
         self._handlers[name] = handler
@@ -83,7 +83,7 @@ class Worker(Client):
     async def connect(self) -> Worker:
         if not self._handlers:
             raise ValueError("a worker needs at least one service")
-        if self._socket is not None:
+        if self._out is not None:
             return self
         self.session.services = ()  # READY goes out below, confirmed, not with the CONNECT's answer
         await super().connect()

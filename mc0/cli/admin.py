@@ -19,7 +19,7 @@ import click
 
 from ..errors import Error
 from ..protocol import ADMIN_SERVICE, BROKER_SERVICE
-from .base import Connection, _one_line_errors, cli, connection_options
+from .base import Connection, cli, connection_options, one_line_errors
 from .journal import journal as journal_group
 
 
@@ -61,7 +61,7 @@ def conn_group() -> None:
 @conn_group.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON (one object per session).")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def conn_ls(as_json: bool, conn: Connection) -> None:
     """The sessions on the broker asked, by name (identity#n), with what each holds."""
     with conn.client() as client:
@@ -92,7 +92,7 @@ def conn_ls(as_json: bool, conn: Connection) -> None:
 @conn_group.command("close")
 @click.argument("session_id", metavar="ID")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def conn_close(session_id: str, conn: Connection) -> None:
     """End exactly the session ID (identity#n, or identity#n@BROKER in a cluster); it is told why."""
     data = _admin(conn, "conn.close", id=session_id)
@@ -110,7 +110,7 @@ def consumer_group() -> None:
 @click.argument("journal", required=False)
 @click.option("--json", "as_json", is_flag=True, help="The consumers as JSON.")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def consumer_ls(journal: str | None, as_json: bool, conn: Connection) -> None:
     """Every durable consumer (of JOURNAL), at every broker of a cluster."""
     data = _admin(conn, "consumer.ls", **({"journal": journal} if journal else {}))
@@ -145,7 +145,7 @@ def consumer_ls(journal: str | None, as_json: bool, conn: Connection) -> None:
 @click.argument("journal")
 @click.argument("name")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def consumer_rm(journal: str, name: str, conn: Connection) -> None:
     """Remove durable consumer NAME of JOURNAL, whoever owns it (its waiting pulls are told so)."""
     data = _admin(conn, "consumer.rm", journal=journal, name=name)
@@ -157,7 +157,7 @@ def consumer_rm(journal: str, name: str, conn: Connection) -> None:
 @click.argument("name", metavar="JOURNAL")
 @click.argument("seq", type=click.IntRange(min=1))
 @connection_options
-@_one_line_errors
+@one_line_errors
 def journal_get(name: str, seq: int, conn: Connection) -> None:
     """Print the record at SEQ of JOURNAL: topic, sender, time, headers and body (the caller's read
     grants apply: a record it may not read is not shown)."""
@@ -192,7 +192,7 @@ def journal_get(name: str, seq: int, conn: Connection) -> None:
 @click.argument("name", metavar="JOURNAL")
 @click.option("--yes", is_flag=True, help="Yes: drop every record JOURNAL keeps (at every broker of a cluster).")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def journal_purge(name: str, yes: bool, conn: Connection) -> None:
     """Drop every record JOURNAL keeps now; its seqs go on where they were.  Needs --yes."""
     if not yes:

@@ -37,7 +37,10 @@ def what_to_do(error: Error) -> str:
     return ""
 
 
-def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Every command's wrapper: an mc0 ``Error`` becomes one line on stderr (with what to do) and
+    exit status 1, Ctrl-C exit status 130, never a traceback."""
+
     @wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -51,7 +54,8 @@ def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _load_config(path: str | None) -> cfg.Config:
+def load_config(path: str | None) -> cfg.Config:
+    """The config a command runs with: ``--config PATH``, else the default search (mc0.config)."""
     return cfg.load_default(path)
 
 
@@ -108,7 +112,7 @@ class Connection:
     broker_key: str | None
 
     def config(self) -> cfg.Config:
-        return _load_config(self.config_path)
+        return load_config(self.config_path)
 
     def client(self) -> Client:
         return Client(
@@ -204,7 +208,8 @@ def cli(verbose: int, log_format: str) -> None:
     setup_logging(verbose, log_format)
 
 
-def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--header KEY=VALUE`` options as a dict (a pair without ``=`` is a usage error)."""
     headers = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

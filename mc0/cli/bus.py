@@ -17,7 +17,7 @@ from ..client import Client, Worker
 from ..errors import Error, Forbidden, RemoteError, Timeout
 from ..message import Message, Reply
 from ..protocol import BROKER_SERVICE, IDENTITY_OP, MAILBOX_STORED
-from .base import Connection, _one_line_errors, _parse_headers, cli, connection_options, set_option_help
+from .base import Connection, cli, connection_options, one_line_errors, parse_headers, set_option_help
 
 
 @cli.command()
@@ -32,7 +32,7 @@ from .base import Connection, _one_line_errors, _parse_headers, cli, connection_
 )
 @click.option("--json", "as_json", is_flag=True, help="With --confirm: one JSON object per message (where it went).")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def pub(
     topic: str,
     body: str | None,
@@ -51,7 +51,7 @@ def pub(
     delivered or stored for later, and notes on stderr an identity the broker
     never saw (a misspelt name looks just like one that is offline)."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
-    headers = _parse_headers(header_pairs)
+    headers = parse_headers(header_pairs)
     if to is not None and msgid is not None:
         raise click.UsageError("--msgid is for journaled topics, not for --to")
     warned = False
@@ -167,7 +167,7 @@ NO_MESSAGE_STATUS = 3  # sub --wait ran out: a normal outcome a script can test 
     help="Join this queue group: each message goes to one member of the group (not with --from).",
 )
 @connection_options
-@_one_line_errors
+@one_line_errors
 def sub(
     patterns: tuple[str, ...],
     as_json: bool,
@@ -203,7 +203,7 @@ def sub(
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per PONG (and one summary with --count > 1).")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def ping(
     count: int,
     as_json: bool,
@@ -252,7 +252,7 @@ def _reply_record(reply: Reply) -> dict[str, Any]:
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per reply.")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def call(
     service: str,
     body: str | None,
@@ -263,7 +263,7 @@ def call(
 ) -> None:
     """Call SERVICE with BODY (stdin when '-'; empty when absent); print replies as they come."""
     data = sys.stdin.buffer.read() if body == "-" else (body or "").encode()
-    headers = _parse_headers(header_pairs)
+    headers = parse_headers(header_pairs)
     with conn.client() as client:
         if scatter:
             with client.scatter(service, data, timeout=conn.timeout, headers=headers) as stream:
@@ -317,7 +317,7 @@ def _import_handler(spec: str) -> Any:
 @click.option("--capacity", type=click.IntRange(min=1), default=1, show_default=True, help="Requests held at once.")
 @click.option("--ttl", type=float, default=None, help="Heartbeat interval in seconds (default from config).")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def serve(
     handler_spec: str,
     services: tuple[str, ...],
@@ -389,7 +389,7 @@ def _reports(client: Any, ops: tuple[str, ...] = STATS_OPS) -> dict[str, Any]:
 @click.option("--watch", is_flag=True, help="Show them again every --interval seconds (q or Ctrl-C quits).")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="With --watch.")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def stats(
     as_json: bool,
     watch: bool,
@@ -414,7 +414,7 @@ def stats(
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="Seconds between.")
 @click.option("--rows", type=click.IntRange(1, 100), default=10, show_default=True, help="Peers and topics shown.")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def top(interval: float, rows: int, conn: Connection) -> None:
     """A live view of peers and topics by rate (like nats top); q quits.  Peers need a subscribe
     grant naming mc0.sys.peer, as `mc0 stats` does."""
@@ -448,7 +448,7 @@ def top(interval: float, rows: int, conn: Connection) -> None:
 @click.option("--no-ack", is_flag=True, help="Print without acknowledging (they come back after ack_wait).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @connection_options
-@_one_line_errors
+@one_line_errors
 def consume(
     journal: str,
     name: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from .. import config as cfg
-from .base import _one_line_errors, cli, config_option
+from .base import cli, config_option, one_line_errors
 
 
 @cli.group()
@@ -30,7 +30,7 @@ def journal() -> None:
     help="The file journal's folder (its broker stopped).",
 )
 @config_option
-@_one_line_errors
+@one_line_errors
 def copy(name: str, folder: str, config_path: str | None) -> None:
     """Copy the file journal in --from into journal NAME of --config (store = "jetstream"), seqs kept."""
     from ..broker.journalcopy import copy_journal, summary

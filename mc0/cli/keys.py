@@ -10,7 +10,7 @@ import click
 
 from .. import keys as keyfiles
 from ..errors import Error
-from .base import _load_config, _one_line_errors, cli, config_option
+from .base import cli, config_option, load_config, one_line_errors
 
 
 @cli.group()
@@ -25,7 +25,7 @@ allowed_option = click.option(
 
 
 def _folders(config_path: str | None, keys_dir: str | None, allowed_dir: str | None) -> tuple[Path, Path, Path]:
-    security = _load_config(config_path).security
+    security = load_config(config_path).security
     allowed = Path(allowed_dir or security.allowed_dir)
     return Path(keys_dir or security.keys_dir), allowed, allowed.parent / "revoked"
 
@@ -36,7 +36,7 @@ def _folders(config_path: str | None, keys_dir: str | None, allowed_dir: str | N
 @click.option("--passphrase", is_flag=True, help="Seal the secret key (prompts, or uses MC0_PASSPHRASE).")
 @click.option("--force", is_flag=True, help="Overwrite an existing keypair.")
 @config_option
-@_one_line_errors
+@one_line_errors
 def keys_new(name: str, keys_dir: str | None, passphrase: bool, force: bool, config_path: str | None) -> None:
     """Create NAME.key and NAME.key_secret (mode 0600)."""
     folder, _, _ = _folders(config_path, keys_dir, None)
@@ -56,7 +56,7 @@ def keys_new(name: str, keys_dir: str | None, passphrase: bool, force: bool, con
 @allowed_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per key.")
 @config_option
-@_one_line_errors
+@one_line_errors
 def keys_list(keys_dir: str | None, allowed_dir: str | None, as_json: bool, config_path: str | None) -> None:
     """List keys with fingerprint and whether the broker allows them."""
     from rich.console import Console
@@ -93,7 +93,7 @@ def keys_list(keys_dir: str | None, allowed_dir: str | None, as_json: bool, conf
 @click.argument("name")
 @dir_option
 @config_option
-@_one_line_errors
+@one_line_errors
 def keys_show(name: str, keys_dir: str | None, config_path: str | None) -> None:
     """Print NAME's public key (Z85)."""
     folder, _, _ = _folders(config_path, keys_dir, None)
@@ -105,7 +105,7 @@ def keys_show(name: str, keys_dir: str | None, config_path: str | None) -> None:
 @dir_option
 @allowed_option
 @config_option
-@_one_line_errors
+@one_line_errors
 def keys_allow(key: str, keys_dir: str | None, allowed_dir: str | None, config_path: str | None) -> None:
     """Admit KEY (a NAME.key file, or NAME in the key folder) to the broker."""
     folder, allowed, revoked = _folders(config_path, keys_dir, allowed_dir)
@@ -125,7 +125,7 @@ def keys_allow(key: str, keys_dir: str | None, allowed_dir: str | None, config_p
 @click.argument("name")
 @allowed_option
 @config_option
-@_one_line_errors
+@one_line_errors
 def keys_revoke(name: str, allowed_dir: str | None, config_path: str | None) -> None:
     """Withdraw NAME: a running broker cuts it off within a second."""
     _, allowed, revoked = _folders(config_path, None, allowed_dir)

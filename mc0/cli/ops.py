@@ -15,7 +15,7 @@ from .. import config as cfg
 from ..endpoints import check_endpoint
 from ..errors import ConfigError, Error
 from ..protocol import routes
-from .base import Connection, _load_config, _one_line_errors, cli, config_option, connection_options
+from .base import Connection, cli, config_option, connection_options, load_config, one_line_errors
 
 
 @cli.command()
@@ -40,7 +40,7 @@ from .base import Connection, _load_config, _one_line_errors, cli, config_option
 )
 @click.option("--name", "cluster_name", help="This broker's name in the cluster ([cluster] name; default: HOST-PORT).")
 @config_option
-@_one_line_errors
+@one_line_errors
 def broker(
     binds: tuple[str, ...],
     insecure: bool,
@@ -53,7 +53,7 @@ def broker(
     """Run the broker until SIGINT/SIGTERM (SIGHUP reloads keys and permissions)."""
     from ..broker import Broker
 
-    config = _load_config(config_path)
+    config = load_config(config_path)
     config = _with_cluster(config, cluster_urls, cluster_name)
     for endpoint in binds:
         check_endpoint(endpoint, bind=True, where="--bind")
@@ -113,7 +113,7 @@ def _with_cluster(config: cfg.Config, urls: str | None, name: str | None) -> cfg
     options_metavar="--endpoint URL [SCENARIO] [OPTIONS]",
 )
 @click.pass_context
-@_one_line_errors
+@one_line_errors
 def bench(ctx: click.Context) -> None:
     """Load a running broker, as `nats bench` does: scenarios pubsub (the default), pub, sub,
     request, reply and rpc.
@@ -192,7 +192,7 @@ def require_spark_extra(command: str, modules: tuple[str, ...]) -> None:
     help="An option of the mc0 source (docs/PIPELINE.md), e.g. minPartitions=3; may repeat.",
 )
 @connection_options
-@_one_line_errors
+@one_line_errors
 def pipeline(
     conn: Connection,
     journal: str,
@@ -268,7 +268,7 @@ def pipeline(
 @click.option(
     "--output", "output_dir", default=None, help="Where to write report.html and the PNGs (default: INPUT/report)."
 )
-@_one_line_errors
+@one_line_errors
 def report(input_dir: str, output_dir: str | None) -> None:
     """Charts of traffic and RPC latency over time from the pipeline's tables (HTML + PNG)."""
     require_spark_extra("mc0 report", ("matplotlib", "pyarrow", "pandas"))
@@ -280,7 +280,7 @@ def report(input_dir: str, output_dir: str | None) -> None:
 
 
 @cli.command()
-@_one_line_errors
+@one_line_errors
 def demo() -> None:
     """Run the end-to-end demo: broker, subscriber, publisher, ping (exits 0)."""
     from ..demo import run_demo
@@ -291,7 +291,7 @@ def demo() -> None:
 
 
 @cli.command("cluster-demo")
-@_one_line_errors
+@one_line_errors
 def cluster_demo() -> None:
     """Three NATS nodes and three brokers on loopback: pub/sub, RPC and failover across them (exits 0)."""
     from ..cluster_demo import run_cluster_demo

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from ..errors import Error
-from .base import _one_line_errors, cli
+from .base import cli, one_line_errors
 
 SAMPLES = ("mc0.toml", "journal.toml", "mc0.service")
 _DATA_DIR = re.compile(r'^data_dir = "\.\."$', re.MULTILINE)  # the checkout's root, in etc/*.toml
@@ -62,7 +62,7 @@ def config_group() -> None:
     help='The TOML sample\'s data_dir: where keys/ and var/ live, relative to the file (default "": its folder).',
 )
 @click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
-@_one_line_errors
+@one_line_errors
 def sample(name: str, output: str | None, data_dir: str, force: bool) -> None:
     """Print (or write) the commented sample NAME: mc0.toml (every key of the broker and its
     clients, with its default), journal.toml (a broker that journals every topic, for

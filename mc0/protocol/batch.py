@@ -420,3 +420,57 @@ def command_of(blob: bytes, code: int, start: int, end: int, limits: Limits, sid
     except UnicodeDecodeError:
         raise ProtocolError(Status.BAD_REQUEST, "a header value is not UTF-8", id_of(blob, code, start, end)) from None
     return decode(frames_of(blob, code, start, end), sender=side, limits=limits)
+
+
+# ---------------------------------------------------------------- a client's readers
+# What a client reads of the batches its broker sends (mc0.session.ClientSession.receive_batch).
+
+# A record as ``received`` reads it: (code, start, end, sender, topic, group, data).
+ReceivedRecord = tuple[int, int, int, bytes, bytes, bytes | None, bytes]
+
+
+def received(blob: bytes) -> Iterator[ReceivedRecord]:
+    """Each record of a batch from the broker: ``(code, start, end, sender, topic, group, data)``.
+
+    The two shapes a plain delivery takes come read, as code MESSAGE: a
+    MESSAGE record (``group`` None) and a FRAMES record that is exactly a
+    queue-group copy (:func:`group_message_record`).  Any other record comes
+    as its code and span only, its fields empty (``frames_of``, ``work_fields``
+    and ``reply_fields`` read it).  Raises ``ProtocolError`` or ``struct.error``
+    where the blob stops splitting into records or a MESSAGE record's fields
+    run past it, after the records before it.
+    """
+    # records() and message_fields() inline: this walk runs once per message a client receives.  A
+    # record's head and the first u16 of its body are read in one unpack (a MESSAGE's sender length).
+    end_of_blob = len(blob)
+    unpack_head = _HEAD.unpack_from
+    unpack_head_u16 = _PUT_HEAD.unpack_from
+    unpack_u16 = _U16.unpack_from
+    pos = 0
+    while pos < end_of_blob:
+        if pos + 7 <= end_of_blob:
+            size, code, first = unpack_head_u16(blob, pos)
+        elif pos + 5 <= end_of_blob:
+            (size, code), first = unpack_head(blob, pos), 0  # (a MESSAGE this short is refused below)
+        else:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch ends inside a record header at byte {pos}")
+        start = pos + 5
+        end = pos + 4 + size
+        if size < 1 or end > end_of_blob:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch record at byte {pos} runs past the end ({size} bytes)")
+        if code > OK:
+            raise ProtocolError(Status.BAD_REQUEST, f"batch record at byte {pos} has unknown code {code}")
+        pos = end
+        if code == MESSAGE:
+            # (A length read past a short record's end is refused by the one check: t > end.)
+            s = start + 2 + first
+            (tl,) = unpack_u16(blob, s)
+            t = s + 2 + tl
+            if t > end:
+                raise ProtocolError(Status.BAD_REQUEST, "MESSAGE record fields run past its end")
+            yield MESSAGE, start, end, blob[start + 2 : s], blob[s + 2 : t], None, blob[t:end]
+        elif code == FRAMES and (fields := group_message_fields(blob, start, end)) is not None:
+            topic, sender, group, data = fields
+            yield MESSAGE, start, end, sender, topic, group, data
+        else:
+            yield code, start, end, b"", b"", None, b""

@@ -26,7 +26,8 @@ DEFAULT_PARTITION_RECORDS = 100_000
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's micro-batch engine on every task
 
 
-def _int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
+def int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
+    """A Spark option as an integer of at least ``minimum`` (``default`` when unset; ConfigError otherwise)."""
     raw = options.get(name)
     if raw is None:
         return default
@@ -75,7 +76,7 @@ class Connection:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Connection:
-        timeout = _int_option(options, "timeout", 30) or 30
+        timeout = int_option(options, "timeout", 30) or 30
         endpoint = options.get("endpoint")
         if endpoint is not None:  # one, or a comma-separated list to fail over between: checked here, in the driver
             parse_endpoints(endpoint, where="option endpoint")
@@ -130,10 +131,10 @@ class ReadSettings:
             topics,
             parse_offset(str(options.get("startingOffsets", "earliest")), "startingOffsets"),
             parse_offset(str(options.get("endingOffsets", "latest")), "endingOffsets"),
-            _int_option(options, "maxRecordsPerTrigger", None),
-            _int_option(options, "maxRecordsPerPartition", DEFAULT_PARTITION_RECORDS) or DEFAULT_PARTITION_RECORDS,
+            int_option(options, "maxRecordsPerTrigger", None),
+            int_option(options, "maxRecordsPerPartition", DEFAULT_PARTITION_RECORDS) or DEFAULT_PARTITION_RECORDS,
             _bool_option(options, "failOnDataLoss", True),
-            _int_option(options, "minPartitions", 1) or 1,
+            int_option(options, "minPartitions", 1) or 1,
         )
 
     def journal_info(self) -> dict[str, Any]:

@@ -37,7 +37,6 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     source = Path(input_dir)
     topics = _table(source, "topics")
@@ -47,8 +46,19 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     rpc = _table(source, "rpc")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    traffic_png = _traffic_chart(topics, out / "traffic.png")
+    written = [traffic_png]
+    rpc_png = None if rpc is None else _rpc_chart(rpc, out / "rpc.png")
+    if rpc_png is not None:
+        written.append(rpc_png)
+    written.append(_page(source, topics, senders, rpc, traffic_png, rpc_png, out / "report.html"))
+    return written
 
-    traffic_png = out / "traffic.png"
+
+def _traffic_chart(topics: Any, path: Path) -> Path:
+    """Messages per minute of the busiest topics over bytes per minute of all of them."""
+    import matplotlib.pyplot as plt
+
     fig, (ax_messages, ax_bytes) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     # A topic silent in a minute that has rows is 0; a minute with no rows at all is no data: a gap.
     per_topic = topics.pivot_table(index="minute", columns="topic", values="messages", aggfunc="sum").fillna(0)
@@ -66,39 +76,47 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     _time_axis(ax_bytes, topics["minute"])
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(traffic_png, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    written = [traffic_png]
+    return path
 
-    rpc_png = out / "rpc.png"
-    if rpc is not None:
-        services = sorted(rpc["service"].unique())
-        fig, (ax_latency, ax_errors) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-        minutes = _every_minute(rpc["minute"])
-        for service in services:
-            # A minute without requests has no latency and no error rate: a gap, not a line across it.
-            rows = rpc[rpc["service"] == service].groupby("minute").first().reindex(minutes)
-            line = ax_latency.plot(rows.index, rows["latency_p50_ms"], marker="o", label=f"{service} p50")[0]
-            ax_latency.plot(rows.index, rows["latency_p95_ms"], linestyle="--", color=line.get_color(), label="p95")
-            ax_latency.plot(rows.index, rows["latency_p99_ms"], linestyle=":", color=line.get_color(), label="p99")
-            ax_errors.plot(rows.index, rows["error_rate"] * 100, marker="o", label=service)
-        ax_latency.set_ylabel("latency (ms)")
-        ax_latency.set_title("RPC latency per service (p50 solid, p95 dashed, p99 dotted)")
-        ax_latency.legend(fontsize="small", ncol=3)
-        worst = float(rpc["error_rate"].max()) * 100
-        # Errors are never negative; with none, 0 to 1 % (matplotlib would centre a flat 0 on -0.04..0.04).
-        ax_errors.set_ylim(0, max(1.0, worst * 1.15))
-        ax_errors.set_title("Error rate per service" if worst > 0 else "Error rate per service: no errors")
-        ax_errors.set_ylabel("errors (%)")
-        ax_errors.set_xlabel("minute (UTC)")
-        ax_errors.legend(fontsize="small")
-        _time_axis(ax_errors, rpc["minute"])
-        fig.autofmt_xdate()
-        fig.tight_layout()
-        fig.savefig(rpc_png, dpi=110)
-        plt.close(fig)
-        written.append(rpc_png)
 
+def _rpc_chart(rpc: Any, path: Path) -> Path:
+    """Latency p50/p95/p99 per service over its error rate, per minute."""
+    import matplotlib.pyplot as plt
+
+    services = sorted(rpc["service"].unique())
+    fig, (ax_latency, ax_errors) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    minutes = _every_minute(rpc["minute"])
+    for service in services:
+        # A minute without requests has no latency and no error rate: a gap, not a line across it.
+        rows = rpc[rpc["service"] == service].groupby("minute").first().reindex(minutes)
+        line = ax_latency.plot(rows.index, rows["latency_p50_ms"], marker="o", label=f"{service} p50")[0]
+        ax_latency.plot(rows.index, rows["latency_p95_ms"], linestyle="--", color=line.get_color(), label="p95")
+        ax_latency.plot(rows.index, rows["latency_p99_ms"], linestyle=":", color=line.get_color(), label="p99")
+        ax_errors.plot(rows.index, rows["error_rate"] * 100, marker="o", label=service)
+    ax_latency.set_ylabel("latency (ms)")
+    ax_latency.set_title("RPC latency per service (p50 solid, p95 dashed, p99 dotted)")
+    ax_latency.legend(fontsize="small", ncol=3)
+    worst = float(rpc["error_rate"].max()) * 100
+    # Errors are never negative; with none, 0 to 1 % (matplotlib would centre a flat 0 on -0.04..0.04).
+    ax_errors.set_ylim(0, max(1.0, worst * 1.15))
+    ax_errors.set_title("Error rate per service" if worst > 0 else "Error rate per service: no errors")
+    ax_errors.set_ylabel("errors (%)")
+    ax_errors.set_xlabel("minute (UTC)")
+    ax_errors.legend(fontsize="small")
+    _time_axis(ax_errors, rpc["minute"])
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _page(
+    source: Path, topics: Any, senders: Any, rpc: Any, traffic_png: Path, rpc_png: Path | None, path: Path
+) -> Path:
+    """report.html: the charts (embedded) and the summary tables."""
     sections = [
         f"<h2>Traffic</h2>{_img(traffic_png)}",
         _html_table(
@@ -109,15 +127,14 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
     if senders is not None:
         top = senders.groupby("sender")[["messages", "bytes"]].sum().sort_values("messages", ascending=False).head(20)
         sections.append(_html_table("Top senders (summed over the minutes where they ranked)", top))
-    if rpc is not None:
+    if rpc is not None and rpc_png is not None:
         summary = rpc.groupby("service").agg(
             requests=("requests", "sum"), errors=("errors", "sum"), worst_p99_ms=("latency_p99_ms", "max")
         )
         sections.append(f"<h2>RPC</h2>{_img(rpc_png)}")
         sections.append(_html_table("Services over the whole period", summary))
     first, last = topics["minute"].min(), topics["minute"].max()
-    page = out / "report.html"
-    page.write_text(
+    path.write_text(
         "<!doctype html><meta charset=utf-8><title>mc0 report</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
@@ -126,8 +143,7 @@ def build_report(input_dir: str | os.PathLike[str], output_dir: str | os.PathLik
         f"from {html.escape(str(source))}</p>" + "".join(sections),
         encoding="utf-8",
     )
-    written.append(page)
-    return written
+    return path
 
 
 def _every_minute(minutes: Any) -> Any:

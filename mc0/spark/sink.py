@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from ..errors import ConfigError
-from .options import BATCH_ID_PROPERTY, Connection, _int_option
+from .options import BATCH_ID_PROPERTY, Connection, int_option
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class _RowPublisher:
     def __init__(self, options: Mapping[str, str]) -> None:
         self.connection = Connection.from_options(options)
         self.prefix = str(options.get("msgidPrefix", "spark"))
-        self.window = _int_option(options, "window", 256) or 256
+        self.window = int_option(options, "window", 256) or 256
 
     def _publish(self, iterator: Iterator[Any], batch: str, partition: int) -> Published:
         return asyncio.run(_publish_rows(self.connection, iterator, self.prefix, batch, partition, self.window))
