@@ -123,8 +123,8 @@ def test_purge_within_the_active_segment_keeps_appending_there(tmp_path: Path) -
 
 
 def test_a_local_copy_purged_to_the_streams_first_seq_skips_what_arrives_before_it(tmp_path: Path) -> None:
+    from mc0.broker.jetstream.replicated import ReplicatedJournal
     from mc0.broker.storage.records import encode_payload
-    from mc0.broker.storage.replicated import ReplicatedJournal
 
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
     copy = ReplicatedJournal("main", settings).open()

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import fromstore, routed
+from mc0.broker.core import routed
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.journaling import CATCH_UP_S
-from mc0.broker.core.storeconsumers import known_of
+from mc0.broker.jetstream import fromstore
+from mc0.broker.jetstream.replicated import ReplicatedJournal
+from mc0.broker.jetstream.storeconsumers import known_of
 from mc0.broker.storage.memstore import MemoryReplicatedStore
 from mc0.broker.storage.records import encode_payload
-from mc0.broker.storage.replicated import ReplicatedJournal
 from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
@@ -61,7 +62,7 @@ def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
     )
     journal = parse(text, "x").journals["events"]
     assert journal.replicated and (journal.replicas, journal.max_messages, journal.dedup_window_s) == (5, 1000, 30)
-    from mc0.broker.cluster.streams import specs_of
+    from mc0.broker.jetstream.streams import specs_of
 
     config = specs_of(parse(text, "x"))["events"].config()
     assert config["name"] == "MC0_J_events" and config["subjects"] == ["mc0.j.events.>"]
@@ -391,7 +392,7 @@ def carols(core: BrokerCore) -> list[tuple[int, dict[str, Any]]]:
 
 
 def test_a_session_still_draining_its_letters_at_the_second_read_gets_each_letter_once_in_order() -> None:
-    from mc0.broker.core.storedletters import REREAD_S
+    from mc0.broker.jetstream.storedletters import REREAD_S
 
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
@@ -560,7 +561,7 @@ def test_a_stream_made_again_forgets_how_far_the_old_one_reached(tmp_path: Path)
 
 
 def test_what_the_link_posts_is_handled_item_by_item_and_one_that_raises_never_stops_the_rest() -> None:
-    from mc0.broker.cluster.streams import Acks, StreamState
+    from mc0.broker.jetstream.streams import Acks, StreamState
     from mc0.broker.listeners import ClusterListener
 
     j = store()

@@ -41,14 +41,15 @@ from .cluster.link import (
     RouteResync,
     RoutesDropped,
 )
-from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
-from .core import fromstore, routed
+from .core import routed
 from .core.dispatch import BrokerCore, Out
 from .core.routes import ROUTE_PREFIX, is_route_id
+from .jetstream import fromstore
+from .jetstream.replicated import ReplicatedJournal
+from .jetstream.streams import Acks, Answer, Failed, Records, StreamState, specs_of
 from .nngbridge import NngBridge
 from .outbox import Outbox
 from .storage.records import decode_payload
-from .storage.replicated import ReplicatedJournal
 
 log = logging.getLogger("mc0.broker")
 

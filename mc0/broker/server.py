@@ -43,13 +43,13 @@ from .core.dispatch import BrokerCore, Out
 from .delivery import Delivery
 from .dialects import route as dialect_route
 from .dialects.memodb import with_memodb_identity
+from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
 from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 from .storage.filestore import Journal
-from .storage.replicated import ReplicatedJournal
 
 log = logging.getLogger("mc0.broker")
 

@@ -38,10 +38,10 @@ from ...errors import ProtocolError
 from ...protocol import Status
 from ...protocol import admin as A
 from ...protocol.peernames import parse_peer_name, peer_name
+from ..jetstream.storecalls import failure
 from .consumerstate import NAME
 from .peers import Out, Peer
 from .routes import ROUTE_IDENTITY_PREFIX
-from .storecalls import failure
 
 if TYPE_CHECKING:
     from .dispatch import BrokerCore

@@ -36,6 +36,7 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...topics import split_topic
+from ..jetstream.storeconsumers import StoreConsumers
 from ..storage.port import JournalStore, StateUnreadable, Trimmed
 from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
@@ -54,7 +55,6 @@ from .consumerstate import (
     settled_body,
 )
 from .peers import Out, Peer
-from .storeconsumers import StoreConsumers
 
 __all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "Delivery", "Event", "delivery_transition"]
 

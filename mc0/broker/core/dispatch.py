@@ -33,6 +33,10 @@ from ...permissions import Permissions
 from ...protocol import Side, Status, Verb
 from ...settings import CoreSettings
 from ...trie import TopicTrie
+from ..jetstream.replication import Replication
+from ..jetstream.storecalls import StoreCalls
+from ..jetstream.storeconsumers import StoreConsumers
+from ..jetstream.storedletters import StoredLetters
 from ..storage.port import JournalStore, replicated
 from . import sessions, verbs
 from .batched import BatchedInput
@@ -45,12 +49,8 @@ from .loglimit import LogLimiter
 from .mailboxes import Mailboxes, letter_of
 from .peers import Out, Peer, PeerTable, close_reason
 from .pubsub import PubSub
-from .replication import Replication
 from .routes import Routes, is_route_id
 from .rpc import Rpc
-from .storecalls import StoreCalls
-from .storeconsumers import StoreConsumers
-from .storedletters import StoredLetters
 from .sysbus import SysBus
 from .telemetry import PeerEvent
 from .traffic import TopicTraffic

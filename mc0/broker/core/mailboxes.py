@@ -49,9 +49,9 @@ from ...message import Record
 from ...protocol import Command, Header, Status, batch
 from ...settings import CoreSettings
 from ...topics import split_topic
+from ..jetstream.storedletters import StoredLetters
 from ..storage.port import JournalStore, Trimmed
 from .peers import Out, Peer
-from .storedletters import StoredLetters
 
 log = logging.getLogger("mc0.broker")
 

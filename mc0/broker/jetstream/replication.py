@@ -31,11 +31,11 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import Header, Status
 from ...protocol import jetstream as jsw
+from ..core.access import dead_letter_origin, is_dead_letter
+from ..core.journaling import Streams, primary
+from ..core.peers import Out, PeerTable
+from ..core.pubsub import PubSub
 from ..storage.port import JournalStore
-from .access import dead_letter_origin, is_dead_letter
-from .journaling import Streams, primary
-from .peers import Out, PeerTable
-from .pubsub import PubSub
 
 
 class Held(NamedTuple):

@@ -2,7 +2,7 @@
 
 Implements :class:`mc0.broker.storage.port.ReplicatedStore`.  Contract: the
 constructor does no I/O; ``open()`` opens the local copy (a file
-:class:`~.filestore.Journal` in the journal's ``folder``, at the stream's own
+:class:`~mc0.broker.storage.filestore.Journal` in the journal's ``folder``, at the stream's own
 seqs).  The core ``propose``s records; ``commit`` hands what was proposed to
 ``sink`` (set by the shell: the cluster link, which publishes to the stream)
 and the outcome of each comes back to the core by its token.  The shell fills
@@ -39,8 +39,8 @@ from ...message import Record
 from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
-from .filestore import Journal
-from .records import decode_payload, encode_payload
+from ..storage.filestore import Journal
+from ..storage.records import decode_payload, encode_payload
 
 log = logging.getLogger("mc0.journal")
 

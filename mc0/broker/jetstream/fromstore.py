@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...message import Record
-from .peers import Out
+from ..core.peers import Out
 
 if TYPE_CHECKING:
-    from .dispatch import BrokerCore
+    from ..core.dispatch import BrokerCore
 
 
 def stored(core: BrokerCore, journal: str, token: int, seq: int, duplicate: bool, now: float) -> list[Out]:
