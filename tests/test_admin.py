@@ -18,7 +18,7 @@ from mc0.permissions import Permissions
 from mc0.protocol import admin as A
 from mc0.settings import JournalSettings
 
-from .test_routes import Net
+from .test_cluster_core import Net
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -275,10 +275,10 @@ class Cluster(Net):
             fresh = BrokerCore(core.settings, OPERATOR, journals=[store])
             self.cores[name] = fresh
             self.stores[name] = store
-        from mc0.broker.core import routed
+        from mc0.broker.core import routeinput
 
         for name, core in self.cores.items():
-            routed.join(core, name, route_ttl=1.0)
+            routeinput.join(core, name, route_ttl=1.0)
         self.beacons()
         self.ids = 0
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import routed
+from mc0.broker.core import routeinput
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.journaling import CATCH_UP_S
 from mc0.broker.jetstream import fromstore
@@ -74,7 +74,7 @@ def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
 # ------------------------------------------------------------------ the core
 def core_with(*journals: MemoryReplicatedStore) -> BrokerCore:
     core = BrokerCore(CoreSettings(), journals=list(journals), wall_offset=1000.0)
-    routed.join(core, "b1", route_ttl=1.0)
+    routeinput.join(core, "b1", route_ttl=1.0)
     for rid in (b"pub", b"sub", b"other"):
         connect(core, rid, who=rid.decode())
     return core

@@ -14,7 +14,7 @@ listener owns goes out of the ROUTER socket (:mod:`mc0.broker.delivery`).
 Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
 :mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers
 of a cluster over NATS, :mod:`mc0.broker.cluster.link`; what crosses is
-decided by :mod:`mc0.broker.core.routed`).
+decided by :mod:`mc0.broker.core.routeinput`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .cluster.link import (
     RouteResync,
     RoutesDropped,
 )
-from .core import routed
+from .core import routeinput
 from .core.dispatch import BrokerCore, Out
 from .core.routes import ROUTE_PREFIX, is_route_id
 from .jetstream import fromstore
@@ -139,7 +139,7 @@ class ClusterListener:
         self.broker_name = route_wire.check_name(name, "cluster.name")
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
-        routed.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
+        routeinput.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
         self.replicated = {n: j for n, j in core.streams.journals.items() if isinstance(j, ReplicatedJournal)}
         for journal in self.replicated.values():
             journal.sink = self.link.publish  # what the core proposes goes to JetStream at each commit
@@ -158,15 +158,15 @@ class ClusterListener:
     def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
         out: list[Out] = []
         if isinstance(item, RouteBlob):
-            out += routed.received(core, item.name, item.epoch, item.blob, now)
+            out += routeinput.received(core, item.name, item.epoch, item.blob, now)
         elif isinstance(item, Hello):
-            out += routed.hello(core, item.name, item.epoch, now)
+            out += routeinput.hello(core, item.name, item.epoch, now)
         elif isinstance(item, LinkChange) and not item.up:
-            out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+            out += routeinput.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
         elif isinstance(item, RoutesDropped):
-            out += routed.reopen(core, now)  # (the link counted and logged the drops)
+            out += routeinput.reopen(core, now)  # (the link counted and logged the drops)
         elif isinstance(item, RouteResync):
-            out += routed.reopen_route(core, item.name, now)  # (the link counted and logged the loss)
+            out += routeinput.reopen_route(core, item.name, now)  # (the link counted and logged the loss)
         elif isinstance(item, Records):
             out += self._arrived(core, item, now)
         elif isinstance(item, Acks):
@@ -238,7 +238,7 @@ class ClusterListener:
         the core asks of JetStream."""
         for token, request in fromstore.calls(core):
             self.link.call(token, request)
-        return routed.news(core) + routed.resync_overflowed(core, now)
+        return routeinput.news(core) + routeinput.resync_overflowed(core, now)
 
     def status(self, core: BrokerCore) -> dict[str, object]:
         return {

@@ -160,7 +160,7 @@ class BrokerCore:
                 max_per_identity=self.settings.max_consumers_per_identity,
             )
         self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
-        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
+        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routeinput joins a cluster)
         self.builtins = Builtins(
             self.peers,
             self.pubsub,
@@ -227,7 +227,7 @@ class BrokerCore:
         anything else (nothing of it reaches the newcomer).
         """
         self.counters["received"] += 1
-        if is_route_id(routing_id):  # a route speaks only through the cluster link (routed.py), never here
+        if is_route_id(routing_id):  # a route speaks only through the cluster link (routeinput.py), never here
             self.counters["route_id_refused"] += 1
             return []
         if self._unfinished and routing_id in self._unfinished:  # behind its own batch, in order
