@@ -1,7 +1,7 @@
 """Seed 004 as the original mc0d peers speak it, in the core (no sockets, time an argument):
 the envelope, CONNECT's defaults, exact 0.x topics and how they meet 1.0 topics, heartbeats
 under the peer's TTL, and what a session bound to (routing id, identity, connection) keeps.
-The same peers against a real broker: tests/test_seed004_live.py."""
+The same peers against a real broker: tests/test_mc0d_peers_live.py."""
 
 from __future__ import annotations
 
