@@ -180,14 +180,14 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     assert live == []  # held back: the replay will reach it
     seqs = []
     for _ in range(5):
-        seqs += [s.seq for s in core.stream(0.0) if s.kind == "replay"]
-    assert seqs == [2, 3, 4] and not core.streaming
+        seqs += [s.seq for s in core.pages(0.0) if s.kind == "replay"]
+    assert seqs == [2, 3, 4] and not core.paging
 
 
 def fetch_turns(core: BrokerCore, now: float, turns: int = 5) -> list[Any]:
     out = []
     for _ in range(turns):
-        out += core.stream(now)
+        out += core.pages(now)
     return out
 
 
@@ -513,12 +513,12 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
     j, core = acknowledged_not_copied()
     assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
-    assert core.stream(0.0) == [] and core.streaming
-    (waiting,) = [r for replays in core.streams._replays.values() for r in replays.values()]
+    assert core.pages(0.0) == [] and core.paging
+    (waiting,) = [r for replays in core.journaling._replays.values() for r in replays.values()]
     assert waiting.resume_at == pytest.approx(0.005)  # looks again in a moment, not every loop turn
-    assert core.stream(0.001) == []  # (not due yet)
-    (stopped,) = core.stream(CATCH_UP_S + 1)
-    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.streaming
+    assert core.pages(0.001) == []  # (not due yet)
+    (stopped,) = core.pages(CATCH_UP_S + 1)
+    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
     assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
     assert core.counters["replay_copy_behind"] == 1
 

@@ -5,7 +5,7 @@ a peer's budget is reported to the core as a drop, and the core's answer to
 that, an eviction, is queued in turn); ``flush(sock, now)`` sends each
 peer what it accumulated, under a per-peer guard (one peer's fault costs
 that peer only: its queue is dropped, its session closed, and everyone else
-is served); ``queue_stream`` queues replay and fetch pages only while their
+is served); ``queue_pages`` queues replay and fetch pages only while their
 peer's backlog is small.  ``holding_input(now)`` is the back-pressure rule
 (``Outbox.holding_input``): the loop reads no input while it says so.
 This is shell code (it sends on the ROUTER socket); every decision about
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from .core.dispatch import BrokerCore, Out
-from .core.journaling import StreamOut
+from .core.journaling import PageOut
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -149,11 +149,11 @@ class Delivery:
                 return
             outbox.sent(routing_id, now)
 
-    def queue_stream(self, out: list[StreamOut], now: float) -> None:
-        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the stream
-        is paused and rewound (``core.stream_blocked``), so a replay never overruns a slow reader's
+    def queue_pages(self, out: list[PageOut], now: float) -> None:
+        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the read
+        is paused and rewound (``core.page_blocked``), so a replay never overruns a slow reader's
         budget and is never counted as a drop.  Once one page of a peer is held back, every later
-        one is too, so each stream resumes at its first unsent message, in order."""
+        one is too, so each read resumes at its first unsent message, in order."""
         outbox = self.outbox
         sessions = self.core.sessions
         blocked: set[bytes] = set()
@@ -169,4 +169,4 @@ class Delivery:
                 )
             ):
                 blocked.add(routing_id)
-                self.core.stream_blocked(item, now)
+                self.core.page_blocked(item, now)

@@ -140,7 +140,7 @@ class ClusterListener:
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
         routeinput.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
-        self.replicated = {n: j for n, j in core.streams.journals.items() if isinstance(j, ReplicatedJournal)}
+        self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
         for journal in self.replicated.values():
             journal.sink = self.link.publish  # what the core proposes goes to JetStream at each commit
         positions = {name: journal.position() for name, journal in self.replicated.items()}

@@ -424,8 +424,8 @@ class Broker:
             self.delivery.apply(listener.turn(core, now), now)
         if now >= core.next_deadline():
             self.delivery.apply(core.tick(now), now)
-        if core.streaming:
-            self.delivery.queue_stream(core.stream(now), now)
+        if core.paging:
+            self.delivery.queue_pages(core.pages(now), now)
         if core.uncommitted:
             self.delivery.apply(core.commit(), now)
         if door is not None and core.builtins.admin.http_answers:
@@ -433,7 +433,7 @@ class Broker:
                 door.answer(ticket, status, body)
 
     def _guarded(self, work: Any, now: float) -> None:
-        """Timer work (ticks, streams, commits) that raises is logged and counted, never fatal."""
+        """Timer work (ticks, pages of replays and fetches, commits) that raises is logged and counted, never fatal."""
         try:
             work(now)
         except Exception:

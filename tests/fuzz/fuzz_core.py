@@ -162,9 +162,9 @@ def one_input(data: bytes) -> None:
             if op & 0x10:
                 core.caught_up(now)
             out = core.resume(now, 1 + (peer & 0x0F)) + core.commit()
-            for item in core.stream(now):
+            for item in core.pages(now):
                 if op & 0x40:
-                    core.stream_blocked(item, now)
+                    core.page_blocked(item, now)
         else:
             core.connection_closed(peer % 3, now)
             out = core.forget_closed(now, drained=bool(op & 0x80))

@@ -269,7 +269,7 @@ def _in_jetstream(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float)
     if op == A.CONSUMER_RM and not NAME.match(gather.args["name"]):
         gather.parts["jetstream"] = {"status": Status.NOT_FOUND, "error": _no_consumer(gather.args)}
         return desk.finish(gather)
-    if op == A.JOURNAL_PURGE and core.streams.journals[journal].settings.mailboxes:
+    if op == A.JOURNAL_PURGE and core.journaling.journals[journal].settings.mailboxes:
         gather.parts[core.routes.name] = _keeps_mailboxes(journal)
         return desk.finish(gather)
     if op == A.CONSUMER_RM:
@@ -310,7 +310,7 @@ def _list(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list
     wanted = gather.args.get("journal")
     kept = sorted(
         name
-        for name, journal in core.streams.journals.items()
+        for name, journal in core.journaling.journals.items()
         if journal.settings.replicated and not journal.settings.mailboxes and wanted in (None, name)
     )
     carry = {"op": A.CONSUMER_LS, **gather.args}
@@ -367,7 +367,7 @@ def here(
         return _close_here(core, args["id"], who, now)
     if op == A.CONSUMER_LS:
         return _list_here(core, args.get("journal")), []
-    journal = core.streams.journals.get(args["journal"])
+    journal = core.journaling.journals.get(args["journal"])
     if journal is None:
         return {"status": Status.NOT_FOUND, "error": f"no journal {args['journal'][:64]!r}"}, []
     if journal.settings.replicated != jetstream:
@@ -498,7 +498,7 @@ def _broker_of(route: Peer) -> str:
 
 
 def _kept_by_jetstream(core: BrokerCore, journal: str) -> bool:
-    kept = core.streams.journals.get(journal)
+    kept = core.journaling.journals.get(journal)
     return kept is not None and kept.settings.replicated
 
 

@@ -95,7 +95,7 @@ class BatchedInput:
         self.counters = core.counters
         self.pubsub = core.pubsub
         self.rpc = core.rpc
-        self.streams = core.streams
+        self.journaling = core.journaling
         self._peers = core.peers.by_id  # (who a joined fan-out payload goes to: _drain counts its records)
         self.batch_slice = BATCH_SLICE  # records walked per call before the cursor is kept (the shell may change it)
         # The PUT record fast path's cache: topic -> (topic, tokens, its traffic tally).
@@ -319,8 +319,9 @@ class BatchedInput:
         topic_b = blob[start + 2 : start + data_at]
         plain = self._plain_topics.get(topic_b)
         if plain is None:
-            topic, tokens = self.pubsub.route_of(topic_b)
-            if (self.streams.journals and self.streams.routes(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
+            topic, tokens = self.pubsub.record_topic(topic_b)
+            journaling = self.journaling
+            if (journaling.journals and journaling.journals_of(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
                 if sink:
                     _drain(sink, out, self._peers)
                 command = P.Command(Verb.PUT, {Header.TOPIC: topic}, (blob[start + data_at : end],))

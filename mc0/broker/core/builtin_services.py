@@ -4,9 +4,9 @@
 Contract: ``answer(client, name, rid, user, body)`` answers one admitted
 request to a built-in service, rendered in the client's dialect: a report
 as JSON, ``200``/``404`` for MMI, a journal's ``info``, or a ``fetch``
-started on the streams room (its pages follow from ``Streams.stream``).  A
+started on the journaling room (its pages follow from ``Journaling.pages``).  A
 malformed body is an ERROR answer, never an exception.  Reads every room,
-changes none but the streams room's fetches.  No sockets, no clock.
+changes none but the journaling room's fetches.  No sockets, no clock.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from .journaling import (
     FETCH_MAX_RECORDS,
     FETCH_PAGE_BYTES,
     FETCH_PAGE_RECORDS,
+    Journaling,
     PageShape,
-    Streams,
     private,
 )
 from .mailboxes import Mailboxes, identity_tokens
@@ -52,7 +52,7 @@ class Builtins:
         peers: PeerTable,
         pubsub: PubSub,
         rpc: Rpc,
-        streams: Streams,
+        journaling: Journaling,
         counters: Counter[str],
         mailboxes: Mailboxes,
         consumers: Consumers,
@@ -66,7 +66,7 @@ class Builtins:
         self.consumers = consumers
         self.pubsub = pubsub
         self.rpc = rpc
-        self.streams = streams
+        self.journaling = journaling
         self.counters = counters
         self.admin = AdminDesk(counters, is_current=peers.is_current)  # mc0.admin's actions in flight
 
@@ -141,7 +141,7 @@ class Builtins:
         subscribe to the topic it died on too).  Deterministic; 410 when
         ``from_seq`` was trimmed.
         """
-        journals = self.streams.journals
+        journals = self.journaling.journals
         query = P.json_body(text, rid) if text.startswith("{") else {"op": text}
         if not isinstance(query, dict):
             raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
@@ -210,10 +210,10 @@ class Builtins:
                     verdicts[topic] = verdict
             return verdict
 
-        self.streams.start_fetch(
+        self.journaling.start_fetch(
             client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes, page
         )
-        return []  # pages follow from stream(), one per loop turn
+        return []  # pages follow from pages(), one per loop turn
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -266,7 +266,7 @@ class Builtins:
                 "queued": sum(s.queued for s in rpc.services.values()),
                 "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
                 "counters": dict(sorted(self.counters.items())),
-                "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
+                "journals": {name: journal.info() for name, journal in self.journaling.journals.items()},
                 "mailboxes": self.mailboxes.summary(),
                 "cluster": self.cluster_report(),
             }

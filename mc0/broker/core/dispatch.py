@@ -14,7 +14,7 @@ and counted.
 
 The rooms, each owning one kind of state: :mod:`.peers` (connections,
 liveness), :mod:`.pubsub` (subscriptions, fan-out), :mod:`.rpc` (services,
-workers, requests, through the :mod:`.jobs` state machine), :mod:`.streams`
+workers, requests, through the :mod:`.jobs` state machine), :mod:`.journaling`
 (journal appends, replays, fetches), :mod:`.builtins` (the broker's own
 services) and :mod:`.telemetry` (records about the broker itself, which
 this dispatcher publishes).  Forgetting a peer is the one operation that
@@ -44,7 +44,7 @@ from .builtin_services import Builtins
 from .consumers import Consumers
 from .dialect_ops import DialectOps
 from .jobs import Service
-from .journaling import StreamOut, Streams
+from .journaling import Journaling, PageOut
 from .loglimit import LogLimiter
 from .mailboxes import Mailboxes, letter_of
 from .peers import Out, Peer, PeerTable, close_reason
@@ -55,7 +55,7 @@ from .sysbus import SysBus
 from .telemetry import PeerEvent
 from .traffic import TopicTraffic
 
-__all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
+__all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "PageOut"]
 
 log = logging.getLogger("mc0.broker")
 
@@ -112,13 +112,13 @@ class BrokerCore:
         self.forgotten: list[bytes] = []
         self.peers = PeerTable()
         self.pubsub = PubSub(self.settings.limits, self.counters)
-        self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
+        self.journaling = Journaling(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
         # What the core asks of JetStream (journals with store = "jetstream"), and their held OKs.
         self.calls = StoreCalls(self.counters)
         self.replication = Replication(
-            self.streams, self.pubsub, self.peers, self.counters, broker_name=lambda: self.routes.name
+            self.journaling, self.pubsub, self.peers, self.counters, broker_name=lambda: self.routes.name
         )
-        keeper = next((j for j in self.streams.journals.values() if j.settings.mailboxes), None)
+        keeper = next((j for j in self.journaling.journals.values() if j.settings.mailboxes), None)
         stored = replicated(keeper) if keeper is not None else None
         self.mailboxes = Mailboxes(self.settings, self.counters, None if stored else keeper, wall_offset=wall_offset)
         if stored is not None:
@@ -138,7 +138,7 @@ class BrokerCore:
             wants_telemetry=self._wants_rpc_telemetry,  # (sysbus is created next; called later)
         )
         self.consumers = Consumers(
-            self.streams.journals,
+            self.journaling.journals,
             self.counters,
             tokens_of=self.pubsub.tokens_of,
             is_current=self.peers.is_current,
@@ -149,7 +149,7 @@ class BrokerCore:
         if backlog is not None:
             self.pubsub.choice.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
             self.mailboxes.sent_all = lambda routing_id: backlog(routing_id) == 0
-        if any(j.settings.replicated for j in self.streams.journals.values()):
+        if any(j.settings.replicated for j in self.journaling.journals.values()):
             self.consumers.store = StoreConsumers(
                 self.calls,
                 self.counters,
@@ -165,14 +165,14 @@ class BrokerCore:
             self.peers,
             self.pubsub,
             self.rpc,
-            self.streams,
+            self.journaling,
             self.counters,
             self.mailboxes,
             self.consumers,
             self.routes,
             traffic=self.traffic,
         )
-        self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
+        self.sysbus = SysBus(self.pubsub, self.journaling, self.counters, wall_offset)
         self.log_limit = LogLimiter()  # what a peer's faults may write to the log
         # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions: this dispatcher's.
         self.verbs: dict[Verb, verbs.Handler] = {
@@ -203,7 +203,7 @@ class BrokerCore:
         consumer figures, asked at most every few seconds; see ``StoreConsumers.monitor``)."""
         store = self.consumers.store
         if store is not None:
-            store.monitor([n for n, j in self.streams.journals.items() if j.settings.replicated], now)
+            store.monitor([n for n, j in self.journaling.journals.items() if j.settings.replicated], now)
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -412,7 +412,7 @@ class BrokerCore:
             if not cursor.deferred:
                 del self._unfinished[peer.routing_id]
         self.pubsub.drop_peer(peer)
-        self.streams.drop_peer(peer)
+        self.journaling.drop_peer(peer)
         kept_again = self.mailboxes.offline(peer, now)
         self.consumers.drop_peer(peer)
         self.routes.dropped(peer)
@@ -473,15 +473,15 @@ class BrokerCore:
     @property
     def uncommitted(self) -> bool:
         """``commit()`` has work: appends to write, consumer state to save or answers to release."""
-        return self.streams.uncommitted or self.consumers.uncommitted or self.mailboxes.uncommitted
+        return self.journaling.uncommitted or self.consumers.uncommitted or self.mailboxes.uncommitted
 
     def commit(self) -> list[Out]:
         """Commit the journals' appends (one write and, per policy, one fsync each); the OKs now due."""
         mailboxes = self.mailboxes
         mailboxes.before_commit()
-        out = self.streams.commit()
+        out = self.journaling.commit()
         if mailboxes.journal is not None:
-            mailboxes.after_commit(mailboxes.journal.name in self.streams.failed)
+            mailboxes.after_commit(mailboxes.journal.name in self.journaling.failed)
         return out + self.consumers.commit()
 
     def restore(self, now: float) -> None:
@@ -489,19 +489,19 @@ class BrokerCore:
         self.mailboxes.restore(now)
 
     @property
-    def streaming(self) -> bool:
-        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
-        return self.streams.streaming
+    def paging(self) -> bool:
+        """Replays or fetches are sending pages (call ``pages`` every loop turn)."""
+        return self.journaling.paging
 
-    def stream(self, now: float) -> list[StreamOut]:
-        """One page of every running replay and fetch (see :meth:`Streams.stream`)."""
-        return self.streams.stream(now)
+    def pages(self, now: float) -> list[PageOut]:
+        """One page of every running replay and fetch (see :meth:`Journaling.pages`)."""
+        return self.journaling.pages(now)
 
-    def stream_blocked(self, blocked: StreamOut, now: float) -> None:
+    def page_blocked(self, blocked: PageOut, now: float) -> None:
         """A stream message could not be queued: rewind its stream and pause it briefly."""
         peer = self.peers.get(blocked.routing_id)
         if peer is not None:
-            self.streams.stream_blocked(blocked, peer, now)
+            self.journaling.page_blocked(blocked, peer, now)
 
     # ================================================================ telemetry
     def _peer_event(self, event: str, peer: Peer, reason: str, now: float) -> list[Out]:
@@ -525,7 +525,7 @@ class BrokerCore:
     # ================================================================ time and failures
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
-        self.streams.enforce_retention(now)
+        self.journaling.enforce_retention(now)
         self.traffic.prune(now)
         for line in self.log_limit.summary(now):
             log.warning("%s", line)
@@ -539,7 +539,7 @@ class BrokerCore:
         return self.with_finished(out, now)
 
     def next_deadline(self) -> float:
-        """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
+        """When ``tick`` (or a paused replay or fetch) next has work (monotonic seconds)."""
         if self.consumers.has_work():
             return 0.0  # a waiting pull can be answered
         earliest = self.consumers.next_deadline(min(self.peers.next_sweep, self.mailboxes.next_expiry))
@@ -548,7 +548,7 @@ class BrokerCore:
         deadline = self.rpc.next_deadline()
         if deadline is not None:
             earliest = min(earliest, deadline)
-        return self.streams.next_deadline(earliest)
+        return self.journaling.next_deadline(earliest)
 
     def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:
         """The shell could not send to a peer: gone (unreachable) or at HWM."""

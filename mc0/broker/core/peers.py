@@ -8,7 +8,7 @@ cluster), the connection-fd bindings that let a reported close find its peer,
 closes waiting for the socket to read empty, revoked identities, the
 heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
 the dispatcher (:mod:`mc0.broker.core.dispatch`) carries the decisions out across
-the other rooms.  Subscriptions, services, requests and streams are kept
+the other rooms.  Subscriptions, services, requests, replays and fetches are kept
 by their own rooms, keyed by :class:`Peer`.  No sockets, no clock: ``now``
 is passed in.
 """

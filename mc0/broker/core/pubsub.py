@@ -59,7 +59,7 @@ class PubSub:
         self.subscriptions: TopicTrie[Peer] = TopicTrie()
         self._patterns: dict[Peer, dict[str, tuple[str, ...]]] = {}
         self._topics: dict[str, tuple[str, ...]] = {}
-        self._routes: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
+        self._record_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
         self._seed_topics: dict[str, tuple[str, ...]] = {}  # a 0.x PUT's topic -> tokens, () when opaque
         self._opaque: dict[str, dict[Peer, None]] = {}  # an opaque 0.x topic -> its (0.x) subscribers
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
@@ -99,19 +99,19 @@ class PubSub:
             self._seed_topics[topic] = tokens
         return tokens
 
-    def route_of(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
+    def record_topic(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
         """A PUT record's topic bytes -> (text, tokens), validated once (ProtocolError 400/413)."""
-        route = self._routes.get(topic_b)
-        if route is None:
+        known = self._record_topics.get(topic_b)
+        if known is None:
             try:
                 topic = topic_b.decode()
             except UnicodeDecodeError:
                 raise ProtocolError(Status.BAD_REQUEST, "topic is not UTF-8") from None
-            route = (topic, self.topic_tokens(topic, None))
-            if len(self._routes) >= TOPIC_CACHE_SIZE:
-                self._routes.clear()
-            self._routes[topic_b] = route
-        return route
+            known = (topic, self.topic_tokens(topic, None))
+            if len(self._record_topics) >= TOPIC_CACHE_SIZE:
+                self._record_topics.clear()
+            self._record_topics[topic_b] = known
+        return known
 
     def tokens_of(self, topic: str) -> tuple[str, ...] | None:
         """A stored topic's tokens (journal records), None if it is not a valid topic."""

@@ -20,7 +20,7 @@ from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
 from ...topics import split_topic
 from . import telemetry
 from .access import dead_letter_origin
-from .journaling import Streams, primary
+from .journaling import Journaling, primary
 from .peers import Out
 from .pubsub import PubSub
 from .telemetry import BROKER_SENDER, TelemetryRecord
@@ -29,9 +29,9 @@ _SENDER = BROKER_SENDER.encode()
 
 
 class SysBus:
-    def __init__(self, pubsub: PubSub, streams: Streams, counters: Counter[str], wall_offset: float) -> None:
+    def __init__(self, pubsub: PubSub, journaling: Journaling, counters: Counter[str], wall_offset: float) -> None:
         self.pubsub = pubsub
-        self.streams = streams
+        self.journaling = journaling
         self.counters = counters
         self.wall_offset = wall_offset
         self._tokens = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
@@ -40,7 +40,7 @@ class SysBus:
 
     def wants(self, topic: str) -> bool:
         tokens = self._tokens[topic]
-        return self.pubsub.wanted(tokens) or bool(self.streams.routes(tokens))
+        return self.pubsub.wanted(tokens) or bool(self.journaling.journals_of(tokens))
 
     def wants_rpc(self) -> bool:
         """``wants(mc0.sys.rpc)``, asked for every finished request: cached until subscriptions change."""
@@ -53,19 +53,19 @@ class SysBus:
         """Journal and fan out one record (callers checked ``wants`` first)."""
         topic = record.topic
         tokens = self._tokens[topic]
-        journals = self.streams.routes(tokens)
+        journals = self.journaling.journals_of(tokens)
         body = telemetry.body(record, now + self.wall_offset)
         self.counters["telemetry"] += 1
         position: tuple[str, int] | None = None
         held = None
         if journals:
             first = primary(journals)
-            seq = self.streams.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
+            seq = self.journaling.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
             if first.settings.replicated:
                 return []  # delivered when the stream hands it out, by every broker to its own subscribers
             if seq is not None:
                 position = (first.name, seq)
-                held = self.streams.held_back(journals, tokens)
+                held = self.journaling.held_back(journals, tokens)
         return self.pubsub.fan_out(topic, tokens, _SENDER, {}, body, now, position, held)
 
     def publish_dead_letter(self, topic: str, record: Record, reason: str, deliveries: int, now: float) -> list[Out]:
@@ -81,17 +81,18 @@ class SysBus:
             "X-Dead-Sender": record.sender,
         }
         self.counters["dead_letters"] += 1
-        journals = self.streams.routes(tokens)
+        journals = self.journaling.journals_of(tokens)
         position: tuple[str, int] | None = None
         held = None
         if journals:
             first = primary(journals)
-            seq = self.streams.append(journals, first, topic, BROKER_SENDER, headers, record.parts, origin=self.origin)
+            parts = record.parts
+            seq = self.journaling.append(journals, first, topic, BROKER_SENDER, headers, parts, origin=self.origin)
             if first.settings.replicated:
                 return []  # (as in publish)
             if seq is not None:
                 position = (first.name, seq)
-                held = self.streams.held_back(journals, tokens)
+                held = self.journaling.held_back(journals, tokens)
         origin = dead_letter_origin(headers)  # it reaches only those allowed the topic it died on
 
         def admits(grants: Grants) -> bool:

@@ -57,7 +57,7 @@ def put(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
     core.counters["published"] += 1
     core.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
-    journals = core.streams.routes(tokens) if core.streams.journals else ()
+    journals = core.journaling.journals_of(tokens) if core.journaling.journals else ()
     if journals:
         return put_journaled(core, peer, command, topic, tokens, journals, now)
     out = core.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
@@ -97,7 +97,7 @@ def put_to(core: BrokerCore, peer: Peer, command: Command, topic: str, now: floa
             token = core.mailboxes.proposed
             core.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
         elif keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
-            core.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
+            core.journaling.hold_ok(keeper, peer.routing_id, command.id, ok)
         else:
             out.append((peer.routing_id, ok))
     return out
@@ -129,20 +129,20 @@ def put_journaled(
             core.counters["duplicates"] += 1
             if command.id is not None:
                 ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
-                core.streams.hold_ok(first, peer.routing_id, command.id, ok)
+                core.journaling.hold_ok(first, peer.routing_id, command.id, ok)
             return []
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-    seq = core.streams.append(journals, first, topic, peer.identity, stored, command.payload)
+    seq = core.journaling.append(journals, first, topic, peer.identity, stored, command.payload)
     if seq is None:
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
     core.counters["journaled"] += 1
-    held = core.streams.held_back(journals, tokens)
+    held = core.journaling.held_back(journals, tokens)
     out = core.pubsub.fan_out(
         topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
     )
     if command.id is not None:
         peer.last_sent = now
-        core.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
+        core.journaling.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
     return out
 
 
@@ -171,7 +171,7 @@ def put_replicated(
     tokens = core.pubsub.tokens_of(topic)
     wanted = not peer.echo or (tokens is not None and bool(core.pubsub.groups.match(tokens)))
     origin = jsw.origin(core.routes.name, peer.routing_id) if wanted else ""
-    token = core.streams.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
+    token = core.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
     if token is None:  # (a proposal is only queued: never; a local journal beside it failed, not this one)
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not take it", command.id)
     core.counters["journaled"] += 1
@@ -188,10 +188,10 @@ def subscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> lis
     if group is not None:
         core.pubsub.add(peer, new, group)
         return answer(core, peer, command, now)
-    replay = core.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
+    replay = core.journaling.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
     core.pubsub.add(peer, new)
     if replay is not None:
-        core.streams.start_replay(peer, replay)
+        core.journaling.start_replay(peer, replay)
     return answer(core, peer, command, now)
 
 
@@ -199,7 +199,7 @@ def unsubscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> l
     patterns = core.pubsub.parse_patterns(command, legacy=peer.legacy)
     group = core.pubsub.check_group(peer, command)
     removed = core.pubsub.remove(peer, patterns, group)
-    core.streams.unsubscribed(peer, removed)
+    core.journaling.unsubscribed(peer, removed)
     return answer(core, peer, command, now)
 
 
@@ -259,7 +259,7 @@ def request_for(
     quiet: bool,
 ) -> list[Out]:
     """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
-    busy = core.streams.fetch_running(client, rid) or (
+    busy = core.journaling.fetch_running(client, rid) or (
         name == P.CONSUMER_SERVICE and core.consumers.waiting_for(client, rid)
     )
     deadline = core.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
@@ -294,7 +294,7 @@ def cancel(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[O
     if core.consumers.cancel(peer, rid):
         peer.last_sent = now
         return [(peer.routing_id, peer.dialect.error(rid, P.CONSUMER_SERVICE, Status.CANCELLED, "cancelled"))]
-    if core.streams.cancel_fetch(peer, rid):
+    if core.journaling.cancel_fetch(peer, rid):
         peer.last_sent = now
         return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
     core.counters["cancel_unknown"] += 1

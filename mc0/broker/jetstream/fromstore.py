@@ -47,7 +47,7 @@ def listening(core: BrokerCore) -> bool:
 
 
 def arrived(core: BrokerCore, journal: str, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:
-    kept = core.streams.journals.get(journal)
+    kept = core.journaling.journals.get(journal)
     if kept is None:
         core.counters["replicated_unknown_journal"] += len(records)
         return []

@@ -107,7 +107,7 @@ def snapshot(
     pubsub = core.pubsub
     counters = dict(sorted(core.counters.items()))
     services = {name: core.builtins.service_report(rpc.services[name]) for name in sorted(rpc.services)}
-    journal_infos = {name: journal.info() for name, journal in core.streams.journals.items()}
+    journal_infos = {name: journal.info() for name, journal in core.journaling.journals.items()}
     rows = []
     subscriptions_of: dict[str, list[str]] = {}
     for peer in peers:
@@ -176,7 +176,7 @@ def snapshot(
         "journals": [
             {
                 "name": name,
-                "store": core.streams.journals[name].settings.store,
+                "store": core.journaling.journals[name].settings.store,
                 "first_seq": info.get("first_seq", 0),
                 "last_seq": int(info.get("next_seq", 1)) - 1,  # type: ignore[call-overload]
                 **{k: v for k, v in info.items() if k not in ("first_seq",)},
