@@ -5,7 +5,7 @@ Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``, ``groups``,
 ``peers``, ``histogram``, ``traffic``) and what both sides share (batch records,
-builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
+builders, the topic trie, deadlines).  Not the shell's outbox and sender:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same

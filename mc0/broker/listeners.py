@@ -9,7 +9,7 @@ one; ``turn`` is called once a loop turn (what the listener owes peers
 without being asked).  ``start`` opens it (once the ROUTER is bound, so its
 endpoints are known), ``close`` is idempotent, and ``status`` is what
 monitoring shows of it.  The ROUTER side is the default: whatever no
-listener owns goes out of the ROUTER socket (:mod:`mc0.broker.delivery`).
+listener owns goes out of the ROUTER socket (:mod:`mc0.broker.sender`).
 
 Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
 :mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers

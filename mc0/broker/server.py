@@ -40,8 +40,7 @@ from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
 from .core import admin
 from .core.dispatch import BrokerCore, Out
-from .delivery import Delivery
-from .dialects import route as dialect_route
+from .dialects import recognise as recognise_dialect
 from .dialects.memodb import with_memodb_identity
 from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
@@ -49,6 +48,7 @@ from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
+from .sender import Sender
 from .storage.filestore import Journal
 
 log = logging.getLogger("mc0.broker")
@@ -150,7 +150,7 @@ class Broker:
             with_memodb_identity(self.config.permissions, self.config.memodb.identity),
             journals=self.journals,
             wall_offset=time.time() - time.monotonic(),
-            dialects=dialect_route,
+            dialects=recognise_dialect,
             backlog=self.outbox.backlog,
             # A queue-group member whose queue holds more than this is skipped while another can take it.
             group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
@@ -159,7 +159,7 @@ class Broker:
         self.listeners = listening.configured(self.config)
         self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)
         self.cluster = next((x for x in self.listeners if isinstance(x, ClusterListener)), None)
-        self.delivery = Delivery(self.core, self.outbox, self.listeners)
+        self.sender = Sender(self.core, self.outbox, self.listeners)
         self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
         self._given_context = context
         self._context: zmq.Context[Any] | None = None
@@ -334,13 +334,13 @@ class Broker:
                 pollers.register(zap.zap_socket, zmq.POLLIN)
         core = self.core
         http = self.http
-        delivery = self.delivery
+        sender = self.sender
         reload_every = self.config.security.reload_ms / 1000.0
         next_reload = time.monotonic() + reload_every
         try:
             while not self._stopping.is_set():
                 start = time.monotonic()
-                held = delivery.holding_input(start)
+                held = sender.holding_input(start)
                 deadline = core.next_deadline()
                 if self.allowed is not None:
                     deadline = min(deadline, next_reload)
@@ -380,23 +380,23 @@ class Broker:
                         except Exception as exc:  # (each listener guards its items too: never fatal)
                             core.listener_fault(listener.name, exc, now)
                             continue
-                        delivery.apply(news, now)
+                        sender.apply(news, now)
                 now = time.monotonic()
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._guarded(self._reload, now)
                     next_reload = now + reload_every
                 self._guarded(self._timers, now)
-                delivery.evict_stuck(now, self.config.broker.slow_consumer_ms)
-                delivery.flush(sock, now)
+                sender.evict_stuck(now, self.config.broker.slow_consumer_ms)
+                sender.flush(sock, now)
                 if self.trimmer.maybe_trim(self.outbox.discarded_bytes, now):
                     core.counters["heap_trims"] += 1
                 if http is not None and http.wanted and now >= self._next_snapshot:
                     self._publish_snapshot(http)
             now = time.monotonic()
-            delivery.apply(core.shutdown(now), now)
+            sender.apply(core.shutdown(now), now)
             if core.uncommitted:
-                delivery.apply(core.commit(), time.monotonic())
-            delivery.flush(sock, time.monotonic())
+                sender.apply(core.commit(), time.monotonic())
+            sender.flush(sock, time.monotonic())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -407,11 +407,11 @@ class Broker:
         """Walk on through big batches, a slice at a time, for at most ``WALK_BUDGET`` seconds of
         this turn (the next turn reads the socket first: other peers are served between slices)."""
         core = self.core
-        delivery = self.delivery
+        sender = self.sender
         stop = now + WALK_BUDGET
         while core.unfinished:
-            delivery.apply(core.resume(now, core.batched.batch_slice), now)
-            if time.monotonic() >= stop or delivery.holding_input(now):
+            sender.apply(core.resume(now, core.batched.batch_slice), now)
+            if time.monotonic() >= stop or sender.holding_input(now):
                 return
 
     def _timers(self, now: float) -> None:
@@ -419,15 +419,15 @@ class Broker:
         door = self.http.admin if self.http is not None else None
         if door is not None and door.waiting:  # (before the listeners' turn: a store call goes out now)
             for ticket, op, args, who in door.take():
-                self.delivery.apply(admin.http_call(core, ticket, op, args, who, now), now)
+                self.sender.apply(admin.http_call(core, ticket, op, args, who, now), now)
         for listener in self.listeners:
-            self.delivery.apply(listener.turn(core, now), now)
+            self.sender.apply(listener.turn(core, now), now)
         if now >= core.next_deadline():
-            self.delivery.apply(core.tick(now), now)
+            self.sender.apply(core.tick(now), now)
         if core.paging:
-            self.delivery.queue_pages(core.pages(now), now)
+            self.sender.queue_pages(core.pages(now), now)
         if core.uncommitted:
-            self.delivery.apply(core.commit(), now)
+            self.sender.apply(core.commit(), now)
         if door is not None and core.builtins.admin.http_answers:
             for ticket, status, body in core.builtins.admin.take_http_answers():
                 door.answer(ticket, status, body)
@@ -494,7 +494,7 @@ class Broker:
                 # Read empty: whatever a connection reported closed sent before it
                 # closed has been handled, so its session can go now.
                 if self.core.closing:
-                    self.delivery.apply(self.core.forget_closed(now, drained=True), now)
+                    self.sender.apply(self.core.forget_closed(now, drained=True), now)
                 self.bytes_in += received
                 return True
             rest = _recv_rest(sock) if first.more else []
@@ -519,14 +519,14 @@ class Broker:
             except Exception as exc:  # the per-message guard: one message's fault costs that message only
                 out = self.core.internal_error(routing_id, rest, exc, now=now)
             if out or forgotten:
-                self.delivery.apply(out, now)
+                self.sender.apply(out, now)
             if rest:
                 received += len(rest[-1])
                 if received >= RECV_BYTES:
                     break
         self.bytes_in += received
         if self.core.closing:  # a full batch, not read empty: only overdue closes
-            self.delivery.apply(self.core.forget_closed(now, drained=False), now)
+            self.sender.apply(self.core.forget_closed(now, drained=False), now)
         return False
 
     def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
@@ -577,7 +577,7 @@ class Broker:
                 self.config = dataclasses.replace(self.config, permissions=fresh.permissions)
                 out += self.core.set_permissions(permissions, now)
         if out:
-            self.delivery.apply(out, now)
+            self.sender.apply(out, now)
 
     def _reload_failed(self, what: str, line: str) -> None:
         self.core.counters["reload_failed"] += 1

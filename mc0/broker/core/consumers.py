@@ -4,8 +4,8 @@ Contract: owns every consumer (its config, its ack floor, what it delivered
 and is waiting to hear about, and the pulls waiting for messages).  The
 ``mc0.consumer`` service's JSON ops arrive through ``handle``; a request is
 validated whole before it changes anything (400/403/404/409 as
-``ProtocolError``).  Each delivered message is in one :class:`Delivery`
-state, moved only by ``delivery_transition`` (one table, tested as one):
+``ProtocolError``).  Each delivered message is in one :class:`HeldState`
+state, moved only by ``held_transition`` (one table, tested as one):
 ``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
 ``ack_wait`` passing makes it due, and a due message that already had
 ``max_deliver`` deliveries is dead-lettered (published on
@@ -43,12 +43,12 @@ from .consumerstate import (
     TRANSITIONS,
     Consumer,
     ConsumerConfig,
-    Delivery,
     Event,
     Held,
+    HeldState,
     Waiting,
     consumer_of,
-    delivery_transition,
+    held_transition,
     int_field,
     parse_config,
     save,
@@ -56,7 +56,7 @@ from .consumerstate import (
 )
 from .peers import Out, Peer
 
-__all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "Delivery", "Event", "delivery_transition"]
+__all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "HeldState", "Event", "held_transition"]
 
 log = logging.getLogger("mc0.broker")
 
@@ -337,12 +337,12 @@ class Consumers:
         done = ignored = 0
         for seq in seqs:
             held = consumer.held.get(seq)
-            nxt = delivery_transition(held.state, event) if held is not None else None
+            nxt = held_transition(held.state, event) if held is not None else None
             if held is None or nxt is None:
                 ignored += 1
                 continue
             done += 1
-            if nxt is Delivery.SETTLED:
+            if nxt is HeldState.SETTLED:
                 self._settle_seq(consumer, seq)
                 consumer.settled_unsaved.append(seq)
                 consumer.stats["acked" if op == "ack" else "termed"] += 1
@@ -392,7 +392,7 @@ class Consumers:
         ``filtered``, as a SUB's delivery filter drops it."""
         taken: list[tuple[Record, int]] = []
         self._expire(consumer, now)
-        due = sorted(seq for seq, h in consumer.held.items() if h.state is Delivery.DUE and h.due <= now)
+        due = sorted(seq for seq, h in consumer.held.items() if h.state is HeldState.DUE and h.due <= now)
         for seq in due:
             if len(taken) >= count:
                 break
@@ -407,7 +407,7 @@ class Consumers:
                 consumer.stats["filtered"] += 1
                 self._dirty.add(consumer.key)
                 continue
-            held.state, held.deliveries, held.due = Delivery.PENDING, held.deliveries + 1, now + self._wait(consumer)
+            held.state, held.deliveries, held.due = HeldState.PENDING, held.deliveries + 1, now + self._wait(consumer)
             heapq.heappush(consumer.timers, (held.due, seq))
             consumer.stats["redelivered"] += 1
             taken.append((record, held.deliveries))
@@ -427,7 +427,7 @@ class Consumers:
                 records = kept
             for record in records:
                 due_at = now + self._wait(consumer)
-                consumer.held[record.seq] = Held(Delivery.PENDING, 1, due_at)
+                consumer.held[record.seq] = Held(HeldState.PENDING, 1, due_at)
                 heapq.heappush(consumer.timers, (due_at, record.seq))
                 taken.append((record, 1))
             consumer.stats["delivered"] += len(records)
@@ -444,7 +444,7 @@ class Consumers:
 
     @staticmethod
     def _pending_count(consumer: Consumer) -> int:
-        return sum(1 for h in consumer.held.values() if h.state is Delivery.PENDING)
+        return sum(1 for h in consumer.held.values() if h.state is HeldState.PENDING)
 
     def _match(self, consumer: Consumer, grants: Grants) -> Callable[[str], bool]:
         """A journal read's filter: the consumer's topics, then the owner's grants (counted when they refuse)."""
@@ -486,10 +486,10 @@ class Consumers:
             held = consumer.held.get(seq)
             if held is None or held.due != due:
                 continue  # settled, or re-timed since
-            if held.state is Delivery.PENDING:
-                held.state = delivery_transition(held.state, Event.ACK_WAIT) or held.state
+            if held.state is HeldState.PENDING:
+                held.state = held_transition(held.state, Event.ACK_WAIT) or held.state
                 consumer.stats["ack_wait_expired"] += 1
-            if held.state is Delivery.DUE and held.deliveries >= consumer.config.max_deliver:
+            if held.state is HeldState.DUE and held.deliveries >= consumer.config.max_deliver:
                 record = self._read_one(consumer, seq)
                 config = consumer.config
                 if record is not None:

@@ -63,9 +63,9 @@ _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
 ForeignHandler = Callable[[DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
-# What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.route, handed in by
+# What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.recognise, handed in by
 # the shell: the core never imports a dialect): its handler, or None for mc0's own protocol.
-DialectRouter = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
+DialectRecogniser = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
 
 
 def _mc0_only(frames: Sequence[bytes], peer: Peer | None) -> ForeignHandler | None:
@@ -81,7 +81,7 @@ class BrokerCore:
         generated_ids_only: bool = False,
         journals: Sequence[JournalStore] = (),
         wall_offset: float = 0.0,
-        dialects: DialectRouter = _mc0_only,
+        dialects: DialectRecogniser = _mc0_only,
         backlog: Callable[[bytes], int] | None = None,
         group_skip_bytes: int = 0,
     ) -> None:
@@ -92,7 +92,7 @@ class BrokerCore:
         appends to them and ``commit()`` makes the appends durable, through the
         :class:`JournalStore` port.  ``wall_offset`` turns ``now`` (monotonic)
         into wall-clock time for telemetry records and retention.  ``dialects``
-        recognises foreign dialects (the shell passes ``mc0.broker.dialects.route``;
+        recognises foreign dialects (the shell passes ``mc0.broker.dialects.recognise``;
         by default every message is read as mc0's own).
 
         ``backlog`` is the shell's figure of the bytes still queued for a routing id

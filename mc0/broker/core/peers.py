@@ -163,7 +163,7 @@ class Peer:
         self.connected = now  # (monitoring: /connz connected_at)
         self.address = ""  # the transport's peer address, where it has one (PeerTable.add, from the shell)
         # Traffic, for monitoring (each a bare increment where it happens: the dispatcher and batched.py count
-        # what it sends, a BATCH as its records; the shell's Delivery counts what is queued for it).
+        # what it sends, a BATCH as its records; the shell's Sender counts what is queued for it).
         self.msgs_in = 0
         self.bytes_in = 0
         self.msgs_out = 0

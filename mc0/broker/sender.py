@@ -1,4 +1,4 @@
-"""Delivery: the sending half of the broker's loop, around :class:`~mc0.broker.outbox.Outbox`.
+"""Sender: the sending half of the broker's loop, around :class:`~mc0.broker.outbox.Outbox`.
 
 Contract: ``apply(out, now)`` queues what the core returned (a message over
 a peer's budget is reported to the core as a drop, and the core's answer to
@@ -49,7 +49,7 @@ def send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any
     send(frames[-1], NOBLOCK, copy=copy)
 
 
-class Delivery:
+class Sender:
     def __init__(self, core: BrokerCore, outbox: Outbox, listeners: Sequence[Listener] = ()) -> None:
         """``listeners``: the ways besides the ROUTER socket that peers reach this broker (MemoDB
         over NNG, the other brokers of a cluster): each sends what is queued for its own peers."""
