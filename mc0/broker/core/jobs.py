@@ -33,7 +33,7 @@ class JobState(Enum):
 
     QUEUED = "queued"  # waiting in its service's queue for a worker
     ASSIGNED = "assigned"  # held by a worker; nothing forwarded to the client yet (may be retried)
-    STREAMING = "streaming"  # a PARTIAL reached the client: never retried after this
+    FORWARDING = "forwarding"  # a PARTIAL was forwarded to the client: never retried after this
     DONE = "done"  # its one terminal reply was sent (or nobody is left to receive it)
 
 
@@ -82,7 +82,7 @@ TERMINAL_ACTIONS = frozenset(
     }
 )
 
-_HELD = (JobState.ASSIGNED, JobState.STREAMING)
+_HELD = (JobState.ASSIGNED, JobState.FORWARDING)
 
 
 def _job_table() -> dict[tuple[JobState, JobEvent], tuple[JobState, Action]]:
@@ -92,14 +92,14 @@ def _job_table() -> dict[tuple[JobState, JobEvent], tuple[JobState, Action]]:
             table[state, event] = (state, Action.IGNORE)
     table[JobState.QUEUED, JobEvent.DISPATCH] = (JobState.ASSIGNED, Action.DISPATCH)
     for state in _HELD:
-        table[state, JobEvent.PARTIAL] = (JobState.STREAMING, Action.FORWARD)
+        table[state, JobEvent.PARTIAL] = (JobState.FORWARDING, Action.FORWARD)
         table[state, JobEvent.FINAL] = (JobState.DONE, Action.REPLY_FINAL)
         table[state, JobEvent.WORKER_ERROR] = (JobState.DONE, Action.REPLY_ERROR)
         table[state, JobEvent.WORKER_LOST_LAST] = (JobState.DONE, Action.FAIL_LOST)
     table[JobState.ASSIGNED, JobEvent.WORKER_LOST] = (JobState.QUEUED, Action.REQUEUE)
     table[JobState.QUEUED, JobEvent.ORPHANED] = (JobState.DONE, Action.FAIL_LOST)
     # Replies were forwarded: running it again could repeat them.
-    table[JobState.STREAMING, JobEvent.WORKER_LOST] = (JobState.DONE, Action.FAIL_LOST)
+    table[JobState.FORWARDING, JobEvent.WORKER_LOST] = (JobState.DONE, Action.FAIL_LOST)
     for state in (JobState.QUEUED, *_HELD):
         table[state, JobEvent.DEADLINE] = (JobState.DONE, Action.FAIL_DEADLINE)
         table[state, JobEvent.CANCEL] = (JobState.DONE, Action.FAIL_CANCELLED)

@@ -528,14 +528,14 @@ class Rpc:
                 self._fire(job, JobEvent.WORKER_LOST_LAST)
                 out += self._leg_done(job, answered=False, now=now)
                 continue
-            streaming = job.state is JobState.STREAMING
+            forwarded = job.state is JobState.FORWARDING
             retry = job.attempts < self.settings.max_attempts
             action = self._fire(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
             if action is Action.REQUEUE:
                 self._requeue(job, now)
                 touched[job.service] = None
             else:
-                why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
+                why = "after replies were forwarded" if forwarded else f"after {job.attempts} attempts"
                 out += self._fail(job, Status.WORKER_LOST, f"worker lost {why}", now)
         for name in touched:
             out += self._pump(self.pool.service(name), now)
