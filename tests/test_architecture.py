@@ -159,16 +159,9 @@ def imports(name: str, path: Path, known: set[str]) -> tuple[set[str], set[str]]
 # as "module:Class.attribute"; private imports as "module -> target.name"; batch layouts as
 # "module: batch.NAME".
 DEBTS: dict[str, set[object]] = {
-    "import_arrows": {
-        ("mc0.broker.core.admin", "mc0.broker.core.dispatch"),
-        ("mc0.broker.core.batched", "mc0.broker.core.dispatch"),
-        ("mc0.broker.core.dialect_ops", "mc0.broker.core.dispatch"),
-        ("mc0.broker.core.sessions", "mc0.broker.core.dispatch"),
-        ("mc0.broker.core.verbs", "mc0.broker.core.dispatch"),
-    },
+    "import_arrows": set(),
     "long_functions": {
         "mc0.broker.monitoring.snapshot:snapshot",
-        "mc0.broker.core.dispatch:BrokerCore.__init__",
         "mc0.broker.server:Broker.run",
         "mc0.spark.report:build_report",
         "mc0.broker.core.builtin_services:Builtins._journal",

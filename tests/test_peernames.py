@@ -83,7 +83,7 @@ def _connect(core: BrokerCore, rid: bytes) -> None:
 
 def test_a_standalone_broker_names_its_peers_identity_n_and_one_of_a_cluster_adds_its_own_name() -> None:
     alone, joined = BrokerCore(CoreSettings()), BrokerCore(CoreSettings())
-    routeinput.join(joined, "b1", route_ttl=1.0)
+    routeinput.join(joined.rooms, "b1", route_ttl=1.0)
     for core in (alone, joined):
         for rid in (b"p1", b"p2", b"ask"):
             _connect(core, rid)

@@ -419,7 +419,7 @@ class Broker:
         door = self.http.admin if self.http is not None else None
         if door is not None and door.waiting:  # (before the listeners' turn: a store call goes out now)
             for ticket, op, args, who in door.take():
-                self.sender.apply(admin.http_call(core, ticket, op, args, who, now), now)
+                self.sender.apply(admin.http_call(core.rooms, ticket, op, args, who, now), now)
         for listener in self.listeners:
             self.sender.apply(listener.turn(core, now), now)
         if now >= core.next_deadline():

@@ -20,7 +20,7 @@ from ...errors import InvalidTopic, ProtocolError
 from ...permissions import ALLOW_ALL
 from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
-from .admin import AdminDesk
+from .admindesk import AdminDesk
 from .consumers import Consumers
 from .jobs import Service
 from .journaling import (

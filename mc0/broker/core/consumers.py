@@ -36,6 +36,7 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...topics import split_topic
+from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storeconsumers import StoreConsumers
 from ..storage.port import JournalStore, StateUnreadable, Trimmed
 from .access import is_dead_letter, origin_allowed
@@ -81,7 +82,10 @@ class Consumers:
         max_wait_ms: int,
         max_consumers: int = MAX_CONSUMERS,
         max_per_identity: int = MAX_CONSUMERS_PER_IDENTITY,
+        calls: StoreCalls | None = None,
     ) -> None:
+        """``calls``: what the core asks of JetStream, when some ``journals`` are kept there (their
+        consumers are then JetStream's: :class:`~mc0.broker.jetstream.storeconsumers.StoreConsumers`)."""
         self.journals = journals
         self.counters = counters
         self._tokens_of = tokens_of
@@ -97,12 +101,26 @@ class Consumers:
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
         self._held_answers: list[tuple[Peer, str, Out]] = []
         self.dead_letters: list[tuple[str, Record, str, int]] = []  # (topic, record, reason, deliveries)
-        # The consumers of JetStream journals, JetStream's (set when the broker joins a cluster).
+        # The consumers of JetStream journals, JetStream's.
         self.store: StoreConsumers | None = None
+        if calls is not None and any(j.settings.replicated for j in journals.values()):
+            self.store = StoreConsumers(
+                calls,
+                counters,
+                tokens_of=tokens_of,
+                dead_letter=self._dead_letter,
+                max_wait_ms=max_wait_ms,
+                max_consumers=max_consumers,
+                max_per_identity=max_per_identity,
+            )
         for journal in journals.values():
             changes = journal.load_consumer_changes()
             for name, raw in journal.load_consumers().items():
                 self._restore(journal, name, raw, changes.get(name, ()))
+
+    def _dead_letter(self, item: tuple[str, Record, str, int]) -> None:
+        """A dead letter the store's consumers found (published with what finished: ``dead_letters``)."""
+        self.dead_letters.append(item)
 
     # ------------------------------------------------------------ persistence
     def _restore(self, journal: JournalStore, name: str, raw: bytes, changes: Sequence[bytes]) -> None:

@@ -53,7 +53,17 @@ def topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
 
 
 class PubSub:
-    def __init__(self, limits: Limits, counters: Counter[str]) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        counters: Counter[str],
+        *,
+        interest: InterestListener | None = None,
+        can_take: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """``interest``: told of every pattern this broker's own peers start or stop holding (the
+        cluster's routes); ``can_take``: whether a queue-group member may be chosen now (see
+        :class:`~mc0.broker.core.groups.GroupChoice`)."""
         self.limits = limits
         self.counters = counters
         self.subscriptions: TopicTrie[Peer] = TopicTrie()
@@ -66,9 +76,8 @@ class PubSub:
         self.groups: TopicTrie[Member] = TopicTrie()
         self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
         self._groups_of: dict[Peer, set[str]] = {}
-        self.choice = GroupChoice(self.groups)  # which member gets each message (its ``can_take``: BrokerCore's)
-        # Told of every pattern this broker's own peers start or stop holding (None: standalone).
-        self.interest: InterestListener | None = None
+        self.choice = GroupChoice(self.groups, can_take=can_take)  # which member gets each message
+        self.interest = interest
 
     # ------------------------------------------------------------ validation
     def topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
 499/500/502/503/504.  Requests whose worker dies before anything was
 forwarded go back to the front of their queue, up to ``max_attempts``
 dispatches.  Finished requests are described as :class:`RpcDone` records in
-``finished`` (when ``wants_telemetry()``), which the dispatcher publishes.
+``finished`` (when ``wants_telemetry()``), which the rooms publish (``Rooms.with_finished``).
 Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 """
 

@@ -12,11 +12,13 @@ body to the journals that keep its topic and fans it out like a PUT from
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from ... import protocol as P
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
+from ...protocol import jetstream as jsw
 from ...topics import split_topic
 from . import telemetry
 from .access import dead_letter_origin
@@ -28,15 +30,35 @@ from .telemetry import BROKER_SENDER, TelemetryRecord
 _SENDER = BROKER_SENDER.encode()
 
 
+def _standalone() -> str:
+    return ""
+
+
 class SysBus:
-    def __init__(self, pubsub: PubSub, journaling: Journaling, counters: Counter[str], wall_offset: float) -> None:
+    def __init__(
+        self,
+        pubsub: PubSub,
+        journaling: Journaling,
+        counters: Counter[str],
+        wall_offset: float,
+        *,
+        broker_name: Callable[[], str] = _standalone,
+    ) -> None:
+        """``broker_name()``: this broker's cluster name ("" standalone): what it publishes to a JetStream
+        journal says it comes from here (``origin``)."""
         self.pubsub = pubsub
         self.journaling = journaling
         self.counters = counters
         self.wall_offset = wall_offset
         self._tokens = {t: split_topic(t) for t in (SYS_RPC_TOPIC, SYS_PEER_TOPIC)}
         self._rpc_interest = (-1, False)  # (pubsub.version, anyone wants mc0.sys.rpc)
-        self.origin = ""  # who publishes, to a JetStream journal (mc0.protocol.jetstream.origin): set on joining
+        self._broker_name = broker_name
+
+    @property
+    def origin(self) -> str:
+        """Who publishes, to a JetStream journal (mc0.protocol.jetstream.origin): this broker."""
+        name = self._broker_name()
+        return jsw.origin(name) if name else ""
 
     def wants(self, topic: str) -> bool:
         tokens = self._tokens[topic]

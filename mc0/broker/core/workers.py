@@ -40,7 +40,7 @@ class Workers:
         self.workers: dict[Peer, WorkerState] = {}
         # Each service's total capacity over this broker's own workers (what routes are told).
         self.local_capacity: Counter[str] = Counter()
-        self.capacity_changed: set[str] = set()  # services whose local capacity changed (the dispatcher drains it)
+        self.capacity_changed: set[str] = set()  # services whose local capacity changed (routeinput.news drains it)
 
     # ------------------------------------------------------------ names and permissions
     def service_name(self, raw: str | bytes, request_id: str | None) -> str:
