@@ -141,8 +141,6 @@ class ClusterListener:
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
         routeinput.join(core.rooms, self.broker_name, route_ttl=gone_after / core.settings.liveness)
         self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
-        for journal in self.replicated.values():
-            journal.sink = self.link.publish  # what the core proposes goes to JetStream at each commit
         positions = {name: journal.position() for name, journal in self.replicated.items()}
         self.link.start(context, self.broker_name, positions)
 

@@ -131,9 +131,15 @@ class Broker:
     ) -> None:
         self.config = check_stores(config or Config())  # (a ConfigError: a JetStream journal needs [cluster] nats)
         self.config_path = config_path  # re-read for permissions on reload
-        # A JetStream journal: the stream is the truth, this broker keeps a local copy to read from.
+        # MemoDB over NNG, the other brokers of a cluster over NATS: each with its own thread and socket.
+        self.listeners = listening.configured(self.config)
+        self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)
+        self.cluster = next((x for x in self.listeners if isinstance(x, ClusterListener)), None)
+        # A JetStream journal: the stream is the truth, this broker keeps a local copy to read from; what
+        # the core proposes goes to JetStream through the cluster link at each commit.
+        sink = self.cluster.link.publish if self.cluster is not None else None
         self.journals: list[Journal | ReplicatedJournal] = [
-            ReplicatedJournal(name, settings) if settings.replicated else Journal(name, settings)
+            ReplicatedJournal(name, settings, sink=sink) if settings.replicated else Journal(name, settings)
             for name, settings in sorted(self.config.journals.items())
         ]
         cfg = self.config.broker
@@ -155,10 +161,6 @@ class Broker:
             # A queue-group member whose queue holds more than this is skipped while another can take it.
             group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
         )
-        # MemoDB over NNG, the other brokers of a cluster over NATS: each with its own thread and socket.
-        self.listeners = listening.configured(self.config)
-        self.nng = next((x.bridge for x in self.listeners if isinstance(x, NngListener)), None)
-        self.cluster = next((x for x in self.listeners if isinstance(x, ClusterListener)), None)
         self.sender = Sender(self.core, self.outbox, self.listeners)
         self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
         self._given_context = context
