@@ -207,7 +207,7 @@ DEBTS: dict[str, set[object]] = {
         "mc0.client -> mc0.sync_streams._run",
         "mc0.spark.sink -> mc0.spark.options._int_option",
     },
-    "batch_layouts": {"mc0.broker.core.batched: batch.U16", "mc0.session_batch: batch.U16"},
+    "batch_layouts": {"mc0.session_batch: batch.U16"},
 }
 
 # Functions that need more than MAX_FUNCTION_LINES, each with its reason ("module:qualname": why).

@@ -372,3 +372,30 @@ def test_a_batchs_refusals_are_answered_one_by_one_only_at_first_then_counted_in
     text = summary[4].decode()
     assert f"{1000 - REFUSALS_ANSWERED} more records of this batch refused" in text and f"r{REFUSALS_ANSWERED}" in text
     assert core.counters["rejected_400"] == 1000
+
+
+# ---------------------------------------------------------------- the broker's PUT-record reader
+# (record body, what put_topic reads: (topic, where the data starts) or the 400's reason)
+PUT_BODIES = [
+    (b"\x01\x00tdata", (b"t", 3)),
+    (b"\x03\x00a.bx", (b"a.b", 5)),
+    (b"\x00\x00", (b"", 2)),  # (an empty topic is the grammar's to refuse, not the layout's)
+    (b"\x02\x00ab", (b"ab", 4)),  # no data
+    (b"", "batch record too short for its fields"),
+    (b"\x05", "batch record too short for its fields"),
+    (b"\x05\x00abc", "PUT record fields run past its end"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), PUT_BODIES)
+def test_put_topic_reads_a_put_records_topic_or_refuses_it_400(body: bytes, expected: object) -> None:
+    blob = b"head" + body + b"tail"  # the record's body inside a larger blob
+    start, end = 4, 4 + len(body)
+    if isinstance(expected, str):
+        with pytest.raises(P.ProtocolError) as refused:
+            batch.put_topic(blob, start, end)
+        assert (refused.value.code, refused.value.reason) == (400, expected)
+    else:
+        assert batch.put_topic(blob, start, end) == expected
+        topic, data_at = batch.put_topic(blob, start, end)
+        assert batch.put_record(topic, blob[start + data_at : end])[5:] == body  # the record it came from

@@ -35,7 +35,6 @@ from .verbs import Handler, call, put
 from .walks import BatchCursor, Waited
 
 _PUT_RECORD = P.batch.PUT
-_U16 = P.batch.U16
 _CALL_RECORD, _FINAL_RECORD = P.batch.CALL, P.batch.FINAL
 _RPC_RECORDS = frozenset({P.batch.CALL, P.batch.PARTIAL, P.batch.FINAL})
 _PLAIN_TOPICS = 4096  # PUT-record topics known to be valid, unjournaled and not the broker's own
@@ -292,13 +291,7 @@ class BatchedInput:
         the count of plain publishes (the caller adds them up)."""
         if end - start > self._max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{end - start} bytes, the limit is {self._max_message_bytes}")
-        if end - start < 2:
-            raise ProtocolError(Status.BAD_REQUEST, _SHORT)
-        (tl,) = _U16.unpack_from(blob, start)
-        data_at = 2 + tl
-        if start + data_at > end:
-            raise ProtocolError(Status.BAD_REQUEST, "PUT record fields run past its end")
-        topic_b = blob[start + 2 : start + data_at]
+        topic_b, data_at = batch.put_topic(blob, start, end)
         plain = self._plain_topics.get(topic_b)
         if plain is None:
             topic, tokens = self.pubsub.record_topic(topic_b)
