@@ -323,6 +323,21 @@ def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_n
     assert core.calls.in_flight(b"sub") == 0
 
 
+def test_a_clients_store_calls_are_bounded_by_max_requests_when_that_is_lower_than_max_store_calls() -> None:
+    """``max_requests`` bounds one client's outstanding requests (docs/SECURITY.md); a request on a
+    JetStream consumer is one, held as a store call: at most ``max_requests`` of them when that is
+    lower than MAX_STORE_CALLS (the bound had lost its min() when a line was saved for a file's size)."""
+    core = BrokerCore(CoreSettings(max_requests=2), journals=[store()], wall_offset=1000.0)
+    routeinput.join(core.rooms, "b1", route_ttl=1.0)
+    connect(core, b"sub", who="sub")
+    assert core.consumers.store is not None and core.consumers.store.max_calls == 2
+    assert consumer_request(core, "1", op="info") == [] and consumer_request(core, "2", op="info") == []
+    ((to, refused),) = consumer_request(core, "3", op="info")
+    assert to == b"sub" and refused[:5] == f("ERROR", "ID", "3", "CODE", "429")
+    assert b"the limit per client (2)" in refused[-1]
+    assert len(fromstore.calls(core.rooms)) == 2 and core.counters["store_calls_refused"] == 1
+
+
 def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_multiply_theirs() -> None:
     core = core_with(store())
     consumers = core.consumers.store

@@ -35,6 +35,7 @@ from ...errors import InvalidTopic, ProtocolError
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
+from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storeconsumers import StoreConsumers
@@ -83,9 +84,11 @@ class Consumers:
         max_consumers: int = MAX_CONSUMERS,
         max_per_identity: int = MAX_CONSUMERS_PER_IDENTITY,
         calls: StoreCalls | None = None,
+        max_store_calls: int = MAX_STORE_CALLS,
     ) -> None:
         """``calls``: what the core asks of JetStream, when some ``journals`` are kept there (their
-        consumers are then JetStream's: :class:`~mc0.broker.jetstream.storeconsumers.StoreConsumers`)."""
+        consumers are then JetStream's: :class:`~mc0.broker.jetstream.storeconsumers.StoreConsumers`,
+        which lets one client have at most ``max_store_calls`` of them in flight)."""
         self.journals = journals
         self.counters = counters
         self._tokens_of = tokens_of
@@ -112,6 +115,7 @@ class Consumers:
                 max_wait_ms=max_wait_ms,
                 max_consumers=max_consumers,
                 max_per_identity=max_per_identity,
+                max_calls=max_store_calls,
             )
         for journal in journals.values():
             changes = journal.load_consumer_changes()

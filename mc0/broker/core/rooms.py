@@ -30,6 +30,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...permissions import Permissions
 from ...protocol import Status
+from ...protocol.jetstream import MAX_STORE_CALLS
 from ...settings import CoreSettings
 from ..jetstream.replication import Replication
 from ..jetstream.storecalls import StoreCalls
@@ -98,6 +99,9 @@ class Rooms:
             max_consumers=settings.max_consumers,
             max_per_identity=settings.max_consumers_per_identity,
             calls=self.calls,
+            # A request on a JetStream consumer is one of the client's outstanding requests, held as a
+            # store call: max_requests bounds them too when it is the lower.
+            max_store_calls=min(settings.max_requests, MAX_STORE_CALLS),
         )
         self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
         self.builtins = Builtins(

@@ -19,8 +19,9 @@ per-cluster quotas (counted over the streams' consumers at create), and
 ``deliver`` all/new.  ``ack_wait``, ``nak`` (with its delay), ``term``,
 ``max_ack_pending`` and redelivery are JetStream's own.  An ack JetStream did
 not confirm within a second (a seq not pending) is counted ``ignored``.  These
-requests are not queued in :mod:`mc0.broker.core.rpc`, so their bound is here: at most
-``max_calls`` (``MAX_STORE_CALLS``) store calls made for one client are in
+requests are not queued in :mod:`mc0.broker.core.rpc`, so their bound is
+here: at most ``max_calls`` (``MAX_STORE_CALLS``, or the broker's
+``max_requests`` when that is lower) store calls made for one client are in
 flight at once (a cancelled pull's too, until the store answers it), and at
 most ``max_total`` (``MAX_STORE_CALLS_TOTAL``) for all clients together (so
 many connections cannot multiply the first bound); a request beyond either
