@@ -273,3 +273,35 @@ def test_a_fault_while_sending_to_one_peer_costs_that_peer_only(zctx: zmq.Contex
         assert answer[0] == b"ERROR" and headers_of(answer)["CODE"] == "401", answer
         victim.close()
         bystander.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_replay_step_that_raises_holds_back_no_confirmed_put_of_another_journal(tmp_path: Path) -> None:
+    """The loop's timer work ran the replay and fetch step and the commit under one guard: a replay
+    step that raised (a bug) every turn kept every confirmed PUT's OK, held until its commit, from
+    ever leaving.  Each step of the timer work has its own guard."""
+    from mc0.broker.embedded import BrokerThread
+    from mc0.config import parse
+
+    text = (
+        '[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n'
+        f'[journals.a]\ntopics = ["a.>"]\nfolder = "{tmp_path / "a"}"\n'
+        f'[journals.b]\ntopics = ["b.>"]\nfolder = "{tmp_path / "b"}"\n'
+    )
+    with BrokerThread(parse(text)) as thread:
+        broker = thread.broker
+        with mc0.Client(broker.endpoints[0]) as client:
+            assert client.publish("a.x", b"kept", confirm=True) is not None
+
+            def broken(now: float) -> list[Any]:
+                raise RuntimeError("a bug in the replay step")
+
+            broker.core.pages = broken  # type: ignore[method-assign]
+            client.subscribe("a.>", from_seq=1, journal="a")  # a replay: paging every turn from now on
+            deadline = time.monotonic() + 10
+            while broker.core.counters["internal_errors"] == 0:  # bounded by the deadline
+                assert time.monotonic() < deadline, "the replay step never ran"
+                time.sleep(0.01)
+            ack = client.publish("b.x", b"confirmed", confirm=True, timeout=10)
+            assert ack is not None and ack.journal == "b"
+            assert broker.core.paging  # (the broken replay is still there: its step failed every turn)

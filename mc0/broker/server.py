@@ -417,25 +417,49 @@ class Broker:
                 return
 
     def _timers(self, now: float) -> None:
-        core = self.core
+        """The timer work of a loop turn, each step under its own guard: a step that raises (a bug)
+        is logged and counted and costs itself only (a broken replay never holds back the OKs
+        the commit releases)."""
+        for step in (self._admin_asked, self._listeners_turn, self._tick, self._pages, self._commit, self._admin_done):
+            self._guarded(step, now)
+
+    def _admin_asked(self, now: float) -> None:
+        """The admin actions the monitoring listener took (before the listeners' turn: a store call
+        they make goes out now)."""
         door = self.http.admin if self.http is not None else None
-        if door is not None and door.waiting:  # (before the listeners' turn: a store call goes out now)
+        if door is not None and door.waiting:
             for ticket, op, args, who in door.take():
-                self.sender.apply(admin.http_call(core.rooms, ticket, op, args, who, now), now)
+                self.sender.apply(admin.http_call(self.core.rooms, ticket, op, args, who, now), now)
+
+    def _listeners_turn(self, now: float) -> None:
         for listener in self.listeners:
-            self.sender.apply(listener.turn(core, now), now)
-        if now >= core.next_deadline():
-            self.sender.apply(core.tick(now), now)
-        if core.paging:
-            self.sender.queue_pages(core.pages(now), now)
-        if core.uncommitted:
-            self.sender.apply(core.commit(), now)
-        if door is not None and core.builtins.admin.http_answers:
-            for ticket, status, body in core.builtins.admin.take_http_answers():
+            self.sender.apply(listener.turn(self.core, now), now)
+
+    def _tick(self, now: float) -> None:
+        if now >= self.core.next_deadline():
+            self.sender.apply(self.core.tick(now), now)
+
+    def _pages(self, now: float) -> None:
+        """A page of every replay and fetch under way."""
+        if self.core.paging:
+            self.sender.queue_pages(self.core.pages(now), now)
+
+    def _commit(self, now: float) -> None:
+        """The turn's appends made durable, and the OKs they held released."""
+        if self.core.uncommitted:
+            self.sender.apply(self.core.commit(), now)
+
+    def _admin_done(self, now: float) -> None:
+        """The answers owed to the monitoring listener's admin actions."""
+        door = self.http.admin if self.http is not None else None
+        desk = self.core.builtins.admin
+        if door is not None and desk.http_answers:
+            for ticket, status, body in desk.take_http_answers():
                 door.answer(ticket, status, body)
 
     def _guarded(self, work: Any, now: float) -> None:
-        """Timer work (ticks, pages of replays and fetches, commits) that raises is logged and counted, never fatal."""
+        """Timer work (a tick, a page of each replay and fetch, a commit ...) that raises is logged and
+        counted, never fatal."""
         try:
             work(now)
         except Exception:
