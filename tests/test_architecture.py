@@ -161,10 +161,7 @@ def imports(name: str, path: Path, known: set[str]) -> tuple[set[str], set[str]]
 DEBTS: dict[str, set[object]] = {
     "import_arrows": set(),
     "long_functions": {
-        "mc0.broker.monitoring.snapshot:snapshot",
-        "mc0.broker.server:Broker.run",
         "mc0.spark.report:build_report",
-        "mc0.broker.core.builtin_services:Builtins._journal",
         "mc0.demo:run_demo",
         "mc0.broker.core.pubsub:PubSub.fan_out",
     },

@@ -311,99 +311,125 @@ class Broker:
         """Serve until stopped; then DISCONNECT peers and close."""
         self.bind()
         sock = self._socket
-        assert sock is not None and self._wake_r is not None
+        assert sock is not None
         previous = self._install_signals() if install_signals else {}
-        poller = zmq.Poller()
-        holding = zmq.Poller()  # the same sockets but the ROUTER: while the input is held (back-pressure)
-        poller.register(sock, zmq.POLLIN)
-        # A plain socket is registered, and so reported by ``poll``, as its fd (an int): pyzmq
-        # answers a non-zmq entry with its fd, never the object, so the object would never be
-        # found ``in ready``, the pipe never drained, and the loop would spin on it for ever.
-        wake_fd = self._wake_r.fileno()
-        for pollers in (poller, holding):
-            pollers.register(wake_fd, zmq.POLLIN)
-        for listener in self.listeners:
-            assert listener.socket is not None  # (started by bind)
-            for pollers in (poller, holding):
-                pollers.register(listener.socket, zmq.POLLIN)
-        monitor = self._monitor
-        assert monitor is not None
-        zap = self.zap
-        for pollers in (poller, holding):
-            pollers.register(monitor, zmq.POLLIN)
-            if zap is not None:
-                assert zap.zap_socket is not None
-                pollers.register(zap.zap_socket, zmq.POLLIN)
-        core = self.core
-        http = self.http
-        sender = self.sender
-        reload_every = self.config.security.reload_ms / 1000.0
-        next_reload = time.monotonic() + reload_every
         try:
-            while not self._stopping.is_set():
-                start = time.monotonic()
-                held = sender.holding_input(start)
-                deadline = core.next_deadline()
-                if self.allowed is not None:
-                    deadline = min(deadline, next_reload)
-                retry = self.outbox.next_retry()
-                if retry is not None:
-                    deadline = min(deadline, retry)
-                if held:
-                    deadline = min(deadline, start + HOLD_RECHECK)
-                elif core.unfinished:
-                    deadline = start  # batches to walk on: look at the socket and go on at once
-                if http is not None and http.wanted:
-                    deadline = min(deadline, self._next_snapshot)
-                wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
-                # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
-                timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
-                ready = dict((holding if held else poller).poll(timeout))
-                if wake_fd in ready:
-                    self._drain_wake()
-                if zap is not None and zap.zap_socket in ready:
-                    zap.handle()
-                if monitor in ready:  # closes first: see _receive
-                    self._connections_closed(monitor, time.monotonic())
-                if not held:
-                    now = time.monotonic()
-                    if sock in ready or core.closing:
-                        if self._receive(sock, now):
-                            core.caught_up(now)  # read empty: every peer's silence up to now is real
-                    else:
-                        core.caught_up(now)  # polled empty
-                    if core.unfinished:
-                        self._walk_batches(time.monotonic())
-                for listener in self.listeners:  # MemoDB requests, other brokers' traffic
-                    if listener.socket in ready:
-                        now = time.monotonic()
-                        try:
-                            news = listener.receive(core, now)
-                        except Exception as exc:  # (each listener guards its items too: never fatal)
-                            core.listener_fault(listener.name, exc, now)
-                            continue
-                        sender.apply(news, now)
-                now = time.monotonic()
-                if self._reload_asked or (self.allowed is not None and now >= next_reload):
-                    self._guarded(self._reload, now)
-                    next_reload = now + reload_every
-                self._guarded(self._timers, now)
-                sender.evict_stuck(now, self.config.broker.slow_consumer_ms)
-                sender.flush(sock, now)
-                if self.trimmer.maybe_trim(self.outbox.discarded_bytes, now):
-                    core.counters["heap_trims"] += 1
-                if http is not None and http.wanted and now >= self._next_snapshot:
-                    self._publish_snapshot(http)
+            self._serve(sock, *self._pollers(sock))
             now = time.monotonic()
-            sender.apply(core.shutdown(now), now)
-            if core.uncommitted:
-                sender.apply(core.commit(), time.monotonic())
-            sender.flush(sock, time.monotonic())
+            self.sender.apply(self.core.shutdown(now), now)
+            if self.core.uncommitted:
+                self.sender.apply(self.core.commit(), time.monotonic())
+            self.sender.flush(sock, time.monotonic())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.close()
             log.info("broker stopped")
+
+    def _pollers(self, sock: zmq.Socket[bytes]) -> tuple[zmq.Poller, zmq.Poller, int]:
+        """The loop's poller, the one it uses while the input is held (back-pressure: the same
+        sockets but the ROUTER), and the wake pipe's fd as they report it."""
+        assert self._wake_r is not None and self._monitor is not None
+        poller = zmq.Poller()
+        holding = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        # A plain socket is registered, and so reported by ``poll``, as its fd (an int): pyzmq
+        # answers a non-zmq entry with its fd, never the object, so the object would never be
+        # found ``in ready``, the pipe never drained, and the loop would spin on it for ever.
+        wake_fd = self._wake_r.fileno()
+        others: list[Any] = [wake_fd, self._monitor]
+        for listener in self.listeners:
+            assert listener.socket is not None  # (started by bind)
+            others.append(listener.socket)
+        if self.zap is not None:
+            assert self.zap.zap_socket is not None
+            others.append(self.zap.zap_socket)
+        for pollers in (poller, holding):
+            for other in others:
+                pollers.register(other, zmq.POLLIN)
+        return poller, holding, wake_fd
+
+    def _serve(self, sock: zmq.Socket[bytes], poller: zmq.Poller, holding: zmq.Poller, wake_fd: int) -> None:
+        """The loop, one turn at a time until stopped: wait for input or the next deadline, read what
+        is ready, do the timer work, send what is queued."""
+        core = self.core
+        http = self.http
+        sender = self.sender
+        monitor = self._monitor
+        zap = self.zap
+        reload_every = self.config.security.reload_ms / 1000.0
+        next_reload = time.monotonic() + reload_every
+        while not self._stopping.is_set():
+            start = time.monotonic()
+            held = sender.holding_input(start)
+            ready = dict((holding if held else poller).poll(self._poll_timeout(start, held, next_reload)))
+            if wake_fd in ready:
+                self._drain_wake()
+            if zap is not None and zap.zap_socket in ready:
+                zap.handle()
+            if monitor in ready:  # closes first: see _receive
+                assert monitor is not None
+                self._connections_closed(monitor, time.monotonic())
+            if not held:
+                self._read(sock, sock in ready)
+            self._read_listeners(ready)
+            now = time.monotonic()
+            if self._reload_asked or (self.allowed is not None and now >= next_reload):
+                self._guarded(self._reload, now)
+                next_reload = now + reload_every
+            self._guarded(self._timers, now)
+            sender.evict_stuck(now, self.config.broker.slow_consumer_ms)
+            sender.flush(sock, now)
+            if self.trimmer.maybe_trim(self.outbox.discarded_bytes, now):
+                core.counters["heap_trims"] += 1
+            if http is not None and http.wanted and now >= self._next_snapshot:
+                self._publish_snapshot(http)
+
+    def _poll_timeout(self, start: float, held: bool, next_reload: float) -> int:
+        """How long this turn may wait for input (ms): until the core's next deadline, a reload, a
+        retry of a send, the next look at held input or the next snapshot asked for; no wait at all
+        while batches are left to walk on (only a look at the sockets), else at least 1 ms (never a
+        busy loop) and at most a second."""
+        core = self.core
+        deadline = core.next_deadline()
+        if self.allowed is not None:
+            deadline = min(deadline, next_reload)
+        retry = self.outbox.next_retry()
+        if retry is not None:
+            deadline = min(deadline, retry)
+        if held:
+            deadline = min(deadline, start + HOLD_RECHECK)
+        elif core.unfinished:
+            return 0
+        if self.http is not None and self.http.wanted:
+            deadline = min(deadline, self._next_snapshot)
+        wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
+        return int(min(wait_ms, 1000.0)) + 1
+
+    def _read(self, sock: zmq.Socket[bytes], readable: bool) -> None:
+        """The ROUTER's messages of this turn (when it is readable, or closes wait for it to read
+        empty), then a slice of the batches left to walk on."""
+        core = self.core
+        now = time.monotonic()
+        if readable or core.closing:
+            if self._receive(sock, now):
+                core.caught_up(now)  # read empty: every peer's silence up to now is real
+        else:
+            core.caught_up(now)  # polled empty
+        if core.unfinished:
+            self._walk_batches(time.monotonic())
+
+    def _read_listeners(self, ready: dict[Any, int]) -> None:
+        """What each ready listener received (MemoDB requests, other brokers' traffic)."""
+        for listener in self.listeners:
+            if listener.socket in ready:
+                now = time.monotonic()
+                try:
+                    news = listener.receive(self.core, now)
+                except Exception as exc:  # (each listener guards its items too: never fatal)
+                    self.core.listener_fault(listener.name, exc, now)
+                    continue
+                self.sender.apply(news, now)
 
     def _walk_batches(self, now: float) -> None:
         """Walk on through big batches, a slice at a time, for at most ``WALK_BUDGET`` seconds of
