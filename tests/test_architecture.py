@@ -163,7 +163,6 @@ DEBTS: dict[str, set[object]] = {
     "long_functions": {
         "mc0.spark.report:build_report",
         "mc0.demo:run_demo",
-        "mc0.broker.core.pubsub:PubSub.fan_out",
     },
     "borrowed_state": {
         *(

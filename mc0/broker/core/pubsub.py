@@ -52,6 +52,55 @@ def topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
     return ProtocolError(code, str(exc), request_id)
 
 
+def _copies(
+    out: list[Out],
+    targets: Sequence[Peer],
+    tokens: tuple[str, ...],
+    topic_b: bytes,
+    sender: bytes,
+    user: list[bytes],
+    body: Sequence[bytes],
+    where: tuple[bytes, int] | None,
+    now: float,
+    skip: Peer | None,
+    held_back: set[Peer] | None,
+    admits: Callable[[Grants], bool] | None,
+) -> None:
+    """One message's copy for each of ``targets`` that may see it, added to ``out``: each shape (a
+    MESSAGE's frames, a batched subscriber's record, a 0.x peer's seed frames) built once, when the
+    first subscriber that needs it comes up (``PubSub.fan_out`` says who is skipped and why)."""
+    frames: list[bytes] | None = None
+    record: bytes | None = None  # for batched subscribers
+    seed_frames: list[bytes] | None = None
+    for target in targets:
+        if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+            continue  # a wildcard overlapping a denied topic: never delivered
+        if held_back and target in held_back:
+            continue
+        if target is skip:
+            continue
+        if admits is not None and not admits(target.grants):
+            continue
+        if target.batched:
+            if record is None:
+                if not user and where is None and len(body) == 1:
+                    record = batch.message_record(topic_b, sender, bytes(body[0]))
+                else:
+                    frames = frames or P.message(topic_b, sender, user, body, where)
+                    record = batch.frames_record(frames)
+            out.append((target.routing_id, record))
+        elif target.legacy:
+            if seed_frames is None:
+                seed_frames = P.message(topic_b, None, user, body)
+            out.append((target.routing_id, seed_frames))
+        else:
+            if frames is None:
+                frames = P.message(topic_b, sender, user, body, where)
+            out.append((target.routing_id, frames))
+        target.last_sent = now
+        target.delivered += 1
+
+
 class PubSub:
     def __init__(
         self,
@@ -398,38 +447,9 @@ class PubSub:
             for _, member in chosen:
                 member.last_sent = now
                 member.delivered += 1
-        where = (position[0].encode(), position[1]) if position is not None else None
-        # Each shape is built once, when the first subscriber that needs it comes up.
-        frames: list[bytes] | None = None
-        record: bytes | None = None  # for batched subscribers
-        seed_frames: list[bytes] | None = None
-        for target in targets:
-            if target.grants.deny_subscribe and not target.grants.delivers(tokens):
-                continue  # a wildcard overlapping a denied topic: never delivered
-            if held_back and target in held_back:
-                continue
-            if target is skip:
-                continue
-            if admits is not None and not admits(target.grants):
-                continue
-            if target.batched:
-                if record is None:
-                    if not user and where is None and len(body) == 1:
-                        record = batch.message_record(topic_b, sender, bytes(body[0]))
-                    else:
-                        frames = frames or P.message(topic_b, sender, user, body, where)
-                        record = batch.frames_record(frames)
-                out.append((target.routing_id, record))
-            elif target.legacy:
-                if seed_frames is None:
-                    seed_frames = P.message(topic_b, None, user, body)
-                out.append((target.routing_id, seed_frames))
-            else:
-                if frames is None:
-                    frames = P.message(topic_b, sender, user, body, where)
-                out.append((target.routing_id, frames))
-            target.last_sent = now
-            target.delivered += 1
+        if targets:
+            where = (position[0].encode(), position[1]) if position is not None else None
+            _copies(out, targets, tokens, topic_b, sender, user, body, where, now, skip, held_back, admits)
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
 
