@@ -10,7 +10,8 @@ was sent with a FINAL record in one ``BATCH``, and each peer's queue is
 taken as a sending loop would take it.  Prints microseconds of CPU per call
 (``time.process_time``), and the same for PUT records fanned out to one and
 four batched subscribers and to a queue group of three batched members
-(each message to one of them); ``--profile`` adds cProfile's hottest functions.
+(each message to one of them), and for PUTs sent as frames, not records, to four
+subscribers (the general publish path); ``--profile`` adds cProfile's hottest functions.
 This is the floor of the broker's CPU per call the library rows pay for, on
 top of the sockets (see scripts/profile_rpc.py for those).
 """
@@ -120,6 +121,29 @@ def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None
     return run
 
 
+def put_frames_rounds(messages: int, subscribers: int) -> Callable[[], int]:
+    """PUTs as frames (not records) to ``subscribers`` batched peers: the general publish path
+    (decode, ``verbs.put``, ``PubSub.fan_out``) that an unbatched publisher takes."""
+    core, sender, outbox = setup(1)
+    subs = [b"sub1", b"sub2", b"sub3", b"sub4"][:subscribers]
+    for routing_id in subs:
+        sender.apply(core.handle(routing_id, [b"SUB", b"ID", b"s", b"", b"bench.lib"], 1.0, fd=len(routing_id)), 1.0)
+        taken(outbox, routing_id)
+    put = [b"PUT", b"TOPIC", b"bench.lib", b"", b"x" * 100]
+
+    def run() -> int:
+        delivered = core.counters["delivered"]
+        for done in range(1, messages + 1):
+            sender.apply(core.handle(b"pub", put, 2.0, fd=3), 2.0)
+            if done % 64 == 0:
+                for routing_id in subs:
+                    taken(outbox, routing_id)
+        assert core.counters["delivered"] - delivered == messages * len(subs)
+        return messages
+
+    return run
+
+
 def measure(name: str, run: Callable[[], int], unit: str, profile: bool) -> None:
     run()  # warm the caches
     profiler = cProfile.Profile() if profile else None
@@ -147,6 +171,7 @@ def main() -> None:
         ("PUT records to 1 subscriber(s)", lambda: put_rounds(args.calls, args.window, 1), "message"),
         ("PUT records to 4 subscriber(s)", lambda: put_rounds(args.calls, args.window, 4), "message"),
         ("PUT records to a queue group of 3", lambda: put_rounds(args.calls, args.window, 3, b"workers"), "message"),
+        ("PUT frames to 4 subscriber(s)", lambda: put_frames_rounds(args.calls, 4), "message"),
     ]
     for name, rounds, unit in figures:
         if args.only in name:
