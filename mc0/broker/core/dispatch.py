@@ -53,7 +53,10 @@ log = logging.getLogger("mc0.broker")
 _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
-ForeignHandler = Callable[[DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
+ForeignHandler = Callable[
+    [DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None],
+    list[Out],
+]
 # What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.recognise, handed in by
 # the shell: the core never imports a dialect): its handler, or None for mc0's own protocol.
 DialectRecogniser = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
@@ -103,12 +106,22 @@ class BrokerCore:
         )
         self._dialect_of = dialects
         # The rooms, as the shell, the monitor and the reports read them (the same objects).
-        self.settings, self.counters, self.forgotten = rooms.settings, rooms.counters, rooms.forgotten
-        self.peers, self.pubsub, self.journaling, self.rpc = rooms.peers, rooms.pubsub, rooms.journaling, rooms.rpc
-        self.mailboxes, self.consumers, self.routes = rooms.mailboxes, rooms.consumers, rooms.routes
-        self.builtins, self.traffic, self.sysbus = rooms.builtins, rooms.traffic, rooms.sysbus
-        self.calls, self.replication = rooms.calls, rooms.replication
-        # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions (mc0.broker.core.sessions).
+        self.settings = rooms.settings
+        self.counters = rooms.counters
+        self.forgotten = rooms.forgotten
+        self.peers = rooms.peers
+        self.pubsub = rooms.pubsub
+        self.journaling = rooms.journaling
+        self.rpc = rooms.rpc
+        self.mailboxes = rooms.mailboxes
+        self.consumers = rooms.consumers
+        self.routes = rooms.routes
+        self.builtins = rooms.builtins
+        self.traffic = rooms.traffic
+        self.sysbus = rooms.sysbus
+        self.calls = rooms.calls
+        self.replication = rooms.replication
+        # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions (.sessions).
         self.verbs: dict[Verb, verbs.Handler] = {
             **verbs.VERBS,
             Verb.CONNECT: sessions.reconnect,
@@ -169,7 +182,7 @@ class BrokerCore:
         anything else (nothing of it reaches the newcomer).
         """
         self.counters["received"] += 1
-        if is_route_id(routing_id):  # a route speaks only through the cluster link (routeinput.py), never here
+        if is_route_id(routing_id):  # a route speaks only through the cluster link (routeinput.py)
             self.counters["route_id_refused"] += 1
             return []
         return self._received(routing_id, frames, now, identity, fd)
@@ -202,9 +215,7 @@ class BrokerCore:
         if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
             answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
             if routing_id not in self.peers.by_id:  # no session carries the framing (the shell's job): here
-                answers = [
-                    (r, P.enveloped(p)) if r == routing_id and not isinstance(p, bytes) else (r, p) for r, p in answers
-                ]
+                answers = [(r, _enveloped_to(routing_id, r, p)) for r, p in answers]
         else:
             answers = self._command(routing_id, peer, frames, now, identity, fd, False)
         return out + answers if out else answers
@@ -233,7 +244,15 @@ class BrokerCore:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if peer is None:
                 if command.verb is Verb.CONNECT:
-                    return sessions.connect(rooms, routing_id, identity, command, now, fd=fd, enveloped=enveloped)
+                    return sessions.connect(
+                        rooms,
+                        routing_id,
+                        identity,
+                        command,
+                        now,
+                        fd=fd,
+                        enveloped=enveloped,
+                    )
                 if command.verb is Verb.DISCONNECT:
                     return [(routing_id, P.ok(command.id))] if command.id is not None else []
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
@@ -488,7 +507,8 @@ class BrokerCore:
         waiting pulls it no longer allows (each told 403)."""
         self.rooms.permissions = permissions
         out: list[Out] = []
-        for peer in [p for p in self.peers.by_id.values() if not p.route]:  # routes: their peers checked there
+        # (Routes are not: their brokers check their own peers.)
+        for peer in [p for p in self.peers.by_id.values() if not p.route]:
             grants = peer.grants = permissions.grants(peer.identity)
             out += self.pubsub.withdraw_denied(peer, grants)
             sent, dropped = self.rpc.withdraw_denied(peer, grants, now)
@@ -512,6 +532,12 @@ class BrokerCore:
         self._unfinished.clear()
         rooms.with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
         return out
+
+
+def _enveloped_to(routing_id: bytes, to: bytes, payload: Sequence[bytes] | bytes) -> Sequence[bytes] | bytes:
+    """``payload`` for ``to``, behind an empty frame when it goes to ``routing_id`` (an enveloped peer
+    with no session to carry its framing) and is frames, not a batch record."""
+    return P.enveloped(payload) if to == routing_id and not isinstance(payload, bytes) else payload
 
 
 def _last_words(peer: Peer, frames: Sequence[bytes]) -> Sequence[bytes]:
