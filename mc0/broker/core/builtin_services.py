@@ -23,7 +23,6 @@ from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
 from .admindesk import AdminDesk
 from .consumers import Consumers
-from .jobs import Service
 from .journaling import (
     COLUMNS_PAGE_BYTES,
     COLUMNS_PAGE_RECORDS,
@@ -41,6 +40,7 @@ from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .routes import Routes
 from .rpc import Rpc
 from .traffic import TopicTraffic
+from .workers import Service
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE, P.ADMIN_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, P.ADMIN_SERVICE})  # no worker may serve these

@@ -40,11 +40,11 @@ from ..storage.port import JournalStore
 from . import sessions, verbs
 from .batched import BatchedInput
 from .dialect_ops import DialectOps
-from .jobs import Service
 from .journaling import PageOut
 from .peers import Out, Peer
 from .rooms import Rooms
 from .routes import is_route_id
+from .workers import Service
 
 __all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "PageOut"]
 

@@ -27,7 +27,6 @@ from ...settings import CoreSettings
 from .jobs import (
     JOB_TRANSITIONS,
     Action,
-    FairQueue,
     GatherEvent,
     GatherState,
     Job,
@@ -35,13 +34,11 @@ from .jobs import (
     JobState,
     Request,
     Scatter,
-    Service,
-    WorkerState,
     gather_transition,
 )
 from .peers import Out, Peer
 from .telemetry import RpcDone
-from .workers import Workers
+from .workers import FairQueue, Service, Workers, WorkerState
 
 log = logging.getLogger("mc0.broker")
 
