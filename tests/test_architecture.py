@@ -1,9 +1,10 @@
 """The house: the import graph has no cycle and no upward arrow (imports kept for types count: a
-type-only arrow is an arrow), the client never loads the broker, the core's rooms do no I/O, and
-the seams hold: no function runs past ~80 lines without a named reason, no class annotates state it
-never assigns (a mixin borrowing another class's attributes), no module imports another's private
-names, and a batch record's layout is read only in ``mc0.protocol.batch``.  (Module sizes are not
-counted: a room is split at a seam, never squeezed to meet a number.)
+type-only arrow is an arrow), the client never loads the broker, the core's rooms do no I/O and
+never import the dispatcher or an input module (the machine on top, rooms below), and the seams
+hold: no function runs past ~80 lines without a named reason, no class annotates state it never
+assigns (a mixin borrowing another class's attributes), no module imports another's private names,
+and a batch record's layout is read only in ``mc0.protocol.batch``.  (Module sizes are not counted:
+a room is split at a seam, never squeezed to meet a number.)
 
 Each rule is a checker over a module's source, shown to catch a planted violation (the
 ``test_*_catches_*`` tests).  ``DEBTS`` lists what the rules still find in the tree while issue 28
@@ -244,6 +245,40 @@ def test_the_floors_form_a_ladder() -> None:
         if floor == "app":
             continue
         assert all(order.index(other) < order.index(floor) for other in allowed), floor
+
+
+# The machine on top, rooms below: the core's dispatcher and the modules that turn input into calls on
+# the rooms (each handed the rooms, never the dispatcher); every other module of the core floor is a
+# room, and a room imports neither (it never calls back up).
+DISPATCHER = "mc0.broker.core.dispatch"
+INPUT_MODULES = {
+    f"mc0.broker.core.{m}" for m in ("verbs", "sessions", "batched", "dialect_ops", "routeinput", "admin")
+} | {"mc0.broker.jetstream.fromstore"}
+
+
+def rooms_calling_up(graph: dict[str, set[str]]) -> list[str]:
+    """``room -> module`` for each import of the dispatcher or an input module by a room of the core floor."""
+    above = INPUT_MODULES | {DISPATCHER}
+    rooms = [m for m in graph if floor_of(m) == "core" and m not in above]
+    return sorted(f"{room} -> {target}" for room in rooms for target in graph[room] & above)
+
+
+def test_the_rooms_never_call_back_up(graph: dict[str, set[str]]) -> None:
+    assert {DISPATCHER, *INPUT_MODULES} <= set(graph)
+    assert rooms_calling_up(graph) == []
+
+
+def test_rooms_calling_up_catches_a_planted_arrow() -> None:
+    planted = {
+        "mc0.broker.core.pubsub": {"mc0.broker.core.verbs", "mc0.broker.core.peers"},
+        "mc0.broker.core.rooms": {"mc0.broker.core.dispatch"},
+        "mc0.broker.core.verbs": {"mc0.broker.core.rooms", "mc0.broker.core.admin"},  # input -> input: fine
+        "mc0.broker.core.dispatch": {"mc0.broker.core.verbs"},
+    }
+    assert rooms_calling_up(planted) == [
+        "mc0.broker.core.pubsub -> mc0.broker.core.verbs",
+        "mc0.broker.core.rooms -> mc0.broker.core.dispatch",
+    ]
 
 
 def test_every_import_follows_the_rules_of_its_floor(graph: dict[str, set[str]]) -> None:
