@@ -32,7 +32,7 @@ MAX_FOLLOW_UP_ROUNDS = 64
 # (4x at 64 KiB, 10 subscribers) and loses below.
 SHARE_FRAMES_FROM = 4096
 # A replay or fetch queues its next page only while its peer's backlog is below this.
-STREAM_WINDOW = 1 << 20
+PAGE_WINDOW = 1 << 20
 # pyzmq's constants are enum.Flag members: combining them per send builds enum
 # objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
 NOBLOCK = int(zmq.NOBLOCK)
@@ -163,7 +163,7 @@ class Sender:
             if (
                 routing_id in blocked
                 or peer is None
-                or outbox.backlog(routing_id) > STREAM_WINDOW
+                or outbox.backlog(routing_id) > PAGE_WINDOW
                 or not outbox.put(
                     routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now, tally=peer
                 )

@@ -175,7 +175,7 @@ class Builtins:
         return [(client.routing_id, client.dialect.final(rid, BROKER_SERVICE, {}, user, [data]))]
 
     def _journal(self, client: Peer, rid: str, user: dict[str, str], text: str) -> list[Out]:
-        """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
+        """``mc0.journal``: ``info``, or ``fetch`` sent as PARTIAL pages then a FINAL.
 
         fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
         "topics": [pattern...], "max_records": n, "max_bytes": m, "page": f,

@@ -173,7 +173,7 @@ class Rpc:
     def admit(self, client: Peer, name: str, rid: str, timeout_ms: int, now: float, *, busy: bool) -> float:
         """Check a REQUEST before anything changes; returns its deadline.
 
-        ``busy``: the client has another exchange under this id (a fetch stream).
+        ``busy``: the client has another exchange under this id (a fetch).
         """
         held = self.requests.get(client)
         if busy or (held is not None and rid in held):
