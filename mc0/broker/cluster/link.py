@@ -9,7 +9,7 @@ publishes a beacon every ``hello_ms``.  The broker loop polls :attr:`socket`
 and calls :meth:`receive`, which returns what arrived in order: what
 :mod:`.posts` lists (``Hello``, ``RouteBlob``, ``LinkChange``,
 ``RoutesDropped``, ``RouteResync``) and what the JetStream part reports
-(:mod:`.jetstream`: ``Acks``, ``Failed``, ``StreamState``, ``Records``,
+(:mod:`mc0.broker.jetstream.streams`: ``Acks``, ``Failed``, ``StreamState``, ``Records``,
 ``Answer``), when journals are kept by JetStream.
 
 The thread's work is split by concern, each an object of its own:
@@ -20,7 +20,7 @@ published within NATS's ``max_payload`` and a memory bound) and the
 JetStream part; :class:`_LinkRun` wires them to one nats-py connection.
 
 Memory, both ways.  In: records and route traffic taken by :meth:`receive`
-are handed back as credit (:class:`.feed.Poster`): the caller handles them
+are handed back as credit (:class:`.credit.Poster`): the caller handles them
 before it calls again, so at most one call's worth is in its hands beyond
 what the budget counts; while the budget is spent, route messages wait in
 nats-py's subscription (``ROUTE_PENDING_BYTES``, ``ROUTE_PENDING_MSGS``);
@@ -58,14 +58,8 @@ import zmq.asyncio
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
-from . import posts
-from .beacons import Beacons
-from .feed import Poster
-from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
-from .jetstream import JetStreamPart
-from .outbound import SEND_BUDGET_BYTES, RouteSender
-from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
-from .streams import (
+from ..jetstream.linkpart import JetStreamPart
+from ..jetstream.streams import (
     OP_CALL,
     OP_PUBLISH,
     RECORDS,
@@ -76,6 +70,12 @@ from .streams import (
     parse_proposals,
     proposals_frames,
 )
+from . import posts
+from .beacons import Beacons
+from .credit import Poster
+from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
+from .outbound import SEND_BUDGET_BYTES, RouteSender
+from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
 
 log = logging.getLogger("mc0.broker")
 
@@ -219,7 +219,7 @@ class ClusterLink:
         self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
         # What the thread posts, Records counted until receive() takes them (the feeds' credit:
-        # JetStream's flow control is held while more than feed.FEED_BUDGET_BYTES wait).
+        # JetStream's flow control is held while more than credit.FEED_BUDGET_BYTES wait).
         self.poster: Poster | None = None
         self._closed = False
         self._started = threading.Event()
@@ -303,7 +303,7 @@ class ClusterLink:
             self.counters["sent_bytes"] += len(blob)
 
     def publish(self, journal: str, proposals: list[Any]) -> None:
-        """A JetStream journal's proposals (``storage.replicated.Proposal``), to be published in order."""
+        """A JetStream journal's proposals (``jetstream.replicated.Proposal``), to be published in order."""
         if self._down is not None:
             self._down.send_multipart(proposals_frames(journal, proposals), NOBLOCK)
 
@@ -351,7 +351,7 @@ class _LinkRun:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.connect(f"{link._inproc}-{end}")
-        self.post = link.poster = Poster(self._send_up, counted=frozenset({posts.ROUTE}))
+        self.post = link.poster = Poster(self._send_up, counted=frozenset({posts.ROUTE, RECORDS}))
         self.nc = Nats()
         self.resyncs = Resyncs(self.post, self.counters)
         budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
