@@ -524,7 +524,7 @@ def test_a_fetch_with_a_bad_pattern_is_refused_and_changes_nothing(
     body = json.dumps({"op": "fetch", "journal": "main", "topics": topics, "page": "columns/1"})
     out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code) and reason in headers_of(list(out[0][1]))["MESSAGE"]
-    assert not core.streaming and core.counters["journal_fetches"] == fetches  # no fetch started
+    assert not core.paging and core.counters["journal_fetches"] == fetches  # no fetch started
     assert [r.topic for r in fetch_all(core, {"topics": ["orders.>"]})] == ["orders.new"]  # and the next one runs
 
 
