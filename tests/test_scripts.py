@@ -24,7 +24,8 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--only", "1->1", "--only", "RPC sequential",
-         "--only", "RPC 100 in flight, 1", "--only", "trie", "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
+         "--only", "RPC 100 in flight, 1", "--only", "trie", "--only", "loop turn",
+         "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
          "--json", str(out)],
         capture_output=True,
         text=True,
@@ -40,6 +41,11 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     assert ("RPC 100 in flight, 1 worker", "mc0-batched") in measured
     assert any(r["baseline"] == "pyzmq-loop" for r in report["ratios"])
     assert any(r["scenario"].startswith("trie match") for r in report["rows"])
+    # The broker's CPU per loop turn carrying one message (benchmarks/loop_turn.py), beside the floor.
+    for shape, system in (("echo", "mc0"), ("rpc", "mc0"), ("echo", "pyzmq-loop")):
+        assert (f"loop turn carrying one message ({shape})", system) in measured
+    turn = next(r for r in report["rows"] if r["scenario"] == "loop turn carrying one message (echo)")
+    assert turn["main_us"] > 0 and turn["switches"] > 0
 
 
 @pytest.mark.timeout(240)
