@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -328,6 +330,62 @@ def turn_rows(options: Options, say: Callable[[str], None] = print) -> list[Row]
     return out
 
 
+def instructions(system: str, path: str | None, shape: str, turns: int) -> float:
+    """User-space instructions per turn (every thread of the broker) counted by valgrind's callgrind:
+    the broker starts uninstrumented, the client warms it up, then ``callgrind_control`` instruments
+    exactly ``turns`` turns.  Unlike CPU time this does not move with the machine's load (the same
+    code counts the same to a fraction of a percent); it leaves out the kernel (wake-ups, syscalls)."""
+    port = free_port()
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "callgrind.out"
+        server = ["-m", "mc0", "broker", "--insecure", "--bind", f"tcp://127.0.0.1:{port}"]
+        if system == FLOOR:
+            server = ["-c", f"from benchmarks.loop_turn import floor_main; floor_main({port})"]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent.parent), path or "") if p)
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        process = subprocess.Popen(
+            [*command, sys.executable, *server], env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        context: zmq.Context[Any] = zmq.Context()
+        try:
+            once = _when_up(context, f"tcp://127.0.0.1:{port}", shape)
+            for _ in range(WARMUP):
+                once()
+            control = ["callgrind_control", "--instr=on", str(process.pid)]
+            subprocess.run(control, capture_output=True, timeout=60, check=True)
+            done = 0
+            while done < turns:
+                done += once()
+            control[1] = "--instr=off"
+            subprocess.run(control, capture_output=True, timeout=60, check=True)
+        finally:
+            context.destroy(linger=0)
+            process.terminate()
+            process.communicate(timeout=120)
+        counted = sum(
+            int(n)
+            for part in Path(folder).glob("callgrind.out*")
+            for n in re.findall(r"^totals:\s+(\d+)", part.read_text(), re.M)
+        )
+    if not counted:
+        raise RuntimeError("callgrind counted nothing (is valgrind's callgrind_control working?)")
+    return counted / done
+
+
+def _when_up(context: zmq.Context[Any], endpoint: str, shape: str, timeout: float = 120.0) -> Callable[[], int]:
+    """The shape's client, once the server under valgrind (slow to start) answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return SHAPE_CLIENTS[shape](context, endpoint)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+
+
 def table(rows: list[TurnRow]) -> list[str]:
     lines = [
         "| shape | system | broker CPU µs per turn | main thread | other threads | voluntary switches | wall µs |",
@@ -355,9 +413,25 @@ def main(argv: list[str] | None = None) -> int:
         help="another mc0 (a checkout, or a folder holding a copy of mc0/) measured in turn with this one",
     )
     parser.add_argument("--no-floor", action="store_true", help="leave out the pyzmq-loop floor")
+    parser.add_argument(
+        "--callgrind",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="instead: user-space instructions per turn under valgrind's callgrind, over TURNS turns "
+        "(load-independent; valgrind needed)",
+    )
     args = parser.parse_args(argv)
     shapes = tuple(s for s in args.shapes.split(",") if s in SHAPES)
     compare = dict(item.partition("=")[::2] for item in args.compare)
+    if args.callgrind:
+        systems: list[tuple[str, str | None]] = [("mc0", None), *compare.items()]
+        print("| shape | system | instructions per turn (user space, callgrind) |\n|---|---|---:|")
+        for shape in shapes:
+            for name, path in systems + ([] if args.no_floor or shape != "echo" else [(FLOOR, None)]):
+                counted = instructions(name, path, shape, args.callgrind)
+                print(f"| {shape} | {name} | {counted / 1000:,.1f} k |", flush=True)
+        return 0
     load = os.getloadavg()[0]
     rows = run(
         seconds=min(args.seconds, 60.0),
