@@ -73,18 +73,21 @@ BATCH_OUT_BYTES = 256 * 1024
 # objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
 NOBLOCK = int(zmq.NOBLOCK)
 SRCFD = int(zmq.SRCFD)
-RCVMORE = int(zmq.RCVMORE)
 EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 
 
 def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
-    """The remaining frames of the message being received (pyzmq's recv_multipart, with int flags)."""
+    """The remaining frames of the message being received (the first said ``more``).  Each is
+    received as a Frame, whose ``more`` tells whether another follows: asking ``RCVMORE`` costs
+    pyzmq an enum lookup per frame (measured: 4.7 -> 3.1 us per 4-frame message, see loop_turn)."""
     rest = []
     recv = sock.recv
-    while sock.getsockopt(RCVMORE):
-        rest.append(recv(NOBLOCK))
-    return rest
+    while True:
+        frame = recv(NOBLOCK, copy=False)
+        rest.append(frame.bytes)
+        if not frame.more:
+            return rest
 
 
 def peer_address(frame: zmq.Frame, fd: int) -> str:
