@@ -39,14 +39,19 @@ NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
+# pyzmq's own send (its compiled backend's), without the pure-Python wrapper zmq.Socket puts around it
+# (routing_id / group arguments this broker never uses): a Python frame less per frame sent.
+_send = zmq.backend.Socket.send
+
+
 def send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any], copy: bool = True) -> None:
     """Send one routed message. pyzmq's send_multipart computes ``zmq.SNDMORE | flags``
     per frame, on enum.Flag members: measured at 13% of the broker's time."""
-    send = sock.send
-    send(routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
+    send = _send
+    send(sock, routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
     for frame in frames[:-1]:
-        send(frame, MORE_NOBLOCK, copy=copy)
-    send(frames[-1], NOBLOCK, copy=copy)
+        send(sock, frame, MORE_NOBLOCK, copy)
+    send(sock, frames[-1], NOBLOCK, copy)
 
 
 class Delivery:
