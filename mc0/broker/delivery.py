@@ -62,6 +62,9 @@ class Delivery:
         self.outbox = outbox
         self.listeners = tuple(listeners)
         self.holding = False  # the input is held (back-pressure) as of the last look
+        # Calls of ``apply``: whatever the core did that may move its next deadline went through one
+        # (the loop reuses a deadline while this is unchanged).
+        self.applied = 0
 
     def holding_input(self, now: float) -> bool:
         held = self.outbox.holding_input(now)
@@ -87,6 +90,7 @@ class Delivery:
         peer's budget is refused and reported to the core as a drop; the
         core's answer to that (an eviction) is queued in turn, boundedly.
         """
+        self.applied += 1
         core = self.core
         outbox = self.outbox
         sessions = core.sessions
