@@ -67,7 +67,7 @@ class Delivery:
         self.applied = 0
 
     def holding_input(self, now: float) -> bool:
-        held = self.outbox.holding_input(now)
+        held = bool(self.outbox.over) and self.outbox.holding_input(now)  # (no queue over the mark: no call)
         if held and not self.holding:
             self.core.counters["input_held"] += 1  # episodes, for monitoring
         self.holding = held

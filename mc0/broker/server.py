@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import zmq
 import zmq.utils.monitor
@@ -170,7 +170,7 @@ class Broker:
         self._monitor: zmq.Socket[bytes] | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
-        self._stopping = threading.Event()
+        self._stopping = False  # (a bool, read once a turn: stop() sets it from any thread, then wakes the loop)
         self._reload_asked = False
         self._reload_errors: dict[str, str] = {}  # keys / config -> why its last reload failed (logged once)
         self._closed = False
@@ -262,7 +262,7 @@ class Broker:
 
     def stop(self) -> None:
         """Ask ``run`` to finish (any thread, or a signal handler)."""
-        self._stopping.set()
+        self._stopping = True
         self._wake()
 
     def reload(self) -> None:
@@ -344,25 +344,29 @@ class Broker:
         reload_every = self.config.security.reload_ms / 1000.0
         next_reload = time.monotonic() + reload_every
         try:
-            while not self._stopping.is_set():
+            outbox = self.outbox
+            trimmer = self.trimmer
+            slow_consumer_ms = self.config.broker.slow_consumer_ms
+            while not self._stopping:
                 start = time.monotonic()
                 held = delivery.holding_input(start)
                 known = self._deadline
                 deadline = known[0] if known is not None and known[1] == delivery.applied else core.next_deadline()
                 if self.allowed is not None:
                     deadline = min(deadline, next_reload)
-                retry = self.outbox.next_retry()
+                retry = outbox.next_retry()
                 if retry is not None:
                     deadline = min(deadline, retry)
+                walking = core.unfinished
                 if held:
                     deadline = min(deadline, start + HOLD_RECHECK)
-                elif core.unfinished:
+                elif walking:
                     deadline = start  # batches to walk on: look at the socket and go on at once
                 if http is not None and http.wanted:
                     deadline = min(deadline, self._next_snapshot)
                 wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
                 # (batches to walk on: only a look at the sockets; else at least 1 ms, never a busy loop)
-                timeout = 0 if core.unfinished and not held else int(min(wait_ms, 1000.0)) + 1
+                timeout = 0 if walking and not held else int(min(wait_ms, 1000.0)) + 1
                 ready = dict((holding if held else poller).poll(timeout))
                 if wake_fd in ready:
                     self._drain_wake()
@@ -392,10 +396,14 @@ class Broker:
                 if self._reload_asked or (self.allowed is not None and now >= next_reload):
                     self._guarded(self._reload, now)
                     next_reload = now + reload_every
-                self._guarded(self._timers, now)
-                delivery.evict_stuck(now, self.config.broker.slow_consumer_ms)
+                try:  # (as _guarded, inline: once a turn)
+                    self._timers(now)
+                except Exception:
+                    self._timer_fault()
+                if outbox.refusing:
+                    delivery.evict_stuck(now, slow_consumer_ms)
                 delivery.flush(sock, now)
-                if self.trimmer.maybe_trim(self.outbox.discarded_bytes, now):
+                if outbox.discarded_bytes >= trimmer.worth_from and trimmer.maybe_trim(outbox.discarded_bytes, now):
                     core.counters["heap_trims"] += 1
                 if http is not None and http.wanted and now >= self._next_snapshot:
                     self._deadline = None  # (monitoring asks the core things: its deadline is asked again)
@@ -450,8 +458,11 @@ class Broker:
         try:
             work(now)
         except Exception:
-            self.core.counters["internal_errors"] += 1
-            log.exception("internal error in the broker's timer work")
+            self._timer_fault()
+
+    def _timer_fault(self) -> None:
+        self.core.counters["internal_errors"] += 1
+        log.exception("internal error in the broker's timer work")
 
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()
@@ -499,7 +510,7 @@ class Broker:
             # wake-up is cheaper than asking ZMQ_EVENTS per message (measured),
             # except when a wake-up brings one message (light load): so ask once.
             try:
-                empty = i == 1 and not cast(int, sock.getsockopt(EVENTS)) & POLLIN
+                empty = i == 1 and not sock.getsockopt(EVENTS) & POLLIN  # type: ignore[operator]
                 first = None if empty else recv(NOBLOCK, copy=False)
             except zmq.Again:
                 first = None
