@@ -232,3 +232,25 @@ def test_core_acks_bench_smoke_run_acks_every_message_one_by_one() -> None:
         )
         assert result.returncode == 0, result.stderr[-2000:]
         assert f"{page} per pull" in result.stdout and "us of CPU per ack" in result.stdout
+
+
+@pytest.mark.timeout(240)
+def test_cluster_bench_smoke_run_measures_every_system_and_a_compared_mc0(tmp_path: Path) -> None:
+    """scripts/bench_cluster.py: across three brokers, one broker and the NATS cluster, plus --compare
+    (this checkout again under another name: its brokers run with PYTHONPATH naming it)."""
+    require("nats")
+    out = tmp_path / "cluster.json"
+    checkout = str(SCRIPTS.parent)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_cluster.py"), "--quick", "--only", "RPC sequential",
+         "--compare", f"again={checkout}", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = {r["system"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"mc0 cluster", "mc0 single", "nats cluster", "mc0 cluster again", "mc0 single again"}
+    for row in rows.values():
+        assert row["values"] and row["values"][0] > 0 and row["counts"]["calls"] > 0 and not row["counts"]["errors"]
+    assert "cluster RPC sequential again" in result.stdout  # its own ratio line
