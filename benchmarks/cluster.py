@@ -157,6 +157,40 @@ def _cpu(pids: tuple[int, ...]) -> float:
     return sum(cpu_seconds(pid) for pid in pids)
 
 
+THREAD_KINDS = ("main", "link", "io")
+
+
+Threads = dict[tuple[int, int], tuple[str, float]]  # (pid, tid) -> (kind, CPU seconds so far)
+
+
+def _threads_cpu(pids: tuple[int, ...]) -> Threads:
+    """Each thread's (kind, CPU seconds so far) by (pid, tid): ``main`` (the broker loop), ``io`` (libzmq's
+    I/O threads, named ZMQbg/...), ``link`` (the rest: the cluster link's thread)."""
+    import psutil  # type: ignore[import-untyped]
+
+    out: Threads = {}
+    for pid in pids:
+        try:
+            threads = psutil.Process(pid).threads()
+        except psutil.Error:
+            continue
+        for thread in threads:
+            try:
+                name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
+            except OSError:
+                name = ""
+            kind = "main" if thread.id == pid else "io" if name.startswith("ZMQbg") else "link"
+            out[(pid, thread.id)] = (kind, thread.user_time + thread.system_time)
+    return out
+
+
+def _by_kind(before: Threads, after: Threads) -> dict[str, float]:
+    spent = dict.fromkeys(THREAD_KINDS, 0.0)
+    for key, (kind, cpu) in after.items():
+        spent[kind] += cpu - before.get(key, (kind, 0.0))[1]
+    return spent
+
+
 def pubsub_once(system: str, where: Layout, spec: dict[str, Any], options: Options) -> dict[str, Any]:
     mains = MAINS["nats" if system == "nats cluster" else "mc0-aio"]
     assert mains.subscriber is not None and mains.publisher is not None
@@ -170,10 +204,10 @@ def pubsub_once(system: str, where: Layout, spec: dict[str, Any], options: Optio
         crew.wait_ready(subs + 1, 90)
         if system.startswith("mc0 cluster"):
             _knows(where.publisher, TOPIC.rpartition(".")[0], len(set(where.subscribers)))
-        cpu = _cpu(where.pids)
+        cpu, threads = _cpu(where.pids), _threads_cpu(where.pids)
         crew.link.go.set()
         results = crew.collect({"pub": 1, "sub": subs}, limit_s + 60)
-        cpu = _cpu(where.pids) - cpu
+        cpu, threads = _cpu(where.pids) - cpu, _by_kind(threads, _threads_cpu(where.pids))
     pub = next((r for role, r in results if role == "pub"), {})
     received = [r for role, r in results if role == "sub"]
     published = int(pub.get("published", 0))
@@ -187,6 +221,7 @@ def pubsub_once(system: str, where: Layout, spec: dict[str, Any], options: Optio
         "delivered": delivered,
         "lost": max(0, published * subs - delivered),
         "cpu_us_per_msg": cpu * 1e6 / delivered if delivered else 0.0,
+        **{f"{kind}_us_per_msg": spent * 1e6 / max(1, delivered) for kind, spent in threads.items()},
         "crashes": errors_of(results),
     }
 
@@ -200,10 +235,10 @@ def rpc_once(system: str, where: Layout, spec: dict[str, Any]) -> dict[str, Any]
             _knows(where.client, '"bench"', 1)
         crew.start(mains.client, where.client, {}, spec["window"], spec["seconds"], 0)
         crew.wait_ready(1, 90)
-        cpu = _cpu(where.pids)
+        cpu, threads = _cpu(where.pids), _threads_cpu(where.pids)
         crew.link.go.set()
         results = crew.collect({"client": 1}, spec["seconds"] + 120)
-        cpu = _cpu(where.pids) - cpu
+        cpu, threads = _cpu(where.pids) - cpu, _by_kind(threads, _threads_cpu(where.pids))
     client = next((r for role, r in results if role == "client"), {})
     latencies = sorted(client.get("latencies_ns", ()))
     calls = len(latencies)
@@ -213,6 +248,7 @@ def rpc_once(system: str, where: Layout, spec: dict[str, Any]) -> dict[str, Any]
         "errors": int(client.get("errors", 0)),
         "p50_ms": percentile(latencies, 0.50) / 1e6,
         "cpu_us_per_msg": cpu * 1e6 / calls if calls else 0.0,
+        **{f"{kind}_us_per_msg": spent * 1e6 / max(1, calls) for kind, spent in threads.items()},
         "crashes": errors_of(results) + ([f"client: {client['first_error']}"] if "first_error" in client else []),
     }
 
@@ -239,7 +275,8 @@ def measure_row(spec: dict[str, Any], system: str, nats: NatsCluster, options: O
                     )
                 problems += got["crashes"]
                 row.values.append(got["rate"])
-                row.add_extra("cpu_us_per_msg", got["cpu_us_per_msg"])
+                for name in ("cpu_us_per_msg", *(f"{kind}_us_per_msg" for kind in THREAD_KINDS)):
+                    row.add_extra(name, got[name])
     except Exception as exc:  # a broken run is reported, not fatal (and the row fails)
         problems.append(f"failed: {type(exc).__name__}: {exc}")
         row.add_counts(errors=1)
@@ -330,11 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, vs_single, vs_nats, failing in ratios(rows):
         failed |= failing
         print(f"{name:<36} {vs_single:>13.2f}x {vs_nats:>15.2f}x{'  FAILING' if failing else ''}")
-    print(f"\n{'scenario':<28} {'system':<20} {'median':>12} {'min-max':>22} {'CPU us/msg':>11}")
+    print(f"\n{'scenario':<28} {'system':<20} {'median':>12} {'min-max':>22} {'CPU us/msg':>11}  "
+          "(mc0: main loops + link threads + zmq I/O, summed over brokers)")  # fmt: skip
     for row in rows:
-        cpu = statistics.median(row.extra.get("cpu_us_per_msg", [0.0]) or [0.0])
+
+        def cpu(name: str, row: Row = row) -> float:
+            return statistics.median(row.extra.get(name) or [0.0])
+
         spread = f"{min(row.values):,.0f}-{max(row.values):,.0f}" if row.values else ""
-        print(f"{row.scenario:<28} {row.system:<20} {row.median:>12,.0f} {spread:>22} {cpu:>11.1f}  {row.note}")
+        split = " + ".join(f"{cpu(f'{kind}_us_per_msg'):.1f}" for kind in THREAD_KINDS)
+        split = f"({split})" if row.system.startswith("mc0") else ""
+        print(f"{row.scenario:<28} {row.system:<20} {row.median:>12,.0f} {spread:>22} "
+              f"{cpu('cpu_us_per_msg'):>11.1f}  {split} {row.note}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1, default=str))
     return 1 if failed or any(r.failing for r in rows) else 0
