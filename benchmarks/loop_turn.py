@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -291,6 +293,53 @@ def run(
     return [row for row in rows.values() if row.runs or row.failed]
 
 
+# py-spy (--native) stages of a turn: a sample goes to the first stage naming one of its frames, leaf first.
+SPY_STAGES = (
+    ("poll (waiting, and its syscalls)", ("zmq_poll", "Poller.poll")),
+    ("core: next_deadline, uncommitted, streaming", ("next_deadline", "uncommitted", "streaming", "has_work")),
+    ("zmq send (each wakes libzmq's I/O thread)", ("zmq_msg_send", "send_frames")),
+    ("zmq receive (frames, EVENTS)", ("zmq_msg_recv", "zmq_getsockopt", "_recv_rest")),
+    (
+        "core: handle (dispatch, dialects, batched walk, pub/sub, rpc)",
+        ("BrokerCore.", "batched___", "pubsub___", "rpc___", "verbs___", "workers___", "jobs___", "dialects"),
+    ),
+    ("delivery, outbox", ("Delivery.", "Outbox.", "outbox.py")),
+    ("loop bookkeeping (Broker.run, _receive, _timers)", ("Broker.", "server.py")),
+)
+
+
+def spy_stages(name: str, path: str | None, shape: str, seconds: float, rate: int = 250) -> dict[str, float]:
+    """One run under py-spy (``--native``, ``rate`` Hz): each stage's share of the broker main thread's
+    samples (py-spy samples the wall clock: "poll" is mostly the wait between turns)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    with tempfile.TemporaryDirectory() as folder, broker(name, path) as (endpoint, pid):
+        out = Path(folder) / "spy.txt"
+        command = [spy, "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-r", str(rate), "--native", "--threads"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)  # (attached before the load starts)
+            measure(endpoint, pid, shape, seconds)
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+        counts = dict.fromkeys([stage for stage, _ in SPY_STAGES] + ["other"], 0)
+        for line in out.read_text().splitlines() if out.exists() else []:
+            stack, _, n = line.rpartition(" ")
+            if not n.isdigit() or "MainThread" not in stack.split(";", 1)[0]:
+                continue
+            counts[_stage_of(stack.split(";"))] += int(n)
+    total = sum(counts.values()) or 1
+    return {stage: n / total for stage, n in counts.items()}
+
+
+def _stage_of(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for stage, needles in SPY_STAGES:
+            if any(needle in frame for needle in needles):
+                return stage
+    return "other"
+
+
 TURN_SCENARIO = "loop turn carrying one message"
 TURN_UNIT = "us CPU/turn"
 
@@ -421,9 +470,21 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: user-space instructions per turn under valgrind's callgrind, over TURNS turns "
         "(load-independent; valgrind needed)",
     )
+    parser.add_argument(
+        "--spy", action="store_true", help="instead: one run of each under py-spy --native, its stages' shares"
+    )
     args = parser.parse_args(argv)
     shapes = tuple(s for s in args.shapes.split(",") if s in SHAPES)
     compare = dict(item.partition("=")[::2] for item in args.compare)
+    if args.spy:
+        named: list[tuple[str, str | None]] = [("mc0", None), *compare.items()]
+        for shape in shapes:
+            shares = {name: spy_stages(name, path, shape, min(args.seconds, 60.0)) for name, path in named}
+            print(f"\npy-spy, {shape}: share of the broker main thread's samples")
+            print("| stage | " + " | ".join(shares) + " |\n|---|" + "---:|" * len(shares))
+            for stage in next(iter(shares.values())):
+                print(f"| {stage} | " + " | ".join(f"{got[stage]:.1%}" for got in shares.values()) + " |")
+        return 0
     if args.callgrind:
         systems: list[tuple[str, str | None]] = [("mc0", None), *compare.items()]
         print("| shape | system | instructions per turn (user space, callgrind) |\n|---|---|---:|")
