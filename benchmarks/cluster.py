@@ -253,6 +253,69 @@ def rpc_once(system: str, where: Layout, spec: dict[str, Any]) -> dict[str, Any]
     }
 
 
+# py-spy stages of the client's broker (b1) on the RPC path, per thread. A sample whose leaf is the poll (the
+# loop) or the selector (the link's asyncio loop) is waiting; any other goes to the stage of its innermost frame
+# that is not asyncio's, selectors' or threading's own (those only when nothing else is on the stack).
+SPY_WAITING = ("Poller.poll", "EpollSelector.select")
+SPY_GENERIC = ("asyncio/", "selectors.py", "threading.py", "<frozen", "runpy", "click/", "mc0/cli/")
+SPY_STAGES = (
+    (
+        "hand-over between loop and link thread",
+        ("cluster/link.py", "zmq/", "Poster.", "call_soon_threadsafe", "_write_to_self"),
+    ),
+    ("nats-py: read, parse, subscription task", ("_read_loop", "Parser.", "_process_msg", "_wait_for_msgs")),
+    ("nats-py: publish, flusher, socket write", ("nats/",)),
+    ("route codec, route inbox/outbox (link thread)", ("protocol/routes.py", "cluster/inbound.py", "outbound.py")),
+    ("cluster listener, routed (loop)", ("listeners.py", "routed.py")),
+    ("zmq ROUTER send / receive (loop)", ("send_frames", "_recv_rest")),
+    ("core, delivery, outbox, loop (loop)", ("mc0/",)),
+)
+
+
+def _spy_stage(frames: list[str]) -> str:
+    if any(needle in frames[-1] for needle in SPY_WAITING):
+        return "waiting (poll / epoll)"
+    for frame in reversed(frames):
+        if any(generic in frame for generic in SPY_GENERIC):
+            continue
+        for stage, needles in SPY_STAGES:
+            if any(needle in frame for needle in needles):
+                return stage
+    return "asyncio loop itself, other"
+
+
+def spy_once(system: str, nats: NatsCluster, spec: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """One run of ``spec`` with py-spy (``--threads``, 250 Hz) on the client's broker: per thread ("loop",
+    "link"), each stage's share of that thread's samples."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    counts: dict[str, dict[str, int]] = {"loop": {}, "link": {}}
+    with tempfile.TemporaryDirectory() as folder, layout(system, nats, 1) as where:
+        out = Path(folder) / "spy.txt"
+        command = [spy, "record", "-p", str(where.pids[0]), "-o", str(out), "-f", "raw", "-r", "250", "--threads"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)
+            rpc_once(system, where, spec)
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+        for line in out.read_text().splitlines() if out.exists() else []:
+            stack, _, n = line.rpartition(" ")
+            frames = stack.split(";")
+            if not n.isdigit() or len(frames) < 2:
+                continue
+            thread = "loop" if "MainThread" in frames[0] else "link" if "ClusterLink" in stack else ""
+            if thread:
+                stage = _spy_stage(frames[1:])
+                counts[thread][stage] = counts[thread].get(stage, 0) + int(n)
+    return {t: {s: n / max(1, sum(c.values())) for s, n in c.items()} for t, c in counts.items()}
+
+
 def measure_row(spec: dict[str, Any], system: str, nats: NatsCluster, options: Options, row: Row | None = None) -> Row:
     """``options.runs`` runs of one system (or one more into ``row``), as a failing row if one broke."""
     row = row or Row(spec["name"], system, spec["unit"], suite="cluster")
@@ -341,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny loads, one run")
     parser.add_argument("--json", default="", help="write the rows here")
     parser.add_argument(
+        "--spy", action="store_true", help="instead: one RPC sequential run of each mc0 cluster under py-spy (b1)"
+    )
+    parser.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -349,6 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     COMPARED.update(item.partition("=")[::2] for item in args.compare)
+    if args.spy:
+        wanted = Options(seconds=max(3.0, args.seconds))
+        spec = next(s for s in scenarios(wanted) if s["name"] == "cluster RPC sequential")
+        named = ["mc0 cluster", *(f"mc0 cluster {name}" for name in COMPARED)]
+        with tempfile.TemporaryDirectory() as folder, NatsCluster(Path(folder) / "nats") as nats:
+            nats.wait_ready()
+            shares = {system: spy_once(system, nats, spec) for system in named}
+        for thread in ("loop", "link"):
+            print(f"\npy-spy, cluster RPC sequential, the client's broker, {thread} thread: share of its samples")
+            print("| stage | " + " | ".join(shares) + " |\n|---|" + "---:|" * len(shares))
+            for stage in ["waiting (poll / epoll)", *(s for s, _ in SPY_STAGES), "asyncio loop itself, other"]:
+                cells = " | ".join(f"{got[thread].get(stage, 0.0):.1%}" for got in shares.values())
+                print(f"| {stage} | {cells} |")
+        return 0
     options = Options(
         runs=args.runs,
         count=args.count,
