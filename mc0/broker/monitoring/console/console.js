@@ -164,7 +164,8 @@ function cell(col, v, row) {
     default: td.textContent = num(v);
   }
   if (typeof v === "number" && v === 0 && col.kind !== "text") td.classList.add("zero");
-  if (col.cls) td.classList.add(col.cls(row));
+  const extra = col.cls ? col.cls(row) : "";
+  if (extra) td.classList.add(extra); // (classList.add("") throws: no class is no call)
   return td;
 }
 
