@@ -36,6 +36,7 @@ from .. import keys as keyfiles
 from ..config import Config, check_stores, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
+from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
 from .core import admin
@@ -160,6 +161,7 @@ class Broker:
             backlog=self.outbox.backlog,
             # A queue-group member whose queue holds more than this is skipped while another can take it.
             group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
+            first_serial=first_serial(time.time()),  # (names of an earlier run never repeat)
         )
         self.sender = Sender(self.core, self.outbox, self.listeners)
         self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
