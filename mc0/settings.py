@@ -23,6 +23,9 @@ ENV_ENDPOINT = "MC0_ENDPOINT"
 ENV_CONFIG = "MC0_CONFIG"
 ENV_KEY = "MC0_KEY"
 ENV_BROKER_KEY = "MC0_BROKER_KEY"
+# ``mc0 broker --cluster``'s URLs from the environment: a password there is readable by its user (and
+# root) only, where one on the command line is in /proc/PID/cmdline for every local user.
+ENV_CLUSTER = "MC0_CLUSTER"
 
 FSYNC_POLICIES = ("always", "batch", "never")
 # Where a journal's records live: "file" (this broker's segment files) or "jetstream" (a stream
@@ -178,8 +181,9 @@ class MemodbConfig:
 class ClusterConfig:
     """``[cluster]``: join other brokers over a NATS cluster (``mc0 broker --cluster URL,URL --name NAME``;
     docs/DEPLOY.md).  Standalone while ``nats`` is empty.  Each broker stays the gateway its peers
-    know; NATS carries what crosses brokers.  Credentials go in the URL (``nats://user:pass@host:4222``),
-    or in a creds / nkey seed file; TLS with ``tls_ca`` (and ``tls_cert``/``tls_key`` for mutual TLS)."""
+    know; NATS carries what crosses brokers.  Credentials go in the URL (``nats://user:pass@host:4222``:
+    in this file, mode 0600, or ``$MC0_CLUSTER``, never on the command line, which every local user can
+    read), or in a creds / nkey seed file; TLS with ``tls_ca`` (and ``tls_cert``/``tls_key`` for mutual TLS)."""
 
     # NATS server URLs (they may hold credentials: never shown); () = standalone.
     nats: tuple[str, ...] = field(default=(), repr=False, metadata={"empty": True})
