@@ -125,6 +125,7 @@ class ClusterListener:
         self.link = ClusterLink(config.cluster, streams=specs_of(config), max_record_bytes=max_record)
         self.broker_name = config.cluster.name
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
+        self._routes_told = -1  # the routes' generation the link was last told of
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -151,7 +152,15 @@ class ClusterListener:
                 out += self._received(core, item, now)
             except Exception as exc:  # a bug, or the local copy's disk: counted, logged; the next item goes on
                 core.listener_fault(self.name, exc, now)
+        self._tell_routes(core)
         return out
+
+    def _tell_routes(self, core: BrokerCore) -> None:
+        """The link's thread learns the routes opened or dropped (only they may send chunked records)."""
+        routes = core.routes
+        if routes.generation != self._routes_told:
+            self._routes_told = routes.generation
+            self.link.set_routes(routes.epochs)
 
     def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
         out: list[Out] = []
@@ -236,7 +245,9 @@ class ClusterListener:
         the core asks of JetStream."""
         for token, request in fromstore.calls(core.rooms):
             self.link.call(token, request)
-        return routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
+        out = routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
+        self._tell_routes(core)  # (routes forgotten by the core's sweep, or resynced, since the last receive)
+        return out
 
     def status(self, core: BrokerCore) -> dict[str, object]:
         return {

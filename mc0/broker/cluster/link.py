@@ -49,7 +49,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -191,6 +191,9 @@ class ClusterLink:
         self.socket: zmq.Socket[bytes] | None = None
         self._down: zmq.Socket[bytes] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
+        # The brokers the loop has a route to (name -> epoch): only they may start a chunked record here.
+        # Replaced whole by the loop (``set_routes``), never changed in place: the thread reads it as it is.
+        self.routes: Mapping[str, int] = {}
         self.server = ""  # the NATS server in use, without credentials
         self.counters: dict[str, int] = dict.fromkeys(
             (
@@ -204,6 +207,7 @@ class ClusterLink:
                 "route_chunks_in",
                 "route_records_lost",  # records lost between chunks (then that route resynced)
                 "route_chunks_stray",  # chunks of a record already lost
+                "route_chunks_refused",  # chunks from a broker with no route here (a made-up name, one gone)
                 "route_resyncs",  # RouteResync notices posted
                 "malformed",
                 "reconnects",
@@ -302,6 +306,10 @@ class ClusterLink:
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
 
+    def set_routes(self, routes: Mapping[str, int]) -> None:
+        """The brokers the loop now has a route to (name -> epoch), for the thread's reassembly."""
+        self.routes = dict(routes)
+
     def publish(self, journal: str, proposals: list[Any]) -> None:
         """A JetStream journal's proposals (``jetstream.replicated.Proposal``), to be published in order."""
         if self._down is not None:
@@ -355,7 +363,9 @@ class _LinkRun:
         self.nc = Nats()
         self.resyncs = Resyncs(self.post, self.counters)
         budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
-        reassembly = Reassembly(self.counters, max_record=link.max_record_bytes, budget=budget)
+        reassembly = Reassembly(
+            self.counters, max_record=link.max_record_bytes, budget=budget, route_epoch=lambda n: link.routes.get(n)
+        )
         self.inbound = RouteInbound(self.post, self.counters, self.resyncs, reassembly, self.stopping)
         self.sender = RouteSender(
             self.nc,

@@ -55,6 +55,7 @@ class Routes:
         self.ttl = ttl
         self.by_name: dict[str, Peer] = {}
         self.epochs: dict[str, int] = {}
+        self.generation = 0  # counts every route opened or dropped (what the shell shows the link is kept in step)
         self._interest: Counter[Interest] = Counter()  # local holders of each pattern
         self._capacity: dict[str, int] = {}  # service -> total capacity of local workers (announced)
         self._identities: Counter[str] = Counter()  # identity -> local sessions
@@ -89,6 +90,7 @@ class Routes:
         peer.grants = ALLOW_ALL  # only brokers reach the cluster subjects (docs/SECURITY.md)
         self.by_name[name] = peer
         self.epochs[name] = epoch
+        self.generation += 1
         self.counters["routes_opened"] += 1
         return peer
 
@@ -98,6 +100,7 @@ class Routes:
         if self.by_name.get(name) is peer:
             del self.by_name[name]
             self.epochs.pop(name, None)
+            self.generation += 1
 
     def overflowed(self, peer: Peer) -> None:
         """``peer`` (a route) lost a message: its queue was over budget (NATS slow or stalled).  What it
