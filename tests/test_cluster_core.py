@@ -534,3 +534,40 @@ def test_a_route_whose_queue_overflows_is_counted_not_evicted_and_opened_afresh_
     net.connect("a", b"pub")
     net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "after")
     assert net.messages("b", b"sb") == [b"after"]
+
+
+def test_a_route_message_walked_a_slice_at_a_time_does_what_it_does_walked_whole() -> None:
+    """The shell walks a long route message within a time budget per turn (``received_slice``): each
+    slice goes on where the last stopped, in order, and the message is counted once."""
+    net = Net(("a", "b"))
+    net.connect("a", b"sa")
+    net.send("a", b"sa", "SUB", "", "t.>")
+    a = net.cores["a"]
+    blob = b"".join(batch.message_record(f"t.{i}".encode(), b"alice", b"m%d" % i) for i in range(10))
+    blob += batch.frames_record(f("CONNECT", "VERSION", "1.0", "TTL", "1000"))  # (b opens afresh: a new route)
+    blob += batch.message_record(b"t.last", b"alice", b"after")
+    before = a.counters["route_messages_in"]
+    pos: int | None = 0
+    slices = 0
+    while pos is not None:
+        out, pos = routeinput.received_slice(a.rooms, "b", net.epochs["b"], blob, pos, 3, net.now)
+        net.deliver("a", out)
+        slices += 1
+    assert slices == 4 and a.counters["route_messages_in"] == before + 1
+    assert net.messages("a", b"sa") == [b"m%d" % i for i in range(10)] + [b"after"]
+
+
+def test_no_route_is_taken_for_gone_while_route_traffic_waits_unread() -> None:
+    """Beacons may wait in the link's pipe behind route traffic the shell has not walked yet: while it
+    says so (``behind``), no route's silence is measured."""
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    for _ in range(30):  # 3 s without b's beacons (its liveness: 1 s x the core's liveness), a behind all along
+        net.now += 0.1
+        routeinput.behind(a.rooms, net.now)
+        net.deliver("a", a.tick(net.now))
+    assert "b" in a.routes.by_name
+    for _ in range(50):  # caught up, and b still silent: gone after its liveness
+        net.now += 0.1
+        net.deliver("a", a.tick(net.now))
+    assert "b" not in a.routes.by_name

@@ -81,3 +81,56 @@ def test_a_record_the_route_grammar_has_no_place_for_costs_itself_only(
                 until(lambda: [b"FINAL", b"ID", b"w2", b"", b"done job 2"] in fake.records(), 5, "the second FINAL")
         finally:
             worker.close()
+
+
+def test_a_burst_of_route_traffic_is_walked_a_budget_at_a_time_so_the_broker_answers_meanwhile(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """(adversary D9) 60 route messages of ~14,000 small MESSAGE records each (60 MiB, within the link's
+    credit) reach b1 at once.  Walked whole, a turn at a time, they held b1's loop for seconds (a stats
+    request waited 3 s).  Walked a slice at a time within a budget per turn, with the rest waiting in the
+    link's pipe, a client's request is answered meanwhile, and a broker whose beacons wait behind the
+    burst in the pipe is not taken for gone."""
+    import time
+
+    from mc0.protocol import routes as wire
+
+    record = batch.message_record(b"burst.x", b"alice", b"p" * 50)
+    blob = record * ((1000 * 1024) // len(record))
+    with (
+        ClusterBus(tmp_path, nats, size=1) as bus,
+        FakeBroker(nats.url(0)) as fake,
+        FakeBroker(nats.url(0), "quiet"),
+        bus.client(0) as pinger,
+    ):
+        until(lambda: {"fake", "quiet"} <= set(bus.cluster_report(0)["brokers"]), 10, "b1 has both routes")
+        stop = threading.Event()
+        worst = [0.0]
+        last: list[dict[str, int]] = [{}]
+
+        def ping() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    stats = json.loads(pinger.request("mc0.broker", b"stats", timeout=30).body)
+                    last[0] = stats["counters"]
+                except mc0.Error:
+                    pass
+                worst[0] = max(worst[0], time.monotonic() - started)
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=ping)
+        thread.start()
+        try:
+            until(lambda: last[0], 10, "a first answer")
+            before = dict(last[0])
+            fake.publish("b1", [wire.route_message("fake", fake.epoch, blob)] * 60)
+            taken = before.get("route_messages_in", 0) + 60
+            took = until(lambda: last[0].get("route_messages_in", 0) >= taken, 60, "b1 took the burst")
+        finally:
+            stop.set()
+            thread.join(40)
+        forgotten = {k: v - before.get(k, 0) for k, v in last[0].items() if k.startswith("forgotten_")}
+        print(f"b1 took 60 MiB of route traffic in {took:.1f} s; the worst request took {worst[0]:.2f} s")
+        assert worst[0] < 1.0, f"a request took {worst[0]:.2f} s while b1 took the burst"
+        assert not any(forgotten.values()), forgotten  # (quiet's beacons waited behind the burst: not gone)

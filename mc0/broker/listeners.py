@@ -10,6 +10,9 @@ without being asked).  ``start`` opens it (once the ROUTER is bound, so its
 endpoints are known), ``close`` is idempotent, and ``status`` is what
 monitoring shows of it.  The ROUTER side is the default: whatever no
 listener owns goes out of the ROUTER socket (:mod:`mc0.broker.sender`).
+A listener that stopped within its time budget with work in hand says so
+(``unfinished``): the loop then calls ``receive`` again next turn, without
+waiting for its socket.
 
 Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
 :mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers
@@ -22,6 +25,8 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
@@ -53,12 +58,20 @@ from .storage.records import decode_payload
 
 log = logging.getLogger("mc0.broker")
 
+# Seconds of a loop turn spent on what the cluster link received (as server.WALK_BUDGET for a client's
+# batches): the rest waits in the link's pipe, bounded by its credit (cluster/credit.py), for the next turn.
+ROUTE_WALK_BUDGET = 0.01
+ROUTE_SLICE = 512  # route records walked between looks at the clock
+
 
 class Listener(Protocol):
     name: str
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None: ...
+
+    @property
+    def unfinished(self) -> bool: ...
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None: ...
 
@@ -89,6 +102,10 @@ class NngListener:
     def socket(self) -> zmq.Socket[bytes] | None:
         return self.bridge.socket
 
+    @property
+    def unfinished(self) -> bool:
+        return False
+
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
         self.bridge.start(context)  # ConfigError (names memodb.listen) when it cannot listen
 
@@ -114,8 +131,20 @@ class NngListener:
         self.bridge.close()
 
 
+@dataclass(slots=True)
+class RouteWalk:
+    """A route message being walked a slice at a time: broker ``name``'s (under ``epoch``), from ``pos``."""
+
+    name: str
+    epoch: int
+    blob: bytes
+    pos: int = 0
+
+
 class ClusterListener:
-    """The other brokers of a cluster: route traffic over NATS (``[cluster]``)."""
+    """The other brokers of a cluster: route traffic over NATS (``[cluster]``), taken within a time
+    budget per loop turn (``ROUTE_WALK_BUDGET``): a long route message is walked a slice at a time
+    (``RouteWalk``), and what the link received after it waits in the link's pipe meanwhile."""
 
     name = "cluster"
 
@@ -126,6 +155,13 @@ class ClusterListener:
         self.broker_name = config.cluster.name
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
         self._routes_told = -1  # the routes' generation the link was last told of
+        self._walk: RouteWalk | None = None  # a route message walked in part (its order kept: nothing after it yet)
+        self._behind = False  # the last receive left what the link received unread
+
+    @property
+    def unfinished(self) -> bool:
+        """Received route traffic is left for the next turn (a message in part, or the pipe not read empty)."""
+        return self._walk is not None or self._behind
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -146,14 +182,48 @@ class ClusterListener:
         self.link.start(context, self.broker_name, positions)
 
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
+        """What the link received, in order, for at most ``ROUTE_WALK_BUDGET`` of this turn (at least one
+        slice): a message left in part goes on first next turn, and what follows it waits in the pipe."""
+        stop = time.monotonic() + ROUTE_WALK_BUDGET
         out: list[Out] = []
-        for item in self.link.receive():
+        read_empty = False
+        if self._walk is not None:
+            out += self._walk_on(core, self._walk, stop, now)
+        while self._walk is None and time.monotonic() < stop:
+            items = self.link.receive(1)  # (one at a time: what is not taken keeps waiting, counted as credit)
+            if not items:
+                read_empty = True
+                break
             try:
-                out += self._received(core, item, now)
+                if isinstance(items[0], RouteBlob):
+                    blob = items[0]
+                    out += self._walk_on(core, RouteWalk(blob.name, blob.epoch, blob.blob), stop, now)
+                else:
+                    out += self._received(core, items[0], now)
             except Exception as exc:  # a bug, or the local copy's disk: counted, logged; the next item goes on
+                self._walk = None
                 core.listener_fault(self.name, exc, now)
+        self._behind = not read_empty and self._walk is None
+        if self._walk is not None or self._behind:
+            routeinput.behind(core.rooms, now)  # (beacons may wait behind what is left: no route is silent)
         self._tell_routes(core)
         return out
+
+    def _walk_on(self, core: BrokerCore, walk: RouteWalk, stop: float, now: float) -> list[Out]:
+        """Slices of a route message until it is done or the turn's budget is spent (then kept for the next)."""
+        out: list[Out] = []
+        self._walk = walk
+        while True:
+            more, pos = routeinput.received_slice(
+                core.rooms, walk.name, walk.epoch, walk.blob, walk.pos, ROUTE_SLICE, now
+            )
+            out += more
+            if pos is None:
+                self._walk = None
+                return out
+            walk.pos = pos
+            if time.monotonic() >= stop:
+                return out
 
     def _tell_routes(self, core: BrokerCore) -> None:
         """The link's thread learns the routes opened or dropped (only they may send chunked records)."""
@@ -164,9 +234,7 @@ class ClusterListener:
 
     def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
         out: list[Out] = []
-        if isinstance(item, RouteBlob):
-            out += routeinput.received(core.rooms, item.name, item.epoch, item.blob, now)
-        elif isinstance(item, Hello):
+        if isinstance(item, Hello):  # (a RouteBlob is walked by receive, a slice at a time)
             out += routeinput.hello(core.rooms, item.name, item.epoch, now)
         elif isinstance(item, LinkChange) and not item.up:
             out += routeinput.lost(core.rooms, now)  # cut off: serve own peers; beacons reopen the routes later

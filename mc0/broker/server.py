@@ -403,6 +403,8 @@ class Broker:
             deadline = min(deadline, start + HOLD_RECHECK)
         elif core.unfinished:
             return 0
+        if any(listener.unfinished for listener in self.listeners):  # (route traffic left for this turn)
+            return 0
         if self.http is not None and self.http.wanted:
             deadline = min(deadline, self._next_snapshot)
         wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
@@ -424,7 +426,7 @@ class Broker:
     def _read_listeners(self, ready: dict[Any, int]) -> None:
         """What each ready listener received (MemoDB requests, other brokers' traffic)."""
         for listener in self.listeners:
-            if listener.socket in ready:
+            if listener.socket in ready or listener.unfinished:
                 now = time.monotonic()
                 try:
                     news = listener.receive(self.core, now)

@@ -82,19 +82,40 @@ def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
 
 
 def received(rooms: Rooms, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
-    """A route message from broker ``name`` (started under ``epoch``)."""
-    rooms.counters["route_messages_in"] += 1
+    """A route message from broker ``name`` (started under ``epoch``), every record of it."""
+    out, _ = received_slice(rooms, name, epoch, blob, 0, None, now)
+    return out
+
+
+def received_slice(
+    rooms: Rooms, name: str, epoch: int, blob: bytes, start: int, limit: int | None, now: float
+) -> tuple[list[Out], int | None]:
+    """At most ``limit`` records (None: all) of a route message from broker ``name`` (started under
+    ``epoch``), from the record at ``start`` (0: the message is new); what to send, and where the next
+    slice starts (None: the message is done).  The shell walks a long message a slice at a time, within
+    a time budget per loop turn, so that its own peers are served between slices."""
+    if start == 0:
+        rooms.counters["route_messages_in"] += 1
     out: list[Out] = []
     route = rooms.routes.known(name, epoch)
     if route is None:
         if epoch < rooms.routes.epochs.get(name, -1):
             rooms.counters["route_stale_epoch"] += 1
-            return []
+            return [], None
         out += _open(rooms, name, epoch, now)  # it spoke before its beacon reached us
         route = rooms.routes.known(name, epoch)
         assert route is not None
     route.last_recv = now
-    return rooms.with_finished(out + receive(rooms, route, blob, now), now)
+    more, next_start = _walk(rooms, route, blob, start, limit, now)
+    return rooms.with_finished(out + more, now), next_start
+
+
+def behind(rooms: Rooms, now: float) -> None:
+    """Route traffic waits unread (the shell walks it a budget at a time): the other brokers' beacons
+    may be behind it, so no route's silence is measured meanwhile (as a peer's silence is measured up
+    to the last time its socket was read empty)."""
+    for route in rooms.routes.by_name.values():
+        route.last_recv = now
 
 
 def resync(rooms: Rooms, route: Peer, now: float) -> list[Out]:
@@ -161,10 +182,24 @@ def news(rooms: Rooms) -> list[Out]:
 # ---------------------------------------------------------------- one route message
 def receive(rooms: Rooms, route: Peer, blob: bytes, now: float) -> list[Out]:
     """One route message, every record in order; a record it cannot take spoils none after it."""
+    out, _ = _walk(rooms, route, blob, 0, None, now)
+    return out
+
+
+def _walk(
+    rooms: Rooms, route: Peer, blob: bytes, pos: int, limit: int | None, now: float
+) -> tuple[list[Out], int | None]:
+    """The records of ``blob`` from the one at ``pos``, at most ``limit`` (None: all), in order; what to
+    send, and where the next one starts (None: no record left, or the blob stopped splitting)."""
     limits = rooms.settings.limits
     out: list[Out] = []
+    left = limit
     try:
-        for code, start, end in batch.records(blob):
+        for code, start, end in batch.records(blob, pos):
+            if left is not None:
+                if left == 0:
+                    return out, start - _RECORD_HEAD
+                left -= 1
             try:
                 if code == batch.MESSAGE:
                     out += _message_record(rooms, blob, start, end, now)
@@ -191,7 +226,7 @@ def receive(rooms: Rooms, route: Peer, blob: bytes, now: float) -> list[Out]:
     except ProtocolError as exc:  # the blob stopped splitting into records here
         rooms.counters["route_records_refused"] += 1
         log.debug("route %s: message damaged: %s", route.name, exc)
-    return out
+    return out, None
 
 
 def _failed(rooms: Rooms, route: Peer, exc: Exception, now: float) -> None:
