@@ -280,6 +280,19 @@ class FakeBroker:
 
         asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)
 
+    def beacon(self, names: list[str], epoch: int = 1) -> None:
+        """One beacon from each of ``names`` (made-up brokers), as fast as NATS takes them."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            for name in names:
+                await self._nc.publish(wire.HELLO_SUBJECT, wire.hello(name, epoch))
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)
+
     def records(self) -> list[list[bytes]]:
         """Every record received so far, as its command's frames, in order."""
         from mc0.protocol import batch

@@ -46,6 +46,11 @@ class Net:
         self.now = 0.0
         for name, core in self.cores.items():
             routeinput.join(core.rooms, name, route_ttl=1.0)
+        self.join()
+
+    def join(self) -> None:
+        """Two beacons of each broker reach every other: a broker heard twice gets a route."""
+        self.beacons()
         self.beacons()
 
     def beacons(self) -> None:
@@ -415,7 +420,7 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
     net.cores["b"] = BrokerCore(CoreSettings(min_ttl_ms=10))
     routeinput.join(net.cores["b"].rooms, "b", route_ttl=1.0)
     net.epochs["b"] += 1
-    net.beacons()
+    net.join()
     assert not net.cores["a"].pubsub.subscriptions.match(("x", "y"))
     assert sorted(net.cores["a"].routes.by_name) == ["b"]
     # A late message of b's first run is dropped, not taken for the new one.
@@ -571,3 +576,41 @@ def test_no_route_is_taken_for_gone_while_route_traffic_waits_unread() -> None:
         net.now += 0.1
         net.deliver("a", a.tick(net.now))
     assert "b" not in a.routes.by_name
+
+
+def test_beacons_from_many_made_up_names_open_routes_only_within_the_bounds_and_share_one_state_blob() -> None:
+    """(adversary D6) Each beacon from a name not seen before opened a route and built the whole state for
+    it: 3,000 in 3 s stalled a broker for seconds and grew it by 139 MiB.  A name heard once opens
+    nothing (a bounded table remembers it); one heard twice opens a route within a burst and a rate and
+    under a cap, and every route opened meanwhile is handed the same bytes (built once)."""
+    from mc0.broker.core import routes as R
+
+    net = Net(("a", "b"))
+    net.connect("a", b"sa")
+    net.send("a", b"sa", "SUB", "", *[f"some.long.topic.{i:05d}.>" for i in range(500)])
+    a = net.cores["a"]
+    opened = a.counters["routes_opened"]
+    out = [o for n in range(3000) for o in routeinput.hello(a.rooms, f"ghost{n}", 1, net.now)]
+    assert out == [] and a.counters["routes_opened"] == opened and sorted(a.routes.by_name) == ["b"]
+    assert len(a.routes._heard_once) <= R.HEARD_ONCE_KEPT
+    # Heard twice: at most a burst opens now, then a few a second; each is handed the very same bytes.
+    for _ in range(2):
+        out = [o for n in range(300) for o in routeinput.hello(a.rooms, f"twice{n}", 1, net.now)]
+    burst = R.NEW_ROUTES_BURST - 1  # (one was spent on b)
+    assert len(a.routes.by_name) == 1 + burst
+    hellos = [payload for rid, payload in out if rid != route_id("b")]
+    assert len(hellos) == burst and all(h is hellos[0] for h in hellos)
+    assert a.counters["route_too_fast"] == 300 - burst
+    net.now += 1.0
+    for n in range(300):
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+    assert len(a.routes.by_name) == 1 + burst + int(R.NEW_ROUTES_PER_S)
+    # Never past the cap, however slowly they come.
+    for n in range(300):
+        net.now += 1.0
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+    assert len(a.routes.by_name) == R.MAX_ROUTES and a.counters["route_too_many"] > 0
+    # A change of interest builds the state afresh: the next route opened gets it.
+    a.handle(b"sa", f("SUB", "", "fresh.>"), net.now)  # (its news would go to the made-up brokers: not sent)
+    assert b"fresh.>" in a.routes.hello() and a.routes.hello() is not hellos[0]

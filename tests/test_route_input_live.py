@@ -134,3 +134,66 @@ def test_a_burst_of_route_traffic_is_walked_a_budget_at_a_time_so_the_broker_ans
         print(f"b1 took 60 MiB of route traffic in {took:.1f} s; the worst request took {worst[0]:.2f} s")
         assert worst[0] < 1.0, f"a request took {worst[0]:.2f} s while b1 took the burst"
         assert not any(forgotten.values()), forgotten  # (quiet's beacons waited behind the burst: not gone)
+
+
+def test_beacons_from_thousands_of_made_up_names_neither_stall_nor_grow_a_broker(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """(adversary D6) A beacon is ~60 bytes; each from a name not seen before opened a route and built and
+    sent it the whole state (here 2,000 patterns, ~150 KB): 3,000 of them in 3 s stalled a broker for
+    seconds and grew it by 139 MiB.  Now a name heard once opens nothing, one heard twice opens a route
+    within a burst and a rate, and every route is handed the same state bytes: 3,000 names beaconing
+    once and 300 twice are taken in a moment (before: 3,300 routes opened, 21 s of work), b1 answering
+    at once, a few dozen routes open, its memory as it was."""
+    import time
+
+    import psutil
+
+    from mc0.broker.core import routes as R
+
+    with ClusterBus(tmp_path, nats, size=1) as bus, FakeBroker(nats.url(0)) as fake, bus.client(0) as client:
+        for part in range(4):
+            client.subscribe(*(f"some.rather.long.topic.name.{part}.{i:06d}.>" for i in range(500)))
+        broker = psutil.Process(bus.brokers[0].proc.pid)  # type: ignore[union-attr]
+        before = counters(bus, 0)
+        rss = broker.memory_info().rss
+        stop = threading.Event()
+        worst = [0.0]
+
+        def ping() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    client.request("mc0.broker", b"stats", timeout=30)
+                except mc0.Error:
+                    pass
+                worst[0] = max(worst[0], time.monotonic() - started)
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=ping)
+        thread.start()
+        started = time.monotonic()
+        try:
+            fake.beacon([f"ghost{n}" for n in range(3000)])
+            twice = [f"twice{n}" for n in range(300)]
+            fake.beacon(twice)
+            fake.beacon(twice)
+            heard = ("routes_opened", "route_heard_once", "route_too_fast", "route_too_many")
+
+            def taken() -> int:  # beacons b1 took (before the fix, the 3,300 first ones each opened a route)
+                now = counters(bus, 0)
+                return sum(now.get(k, 0) - before.get(k, 0) for k in heard)
+
+            until(lambda: taken() >= 3300, 60, "b1 took the beacons")
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            thread.join(40)
+        took = time.monotonic() - started
+        after = counters(bus, 0)
+        grown = broker.memory_info().rss - rss
+        opened = after["routes_opened"] - before["routes_opened"]
+        print(f"worst request {worst[0]:.2f} s; {opened} routes opened in {took:.1f} s; grown {grown >> 20} MiB")
+        assert opened < 300 and took < 10.0, (opened, took)  # (before: 3,300 routes opened in 21 s of work)
+        assert opened <= R.NEW_ROUTES_BURST + R.NEW_ROUTES_PER_S * took
+        assert worst[0] < 1.0 and grown < 48 << 20, (worst[0], grown >> 20)

@@ -41,7 +41,7 @@ from .access import dead_letter_origin, is_dead_letter
 from .groups import HandedBack
 from .peers import Out, Peer
 from .rooms import Rooms
-from .routes import ROUTE_IDENTITY_PREFIX
+from .routes import ADMITTED, HEARD_ONCE, MAX_ROUTES, ROUTE_IDENTITY_PREFIX, TOO_MANY
 
 log = logging.getLogger("mc0.broker")
 
@@ -58,7 +58,8 @@ def join(rooms: Rooms, name: str, route_ttl: float) -> None:
 
 
 def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
-    """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session."""
+    """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session once
+    it is heard twice, within the routes' bounds (``Routes.admit``)."""
     route = rooms.routes.known(name, epoch)
     if route is not None:
         route.last_recv = now
@@ -66,7 +67,25 @@ def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     if epoch < rooms.routes.epochs.get(name, -1):
         rooms.counters["route_stale_epoch"] += 1  # a beacon of a run that has since restarted
         return []
+    if not _admitted(rooms, name, epoch, now):
+        return []
     return _open(rooms, name, epoch, now)
+
+
+def _admitted(rooms: Rooms, name: str, epoch: int, now: float) -> bool:
+    """Broker ``name``, with no route here under ``epoch``, gets one now (else counted; a refusal logged
+    within the log's bound)."""
+    verdict = rooms.routes.admit(name, epoch, now)
+    if verdict == ADMITTED:
+        return True
+    rooms.counters[f"route_{verdict}"] += 1
+    if verdict != HEARD_ONCE:  # (one key for every name: a flood of made-up names writes a few lines a minute)
+        if rooms.log_limit.allow("cluster", f"route {verdict}", now):
+            why = f"{MAX_ROUTES} routes already" if verdict == TOO_MANY else "new routes are opening too fast"
+            log.warning("cluster: no route to broker %s yet: %s (it is tried again at its next beacon)", name, why)
+        else:
+            rooms.counters["log_lines_left_out"] += 1
+    return False
 
 
 def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
@@ -77,7 +96,7 @@ def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     route = rooms.routes.make_peer(name, epoch, now)
     rooms.peers.add(route, now)
     log.info("cluster: route to broker %s open", name)
-    out.append((route.routing_id, b"".join(rooms.routes.hello())))
+    out.append((route.routing_id, rooms.routes.hello()))  # (the same bytes for every route opened meanwhile)
     return rooms.with_finished(out, now)
 
 
@@ -102,7 +121,10 @@ def received_slice(
         if epoch < rooms.routes.epochs.get(name, -1):
             rooms.counters["route_stale_epoch"] += 1
             return [], None
-        out += _open(rooms, name, epoch, now)  # it spoke before its beacon reached us
+        if not _admitted(rooms, name, epoch, now):  # (a hearing: its beacon may not have reached us yet)
+            rooms.counters["route_messages_unrouted"] += 1
+            return [], None
+        out += _open(rooms, name, epoch, now)  # it spoke before its second beacon reached us
         route = rooms.routes.known(name, epoch)
         assert route is not None
     route.last_recv = now
@@ -126,7 +148,9 @@ def resync(rooms: Rooms, route: Peer, now: float) -> list[Out]:
     out = rooms.forget(route, "route_resync", now)
     fresh = rooms.routes.make_peer(name, epoch, now)
     rooms.peers.add(fresh, now)
-    out.append((fresh.routing_id, b"".join(rooms.routes.full_state())))
+    state = rooms.routes.state_blob()
+    if state:
+        out.append((fresh.routing_id, state))
     return out
 
 

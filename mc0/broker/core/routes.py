@@ -9,9 +9,17 @@ workers, and the identities with a local session (letters for them may be
 sent here).  Route peers talk the batched mc0 wire: what this room has to
 say to them comes out as records (``SUB``/``UNSUB``, ``READY``, ``SUB TO``),
 to every route at once (``drain``) or, when a route (re)connects, the whole
-of it (``full_state``).  Interest learned from one route is never passed to
+of it (``state_blob``, built once per change of interest and shared by
+every route it goes to).  Interest learned from one route is never passed to
 another: a message or request crosses at most one route (as over
 nats-server's routes).  Pure: no sockets, no clock (``now`` is passed in).
+
+Which brokers get a route (``admit``): one heard twice under the same epoch
+(a beacon, or a route message, then another: a name heard once costs a
+line of a bounded table, never a route), at most ``MAX_ROUTES`` of them,
+and at most ``NEW_ROUTES_BURST`` opened at once, ``NEW_ROUTES_PER_S`` a
+second after that; whatever the beacons (anyone with the brokers' NATS
+login can send them, made up or not), what routes cost stays bounded.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Mapping
 from ... import protocol as P
 from ...permissions import ALLOW_ALL
 from ...protocol import Header, Verb, batch
+from ...protocol.routes import MAX_BROKER_LIST
 from .peers import Out, Peer
 
 # A route peer's routing id: a zero byte first (libzmq's own routing ids start with one and
@@ -40,6 +49,18 @@ def is_route_id(routing_id: bytes) -> bool:
 
 # A pattern this broker's own peers hold: (queue group or None, pattern, a 0.x peer's exact topic?).
 Interest = tuple[str | None, str, bool]
+
+# A cluster is at most 256 brokers (a TRIED / REFUSED header names each at most once): routes past that
+# are refused (counted, logged within the log's bound).
+MAX_ROUTES = MAX_BROKER_LIST - 1
+# Routes opened for a new broker (or a new run of one): this many at once, then this many a second (a whole
+# cluster of 50 restarting at once joins within ~2 s; a flood of made-up names costs at most this).
+NEW_ROUTES_BURST = 32
+NEW_ROUTES_PER_S = 8.0
+HEARD_ONCE_KEPT = 1024  # names heard once (a route opens at the second hearing), the oldest forgotten first
+
+# What ``admit`` says: open the route, or why not yet.
+ADMITTED, HEARD_ONCE, TOO_MANY, TOO_FAST = "admitted", "heard_once", "too_many", "too_fast"
 
 
 def _record(verb: Verb, headers: Mapping[str, str], payload: tuple[bytes, ...] = ()) -> bytes:
@@ -61,6 +82,11 @@ class Routes:
         self._identities: Counter[str] = Counter()  # identity -> local sessions
         self._pending: list[bytes] = []  # records every route must get, in order
         self._overflowed: dict[str, None] = {}  # routes that lost messages past their queue's budget
+        self._state: bytes | None = None  # the whole state as records (None: changed since it was built)
+        self._hello: bytes | None = None  # CONNECT and the whole state (what opens a route)
+        self._heard_once: dict[str, int] = {}  # name -> epoch heard once, no route yet (bounded)
+        self._tokens = float(NEW_ROUTES_BURST)  # routes that may open now (refilled with time)
+        self._tokens_at: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -71,12 +97,34 @@ class Routes:
         peers' interest, services and identities are kept here and announced to the other brokers;
         ``ttl``: how long a route lives without a beacon or a message from it."""
         self.name, self.ttl = name, ttl
+        self._state = self._hello = None  # (its CONNECT says the TTL; interest is kept from now on)
 
     def own_name(self) -> str:
         """This broker's name in the cluster ("" while standalone): what the rooms that name this broker ask."""
         return self.name
 
     # ------------------------------------------------------------ route peers
+    def admit(self, name: str, epoch: int, now: float) -> str:
+        """Whether broker ``name`` (under ``epoch``), heard now and with no route under that epoch, gets
+        one: ``ADMITTED`` (the caller opens it) or why not yet (``HEARD_ONCE``: the next hearing opens
+        it; ``TOO_MANY``, ``TOO_FAST``: refused now, tried again at its next beacon)."""
+        if self._heard_once.get(name) != epoch:
+            self._heard_once.pop(name, None)
+            if len(self._heard_once) >= HEARD_ONCE_KEPT:
+                del self._heard_once[next(iter(self._heard_once))]
+            self._heard_once[name] = epoch
+            return HEARD_ONCE
+        if name not in self.by_name and len(self.by_name) >= MAX_ROUTES:
+            return TOO_MANY
+        if self._tokens_at is not None:
+            self._tokens = min(float(NEW_ROUTES_BURST), self._tokens + (now - self._tokens_at) * NEW_ROUTES_PER_S)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return TOO_FAST
+        self._tokens -= 1.0
+        del self._heard_once[name]
+        return ADMITTED
+
     def known(self, name: str, epoch: int) -> Peer | None:
         """The route to broker ``name`` if one is open under ``epoch``."""
         peer = self.by_name.get(name)
@@ -115,11 +163,25 @@ class Routes:
         self._overflowed.clear()
         return names
 
-    def hello(self) -> list[bytes]:
+    def hello(self) -> bytes:
         """What opens a session with another broker: CONNECT (it resets its view of us and answers
-        with its own state), then everything it must know of us."""
-        connect = _record(Verb.CONNECT, {Header.VERSION: P.FULL_VERSION, Header.TTL: str(round(self.ttl * 1000))})
-        return [connect, *self.full_state()]
+        with its own state), then everything it must know of us.  Built once per change of interest:
+        every route opened meanwhile is handed the same bytes."""
+        if self._hello is None:
+            headers: dict[str, str] = {Header.VERSION: P.FULL_VERSION, Header.TTL: str(round(self.ttl * 1000))}
+            self._hello = _record(Verb.CONNECT, headers) + self.state_blob()
+        return self._hello
+
+    def state_blob(self) -> bytes:
+        """Everything another broker must know of this one, as records (built once per change of interest)."""
+        if self._state is None:
+            self._state = b"".join(self.full_state())
+        return self._state
+
+    def _announce(self, record: bytes) -> None:
+        """A change every route must be told of (``drain``), and one the whole state no longer shows."""
+        self._pending.append(record)
+        self._state = self._hello = None
 
     def full_state(self) -> list[bytes]:
         records = []
@@ -161,7 +223,7 @@ class Routes:
         key = (group, pattern, exact)
         self._interest[key] += 1
         if self._interest[key] == 1:
-            self._pending.append(self._sub(Verb.SUB, group, pattern, exact))
+            self._announce(self._sub(Verb.SUB, group, pattern, exact))
 
     def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None:
         if not self.name:
@@ -171,7 +233,7 @@ class Routes:
         if held <= 1:
             self._interest.pop(key, None)
             if held == 1:
-                self._pending.append(self._sub(Verb.UNSUB, group, pattern, exact))
+                self._announce(self._sub(Verb.UNSUB, group, pattern, exact))
         else:
             self._interest[key] = held - 1
 
@@ -183,15 +245,16 @@ class Routes:
             self._capacity[service] = total
         else:
             self._capacity.pop(service, None)
+        self._state = self._hello = None
         if self.enabled:
-            self._pending.append(self._ready(service, total))
+            self._announce(self._ready(service, total))
 
     def online(self, identity: str) -> None:
         if not self.name:
             return
         self._identities[identity] += 1
         if self._identities[identity] == 1:
-            self._pending.append(_record(Verb.SUB, {Header.TO: identity}))
+            self._announce(_record(Verb.SUB, {Header.TO: identity}))
 
     def offline(self, identity: str) -> None:
         if not self.name:
@@ -200,6 +263,6 @@ class Routes:
         if held <= 1:
             self._identities.pop(identity, None)
             if held == 1:
-                self._pending.append(_record(Verb.UNSUB, {Header.TO: identity}))
+                self._announce(_record(Verb.UNSUB, {Header.TO: identity}))
         else:
             self._identities[identity] = held - 1
