@@ -59,7 +59,7 @@ from .storage.records import decode_payload
 log = logging.getLogger("mc0.broker")
 
 # Seconds of a loop turn spent on what the cluster link received (as server.WALK_BUDGET for a client's
-# batches): the rest waits in the link's pipe, bounded by its credit (cluster/credit.py), for the next turn.
+# batches): the rest waits in the link's queue, bounded by its credit (cluster/credit.py), for the next turn.
 ROUTE_WALK_BUDGET = 0.01
 ROUTE_SLICE = 512  # route records walked between looks at the clock
 
@@ -68,7 +68,8 @@ class Listener(Protocol):
     name: str
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None: ...
+    def socket(self) -> zmq.Socket[bytes] | int | None:
+        """What the loop polls for this listener (a zmq socket, or a file descriptor)."""
 
     @property
     def unfinished(self) -> bool: ...
@@ -144,7 +145,7 @@ class RouteWalk:
 class ClusterListener:
     """The other brokers of a cluster: route traffic over NATS (``[cluster]``), taken within a time
     budget per loop turn (``ROUTE_WALK_BUDGET``): a long route message is walked a slice at a time
-    (``RouteWalk``), and what the link received after it waits in the link's pipe meanwhile."""
+    (``RouteWalk``), and what the link received after it waits in the link's queue meanwhile."""
 
     name = "cluster"
 
@@ -160,12 +161,12 @@ class ClusterListener:
 
     @property
     def unfinished(self) -> bool:
-        """Received route traffic is left for the next turn (a message in part, or the pipe not read empty)."""
+        """Received route traffic is left for the next turn (a message in part, or the link's queue not read empty)."""
         return self._walk is not None or self._behind
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None:
-        return self.link.socket
+    def socket(self) -> int | None:
+        return self.link.socket  # (readable once the link's thread posted something)
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
         try:
@@ -183,14 +184,16 @@ class ClusterListener:
 
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
         """What the link received, in order, for at most ``ROUTE_WALK_BUDGET`` of this turn (at least one
-        slice): a message left in part goes on first next turn, and what follows it waits in the pipe."""
+        slice): a message left in part goes on first next turn, and what follows it waits in the link's queue."""
         stop = time.monotonic() + ROUTE_WALK_BUDGET
         out: list[Out] = []
         read_empty = False
         if self._walk is not None:
             out += self._walk_on(core, self._walk, stop, now)
+        look = True  # (the first take reads the wake-ups; the rest of the turn's takes need not)
         while self._walk is None and time.monotonic() < stop:
-            items = self.link.receive(1)  # (one at a time: what is not taken keeps waiting, counted as credit)
+            items = self.link.receive(1, look=look)  # (one at a time: what is not taken waits, counted as credit)
+            look = False
             if not items:
                 read_empty = True
                 break
