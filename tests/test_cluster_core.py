@@ -614,3 +614,36 @@ def test_beacons_from_many_made_up_names_open_routes_only_within_the_bounds_and_
     # A change of interest builds the state afresh: the next route opened gets it.
     a.handle(b"sa", f("SUB", "", "fresh.>"), net.now)  # (its news would go to the made-up brokers: not sent)
     assert b"fresh.>" in a.routes.hello() and a.routes.hello() is not hellos[0]
+
+
+def test_a_beacon_under_this_brokers_own_name_is_a_namesake_said_and_shown_never_a_route(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """(adversary D1) Two brokers named alike: the others keep a route to one of them at a time and both
+    get the route traffic for the name, so clients of both lose messages.  A beacon (or a route message)
+    under this broker's own name, of another run, was dropped without a word; now it is counted, said at
+    ERROR at once (then once a minute while it lasts, beacons or not), shown (/healthz) until it has been
+    quiet for ``NAME_COLLISION_SHOWN_S``, and never opens a route to ourselves."""
+    import logging
+
+    from mc0.broker.core import routes as R
+
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    with caplog.at_level(logging.ERROR, "mc0.broker"):
+        for _ in range(200):  # 50 s of beacons, 4 a second
+            assert routeinput.hello(a.rooms, "a", 99, net.now) == []
+            net.now += 0.25
+        assert routeinput.received(a.rooms, "a", 99, batch.message_record(b"x", b"s", b"m"), net.now) == []
+        said = [r for r in caplog.records if "another broker is also named a" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.ERROR and "unique" in said[0].getMessage()
+        assert sorted(a.routes.by_name) == ["b"] and a.counters["route_name_collisions"] == 201
+        assert a.routes.name_collision(net.now) == {"name": "a", "epoch": f"{99:016x}", "heard_s_ago": 0.0}
+        net.now += 15.0  # (a minute since it was said)
+        routeinput.hello(a.rooms, "a", 99, net.now)
+        routeinput.hello(a.rooms, "a", 100, net.now)  # (another run of it: news)
+        said = [r for r in caplog.records if "another broker is also named a" in r.getMessage()]
+        assert len(said) == 3 and f"{100:016x}" in said[-1].getMessage()
+    net.now += R.NAME_COLLISION_SHOWN_S + 0.1
+    assert a.routes.name_collision(net.now) is None
+    assert net.cores["b"].routes.name_collision(net.now) is None

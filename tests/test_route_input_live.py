@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,7 +146,6 @@ def test_beacons_from_thousands_of_made_up_names_neither_stall_nor_grow_a_broker
     within a burst and a rate, and every route is handed the same state bytes: 3,000 names beaconing
     once and 300 twice are taken in a moment (before: 3,300 routes opened, 21 s of work), b1 answering
     at once, a few dozen routes open, its memory as it was."""
-    import time
 
     import psutil
 
@@ -197,3 +197,28 @@ def test_beacons_from_thousands_of_made_up_names_neither_stall_nor_grow_a_broker
         assert opened < 300 and took < 10.0, (opened, took)  # (before: 3,300 routes opened in 21 s of work)
         assert opened <= R.NEW_ROUTES_BURST + R.NEW_ROUTES_PER_S * took
         assert worst[0] < 1.0 and grown < 48 << 20, (worst[0], grown >> 20)
+
+
+def test_two_brokers_under_one_name_say_so_in_their_log_their_counters_and_healthz(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """(adversary D1) Two brokers named b1 (a config copied, or the HOST-PORT default of web1.eu and
+    web1.us): both get the route traffic for b1, the others keep a route to one of them at a time, and
+    clients of both lose messages.  Each b1 heard the other's beacons and dropped them without a word;
+    now each says it at ERROR (once, not a line a beacon), counts it, and /healthz says degraded,
+    naming the collision, while b2, which cannot tell, stays ok."""
+    with ClusterBus(tmp_path, nats, 3, names=("b1", "b1", "b2"), http=True) as bus:
+        until(lambda: all(bus.healthz(i)["status"] == "degraded" for i in (0, 1)), 15, "both b1s degraded")
+        for i in (0, 1):
+            health = bus.healthz(i)
+            assert "another broker is also named b1" in health["reason"], health
+            assert health["name_collision"]["name"] == "b1"
+            assert counters(bus, i).get("route_name_collisions", 0) > 0
+            assert "b1" not in bus.cluster_report(i)["brokers"]  # (never a route to itself)
+        assert bus.healthz(2) == {"status": "ok"}
+        time.sleep(1.0)  # (ten more beacons each: no more lines)
+        for i in (0, 1):
+            broker = bus.brokers[i]
+            assert broker is not None
+            said = [line for line in broker.stderr_text().splitlines() if "another broker is also named b1" in line]
+            assert len(said) == 1 and "ERROR" in said[0] and "unique" in said[0], said

@@ -86,7 +86,7 @@ class Listener(Protocol):
 
     def turn(self, core: BrokerCore, now: float) -> list[Out]: ...
 
-    def status(self, core: BrokerCore) -> dict[str, object]: ...
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]: ...
 
     def close(self) -> None: ...
 
@@ -125,7 +125,7 @@ class NngListener:
     def turn(self, core: BrokerCore, now: float) -> list[Out]:
         return []
 
-    def status(self, core: BrokerCore) -> dict[str, object]:
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]:
         return {"address": self.bridge.address}
 
     def close(self) -> None:
@@ -320,9 +320,11 @@ class ClusterListener:
         self._tell_routes(core)  # (routes forgotten by the core's sweep, or resynced, since the last receive)
         return out
 
-    def status(self, core: BrokerCore) -> dict[str, object]:
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]:
         return {
             "name": self.broker_name,
+            # Another broker beaconing under this one's name, lately (None: none): /healthz is degraded.
+            "name_collision": core.routes.name_collision(now),
             "nats_connected": self.link.connected,
             "nats_server": self.link.server,
             "brokers": sorted(core.routes.by_name),

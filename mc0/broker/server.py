@@ -534,7 +534,7 @@ class Broker:
                 started=self._started,
                 wall=time.time(),
                 in_bytes=self.bytes_in,
-                cluster=self.cluster.status(self.core) if self.cluster is not None else None,
+                cluster=self.cluster.status(self.core, now) if self.cluster is not None else None,
             )
         except Exception:
             self.core.counters["internal_errors"] += 1

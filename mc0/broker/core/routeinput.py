@@ -59,7 +59,11 @@ def join(rooms: Rooms, name: str, route_ttl: float) -> None:
 
 def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session once
-    it is heard twice, within the routes' bounds (``Routes.admit``)."""
+    it is heard twice, within the routes' bounds (``Routes.admit``).  One under this broker's own name
+    (never its own: the link passes none of those) is another broker named alike: said, never a route."""
+    if name == rooms.routes.name:
+        _name_collision(rooms, epoch, now)
+        return []
     route = rooms.routes.known(name, epoch)
     if route is not None:
         route.last_recv = now
@@ -86,6 +90,25 @@ def _admitted(rooms: Rooms, name: str, epoch: int, now: float) -> bool:
         else:
             rooms.counters["log_lines_left_out"] += 1
     return False
+
+
+def _name_collision(rooms: Rooms, epoch: int, now: float) -> None:
+    """Another broker is named as this one (started under ``epoch``): counted, said at ERROR (at once,
+    then once a minute while it lasts, within the log's bound), shown by /healthz
+    (``Routes.name_collision``).  Nothing else can be done here: both get the route traffic sent to
+    the name, and the others keep a route to one of them at a time."""
+    if not rooms.routes.collided(epoch, now):
+        return
+    if not rooms.log_limit.allow("cluster", "name collision", now):  # (epochs made up by the hundred)
+        rooms.counters["log_lines_left_out"] += 1
+        return
+    name = rooms.routes.name
+    log.error(
+        "cluster: another broker is also named %s (epoch %016x): broker names must be unique in a cluster"
+        " ([cluster] name, mc0 broker --name); route traffic for %s reaches either one, so clients of"
+        " both lose messages and requests until one is renamed",
+        name, epoch, name,
+    )  # fmt: skip
 
 
 def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
@@ -118,6 +141,10 @@ def received_slice(
     out: list[Out] = []
     route = rooms.routes.known(name, epoch)
     if route is None:
+        if name == rooms.routes.name:  # (another broker named as this one: never a route to ourselves)
+            rooms.counters["route_messages_unrouted"] += 1
+            _name_collision(rooms, epoch, now)
+            return [], None
         if epoch < rooms.routes.epochs.get(name, -1):
             rooms.counters["route_stale_epoch"] += 1
             return [], None

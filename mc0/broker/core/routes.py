@@ -59,6 +59,11 @@ NEW_ROUTES_BURST = 32
 NEW_ROUTES_PER_S = 8.0
 HEARD_ONCE_KEPT = 1024  # names heard once (a route opens at the second hearing), the oldest forgotten first
 
+# Another broker beaconing under this one's name is shown (``name_collision``: /healthz degraded) until this
+# long after its last beacon.
+NAME_COLLISION_SHOWN_S = 10.0
+NAME_COLLISION_REMINDER_S = 60.0  # said again this often while it lasts (beacons come 4 a second)
+
 # What ``admit`` says: open the route, or why not yet.
 ADMITTED, HEARD_ONCE, TOO_MANY, TOO_FAST = "admitted", "heard_once", "too_many", "too_fast"
 
@@ -87,6 +92,8 @@ class Routes:
         self._heard_once: dict[str, int] = {}  # name -> epoch heard once, no route yet (bounded)
         self._tokens = float(NEW_ROUTES_BURST)  # routes that may open now (refilled with time)
         self._tokens_at: float | None = None
+        self._collision: tuple[int, float] | None = None  # (epoch, when) of the last beacon under our own name
+        self._collision_said: float | None = None  # when it was last logged
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +111,27 @@ class Routes:
         return self.name
 
     # ------------------------------------------------------------ route peers
+    def collided(self, epoch: int, now: float) -> bool:
+        """A beacon under this broker's own name, of another broker (started under ``epoch``): two brokers
+        share a name (each gets the route traffic for it; the others keep a route to one of them only).
+        True when it is to be said: news (the first, a new epoch, one after ``NAME_COLLISION_SHOWN_S`` of
+        quiet) or ``NAME_COLLISION_REMINDER_S`` since it was last said."""
+        last = self._collision
+        self._collision = (epoch, now)
+        self.counters["route_name_collisions"] += 1
+        news = last is None or last[0] != epoch or now - last[1] > NAME_COLLISION_SHOWN_S
+        if news or self._collision_said is None or now - self._collision_said >= NAME_COLLISION_REMINDER_S:
+            self._collision_said = now
+            return True
+        return False
+
+    def name_collision(self, now: float) -> dict[str, object] | None:
+        """The other broker under this one's name, heard within ``NAME_COLLISION_SHOWN_S`` (None: none)."""
+        if self._collision is None or now - self._collision[1] > NAME_COLLISION_SHOWN_S:
+            return None
+        epoch, heard = self._collision
+        return {"name": self.name, "epoch": f"{epoch:016x}", "heard_s_ago": round(max(0.0, now - heard), 1)}
+
     def admit(self, name: str, epoch: int, now: float) -> str:
         """Whether broker ``name`` (under ``epoch``), heard now and with no route under that epoch, gets
         one: ``ADMITTED`` (the caller opens it) or why not yet (``HEARD_ONCE``: the next hearing opens
