@@ -647,3 +647,31 @@ def test_a_beacon_under_this_brokers_own_name_is_a_namesake_said_and_shown_never
     net.now += R.NAME_COLLISION_SHOWN_S + 0.1
     assert a.routes.name_collision(net.now) is None
     assert net.cores["b"].routes.name_collision(net.now) is None
+
+
+def test_a_route_announcing_more_patterns_than_its_budget_is_taken_in_part_counted_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """(adversary #27) A route is trusted, so nothing it announces was held to a limit: 200,000 SUB patterns
+    grew a broker by 380 MiB.  Now one route holds at most ``[cluster] max_route_patterns`` here: the first
+    ones are taken, the rest refused, counted, said once while the route lasts; what it gives up makes room."""
+    import logging
+
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    routeinput.join(a.rooms, "a", route_ttl=1.0, max_patterns=100)
+    net.connect("a", b"pub")
+    net.connect("b", b"sub")
+    with caplog.at_level(logging.ERROR, "mc0.broker"):
+        net.send("b", b"sub", "SUB", "", *[f"t.{i:03d}" for i in range(150)])
+        net.send("b", b"sub", "SUB", "", *[f"u.{i:03d}" for i in range(10)])
+    route = a.routes.by_name["b"]
+    assert a.pubsub.count(route) == 100 and a.counters["route_patterns_refused"] == 60
+    said = [r.getMessage() for r in caplog.records if "max_route_patterns" in r.getMessage()]
+    assert len(said) == 1 and "broker b announced more than 100 patterns" in said[0], said
+    for topic in ("t.000", "t.099", "t.100"):
+        net.send("a", b"pub", "PUT", "TOPIC", topic, "", topic)
+    assert net.messages("b", b"sub") == [b"t.000", b"t.099"]  # (t.100 was refused at a)
+    net.send("b", b"sub", "UNSUB", "", *[f"t.{i:03d}" for i in range(10)])
+    net.send("b", b"sub", "SUB", "", "v.>")
+    assert a.pubsub.count(route) == 91 and "v.>" in a.pubsub.held(route, None)

@@ -222,3 +222,45 @@ def test_two_brokers_under_one_name_say_so_in_their_log_their_counters_and_healt
             assert broker is not None
             said = [line for line in broker.stderr_text().splitlines() if "another broker is also named b1" in line]
             assert len(said) == 1 and "ERROR" in said[0] and "unique" in said[0], said
+
+
+def test_a_route_announcing_fifty_thousand_patterns_holds_its_budget_only(tmp_path: Path, nats: NatsCluster) -> None:
+    """(adversary #27) A route is trusted, so what it announced was held to no limit: 200,000 SUB patterns
+    grew a broker by 380 MiB.  With ``[cluster] max_route_patterns = 1000``, a made-up broker announcing
+    50,000 gets its first 1,000 (messages on them reach it), the rest are refused and counted, and b1's
+    memory stays as it was."""
+    import psutil
+
+    with (
+        ClusterBus(tmp_path, nats, size=1, extra="max_route_patterns = 1000\n") as bus,
+        FakeBroker(nats.url(0)) as fake,
+        bus.client(0) as client,
+    ):
+        until(lambda: "fake" in bus.cluster_report(0)["brokers"], 10, "b1 has a route to the fake broker")
+        done = client.subscribe("done.>")
+        broker = psutil.Process(bus.brokers[0].proc.pid)  # type: ignore[union-attr]
+        rss = broker.memory_info().rss
+        before = counters(bus, 0)
+        subs = [
+            batch.frames_record([b"SUB", b"", *(f"p.{n:05d}.>".encode() for n in range(k, k + 1000))])
+            for k in range(0, 50_000, 1000)
+        ]
+        fake.send("b1", b"".join(subs) + batch.message_record(b"done.x", b"fake", b"after the SUBs"))
+        assert done.next(timeout=30).body == b"after the SUBs"  # (one route message: the SUBs were taken first)
+        grown = broker.memory_info().rss - rss
+        refused = counters(bus, 0).get("route_patterns_refused", 0) - before.get("route_patterns_refused", 0)
+
+        def topics() -> list[bytes]:
+            found = []
+            for _, blob in list(fake.received):
+                for code, start, end in batch.records(blob):
+                    if code == batch.MESSAGE:
+                        found.append(bytes(batch.message_fields(blob, start, end)[1]))
+            return found
+
+        for topic in ("p.00000.x", "p.49999.x", "p.00999.x"):
+            client.publish(topic, b"")
+        until(lambda: b"p.00999.x" in topics(), 10, "a message on a pattern within the budget reaches the route")
+        print(f"refused {refused}; grown {grown >> 20} MiB")
+        assert b"p.49999.x" not in topics() and b"p.00000.x" in topics()  # (one route queue: in order)
+        assert refused == 49_000 and grown < 24 << 20, (refused, grown >> 20)

@@ -177,7 +177,8 @@ class ClusterListener:
         self.broker_name = route_wire.check_name(name, "cluster.name")
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
-        routeinput.join(core.rooms, self.broker_name, route_ttl=gone_after / core.settings.liveness)
+        ttl = gone_after / core.settings.liveness
+        routeinput.join(core.rooms, self.broker_name, route_ttl=ttl, max_patterns=self.config.max_route_patterns)
         self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
         positions = {name: journal.position() for name, journal in self.replicated.items()}
         self.link.start(context, self.broker_name, positions)

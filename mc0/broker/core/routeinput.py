@@ -16,7 +16,8 @@ mailbox here); a route's
 identity's session holder here, like any peer, so this broker's own traffic
 reaches it once.  A route is trusted (only brokers reach the cluster's NATS
 subjects; it checked its own peers' rights), so nothing it announces is held
-to a peer's limits.  A record this broker cannot take (one the route
+to a peer's limits, only to a memory budget: at most ``max_route_patterns``
+patterns per route (the rest refused, counted, said once).  A record this broker cannot take (one the route
 grammar has no place for, or malformed) is counted and dropped, never
 answered: an answer to another broker's mistake would only echo between
 them.  Each record costs itself only, as on the client wire: what the
@@ -26,6 +27,7 @@ bug: counted with the internal errors).  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -35,6 +37,7 @@ from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
 from ...protocol import routes as route_wire
+from ...settings import MAX_ROUTE_PATTERNS
 from ...topics import seed_topic, split_pattern
 from . import admin
 from .access import dead_letter_origin, is_dead_letter
@@ -49,12 +52,13 @@ _RECORD_HEAD = 5  # a record's size:u32 and code:u8, in front of its body
 
 
 # ---------------------------------------------------------------- the sessions with other brokers
-def join(rooms: Rooms, name: str, route_ttl: float) -> None:
+def join(rooms: Rooms, name: str, route_ttl: float, max_patterns: int = MAX_ROUTE_PATTERNS) -> None:
     """This broker is ``name`` in a cluster: from now on its own peers' interest, services and
     identities are announced to the other brokers (call before any peer connects).  The rooms that
     name this broker ask the routes for its name: its peers are ``identity#n@name``, what it
-    publishes to a JetStream journal comes from ``name``."""
-    rooms.routes.join(name, route_ttl)
+    publishes to a JetStream journal comes from ``name``.  ``max_patterns``: the patterns one route
+    may announce here (``[cluster] max_route_patterns``)."""
+    rooms.routes.join(name, route_ttl, max_patterns)
 
 
 def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
@@ -475,8 +479,31 @@ def _subscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[
     group = command.headers.get(Header.GROUP)
     patterns = _patterns(command)
     held = rooms.pubsub.held(route, group)
-    rooms.pubsub.add(route, {p: t for p, t in patterns if p not in held}, group)
+    new = {p: t for p, t in patterns if p not in held}
+    room = rooms.routes.max_patterns - rooms.pubsub.count(route)
+    if len(new) > room:
+        new = _within_budget(rooms, route, new, max(room, 0), now)
+    rooms.pubsub.add(route, new, group)
     return []
+
+
+def _within_budget(
+    rooms: Rooms, route: Peer, new: dict[str, tuple[str, ...]], room: int, now: float
+) -> dict[str, tuple[str, ...]]:
+    """The first ``room`` of the patterns ``route`` announced: the rest are refused (counted, said once
+    while the route lasts), so no route costs more than ``max_patterns`` here.  Messages on a refused
+    pattern do not reach that broker's subscribers: the budget is an operator's to raise."""
+    refused = len(new) - room
+    rooms.counters["route_patterns_refused"] += refused
+    name = _name_of(route)
+    if name not in rooms.routes.over_budget:
+        rooms.routes.over_budget.add(name)
+        log.error(
+            "cluster: broker %s announced more than %d patterns ([cluster] max_route_patterns): %d refused"
+            " (counted in route_patterns_refused); messages on them do not reach its subscribers",
+            name, rooms.routes.max_patterns, refused,
+        )  # fmt: skip
+    return dict(itertools.islice(new.items(), room))
 
 
 def _unsubscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:

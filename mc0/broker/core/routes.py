@@ -31,6 +31,7 @@ from ... import protocol as P
 from ...permissions import ALLOW_ALL
 from ...protocol import Header, Verb, batch
 from ...protocol.routes import MAX_BROKER_LIST
+from ...settings import MAX_ROUTE_PATTERNS
 from .peers import Out, Peer
 
 # A route peer's routing id: a zero byte first (libzmq's own routing ids start with one and
@@ -79,6 +80,8 @@ class Routes:
         self.counters = counters
         self.name = name
         self.ttl = ttl
+        self.max_patterns = MAX_ROUTE_PATTERNS  # patterns one route may announce (``join``)
+        self.over_budget: set[str] = set()  # routes that went past max_patterns since they opened (said once)
         self.by_name: dict[str, Peer] = {}
         self.epochs: dict[str, int] = {}
         self.generation = 0  # counts every route opened or dropped (what the shell shows the link is kept in step)
@@ -99,11 +102,12 @@ class Routes:
     def enabled(self) -> bool:
         return bool(self.name)
 
-    def join(self, name: str, ttl: float) -> None:
+    def join(self, name: str, ttl: float, max_patterns: int = MAX_ROUTE_PATTERNS) -> None:
         """This broker is ``name`` in a cluster (call before any peer connects): from now on its own
         peers' interest, services and identities are kept here and announced to the other brokers;
-        ``ttl``: how long a route lives without a beacon or a message from it."""
-        self.name, self.ttl = name, ttl
+        ``ttl``: how long a route lives without a beacon or a message from it; ``max_patterns``: how
+        many patterns one route may announce here."""
+        self.name, self.ttl, self.max_patterns = name, ttl, max_patterns
         self._state = self._hello = None  # (its CONNECT says the TTL; interest is kept from now on)
 
     def own_name(self) -> str:
@@ -176,6 +180,7 @@ class Routes:
         if self.by_name.get(name) is peer:
             del self.by_name[name]
             self.epochs.pop(name, None)
+            self.over_budget.discard(name)
             self.generation += 1
 
     def overflowed(self, peer: Peer) -> None:
