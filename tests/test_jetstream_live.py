@@ -688,7 +688,7 @@ def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_namin
     *progress, error = done.stderr.strip().splitlines()  # (progress lines, then the error in one line)
     assert all(line.startswith("journal copy: ") for line in progress) and "Traceback" not in done.stderr
     assert error.startswith("mc0: error: seq 2: the record is ") and error.endswith("copied up to 1")
-    assert "over the NATS servers' max_payload (1048576 bytes)" in error
+    assert "over the connected NATS server's max_payload (1048576 bytes)" in error
 
     async def last_seq() -> int:
         from nats.aio.client import Client as Nats

@@ -36,6 +36,7 @@ from .. import keys as keyfiles
 from ..config import Config, check_stores, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
+from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
 from .core import admin
@@ -163,6 +164,7 @@ class Broker:
             backlog=self.outbox.backlog,
             # A queue-group member whose queue holds more than this is skipped while another can take it.
             group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
+            first_serial=first_serial(time.time()),  # (names of an earlier run never repeat)
         )
         self.sender = Sender(self.core, self.outbox, self.listeners)
         self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
@@ -415,6 +417,8 @@ class Broker:
             deadline = min(deadline, start + HOLD_RECHECK)
         elif core.unfinished:
             return 0
+        if any(listener.unfinished for listener in self.listeners):  # (route traffic left for this turn)
+            return 0
         if self.http is not None and self.http.wanted:
             deadline = min(deadline, self._next_snapshot)
         wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
@@ -436,7 +440,7 @@ class Broker:
     def _read_listeners(self, ready: dict[Any, int]) -> None:
         """What each ready listener received (MemoDB requests, other brokers' traffic)."""
         for listener in self.listeners:
-            if listener.socket in ready:
+            if listener.socket in ready or listener.unfinished:
                 now = time.monotonic()
                 try:
                     news = listener.receive(self.core, now)
@@ -530,7 +534,7 @@ class Broker:
                 started=self._started,
                 wall=time.time(),
                 in_bytes=self.bytes_in,
-                cluster=self.cluster.status(self.core) if self.cluster is not None else None,
+                cluster=self.cluster.status(self.core, now) if self.cluster is not None else None,
             )
         except Exception:
             self.core.counters["internal_errors"] += 1

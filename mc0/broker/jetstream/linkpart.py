@@ -68,10 +68,14 @@ def message_size(payload: bytes, headers: dict[str, str]) -> int:
 
 
 def too_large(size: int, limit: int) -> str:
+    """Why a record over ``limit`` (the max_payload of the NATS server this connection is on) is refused:
+    that server cannot take it, whatever is retried; another server of the cluster may have a larger
+    limit, so nothing is said of JetStream as a whole."""
     return (
-        f"the record is {size} bytes as a NATS message, over the NATS servers' max_payload ({limit} bytes): "
-        "JetStream can never store it (a record of this journal, with its topic, sender and headers, "
-        f"is at most {limit} bytes; raise max_payload in nats-server's config, up to 64 MiB, for larger)"
+        f"the record is {size} bytes as a NATS message, over the connected NATS server's max_payload ({limit} "
+        "bytes): that server refuses it, so sending it again through it is no use (a record of this journal, "
+        f"with its topic, sender and headers, is at most {limit} bytes there; raise max_payload in every "
+        "nats-server's config, up to 64 MiB, for larger)"
     )
 
 
