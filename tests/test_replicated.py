@@ -503,6 +503,35 @@ def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: P
         again.append("t", "s", {}, [b""])
 
 
+@pytest.mark.parametrize("first", [4, 9])  # within the copy; past its end (the copy was behind)
+def test_a_copy_follows_a_first_seq_the_stream_moved_without_telling_it_and_reads_before_it_are_410(
+    tmp_path: Path, first: int
+) -> None:
+    from mc0.broker.storage.port import Trimmed
+
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    payload = encode_payload("orders.x", "alice", {}, [b"secret"])
+    for seq in range(1, 7):
+        copy.arrived(seq, float(seq), payload)
+    copy.flush()
+    copy.stream_state(first, 8, "made-1", 7)  # purged outside mc0 (or while this broker was away)
+    assert (copy.cache.first_seq, copy.first_seq, copy.info()["first_seq"]) == (first, first, first)
+    assert copy.info()["records"] == 9 - first
+    with pytest.raises(Trimmed):
+        copy.read(first - 1)
+    with pytest.raises(Trimmed):
+        copy.read_columns(1)
+    assert [r.seq for r in copy.read(first)[0]] == list(range(first, 7))
+    after = max(7, first)  # what the stream delivers next
+    assert copy.arrived(after, float(after), payload) is not None and copy.next_seq == after + 1
+    copy.close()
+    again = ReplicatedJournal("main", settings).open()  # dropped from the files, not only hidden
+    assert again.first_seq == first
+    again.close()
+
+
 def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_the_command_line_gives_it(
     tmp_path: Path,
 ) -> None:

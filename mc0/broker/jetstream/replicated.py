@@ -40,6 +40,7 @@ from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
 from ..storage.filestore import Journal
+from ..storage.port import Trimmed
 from ..storage.records import decode_payload, encode_payload
 
 log = logging.getLogger("mc0.journal")
@@ -107,7 +108,9 @@ class ReplicatedJournal:
     # ------------------------------------------------------------ the port
     @property
     def first_seq(self) -> int:
-        return self.cache.first_seq
+        """The first seq a reader may ask for: the copy's, or the stream's when the stream dropped more
+        (a purge or its retention this copy has not followed yet)."""
+        return max(self.cache.first_seq, self.stream_first)
 
     @property
     def next_seq(self) -> int:
@@ -211,6 +214,7 @@ class ReplicatedJournal:
         max_records: int = 1000,
         max_bytes: int = 1 << 20,
     ) -> tuple[list[Record], int]:
+        self._readable_from(from_seq)
         return self.cache.read(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
 
     def read_columns(
@@ -222,15 +226,22 @@ class ReplicatedJournal:
         max_records: int = 1000,
         max_bytes: int = 1 << 20,
     ) -> tuple[PageColumns, int]:
+        self._readable_from(from_seq)
         return self.cache.read_columns(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+
+    def _readable_from(self, from_seq: int) -> None:
+        """A read before the stream's first seq is of records the stream no longer holds: 410 (Trimmed),
+        whatever the copy still has (a purge it was not told of, before it follows it)."""
+        if from_seq < self.stream_first:
+            raise Trimmed(self.name, from_seq, self.stream_first)
 
     def info(self) -> dict[str, object]:
         copy = self.cache.info()
         return {
             **copy,
-            "first_seq": max(self.cache.first_seq, self.stream_first),
+            "first_seq": self.first_seq,
             "next_seq": self.stored_next_seq,  # what a reader may ask for (a fetch waits for the copy)
-            "records": self.stored_next_seq - max(self.cache.first_seq, self.stream_first),
+            "records": max(0, self.stored_next_seq - self.first_seq),
             "fsync": self.settings.fsync,
             "store": self.settings.store,
             "stream": self.stream,
@@ -327,7 +338,9 @@ class ReplicatedJournal:
     def stream_state(self, first: int, last: int, created: str, start: int) -> None:
         """The stream as the link found it: ``first``..``last``, made at ``created``; its records
         arrive from ``start`` on.  A copy of another stream (or one that ran past this one's end)
-        starts again, empty, at ``start``."""
+        starts again, empty, at ``start``.  A stream whose first seq passed the copy's (purged while
+        this broker was away, or by NATS's own tools, or its own retention) is followed: the copy
+        drops what the stream dropped."""
         self.stream_first = first
         if created != self.created or self.cache.next_seq > last + 1:
             if self.cache.next_seq > self.cache.first_seq or self.created:
@@ -343,6 +356,11 @@ class ReplicatedJournal:
                     (self.folder / MARKER).write_text(json.dumps({"stream": self.stream, "created": created}))
                 except OSError as exc:
                     self._break(exc)
+        if first > self.cache.first_seq and not self.broken:
+            try:
+                self.cache.purge(first)
+            except OSError as exc:
+                self._break(exc)
         self.acknowledged(last)
 
     def position(self) -> tuple[int, str]:

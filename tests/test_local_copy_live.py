@@ -1,0 +1,118 @@
+"""A JetStream journal's local copy (mc0/broker/jetstream/replicated.py, feed.py) against the stream it copies,
+on real nats-server nodes and broker processes: a purge the copy was not told of, a copy rebuilt from the
+stream, a replaying subscriber failing over to a broker whose copy is behind.  (The same rules in the core,
+without NATS: tests/test_replicated.py and tests/test_feed.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mc0
+from mc0.natsproc import NatsCluster
+
+from .clusterbus import ClusterBus, nats_cluster
+from .test_jetstream_live import confirmed, journal, until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    yield from nats_cluster(tmp_path_factory.mktemp("nats"))
+
+
+def drain(subscription: mc0.Subscription, within: float) -> list[mc0.Message]:
+    """Whatever ``subscription`` receives for ``within`` seconds."""
+    got: list[mc0.Message] = []
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            got += subscription.next_batch(1000, timeout=0.2)
+        except mc0.Timeout:
+            pass
+    return got
+
+
+def js(nats: NatsCluster, subject: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JetStream API request with the brokers' login, as an operator's `nats` CLI would make it."""
+
+    async def ask() -> dict[str, Any]:
+        from nats.aio.client import Client as Nats
+
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix="mc0.cl.reply.operator")
+        try:
+            payload = json.dumps(request).encode() if request is not None else b""
+            return dict(json.loads((await nc.request(f"$JS.API.{subject}", payload, timeout=5)).data))
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+def replayed_and_fetched(client: mc0.Client, name: str, topics: str, from_seq: int) -> tuple[list[bytes], list[bytes]]:
+    """What a SUB FROM and a fetch from ``from_seq`` get ([] each when refused 410: trimmed)."""
+    try:
+        replay = client.subscribe(topics, from_seq=from_seq, journal=name)
+        replayed = [m.body for m in drain(replay, 1.0)]
+    except mc0.Gone:
+        replayed = []
+    try:
+        fetched = [r.body for r in client.fetch(name, from_seq=from_seq, timeout=10).records]
+    except mc0.Gone:
+        fetched = []
+    return replayed, fetched
+
+
+# ---------------------------------------------------------------- purges the copy was not told of
+def test_a_broker_down_during_a_purge_serves_none_of_the_purged_records_when_it_is_back(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """journal.purge is carried to the brokers that are up; b2 was down and kept its copy on disk.  Back,
+    its feed learns the stream's new first seq: the copy follows it, and neither a SUB FROM nor a fetch
+    there serves what the operator purged."""
+    extra = journal("purged", '["orders.>"]') + '[permissions.identity.anonymous]\ncall = ["mc0.admin", ">"]\n'
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            seqs = [confirmed(writer, "orders.eu", f"secret {i}".encode()).seq for i in range(5)]
+            until(lambda: reader.journal_info()["purged"]["copy_next_seq"] > seqs[-1], 15, "b2's copy")
+        bus.brokers[1].stop()  # type: ignore[union-attr]
+        bus.brokers[1] = None
+        until(lambda: "b2" not in bus.cluster_report(0)["brokers"], 10, "b1 forgets b2")
+        with bus.client(0) as root:
+            done = json.loads(root.request("mc0.admin", b'{"op": "journal.purge", "journal": "purged"}').body)
+        first = done["jetstream"]["first_seq"]
+        assert first == seqs[-1] + 1 and set(done["brokers"]) == {"b1"}
+        bus.start(1)
+        with bus.client(1) as reader:
+            until(lambda: reader.journal_info()["purged"]["first_seq"] == first, 15, "b2 learns the new first seq")
+            assert replayed_and_fetched(reader, "purged", "orders.>", seqs[0]) == ([], [])
+            assert [r.seq for r in reader.fetch("purged", from_seq=0, timeout=10).records] == []
+
+
+def test_a_purge_made_outside_mc0_is_followed_by_every_local_copy(tmp_path: Path, nats: NatsCluster) -> None:
+    """The stream purged with NATS's own API (or by a broker killed between JetStream's purge and carrying it
+    to the others: the same for them): no broker is told, and every copy follows it within its feed's look
+    at the stream."""
+    extra = journal("opurge", '["orders.>"]')
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            seqs = [confirmed(writer, "orders.eu", f"secret {i}".encode()).seq for i in range(5)]
+            until(lambda: reader.journal_info()["opurge"]["copy_next_seq"] > seqs[-1], 15, "b2's copy")
+            purged = js(nats, "STREAM.PURGE.MC0_J_opurge", {})
+            assert purged.get("success") is True and purged.get("purged") == 5
+            after = confirmed(writer, "orders.eu", b"after")
+            for client in (writer, reader):
+                until(lambda c=client: c.journal_info()["opurge"]["first_seq"] == after.seq, 20, "the copy follows")
+                assert replayed_and_fetched(client, "opurge", "orders.>", seqs[0]) == ([], [])
+                until(lambda c=client: c.journal_info()["opurge"]["copy_next_seq"] > after.seq, 15, "the copy")
+                assert [r.body for r in client.fetch("opurge", from_seq=0, timeout=10).records] == [b"after"]
