@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import mc0
 from mc0.natsproc import NatsCluster
 
 from .clusterbus import ClusterBus, nats_cluster
-from .test_jetstream_live import confirmed, journal, until
+from .test_jetstream_live import confirmed, journal, received, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +117,39 @@ def test_a_purge_made_outside_mc0_is_followed_by_every_local_copy(tmp_path: Path
                 assert replayed_and_fetched(client, "opurge", "orders.>", seqs[0]) == ([], [])
                 until(lambda c=client: c.journal_info()["opurge"]["copy_next_seq"] > after.seq, 15, "the copy")
                 assert [r.body for r in client.fetch("opurge", from_seq=0, timeout=10).records] == [b"after"]
+
+
+# ---------------------------------------------------------------- a local copy made again
+def test_a_copy_rebuilt_from_scratch_hands_neither_live_subscribers_nor_queue_groups_the_streams_history(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """ "Losing the copy loses nothing: it is rebuilt from the stream" (a new broker, a container without a
+    volume).  b1's data folder is lost: while its copy is made again, a plain SUB made at b1 after it
+    started gets none of the stream's old records, and the queue group whose work was published through b1
+    (b1 hands a record published through it to its groups) is not handed that work again."""
+    extra = journal("hist", '["hist.>", "jobs.>"]')
+    with ClusterBus(tmp_path, nats, 2, extra=extra) as bus:
+        bus.wait_joined()
+        with bus.client(1) as member_client:
+            member = member_client.subscribe("jobs.>", group="workers")
+            until(lambda: bus.interest(0, "jobs.x", "workers") >= 1, 10, "the group's member known at b1")
+            with bus.client(0) as writer:
+                for i in range(20):
+                    confirmed(writer, "jobs.x", f"job {i}".encode())
+                for i in range(3000):  # (history enough for the copy to take a moment)
+                    writer.publish("hist.x", f"old bulk {i}".encode() * 20)
+                last = confirmed(writer, "hist.x", b"old last").seq
+            assert sorted(body for _, body in received(member, 20)) == sorted(f"job {i}".encode() for i in range(20))
+            bus.brokers[0].stop()  # type: ignore[union-attr]
+            bus.brokers[0] = None
+            shutil.rmtree(tmp_path / "b1")  # its data folder lost: the copy is made again from the stream
+            bus.start(0)
+            with bus.client(0) as reader:
+                live = reader.subscribe("hist.>")
+                until(lambda: reader.journal_info()["hist"]["copy_next_seq"] == last + 1, 30, "b1's copy rebuilt")
+                got = [m.body for m in drain(live, 1.0)]
+                again = [m.body for m in drain(member, 0.5)]
+                assert got == [] and again == [], f"{len(got)} old records live, {len(again)} jobs handed again"
+                with bus.client(1) as writer:
+                    new = confirmed(writer, "hist.x", b"new").seq
+                assert received(live, 1) == [(new, b"new")]  # (live from the end on)

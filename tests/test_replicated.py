@@ -532,6 +532,32 @@ def test_a_copy_follows_a_first_seq_the_stream_moved_without_telling_it_and_read
     again.close()
 
 
+def test_a_copy_filled_from_scratch_takes_the_history_without_handing_it_out_live_even_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
+    payload = encode_payload("orders.x", "alice", {}, [b"old"])
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 5, "made-1", 1)  # no marker: a new broker, or its data folder lost
+    assert [copy.arrived(seq, float(seq), payload) for seq in (1, 2, 3)] == [None, None, None]  # (history)
+    copy.flush()
+    assert (copy.next_seq, [r.seq for r in copy.read(1)[0]]) == (4, [1, 2, 3])  # (in the copy all the same)
+    copy.close()  # (killed mid-way: the marker says where live delivery starts)
+    again = ReplicatedJournal("main", settings).open()
+    again.stream_state(1, 7, "made-1", 4)
+    assert [again.arrived(seq, float(seq), payload) is not None for seq in (4, 5, 6, 7)] == [False, False, True, True]
+    again.close()
+    (tmp_path / "copy" / "stream.json").unlink()  # the marker lost too: from scratch again
+    for segment in (tmp_path / "copy").glob("*.seg*"):
+        segment.unlink()
+    rebuilt = ReplicatedJournal("main", settings).open()
+    rebuilt.stream_state(1, 7, "made-1", 1)
+    assert [rebuilt.arrived(seq, float(seq), payload) is not None for seq in range(1, 9)] == [False] * 7 + [True]
+    rebuilt.stream_state(1, 2, "made-2", 1)  # deleted and made again: its records are new here, delivered
+    assert [rebuilt.arrived(seq, float(seq), payload) is not None for seq in (1, 2)] == [True, True]
+    rebuilt.close()
+
+
 def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_the_command_line_gives_it(
     tmp_path: Path,
 ) -> None:
