@@ -153,3 +153,41 @@ def test_a_copy_rebuilt_from_scratch_hands_neither_live_subscribers_nor_queue_gr
                 with bus.client(1) as writer:
                     new = confirmed(writer, "hist.x", b"new").seq
                 assert received(live, 1) == [(new, b"new")]  # (live from the end on)
+
+
+# ---------------------------------------------------------------- a replaying subscriber failing over
+def test_a_replaying_subscriber_that_fails_over_to_a_broker_whose_copy_is_behind_gets_nothing_twice(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """A SUB FROM subscriber (endpoints b1,b2) took seqs 1..N at b1.  b2's copy is behind (its one NATS node
+    frozen while the records came: the stream kept its quorum), b1 is killed, and the client asks b2 FROM
+    N+1.  b2 knows the stream only as far as its copy: its replay ends at once, and the records its feed
+    brings when its node thaws are not handed to the subscriber again (the floor its FROM left)."""
+    extra = journal("resume", '["resume.>"]')
+    with ClusterBus(tmp_path, nats, 2, extra=extra, nodes_of=((0,), (1,))) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, mc0.Client(bus.endpoints(0, 1)).connect() as reader:
+            first = confirmed(writer, "resume.x", b"warm").seq
+            sub = reader.subscribe("resume.>", from_seq=first, journal="resume")
+            seen = [seq for seq, _ in received(sub, 1)]
+            nats.pause(1)
+            try:
+                confirmed(writer, "resume.x", b"the stream has a leader without node 2")
+                for i in range(100):
+                    writer.publish("resume.x", f"r{i}".encode())
+                last = confirmed(writer, "resume.x", b"last").seq
+                seen += [seq for seq, _ in received(sub, last - first, 30)]
+                bus.kill(0)
+                until(lambda: reader.connected and reader.endpoint == bus.endpoint(1), 10, "failed over to b2")
+                with bus.client(1) as look:  # (b2's own answers: its loop runs, its NATS node is frozen)
+                    counters = lambda: json.loads(look.request("mc0.broker", b"stats").body)["counters"]  # noqa: E731
+                    until(lambda: counters().get("replays", 0) >= 1, 10, "the SUB FROM taken at b2")
+            finally:
+                nats.resume(1)
+            with bus.client(1) as look:
+                until(lambda: look.journal_info()["resume"]["copy_next_seq"] > last, 30, "b2's copy caught up")
+                after = [m.seq for m in drain(sub, 0.5)]
+                more = confirmed(look, "resume.x", b"after the failover").seq
+            after += [seq for seq, _ in received(sub, 1)]
+        assert seen == list(range(first, last + 1))
+        assert after == [more], f"after the failover: {len(after)} messages, seqs {after[:3]}..{after[-3:]}"

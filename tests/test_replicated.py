@@ -185,6 +185,51 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     assert seqs == [2, 3, 4] and not core.paging
 
 
+def test_a_replay_from_past_a_copy_that_is_behind_gets_nothing_before_its_from_live_or_replayed() -> None:
+    """A subscriber failing over to a broker whose copy is behind asks FROM the seq after the last it had:
+    the records before it, which this copy's feed brings later, are not for it (it had them elsewhere)."""
+    j = store()
+    core = core_with(j)
+    for i in range(8):
+        put(core, b"pub", "TOPIC", "orders.x", "", str(i))
+    core.commit()
+    tokens = sorted(j.sent)
+    deliver(core, j, tokens[0])  # this copy holds seq 1 only; the stream goes to 8 elsewhere
+    core.handle(b"other", f("SUB", "", "orders.>"), 0.0, "other")
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "6", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    assert [s for s in core.pages(0.0) if s.kind == "replay"] == [] and not core.paging  # (caught up, it thinks)
+    assert core.counters["replay_floors"] == 1
+    heard: dict[bytes, list[int]] = {b"sub": [], b"other": []}
+    for token in tokens[1:]:
+        _, out = deliver(core, j, token)
+        for rid, frames in out:
+            heard[rid].append(int(headers_of(list(frames))["SEQ"]))
+    assert heard == {b"sub": [6, 7, 8], b"other": [2, 3, 4, 5, 6, 7, 8]}
+    assert not core.journaling.floors  # (passed: ended)
+
+
+@pytest.mark.parametrize("ends", ["unsubscribed", "made anew", "gone"])
+def test_a_floor_ends_with_its_pattern_its_stream_or_its_subscriber(ends: str) -> None:
+    j = store()
+    core = core_with(j)
+    core.handle(b"sub", f("SUB", "ID", "s", "FROM", "50", "", "orders.>"), 0.0, "sub")
+    core.pages(0.0)
+    assert core.journaling.floors
+    if ends == "unsubscribed":
+        core.handle(b"sub", f("UNSUB", "", "orders.>"), 0.0, "sub")
+        core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")  # (live again, no FROM)
+    elif ends == "made anew":
+        j.created = "made-2"  # the stream deleted and made again: its seqs start from 1 again
+    else:
+        core.handle(b"sub", f("DISCONNECT", "ID", "bye"), 0.0, "sub")
+        connect(core, b"sub", who="sub")
+        core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")
+    put(core, b"pub", "TOPIC", "orders.x", "", "new")
+    core.commit()
+    _, out = deliver(core, j, max(j.sent))
+    assert [rid for rid, _ in out] == [b"sub"] and not core.journaling.floors
+
+
 def fetch_turns(core: BrokerCore, now: float, turns: int = 5) -> list[Any]:
     out = []
     for _ in range(turns):

@@ -119,6 +119,8 @@ class Replication:
             headers = {Header.TOPIC: record.topic, **record.headers}
             sender = record.sender.encode()
             held = journaling.held_back((journal,), tokens)
+            if journaling.floors:  # (subscribers that asked FROM past this record: they had it elsewhere)
+                held = journaling.below_floor(journal, record.seq, tokens, held)
             position = (journal.name, record.seq)
             out += pubsub.fan_out(
                 record.topic,
