@@ -93,6 +93,25 @@ async def stored(nc: Any, subject: str, payload: bytes) -> dict[str, Any]:
     raise AssertionError(f"no stream stored {subject} within the bound")
 
 
+def js(nats: NatsCluster, subject: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JetStream API request with the brokers' login, as an operator's `nats` CLI would make it."""
+
+    import asyncio
+
+    async def ask() -> dict[str, Any]:
+        from nats.aio.client import Client as Nats
+
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix="mc0.cl.reply.operator")
+        try:
+            payload = json.dumps(request).encode() if request is not None else b""
+            return dict(json.loads((await nc.request(f"$JS.API.{subject}", payload, timeout=5)).data))
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
 @pytest.fixture(scope="module")
 def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     yield from nats_cluster(tmp_path_factory.mktemp("nats"))
@@ -704,3 +723,46 @@ def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_namin
     import asyncio
 
     assert asyncio.run(last_seq()) == 1  # the record before it is in the stream
+
+
+def test_a_stream_deleted_under_the_brokers_is_made_again_and_a_put_is_stored(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """An operator deletes the journal's stream (`nats stream rm`) with the brokers' login: a confirmed PUT
+    then met no stream (no responders, retried) and failed 504 "stored or not is unknown, send it again"
+    for ever.  The stream is made again and the PUT stored; the other broker's copy follows (a stream made
+    anew is another one: its copy starts again)."""
+    with ClusterBus(tmp_path, nats, 2, extra=journal("gone", '["gone.>"]')) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            confirmed(writer, "gone.x", b"before")
+            assert js(nats, "STREAM.DELETE.MC0_J_gone").get("success") is True
+            began = time.monotonic()
+            stored = writer.publish("gone.x", b"after", confirm=True, msgid="after-1", timeout=10)
+            print(f"the PUT stored after {time.monotonic() - began:.2f} s: {stored}")
+            assert stored is not None and stored.seq == 1
+            until(lambda: reader.journal_info()["gone"]["copy_next_seq"] > 1, 20, "b2's copy follows")
+            assert [r.body for r in fetch_all(reader, "gone")] == [b"after"]
+
+
+def test_a_stream_whose_subjects_were_changed_under_the_brokers_answers_503_naming_it_at_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """An operator sets the journal's stream's subjects elsewhere: a confirmed PUT then met no stream and
+    failed 504 "stored or not is unknown, send it again" after the timeout, every time.  It fails 503 naming
+    the stream at once (the operator's change is not undone); with the subjects put back, PUTs are stored."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("rehomed", '["rehomed.>"]')) as bus, bus.client(0) as writer:
+        before = confirmed(writer, "rehomed.x", b"before")
+        config = js(nats, "STREAM.INFO.MC0_J_rehomed")["config"]
+        updated = js(nats, "STREAM.UPDATE.MC0_J_rehomed", {**config, "subjects": ["elsewhere.>"]})
+        assert "error" not in updated, updated
+        for attempt in range(3):
+            began = time.monotonic()
+            with pytest.raises(
+                mc0.NoResponders, match="stream MC0_J_rehomed no longer takes mc0.j.rehomed.>"
+            ) as caught:
+                writer.publish("rehomed.x", b"after", confirm=True, msgid="after-1", timeout=10)
+            print(f"PUT {attempt}: {time.monotonic() - began:.2f} s: {caught.value}")
+        assert "error" not in js(nats, "STREAM.UPDATE.MC0_J_rehomed", config)
+        stored = writer.publish("rehomed.x", b"after", confirm=True, msgid="after-1", timeout=10)
+        assert stored is not None and stored.seq == before.seq + 1

@@ -5,13 +5,11 @@ without NATS: tests/test_replicated.py and tests/test_feed.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,7 +17,7 @@ import mc0
 from mc0.natsproc import NatsCluster
 
 from .clusterbus import ClusterBus, nats_cluster
-from .test_jetstream_live import confirmed, journal, received, until
+from .test_jetstream_live import confirmed, journal, js, received, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,23 +37,6 @@ def drain(subscription: mc0.Subscription, within: float) -> list[mc0.Message]:
         except mc0.Timeout:
             pass
     return got
-
-
-def js(nats: NatsCluster, subject: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One JetStream API request with the brokers' login, as an operator's `nats` CLI would make it."""
-
-    async def ask() -> dict[str, Any]:
-        from nats.aio.client import Client as Nats
-
-        nc = Nats()
-        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix="mc0.cl.reply.operator")
-        try:
-            payload = json.dumps(request).encode() if request is not None else b""
-            return dict(json.loads((await nc.request(f"$JS.API.{subject}", payload, timeout=5)).data))
-        finally:
-            await nc.close()
-
-    return asyncio.run(ask())
 
 
 def replayed_and_fetched(client: mc0.Client, name: str, topics: str, from_seq: int) -> tuple[list[bytes], list[bytes]]:
