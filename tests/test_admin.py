@@ -159,7 +159,7 @@ def test_conn_close_ends_exactly_that_session_and_tells_it_why() -> None:
     assert desk.answer(b"r", out) == (200, {"closed": first, "broker": ""})
     told = [list(frames) for rid, frames in out if rid == b"b1"]
     assert told == [
-        P.error(410, f"session {first} closed by root"),
+        P.error(401, f"session {first} closed by root"),
         list(P.DISCONNECT_FRAMES),
     ]
     assert b"b1" not in desk.core.sessions and desk.core.peers.by_id[b"b2"].name == second
@@ -302,7 +302,7 @@ def test_conn_close_is_carried_to_the_broker_the_session_is_on() -> None:
     status, data = net.admin("a", b"r", {"op": "conn.close", "id": victim})
     assert (status, data) == (200, {"closed": name, "broker": "c"})
     told = net.take("c", b"v1")
-    assert told[0] == P.error(410, f"session {name} closed by root (at broker a)") and told[1] == [b"DISCONNECT"]
+    assert told[0] == P.error(401, f"session {name} closed by root (at broker a)") and told[1] == [b"DISCONNECT"]
     assert b"v1" not in net.cores["c"].sessions and b"v2" in net.cores["c"].sessions
     status, reason = net.admin("a", b"r", {"op": "conn.close", "id": victim})
     assert (status, reason) == (404, f"no session '{victim}' at broker c")

@@ -58,7 +58,8 @@ class Listener(Protocol):
     name: str
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None: ...
+    def socket(self) -> zmq.Socket[bytes] | int | None:
+        """What the loop polls for this listener (a zmq socket, or a file descriptor)."""
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None: ...
 
@@ -127,8 +128,8 @@ class ClusterListener:
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None:
-        return self.link.socket
+    def socket(self) -> int | None:
+        return self.link.socket  # (readable once the link's thread posted something)
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
         try:

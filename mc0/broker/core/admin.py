@@ -10,7 +10,7 @@ never carried on: one hop, as every route request) and answers it FINAL with the
 ``route_answer`` takes the answer to a part this broker carried.  What each op does:
 
 - ``conn.close``: at the broker the id names (this one when it names none), the session is
-  forgotten (``rooms.forget``, reason "closed by WHO") and told why, as an evicted one is: ERROR 410
+  forgotten (``rooms.forget``, reason "closed by WHO") and told why, as a revoked one is: ERROR 401
   naming who closed it, then DISCONNECT (a client library reconnects as a new session);
 - ``consumer.rm`` / ``journal.purge`` on a journal JetStream keeps: once in JetStream (a store
   call), then every broker's part: its view of the consumer forgotten, its local copy purged to the
@@ -313,7 +313,7 @@ def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, li
     reason = f"closed by {who}"
     log.warning("admin: session %s (identity %s) %s", peer.name, peer.identity, reason)
     out = rooms.forget(peer, "closed_by_admin", now, reason=reason)
-    told = peer.dialect.error(None, "", Status.GONE, f"session {peer.name} {reason}")
+    told = peer.dialect.error(None, "", Status.NOT_CONNECTED, f"session {peer.name} {reason}")
     out.append((peer.routing_id, peer.framed(told)))
     bye = peer.dialect.disconnect()
     if bye is not None:

@@ -3,7 +3,7 @@
 Contract: ``run()`` (a task of the link thread) waits until the stream exists,
 then keeps an *ordered* push consumer of it (ephemeral, R1 in memory, no acks,
 flow control, idle heartbeats) starting at the seq the copy needs next, and
-posts what it delivers to the broker loop in batches (one PAIR message per
+posts what it delivers to the broker loop in batches (one post per
 turn of the link's event loop).  Before each start it posts ``StreamState``:
 where the stream starts and ends and where delivery starts (the stream's
 first seq when the copy was made from another stream of the same name, or
@@ -39,7 +39,7 @@ together, and the route traffic the link posts beside them).  The
 consumer's flow-control requests (and a stalled heartbeat's) are answered
 only while that backlog is below its budget (``credit.FEED_BUDGET_BYTES``), so JetStream stops
 sending when the broker loop (its disk) falls behind, not when the link
-thread does: what waits in the inproc pipe stays within the budget plus one
+thread does: what waits in the hand-over to the loop stays within the budget plus one
 flow-control window of JetStream (a few MiB).
 """
 

@@ -2,7 +2,7 @@
 
 Contract: runs on the cluster link's thread and asyncio loop, over its nats-py
 connection (:mod:`mc0.broker.cluster.link`), and speaks to the broker loop only through the
-link's PAIR (``post``; what crosses: :mod:`.streams`).  Nothing of mc0's
+link's hand-over to the loop (``post``; what crosses: :mod:`.streams`).  Nothing of mc0's
 semantics is decided here: it does what the core asked and reports what
 JetStream answered.
 
