@@ -245,6 +245,34 @@ def test_letters_kept_in_jetstream_at_one_broker_are_delivered_at_another_in_ord
                 carol_again.mailbox.next_batch(1, timeout=1.5)
 
 
+def test_letters_kept_in_jetstream_reach_an_identity_with_sessions_at_two_brokers_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """carol has no session when alice keeps 10 letters for her; then she connects at b2 and at b3 (two
+    devices).  Each broker read her mailbox at her first session there and handed every letter to its own
+    session: 20 letters for 10.  One broker reads them (the one where she was first); each comes once."""
+    box = journal("twobox", mailboxes=True).replace('topics = [">"]\n', "")
+    with ClusterBus(tmp_path, nats, curve=True, extra=box) as bus:
+        bus.wait_joined()
+        with bus.client(0, "alice") as alice:
+            outcomes = [alice.send_to("carol", "note.x", f"letter {i}".encode(), confirm=True) for i in range(10)]
+        assert set(outcomes) == {"stored"}
+        with bus.client(1, "carol") as first, bus.client(2, "carol") as second:
+            got: list[bytes] = []
+            quiet_since = None
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until 3 s after the 10th letter (past the second read)
+                for session in (first, second):
+                    with contextlib.suppress(mc0.Timeout):
+                        got += [m.body for m in session.mailbox.next_batch(100, timeout=0.25)]
+                if len(got) < 10:
+                    continue
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 3:
+                    break
+        assert sorted(got) == sorted(f"letter {i}".encode() for i in range(10)), f"{len(got)} letters for 10"
+
+
 def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_serves_it(
     tmp_path: Path, nats: NatsCluster
 ) -> None:

@@ -523,6 +523,24 @@ def test_letters_handed_to_a_session_that_went_before_they_left_are_read_again_f
     assert [rid for rid, _ in fromstore.answered(core.rooms, token, {"records": [[7, 0]]}, [record], 1.5)] == [b"carol"]
 
 
+def test_kept_letters_are_read_by_one_broker_of_an_identity_and_by_another_once_the_first_ones_sessions_went() -> None:
+    box = MemoryReplicatedStore(
+        "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
+    )
+    core = core_with(box)
+    fromstore.calls(core.rooms)
+    b2 = core.rooms.routes.make_peer("b2", 1, 0.0)
+    core.rooms.mailboxes.online(b2, 0.0, "carol")  # b2 announced a session of carol: b2 reads her letters
+    connect(core, b"carol", who="carol")
+    core.tick(1.5)
+    assert carols(core) == [] and core.counters["mailbox_read_elsewhere"] == 1
+    core.rooms.mailboxes.route_offline(b2, ("carol",))  # b2's went: this broker reads them, at once
+    assert core.next_deadline() <= 1.5
+    core.tick(1.5)
+    ((_, read),) = carols(core)
+    assert read == {"op": "letters_read", "journal": "box", "identity": "carol", "after": 0}
+
+
 # ------------------------------------------------------------------ the local copy on files
 def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: Path) -> None:
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
