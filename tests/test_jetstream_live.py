@@ -657,6 +657,25 @@ def test_a_consumer_deleted_and_made_again_by_another_identity_is_checked_agains
             assert theirs.info()["owner"] == "bob"
 
 
+def test_a_consumer_just_made_is_known_by_its_nonce_and_its_first_pull_asks_jetstream_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """A consumer just made was learnt without JetStream's creation nonce: its first pull expected made=""
+    and found "another consumer" (counted consumer_changed) and asked JetStream a second time."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("nonce", '["nonce.>"]')) as bus, bus.client(0) as client:
+        confirmed(client, "nonce.eu", b"one")
+        consumer = client.consume("nonce", "billing", topics=["nonce.>"])
+
+        def counters() -> dict[str, int]:
+            return dict(json.loads(client.request("mc0.broker", b"stats", timeout=5).body)["counters"])
+
+        before = counters()
+        assert [m.body for m in consumer.fetch(10, wait=2)] == [b"one"]
+        after = counters()
+    assert after.get("consumer_changed", 0) == before.get("consumer_changed", 0)
+    assert after["store_calls"] - before["store_calls"] == 1
+
+
 def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_every_copy_catches_up(
     tmp_path: Path, nats: NatsCluster
 ) -> None:
