@@ -676,6 +676,23 @@ def test_a_consumer_just_made_is_known_by_its_nonce_and_its_first_pull_asks_jets
     assert after["store_calls"] - before["store_calls"] == 1
 
 
+def test_an_ack_of_a_record_acked_already_counts_nothing(tmp_path: Path, nats: NatsCluster) -> None:
+    """ack returns how many were still unsettled.  JetStream answers an ack of a seq it no longer holds
+    pending as any other: above the ack floor (an earlier record still pending), acking the same records
+    again counted them all again; so did a seq given twice in one ack."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("twice", '["twice.>"]')) as bus, bus.client(0) as client:
+        for i in range(4):
+            confirmed(client, "twice.x", f"r{i}".encode())
+        consumer = client.consume("twice", "c", topics=["twice.>"])
+        pulled = consumer.fetch(10, wait=2)
+        assert len(pulled) == 4 and consumer.ack(*pulled[1:3]) == 2  # (the first stays pending: the floor)
+        assert consumer.ack(*pulled[1:3]) == 0
+        assert consumer.ack(pulled[3], pulled[3]) == 1
+        assert consumer.term(*pulled[1:]) == 0
+        assert consumer.ack(*pulled) == 1  # the first only
+        assert consumer.info()["pending"] == 0
+
+
 def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_every_copy_catches_up(
     tmp_path: Path, nats: NatsCluster
 ) -> None:
