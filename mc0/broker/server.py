@@ -43,6 +43,7 @@ from .core import admin
 from .core.dispatch import BrokerCore, Out
 from .dialects import recognise as recognise_dialect
 from .dialects.memodb import with_memodb_identity
+from .faultlog import FaultLog
 from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
 from .memtrim import Trimmer
@@ -191,6 +192,7 @@ class Broker:
         # core.next_deadline() as the last turn's timers read it, with sender.applied then: the next
         # turn reuses it while nothing was applied since (asking costs ~11k instructions, 6% of a turn).
         self._deadline: tuple[float, int] | None = None
+        self._timer_faults = FaultLog("the broker's timer work")  # (a step raising every turn: one traceback)
         self._started = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
@@ -512,15 +514,14 @@ class Broker:
 
     def _guarded(self, work: Any, now: float) -> None:
         """Timer work (a tick, a page of each replay and fetch, a commit ...) that raises is logged and
-        counted, never fatal."""
+        counted, never fatal; one raising every turn writes its traceback once, then a line a minute
+        (:mod:`.faultlog`)."""
         try:
             work(now)
-        except Exception:
-            self._timer_fault()
-
-    def _timer_fault(self) -> None:
-        self.core.counters["internal_errors"] += 1
-        log.exception("internal error in the broker's timer work")
+        except Exception as exc:
+            self.core.counters["internal_errors"] += 1
+            if not self._timer_faults.fault(getattr(work, "__name__", "a step"), exc, now):
+                self.core.counters["log_lines_left_out"] += 1
 
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()

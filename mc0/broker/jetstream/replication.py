@@ -82,12 +82,12 @@ class Replication:
 
     def failed(self, journal: str, token: int, code: int, reason: str) -> list[Out]:
         """The store did not take proposal ``token`` (``code``: 504 unknown outcome, 507 refused, 429 full,
-        413 larger than the store can ever hold)."""
+        413 larger than the store can ever hold, 503 its stream no longer takes the journal's subjects)."""
         self.counters[f"store_failed_{code}"] += 1
         held = self._held.pop((journal, token), None)
         if held is None:
             return []
-        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED, Status.TOO_LARGE):
+        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED, Status.TOO_LARGE, Status.NO_WORKER):
             code = Status.STORAGE_FAILED
         return [(held.routing_id, P.error(Status(code), f"journal {journal}: {reason}", held.request_id))]
 
@@ -119,6 +119,8 @@ class Replication:
             headers = {Header.TOPIC: record.topic, **record.headers}
             sender = record.sender.encode()
             held = journaling.held_back((journal,), tokens)
+            if journaling.floors:  # (subscribers that asked FROM past this record: they had it elsewhere)
+                held = journaling.below_floor(journal, record.seq, tokens, held)
             position = (journal.name, record.seq)
             out += pubsub.fan_out(
                 record.topic,

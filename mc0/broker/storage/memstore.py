@@ -215,6 +215,7 @@ class MemoryReplicatedStore(MemoryStore):
         self._token = 0
         self.acknowledged = 0  # the highest seq the store acknowledged
         self.backlog = ""  # (set it to refuse proposals, as a full budget would)
+        self.created = "made-1"  # (set another to stand for a stream made anew)
 
     @property
     def stored_next_seq(self) -> int:

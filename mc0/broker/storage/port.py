@@ -146,6 +146,8 @@ class JournalStore(Hashable, Protocol):
 class ReplicatedStore(JournalStore, Protocol):
     """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""
 
+    created: str  # which stream the seqs are of (its creation time): another one numbers from the start again
+
     def propose(
         self,
         topic: str,
