@@ -809,11 +809,11 @@ def test_a_stream_deleted_under_the_brokers_is_made_again_and_a_put_is_stored(
             assert [r.body for r in fetch_all(reader, "gone")] == [b"after"]
 
 
-def test_a_stream_whose_subjects_were_changed_under_the_brokers_answers_503_naming_it_at_once(
+def test_a_stream_whose_subjects_were_changed_under_the_brokers_answers_507_naming_it_at_once(
     tmp_path: Path, nats: NatsCluster
 ) -> None:
     """An operator sets the journal's stream's subjects elsewhere: a confirmed PUT then met no stream and
-    failed 504 "stored or not is unknown, send it again" after the timeout, every time.  It fails 503 naming
+    failed 504 "stored or not is unknown, send it again" after the timeout, every time.  It fails 507 naming
     the stream at once (the operator's change is not undone); with the subjects put back, PUTs are stored."""
     with ClusterBus(tmp_path, nats, 1, extra=journal("rehomed", '["rehomed.>"]')) as bus, bus.client(0) as writer:
         before = confirmed(writer, "rehomed.x", b"before")
@@ -823,7 +823,7 @@ def test_a_stream_whose_subjects_were_changed_under_the_brokers_answers_503_nami
         for attempt in range(3):
             began = time.monotonic()
             with pytest.raises(
-                mc0.NoResponders, match="stream MC0_J_rehomed no longer takes mc0.j.rehomed.>"
+                mc0.StorageFailed, match="not stored: JetStream stream MC0_J_rehomed no longer takes mc0.j.rehomed.>"
             ) as caught:
                 writer.publish("rehomed.x", b"after", confirm=True, msgid="after-1", timeout=10)
             print(f"PUT {attempt}: {time.monotonic() - began:.2f} s: {caught.value}")

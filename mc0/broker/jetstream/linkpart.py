@@ -31,7 +31,7 @@ JetStream answered.
   stream (``STREAM.INFO``, at most once per ``LOOK_AGAIN_S``): one deleted
   (by an operator, ``nats stream rm``) is made again and the proposals
   waiting are then stored; one whose subjects no longer take the journal's
-  (an operator's choice, not undone here) fails its proposals 503 naming the
+  (an operator's choice, not undone here) fails its proposals 507 naming the
   stream, those waiting and each later one at its first "no responders",
   until a PubAck (the subjects put back, or a broker restarted: each puts
   its config back at its start).  Logged once each.
@@ -152,7 +152,7 @@ class JetStreamPart:
         self._unheard: dict[str, int] = {}  # journal -> "no responders" since its last PubAck
         self._looking: set[str] = set()  # journals whose stream is being looked at (or made again)
         self._looked: dict[str, float] = {}  # journal -> when its stream was last looked at
-        self._not_taking: dict[str, str] = {}  # journal -> why its stream takes none of its PUTs (503)
+        self._not_taking: dict[str, str] = {}  # journal -> why its stream takes none of its PUTs (507)
         self._sweeper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -279,7 +279,7 @@ class JetStreamPart:
             self._unheard_by(pending.journal)
             why = self._not_taking.get(pending.journal)
             if why is not None:
-                self._fail(serial, pending, 503, why)
+                self._fail(serial, pending, 507, why)
             return
         self._unheard.pop(pending.journal, None)
         self._not_taking.pop(pending.journal, None)
@@ -330,7 +330,7 @@ class JetStreamPart:
 
     async def _look_at_stream(self, spec: StreamSpec) -> None:
         """A journal's stream answers nothing: deleted under the brokers, it is made again; its subjects
-        changed so that it no longer takes the journal's, the proposals fail 503 naming it (an operator's
+        changed so that it no longer takes the journal's, the proposals fail 507 naming it (an operator's
         change is not undone here).  Else (no leader now) the proposals go on being retried."""
         journal, name = spec.journal, jsw.stream_name(spec.journal)
         try:
@@ -360,7 +360,7 @@ class JetStreamPart:
             self._not_taking[journal] = why
             for serial, pending in list(self._pending.items()):
                 if pending.journal == journal and pending.unanswered == 0:  # (none of its sends was stored)
-                    self._fail(serial, pending, 503, why)
+                    self._fail(serial, pending, 507, why)
         finally:
             self._looking.discard(journal)
             self._unheard.pop(journal, None)

@@ -82,12 +82,12 @@ class Replication:
 
     def failed(self, journal: str, token: int, code: int, reason: str) -> list[Out]:
         """The store did not take proposal ``token`` (``code``: 504 unknown outcome, 507 refused, 429 full,
-        413 larger than the store can ever hold, 503 its stream no longer takes the journal's subjects)."""
+        413 larger than the store can ever hold).  (Whatever else becomes 507.)"""
         self.counters[f"store_failed_{code}"] += 1
         held = self._held.pop((journal, token), None)
         if held is None:
             return []
-        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED, Status.TOO_LARGE, Status.NO_WORKER):
+        if code not in (Status.DEADLINE, Status.OVER_LIMIT, Status.STORAGE_FAILED, Status.TOO_LARGE):
             code = Status.STORAGE_FAILED
         return [(held.routing_id, P.error(Status(code), f"journal {journal}: {reason}", held.request_id))]
 
