@@ -133,7 +133,9 @@ class Client(Connection):
         OK comes once the message is written (per the journal's fsync policy)
         and names its ``seq``; ``msgid`` makes a retry safe: a repeat within
         the journal's dedup window is acknowledged as a duplicate and not
-        delivered again.
+        delivered again.  A confirmed publish without ``msgid`` gets one of its
+        own, unique to this client (``auto_msgid_prefix`` + its request id), so
+        the copy a failover sends again to another broker is stored once.
         """
         if not confirm:
             out = self._outgoing()
@@ -145,6 +147,8 @@ class Client(Connection):
                 await self._room(timeout)
             return None
         request_id = self.session.new_id()
+        if msgid is None:
+            msgid = self.auto_msgid_prefix + request_id
         frames = self.session.publish(topic, body, headers, request_id, msgid)
         answer = await self._call(request_id, frames, timeout, f"publish to {topic!r}")
         return ack_of(answer)

@@ -118,6 +118,10 @@ class Connection:
         self.session = ClientSession(
             ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch, echo=echo, failover=len(self.endpoints) > 1
         )
+        # Confirmed publishes without a MSGID get "<this>.<request id>": unique to this client (its ids
+        # never repeat; another client of the identity draws another), so one a failover sends again
+        # is stored once by the journal's dedup (docs/PROTOCOL.md, "Failing over to another broker").
+        self.auto_msgid_prefix = os.urandom(8).hex() + "."
         self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
         self.on_fault = on_fault
         self.reconnects = 0
