@@ -31,6 +31,7 @@ __all__ = [
     "Event",
     "Fault",
     "Reconnecting",
+    "ReplayEnded",
     "Work",
     "answer_error",
 ]
@@ -85,6 +86,16 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayEnded:
+    """The broker ended the replay of ``journal`` that a ``SUB FROM`` of ``pattern`` started (``error``:
+    its status and why); the SUB itself stays, so the session still holds the pattern."""
+
+    error: RemoteError
+    journal: str
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
 class Connected:
     ttl_ms: int
     healed: bool  # True when this was a reconnect
@@ -119,7 +130,7 @@ class CancelWork:
     bid: str
 
 
-Event = Answer | Received | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
+Event = Answer | Received | Fault | ReplayEnded | Connected | ConnectRefused | Reconnecting | Work | CancelWork
 
 
 def answer_error(command: Command) -> RemoteError:

@@ -43,6 +43,7 @@ from .events import (
     Fault,
     Received,
     Reconnecting,
+    ReplayEnded,
     Work,
     answer_error,
     group_key,
@@ -76,6 +77,7 @@ __all__ = [
     "Fault",
     "Frames",
     "Reconnecting",
+    "ReplayEnded",
     "Work",
     "answer_error",
     "group_key",
@@ -409,6 +411,9 @@ class ClientSession:
                     events.insert(0, Fault(error))  # volunteered (e.g. "key revoked"): worth recording
                 return events, [self.connect(now)]
             if request_id is None:
+                journal = command.headers.get(Header.JOURNAL)
+                if journal is not None:  # a replay ended, its SUB stays: nothing withdrawn
+                    return [ReplayEnded(error, journal, command.headers.get(Header.TOPIC, ""))], []
                 withdrawn = command.headers.get(Header.TOPIC)
                 if withdrawn is not None:
                     group = command.headers.get(Header.GROUP)

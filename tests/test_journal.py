@@ -660,6 +660,10 @@ def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path)
         segment.write_bytes(b"")  # someone truncated the files behind the broker's back
     (out,) = core.pages(0.0)
     assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.paging
+    # The replay's end, not a withdrawal: JOURNAL names it, and the SUB stays (live from here).
+    assert out.frames[-4:] == f("JOURNAL", "main", "TOPIC", "orders.>")
+    delivered = handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", "live"), 0.0) + core.commit()
+    assert [frames[-1] for to, frames in delivered if to == b"sub"] == [b"live"]
 
 
 def test_disconnect_records_at_shutdown_carry_the_shutdown_time(tmp_path: Path) -> None:

@@ -539,6 +539,7 @@ def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_an
     (stopped,) = core.pages(CATCH_UP_S + 1)
     assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
     assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
+    assert list(stopped.frames[-4:]) == [b"JOURNAL", b"main", b"TOPIC", b"orders.>"]  # its end; the SUB stays
     assert core.counters["replay_copy_behind"] == 1
 
 

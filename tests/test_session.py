@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from mc0 import errors
 from mc0 import protocol as P
 from mc0.protocol import batch
-from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Fault, Received, Reconnecting
+from mc0.session import (
+    Answer,
+    ClientSession,
+    Connected,
+    ConnectRefused,
+    Fault,
+    Received,
+    Reconnecting,
+    ReplayEnded,
+)
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -92,6 +101,19 @@ def test_answers_and_faults() -> None:
     assert isinstance(fault, Fault) and isinstance(fault.error, errors.OverLimit)
     assert session.receive(f("GARBAGE"), 1.0) == ([], [])
     assert session.malformed == 1
+
+
+def test_a_replay_the_broker_ended_keeps_its_pattern_and_a_withdrawal_drops_it() -> None:
+    """``ERROR ... JOURNAL j TOPIC p`` ends a replay (the SUB stays); ``ERROR ... TOPIC p`` withdraws p."""
+    session = connected()
+    session.replay_patterns(["a.>"], 1, None, session.new_id())
+    reason = "journal main: this broker's copy did not reach seq 9 within 5 s; replay stopped at seq 3"
+    (ended,), replies = session.receive(f(*P.replay_ended(504, reason, "main", "a.>")), 1.0)
+    assert type(ended) is ReplayEnded and (ended.journal, ended.pattern) == ("main", "a.>")
+    assert isinstance(ended.error, errors.DeadlineExceeded) and ended.error.reason == reason
+    assert replies == [] and session.patterns == ["a.>"]
+    (withdrawn,), _ = session.receive(f(*P.error(403, "withdrawn by policy", topic="a.>")), 1.0)
+    assert withdrawn == Fault(withdrawn.error, "a.>") and session.patterns == []
 
 
 @pytest.mark.parametrize(

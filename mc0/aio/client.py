@@ -217,6 +217,10 @@ class Client(Connection):
         from that sequence number (0 = the oldest kept; ``journal`` picks the
         journal when several keep these topics), then continues live, in order
         and without gaps or repeats; ``Gone`` if that history was trimmed.
+        A replay the broker ends early (410 trimmed, 507 unreadable, 504 a
+        JetStream copy behind) ends this subscription alone: reading it then
+        raises ``ClosedError`` naming the code and reason (``error`` holds it),
+        while other subscriptions of the same patterns go on.
         With ``group`` this subscription joins a queue group: each matching
         message goes to one member of the group (the least recently chosen one
         that keeps up), while plain subscriptions still get every message.
@@ -230,7 +234,15 @@ class Client(Connection):
             raise ProtocolError(
                 Status.BAD_REQUEST, "a queue group subscription cannot replay history (group with from_seq)"
             )
-        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes, group=group)
+        sub = Subscription(
+            self,
+            tuple(dict.fromkeys(patterns)),
+            max_pending,
+            max_pending_bytes,
+            group=group,
+            from_seq=from_seq,
+            journal=journal,
+        )
         added: list[str] = []
         if from_seq is not None:
             request_id = self.session.new_id()
@@ -267,18 +279,7 @@ class Client(Connection):
         await self._release(subscription, subscription.patterns)
 
     async def _release(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
-        sub._end()
-        for pattern in patterns:
-            key = group_key(pattern, sub.group)
-            holders = self._subscriptions.get(key, [])
-            if sub not in holders:
-                continue
-            holders.remove(sub)
-            if not holders:
-                del self._subscriptions[key]
-            frames = self.session.drop_pattern(pattern, sub.group)
-            if frames is not None and tell_broker and not self._closed:
-                self._send(frames)
+        self._release_now(sub, patterns, tell_broker=tell_broker)
 
     # ------------------------------------------------------------ draining
     async def drain(self, *, timeout: float | None = None) -> None:
