@@ -22,6 +22,7 @@ __all__ = [
     "MAILBOX_KEY",
     "MAILBOX_KEYS",
     "group_key",
+    "replay_key",
     "split_key",
     "Answer",
     "CancelWork",
@@ -52,6 +53,12 @@ class Answer:
 
 MAILBOX_KEY = ""  # the local key of a client's mailbox (no pattern is empty)
 MAILBOX_KEYS = (MAILBOX_KEY,)
+
+
+def replay_key(request_id: str) -> str:
+    """The local name of the subscription a ``SUB FROM`` with this ID made, for the records of its
+    replay's history (a space first: no pattern or group key starts with one)."""
+    return f" replay {request_id}"
 
 
 def group_key(pattern: str, group: str | None) -> str:
@@ -93,6 +100,7 @@ class ReplayEnded:
     error: RemoteError
     journal: str
     pattern: str
+    key: str | None = None  # the replaying subscription's ``replay_key``, when its OK named the journal
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,5 +302,26 @@ async def test_a_replay_the_broker_ends_ends_that_subscription_alone_with_its_re
         await api(client.close())
 
 
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_replays_history_goes_to_its_subscription_alone(api: Any, jbus: JournalBus) -> None:
+    """A client hears orders live, then subscribes the same pattern FROM 1: the replayed history is that
+    subscription's alone (the live one had it already), and what is new reaches both, once each."""
+    client = await api(api.Client(jbus.endpoint, **jbus.options).connect())
+    live = await api(client.subscribe("orders.>"))
+    for i in range(3):
+        await api(client.publish("orders.x", b"old %d" % i, confirm=True))
+    assert [(await api(live.next(timeout=5))).body for _ in range(3)] == [b"old 0", b"old 1", b"old 2"]
+    replay = await api(client.subscribe("orders.>", from_seq=1))
+    assert [(await api(replay.next(timeout=5))).body for _ in range(3)] == [b"old 0", b"old 1", b"old 2"]
+    for i in range(2):
+        await api(client.publish("orders.x", b"new %d" % i, confirm=True))
+    for sub in (replay, live):
+        assert [(await api(sub.next(timeout=5))).body for _ in range(2)] == [b"new 0", b"new 1"]
+        with pytest.raises(mc0.Timeout):
+            await api(sub.next(timeout=0.3))
+    await api(client.close())
+
+
 def inner(client: Any) -> Any:
     return getattr(client, "_inner", client)

@@ -23,7 +23,7 @@ from .. import protocol as P
 from ..errors import ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
-from ..session import MAILBOX_KEY, group_key
+from ..session import MAILBOX_KEY, group_key, replay_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .consumer import Consumer
 from .pages import PageStream
@@ -217,10 +217,12 @@ class Client(Connection):
         from that sequence number (0 = the oldest kept; ``journal`` picks the
         journal when several keep these topics), then continues live, in order
         and without gaps or repeats; ``Gone`` if that history was trimmed.
-        A replay the broker ends early (410 trimmed, 507 unreadable, 504 a
-        JetStream copy behind) ends this subscription alone: reading it then
-        raises ``ClosedError`` naming the code and reason (``error`` holds it),
-        while other subscriptions of the same patterns go on.
+        The replayed history is this subscription's alone (another subscription
+        of the pattern, which heard it live, does not get it again).  A replay
+        the broker ends early (410 trimmed, 507 unreadable, 504 a JetStream
+        copy behind) ends this subscription alone: reading it then raises
+        ``ClosedError`` naming the code and reason (``error`` holds it), while
+        other subscriptions of the same patterns go on.
         With ``group`` this subscription joins a queue group: each matching
         message goes to one member of the group (the least recently chosen one
         that keeps up), while plain subscriptions still get every message.
@@ -234,6 +236,7 @@ class Client(Connection):
             raise ProtocolError(
                 Status.BAD_REQUEST, "a queue group subscription cannot replay history (group with from_seq)"
             )
+        request_id = self.session.new_id() if from_seq is not None else ""
         sub = Subscription(
             self,
             tuple(dict.fromkeys(patterns)),
@@ -242,11 +245,12 @@ class Client(Connection):
             group=group,
             from_seq=from_seq,
             journal=journal,
+            replay_key=replay_key(request_id) if from_seq is not None else None,
         )
         added: list[str] = []
-        if from_seq is not None:
-            request_id = self.session.new_id()
+        if from_seq is not None and sub.replay_key is not None:
             replay = self.session.replay_patterns(sub.patterns, from_seq, journal, request_id)
+            self._subscriptions[sub.replay_key] = [sub]  # (its history: mc0.session routes it there alone)
             for pattern in sub.patterns:
                 added.append(pattern)
                 self._subscriptions.setdefault(pattern, []).append(sub)

@@ -484,6 +484,8 @@ class Connection:
         subscription holds), so the broker, which kept the SUB, and this client agree again."""
         replaying = [s for s in self._subscriptions.get(event.pattern, ()) if s.from_seq is not None]
         chosen = [s for s in replaying if s.journal == event.journal] or [s for s in replaying if s.journal is None]
+        if event.key is not None and event.key in self._subscriptions:
+            chosen = self._subscriptions[event.key]  # (its OK named the journal: no guess)
         if chosen:
             sub = chosen[-1]
             sub._end(event.error)
@@ -492,6 +494,8 @@ class Connection:
     def _release_now(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
         """Stop feeding ``sub`` its ``patterns``; UNSUB (``tell_broker``) for each no other one holds."""
         sub._end()
+        if sub.replay_key is not None:
+            self._subscriptions.pop(sub.replay_key, None)
         for pattern in patterns:
             key = group_key(pattern, sub.group)
             holders = self._subscriptions.get(key, [])

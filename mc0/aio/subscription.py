@@ -59,6 +59,7 @@ class Subscription:
         group: str | None = None,
         from_seq: int | None = None,
         journal: str | None = None,
+        replay_key: str | None = None,
     ) -> None:
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be at least 1")
@@ -67,6 +68,7 @@ class Subscription:
         self.group = group  # the queue group it is a member of (None: a plain subscription)
         self.from_seq = from_seq  # subscribed FROM this seq (a replay, then live), of ``journal`` if named
         self.journal = journal
+        self.replay_key = replay_key  # the client's local key for its replay's history (mc0.events.replay_key)
         self.error: Exception | None = None  # why the broker ended it (a replay that stopped), if it did
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes

@@ -35,6 +35,7 @@ Peer -> broker::
 Broker -> peer::
 
     OK         ID id [TTL ms] [BATCH 1] [JOURNAL j SEQ n [DUPLICATE 1]] [MAILBOX delivered|stored]
+               (to a SUB FROM: JOURNAL j SEQ n, the journal replayed and where its history ends)
     ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern [GROUP g]]   (TOPIC: a subscription withdrawn)
     ERROR      CODE nnn MESSAGE text JOURNAL j TOPIC pattern   (a SUB FROM's replay of j ended; the SUB stays)
     MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [GROUP g] [TO identity] [X-...] "" body...  (0.x: no SENDER)
