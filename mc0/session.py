@@ -20,10 +20,11 @@ reports.  It owns everything a client must get right by itself:
   whatever its shape, becomes a :class:`~mc0.message.Message` the one way
   (:func:`~mc0.message.new_message`) for the local subscriptions the
   :class:`~mc0.pattern_table.PatternTable` routes it to, so overlapping
-  subscriptions of one client each see it once; a replay's history (the
-  records before the seq the OK to its ``SUB FROM`` names) goes to the
-  replaying subscription alone (:func:`~mc0.events.replay_key`);
+  subscriptions of one client each see it once;
 * local validation of what the user asks to send (misuse raises here).
+
+A replay's history (the records before the seq the OK to its ``SUB FROM``
+names) goes to the replaying subscription alone (:func:`~mc0.events.replay_key`).
 """
 
 from __future__ import annotations
