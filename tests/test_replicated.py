@@ -174,7 +174,8 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     core.commit()
     for token in sorted(j.sent):
         deliver(core, j, token)
-    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "2", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    ok = [(b"sub", P.ok_journaled("s", "main", 4))]  # (SEQ: the copy's next seq, where the history ends)
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "2", "", "orders.>"), 0.0, "sub") == ok
     put(core, b"pub", "TOPIC", "orders.x", "", "3")
     core.commit()
     _, live = deliver(core, j, max(j.sent))
@@ -649,7 +650,8 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
     j, core = acknowledged_not_copied()
-    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    ok = [(b"sub", P.ok_journaled("s", "main", 1))]  # (the copy holds nothing yet)
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == ok
     assert core.pages(0.0) == [] and core.paging
     (waiting,) = [r for replays in core.journaling._replays.values() for r in replays.values()]
     assert waiting.resume_at == pytest.approx(0.005)  # looks again in a moment, not every loop turn
@@ -657,6 +659,7 @@ def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_an
     (stopped,) = core.pages(CATCH_UP_S + 1)
     assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
     assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
+    assert list(stopped.frames[-4:]) == [b"JOURNAL", b"main", b"TOPIC", b"orders.>"]  # its end; the SUB stays
     assert core.counters["replay_copy_behind"] == 1
 
 

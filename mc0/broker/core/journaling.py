@@ -531,7 +531,7 @@ class Journaling:
             self._replay_ended(peer, name, replay)
             code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
-            return [PageOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
+            return [PageOut(rid, P.replay_ended(code, str(exc), name, pattern), "error", name, 0, 0)]
         out = []
         for record in records:
             if record.seq < replay.floor:
@@ -568,7 +568,8 @@ class Journaling:
             f"{CATCH_UP_S:g} s; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
         )
         pattern = ".".join(replay.patterns[0])
-        return out + [PageOut(peer.routing_id, P.error(Status.DEADLINE, reason, topic=pattern), "error", name, 0, 0)]
+        ended = P.replay_ended(Status.DEADLINE, reason, name, pattern)  # (the SUB stays: live from here)
+        return out + [PageOut(peer.routing_id, ended, "error", name, 0, 0)]
 
     def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[PageOut]:
         journal = fetch.journal
