@@ -197,7 +197,9 @@ def test_a_replay_from_past_a_copy_that_is_behind_gets_nothing_before_its_from_l
     tokens = sorted(j.sent)
     deliver(core, j, tokens[0])  # this copy holds seq 1 only; the stream goes to 8 elsewhere
     core.handle(b"other", f("SUB", "", "orders.>"), 0.0, "other")
-    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "6", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "6", "", "orders.>"), 0.0, "sub") == [
+        (b"sub", P.ok_journaled("s", "main", 2))
+    ]
     assert [s for s in core.pages(0.0) if s.kind == "replay"] == [] and not core.paging  # (caught up, it thinks)
     assert core.counters["replay_floors"] == 1
     heard: dict[bytes, list[int]] = {b"sub": [], b"other": []}
