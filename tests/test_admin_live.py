@@ -282,7 +282,7 @@ def test_a_token_file_others_may_read_or_without_one_good_token_is_refused_at_st
 def test_the_cli_lists_closes_removes_gets_and_purges_with_one_line_errors(operator: Operator) -> None:
     root, alice = operator.env("root"), operator.env("alice")
     with operator.client("bob") as bob:
-        bob.publish("jobs.x", b"hello world", headers={"X-Order": "42"}, confirm=True)
+        bob.publish("jobs.x", b"hello world", headers={"X-Order": "42"}, confirm=True, msgid="order-42")
         bob.publish("jobs.x", b"\x00\x01\xff", confirm=True)
         bob.consume("main", "invoicing", topics=["jobs.>"])
         bob_name = next(n for n, who in operator.sessions().items() if who == "bob")
@@ -307,6 +307,7 @@ def test_the_cli_lists_closes_removes_gets_and_purges_with_one_line_errors(opera
             "topic: jobs.x",
             "sender: bob",
             "headers:",
+            "  MSGID: order-42",
             "  X-Order: 42",
             "body: 11 bytes",
             "hello world",

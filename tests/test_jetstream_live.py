@@ -570,6 +570,8 @@ def test_a_message_in_a_stream_that_mc0_did_not_write_is_skipped_counted_and_log
             pages = list(reader.fetch_pages("mixed", from_seq=first.seq, timeout=10))
             assert [(r.seq, r.body) for p in pages for r in p.records()] == [*wanted, (more.seq, b"more")]
             assert reader.journal_info()["mixed"]["unreadable"] == len(foreign)
+            # b1's copy is filled by its own feed, in its own time (the PubAcks it got do not wait for it).
+            until(lambda: writer.journal_info()["mixed"]["copy_next_seq"] > more.seq, 30, "b1's copy")
             assert writer.journal_info()["mixed"]["unreadable"] == len(foreign)
         broker = bus.brokers[1]
         assert broker is not None and broker.proc is not None
