@@ -184,10 +184,8 @@ class Worker(Client):
             task = asyncio.get_running_loop().create_task(self._serve(event))
             self._work[event.bid] = task
             deadline = time.monotonic() + event.timeout_ms / 1000.0
-            due = self._work_deadlines.next_due()
-            if due is None or deadline < due:
-                self._rearm.set()
             self._work_deadlines.add(deadline, event.bid)
+            self._arm_timer(deadline)
         elif isinstance(event, CancelWork):
             running = self._work.pop(event.bid, None)
             self._work_deadlines.discard(event.bid)
