@@ -48,6 +48,7 @@ from mc0.process import BrokerProcess
 from .common import CTX, Options, Row, make_keys, security_toml
 from .frames import BASELINES, SCENARIOS, TUNED, run_scenario
 from .library import PREFIX, run_library
+from .loop_turn import turn_rows
 from .wire import CONNECT, ID, NOOP, READY, TTL, VERSION, dealer
 
 # ============================================================== resources and trie
@@ -211,6 +212,7 @@ def _ratio(scenario: str, row: Row, base: Row, label: str = "") -> dict[str, Any
     }
     if row.lower_is_better:
         item["lower_is_better"] = True
+        item["unit"] = row.unit
     if row.failing or base.failing:
         item["failing"] = True
     return item
@@ -273,6 +275,8 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             for spec in SCENARIOS:
                 if options.wants(spec["name"]):
                     rows += run_scenario(spec, options, curve, say)
+        if broker_suite or options.suite == "turn":
+            rows += turn_rows(options, say)
         if options.suite in ("all", "library", "groups", "consumers"):
             rows += run_library(options, curve, say)
         if broker_suite and (not options.only or "resources" in options.only):
@@ -308,7 +312,8 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
 def _figure(row: dict[str, Any], value: float | None) -> str:
     if value is None:
         return ""
-    return f"{value:,.1f}" if row["unit"] in ("MB", "%", "MB/s") or row["unit"].startswith("ms") else f"{value:,.0f}"
+    precise = row["unit"] in ("MB", "%", "MB/s") or row["unit"].startswith(("ms", "us"))
+    return f"{value:,.1f}" if precise else f"{value:,.0f}"
 
 
 def _ms(row: dict[str, Any], name: str, digits: int) -> str:
@@ -322,7 +327,7 @@ def _us(row: dict[str, Any], name: str = "broker_us_per_msg") -> str:
 def _ratio_text(item: dict[str, Any]) -> str:
     text = f"{item['ratio']:.2f}x"
     if item.get("lower_is_better"):
-        text += " (ms: lower is better)"
+        text += f" ({item.get('unit', 'ms').split()[0]}: lower is better)"
     if item.get("failing"):
         text += " FAILING"
     return text
@@ -455,10 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "broker", "library", "groups", "consumers"),
+        choices=("all", "broker", "library", "groups", "consumers", "turn"),
         default="all",
-        help="broker: raw-frame load (the broker alone), resources, trie; library: the client libraries "
-        "(groups and consumers included); groups: queue-group rows only; consumers: durable-consumer rows only",
+        help="broker: raw-frame load (the broker alone), the loop turn, resources, trie; library: the client "
+        "libraries (groups and consumers included); groups: queue-group rows only; consumers: durable-consumer "
+        "rows only; turn: the broker's CPU per loop turn carrying one message, beside the pyzmq-loop floor",
     )
     parser.add_argument("--count", type=int, default=20_000, help="library pub/sub: messages per run (64 KiB: 1/4)")
     parser.add_argument("--burst", type=int, default=100_000, help="library burst: messages per run to 4 subscribers")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore
-from mc0.broker.delivery import Delivery
 from mc0.broker.outbox import Outbox
+from mc0.broker.sender import Sender
 from mc0.broker.storage.filestore import Journal
 from mc0.protocol import batch
 from mc0.settings import JournalSettings
@@ -42,7 +42,7 @@ class Rig:
         self.journal = Journal("main", JournalSettings(topics=("jobs.>",), folder=str(folder), max_bytes=0)).open()
         self.core = BrokerCore(journals=[self.journal])
         self.outbox = Outbox(max_bytes=64 << 20, max_messages=1 << 20, batch_bytes=256 * 1024)
-        self.delivery = Delivery(self.core, self.outbox)
+        self.sender = Sender(self.core, self.outbox)
         self.rid = 0
         self.now = 1.0
         connect = [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"60000", b"BATCH", b"1", b"ID", b"c"]
@@ -54,8 +54,8 @@ class Rig:
     def send(self, frames: list[bytes]) -> list[bytes]:
         """One message from the client, then the commit a loop turn ends with; the client's answers."""
         core, now = self.core, self.now
-        self.delivery.apply(core.handle(CLIENT, frames, now, fd=6), now)
-        self.delivery.apply(core.commit(), now)
+        self.sender.apply(core.handle(CLIENT, frames, now, fd=6), now)
+        self.sender.apply(core.commit(), now)
         return taken(self.outbox, CLIENT)
 
     def ask(self, query: dict[str, object]) -> list[bytes]:

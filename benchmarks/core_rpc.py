@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.core_rpc [--calls 200000] [--window 50] [--profile]``
 from the repository root.  One :class:`~mc0.broker.core.dispatch.BrokerCore`
-with a :class:`~mc0.broker.delivery.Delivery` and its
+with a :class:`~mc0.broker.sender.Sender` and its
 :class:`~mc0.broker.outbox.Outbox` (what the broker's loop runs per message,
 less the socket): a batched client sends ``--window`` CALL records in one
 ``BATCH``, a batched worker (capacity = window) answers every WORK record it
@@ -10,7 +10,8 @@ was sent with a FINAL record in one ``BATCH``, and each peer's queue is
 taken as a sending loop would take it.  Prints microseconds of CPU per call
 (``time.process_time``), and the same for PUT records fanned out to one and
 four batched subscribers and to a queue group of three batched members
-(each message to one of them); ``--profile`` adds cProfile's hottest functions.
+(each message to one of them), and for PUTs sent as frames, not records, to four
+subscribers (the general publish path); ``--profile`` adds cProfile's hottest functions.
 This is the floor of the broker's CPU per call the library rows pay for, on
 top of the sockets (see scripts/profile_rpc.py for those).
 """
@@ -25,16 +26,16 @@ from collections.abc import Callable
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore
-from mc0.broker.delivery import Delivery
 from mc0.broker.outbox import GROUP_SKIP_BYTES, Outbox
+from mc0.broker.sender import Sender
 from mc0.protocol import batch
 
 SERVICE = b"bench"
 
 
-def _connect(core: BrokerCore, delivery: Delivery, routing_id: bytes, now: float) -> None:
+def _connect(core: BrokerCore, sender: Sender, routing_id: bytes, now: float) -> None:
     frames = [b"CONNECT", b"VERSION", b"1.0", b"TTL", b"60000", b"BATCH", b"1", b"ID", b"c"]
-    delivery.apply(core.handle(routing_id, frames, now, fd=len(routing_id)), now)
+    sender.apply(core.handle(routing_id, frames, now, fd=len(routing_id)), now)
 
 
 def taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
@@ -46,23 +47,23 @@ def taken(outbox: Outbox, routing_id: bytes) -> list[bytes]:
     return blobs
 
 
-def setup(workers_capacity: int) -> tuple[BrokerCore, Delivery, Outbox]:
+def setup(workers_capacity: int) -> tuple[BrokerCore, Sender, Outbox]:
     # As the broker builds them: the core asks the outbox for each peer's backlog (queue groups skip a busy member).
     outbox = Outbox(max_bytes=64 << 20, max_messages=1 << 20, batch_bytes=256 * 1024)
     core = BrokerCore(backlog=outbox.backlog, group_skip_bytes=min((64 << 20) // 4, GROUP_SKIP_BYTES))
-    delivery = Delivery(core, outbox)
+    sender = Sender(core, outbox)
     now = 1.0
     for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
-        _connect(core, delivery, routing_id, now)
+        _connect(core, sender, routing_id, now)
     ready = [b"READY", b"CAPACITY", str(workers_capacity).encode(), b"ID", b"r", b"", SERVICE]
-    delivery.apply(core.handle(b"worker", ready, now, fd=len(b"worker")), now)
+    sender.apply(core.handle(b"worker", ready, now, fd=len(b"worker")), now)
     for routing_id in (b"client", b"worker", b"sub1", b"sub2", b"sub3", b"sub4", b"pub"):
         taken(outbox, routing_id)
-    return core, delivery, outbox
+    return core, sender, outbox
 
 
 def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
-    core, delivery, outbox = setup(window)
+    core, sender, outbox = setup(window)
     body = b"x" * 100
     seq = [0]
 
@@ -74,14 +75,14 @@ def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
             for _ in range(window):
                 seq[0] += 1
                 records.append(batch.call_record(SERVICE, str(seq[0]).encode(), 30_000, body))
-            delivery.apply(core.handle(b"client", batch.batch_frames(b"".join(records)), now, fd=6), now)
+            sender.apply(core.handle(b"client", batch.batch_frames(b"".join(records)), now, fd=6), now)
             finals = []
             for blob in taken(outbox, b"worker"):
                 for code, start, end in batch.records(blob):
                     assert code == batch.WORK
                     _, bid, _, _, data = batch.work_fields(blob, start, end)
                     finals.append(batch.reply_record(True, bid.encode(), bytes(data)))
-            delivery.apply(core.handle(b"worker", batch.batch_frames(b"".join(finals)), now, fd=6), now)
+            sender.apply(core.handle(b"worker", batch.batch_frames(b"".join(finals)), now, fd=6), now)
             answered = sum(1 for blob in taken(outbox, b"client") for _ in batch.records(blob))
             assert answered == window, answered
             done += window
@@ -94,11 +95,11 @@ def rpc_rounds(calls: int, window: int) -> Callable[[], int]:
 def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None = None) -> Callable[[], int]:
     """PUT records to ``subscribers`` batched peers: each its own copy, or (``group``) one of
     them per message, as members of that queue group."""
-    core, delivery, outbox = setup(1)
+    core, sender, outbox = setup(1)
     subs = [b"sub1", b"sub2", b"sub3", b"sub4"][:subscribers]
     sub = [b"SUB", b"ID", b"s"] + ([b"GROUP", group] if group is not None else []) + [b"", b"bench.lib"]
     for routing_id in subs:
-        delivery.apply(core.handle(routing_id, sub, 1.0, fd=len(routing_id)), 1.0)
+        sender.apply(core.handle(routing_id, sub, 1.0, fd=len(routing_id)), 1.0)
         taken(outbox, routing_id)
     record = batch.put_record(b"bench.lib", b"x" * 100)
     blob = record * window
@@ -110,12 +111,35 @@ def put_rounds(messages: int, window: int, subscribers: int, group: bytes | None
         now = 2.0
         delivered = core.counters["delivered"]
         while done < messages:
-            delivery.apply(core.handle(b"pub", batch.batch_frames(blob), now, fd=3), now)
+            sender.apply(core.handle(b"pub", batch.batch_frames(blob), now, fd=3), now)
             for routing_id in subs:
                 taken(outbox, routing_id)
             done += window
         assert core.counters["delivered"] - delivered == done * copies
         return done
+
+    return run
+
+
+def put_frames_rounds(messages: int, subscribers: int) -> Callable[[], int]:
+    """PUTs as frames (not records) to ``subscribers`` batched peers: the general publish path
+    (decode, ``verbs.put``, ``PubSub.fan_out``) that an unbatched publisher takes."""
+    core, sender, outbox = setup(1)
+    subs = [b"sub1", b"sub2", b"sub3", b"sub4"][:subscribers]
+    for routing_id in subs:
+        sender.apply(core.handle(routing_id, [b"SUB", b"ID", b"s", b"", b"bench.lib"], 1.0, fd=len(routing_id)), 1.0)
+        taken(outbox, routing_id)
+    put = [b"PUT", b"TOPIC", b"bench.lib", b"", b"x" * 100]
+
+    def run() -> int:
+        delivered = core.counters["delivered"]
+        for done in range(1, messages + 1):
+            sender.apply(core.handle(b"pub", put, 2.0, fd=3), 2.0)
+            if done % 64 == 0:
+                for routing_id in subs:
+                    taken(outbox, routing_id)
+        assert core.counters["delivered"] - delivered == messages * len(subs)
+        return messages
 
     return run
 
@@ -147,6 +171,7 @@ def main() -> None:
         ("PUT records to 1 subscriber(s)", lambda: put_rounds(args.calls, args.window, 1), "message"),
         ("PUT records to 4 subscriber(s)", lambda: put_rounds(args.calls, args.window, 4), "message"),
         ("PUT records to a queue group of 3", lambda: put_rounds(args.calls, args.window, 3, b"workers"), "message"),
+        ("PUT frames to 4 subscriber(s)", lambda: put_frames_rounds(args.calls, 4), "message"),
     ]
     for name, rounds, unit in figures:
         if args.only in name:

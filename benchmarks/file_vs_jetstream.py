@@ -105,7 +105,7 @@ def file_vs_jetstream_rates(
     count: int, size: int, window: int, runs: int, say: Any
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Rates per row (``names``) and, per row, how many acknowledged publishes the store lacks (or has extra)."""
-    from mc0.broker.cluster.streams import StreamSpec
+    from mc0.broker.jetstream.streams import StreamSpec
 
     rows = names(window)
     rates: dict[str, list[float]] = {name: [] for name in rows.values()}

@@ -126,7 +126,7 @@ def jetstream_rates(
     count: int, size: int, window: int, runs: int, say: Any
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Rates per row (keys of ``names``) and lost messages per row."""
-    from mc0.broker.cluster.streams import StreamSpec
+    from mc0.broker.jetstream.streams import StreamSpec
 
     rows = names(window)
     rates: dict[str, list[float]] = {name: [] for name in rows.values()}

@@ -3,9 +3,9 @@
 Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 --no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
-``rpc``, ``jobs``, ``workers``, ``batched``, ``verbs``, ``pubsub``, ``groups``,
-``peers``, ``histogram``, ``traffic``) and what both sides share (batch records,
-builders, the topic trie, deadlines).  Not the shell's outbox and delivery:
+``rpc``, ``jobs``, ``workers``, ``batched``, ``walks``, ``verbs``, ``pubsub``,
+``groups``, ``peers``, ``histogram``, ``traffic``) and what both sides share
+(batch records, builders, the topic trie, deadlines).  Not the shell's outbox and sender:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same
@@ -42,6 +42,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.groups",
     "mc0.broker.core.pubsub",
     "mc0.broker.core.verbs",
+    "mc0.broker.core.walks",
     "mc0.broker.core.batched",
 )
 PURE_ENV = "MC0_PURE_PYTHON"

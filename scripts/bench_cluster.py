@@ -4,12 +4,22 @@ joined over a three-node NATS cluster, beside one broker and beside that NATS cl
 
 python scripts/bench_cluster.py                 # 3 runs of each row (a few minutes)
 python scripts/bench_cluster.py --quick         # a smoke run
+python scripts/bench_cluster.py --compare before=/path/to/other/checkout   # its brokers too, runs interleaved
+PYTHONPATH=/path/to/other/checkout python scripts/bench_cluster.py ...     # this harness, that checkout's mc0
 """
 
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: benchmarks/ is not installed
+# The checkout holds benchmarks/ (not installed): imported from here whatever PYTHONPATH says, which then
+# comes first, so that it can name another checkout whose mc0 is measured (as scripts/bench.py does).
+root = str(Path(__file__).resolve().parent.parent)
+sys.path.insert(0, root)
+import benchmarks  # noqa: E402, F401
+
+sys.path.remove(root)
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), root)
 
 from benchmarks.cluster import main  # noqa: E402
 

@@ -66,7 +66,7 @@ STAGES = [
         "broker: deadlines, trie, peers, pub/sub",
         ("deadlines", "trie", "core/peers.py", "pubsub", "peers___", "histogram"),
     ),
-    ("broker: outbox, delivery", ("broker/outbox.py", "broker/delivery.py")),
+    ("broker: outbox, delivery", ("broker/outbox.py", "broker/sender.py")),
     ("broker: loop, dispatch", ("broker/server.py", "core/dispatch.py", "core/peers.py", "core/histogram.py")),
     ("client: session decode", ("mc0/session", "mc0/events.py", "mc0/message.py")),
     ("client: link (socket on the loop)", ("mc0/aio/link.py",)),

@@ -36,10 +36,10 @@ from mc0.process import BrokerProcess  # noqa: E402
 
 # (stage, substrings of a py-spy frame "function (file:line)"), first match from the leaf wins.
 STAGES = [
-    ("journal read (segment -> records or columns)", ("broker/journal.py", "broker/store.py")),
+    ("journal read (segment -> records or columns)", ("broker/storage/filestore.py", "broker/storage/records.py")),
     ("page build / parse (protocol/bodies.py)", ("protocol/bodies.py",)),
-    ("stream pacing / fetch state", ("broker/streams.py",)),
-    ("batch framing", ("protocol/batch.py", "broker/batched.py", "broker/outbox.py")),
+    ("fetch pacing / fetch state", ("broker/core/journaling.py",)),
+    ("batch framing", ("protocol/batch.py", "broker/core/batched.py", "broker/outbox.py")),
     ("zmq send / receive", ("zmq/sugar/socket.py",)),
     ("poll (idle)", ("poll",)),
     ("Record objects", ("message.py",)),

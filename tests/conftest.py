@@ -60,7 +60,7 @@ ONE_WORKER = {
     "tests/test_spark.py": "spark",  # one Spark session (a JVM) for the module
     "tests/test_fuzz.py": "cpu",  # the fuzzer keeps a core busy for its bounded time
     "tests/test_scripts.py": "cpu",  # the benchmark smoke runs load the machine: not beside the fuzzer
-    "tests/test_seed004_live.py": "tests/test_seed004_live.py",  # a module-scoped broker
+    "tests/test_mc0d_peers_live.py": "tests/test_mc0d_peers_live.py",  # a module-scoped broker
     "tests/test_docs.py": "tests/test_docs.py",  # a module-scoped broker (README's quick start)
     "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
     "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster

@@ -18,7 +18,7 @@ from mc0.permissions import Permissions
 from mc0.protocol import admin as A
 from mc0.settings import JournalSettings
 
-from .test_routes import Net
+from .test_cluster_core import Net
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -159,7 +159,7 @@ def test_conn_close_ends_exactly_that_session_and_tells_it_why() -> None:
     assert desk.answer(b"r", out) == (200, {"closed": first, "broker": ""})
     told = [list(frames) for rid, frames in out if rid == b"b1"]
     assert told == [
-        P.error(410, f"session {first} closed by root"),
+        P.error(401, f"session {first} closed by root"),
         list(P.DISCONNECT_FRAMES),
     ]
     assert b"b1" not in desk.core.sessions and desk.core.peers.by_id[b"b2"].name == second
@@ -275,10 +275,10 @@ class Cluster(Net):
             fresh = BrokerCore(core.settings, OPERATOR, journals=[store])
             self.cores[name] = fresh
             self.stores[name] = store
-        from mc0.broker.core import routed
+        from mc0.broker.core import routeinput
 
         for name, core in self.cores.items():
-            routed.join(core, name, route_ttl=1.0)
+            routeinput.join(core.rooms, name, route_ttl=1.0)
         self.beacons()
         self.ids = 0
 
@@ -302,7 +302,7 @@ def test_conn_close_is_carried_to_the_broker_the_session_is_on() -> None:
     status, data = net.admin("a", b"r", {"op": "conn.close", "id": victim})
     assert (status, data) == (200, {"closed": name, "broker": "c"})
     told = net.take("c", b"v1")
-    assert told[0] == P.error(410, f"session {name} closed by root (at broker a)") and told[1] == [b"DISCONNECT"]
+    assert told[0] == P.error(401, f"session {name} closed by root (at broker a)") and told[1] == [b"DISCONNECT"]
     assert b"v1" not in net.cores["c"].sessions and b"v2" in net.cores["c"].sessions
     status, reason = net.admin("a", b"r", {"op": "conn.close", "id": victim})
     assert (status, reason) == (404, f"no session '{victim}' at broker c")
@@ -353,7 +353,7 @@ def test_a_broker_that_does_not_answer_counts_as_504_when_the_deadline_passes() 
     assert data["brokers"]["b"] == {"status": 504, "error": "broker b did not answer in time"}
     assert core.builtins.admin.carried == {}
     # Their late answers are dropped, counted.
-    late = admin.route_answer(core, core.routes.by_name["b"], "admin.1", 200, b'{"status": 200}', 1.0)
+    late = admin.route_answer(core.rooms, core.routes.by_name["b"], "admin.1", 200, b'{"status": 200}', 1.0)
     assert late == [] and core.counters["admin_answers_dropped"] == 1
 
 
@@ -376,7 +376,7 @@ def test_a_part_another_broker_carries_here_is_checked_and_always_answered(body:
     net.connect("a", b"r", "root")
     core = net.cores["a"]
     route = core.routes.by_name["b"]
-    out = admin.from_route(core, route, "admin.7", "root", body, 0.0)
+    out = admin.from_route(core.rooms, route, "admin.7", "root", body, 0.0)
     ((rid, record),) = out
     assert rid == route.routing_id and isinstance(record, bytes)
     (frames,) = [P.batch.frames_of(record, code, start, end) for code, start, end in P.batch.records(record)]
@@ -403,8 +403,8 @@ def test_another_brokers_answer_becomes_its_part(status: int, data: bytes, expec
     core.handle(b"r", f("REQUEST", "SERVICE", "mc0.admin", "ID", "q", "TIMEOUT", "5000", "", query), 0.0, "root")
     ids = {broker: pid for pid, broker in next(iter(core.builtins.admin.carried.values())).waiting.items()}
     missing = b'{"status": 404, "error": "x"}'
-    assert admin.route_answer(core, core.routes.by_name["c"], ids["c"], 200, missing, 0.1) == []  # b still owes
-    (answer,) = admin.route_answer(core, core.routes.by_name["b"], ids["b"], status, data, 0.1)
+    assert admin.route_answer(core.rooms, core.routes.by_name["c"], ids["c"], 200, missing, 0.1) == []  # b still owes
+    (answer,) = admin.route_answer(core.rooms, core.routes.by_name["b"], ids["b"], status, data, 0.1)
     data_out = json.loads(answer[1][-1]) if answer[1][0] == b"FINAL" else None
     assert data_out is not None and data_out["brokers"]["b"] == expected
     assert core.builtins.admin.carried == {}

@@ -122,8 +122,8 @@ def test_conn_close_asked_at_one_broker_ends_the_session_at_another(tmp_path: Pa
             local = names[0].partition("@")[0]
             victim = f"{local}@b2"
             assert admin(root, "conn.close", id=victim) == {"closed": names[0], "broker": "b2"}
-            until(lambda: any(isinstance(f, mc0.Gone) for f in first.faults), what="the session told why")
-            (told,) = [f for f in first.faults if isinstance(f, mc0.Gone)]
+            until(lambda: any(isinstance(f, mc0.NotConnected) for f in first.faults), what="the session told why")
+            (told,) = [f for f in first.faults if isinstance(f, mc0.NotConnected)]
             assert told.reason == f"session {names[0]} closed by root (at broker b1)"
             assert second.faults == []
             second.ping()

@@ -142,8 +142,8 @@ def test_over_the_bus_refused_without_the_grant_and_done_with_it(operator: Opera
         # The operator: ends exactly that session; the other of the same identity stays.
         victim = next(n for n in names if n.endswith(f"#{min(int(x.split('#')[1]) for x in names)}"))
         assert admin(root, "conn.close", id=victim) == {"closed": victim, "broker": ""}
-        until(lambda: any(isinstance(f, mc0.Gone) for f in first.faults), what="the closed session told why")
-        (told,) = [f for f in first.faults if isinstance(f, mc0.Gone)]
+        until(lambda: any(isinstance(f, mc0.NotConnected) for f in first.faults), what="the closed session told why")
+        (told,) = [f for f in first.faults if isinstance(f, mc0.NotConnected)]
         assert told.reason == f"session {victim} closed by root"
         until(lambda: first.reconnects >= 1, what="the closed client back as a new session")
         after = {n for n, who in operator.sessions().items() if who == "bob"}
@@ -221,8 +221,8 @@ def test_over_http_refused_without_a_token_file_a_token_or_from_elsewhere_and_do
         )
         status, data = post(base, "conn.close", body, origin=f"http://localhost:{operator.port}")
         assert (status, data) == (200, {"closed": victim, "broker": ""})
-        until(lambda: any(isinstance(f, mc0.Gone) for f in first.faults), what="the closed session told why")
-        (told,) = [f for f in first.faults if isinstance(f, mc0.Gone)]
+        until(lambda: any(isinstance(f, mc0.NotConnected) for f in first.faults), what="the closed session told why")
+        (told,) = [f for f in first.faults if isinstance(f, mc0.NotConnected)]
         assert told.reason.startswith(f"session {victim} closed by http token from 127.0.0.1:")
         assert second.faults == []
         assert post(base, "conn.close", body) == (404, {"error": f"no session {victim!r}"})
@@ -329,4 +329,4 @@ def test_the_cli_lists_closes_removes_gets_and_purges_with_one_line_errors(opera
         one_line_error(mc0_cli("journal", "get", "main", "1", env=alice), "410")
         closed = mc0_cli("conn", "close", bob_name, env=root)
         assert closed.stdout == f"closed {bob_name}\n", closed.stderr
-        until(lambda: any(isinstance(f, mc0.Gone) for f in bob.faults), what="bob told why")
+        until(lambda: any(isinstance(f, mc0.NotConnected) for f in bob.faults), what="bob told why")

@@ -1,4 +1,6 @@
-"""Batched framing: the codec (protocol.batch) and the core's handling of BATCH messages, no sockets."""
+"""Batched framing: the codec (protocol.batch) and the core's handling of BATCH messages (core/batched.py:
+short records are 400s, a big batch is walked in slices with other peers served between them, what
+waits behind it is bounded, a batch's refusals are coalesced), no sockets."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mc0 import protocol as P
+from mc0.broker.core.batched import REFUSALS_ANSWERED
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.protocol import Limits, Side, batch
 
-from .test_core import f
+from .test_core import connect, f
 
 # One sample of every command each side may send (frames), shortcut-shaped or not.
 PEER_SAMPLES = [
@@ -292,3 +295,179 @@ def test_a_clients_walk_refuses_a_message_record_whose_fields_run_past_it(record
     assert next(walk)[3:] == (b"s", b"a", None, b"d")  # the records before the damage come first
     with pytest.raises((P.ProtocolError, struct.error)):
         next(walk)
+
+
+# ---------------------------------------------------------------- the batch walk (BatchedInput)
+def batched_core(**settings: object) -> BrokerCore:
+    core = BrokerCore(CoreSettings(**settings))  # type: ignore[arg-type]
+    assert connect_batched(core, b"p")[0] == b"OK"
+    return core
+
+
+def answers(out: list[tuple[bytes, object]], to: bytes = b"p") -> list[list[bytes]]:
+    return [as_frames(item) for rid, item in out if rid == to]
+
+
+def record(code: int, body: bytes) -> bytes:
+    return struct.pack("<IB", 1 + len(body), code) + body
+
+
+# Each record is shorter than the fixed fields of its code (they raised struct.error: a 500 and a traceback).
+SHORT_RECORDS = [
+    pytest.param(record(batch.PUT, b""), id="PUT-empty"),
+    pytest.param(record(batch.PUT, b"x"), id="PUT-1-byte"),
+    pytest.param(record(batch.CALL, b""), id="CALL-empty"),
+    pytest.param(record(batch.CALL, b"\x01\x00\x01\x00\x05"), id="CALL-5-bytes"),
+    pytest.param(record(batch.PARTIAL, b""), id="PARTIAL-empty"),
+    pytest.param(record(batch.PARTIAL, b"x"), id="PARTIAL-1-byte"),
+    pytest.param(record(batch.FINAL, b""), id="FINAL-empty"),
+    pytest.param(record(batch.FINAL, b"\x07"), id="FINAL-1-byte"),
+]
+
+
+@pytest.mark.parametrize("short", SHORT_RECORDS)
+def test_a_shortcut_record_shorter_than_its_fixed_fields_is_a_400_not_an_internal_error(short: bytes) -> None:
+    core = batched_core()
+    out = core.handle(b"p", batch.batch_frames(short + batch.record_of(f("PING", "ID", "after"))), 1.0)
+    refused, pong = answers(out)
+    assert refused[:5] == f("ERROR", "CODE", "400", "MESSAGE", "batch record too short for its fields")
+    assert pong == f("PONG", "ID", "after")  # and it spoiled nothing after it
+    assert core.counters["internal_errors"] == 0 and core.counters["rejected_400"] == 1
+
+
+# ---------------------------------------------------------------- big batches in slices
+NOOP = batch.record_of(f("NOOP"))
+
+
+def ping(rid: str) -> bytes:
+    return batch.record_of(f("PING", "ID", rid))
+
+
+def test_a_big_batch_is_walked_in_slices_and_other_peers_are_served_between_them() -> None:
+    core = batched_core()
+    connect(core, b"other")
+    core.batched.batch_slice = 100
+    out = core.handle(b"p", batch.batch_frames(ping("first") + NOOP * 1000 + ping("last")), 0.0)
+    assert answers(out) == [f("PONG", "ID", "first")] and core.unfinished  # one slice, then a cursor
+    assert answers(core.handle(b"other", f("PING", "ID", "bystander"), 0.0), b"other") == [
+        f("PONG", "ID", "bystander")
+    ]  # served at once, between slices
+    assert core.handle(b"p", f("PING", "ID", "later"), 0.0) == []  # the batch's own peer waits its turn
+    walked: list[list[bytes]] = []
+    for _ in range(20):  # 1,002 records, 100 a slice (each resume is one slice)
+        walked += answers(core.resume(0.0, 100))
+        if not core.unfinished:
+            break
+    assert walked == [f("PONG", "ID", "last"), f("PONG", "ID", "later")]  # in order, once each
+    assert not core.unfinished
+
+
+def test_what_waits_behind_a_batch_is_bounded_and_the_rest_is_a_429_that_changes_nothing() -> None:
+    core = batched_core(limits=Limits(max_batch_bytes=1000))
+    core.batched.batch_slice = 10
+    core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0)
+    assert core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0) == []  # 900 bytes wait
+    assert core.handle(b"p", batch.batch_frames(NOOP * 60), 0.0) == []  # 1,800: within twice the limit
+    (refused,) = answers(core.handle(b"p", f("PING", "ID", "x", "", "y" * 300), 0.0))
+    assert refused[:5] == f("ERROR", "ID", "x", "CODE", "429") and b"send slower" in refused[6]
+    assert core.counters["refused_busy"] == 1
+
+
+def test_a_batch_cut_short_by_its_peer_being_forgotten_goes_with_it_and_what_followed_is_still_handled() -> None:
+    core = batched_core()
+    core.batched.batch_slice = 10
+    core.handle(b"p", batch.batch_frames(NOOP * 100 + ping("never")), 0.0)
+    core.handle(b"p", f("CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "again"), 0.0)  # waits behind it
+    core.revoke({"anonymous"}, 0.0)  # forgotten mid-batch
+    core.allow({"anonymous"})
+    out = core.resume(0.0, 10_000)
+    assert [a[:3] for a in answers(out)] == [f("OK", "ID", "again")]  # the rest of the batch went with it
+    assert not core.unfinished
+
+
+def test_a_closed_connection_waits_for_its_batch_to_be_walked_before_its_peer_is_forgotten() -> None:
+    core = BrokerCore()
+    core.handle(b"p", f("CONNECT", "VERSION", "1.0", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0, fd=7)
+    core.batched.batch_slice = 10
+    core.handle(b"p", batch.batch_frames(NOOP * 100 + ping("last")), 0.0, fd=7)
+    core.connection_closed(7, 0.0)
+    assert core.forget_closed(0.0, drained=True) == [] and b"p" in core.sessions  # its messages are not all read
+    assert answers(core.resume(0.0, 10_000)) == [f("PONG", "ID", "last")]
+    core.forget_closed(0.1, drained=True)
+    assert b"p" not in core.sessions
+
+
+def test_silence_is_measured_up_to_when_the_broker_last_read_everything_not_into_its_busy_time() -> None:
+    core = BrokerCore(CoreSettings(liveness=3))
+    connect(core, b"a", now=0.0, ttl=1000)
+    core.caught_up(0.5)  # the shell read its socket empty at 0.5, then was busy (not reading) until 10.0
+    core.tick(10.0)
+    assert b"a" in core.sessions  # 9.5 s of the broker's busy time is not a's silence
+    core.caught_up(10.0)  # read everything: a had sent nothing
+    core.tick(11.0)  # (the sweep after a kept peer comes a TTL later)
+    assert b"a" not in core.sessions
+
+
+def test_a_peer_whose_long_batch_is_still_being_walked_is_not_silent() -> None:
+    """Its records are what it says: a batch the broker takes longer than liveness x TTL to walk (a
+    loaded box, a 15 MB batch) must not expire the peer that sent it (a loaded run of the live test
+    forgot the sender mid-walk); the silence counts from the walk's last slice."""
+    core = batched_core(liveness=3)  # TTL 1 s: expired after 3 s of silence
+    core.batched.batch_slice = 100
+    core.handle(b"p", batch.batch_frames(NOOP * 1000 + ping("last")), 0.0)
+    now = 0.0
+    for _ in range(20):  # one slice every 2 s (while the shell reads everything between them)
+        now += 2.0
+        core.caught_up(now)
+        core.tick(now)
+        assert b"p" in core.sessions, f"forgotten at {now} s while its batch was being walked"
+        core.resume(now, 100)
+        if not core.unfinished:
+            break
+    assert not core.unfinished
+    core.caught_up(now + 3.5)
+    core.tick(now + 3.5)
+    assert b"p" not in core.sessions  # silent for liveness x TTL after its batch: forgotten
+
+
+# ---------------------------------------------------------------- refusals coalesced
+def test_a_batchs_refusals_are_answered_one_by_one_only_at_first_then_counted_in_one_answer() -> None:
+    core = batched_core()
+    refused = [batch.record_of(f("PUT", "TOPIC", "bad..topic", "ID", f"r{i}", "", "x")) for i in range(1000)]
+    out = core.handle(b"p", batch.batch_frames(b"".join(refused) + ping("after")), 0.0)
+    got = answers(out)
+    assert len(got) == REFUSALS_ANSWERED + 2
+    assert [a[2] for a in got[:REFUSALS_ANSWERED]] == [f"r{i}".encode() for i in range(REFUSALS_ANSWERED)]
+    assert got[REFUSALS_ANSWERED] == f("PONG", "ID", "after")  # nothing after them was spoiled
+    summary = got[-1]  # when the batch is done
+    assert summary[:3] == f("ERROR", "CODE", "400")
+    text = summary[4].decode()
+    assert f"{1000 - REFUSALS_ANSWERED} more records of this batch refused" in text and f"r{REFUSALS_ANSWERED}" in text
+    assert core.counters["rejected_400"] == 1000
+
+
+# ---------------------------------------------------------------- the broker's PUT-record reader
+# (record body, what put_topic reads: (topic, where the data starts) or the 400's reason)
+PUT_BODIES = [
+    (b"\x01\x00tdata", (b"t", 3)),
+    (b"\x03\x00a.bx", (b"a.b", 5)),
+    (b"\x00\x00", (b"", 2)),  # (an empty topic is the grammar's to refuse, not the layout's)
+    (b"\x02\x00ab", (b"ab", 4)),  # no data
+    (b"", "batch record too short for its fields"),
+    (b"\x05", "batch record too short for its fields"),
+    (b"\x05\x00abc", "PUT record fields run past its end"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), PUT_BODIES)
+def test_put_topic_reads_a_put_records_topic_or_refuses_it_400(body: bytes, expected: object) -> None:
+    blob = b"head" + body + b"tail"  # the record's body inside a larger blob
+    start, end = 4, 4 + len(body)
+    if isinstance(expected, str):
+        with pytest.raises(P.ProtocolError) as refused:
+            batch.put_topic(blob, start, end)
+        assert (refused.value.code, refused.value.reason) == (400, expected)
+    else:
+        assert batch.put_topic(blob, start, end) == expected
+        topic, data_at = batch.put_topic(blob, start, end)
+        assert batch.put_record(topic, blob[start + data_at : end])[5:] == body  # the record it came from

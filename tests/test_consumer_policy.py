@@ -216,7 +216,7 @@ def replayed(bus: Bus, rid: bytes) -> set[str]:
     dead_letters(bus, 5.0)
     bus.core.commit()
     bus.sub(rid, "FROM", "0", "JOURNAL", "main", "mc0.sys.dead.>")
-    return origins([list(s.frames) for s in bus.core.stream(5.0) if s.routing_id == rid])
+    return origins([list(s.frames) for s in bus.core.pages(5.0) if s.routing_id == rid])
 
 
 def fetched(bus: Bus, rid: bytes, page: str = "json") -> set[str]:
@@ -226,7 +226,7 @@ def fetched(bus: Bus, rid: bytes, page: str = "json") -> set[str]:
     assert bus.core.handle(rid, f("REQUEST", "SERVICE", "mc0.journal", "ID", "j", "", body), 5.0, bus.who[rid]) == []
     found = set()
     for _ in range(5):  # bounded: pages then the FINAL
-        for sent in bus.core.stream(5.0):
+        for sent in bus.core.pages(5.0):
             frames = list(sent.frames)
             if frames[0] == b"PARTIAL":
                 parts = frames[frames.index(b"") + 1 :]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core.consumers import Delivery, Event, delivery_transition
+from mc0.broker.core.consumers import Event, HeldState, held_transition
 from mc0.broker.core.dispatch import BrokerCore
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
@@ -17,29 +17,29 @@ from mc0.settings import JournalSettings
 
 # Every (state, event) pair, literally: the next state, or None (ignored, nothing changes).
 TABLE = [
-    (Delivery.DUE, Event.DELIVER, Delivery.PENDING),
-    (Delivery.DUE, Event.ACK, Delivery.SETTLED),
-    (Delivery.DUE, Event.NAK, None),
-    (Delivery.DUE, Event.TERM, Delivery.SETTLED),
-    (Delivery.DUE, Event.ACK_WAIT, None),
-    (Delivery.DUE, Event.EXHAUSTED, Delivery.SETTLED),
-    (Delivery.PENDING, Event.DELIVER, None),
-    (Delivery.PENDING, Event.ACK, Delivery.SETTLED),
-    (Delivery.PENDING, Event.NAK, Delivery.DUE),
-    (Delivery.PENDING, Event.TERM, Delivery.SETTLED),
-    (Delivery.PENDING, Event.ACK_WAIT, Delivery.DUE),
-    (Delivery.PENDING, Event.EXHAUSTED, None),
-    *[(Delivery.SETTLED, event, None) for event in Event],
+    (HeldState.DUE, Event.DELIVER, HeldState.PENDING),
+    (HeldState.DUE, Event.ACK, HeldState.SETTLED),
+    (HeldState.DUE, Event.NAK, None),
+    (HeldState.DUE, Event.TERM, HeldState.SETTLED),
+    (HeldState.DUE, Event.ACK_WAIT, None),
+    (HeldState.DUE, Event.EXHAUSTED, HeldState.SETTLED),
+    (HeldState.PENDING, Event.DELIVER, None),
+    (HeldState.PENDING, Event.ACK, HeldState.SETTLED),
+    (HeldState.PENDING, Event.NAK, HeldState.DUE),
+    (HeldState.PENDING, Event.TERM, HeldState.SETTLED),
+    (HeldState.PENDING, Event.ACK_WAIT, HeldState.DUE),
+    (HeldState.PENDING, Event.EXHAUSTED, None),
+    *[(HeldState.SETTLED, event, None) for event in Event],
 ]
 
 
 def test_the_table_covers_every_pair() -> None:
-    assert {(s, e) for s, e, _ in TABLE} == {(s, e) for s in Delivery for e in Event}
+    assert {(s, e) for s, e, _ in TABLE} == {(s, e) for s in HeldState for e in Event}
 
 
 @pytest.mark.parametrize(("state", "event", "expected"), TABLE)
-def test_delivery_transition_table(state: Delivery, event: Event, expected: Delivery | None) -> None:
-    assert delivery_transition(state, event) is expected
+def test_delivery_transition_table(state: HeldState, event: Event, expected: HeldState | None) -> None:
+    assert held_transition(state, event) is expected
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -275,7 +275,7 @@ def test_the_saved_state_is_the_compact_json_of_the_consumer(
     config = ConsumerConfig("main", "c", topics, ack_wait_ms=1234)
     consumer = Consumer(config, store, tuple(split_pattern(t) for t in topics), 1000, owner)
     for seq, deliveries in held.items():
-        consumer.held[seq] = Held(Delivery.PENDING, deliveries, 1.0)
+        consumer.held[seq] = Held(HeldState.PENDING, deliveries, 1.0)
     for new_owner in (owner, "claimed"):  # the cached head follows a claim
         consumer.owner = new_owner
         expected = {

@@ -6,7 +6,7 @@ import json
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
-from mc0.broker.dialects import mdp, route
+from mc0.broker.dialects import mdp, recognise
 from mc0.protocol import Side
 
 
@@ -22,7 +22,7 @@ class Net:
     """A core plus helpers to talk as named peers; every answer is checked against the grammar."""
 
     def __init__(self, **settings: object) -> None:
-        self.core = BrokerCore(CoreSettings(**settings), dialects=route)  # type: ignore[arg-type]
+        self.core = BrokerCore(CoreSettings(**settings), dialects=recognise)  # type: ignore[arg-type]
         self.now = 0.0
 
     def send(self, who: str, *frames: str | bytes) -> dict[bytes, list[P.Command]]:

@@ -21,7 +21,7 @@ from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.dialects import emqp as E
 from mc0.broker.dialects import mdpx as S
-from mc0.broker.dialects import route
+from mc0.broker.dialects import recognise
 from mc0.process import BrokerProcess
 
 from .conftest import RawPeer, require
@@ -32,7 +32,7 @@ RR = b"reply-requested"  # the header that asks for the REPLY
 
 class Core:
     def __init__(self, **settings: Any) -> None:
-        self.core = BrokerCore(CoreSettings(**settings), dialects=route)
+        self.core = BrokerCore(CoreSettings(**settings), dialects=recognise)
         self.now = 0.0
 
     def send(self, who: bytes, *frames: bytes) -> list[tuple[bytes, list[bytes]]]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mc0.broker.cluster import feed as feeds
-from mc0.broker.cluster.feed import StreamFeed
-from mc0.broker.cluster.streams import STATE, StoreError
+from mc0.broker.jetstream import feed as feeds
+from mc0.broker.jetstream.feed import StreamFeed
+from mc0.broker.jetstream.streams import STATE, StoreError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -281,8 +281,8 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
 
     from nats.aio.client import Client as Nats
 
-    from mc0.broker.cluster import jsops
-    from mc0.broker.cluster.streams import StreamSpec, api
+    from mc0.broker.jetstream import storeops
+    from mc0.broker.jetstream.streams import StreamSpec, api
 
     async def run() -> None:
         nc = Nats()
@@ -299,7 +299,7 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
                     break
                 await asyncio.sleep(0.02)
             assert (await api(nc, "STREAM.INFO.MC0_J_settle"))["state"]["messages"] == 600
-            ops = jsops.StoreOps(nc, {"settle": spec}, max_requests=16)
+            ops = storeops.StoreOps(nc, {"settle": spec}, max_requests=16)
             config = {"topics": [">"], "ack_wait_ms": 60_000, "max_ack_pending": 10_000, "deliver": "all"}
             for name in ("c1", "c2"):
                 made = {"journal": "settle", "name": name, "owner": "alice", "config": config, "replicas": 1}
@@ -342,12 +342,12 @@ def test_a_settle_of_many_seqs_runs_with_a_bounded_pool_and_asks_nothing_of_seqs
             await watcher
             assert [data for data, _ in answers] == [{"done": 300, "ignored": 0}] * 2
             assert peak_requests <= 16  # every settle together
-            assert peak_tasks <= 2 * jsops.SETTLE_WORKERS + 16  # (not one task per seq; nats-py has its own)
+            assert peak_tasks <= 2 * storeops.SETTLE_WORKERS + 16  # (not one task per seq; nats-py has its own)
             info, _ = await ops.op_consumer_info({"journal": "settle", "name": "c1"})
             assert info["info"]["num_ack_pending"] == 0 and info["info"]["ack_floor"] == pulled["c1"][-1]
             # Another broker's StoreOps (no ack subjects of its own): seqs acked already or never
             # delivered cannot be pending, and are ignored with no request each.
-            elsewhere = jsops.StoreOps(nc, {"settle": spec})
+            elsewhere = storeops.StoreOps(nc, {"settle": spec})
             peak_requests = 0
             seqs = [*pulled["c1"][:5], 10_000, 10_001]
             acks = {"journal": "settle", "name": "c1", "how": "ack", "seqs": seqs}
@@ -367,8 +367,8 @@ def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats:
 
     from nats.aio.client import Client as Nats
 
-    from mc0.broker.cluster import jsops
-    from mc0.broker.cluster.streams import StreamSpec, api
+    from mc0.broker.jetstream import storeops
+    from mc0.broker.jetstream.streams import StreamSpec, api
     from mc0.protocol import jetstream as jsw
 
     async def run() -> None:
@@ -383,7 +383,7 @@ def test_a_mailbox_read_after_a_seq_gets_only_the_letters_past_it_in_order(nats:
                     ack = await stored(nc, jsw.letter_subject("letters", who), f"{who} {i}".encode())
                     if who == "carol":
                         seqs.append(ack["seq"])
-            ops = jsops.StoreOps(nc, {"letters": spec})
+            ops = storeops.StoreOps(nc, {"letters": spec})
             read = {"journal": "letters", "identity": "carol"}
             data, payloads = await ops.op_letters_read({**read, "after": 0})
             assert [seq for seq, _ in data["records"]] == seqs
@@ -410,9 +410,9 @@ def test_a_stream_feeds_the_broker_loop_no_faster_than_it_takes_records_and_then
     import zmq
     from nats.aio.client import Client as Nats
 
-    from mc0.broker.cluster import feed as feeds
     from mc0.broker.cluster.link import ClusterLink
-    from mc0.broker.cluster.streams import Records, StreamSpec, api
+    from mc0.broker.jetstream import feed as feeds
+    from mc0.broker.jetstream.streams import Records, StreamSpec, api
     from mc0.settings import ClusterConfig
 
     budget, size, count = 256 * 1024, 32 * 1024, 512  # 16 MiB in the stream, 64 times the budget

@@ -17,7 +17,7 @@ from mc0.broker.core.jobs import (
     job_transition,
 )
 
-Q, A, S, D = JobState.QUEUED, JobState.ASSIGNED, JobState.STREAMING, JobState.DONE
+Q, A, S, D = JobState.QUEUED, JobState.ASSIGNED, JobState.FORWARDING, JobState.DONE
 E = JobEvent
 X = Action
 

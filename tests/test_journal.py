@@ -126,8 +126,8 @@ def test_purge_within_the_active_segment_keeps_appending_there(tmp_path: Path) -
 
 
 def test_a_local_copy_purged_to_the_streams_first_seq_skips_what_arrives_before_it(tmp_path: Path) -> None:
+    from mc0.broker.jetstream.replicated import ReplicatedJournal
     from mc0.broker.storage.records import encode_payload
-    from mc0.broker.storage.replicated import ReplicatedJournal
 
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
     copy = ReplicatedJournal("main", settings).open()
@@ -326,14 +326,14 @@ def test_sub_from_replays_history_then_goes_live_without_repeats(tmp_path: Path)
     assert handle(core, b"sub", f("SUB", "ID", "s", "FROM", "3", "", "orders.>"), 0.0) == [(b"sub", P.ok("s"))]
     # A live message while the replay runs is held back: the replay delivers it in order.
     assert handle(core, b"pub", f("PUT", "TOPIC", "orders.9", "", "9"), 0.0) == []
-    replayed = core.stream(0.0)
+    replayed = core.pages(0.0)
     assert [(o.routing_id, payload_of(list(o.frames))[0], o.seq) for o in replayed] == [
         (b"sub", b"2", 3),
         (b"sub", b"3", 4),
         (b"sub", b"4", 5),
         (b"sub", b"9", 6),
     ]
-    assert core.stream(0.0) == [] and not core.streaming  # caught up
+    assert core.pages(0.0) == [] and not core.paging  # caught up
     live = handle(core, b"pub", f("PUT", "TOPIC", "orders.10", "", "10"), 0.0)
     assert [headers_of(list(fr))["SEQ"] for _, fr in live] == ["7"]
 
@@ -343,11 +343,11 @@ def test_a_blocked_replay_resumes_from_the_record_that_did_not_fit(tmp_path: Pat
     for i in range(3):
         handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", str(i)), 0.0)
     handle(core, b"sub", f("SUB", "FROM", "1", "", "orders.>"), 0.0)
-    first = core.stream(0.0)
+    first = core.pages(0.0)
     for unsent in first[1:]:  # the second record did not fit; the shell hands back it and the rest
-        core.stream_blocked(unsent, 0.0)
-    assert core.stream(0.0) == []  # paused
-    assert [o.seq for o in core.stream(1.0)] == [2, 3]
+        core.page_blocked(unsent, 0.0)
+    assert core.pages(0.0) == []  # paused
+    assert [o.seq for o in core.pages(1.0)] == [2, 3]
 
 
 @pytest.mark.parametrize(
@@ -363,7 +363,7 @@ def test_bad_sub_from_is_refused_and_changes_nothing(tmp_path: Path, frames: tup
     core, _ = core_with(tmp_path)
     out = handle(core, b"sub", f(*frames), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", code)
-    assert len(core.subscriptions) == 0 and not core.streaming
+    assert len(core.subscriptions) == 0 and not core.paging
 
 
 def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
@@ -375,7 +375,7 @@ def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
     out = handle(core, b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", "410")
     assert handle(core, b"sub", f("SUB", "ID", "t", "FROM", "0", "", "orders.>"), 0.0) == [(b"sub", P.ok("t"))]
-    assert core.stream(0.0)[0].seq == j.first_seq  # 0 = from the oldest kept
+    assert core.pages(0.0)[0].seq == j.first_seq  # 0 = from the oldest kept
 
 
 def handle(core: BrokerCore, rid: bytes, frames: list[bytes], now: float) -> list:  # type: ignore[type-arg]
@@ -388,7 +388,7 @@ def fetch(core: BrokerCore, query: dict[str, object], rid: str = "r") -> tuple[l
     assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", rid, "", json.dumps(query)), 0.0) == []
     records = []
     for _ in range(1000):
-        for out in core.stream(0.0):
+        for out in core.pages(0.0):
             if out.frames[0] == b"FINAL":
                 return records, list(out.frames)
             assert out.frames[0] == b"PARTIAL"
@@ -444,7 +444,7 @@ def fetch_all(core: BrokerCore, query: dict[str, object], rid: bytes = b"sub") -
     assert handle(core, rid, f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0) == []
     records: list[P.Record] = []
     for _ in range(1000):
-        for out in core.stream(0.0):
+        for out in core.pages(0.0):
             if out.frames[0] == b"FINAL":
                 return records
             parts = payload_of(list(out.frames))
@@ -524,7 +524,7 @@ def test_a_fetch_with_a_bad_pattern_is_refused_and_changes_nothing(
     body = json.dumps({"op": "fetch", "journal": "main", "topics": topics, "page": "columns/1"})
     out = handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", body), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "r", "CODE", code) and reason in headers_of(list(out[0][1]))["MESSAGE"]
-    assert not core.streaming and core.counters["journal_fetches"] == fetches  # no fetch started
+    assert not core.paging and core.counters["journal_fetches"] == fetches  # no fetch started
     assert [r.topic for r in fetch_all(core, {"topics": ["orders.>"]})] == ["orders.new"]  # and the next one runs
 
 
@@ -553,21 +553,21 @@ def test_a_large_fetch_goes_out_one_page_per_turn_and_a_blocked_page_is_resent(t
     core.commit()
     query = '{"op":"fetch","journal":"main","from_seq":1}'
     assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0) == []
-    first = core.stream(0.0)
+    first = core.pages(0.0)
     assert [o.frames[0] for o in first] == [b"PARTIAL"]  # one page, not the whole fetch
-    core.stream_blocked(first[0], 0.0)  # it did not fit
-    assert core.stream(0.0) == []
+    core.page_blocked(first[0], 0.0)  # it did not fit
+    assert core.pages(0.0) == []
     seqs: list[int] = []
     final: list[bytes] = []
     for turn in range(10):
-        for out in core.stream(1.0 + turn):
+        for out in core.pages(1.0 + turn):
             if out.frames[0] == b"FINAL":
                 final = list(out.frames)
             else:
                 seqs += [r.seq for r in P.parse_journal_page(payload_of(list(out.frames)))]
     assert seqs == list(range(1, 3501))
     assert json.loads(payload_of(final)[0])["records"] == 3500
-    assert not core.streaming
+    assert not core.paging
 
 
 def test_fetches_under_way_per_peer_are_bounded(tmp_path: Path) -> None:
@@ -658,8 +658,8 @@ def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path)
     handle(core, b"sub", f("SUB", "FROM", "1", "", "orders.>"), 0.0)
     for segment in (tmp_path / "j").iterdir():
         segment.write_bytes(b"")  # someone truncated the files behind the broker's back
-    (out,) = core.stream(0.0)
-    assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.streaming
+    (out,) = core.pages(0.0)
+    assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.paging
 
 
 def test_disconnect_records_at_shutdown_carry_the_shutdown_time(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.dialects import memodb as M
-from mc0.broker.dialects import route
+from mc0.broker.dialects import recognise
 from mc0.permissions import Permissions
 
 from .conftest import require
@@ -34,7 +34,9 @@ class Net:
     delivered, forgotten MemoDB peers reported; NNG replies land in ``answers`` (token -> data|None)."""
 
     def __init__(self, permissions: Permissions = GRANTED, **settings: Any) -> None:
-        self.core = BrokerCore(CoreSettings(**settings), M.with_memodb_identity(permissions, "memodb"), dialects=route)
+        self.core = BrokerCore(
+            CoreSettings(**settings), M.with_memodb_identity(permissions, "memodb"), dialects=recognise
+        )
         self.memo = M.MemoDB(identity="memodb", nonce=b"run1", heartbeat_ms=1000, max_workers=8, max_payload=1 << 20)
         self.now = 0.0
         self.tokens = 0

@@ -1,9 +1,11 @@
 """Monitoring: the latency histogram (one definition of a percentile), ``--http`` parsing, and the
-HTTP pages and Prometheus ``/metrics`` of a live broker process under traffic."""
+HTTP pages and Prometheus ``/metrics`` of a live broker process under traffic; /varz is fresh right
+after each connect, and the listener queues a burst of connections instead of refusing them."""
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -12,6 +14,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 import mc0
@@ -21,6 +24,7 @@ from mc0.broker.monitoring.httpd import parse_listen
 from mc0.errors import ConfigError
 from mc0.process import BrokerProcess
 
+from .conftest import RawPeer
 from .test_rpc_live import WorkerProcess
 
 # ------------------------------------------------------------ histogram
@@ -217,3 +221,53 @@ def test_a_stalled_loop_is_503_on_healthz_within_about_a_second() -> None:
     finally:
         server.close()
         server.close()  # idempotent
+
+
+# ---------------------------------------------------------------- fresh figures, a burst of scrapers
+@pytest.mark.timeout(60)
+def test_varz_right_after_each_connect_counts_it(zctx: zmq.Context[Any]) -> None:
+    """Item 13: /varz showed the snapshot made for the previous request (connections 0 right
+    after a peer connected)."""
+    port = _free_port()
+    with BrokerProcess("--http", f"127.0.0.1:{port}", insecure=True) as broker:
+        base = f"http://127.0.0.1:{port}"
+        peers = []
+        for i in range(1, 21):
+            peer = RawPeer(broker.endpoint, zctx)
+            assert peer.connect()[0] == b"OK"  # the broker has the session now
+            peers.append(peer)
+            status, _, text = _get(base + "/varz")
+            assert status == 200 and json.loads(text)["connections"] == i
+            assert json.loads(_get(base + "/connz")[2])["count"] == i
+        for peer in peers:
+            peer.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_monitoring_listener_queues_a_burst_of_connections_instead_of_refusing_them() -> None:
+    """Item 16: the accept backlog was 5 (http.server's default): a scrape storm met refusals.
+    The server stops accepting (its thread ends; the socket still listens) and 200 clients
+    connect at once: the kernel completes every handshake into the backlog."""
+    from mc0.broker.monitoring.httpd import MonitorServer
+
+    server = MonitorServer("127.0.0.1:0", wake=lambda: None)
+    server.start()
+    assert server._httpd is not None
+    server._httpd.shutdown()  # no more accept() calls; the listening socket stays open
+    clients = [socket.socket() for _ in range(200)]
+    try:
+        for client in clients:
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", server.port))
+        pending = set(clients)
+        deadline = time.monotonic() + 5
+        while pending and time.monotonic() < deadline:  # bounded: each round waits at most 0.1 s
+            _, writable, _ = select.select([], list(pending), [], 0.1)
+            for client in writable:
+                assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                pending.discard(client)
+        assert not pending, f"{len(pending)} of 200 connections never completed"
+    finally:
+        for client in clients:
+            client.close()
+        server.close()

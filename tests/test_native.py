@@ -76,17 +76,17 @@ def test_each_mode_loads_what_it_says(mode: str) -> None:
 SCENARIO = """
 import hashlib
 from mc0.broker.core.dispatch import BrokerCore
-from mc0.broker.delivery import Delivery
+from mc0.broker.sender import Sender
 from mc0.broker.outbox import Outbox
 from mc0.protocol import batch
 
 core = BrokerCore()
 outbox = Outbox(max_bytes=1 << 20, max_messages=10_000, batch_bytes=4096)
-delivery = Delivery(core, outbox)
+sender = Sender(core, outbox)
 log = []
 
 def send(rid, frames, now):
-    delivery.apply(core.handle(rid, frames, now, fd=len(rid)), now)
+    sender.apply(core.handle(rid, frames, now, fd=len(rid)), now)
     for peer in (b"client", b"worker", b"sub1", b"sub2", b"member1", b"member2", b"pub", b"old"):
         while (message := outbox.next_message(peer)) is not None:
             log.append((peer, [bytes(f) for f in message]))
@@ -114,7 +114,7 @@ finals += batch.reply_record(True, b"999", b"forged")
 send(b"worker", batch.batch_frames(finals), 1.3)
 send(b"worker", [b"FINAL", b"ID", bids[1].encode(), b"", b"late"], 1.3)
 send(b"client", [b"CANCEL", b"ID", b"5"], 1.35)
-delivery.apply(core.tick(3.0), 3.0)  # deadlines of what is still out
+sender.apply(core.tick(3.0), 3.0)  # deadlines of what is still out
 send(b"client", [b"PING", b"ID", b"p"], 3.0)
 text = repr(log).encode() + repr(sorted(core.counters.items())).encode()
 print(len(log), hashlib.sha256(text).hexdigest())

@@ -236,7 +236,7 @@ def fetch_both(core: Any, query: dict[str, object]) -> tuple[list[list[Record]],
         assert handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", rid, "", body), 0.0) == []
         pages: list[list[Record]] = []
         for _ in range(1000):
-            outs = core.stream(0.0)
+            outs = core.pages(0.0)
             if outs and outs[-1].frames[0] == b"FINAL":
                 pages += [read_page(o.frames, extra) for o in outs[:-1]]
                 results.append((pages, payload_of(list(outs[-1].frames))))
@@ -310,7 +310,7 @@ def test_a_filtered_columns_page_reads_on_until_three_quarters_full(
     wanted = {"topics": ["orders.0"]} if topics > 1 else {"topics": ["nothing"]} if topics == 0 else {}
     query = json.dumps({"op": "fetch", "journal": "main", "page": "columns/1", **wanted})
     handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0)
-    pages = [P.parse_columns_page(payload_of(list(o.frames))[0]) for o in core.stream(0.0)]
+    pages = [P.parse_columns_page(payload_of(list(o.frames))[0]) for o in core.pages(0.0)]
     assert [(p.count, p.next_seq) for p in pages] == ([page] if page else [])
     if topics > 1:
         assert pages[0].seq_list() == list(range(1, page[1], topics))  # every match below next_seq
@@ -324,13 +324,13 @@ def test_a_columns_fetch_may_ask_for_larger_pages_within_a_bound(tmp_path: Path)
     handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0)
     counts = []
     for _ in range(10):  # one page per loop turn, then the FINAL
-        for out in core.stream(0.0):
+        for out in core.pages(0.0):
             if out.frames[0] == b"PARTIAL":
                 counts.append(P.parse_columns_page(payload_of(list(out.frames))[0]).count)
     assert counts == [4000, 4000, 1000]
     query = '{"op":"fetch","journal":"main","page":"columns/1","page_bytes":1000}'  # the byte bound holds too
     handle(core, b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "s", "", query), 0.0)
-    assert P.parse_columns_page(payload_of(list(core.stream(0.0)[0].frames))[0]).count < 1000
+    assert P.parse_columns_page(payload_of(list(core.pages(0.0)[0].frames))[0]).count < 1000
 
 
 @pytest.mark.parametrize(

@@ -169,8 +169,8 @@ def test_connz_refuses_a_query_it_cannot_answer(query: dict[str, str], complaint
 def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answered() -> None:
     from collections import Counter
 
-    from mc0.broker.core.storecalls import StoreCalls
-    from mc0.broker.core.storeconsumers import REPORT_INTERVAL, StoreConsumers
+    from mc0.broker.jetstream.storecalls import StoreCalls
+    from mc0.broker.jetstream.storeconsumers import REPORT_INTERVAL, StoreConsumers
 
     counters: Counter[str] = Counter()
     calls = StoreCalls(counters)

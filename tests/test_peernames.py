@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mc0.broker.core import routed
+from mc0.broker.core import routeinput
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.protocol.peernames import PeerName, parse_peer_name, peer_name
 
@@ -83,7 +83,7 @@ def _connect(core: BrokerCore, rid: bytes) -> None:
 
 def test_a_standalone_broker_names_its_peers_identity_n_and_one_of_a_cluster_adds_its_own_name() -> None:
     alone, joined = BrokerCore(CoreSettings()), BrokerCore(CoreSettings())
-    routed.join(joined, "b1", route_ttl=1.0)
+    routeinput.join(joined.rooms, "b1", route_ttl=1.0)
     for core in (alone, joined):
         for rid in (b"p1", b"p2", b"ask"):
             _connect(core, rid)

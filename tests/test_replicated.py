@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import fromstore, routed
+from mc0.broker.core import routeinput
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.journaling import CATCH_UP_S
-from mc0.broker.core.storeconsumers import known_of
+from mc0.broker.jetstream import fromstore
+from mc0.broker.jetstream.replicated import ReplicatedJournal
+from mc0.broker.jetstream.storeconsumers import known_of
 from mc0.broker.storage.memstore import MemoryReplicatedStore
 from mc0.broker.storage.records import encode_payload
-from mc0.broker.storage.replicated import ReplicatedJournal
 from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
@@ -61,7 +63,7 @@ def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
     )
     journal = parse(text, "x").journals["events"]
     assert journal.replicated and (journal.replicas, journal.max_messages, journal.dedup_window_s) == (5, 1000, 30)
-    from mc0.broker.cluster.streams import specs_of
+    from mc0.broker.jetstream.streams import specs_of
 
     config = specs_of(parse(text, "x"))["events"].config()
     assert config["name"] == "MC0_J_events" and config["subjects"] == ["mc0.j.events.>"]
@@ -71,9 +73,9 @@ def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
 
 
 # ------------------------------------------------------------------ the core
-def core_with(*journals: MemoryReplicatedStore) -> BrokerCore:
-    core = BrokerCore(CoreSettings(), journals=list(journals), wall_offset=1000.0)
-    routed.join(core, "b1", route_ttl=1.0)
+def core_with(*journals: MemoryReplicatedStore, backlog: Callable[[bytes], int] | None = None) -> BrokerCore:
+    core = BrokerCore(CoreSettings(), journals=list(journals), wall_offset=1000.0, backlog=backlog)
+    routeinput.join(core.rooms, "b1", route_ttl=1.0)
     for rid in (b"pub", b"sub", b"other"):
         connect(core, rid, who=rid.decode())
     return core
@@ -90,11 +92,11 @@ def put(core: BrokerCore, rid: bytes, *frames: str) -> list[Any]:
 def deliver(core: BrokerCore, j: MemoryReplicatedStore, token: int, now: float = 0.0) -> tuple[list[Any], list[Any]]:
     """The stream stores ``token``: (its OK, what the broker then delivers), as the link reports them."""
     seq, duplicate, record, origin = j.store(token)
-    ok = fromstore.stored(core, j.name, token, seq, duplicate, now)
+    ok = fromstore.stored(core.rooms, j.name, token, seq, duplicate, now)
     if record is None:
         return ok, []
     j.arrived(record)
-    return ok, fromstore.arrived(core, j.name, [(record, origin)], now)
+    return ok, fromstore.arrived(core.rooms, j.name, [(record, origin)], now)
 
 
 def test_the_ok_waits_for_the_stream_and_names_its_seq_and_every_broker_delivers_from_the_stream() -> None:
@@ -126,10 +128,10 @@ def test_a_store_failure_is_an_error_naming_the_journal_and_nothing_is_delivered
     for rid, code in ((b"a", 504), (b"b", 429), (b"c", 507), (b"d", 500)):
         put(core, b"pub", "TOPIC", "orders.1", "ID", rid.decode(), "", "x")
         core.commit()
-        out = fromstore.failed(core, "main", max(j.sent), code, "why", 0.0)
+        out = fromstore.failed(core.rooms, "main", max(j.sent), code, "why", 0.0)
         expected = code if code != 500 else 507  # the store speaks in 504/429/507 only
         assert out == [(b"pub", P.error(expected, "journal main: why", rid.decode()))]
-    assert fromstore.stored(core, "main", 999, 5, False, 0.0) == []  # an answer nobody waits for
+    assert fromstore.stored(core.rooms, "main", 999, 5, False, 0.0) == []  # an answer nobody waits for
 
 
 def test_echo_0_and_queue_groups_are_the_origin_brokers_and_a_record_from_elsewhere_reaches_own_plain_subscribers() -> (
@@ -149,7 +151,7 @@ def test_echo_0_and_queue_groups_are_the_origin_brokers_and_a_record_from_elsewh
     # A record another broker published: this broker's plain subscribers only (the group is that broker's).
     record = Record(2, 0.0, "orders.2", "x", {}, (b"theirs",))
     j.arrived(record)
-    out = fromstore.arrived(core, "main", [(record, jsw.origin("b2", b"someone"))], 0.0)
+    out = fromstore.arrived(core.rooms, "main", [(record, jsw.origin("b2", b"someone"))], 0.0)
     assert sorted(rid for rid, _ in out) == [b"quiet", b"sub"]
 
 
@@ -179,14 +181,14 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     assert live == []  # held back: the replay will reach it
     seqs = []
     for _ in range(5):
-        seqs += [s.seq for s in core.stream(0.0) if s.kind == "replay"]
-    assert seqs == [2, 3, 4] and not core.streaming
+        seqs += [s.seq for s in core.pages(0.0) if s.kind == "replay"]
+    assert seqs == [2, 3, 4] and not core.paging
 
 
 def fetch_turns(core: BrokerCore, now: float, turns: int = 5) -> list[Any]:
     out = []
     for _ in range(turns):
-        out += core.stream(now)
+        out += core.pages(now)
     return out
 
 
@@ -236,9 +238,9 @@ def test_a_fetch_whose_copy_never_catches_up_ends_where_it_stopped() -> None:
 
 # ------------------------------------------------------------------ consumers and letters through store calls
 def answer(core: BrokerCore, data: dict[str, Any], records: list[Record] = ()) -> list[Any]:  # type: ignore[assignment]
-    (token, _), *more = fromstore.calls(core)
+    (token, _), *more = fromstore.calls(core.rooms)
     assert more == []
-    return fromstore.answered(core, token, data, records, 0.0)
+    return fromstore.answered(core.rooms, token, data, records, 0.0)
 
 
 def consumer_request(core: BrokerCore, rid: str, **query: Any) -> list[Any]:
@@ -302,7 +304,7 @@ def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_n
         assert consumer_request(core, f"a{i}", op="ack", seqs=seqs) == []
     assert consumer_request(core, "p", op="pull", max=1, wait_ms=1000) == []
     assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
-    queued = len(fromstore.calls(core))
+    queued = len(fromstore.calls(core.rooms))
     assert queued == jsw.MAX_STORE_CALLS  # the cancelled pull still runs on the link: it still counts
     for rid in ("over", "p"):
         ((to, refused),) = consumer_request(core, rid, op="ack", seqs=seqs)
@@ -313,12 +315,27 @@ def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_n
     assert core.handle(b"other", f("REQUEST", "SERVICE", "mc0.consumer", "ID", "o", "", info), 0.0, "other") == []
     assert [call["op"] for _, call in core.calls._queued] == ["consumer_info"]
     core.calls.drain()
-    assert fromstore.answered(core, 1, {"done": 10_000, "ignored": 0}, [], 0.0)[0][0] == b"sub"
+    assert fromstore.answered(core.rooms, 1, {"done": 10_000, "ignored": 0}, [], 0.0)[0][0] == b"sub"
     assert consumer_request(core, "again", op="ack", seqs=[1]) == []
     ((_, refused),) = consumer_request(core, "then", op="ack", seqs=[1])
     assert refused[:5] == f("ERROR", "ID", "then", "CODE", "429")
     core.handle(b"sub", f("DISCONNECT", "ID", "bye"), 0.0, "sub")  # gone: nothing of it counts any more
     assert core.calls.in_flight(b"sub") == 0
+
+
+def test_a_clients_store_calls_are_bounded_by_max_requests_when_that_is_lower_than_max_store_calls() -> None:
+    """``max_requests`` bounds one client's outstanding requests (docs/SECURITY.md); a request on a
+    JetStream consumer is one, held as a store call: at most ``max_requests`` of them when that is
+    lower than MAX_STORE_CALLS (the bound had lost its min() when a line was saved for a file's size)."""
+    core = BrokerCore(CoreSettings(max_requests=2), journals=[store()], wall_offset=1000.0)
+    routeinput.join(core.rooms, "b1", route_ttl=1.0)
+    connect(core, b"sub", who="sub")
+    assert core.consumers.store is not None and core.consumers.store.max_calls == 2
+    assert consumer_request(core, "1", op="info") == [] and consumer_request(core, "2", op="info") == []
+    ((to, refused),) = consumer_request(core, "3", op="info")
+    assert to == b"sub" and refused[:5] == f("ERROR", "ID", "3", "CODE", "429")
+    assert b"the limit per client (2)" in refused[-1]
+    assert len(fromstore.calls(core.rooms)) == 2 and core.counters["store_calls_refused"] == 1
 
 
 def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_multiply_theirs() -> None:
@@ -339,14 +356,14 @@ def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_mu
     assert to == b"pub" and refused[:5] == f("ERROR", "ID", "2", "CODE", "429")
     assert b"on this broker" in refused[-1]
     assert core.counters["store_calls_refused"] == 1 and len(core.calls.drain()) == 3  # nothing more asked
-    assert fromstore.answered(core, 1, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0)
+    assert fromstore.answered(core.rooms, 1, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0)
     assert core.calls.in_flight_total == 2 and info(b"pub", "3") == []  # an answer frees a slot
     # A client gone frees none: its call still runs on the link (else reconnecting would multiply them).
     core.handle(b"other", f("DISCONNECT", "ID", "bye"), 0.0, "other")
     assert core.calls.in_flight_total == 3 and core.calls.in_flight(b"other") == 0
     ((_, refused),) = info(b"sub", "4")
     assert refused[:5] == f("ERROR", "ID", "4", "CODE", "429")
-    assert fromstore.answered(core, 3, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0) == []
+    assert fromstore.answered(core.rooms, 3, {"error": {"code": 404, "description": "no such consumer"}}, [], 0.0) == []
     assert core.calls.in_flight_total == 2 and core.counters["store_answers_dropped"] == 1  # (to nobody)
     assert info(b"sub", "5") == [] and core.calls.in_flight_total == 3
 
@@ -355,8 +372,10 @@ def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_remov
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
     )
-    core = core_with(box)
-    assert {call["identity"] for _, call in fromstore.calls(core)} == {"pub", "sub", "other"}  # their mailboxes read
+    sent: dict[bytes, bool] = {}  # has carol's queue sent everything? (the shell's backlog)
+    core = core_with(box, backlog=lambda rid: 0 if sent.get(rid, True) else 1)
+    called = fromstore.calls(core.rooms)
+    assert {call["identity"] for _, call in called} == {"pub", "sub", "other"}  # their mailboxes read
     out = core.handle(b"pub", f("PUT", "TOPIC", "note.x", "ID", "l1", "TO", "carol", "", "hello"), 0.0, "pub")
     assert out == [] and core.commit() == []
     (token,) = box.sent
@@ -368,15 +387,14 @@ def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_remov
         "carol",
         (b"hello",),
     )
-    assert fromstore.stored(core, "box", token, 7, False, 0.0) == [(b"pub", P.ok_mailbox("l1", P.MAILBOX_STORED))]
+    assert fromstore.stored(core.rooms, "box", token, 7, False, 0.0) == [(b"pub", P.ok_mailbox("l1", P.MAILBOX_STORED))]
     connect(core, b"carol", who="carol")
     (_, read), *_ = core.calls._queued
     assert read == {"op": "letters_read", "journal": "box", "identity": "carol", "after": 0}
     letter = Record(7, 0.0, topic, sender, headers, parts)
     delivered = answer(core, {"records": [[7, 0]]}, [letter])
     assert [rid for rid, _ in delivered] == [b"carol"] and payload_of(list(delivered[0][1])) == [b"hello"]
-    sent = {b"carol": False}
-    core.mailboxes.sent_all = lambda rid: sent.get(rid, True)
+    sent[b"carol"] = False
     core.commit()
     assert not core.calls.queued  # still queued for carol: not removed from the stream
     sent[b"carol"] = True
@@ -387,17 +405,18 @@ def test_letters_kept_in_the_stream_are_read_when_their_identity_comes_and_remov
 
 def carols(core: BrokerCore) -> list[tuple[int, dict[str, Any]]]:
     """The store calls queued for carol's mailbox (the other identities' second reads left unanswered)."""
-    return [(token, call) for token, call in fromstore.calls(core) if call.get("identity") == "carol"]
+    return [(token, call) for token, call in fromstore.calls(core.rooms) if call.get("identity") == "carol"]
 
 
 def test_a_session_still_draining_its_letters_at_the_second_read_gets_each_letter_once_in_order() -> None:
-    from mc0.broker.core.storedletters import REREAD_S
+    from mc0.broker.jetstream.storedletters import REREAD_S
 
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
     )
-    core = core_with(box)
-    fromstore.calls(core)  # (the first three identities' mailboxes: their reads left unanswered)
+    sent: dict[bytes, bool] = {}  # has carol's queue sent everything? (the shell's backlog)
+    core = core_with(box, backlog=lambda rid: 0 if sent.get(rid, True) else 1)
+    fromstore.calls(core.rooms)  # (the first three identities' mailboxes: their reads left unanswered)
     headers = {"TO": "carol", "TOPIC": "note.x", P.MAILBOX_EXPIRES: str(10**15)}
 
     def letters(*seqs: int) -> list[Record]:
@@ -407,18 +426,17 @@ def test_a_session_still_draining_its_letters_at_the_second_read_gets_each_lette
         assert {rid for rid, _ in out} <= {b"carol"}
         return [payload_of(list(frames))[0] for _, frames in out]
 
-    sent = {b"carol": False}  # carol drains slowly: its queue is not empty for a while
-    core.mailboxes.sent_all = lambda rid: sent.get(rid, True)
+    sent[b"carol"] = False  # carol drains slowly: its queue is not empty for a while
     connect(core, b"carol", who="carol")
     ((token, read),) = carols(core)
     assert read.get("after", 0) == 0
-    got = handed(fromstore.answered(core, token, {"records": [[7, 0], [8, 0]]}, letters(7, 8), 0.0))
+    got = handed(fromstore.answered(core.rooms, token, {"records": [[7, 0], [8, 0]]}, letters(7, 8), 0.0))
     core.commit()
     assert not core.calls.queued  # not sent yet: nothing purged
     core.tick(REREAD_S + 0.1)  # the second read comes while carol still drains
     ((token, reread),) = carols(core)
     # The stream still holds 7 and 8 (not purged: carol has not sent them), and 9 came since.
-    got += handed(fromstore.answered(core, token, {"records": [[7, 0], [8, 0], [9, 0]]}, letters(7, 8, 9), 1.1))
+    got += handed(fromstore.answered(core.rooms, token, {"records": [[7, 0], [8, 0], [9, 0]]}, letters(7, 8, 9), 1.1))
     assert got == [b"letter 7", b"letter 8", b"letter 9"]
     assert reread.get("after") == 8  # (and the store is asked only for what follows what was handed)
     sent[b"carol"] = True
@@ -429,7 +447,7 @@ def test_a_session_still_draining_its_letters_at_the_second_read_gets_each_lette
     core.tick(2 * REREAD_S + 0.2)
     assert not core.calls.queued  # (only two reads after a connect)
     for token, _ in purges:
-        fromstore.answered(core, token, {}, [], 2.2)
+        fromstore.answered(core.rooms, token, {}, [], 2.2)
     # Gone and back once the purges are done: its next session reads the mailbox from the start.
     core.handle(b"carol", f("DISCONNECT", "ID", "bye"), 3.0, "carol")
     connect(core, b"carol2", now=3.0, who="carol")
@@ -442,20 +460,22 @@ def test_letters_handed_to_a_session_that_went_before_they_left_are_read_again_f
     box = MemoryReplicatedStore(
         "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
     )
-    core = core_with(box)
-    fromstore.calls(core)
+    leaving = [True]  # whether what is queued leaves (the shell's backlog)
+    core = core_with(box, backlog=lambda rid: 0 if leaving[0] else 1)
+    fromstore.calls(core.rooms)
     headers = {"TO": "carol", "TOPIC": "note.x", P.MAILBOX_EXPIRES: str(10**15)}
-    core.mailboxes.sent_all = lambda rid: False
+    leaving[0] = False  # from here on nothing queued leaves
     connect(core, b"carol", who="carol")
     connect(core, b"carol2", who="carol")  # a second session: letters go to the newest
     ((token, _),) = carols(core)
     record = Record(7, 0.0, P.SYS_MAILBOX_LETTER, "pub", headers, (b"hello",))
-    assert [rid for rid, _ in fromstore.answered(core, token, {"records": [[7, 0]]}, [record], 0.0)] == [b"carol2"]
+    handed_to = fromstore.answered(core.rooms, token, {"records": [[7, 0]]}, [record], 0.0)
+    assert [rid for rid, _ in handed_to] == [b"carol2"]
     core.handle(b"carol2", f("DISCONNECT", "ID", "bye"), 0.5, "carol")  # went before it left
     core.tick(1.5)  # the second read, for the session that stays: letter 7 again
     ((token, reread),) = carols(core)
     assert reread["after"] == 6
-    assert [rid for rid, _ in fromstore.answered(core, token, {"records": [[7, 0]]}, [record], 1.5)] == [b"carol"]
+    assert [rid for rid, _ in fromstore.answered(core.rooms, token, {"records": [[7, 0]]}, [record], 1.5)] == [b"carol"]
 
 
 # ------------------------------------------------------------------ the local copy on files
@@ -512,12 +532,12 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
     j, core = acknowledged_not_copied()
     assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
-    assert core.stream(0.0) == [] and core.streaming
-    (waiting,) = [r for replays in core.streams._replays.values() for r in replays.values()]
+    assert core.pages(0.0) == [] and core.paging
+    (waiting,) = [r for replays in core.journaling._replays.values() for r in replays.values()]
     assert waiting.resume_at == pytest.approx(0.005)  # looks again in a moment, not every loop turn
-    assert core.stream(0.001) == []  # (not due yet)
-    (stopped,) = core.stream(CATCH_UP_S + 1)
-    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.streaming
+    assert core.pages(0.001) == []  # (not due yet)
+    (stopped,) = core.pages(CATCH_UP_S + 1)
+    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
     assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
     assert core.counters["replay_copy_behind"] == 1
 
@@ -560,7 +580,7 @@ def test_a_stream_made_again_forgets_how_far_the_old_one_reached(tmp_path: Path)
 
 
 def test_what_the_link_posts_is_handled_item_by_item_and_one_that_raises_never_stops_the_rest() -> None:
-    from mc0.broker.cluster.streams import Acks, StreamState
+    from mc0.broker.jetstream.streams import Acks, StreamState
     from mc0.broker.listeners import ClusterListener
 
     j = store()
@@ -693,29 +713,29 @@ def test_an_op_on_a_store_consumer_names_the_one_it_means_and_one_made_again_is_
 
     consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
     assert consumer_request(core, "1", op="pull", max=10) == []
-    ((token, pull),) = fromstore.calls(core)
+    ((token, pull),) = fromstore.calls(core.rooms)
     assert (pull["op"], pull["expect"]) == ("consumer_pull", {"owner": "sub", "made": "n1"})
     # Deleted and made again by another identity: refused, nothing more asked of the store.
-    ((to, refused),) = fromstore.answered(core, token, {"changed": info("pub", "n2")}, [], 0.0)
+    ((to, refused),) = fromstore.answered(core.rooms, token, {"changed": info("pub", "n2")}, [], 0.0)
     assert to == b"sub" and refused[:5] == f("ERROR", "ID", "1", "CODE", "403")
     assert not core.calls.queued and consumers.known["main", "c"].made == "n2"
     assert core.counters["consumer_changed"] == 1
     # Made again by its owner with another filter: asked again at once, for that one.
     consumers._learn("main", "c", known_of(info("sub", "n1")), 0.0)
     assert consumer_request(core, "2", op="ack", seqs=[4]) == []
-    ((token, ack),) = fromstore.calls(core)
-    assert fromstore.answered(core, token, {"changed": info("sub", "n3", ["audit.>"])}, [], 0.0) == []
-    ((token, again),) = fromstore.calls(core)
+    ((token, ack),) = fromstore.calls(core.rooms)
+    assert fromstore.answered(core.rooms, token, {"changed": info("sub", "n3", ["audit.>"])}, [], 0.0) == []
+    ((token, again),) = fromstore.calls(core.rooms)
     assert (again["op"], again["seqs"], again["expect"]) == ("consumer_settle", [4], {"owner": "sub", "made": "n3"})
     # Made again once more while asked: the caller is told to ask again (never a loop).
-    ((_, gave_up),) = fromstore.answered(core, token, {"changed": info("sub", "n4")}, [], 0.0)
+    ((_, gave_up),) = fromstore.answered(core.rooms, token, {"changed": info("sub", "n4")}, [], 0.0)
     assert gave_up[:5] == f("ERROR", "ID", "2", "CODE", "503")
     # Gone: 404, and what was learnt is forgotten (the next op asks for its info first).
     assert consumer_request(core, "3", op="info") == []
-    ((token, _),) = fromstore.calls(core)
+    ((token, _),) = fromstore.calls(core.rooms)
     ((_, gone),) = fromstore.answered(
-        core, token, {"error": {"code": 404, "description": "consumer not found"}}, [], 0.0
+        core.rooms, token, {"error": {"code": 404, "description": "consumer not found"}}, [], 0.0
     )
     assert gone[:5] == f("ERROR", "ID", "3", "CODE", "404") and ("main", "c") not in consumers.known
     assert consumer_request(core, "4", op="info") == []
-    assert [call["op"] for _, call in fromstore.calls(core)] == ["consumer_info"]
+    assert [call["op"] for _, call in fromstore.calls(core.rooms)] == ["consumer_info"]

@@ -24,7 +24,8 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--only", "1->1", "--only", "RPC sequential",
-         "--only", "RPC 100 in flight, 1", "--only", "trie", "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
+         "--only", "RPC 100 in flight, 1", "--only", "trie", "--only", "loop turn",
+         "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
          "--json", str(out)],
         capture_output=True,
         text=True,
@@ -40,6 +41,11 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     assert ("RPC 100 in flight, 1 worker", "mc0-batched") in measured
     assert any(r["baseline"] == "pyzmq-loop" for r in report["ratios"])
     assert any(r["scenario"].startswith("trie match") for r in report["rows"])
+    # The broker's CPU per loop turn carrying one message (benchmarks/loop_turn.py), beside the floor.
+    for shape, system in (("echo", "mc0"), ("rpc", "mc0"), ("echo", "pyzmq-loop")):
+        assert (f"loop turn carrying one message ({shape})", system) in measured
+    turn = next(r for r in report["rows"] if r["scenario"] == "loop turn carrying one message (echo)")
+    assert turn["main_us"] > 0 and turn["switches"] > 0
 
 
 @pytest.mark.timeout(240)
@@ -231,3 +237,25 @@ def test_core_acks_bench_smoke_run_acks_every_message_one_by_one() -> None:
         )
         assert result.returncode == 0, result.stderr[-2000:]
         assert f"{page} per pull" in result.stdout and "us of CPU per ack" in result.stdout
+
+
+@pytest.mark.timeout(240)
+def test_cluster_bench_smoke_run_measures_every_system_and_a_compared_mc0(tmp_path: Path) -> None:
+    """scripts/bench_cluster.py: across three brokers, one broker and the NATS cluster, plus --compare
+    (this checkout again under another name: its brokers run with PYTHONPATH naming it)."""
+    require("nats")
+    out = tmp_path / "cluster.json"
+    checkout = str(SCRIPTS.parent)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_cluster.py"), "--quick", "--only", "RPC sequential",
+         "--compare", f"again={checkout}", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = {r["system"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"mc0 cluster", "mc0 single", "nats cluster", "mc0 cluster again", "mc0 single again"}
+    for row in rows.values():
+        assert row["values"] and row["values"][0] > 0 and row["counts"]["calls"] > 0 and not row["counts"]["errors"]
+    assert "cluster RPC sequential again" in result.stdout  # its own ratio line

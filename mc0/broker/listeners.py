@@ -9,12 +9,12 @@ one; ``turn`` is called once a loop turn (what the listener owes peers
 without being asked).  ``start`` opens it (once the ROUTER is bound, so its
 endpoints are known), ``close`` is idempotent, and ``status`` is what
 monitoring shows of it.  The ROUTER side is the default: whatever no
-listener owns goes out of the ROUTER socket (:mod:`mc0.broker.delivery`).
+listener owns goes out of the ROUTER socket (:mod:`mc0.broker.sender`).
 
 Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
 :mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers
 of a cluster over NATS, :mod:`mc0.broker.cluster.link`; what crosses is
-decided by :mod:`mc0.broker.core.routed`).
+decided by :mod:`mc0.broker.core.routeinput`).
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from .cluster.link import (
     RouteResync,
     RoutesDropped,
 )
-from .cluster.streams import Acks, Answer, Failed, Records, StreamState, specs_of
-from .core import fromstore, routed
+from .core import routeinput
 from .core.dispatch import BrokerCore, Out
 from .core.routes import ROUTE_PREFIX, is_route_id
+from .jetstream import fromstore
+from .jetstream.replicated import ReplicatedJournal
+from .jetstream.streams import Acks, Answer, Failed, Records, StreamState, specs_of
 from .nngbridge import NngBridge
 from .outbox import Outbox
 from .storage.records import decode_payload
-from .storage.replicated import ReplicatedJournal
 
 log = logging.getLogger("mc0.broker")
 
@@ -57,7 +58,8 @@ class Listener(Protocol):
     name: str
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None: ...
+    def socket(self) -> zmq.Socket[bytes] | int | None:
+        """What the loop polls for this listener (a zmq socket, or a file descriptor)."""
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None: ...
 
@@ -126,8 +128,8 @@ class ClusterListener:
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
 
     @property
-    def socket(self) -> zmq.Socket[bytes] | None:
-        return self.link.socket
+    def socket(self) -> int | None:
+        return self.link.socket  # (readable once the link's thread posted something)
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
         try:
@@ -138,10 +140,8 @@ class ClusterListener:
         self.broker_name = route_wire.check_name(name, "cluster.name")
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
-        routed.join(core, self.broker_name, route_ttl=gone_after / core.settings.liveness)
-        self.replicated = {n: j for n, j in core.streams.journals.items() if isinstance(j, ReplicatedJournal)}
-        for journal in self.replicated.values():
-            journal.sink = self.link.publish  # what the core proposes goes to JetStream at each commit
+        routeinput.join(core.rooms, self.broker_name, route_ttl=gone_after / core.settings.liveness)
+        self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
         positions = {name: journal.position() for name, journal in self.replicated.items()}
         self.link.start(context, self.broker_name, positions)
 
@@ -157,15 +157,15 @@ class ClusterListener:
     def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
         out: list[Out] = []
         if isinstance(item, RouteBlob):
-            out += routed.received(core, item.name, item.epoch, item.blob, now)
+            out += routeinput.received(core.rooms, item.name, item.epoch, item.blob, now)
         elif isinstance(item, Hello):
-            out += routed.hello(core, item.name, item.epoch, now)
+            out += routeinput.hello(core.rooms, item.name, item.epoch, now)
         elif isinstance(item, LinkChange) and not item.up:
-            out += routed.lost(core, now)  # cut off: serve own peers; beacons reopen the routes later
+            out += routeinput.lost(core.rooms, now)  # cut off: serve own peers; beacons reopen the routes later
         elif isinstance(item, RoutesDropped):
-            out += routed.reopen(core, now)  # (the link counted and logged the drops)
+            out += routeinput.reopen(core.rooms, now)  # (the link counted and logged the drops)
         elif isinstance(item, RouteResync):
-            out += routed.reopen_route(core, item.name, now)  # (the link counted and logged the loss)
+            out += routeinput.reopen_route(core.rooms, item.name, now)  # (the link counted and logged the loss)
         elif isinstance(item, Records):
             out += self._arrived(core, item, now)
         elif isinstance(item, Acks):
@@ -174,18 +174,18 @@ class ClusterListener:
                 if journal is not None:
                     journal.acknowledged(seq)
                     journal.answered(token)
-                out += fromstore.stored(core, item.journal, token, seq, duplicate, now)
+                out += fromstore.stored(core.rooms, item.journal, token, seq, duplicate, now)
         elif isinstance(item, Failed):
             failed = self.replicated.get(item.journal)
             if failed is not None:
                 failed.answered(item.token)
-            out += fromstore.failed(core, item.journal, item.token, item.code, item.reason, now)
+            out += fromstore.failed(core.rooms, item.journal, item.token, item.code, item.reason, now)
         elif isinstance(item, Answer):
             rows = item.data.get("records", [])
             records = [
                 _record(int(seq), ts / 1e9, payload) for (seq, ts), payload in zip(rows, item.payloads, strict=False)
             ]
-            out += fromstore.answered(core, item.token, item.data, records, now)
+            out += fromstore.answered(core.rooms, item.token, item.data, records, now)
         elif isinstance(item, StreamState):
             kept = self.replicated.get(item.journal)
             if kept is not None:
@@ -197,14 +197,14 @@ class ClusterListener:
         journal = self.replicated.get(news.journal)
         if journal is None:
             return []
-        listening = fromstore.listening(core)
+        listening = fromstore.listening(core.rooms)
         fresh: list[tuple[Record, str]] = []
         for seq, ts, origin, payload in news.records:
             record = journal.arrived(seq, ts, payload)  # (None: had it, or no mc0 record: a hole, counted)
             if record is not None and listening:
                 fresh.append((record, origin))
         journal.flush()
-        return fromstore.arrived(core, news.journal, fresh, now) if fresh else []
+        return fromstore.arrived(core.rooms, news.journal, fresh, now) if fresh else []
 
     def owns(self, routing_id: bytes) -> bool:
         return is_route_id(routing_id)
@@ -235,9 +235,9 @@ class ClusterListener:
     def turn(self, core: BrokerCore, now: float) -> list[Out]:
         """The news of this broker's own peers (interest, services, identities) for every route; what
         the core asks of JetStream."""
-        for token, request in fromstore.calls(core):
+        for token, request in fromstore.calls(core.rooms):
             self.link.call(token, request)
-        return routed.news(core) + routed.resync_overflowed(core, now)
+        return routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
 
     def status(self, core: BrokerCore) -> dict[str, object]:
         return {

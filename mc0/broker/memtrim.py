@@ -55,12 +55,15 @@ class Trimmer:
         self._freed_at_last = 0
         self._last = float("-inf")
         self.trims = 0
+        # The freed total from which a trim is worth it: the loop compares before it calls (no call a turn).
+        self.worth_from = threshold
 
     def maybe_trim(self, freed_total: int, now: float) -> bool:
         """Trim if enough was freed since the last trim and the interval passed; True if it trimmed."""
         if freed_total - self._freed_at_last < self.threshold or now - self._last < self.interval:
             return False
         self._freed_at_last = freed_total
+        self.worth_from = freed_total + self.threshold
         self._last = now
         if self._find:
             self._find = False

@@ -137,8 +137,10 @@ class Outbox:
         self.hold_limit = hold_limit
         self.queues: dict[bytes, PeerQueue] = {}
         self._orphans: dict[bytes, None] = {}  # orphan queues, oldest first
-        self._over: dict[bytes, None] = {}  # queues over the hold mark
-        self._refusing: dict[bytes, None] = {}  # queues that refused a put and have not moved since
+        # Queues over the hold mark, and those that refused a put and have not moved since: the loop
+        # reads both as gates (empty: nothing holds the input, nothing to evict) before asking more.
+        self.over: dict[bytes, None] = {}
+        self.refusing: dict[bytes, None] = {}
         self._pending: dict[bytes, None] = {}  # queues with something to send, in the order they got it
         self._last_frames: object = None  # fan-out hands the same frames to many batched peers:
         self._last_record = b""  # the record is built once
@@ -170,7 +172,7 @@ class Outbox:
         if (queue.bytes + size > budget or len(queue.items) >= self.max_messages) and queue.bytes:
             if queue.refused_since is None:
                 queue.refused_since = now
-                self._refusing[routing_id] = None
+                self.refusing[routing_id] = None
             return False  # (one message always fits an empty queue, however large)
         queue.items.append(payload)
         queue.bytes += size
@@ -181,7 +183,7 @@ class Outbox:
         self._pending[routing_id] = None
         if (queue.bytes > self.hold_bytes or len(queue.items) > self.hold_messages) and queue.over_since is None:
             queue.over_since = now
-            self._over[routing_id] = None
+            self.over[routing_id] = None
         return True
 
     def _new_queue(self, routing_id: bytes, batched: bool, known: bool, now: float) -> PeerQueue:
@@ -207,9 +209,9 @@ class Outbox:
         """Forget everything queued for a peer (it is gone or was evicted); returns the bytes freed."""
         queue = self.queues.pop(routing_id, None)
         self._pending.pop(routing_id, None)
-        self._over.pop(routing_id, None)
+        self.over.pop(routing_id, None)
         self._orphans.pop(routing_id, None)
-        self._refusing.pop(routing_id, None)
+        self.refusing.pop(routing_id, None)
         if queue is None:
             return 0
         self.queued_bytes -= queue.bytes
@@ -291,7 +293,7 @@ class Outbox:
         queue.backoff = 0.0
         if queue.refused_since is not None:
             queue.refused_since = None
-            self._refusing.pop(routing_id, None)
+            self.refusing.pop(routing_id, None)
         if now is not None:
             queue.progress = now
             if queue.blocked_at is not None:  # the longest recent stall, slowly forgotten
@@ -301,7 +303,7 @@ class Outbox:
         if queue.over_since is not None and queue.bytes <= self.hold_bytes // 2:
             if len(queue.items) <= self.hold_messages // 2:
                 queue.over_since = None
-                self._over.pop(routing_id, None)
+                self.over.pop(routing_id, None)
         if not queue.items:
             self._pending.pop(routing_id, None)
             if queue.expires is not None:  # an orphan's last words went out
@@ -320,10 +322,10 @@ class Outbox:
     def holding_input(self, now: float) -> bool:
         """A reading peer's queue is over the hold mark: the shell should read no input now
         (see the module's contract).  Costs nothing while no queue is over the mark."""
-        if not self._over:
+        if not self.over:
             return False
         limit = self.hold_limit
-        for routing_id in self._over:
+        for routing_id in self.over:
             queue = self.queues[routing_id]
             window = min(limit, max(READING_WINDOW, 3 * _recent_stall(queue, now)))
             since = now if queue.over_since is None else queue.over_since
@@ -333,10 +335,10 @@ class Outbox:
 
     def stuck(self, now: float, seconds: float) -> list[bytes]:
         """Known peers whose queue refused messages ``seconds`` ago and has not moved since."""
-        if not self._refusing:
+        if not self.refusing:
             return []
         stuck = []
-        for routing_id in self._refusing:
+        for routing_id in self.refusing:
             queue = self.queues[routing_id]
             if queue.expires is None and queue.refused_since is not None and now - queue.refused_since >= seconds:
                 stuck.append(routing_id)

@@ -3,7 +3,7 @@
 
 Contract: one-line errors as every command; ``copy`` reads the file journal in
 ``--from`` and publishes it into the JetStream stream of ``[journals.NAME]``
-of ``--config`` (see :mod:`mc0.broker.journalcopy`), printing one line of
+of ``--config`` (see :mod:`mc0.broker.jetstream.journalcopy`), printing one line of
 progress per 10,000 records and a summary.
 """
 
@@ -33,7 +33,7 @@ def journal() -> None:
 @one_line_errors
 def copy(name: str, folder: str, config_path: str | None) -> None:
     """Copy the file journal in --from into journal NAME of --config (store = "jetstream"), seqs kept."""
-    from ..broker.journalcopy import copy_journal, summary
+    from ..broker.jetstream.journalcopy import copy_journal, summary
 
     config = cfg.load_default(config_path)
 

@@ -315,6 +315,24 @@ def message_fields(blob: bytes | memoryview, start: int, end: int) -> tuple[byte
     return bytes(blob[start + 2 : s]), bytes(blob[s + 2 : t]), bytes(blob[t:end])  # (no copy when blob is bytes)
 
 
+# ---------------------------------------------------------------- the broker's readers (its input hot path)
+def put_topic(blob: bytes, start: int, end: int) -> tuple[bytes, int]:
+    """A PUT record's topic and where its data starts, counted from ``start``: the data is
+    ``blob[start + data_at : end]``, and ``blob[start:end]``, the record's body as it came, is what a
+    MESSAGE to a batched subscriber ends with (``message_of_put``).  The broker's publish hot path
+    reads a PUT this way, building nothing else; a record shorter than its fields is a 400."""
+    if end - start < 2:
+        raise ProtocolError(Status.BAD_REQUEST, "batch record too short for its fields")
+    (tl,) = _U16.unpack_from(blob, start)
+    data_at = 2 + tl
+    if start + data_at > end:
+        raise ProtocolError(Status.BAD_REQUEST, "PUT record fields run past its end")
+    return blob[start + 2 : start + data_at], data_at
+
+
+# ---------------------------------------------------------------- (end of the broker's readers)
+
+
 def work_fields(blob: bytes, start: int, end: int) -> tuple[str, str, str, int, bytes]:
     """A WORK record's ``(service, bid, caller, timeout_ms, data)``; malformed raises struct.error or ProtocolError."""
     if end - start < 10:

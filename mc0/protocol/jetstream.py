@@ -31,8 +31,8 @@ CONFIG_KEY = "mc0_config"  # consumer metadata: its mc0 config (JSON)
 # name (by anyone, through any broker) has another: what a broker learnt of the old one never passes
 # for the new one.  (One made before mc0 wrote it goes by JetStream's creation time.)
 MADE_KEY = "mc0_made"
-# A client's mc0.consumer requests on JetStream journals in flight at once (each is a store call
-# the cluster link runs, not a queued request: max_requests does not count them; 429 beyond).
+# A client's mc0.consumer requests on JetStream journals in flight at once (each is a store call the
+# cluster link runs, not a queued request; 429 beyond, or beyond the broker's max_requests when lower).
 MAX_STORE_CALLS = 64
 # All clients' together, per broker: many connections cannot multiply MAX_STORE_CALLS (429 beyond).
 MAX_STORE_CALLS_TOTAL = 4096

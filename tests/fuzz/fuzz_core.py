@@ -37,7 +37,7 @@ import atheris
 with atheris.instrument_imports():
     from mc0 import protocol as P
     from mc0.broker.core.dispatch import BrokerCore
-    from mc0.broker.dialects import route
+    from mc0.broker.dialects import recognise
     from mc0.broker.dialects.memodb import MemoDB, with_memodb_identity
     from mc0.broker.outbox import Outbox
     from mc0.broker.storage.memstore import MemoryStore
@@ -130,7 +130,10 @@ class Memo:
 def one_input(data: bytes) -> None:
     journal = MemoryStore("main", JournalSettings(topics=("j.>", "mc0.sys.>"), max_bytes=4096))
     core = BrokerCore(
-        CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8), MEMO_PERMISSIONS, journals=[journal], dialects=route
+        CoreSettings(min_ttl_ms=1, max_queue=4, max_requests=8),
+        MEMO_PERMISSIONS,
+        journals=[journal],
+        dialects=recognise,
     )
     core.batched.batch_slice = SLICE
     memo = Memo(core)
@@ -162,9 +165,9 @@ def one_input(data: bytes) -> None:
             if op & 0x10:
                 core.caught_up(now)
             out = core.resume(now, 1 + (peer & 0x0F)) + core.commit()
-            for item in core.stream(now):
+            for item in core.pages(now):
                 if op & 0x40:
-                    core.stream_blocked(item, now)
+                    core.page_blocked(item, now)
         else:
             core.connection_closed(peer % 3, now)
             out = core.forget_closed(now, drained=bool(op & 0x80))

@@ -4,7 +4,7 @@ Contract (runs on the link thread's asyncio loop): :class:`RouteInbound`
 takes each message of the subscription in order (nats-py calls one
 subscription's callback one message at a time), puts chunked records
 together again (:class:`Reassembly`), and posts each route blob to the
-broker loop within the :class:`~.feed.Poster`'s credit: while more than
+broker loop within the :class:`~.credit.Poster`'s credit: while more than
 its budget waits for the loop, the callback waits, and what arrives
 meanwhile waits in nats-py's subscription (bounded there by the link's
 pending limits; past them nats-py drops, and :meth:`RouteInbound.dropped`
@@ -32,7 +32,7 @@ from typing import Any
 
 from ...protocol import routes as wire
 from . import posts
-from .feed import Poster
+from .credit import Poster
 
 log = logging.getLogger("mc0.broker")
 

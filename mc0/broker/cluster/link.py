@@ -1,15 +1,15 @@
-"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by inproc PAIR sockets.
+"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by two in-memory queues.
 
-Contract: the constructor does no I/O.  ``start(context, name)`` binds a zmq
-PAIR on an inproc address of the broker's context and starts the thread,
-which connects to the NATS servers of ``[cluster] nats`` (retrying every
+Contract: the constructor does no I/O.  ``start(context, name)`` starts the
+thread, which connects to the NATS servers of ``[cluster] nats`` (retrying every
 ``RETRY_S`` while none answers: a broker cut off from NATS keeps serving its
 own peers), subscribes to the beacons and to this broker's inbox, and
 publishes a beacon every ``hello_ms``.  The broker loop polls :attr:`socket`
-and calls :meth:`receive`, which returns what arrived in order: what
+(a file descriptor, readable once the thread posted something since the loop
+last looked) and calls :meth:`receive`, which returns what arrived in order: what
 :mod:`.posts` lists (``Hello``, ``RouteBlob``, ``LinkChange``,
 ``RoutesDropped``, ``RouteResync``) and what the JetStream part reports
-(:mod:`.jetstream`: ``Acks``, ``Failed``, ``StreamState``, ``Records``,
+(:mod:`mc0.broker.jetstream.streams`: ``Acks``, ``Failed``, ``StreamState``, ``Records``,
 ``Answer``), when journals are kept by JetStream.
 
 The thread's work is split by concern, each an object of its own:
@@ -19,8 +19,18 @@ credit, drops), :class:`~.outbound.RouteSender` (what the loop hands over,
 published within NATS's ``max_payload`` and a memory bound) and the
 JetStream part; :class:`_LinkRun` wires them to one nats-py connection.
 
+The hand-over, both ways, is a deque and at most one wake-up per batch: the
+thread appends what it posts and writes one byte to a socket pair only when
+the loop has not been told since it last looked; the loop appends its work
+(route blobs, proposals, store calls) and wakes the thread's asyncio loop
+(``call_soon_threadsafe``) only when it has not since the thread last looked.
+A loop turn that hands several routes their blobs wakes the thread once.
+(This replaced two inproc PAIR sockets, whose receive on the thread's asyncio
+loop cost a zmq.asyncio future and callbacks per message: see
+docs/PERFORMANCE.md, round 4.)
+
 Memory, both ways.  In: records and route traffic taken by :meth:`receive`
-are handed back as credit (:class:`.feed.Poster`): the caller handles them
+are handed back as credit (:class:`.credit.Poster`): the caller handles them
 before it calls again, so at most one call's worth is in its hands beyond
 what the budget counts; while the budget is spent, route messages wait in
 nats-py's subscription (``ROUTE_PENDING_BYTES``, ``ROUTE_PENDING_MSGS``);
@@ -41,31 +51,25 @@ still buffers (bounded), closes the connection and joins the thread.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
+import socket
 import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from ...errors import ConfigError
 from ...protocol import routes as wire
 from ...settings import ClusterConfig
-from . import posts
-from .beacons import Beacons
-from .feed import Poster
-from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
-from .jetstream import JetStreamPart
-from .outbound import SEND_BUDGET_BYTES, RouteSender
-from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
-from .streams import (
+from ..jetstream.linkpart import JetStreamPart
+from ..jetstream.streams import (
     OP_CALL,
     OP_PUBLISH,
     RECORDS,
@@ -76,6 +80,12 @@ from .streams import (
     parse_proposals,
     proposals_frames,
 )
+from . import posts
+from .beacons import Beacons
+from .credit import Poster
+from .inbound import DROP_NOTICE_S, Reassembly, Resyncs, RouteInbound
+from .outbound import SEND_BUDGET_BYTES, RouteSender
+from .posts import Hello, LinkChange, RouteBlob, RouteResync, RoutesDropped
 
 log = logging.getLogger("mc0.broker")
 
@@ -105,8 +115,6 @@ ROUTE_PENDING_BYTES = 64 * 1024 * 1024
 RECORD_SLACK_BYTES = 64 * 1024
 REASSEMBLY_BUDGET_BYTES = 64 * 1024 * 1024
 _STOP = b"\x00stop"
-NOBLOCK = int(zmq.NOBLOCK)  # (an int: pyzmq's flags are enum members, each use builds one)
-_inproc_serials = itertools.count(1)
 
 Inbound = posts.RouteNews | StoreNews
 
@@ -185,11 +193,18 @@ class ClusterLink:
         # so a late message of the run before is told from the new one (ordered as the clocks are).
         self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
         self.name = ""
-        # The broker loop's ends of two PAIRs: ``socket`` (polled) receives what the link thread posts,
-        # ``_down`` sends the thread work.  Two, not one: the thread's receiving end is on its asyncio
-        # loop (edge-triggered), and a send on that same socket could swallow its wake-up.
-        self.socket: zmq.Socket[bytes] | None = None
-        self._down: zmq.Socket[bytes] | None = None
+        # Up: what the link thread posts (frames, oldest first), and the socket pair whose read end the
+        # loop polls (``socket``); ``_posted``: a wake byte was written since the loop last looked.
+        self.socket: int | None = None
+        self._inbox: deque[Sequence[bytes]] = deque()
+        self._posted = False
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        # Down: the loop's work for the thread, in order; ``_nudged``: its asyncio loop was woken since
+        # it last looked; ``_nudge`` (set by the thread) wakes it.
+        self._work: deque[tuple[bytes, ...]] = deque()
+        self._nudged = False
+        self._nudge: Callable[[], None] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
         self.server = ""  # the NATS server in use, without credentials
         self.counters: dict[str, int] = dict.fromkeys(
@@ -216,10 +231,9 @@ class ClusterLink:
         )
         self.handed_bytes = 0  # route blobs' bytes handed to the thread (written by the loop) ...
         self.finished_bytes = 0  # ... and those it is done with, sent or not (written by the thread)
-        self._inproc = f"inproc://mc0-cluster-{os.getpid()}-{next(_inproc_serials)}"
         self._thread: threading.Thread | None = None
         # What the thread posts, Records counted until receive() takes them (the feeds' credit:
-        # JetStream's flow control is held while more than feed.FEED_BUDGET_BYTES wait).
+        # JetStream's flow control is held while more than credit.FEED_BUDGET_BYTES wait).
         self.poster: Poster | None = None
         self._closed = False
         self._started = threading.Event()
@@ -230,19 +244,14 @@ class ClusterLink:
         self.name = wire.check_name(name)
         self.positions = dict(positions or {})
         tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
-        for end in ("up", "down"):
-            pair = context.socket(zmq.PAIR)
-            pair.setsockopt(zmq.LINGER, 0)
-            # No HWM: bounded by the link's send budget (down: ``backlog``), by NATS's pending limits
-            # for route traffic and the feeds' credit for records (up).
-            pair.setsockopt(zmq.SNDHWM, 0)
-            pair.setsockopt(zmq.RCVHWM, 0)
-            pair.bind(f"{self._inproc}-{end}")
-            if end == "up":
-                self.socket = pair
-            else:
-                self._down = pair
-        self._thread = threading.Thread(target=self._run, args=(context,), name="mc0-cluster", daemon=True)
+        # No bound on either queue here: the loop hands over no more than the send budget (``backlog``),
+        # and what the thread posts is bounded by NATS's pending limits (route traffic) and the feeds'
+        # credit (records).
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.socket = self._wake_r.fileno()
+        self._thread = threading.Thread(target=self._run, name="mc0-cluster", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
         shown = ", ".join(redacted(u) for u in self.config.nats)
@@ -252,29 +261,36 @@ class ClusterLink:
         if self._closed:
             return
         self._closed = True
-        if self._down is not None:
-            try:
-                self._down.send(_STOP, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
         if self._thread is not None:
+            self._hand((_STOP,))
             self._thread.join(CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
-        for sock in (self.socket, self._down):
-            if sock is not None:
-                sock.close(linger=0)
-        self.socket = self._down = None
+        for end in (self._wake_r, self._wake_w):
+            if end is not None:
+                end.close()
+        self._wake_r = self._wake_w = None
+        self.socket = None
 
     # ------------------------------------------------------------ the broker loop's side
     def receive(self, limit: int = 256) -> list[Inbound]:
-        """What the link thread passed on, oldest first (at most ``limit`` items a call)."""
-        sock = self.socket
+        """What the link thread passed on, oldest first (at most ``limit`` items a call; with more left,
+        :attr:`socket` stays readable)."""
         out: list[Inbound] = []
-        if sock is None:
+        wake = self._wake_r
+        if wake is None:
             return out
+        try:
+            while wake.recv(4096):
+                pass
+        except OSError:  # (BlockingIOError: read empty)
+            pass
+        # After reading the wake-ups, before looking: whatever is posted from now on wakes the loop again
+        # (cleared before reading, a wake-up written in between would be read, and the post after it lost).
+        self._posted = False
+        inbox = self._inbox
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+                frames = inbox.popleft()
+            except IndexError:
                 break
             kind = frames[0]
             if (kind == posts.ROUTE or kind == RECORDS) and self.poster is not None:
@@ -282,7 +298,37 @@ class ClusterLink:
             item = posts.parse(frames) if kind in posts.KINDS else parse_inbound(frames)
             if item is not None:
                 out.append(item)
+        if inbox:
+            self._post_wake()  # (more than ``limit``: the loop looks again at once)
         return out
+
+    def _post(self, frames: Sequence[bytes]) -> None:
+        """(the link thread) One post for the loop; the loop is woken if it was not since it last looked."""
+        self._inbox.append(frames)
+        if not self._posted:
+            self._post_wake()
+
+    def _post_wake(self) -> None:
+        self._posted = True
+        end = self._wake_w
+        if end is not None:
+            try:
+                end.send(b"x")
+            except OSError:  # (its buffer is full: the loop has wake-ups waiting already)
+                pass
+
+    def _hand(self, frames: tuple[bytes, ...]) -> None:
+        """(the loop) Work for the link thread, in order; its asyncio loop is woken if it was not since it
+        last looked."""
+        self._work.append(frames)
+        if not self._nudged:
+            self._nudged = True
+            nudge = self._nudge
+            if nudge is not None:  # (None: not running yet; it looks at the work when it starts)
+                try:
+                    nudge()
+                except RuntimeError:  # its event loop has ended (closing)
+                    pass
 
     @property
     def backlog(self) -> int:
@@ -296,35 +342,35 @@ class ClusterLink:
     def send(self, name: str, blob: bytes) -> None:
         """One route blob to broker ``name`` (published by the link thread, in order, in as many NATS
         messages as it takes).  The caller hands over no more while ``backlog`` is past ``send_budget``."""
-        if self._down is not None:
-            self._down.send_multipart((name.encode(), blob), NOBLOCK, copy=len(blob) < 65536)
+        if self.socket is not None:
+            self._hand((name.encode(), blob))
             self.handed_bytes += len(blob)
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
 
     def publish(self, journal: str, proposals: list[Any]) -> None:
-        """A JetStream journal's proposals (``storage.replicated.Proposal``), to be published in order."""
-        if self._down is not None:
-            self._down.send_multipart(proposals_frames(journal, proposals), NOBLOCK)
+        """A JetStream journal's proposals (``jetstream.replicated.Proposal``), to be published in order."""
+        if self.socket is not None:
+            self._hand(tuple(proposals_frames(journal, proposals)))
 
     def call(self, token: int, request: dict[str, Any]) -> None:
         """A store call (consumers, mailboxes); its answer comes back as ``Answer``."""
-        if self._down is not None:
-            self._down.send_multipart(call_frames(token, request), NOBLOCK)
+        if self.socket is not None:
+            self._hand(tuple(call_frames(token, request)))
 
     def _finished(self, size: int) -> None:  # (the link thread)
         self.finished_bytes += size
 
     # ------------------------------------------------------------ the link thread
-    def _run(self, context: zmq.Context[Any]) -> None:
+    def _run(self) -> None:
         try:
-            asyncio.run(self._main(context))
+            asyncio.run(self._main())
         except Exception:  # pragma: no cover - a bug in the thread: say so, the broker carries on alone
             log.exception("cluster: the link thread failed; this broker now serves its own peers only")
             self.connected = False
 
-    async def _main(self, context: zmq.Context[Any]) -> None:
-        await _LinkRun(self, context).main()  # (made on the thread's running loop: its parts need it)
+    async def _main(self) -> None:
+        await _LinkRun(self).main()  # (made on the thread's running loop: its parts need it)
 
     def _options(self) -> dict[str, Any]:
         return nats_options(self.config, f"mc0-broker-{self.name}", reply_prefix=wire.reply_prefix(self.name))
@@ -334,7 +380,7 @@ class _LinkRun:
     """One run of the link thread: its ends of the pipes, one nats-py connection and the parts that use it
     (beacons, the inbox, the sender, JetStream), wired together; ``main()`` runs until ``close()``."""
 
-    def __init__(self, link: ClusterLink, context: zmq.Context[Any]) -> None:
+    def __init__(self, link: ClusterLink) -> None:
         # nats-py, imported here so a standalone broker never loads it.
         from nats.aio.client import Client as Nats
         from nats.errors import SlowConsumerError
@@ -343,15 +389,9 @@ class _LinkRun:
         self.link = link
         self.counters = link.counters
         self.stopping = asyncio.Event()
-        actx = zmq.asyncio.Context.shadow(context)
-        self.work = actx.socket(zmq.PAIR)  # work from the loop (received on this asyncio loop)
-        self.up = context.socket(zmq.PAIR)  # what it posts to the loop (plain sends: no future each)
-        for sock, end in ((self.work, "down"), (self.up, "up")):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            sock.connect(f"{link._inproc}-{end}")
-        self.post = link.poster = Poster(self._send_up, counted=frozenset({posts.ROUTE}))
+        self.work_ready = asyncio.Event()  # the loop handed work (set through call_soon_threadsafe)
+        loop = asyncio.get_running_loop()
+        self.post = link.poster = Poster(link._post, counted=frozenset({posts.ROUTE, RECORDS}))
         self.nc = Nats()
         self.resyncs = Resyncs(self.post, self.counters)
         budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
@@ -391,10 +431,13 @@ class _LinkRun:
             else None
         )
         self.other_drops = [0, -DROP_NOTICE_S]  # drops on other subscriptions (a JetStream inbox): count, logged
-        link._started.set()
+        ready = self.work_ready
 
-    def _send_up(self, frames: Sequence[bytes]) -> None:
-        self.up.send_multipart(frames, NOBLOCK)  # (no HWM: never waits)
+        def nudge() -> None:  # (the broker loop's thread)
+            loop.call_soon_threadsafe(ready.set)
+
+        link._nudge = nudge
+        link._started.set()
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -456,20 +499,26 @@ class _LinkRun:
     async def _outbound(self) -> None:
         """The loop's work, in order: route blobs, JetStream proposals and store calls, until STOP."""
         jetstream = self.jetstream
+        link = self.link
+        work = link._work
         while True:
-            frames = await self.work.recv_multipart(copy=True)
-            op = frames[0]
-            if op == _STOP:
-                self.stopping.set()
-                return
-            if op == OP_PUBLISH and jetstream is not None:
-                journal = frames[1].decode()
-                for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
-                    await jetstream.publish(journal, token, subject, msgid, origin, payload)
-            elif op == OP_CALL and jetstream is not None:
-                jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
-            elif op not in (OP_PUBLISH, OP_CALL):
-                await self.sender.send(op.decode(), frames[1])
+            link._nudged = False  # (before looking: whatever is handed after this wakes it again)
+            while work:
+                frames = work.popleft()
+                op = frames[0]
+                if op == _STOP:
+                    self.stopping.set()
+                    return
+                if op == OP_PUBLISH and jetstream is not None:
+                    journal = frames[1].decode()
+                    for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
+                        await jetstream.publish(journal, token, subject, msgid, origin, payload)
+                elif op == OP_CALL and jetstream is not None:
+                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+                elif op not in (OP_PUBLISH, OP_CALL):
+                    await self.sender.send(op.decode(), frames[1])
+            await self.work_ready.wait()
+            self.work_ready.clear()
 
     # ------------------------------------------------------------ nats-py's callbacks
     async def _on_disconnected(self) -> None:
@@ -515,5 +564,4 @@ class _LinkRun:
             await asyncio.wait_for(nc.close(), CLOSE_FLUSH_S)
         except Exception:
             pass
-        self.work.close(linger=0)
-        self.up.close(linger=0)
+        self.link._nudge = None

@@ -1,8 +1,8 @@
 """What the cluster link's thread posts to the broker loop about routes and its NATS connection, and what the
 loop reads back: the frames' kinds, their layout, and the items they become.
 
-Contract: pure data and codecs.  Each post is one PAIR message whose first
-frame is its kind (JetStream's kinds are in :mod:`.streams`; none is shared):
+Contract: pure data and codecs.  Each post is one tuple of frames whose first
+frame is its kind (JetStream's kinds are in :mod:`mc0.broker.jetstream.streams`; none is shared):
 
 - ``Hello(name, epoch)``: another broker's beacon;
 - ``RouteBlob(name, epoch, blob)``: route traffic from it (batched-wire records);

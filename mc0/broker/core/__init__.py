@@ -7,11 +7,9 @@ Rooms, each owning one kind of state: :mod:`.peers` (connections, liveness),
 :mod:`.mailboxes`, :mod:`.consumers` (durable consumers),
 :mod:`.builtin_services` (``mc0.broker``, ``mmi.service``, ``mc0.journal``),
 :mod:`.sysbus` and :mod:`.telemetry` (the broker's own ``mc0.sys.*``
-publications), :mod:`.histogram`; for journals JetStream keeps,
-:mod:`.replication` (OKs held until the stream acknowledges, records it
-delivers fanned out), :mod:`.storecalls` (what the core asks of the store),
-:mod:`.storeconsumers` and :mod:`.storedletters`, reached by the shell through
-:mod:`.fromstore`.  :mod:`.dispatch` holds ``BrokerCore``,
+publications), :mod:`.histogram`; for journals JetStream keeps, the pure
+rooms of the JetStream wing (:mod:`mc0.broker.jetstream`: replication,
+storecalls, storeconsumers, storedletters, fromstore) are on this floor too.  :mod:`.dispatch` holds ``BrokerCore``,
 the verb table that ties them together (:mod:`.verbs`, :mod:`.batched`).
 
 Rule (checked by tests/test_architecture.py): the core imports only the

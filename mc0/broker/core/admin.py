@@ -1,16 +1,16 @@
 """mc0.admin: an operator's actions (close a session, remove a durable consumer, purge a journal), done
 where the thing lives.
 
-Contract: ``call(core, client, rid, user, body, deadline, now)`` answers one request of a bus client
+Contract: ``call(rooms, client, rid, user, body, deadline, now)`` answers one request of a bus client
 whose grant ``rpc.admit`` checked (only ``call = ["mc0.admin"]`` by name reaches here);
-``http_call(core, ticket, op, args, who, now)`` does one action the monitoring listener took (its
-token checked there), answered through ``AdminDesk.http_answers``; ``from_route(core, route, rid,
+``http_call(rooms, ticket, op, args, who, now)`` does one action the monitoring listener took (its
+token checked there), answered through ``AdminDesk.http_answers``; ``from_route(rooms, route, rid,
 who, body, now)`` does the part of an action another broker carried here (this broker's part only,
 never carried on: one hop, as every route request) and answers it FINAL with the part's JSON;
 ``route_answer`` takes the answer to a part this broker carried.  What each op does:
 
 - ``conn.close``: at the broker the id names (this one when it names none), the session is
-  forgotten (``core.forget``, reason "closed by WHO") and told why, as an evicted one is: ERROR 410
+  forgotten (``rooms.forget``, reason "closed by WHO") and told why, as a revoked one is: ERROR 401
   naming who closed it, then DISCONNECT (a client library reconnects as a new session);
 - ``consumer.rm`` / ``journal.purge`` on a journal JetStream keeps: once in JetStream (a store
   call), then every broker's part: its view of the consumer forgotten, its local copy purged to the
@@ -22,29 +22,28 @@ An answer names each broker's part (``brokers``: name -> ``{"status": code, ...}
 standalone broker).  A part carried to another broker waits at most until the action's deadline (the
 caller's, at most ``MAX_WAIT_S``; looked at by the core's sweep, at least once a second), then
 counts as unanswered (504).  Every action is logged at WARNING, naming who asked (an audit line).
-Pure: no sockets, no clock.
+The actions in flight are the admin desk's (:mod:`.admindesk`, kept by ``Builtins``); these
+functions drive the rooms (:class:`~mc0.broker.core.rooms.Rooms`).  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Status
 from ...protocol import admin as A
 from ...protocol.peernames import parse_peer_name, peer_name
+from ..jetstream.storecalls import failure
+from .admindesk import BID_PREFIX, AdminDesk, Asker, Gather, Part
 from .consumerstate import NAME
 from .peers import Out, Peer
+from .rooms import Rooms
 from .routes import ROUTE_IDENTITY_PREFIX
-from .storecalls import failure
-
-if TYPE_CHECKING:
-    from .dispatch import BrokerCore
 
 log = logging.getLogger("mc0.broker.admin")
 
@@ -52,101 +51,14 @@ MAX_WAIT_S = 10.0  # the longest a part carried to another broker is waited for
 HTTP_WAIT_S = 5.0  # ... for an action the monitoring listener took
 MAX_GATHERS = 64  # actions waiting for other brokers at once (429 beyond)
 MAX_WHO_BYTES = 200  # who asked, as carried to another broker (the CALLER of its part)
-BID_PREFIX = "admin."  # the ids of the parts this broker carries (the rpc room's are digits)
-Part = dict[str, Any]  # one broker's part of an action: {"status": code, ...} ("error": why, when not 200)
-
-
-class Asker:
-    """Who asked for an action, and where its answer goes: a bus client (answered in its dialect) or
-    an HTTP request (``ticket``: answered through ``AdminDesk.http_answers``)."""
-
-    __slots__ = ("who", "client", "rid", "user", "ticket")
-
-    def __init__(
-        self, who: str, client: Peer | None = None, rid: str = "", user: dict[str, str] | None = None, ticket: int = 0
-    ) -> None:
-        self.who = who
-        self.client = client
-        self.rid = rid
-        self.user = user or {}
-        self.ticket = ticket
-
-
-class Gather:
-    """One action's parts: this broker's, JetStream's, and those of the brokers it was carried to."""
-
-    __slots__ = ("asker", "op", "args", "parts", "waiting", "deadline")
-
-    def __init__(self, asker: Asker, op: str, args: dict[str, str], deadline: float) -> None:
-        self.asker = asker
-        self.op = op
-        self.args = args
-        self.parts: dict[str, Part] = {}  # broker name (or "jetstream") -> its part
-        self.waiting: dict[str, str] = {}  # part id -> the broker it was carried to
-        self.deadline = deadline
-
-
-class AdminDesk:
-    """The actions waiting for other brokers' parts, and the answers owed to HTTP requests."""
-
-    def __init__(self, counters: Counter[str], *, is_current: Callable[[Peer], bool]) -> None:
-        self.counters = counters
-        self._is_current = is_current
-        self.carried: dict[str, Gather] = {}  # part id -> its action
-        self.http_answers: list[tuple[int, int, dict[str, Any]]] = []  # (ticket, status, body), for the shell
-        self._serial = 0
-
-    def new_id(self) -> str:
-        self._serial += 1
-        return f"{BID_PREFIX}{self._serial}"
-
-    @property
-    def gathering(self) -> int:
-        return len({id(g) for g in self.carried.values()})
-
-    def take_http_answers(self) -> list[tuple[int, int, dict[str, Any]]]:
-        taken, self.http_answers = self.http_answers, []
-        return taken
-
-    def answer(self, asker: Asker, status: int, data: dict[str, Any]) -> list[Out]:
-        """The action's answer to whoever asked (``data["error"]`` is the reason of a status not 200)."""
-        if asker.client is None:
-            self.http_answers.append((asker.ticket, status, data))
-            return []
-        client = asker.client
-        if not self._is_current(client):
-            self.counters["admin_answers_dropped"] += 1  # it went (it may have closed itself)
-            return []
-        frames: list[bytes] | bytes
-        if status != 200:
-            frames = client.dialect.error(asker.rid, A.ADMIN_SERVICE, status, str(data.get("error", "")))
-        else:
-            body = json.dumps(data, sort_keys=True).encode()
-            frames = client.dialect.final(asker.rid, A.ADMIN_SERVICE, {}, asker.user, [body])
-        return [(client.routing_id, frames)]
-
-    def expire(self, now: float) -> list[Out]:
-        """Actions whose deadline passed: the parts not answered count as 504, and each is answered."""
-        out: list[Out] = []
-        for gather in {id(g): g for g in self.carried.values() if g.deadline <= now}.values():
-            for part_id, broker in list(gather.waiting.items()):
-                self.carried.pop(part_id, None)
-                gather.parts[broker] = {"status": Status.DEADLINE, "error": f"broker {broker} did not answer in time"}
-            gather.waiting.clear()
-            out += self.finish(gather)
-        return out
-
-    def finish(self, gather: Gather) -> list[Out]:
-        status, data = summary(gather.op, gather.args, gather.parts)
-        return self.answer(gather.asker, status, data)
 
 
 # ---------------------------------------------------------------- entry points
 def call(
-    core: BrokerCore, client: Peer, rid: str, user: dict[str, str], body: Sequence[bytes], deadline: float, now: float
+    rooms: Rooms, client: Peer, rid: str, user: dict[str, str], body: Sequence[bytes], deadline: float, now: float
 ) -> list[Out]:
     """One ``mc0.admin`` request of a bus client."""
-    desk = core.builtins.admin
+    desk = rooms.builtins.admin
     text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
     try:
         op, args = A.parse_request(P.json_body(text, rid), rid)
@@ -154,12 +66,12 @@ def call(
         return [(client.routing_id, client.dialect.error(rid, A.ADMIN_SERVICE, exc.code, exc.reason))]
     asker = Asker(client.identity, client, rid, user)
     wait = min(MAX_WAIT_S, max(0.05, (deadline - now) * 0.8))  # answered before the caller gives up
-    return act(core, desk, asker, op, args, now + wait, now)
+    return act(rooms, desk, asker, op, args, now + wait, now)
 
 
-def http_call(core: BrokerCore, ticket: int, op: str, args: dict[str, Any], who: str, now: float) -> list[Out]:
+def http_call(rooms: Rooms, ticket: int, op: str, args: dict[str, Any], who: str, now: float) -> list[Out]:
     """One action the monitoring listener took (``POST /admin/OP``), answered through ``http_answers``."""
-    desk = core.builtins.admin
+    desk = rooms.builtins.admin
     asker = Asker(who, ticket=ticket)
     try:
         if op not in A.ACTIONS:
@@ -167,11 +79,11 @@ def http_call(core: BrokerCore, ticket: int, op: str, args: dict[str, Any], who:
         checked = A.parse_arguments(op, args, None)
     except ProtocolError as exc:
         return desk.answer(asker, exc.code, {"error": exc.reason})
-    return act(core, desk, asker, op, checked, now + HTTP_WAIT_S, now)
+    return act(rooms, desk, asker, op, checked, now + HTTP_WAIT_S, now)
 
 
 def act(
-    core: BrokerCore, desk: AdminDesk, asker: Asker, op: str, args: dict[str, str], deadline: float, now: float
+    rooms: Rooms, desk: AdminDesk, asker: Asker, op: str, args: dict[str, str], deadline: float, now: float
 ) -> list[Out]:
     """Do ``op`` (its arguments checked) for ``asker``: here, in JetStream, and at the other brokers."""
     if desk.gathering >= MAX_GATHERS:
@@ -179,17 +91,17 @@ def act(
         return desk.answer(asker, Status.OVER_LIMIT, {"error": reason})
     gather = Gather(asker, op, args, deadline)
     if op == A.CONN_CLOSE:
-        return _conn_close(core, desk, gather, now)
-    if op in (A.CONSUMER_RM, A.JOURNAL_PURGE) and _kept_by_jetstream(core, args["journal"]):
-        return _in_jetstream(core, desk, gather, now)
+        return _conn_close(rooms, desk, gather, now)
+    if op in (A.CONSUMER_RM, A.JOURNAL_PURGE) and _kept_by_jetstream(rooms, args["journal"]):
+        return _in_jetstream(rooms, desk, gather, now)
     if op == A.CONSUMER_LS:
-        return _list(core, desk, gather, now)
-    part, out = here(core, op, args, asker.who, now)
-    gather.parts[core.routes.name] = part
-    return out + _carry(core, desk, gather, {"op": op, **args}, now)
+        return _list(rooms, desk, gather, now)
+    part, out = here(rooms, op, args, asker.who, now)
+    gather.parts[rooms.routes.name] = part
+    return out + _carry(rooms, desk, gather, {"op": op, **args}, now)
 
 
-def from_route(core: BrokerCore, route: Peer, rid: str, who: str, data: bytes, now: float) -> list[Out]:
+def from_route(rooms: Rooms, route: Peer, rid: str, who: str, data: bytes, now: float) -> list[Out]:
     """The part of an action another broker carried here: done here, answered FINAL with its JSON."""
     try:
         query = P.json_body(data.decode("utf-8", "replace"), None)  # (bounded: size and depth)
@@ -203,12 +115,12 @@ def from_route(core: BrokerCore, route: Peer, rid: str, who: str, data: bytes, n
             raise ValueError(first_seq)
         jetstream = query.get("jetstream") is True
     except (ProtocolError, ValueError, TypeError, KeyError) as exc:
-        core.counters["route_records_refused"] += 1
+        rooms.counters["route_records_refused"] += 1
         part: Part = {"status": Status.BAD_REQUEST, "error": f"not an mc0.admin part: {type(exc).__name__}"}
         out: list[Out] = []
     else:
         asked = f"{who} (at broker {_broker_of(route)})"
-        part, out = here(core, op, args, asked, now, jetstream=jetstream, first_seq=first_seq)
+        part, out = here(rooms, op, args, asked, now, jetstream=jetstream, first_seq=first_seq)
     body = json.dumps(part, sort_keys=True).encode()
     return out + [(route.routing_id, route.dialect.final(rid, A.ADMIN_SERVICE, {}, {}, [body]))]
 
@@ -218,13 +130,13 @@ def carried(rid: str) -> bool:
     return rid.startswith(BID_PREFIX)
 
 
-def route_answer(core: BrokerCore, route: Peer, rid: str, status: int, data: bytes, now: float) -> list[Out]:
+def route_answer(rooms: Rooms, route: Peer, rid: str, status: int, data: bytes, now: float) -> list[Out]:
     """Another broker's answer to a part this broker carried (FINAL: its JSON; else ERROR ``status``)."""
-    desk = core.builtins.admin
+    desk = rooms.builtins.admin
     gather = desk.carried.get(rid)
     broker = _broker_of(route)
     if gather is None or gather.waiting.get(rid) != broker:
-        core.counters["admin_answers_dropped"] += 1  # late (after its deadline), or not ours
+        rooms.counters["admin_answers_dropped"] += 1  # late (after its deadline), or not ours
         return []
     del desk.carried[rid]
     del gather.waiting[rid]
@@ -245,13 +157,13 @@ def route_answer(core: BrokerCore, route: Peer, rid: str, status: int, data: byt
 
 
 # ---------------------------------------------------------------- the ops
-def _conn_close(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
+def _conn_close(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
     """At the broker the id names: here, or carried to that one broker."""
     peer_id = parse_peer_name(gather.args["id"])
     assert peer_id is not None  # (parse_arguments checked it)
-    routes = core.routes
+    routes = rooms.routes
     if not peer_id.broker or peer_id.broker == routes.name:
-        part, out = here(core, A.CONN_CLOSE, gather.args, gather.asker.who, now)
+        part, out = here(rooms, A.CONN_CLOSE, gather.args, gather.asker.who, now)
         gather.parts[routes.name] = part
         return out + desk.finish(gather)
     route = routes.by_name.get(peer_id.broker)
@@ -260,17 +172,17 @@ def _conn_close(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -
         error = f"no broker {peer_id.broker} in this cluster (brokers: {known})"
         gather.parts[peer_id.broker] = {"status": Status.NOT_FOUND, "error": error}
         return desk.finish(gather)
-    return _carry(core, desk, gather, {"op": A.CONN_CLOSE, **gather.args}, now, only=route)
+    return _carry(rooms, desk, gather, {"op": A.CONN_CLOSE, **gather.args}, now, only=route)
 
 
-def _in_jetstream(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
+def _in_jetstream(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
     """consumer.rm / journal.purge of a journal JetStream keeps: once in JetStream, then every broker's view."""
     journal, op = gather.args["journal"], gather.op
     if op == A.CONSUMER_RM and not NAME.match(gather.args["name"]):
         gather.parts["jetstream"] = {"status": Status.NOT_FOUND, "error": _no_consumer(gather.args)}
         return desk.finish(gather)
-    if op == A.JOURNAL_PURGE and core.streams.journals[journal].settings.mailboxes:
-        gather.parts[core.routes.name] = _keeps_mailboxes(journal)
+    if op == A.JOURNAL_PURGE and rooms.journaling.journals[journal].settings.mailboxes:
+        gather.parts[rooms.routes.name] = _keeps_mailboxes(journal)
         return desk.finish(gather)
     if op == A.CONSUMER_RM:
         request: dict[str, Any] = {"op": "consumer_delete", "journal": journal, "name": gather.args["name"]}
@@ -293,29 +205,29 @@ def _in_jetstream(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float)
             log.warning("admin: %s purged journal %s in JetStream: %d records dropped", who, journal, purged)
         else:
             gather.parts["jetstream"] = {"status": 200, "removed": True}
-            core.counters["consumers_removed"] += 1
+            rooms.counters["consumers_removed"] += 1
             log.warning("admin: %s removed consumer %s of journal %s in JetStream", who, gather.args["name"], journal)
-        part, out = here(core, op, gather.args, gather.asker.who, now, jetstream=True, first_seq=carry.get("first_seq"))
-        gather.parts[core.routes.name] = part
-        return out + _carry(core, desk, gather, carry, now)
+        part, out = here(rooms, op, gather.args, who, now, jetstream=True, first_seq=carry.get("first_seq"))
+        gather.parts[rooms.routes.name] = part
+        return out + _carry(rooms, desk, gather, carry, now)
 
-    core.calls.call(request, done)
+    rooms.calls.call(request, done)
     return []
 
 
-def _list(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
+def _list(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
     """consumer.ls: this broker's file consumers, JetStream's, every other broker's file consumers."""
-    part, _ = here(core, A.CONSUMER_LS, gather.args, gather.asker.who, now)
-    gather.parts[core.routes.name] = part
+    part, _ = here(rooms, A.CONSUMER_LS, gather.args, gather.asker.who, now)
+    gather.parts[rooms.routes.name] = part
     wanted = gather.args.get("journal")
     kept = sorted(
         name
-        for name, journal in core.streams.journals.items()
+        for name, journal in rooms.journaling.journals.items()
         if journal.settings.replicated and not journal.settings.mailboxes and wanted in (None, name)
     )
     carry = {"op": A.CONSUMER_LS, **gather.args}
-    if not kept or core.consumers.store is None:
-        return _carry(core, desk, gather, carry, now)
+    if not kept or rooms.consumers.store is None:
+        return _carry(rooms, desk, gather, carry, now)
 
     def listed(data: dict[str, Any], records: Any, now: float) -> list[Out]:
         failed = failure(data)
@@ -324,18 +236,18 @@ def _list(core: BrokerCore, desk: AdminDesk, gather: Gather, now: float) -> list
         else:
             rows = [_store_row(j, n, info) for j, n, info in data.get("consumers", [])]
             gather.parts["jetstream"] = {"status": 200, "consumers": rows}
-        return _carry(core, desk, gather, carry, now)
+        return _carry(rooms, desk, gather, carry, now)
 
-    core.calls.call({"op": "consumer_list_all", "journals": kept}, listed)
+    rooms.calls.call({"op": "consumer_list_all", "journals": kept}, listed)
     return []
 
 
 def _carry(
-    core: BrokerCore, desk: AdminDesk, gather: Gather, body: dict[str, Any], now: float, only: Peer | None = None
+    rooms: Rooms, desk: AdminDesk, gather: Gather, body: dict[str, Any], now: float, only: Peer | None = None
 ) -> list[Out]:
     """The action's part at every other broker (or ``only`` that one): one request to each route's
     ``mc0.admin``; answered now when there are none."""
-    routes = [only] if only is not None else list(core.routes.by_name.values())
+    routes = [only] if only is not None else list(rooms.routes.by_name.values())
     if not routes:
         return desk.finish(gather)
     data = json.dumps(body, sort_keys=True).encode()
@@ -352,7 +264,7 @@ def _carry(
 
 # ---------------------------------------------------------------- this broker's part
 def here(
-    core: BrokerCore,
+    rooms: Rooms,
     op: str,
     args: dict[str, str],
     who: str,
@@ -364,10 +276,10 @@ def here(
     """This broker's part of ``op``; ``jetstream``: JetStream already did the action (the part is this
     broker's view of it: a consumer forgotten, the local copy purged to ``first_seq``)."""
     if op == A.CONN_CLOSE:
-        return _close_here(core, args["id"], who, now)
+        return _close_here(rooms, args["id"], who, now)
     if op == A.CONSUMER_LS:
-        return _list_here(core, args.get("journal")), []
-    journal = core.streams.journals.get(args["journal"])
+        return _list_here(rooms, args.get("journal")), []
+    journal = rooms.journaling.journals.get(args["journal"])
     if journal is None:
         return {"status": Status.NOT_FOUND, "error": f"no journal {args['journal'][:64]!r}"}, []
     if journal.settings.replicated != jetstream:
@@ -375,7 +287,7 @@ def here(
         error = f"journal {journal.name} is {kept} here, not at the broker that was asked: configure it alike"
         return {"status": Status.CONFLICT, "error": error}, []
     if op == A.CONSUMER_RM:
-        return _remove_here(core, journal.name, args["name"], who, jetstream)
+        return _remove_here(rooms, journal.name, args["name"], who, jetstream)
     if journal.settings.mailboxes:
         return _keeps_mailboxes(journal.name), []
     try:
@@ -383,34 +295,34 @@ def here(
     except OSError as exc:
         return {"status": Status.STORAGE_FAILED, "error": f"journal {journal.name}: {exc}"}, []
     log.warning("admin: %s purged journal %s here: %d records dropped", who, journal.name, dropped)
-    core.counters["journals_purged"] += 1
+    rooms.counters["journals_purged"] += 1
     return {"status": 200, "purged": dropped, "first_seq": journal.first_seq}, []
 
 
-def _close_here(core: BrokerCore, text: str, who: str, now: float) -> tuple[Part, list[Out]]:
+def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, list[Out]]:
     peer_id = parse_peer_name(text)
     if peer_id is None:
         return {"status": Status.BAD_REQUEST, "error": f"{text[:80]!r} is not a session's name"}, []
-    here_name = core.routes.name
+    here_name = rooms.routes.name
     local = peer_name(peer_id.identity, peer_id.serial)
     names = {text, local, peer_name(peer_id.identity, peer_id.serial, here_name) if here_name else local}
-    peer = next((p for p in core.peers.by_id.values() if p.name in names and not p.route), None)
+    peer = next((p for p in rooms.peers.by_id.values() if p.name in names and not p.route), None)
     if peer is None:
         where = f" at broker {here_name}" if here_name else ""
         return {"status": Status.NOT_FOUND, "error": f"no session {text[:80]!r}{where}"}, []
     reason = f"closed by {who}"
     log.warning("admin: session %s (identity %s) %s", peer.name, peer.identity, reason)
-    out = core.forget(peer, "closed_by_admin", now, reason=reason)
-    told = peer.dialect.error(None, "", Status.GONE, f"session {peer.name} {reason}")
+    out = rooms.forget(peer, "closed_by_admin", now, reason=reason)
+    told = peer.dialect.error(None, "", Status.NOT_CONNECTED, f"session {peer.name} {reason}")
     out.append((peer.routing_id, peer.framed(told)))
     bye = peer.dialect.disconnect()
     if bye is not None:
         out.append((peer.routing_id, peer.framed(bye)))
-    return {"status": 200, "closed": peer.name}, core.with_finished(out, now)
+    return {"status": 200, "closed": peer.name}, rooms.with_finished(out, now)
 
 
-def _remove_here(core: BrokerCore, journal: str, name: str, who: str, jetstream: bool) -> tuple[Part, list[Out]]:
-    consumers = core.consumers
+def _remove_here(rooms: Rooms, journal: str, name: str, who: str, jetstream: bool) -> tuple[Part, list[Out]]:
+    consumers = rooms.consumers
     if jetstream:  # JetStream removed it: what this broker knew of it goes
         forgot = consumers.store.forget(journal, name) if consumers.store is not None else False
         return {"status": 200, "forgot": forgot}, []
@@ -421,8 +333,8 @@ def _remove_here(core: BrokerCore, journal: str, name: str, who: str, jetstream:
     return {"status": 200, "removed": True}, out
 
 
-def _list_here(core: BrokerCore, wanted: str | None) -> Part:
-    consumers = core.consumers
+def _list_here(rooms: Rooms, wanted: str | None) -> Part:
+    consumers = rooms.consumers
     rows = []
     for (journal, name), consumer in sorted(consumers.consumers.items()):
         if wanted in (None, journal):
@@ -433,7 +345,7 @@ def _list_here(core: BrokerCore, wanted: str | None) -> Part:
                     "name": name,
                     "owner": info["owner"],
                     "store": "file",
-                    "broker": core.routes.name,
+                    "broker": rooms.routes.name,
                     "num_pending": info["lag"],
                     "num_ack_pending": info["pending"],
                     "ack_floor": info["ack_floor"],
@@ -461,44 +373,12 @@ def _store_row(journal: str, name: str, info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- answers
-def summary(op: str, args: dict[str, str], parts: dict[str, Part]) -> tuple[int, dict[str, Any]]:
-    """The action's answer from its parts: 200 when it was done (by JetStream, for a journal it
-    keeps; else by any broker), each part named; else the first failure's status (404 when no broker
-    had the thing) with every part's reason."""
-    if op == A.CONSUMER_LS:
-        rows = [row for part in parts.values() for row in part.get("consumers", ())]
-        brokers = {name: {k: v for k, v in p.items() if k != "consumers"} for name, p in parts.items()}
-        return 200, {"consumers": rows, "brokers": brokers}
-    if op == A.CONN_CLOSE:
-        ((broker, part),) = parts.items()
-        if part.get("status") != 200:
-            return int(part.get("status", 500)), {"error": str(part.get("error", "failed"))}
-        return 200, {"closed": part["closed"], "broker": broker}
-    store = parts.get("jetstream")
-    deciding = [store] if store is not None else list(parts.values())
-    if not any(p.get("status") == 200 for p in deciding):
-        failed = {name: p for name, p in parts.items() if p.get("status") != 200}
-        status = next((int(p["status"]) for p in failed.values() if p["status"] != Status.NOT_FOUND), 404)
-        reasons = "; ".join(f"{name or 'here'}: {p.get('error', 'failed')}" for name, p in failed.items())
-        return status, {"error": reasons or "nothing done"}
-    data: dict[str, Any] = {"journal": args["journal"], "brokers": {n: p for n, p in parts.items() if n != "jetstream"}}
-    if store is not None:
-        data["jetstream"] = store
-    if op == A.CONSUMER_RM:
-        data.update(name=args["name"], removed=True)
-    else:
-        done = [p for p in deciding if p.get("status") == 200]
-        data["purged"] = sum(int(p.get("purged", 0)) for p in done)
-    return 200, data
-
-
 def _broker_of(route: Peer) -> str:
     return route.identity[len(ROUTE_IDENTITY_PREFIX) :]
 
 
-def _kept_by_jetstream(core: BrokerCore, journal: str) -> bool:
-    kept = core.streams.journals.get(journal)
+def _kept_by_jetstream(rooms: Rooms, journal: str) -> bool:
+    kept = rooms.journaling.journals.get(journal)
     return kept is not None and kept.settings.replicated
 
 

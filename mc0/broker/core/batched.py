@@ -1,18 +1,19 @@
 """The batched wire's input: one ``BATCH "" blob`` message, record by record, in slices, with hot paths.
 
-Contract: :class:`BatchedInput` owns the batch walks under way and the PUT
-records' topic cache, and drives the rooms of the dispatcher
-(:class:`~mc0.broker.core.dispatch.BrokerCore`) it is given.  ``batch`` handles each record as if
+Contract: :class:`BatchedInput` walks batches and owns the PUT records' topic
+cache; it drives the rooms (:class:`~mc0.broker.core.rooms.Rooms`, which keep
+the walks under way) as the verbs do.  ``batch`` handles each record as if
 it came alone, in order; PUT records take ``_put_record`` (every check
 ``verbs.put`` makes, no Command built unless a journal keeps the topic) and CALL /
 PARTIAL / FINAL records ``_rpc_record``.  A refused record gets its own
 ERROR and spoils nothing after it.  Pure: no sockets, no clock.
 
 A batch is walked at most ``batch_slice`` records at a time: a longer one
-leaves a :class:`BatchCursor`, and ``resume(now, budget)`` walks on (one
-slice per peer in turn), so the shell serves other peers between slices.
+leaves a :class:`~mc0.broker.core.walks.BatchCursor`, and ``resume`` walks on
+(one slice per peer in turn), so the shell serves other peers between slices.
 Until a peer's batch is done its later messages wait behind it, in order
-(``defer``), up to ``DEFER_MESSAGES`` messages / twice ``max_batch_bytes``;
+(``defer``; ``resume`` hands each back to the dispatcher when its turn
+comes), up to ``DEFER_MESSAGES`` messages / twice ``max_batch_bytes``;
 beyond that a message is refused 429 and changes nothing.  A batch's
 refusals are coalesced: the first ``REFUSALS_ANSWERED`` get their own ERROR
 (with the record's ID); the rest are counted and, when the batch is done,
@@ -22,22 +23,18 @@ answered by one ERROR that says how many and why the first of them was.
 from __future__ import annotations
 
 import struct
-from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
 
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Header, Status, Verb, batch
 from .peers import Out, Peer
+from .rooms import Rooms
 from .traffic import Tally
-from .verbs import call, put
-
-if TYPE_CHECKING:
-    from .dispatch import BrokerCore
+from .verbs import Handler, call, put
+from .walks import BatchCursor, Waited
 
 _PUT_RECORD = P.batch.PUT
-_U16 = P.batch.U16
 _CALL_RECORD, _FINAL_RECORD = P.batch.CALL, P.batch.FINAL
 _RPC_RECORDS = frozenset({P.batch.CALL, P.batch.PARTIAL, P.batch.FINAL})
 _PLAIN_TOPICS = 4096  # PUT-record topics known to be valid, unjournaled and not the broker's own
@@ -67,43 +64,31 @@ def _drain(sink: dict[bytes, list[bytes]], out: list[Out], peers: dict[bytes, Pe
 _NOT_BATCHED = "BATCH needs CONNECT ... BATCH 1 first"
 
 
-class BatchCursor:
-    """Where a peer's batch walk stands, and what the peer sent after it (handled once it is done)."""
-
-    __slots__ = ("peer", "blob", "pos", "deferred", "deferred_bytes", "refused", "first_refusal")
-
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-        self.blob = b""  # b"": no records left to walk
-        self.pos = 0
-        self.deferred: deque[tuple[Sequence[bytes], str, int | None]] = deque()  # (frames, identity, fd)
-        self.deferred_bytes = 0
-        self.refused = 0  # records of this blob refused (and internal errors)
-        self.first_refusal: ProtocolError | None = None  # the first one not answered on its own
-
-
 class BatchedInput:
-    """The batch walks under way and the PUT-record topic cache: the state of the batched wire's input.
+    """The walking of batches and the PUT-record topic cache: the batched wire's input.
 
-    It drives the rooms of the dispatcher it is given (``core``) and answers through it
-    (``reject``, ``internal_error``, ``with_finished``), as a verb handler does.
+    It drives the rooms it is given and answers through them (``reject``, ``internal_error``,
+    ``with_finished``), as a verb handler does; ``verbs`` is the dispatcher's verb table, for the
+    records that are neither a PUT nor an RPC shortcut.  The walks under way are the rooms'
+    (``Rooms.walks``: forgetting a peer cuts its batch).
     """
 
-    def __init__(self, core: BrokerCore) -> None:
-        self.core = core
-        self.settings = core.settings
-        self.counters = core.counters
-        self.pubsub = core.pubsub
-        self.rpc = core.rpc
-        self.streams = core.streams
-        self._peers = core.peers.by_id  # (who a joined fan-out payload goes to: _drain counts its records)
+    def __init__(self, rooms: Rooms, verbs: Mapping[Verb, Handler]) -> None:
+        self.rooms = rooms
+        self.verbs = verbs
+        self.settings = rooms.settings
+        self.counters = rooms.counters
+        self.pubsub = rooms.pubsub
+        self.rpc = rooms.rpc
+        self.journaling = rooms.journaling
+        self._peers = rooms.peers.by_id  # (who a joined fan-out payload goes to: _drain counts its records)
         self.batch_slice = BATCH_SLICE  # records walked per call before the cursor is kept (the shell may change it)
         # The PUT record fast path's cache: topic -> (topic, tokens, its traffic tally).
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...], Tally]] = {}
-        self._traffic = core.traffic
-        self._traffic_generation = core.traffic.generation  # tallies dropped since: the cache starts afresh
-        self._max_message_bytes = core.settings.limits.max_message_bytes
-        self.cursors: dict[bytes, BatchCursor] = {}  # routing id -> its batch walk, while there is work
+        self._traffic = rooms.traffic
+        self._traffic_generation = rooms.traffic.generation  # tallies dropped since: the cache starts afresh
+        self._max_message_bytes = rooms.settings.limits.max_message_bytes
+        self.cursors = rooms.walks  # routing id -> its batch walk, while there is work
         self._scratch_cursor: BatchCursor | None = None  # reused by every batch walked in one slice
 
     def batch(self, peer: Peer, blob: bytes, now: float) -> list[Out]:
@@ -119,10 +104,10 @@ class BatchedInput:
         """
         limits = self.settings.limits
         if not peer.batched:
-            return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.BAD_REQUEST, _NOT_BATCHED), now)
+            return self.rooms.reject(peer.routing_id, peer, (), ProtocolError(Status.BAD_REQUEST, _NOT_BATCHED), now)
         if len(blob) > limits.max_batch_bytes:
             reason = f"batch of {len(blob)} bytes, the limit is {limits.max_batch_bytes}"
-            return self.core.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
+            return self.rooms.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
         if self._traffic.generation != self._traffic_generation:
             self._plain_topics.clear()
             self._traffic_generation = self._traffic.generation
@@ -145,10 +130,11 @@ class BatchedInput:
         """Batches (or messages waiting behind them) are left for ``resume``."""
         return bool(self.cursors)
 
-    def resume(self, now: float, budget: int) -> list[Out]:
+    def resume(self, now: float, budget: int, out: list[Out]) -> Iterator[Waited]:
         """Walk on through unfinished batches, one slice per peer in turn, about ``budget`` records
-        (a message that waited behind a batch counts one); then the messages that waited, in order."""
-        out: list[Out] = []
+        (a message that waited behind a batch counts one), adding what to send to ``out``.  A message
+        that waited is yielded, ``(routing_id, frames, identity, fd)``, when its batch is done and its
+        turn comes: the caller handles it (adding its answers to ``out``) before the walk goes on."""
         spent = 0
         unfinished = self.cursors
         while unfinished and spent < budget:
@@ -158,7 +144,7 @@ class BatchedInput:
                     continue
                 if cursor.blob:
                     more, walked = self._walk(cursor, max(1, min(self.batch_slice, budget - spent)), now)
-                    out += more
+                    out.extend(more)
                     spent += walked
                     if cursor.blob or cursor.deferred:
                         unfinished[routing_id] = unfinished.pop(routing_id)  # round robin: to the back
@@ -168,12 +154,8 @@ class BatchedInput:
                     frames, identity, fd = cursor.deferred.popleft()
                     cursor.deferred_bytes -= sum(map(len, frames))
                     spent += 1
-                    del unfinished[routing_id]  # (so that handle() does not make it wait again)
-                    self.counters["received"] -= 1  # (counted when it came; handle() counts it again)
-                    try:
-                        out += self.core.handle(routing_id, frames, now, identity, fd)
-                    except Exception as exc:  # the per-message guard, as the shell's for what it reads
-                        out += self.core.internal_error(routing_id, frames, exc, now=now)
+                    del unfinished[routing_id]  # (so that it is not made to wait again)
+                    yield routing_id, frames, identity, fd
                     if cursor.deferred:
                         again = unfinished.get(routing_id)
                         if again is None:
@@ -185,7 +167,6 @@ class BatchedInput:
                     del unfinished[routing_id]
                 if spent >= budget:
                     break
-        return out
 
     def defer(self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None) -> list[Out]:
         """A message from a peer whose batch is still being walked: it waits its turn (bounded)."""
@@ -200,7 +181,7 @@ class BatchedInput:
                 "waiting to be handled; send slower"
             )
             exc = ProtocolError(Status.OVER_LIMIT, reason, P.find_id(frames, self.settings.limits.max_headers))
-            return self.core.reject(routing_id, None, frames, exc, now)
+            return self.rooms.reject(routing_id, None, frames, exc, now)
         cursor.deferred.append((frames, identity, fd))
         cursor.deferred_bytes += size
         cursor.peer.last_recv = now  # heard: waiting here is not silence
@@ -210,7 +191,7 @@ class BatchedInput:
         """Up to ``limit`` records of the cursor's batch; returns what to send and the records walked."""
         peer, blob = cursor.peer, cursor.blob
         limits = self.settings.limits
-        verbs = self.core.verbs
+        verbs = self.verbs
         out: list[Out] = []
         sink: dict[bytes, list[bytes]] = {}
         published = 0
@@ -236,7 +217,7 @@ class BatchedInput:
                     verb = command.verb
                     if verb is Verb.CONNECT or verb is Verb.BATCH:
                         raise ProtocolError(Status.BAD_REQUEST, f"{verb} cannot be batched", command.id)
-                    out += verbs[verb](self.core, peer, command, now)
+                    out += verbs[verb](self.rooms, peer, command, now)
                     if verb is Verb.DISCONNECT:
                         done = True
                         break
@@ -251,31 +232,34 @@ class BatchedInput:
                         _drain(sink, out, self._peers)
                     cursor.refused += 1
                     record_id = batch.id_of(blob, code, start, end)
-                    out += self.core.internal_error(peer.routing_id, (), exc, record_id, now=now)
+                    out += self.rooms.internal_error(peer.routing_id, (), exc, record_id, now=now)
             else:
                 done = True
         except ProtocolError as exc:  # the blob stopped splitting into records here
             if sink:
                 _drain(sink, out, self._peers)
-            out += self.core.reject(peer.routing_id, peer, (), exc, now)
+            out += self.rooms.reject(peer.routing_id, peer, (), exc, now)
             done = True
         if sink:
             _drain(sink, out, self._peers)
         if published:
             self.counters["published"] += published
         peer.msgs_in += walked  # a batch counts as its records (one add per walk, none per record)
+        # Its records are what it says: a batch walked over more than liveness x TTL (a long one, a
+        # loaded box) is not silence, which counts from the walk's last slice (one store per slice).
+        peer.last_recv = now
         cursor.pos = pos
         if done or pos >= len(blob):
             cursor.blob = b""
             if cursor.first_refusal is not None:
                 out += self._refusals_summary(cursor, now)
-        return self.core.with_finished(out, now), walked
+        return self.rooms.with_finished(out, now), walked
 
     def _refused(self, cursor: BatchCursor, exc: ProtocolError, now: float) -> list[Out]:
         """A refused record: answered on its own while few are; counted once there are many."""
         cursor.refused += 1
         if cursor.refused <= REFUSALS_ANSWERED:
-            return self.core.reject(cursor.peer.routing_id, cursor.peer, (), exc, now)
+            return self.rooms.reject(cursor.peer.routing_id, cursor.peer, (), exc, now)
         self.counters[f"rejected_{exc.code}"] += 1
         if cursor.first_refusal is None:
             cursor.first_refusal = exc
@@ -310,21 +294,16 @@ class BatchedInput:
         the count of plain publishes (the caller adds them up)."""
         if end - start > self._max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{end - start} bytes, the limit is {self._max_message_bytes}")
-        if end - start < 2:
-            raise ProtocolError(Status.BAD_REQUEST, _SHORT)
-        (tl,) = _U16.unpack_from(blob, start)
-        data_at = 2 + tl
-        if start + data_at > end:
-            raise ProtocolError(Status.BAD_REQUEST, "PUT record fields run past its end")
-        topic_b = blob[start + 2 : start + data_at]
+        topic_b, data_at = batch.put_topic(blob, start, end)
         plain = self._plain_topics.get(topic_b)
         if plain is None:
-            topic, tokens = self.pubsub.route_of(topic_b)
-            if (self.streams.journals and self.streams.routes(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
+            topic, tokens = self.pubsub.record_topic(topic_b)
+            journaling = self.journaling
+            if (journaling.journals and journaling.journals_of(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
                 if sink:
                     _drain(sink, out, self._peers)
                 command = P.Command(Verb.PUT, {Header.TOPIC: topic}, (blob[start + data_at : end],))
-                out += put(self.core, peer, command, now)  # journaled (or refused): the general path
+                out += put(self.rooms, peer, command, now)  # journaled (or refused): the general path
                 return 0
             if len(self._plain_topics) >= _PLAIN_TOPICS:
                 self._plain_topics.clear()
@@ -356,6 +335,6 @@ class BatchedInput:
         if code == _CALL_RECORD:
             if timeout_ms < 1:
                 raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1, got 0", rid)
-            return call(self.core, peer, service, rid, timeout_ms, False, {}, (data,), now)
+            return call(self.rooms, peer, service, rid, timeout_ms, False, {}, (data,), now)
         verb = Verb.FINAL if code == _FINAL_RECORD else Verb.PARTIAL
         return self.rpc.reply(peer, verb, rid, {}, (data,), now)

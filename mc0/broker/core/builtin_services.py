@@ -4,25 +4,25 @@
 Contract: ``answer(client, name, rid, user, body)`` answers one admitted
 request to a built-in service, rendered in the client's dialect: a report
 as JSON, ``200``/``404`` for MMI, a journal's ``info``, or a ``fetch``
-started on the streams room (its pages follow from ``Streams.stream``).  A
+started on the journaling room (its pages follow from ``Journaling.pages``).  A
 malformed body is an ERROR answer, never an exception.  Reads every room,
-changes none but the streams room's fetches.  No sockets, no clock.
+changes none but the journaling room's fetches.  No sockets, no clock.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
-from ...permissions import ALLOW_ALL
+from ...permissions import ALLOW_ALL, Grants
 from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
-from .admin import AdminDesk
+from .admindesk import AdminDesk
 from .consumers import Consumers
-from .jobs import Service
 from .journaling import (
     COLUMNS_PAGE_BYTES,
     COLUMNS_PAGE_RECORDS,
@@ -30,8 +30,8 @@ from .journaling import (
     FETCH_MAX_RECORDS,
     FETCH_PAGE_BYTES,
     FETCH_PAGE_RECORDS,
+    Journaling,
     PageShape,
-    Streams,
     private,
 )
 from .mailboxes import Mailboxes, identity_tokens
@@ -40,10 +40,61 @@ from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
 from .routes import Routes
 from .rpc import Rpc
 from .traffic import TopicTraffic
+from .workers import Service
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE, P.ADMIN_SERVICE})
 RESERVED_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, P.ADMIN_SERVICE})  # no worker may serve these
 REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers", "peers", "traffic")
+
+
+class FetchQuery(NamedTuple):
+    """An ``mc0.journal fetch``'s arguments, checked (see ``Builtins._journal``)."""
+
+    from_seq: int
+    to_seq: int | None
+    max_records: int
+    max_bytes: int
+    page: PageShape
+    wanted: list[tuple[str, ...]]  # the topics asked for (none: every topic)
+
+
+def _fetch_query(query: dict[str, Any], rid: str) -> FetchQuery:
+    """A fetch's arguments out of its JSON query: each an integer within its bounds, the page
+    encoding one of the formats, the topics patterns (400 naming the first that is not)."""
+
+    def integer(key: str, default: int | None, low: int, high: int) -> int | None:
+        value = query.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
+        return value
+
+    from_seq = integer("from_seq", 0, 0, 1 << 62) or 0
+    to_seq = integer("to_seq", None, 0, 1 << 62)
+    max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
+    max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
+    encoding = query.get("page", P.PAGE_JSON)
+    if encoding not in P.PAGE_FORMATS:
+        raise ProtocolError(Status.BAD_REQUEST, f"page must be one of {', '.join(P.PAGE_FORMATS)}", rid)
+    columns = encoding == P.PAGE_COLUMNS
+    most_records = COLUMNS_PAGE_RECORDS if columns else FETCH_PAGE_RECORDS
+    most_bytes = COLUMNS_PAGE_BYTES if columns else FETCH_PAGE_BYTES
+    page = PageShape(
+        str(encoding),
+        integer("page_records", FETCH_PAGE_RECORDS, 1, most_records) or 1,
+        integer("page_bytes", FETCH_PAGE_BYTES, 1, most_bytes) or 1,
+    )
+    raw_topics = query.get("topics") or []
+    if isinstance(raw_topics, str):
+        raw_topics = [raw_topics]
+    if not isinstance(raw_topics, list) or not all(isinstance(t, str) for t in raw_topics):
+        raise ProtocolError(Status.BAD_REQUEST, "topics must be a list of patterns", rid)
+    try:
+        wanted = [split_pattern(t) for t in raw_topics]
+    except InvalidTopic as exc:
+        raise topic_error(exc, rid) from None
+    return FetchQuery(from_seq, to_seq, max_records, max_bytes, page, wanted)
 
 
 class Builtins:
@@ -52,7 +103,7 @@ class Builtins:
         peers: PeerTable,
         pubsub: PubSub,
         rpc: Rpc,
-        streams: Streams,
+        journaling: Journaling,
         counters: Counter[str],
         mailboxes: Mailboxes,
         consumers: Consumers,
@@ -66,7 +117,7 @@ class Builtins:
         self.consumers = consumers
         self.pubsub = pubsub
         self.rpc = rpc
-        self.streams = streams
+        self.journaling = journaling
         self.counters = counters
         self.admin = AdminDesk(counters, is_current=peers.is_current)  # mc0.admin's actions in flight
 
@@ -124,7 +175,7 @@ class Builtins:
         return [(client.routing_id, client.dialect.final(rid, BROKER_SERVICE, {}, user, [data]))]
 
     def _journal(self, client: Peer, rid: str, user: dict[str, str], text: str) -> list[Out]:
-        """``mc0.journal``: ``info``, or ``fetch`` streamed as PARTIAL pages then a FINAL.
+        """``mc0.journal``: ``info``, or ``fetch`` sent as PARTIAL pages then a FINAL.
 
         fetch: ``{"op": "fetch", "journal": j, "from_seq": a, "to_seq": b,
         "topics": [pattern...], "max_records": n, "max_bytes": m, "page": f,
@@ -141,7 +192,7 @@ class Builtins:
         subscribe to the topic it died on too).  Deterministic; 410 when
         ``from_seq`` was trimmed.
         """
-        journals = self.streams.journals
+        journals = self.journaling.journals
         query = P.json_body(text, rid) if text.startswith("{") else {"op": text}
         if not isinstance(query, dict):
             raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
@@ -159,41 +210,27 @@ class Builtins:
                 Status.BAD_REQUEST, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid
             )
         private(journal, rid)
-
-        def integer(key: str, default: int | None, low: int, high: int) -> int | None:
-            value = query.get(key, default)
-            if value is None:
-                return None
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
-            return value
-
-        from_seq = integer("from_seq", 0, 0, 1 << 62) or 0
-        to_seq = integer("to_seq", None, 0, 1 << 62)
-        max_records = integer("max_records", FETCH_MAX_RECORDS, 1, FETCH_MAX_RECORDS) or 1
-        max_bytes = integer("max_bytes", FETCH_MAX_BYTES, 1, FETCH_MAX_BYTES) or 1
-        encoding = query.get("page", P.PAGE_JSON)
-        if encoding not in P.PAGE_FORMATS:
-            raise ProtocolError(Status.BAD_REQUEST, f"page must be one of {', '.join(P.PAGE_FORMATS)}", rid)
-        columns = encoding == P.PAGE_COLUMNS
-        most_records = COLUMNS_PAGE_RECORDS if columns else FETCH_PAGE_RECORDS
-        most_bytes = COLUMNS_PAGE_BYTES if columns else FETCH_PAGE_BYTES
-        page = PageShape(
-            str(encoding),
-            integer("page_records", FETCH_PAGE_RECORDS, 1, most_records) or 1,
-            integer("page_bytes", FETCH_PAGE_BYTES, 1, most_bytes) or 1,
+        fetch = _fetch_query(query, rid)
+        match = self._readable(client.grants, fetch.wanted)
+        self.journaling.start_fetch(
+            client,
+            rid,
+            user,
+            journal,
+            fetch.from_seq,
+            fetch.to_seq,
+            match,
+            fetch.max_records,
+            fetch.max_bytes,
+            fetch.page,
         )
-        raw_topics = query.get("topics") or []
-        if isinstance(raw_topics, str):
-            raw_topics = [raw_topics]
-        if not isinstance(raw_topics, list) or not all(isinstance(t, str) for t in raw_topics):
-            raise ProtocolError(Status.BAD_REQUEST, "topics must be a list of patterns", rid)
-        try:
-            wanted = [split_pattern(t) for t in raw_topics]
-        except InvalidTopic as exc:
-            raise topic_error(exc, rid) from None
-        grants = client.grants
-        filtered = bool(wanted) or grants is not ALLOW_ALL
+        return []  # pages follow from pages(), one per loop turn
+
+    def _readable(self, grants: Grants, wanted: list[tuple[str, ...]]) -> Callable[[str], bool] | None:
+        """Which topics a fetch returns: those ``wanted`` (all when none) that ``grants`` let it
+        receive, each topic's verdict kept (None: every record, nothing to filter)."""
+        if not wanted and grants is ALLOW_ALL:
+            return None
         verdicts: dict[str, bool] = {}
         tokens_of = self.pubsub.tokens_of
 
@@ -210,10 +247,7 @@ class Builtins:
                     verdicts[topic] = verdict
             return verdict
 
-        self.streams.start_fetch(
-            client, rid, user, journal, from_seq, to_seq, match if filtered else None, max_records, max_bytes, page
-        )
-        return []  # pages follow from stream(), one per loop turn
+        return match
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -266,7 +300,7 @@ class Builtins:
                 "queued": sum(s.queued for s in rpc.services.values()),
                 "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
                 "counters": dict(sorted(self.counters.items())),
-                "journals": {name: journal.info() for name, journal in self.streams.journals.items()},
+                "journals": {name: journal.info() for name, journal in self.journaling.journals.items()},
                 "mailboxes": self.mailboxes.summary(),
                 "cluster": self.cluster_report(),
             }

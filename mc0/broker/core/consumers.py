@@ -4,8 +4,8 @@ Contract: owns every consumer (its config, its ack floor, what it delivered
 and is waiting to hear about, and the pulls waiting for messages).  The
 ``mc0.consumer`` service's JSON ops arrive through ``handle``; a request is
 validated whole before it changes anything (400/403/404/409 as
-``ProtocolError``).  Each delivered message is in one :class:`Delivery`
-state, moved only by ``delivery_transition`` (one table, tested as one):
+``ProtocolError``).  Each delivered message is in one :class:`HeldState`
+state, moved only by ``held_transition`` (one table, tested as one):
 ``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
 ``ack_wait`` passing makes it due, and a due message that already had
 ``max_deliver`` deliveries is dead-lettered (published on
@@ -35,28 +35,30 @@ from ...errors import InvalidTopic, ProtocolError
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
+from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import split_topic
+from ..jetstream.storecalls import StoreCalls
+from ..jetstream.storeconsumers import StoreConsumers
 from ..storage.port import JournalStore, StateUnreadable, Trimmed
 from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
     TRANSITIONS,
     Consumer,
     ConsumerConfig,
-    Delivery,
     Event,
     Held,
+    HeldState,
     Waiting,
     consumer_of,
-    delivery_transition,
+    held_transition,
     int_field,
     parse_config,
     save,
     settled_body,
 )
 from .peers import Out, Peer
-from .storeconsumers import StoreConsumers
 
-__all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "Delivery", "Event", "delivery_transition"]
+__all__ = ["TRANSITIONS", "ConsumerConfig", "Consumers", "HeldState", "Event", "held_transition"]
 
 log = logging.getLogger("mc0.broker")
 
@@ -70,6 +72,11 @@ _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
 _STORE_OPS = frozenset({"create", "info", "pull", "ack", "nak", "term", "delete"})
 
 
+def _in_jetstream(journal: JournalStore) -> bool:
+    """A journal JetStream keeps records in (not one that keeps mailboxes): its consumers are JetStream's."""
+    return journal.settings.replicated and not journal.settings.mailboxes
+
+
 class Consumers:
     def __init__(
         self,
@@ -81,7 +88,12 @@ class Consumers:
         max_wait_ms: int,
         max_consumers: int = MAX_CONSUMERS,
         max_per_identity: int = MAX_CONSUMERS_PER_IDENTITY,
+        calls: StoreCalls | None = None,
+        max_store_calls: int = MAX_STORE_CALLS,
     ) -> None:
+        """``calls``: what the core asks of JetStream, when some ``journals`` are kept there (their
+        consumers are then JetStream's: :class:`~mc0.broker.jetstream.storeconsumers.StoreConsumers`,
+        which lets one client have at most ``max_store_calls`` of them in flight)."""
         self.journals = journals
         self.counters = counters
         self._tokens_of = tokens_of
@@ -97,12 +109,27 @@ class Consumers:
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
         self._held_answers: list[tuple[Peer, str, Out]] = []
         self.dead_letters: list[tuple[str, Record, str, int]] = []  # (topic, record, reason, deliveries)
-        # The consumers of JetStream journals, JetStream's (set when the broker joins a cluster).
+        # The consumers of JetStream journals, JetStream's.
         self.store: StoreConsumers | None = None
+        if calls is not None and any(j.settings.replicated for j in journals.values()):
+            self.store = StoreConsumers(
+                calls,
+                counters,
+                tokens_of=tokens_of,
+                dead_letter=self._dead_letter,
+                max_wait_ms=max_wait_ms,
+                max_consumers=max_consumers,
+                max_per_identity=max_per_identity,
+                max_calls=max_store_calls,
+            )
         for journal in journals.values():
             changes = journal.load_consumer_changes()
             for name, raw in journal.load_consumers().items():
                 self._restore(journal, name, raw, changes.get(name, ()))
+
+    def _dead_letter(self, item: tuple[str, Record, str, int]) -> None:
+        """A dead letter the store's consumers found (published with what finished: ``dead_letters``)."""
+        self.dead_letters.append(item)
 
     # ------------------------------------------------------------ persistence
     def _restore(self, journal: JournalStore, name: str, raw: bytes, changes: Sequence[bytes]) -> None:
@@ -113,7 +140,8 @@ class Consumers:
             self.counters["consumer_state_unreadable"] += 1
             raise StateUnreadable(
                 f"journal {journal.name}: consumer {name}: unreadable saved state ({exc}); "
-                f"move its files (NAME.log, NAME.json) out of the journal's consumers/ folder to start without it"
+                "move its files (NAME.log, NAME.json) out of the journal's consumers/ folder "
+                "to start without it"
             ) from None
         self.consumers[journal.name, name] = consumer
         self._owned[consumer.owner] += 1
@@ -123,7 +151,8 @@ class Consumers:
         return bool(self._dirty or self._settled or self._deleted or self._held_answers)
 
     def commit(self) -> list[Out]:
-        """Save what changed (through the port); the answers now due (507 for a consumer that could not save)."""
+        """Save what changed (through the port); the answers now due (507 for a consumer that
+        could not save)."""
         failed: dict[tuple[str, str], OSError] = {}
         for key in self._deleted:
             try:
@@ -139,6 +168,7 @@ class Consumers:
                     failed[key] = exc
         if failed:
             self.counters["consumer_save_failed"] += len(failed)
+
         self._dirty.clear()
         self._settled.clear()
         self._deleted.clear()
@@ -165,12 +195,13 @@ class Consumers:
         op = query.get("op")
         if op == "list":  # the caller's own
             names = sorted(f"{j}/{n}" for (j, n), c in self.consumers.items() if c.owner == client.identity)
-            kept = sorted(n for n, j in self.journals.items() if j.settings.replicated and not j.settings.mailboxes)
+            kept = sorted(n for n, j in self.journals.items() if _in_jetstream(j))
             if self.store is not None and kept:
                 return self.store.list_with(client, rid, user, names, kept)
             return [self._final(client, rid, user, names)]
+
         journal = self.journals.get(str(query.get("journal", "")))
-        if journal is not None and journal.settings.replicated and not journal.settings.mailboxes and op in _STORE_OPS:
+        if journal is not None and _in_jetstream(journal) and op in _STORE_OPS:
             if self.store is None:
                 reason = f"journal {journal.name} is kept by JetStream, which this broker cannot reach yet"
                 raise ProtocolError(Status.NO_WORKER, reason, rid)
@@ -179,6 +210,7 @@ class Consumers:
             return self.store.handle(client, rid, user, query, journal, deadline, now)
         if op == "create":
             return self._create(client, rid, user, query, now)
+
         consumer = self._find(query, rid)
         self._check_owner(client, consumer, rid)
         if op == "delete":  # its owner may always delete it (and free its quota)
@@ -187,6 +219,7 @@ class Consumers:
             ops = "create, pull, ack, nak, term, info, delete, list"
             raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
         self._check_grants(client, consumer, rid)
+
         if op == "info":
             self._claim(client, consumer)
             return [self._final(client, rid, user, self.info(consumer))]
@@ -197,11 +230,19 @@ class Consumers:
         self._claim(client, consumer)  # once the request was valid: a bad one changes nothing
         return out
 
-    def _delete(self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, now: float) -> list[Out]:
+    def _delete(
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        consumer: Consumer,
+        now: float,
+    ) -> list[Out]:
         self._drop(consumer)
         for waiting in consumer.waiting:
             self._answer_pull(consumer, waiting, [], now)
-        self._held_answers.append((client, rid, self._final(client, rid, user, {"deleted": consumer.config.name})))
+        answer = self._final(client, rid, user, {"deleted": consumer.config.name})
+        self._held_answers.append((client, rid, answer))
         return []
 
     def _drop(self, consumer: Consumer) -> None:
@@ -239,7 +280,8 @@ class Consumers:
         key = (str(query.get("journal", "")), str(query.get("name", "")))
         consumer = self.consumers.get(key)
         if consumer is None:
-            raise ProtocolError(Status.NOT_FOUND, f"no consumer {key[1][:64]!r} on journal {key[0][:64]!r}", rid)
+            reason = f"no consumer {key[1][:64]!r} on journal {key[0][:64]!r}"
+            raise ProtocolError(Status.NOT_FOUND, reason, rid)
         return consumer
 
     @staticmethod
@@ -247,13 +289,20 @@ class Consumers:
         """A consumer is its owner's: what it delivers passes the owner's grants, so another
         identity (with other deny lists) never shares it."""
         if consumer.owner and consumer.owner != client.identity:
-            reason = f"consumer {consumer.config.name} on journal {consumer.config.journal} belongs to another identity"
+            config = consumer.config
+            reason = f"consumer {config.name} on journal {config.journal} belongs to another identity"
             raise ProtocolError(Status.FORBIDDEN, reason, rid)
 
     def _claim(self, client: Peer, consumer: Consumer) -> None:
         """A consumer saved before owners were kept becomes the first allowed user's."""
         if not consumer.owner:
-            log.warning("consumer %s/%s (saved without an owner) claimed by %s", *consumer.key, client.identity)
+            journal, name = consumer.key
+            log.warning(
+                "consumer %s/%s (saved without an owner) claimed by %s",
+                journal,
+                name,
+                client.identity,
+            )
             self._owned[""] -= 1
             if not self._owned[""]:
                 del self._owned[""]
@@ -279,11 +328,19 @@ class Consumers:
         if reason is not None:
             raise ProtocolError(Status.FORBIDDEN, reason, rid)
 
-    def _create(self, client: Peer, rid: str, user: dict[str, str], query: dict[str, Any], now: float) -> list[Out]:
+    def _create(
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        query: dict[str, Any],
+        now: float,
+    ) -> list[Out]:
         journal = self.journals.get(str(query.get("journal", "")))
         if journal is None:
             known = ", ".join(self.journals) or "none configured"
-            raise ProtocolError(Status.NOT_FOUND, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid)
+            reason = f"unknown journal {str(query.get('journal'))[:40]!r} ({known})"
+            raise ProtocolError(Status.NOT_FOUND, reason, rid)
         if journal.settings.mailboxes:
             reason = f"journal {journal.name} keeps mailboxes: its letters are private"
             raise ProtocolError(Status.FORBIDDEN, reason, rid)
@@ -295,7 +352,8 @@ class Consumers:
         if existing is not None:
             self._check_owner(client, existing, rid)
             if existing.config != config:
-                raise ProtocolError(Status.CONFLICT, f"consumer {config.name} exists with another config", rid)
+                reason = f"consumer {config.name} exists with another config"
+                raise ProtocolError(Status.CONFLICT, reason, rid)
             self._claim(client, existing)
             return [self._final(client, rid, user, self.info(existing))]
         mine = self._owned[client.identity]
@@ -306,7 +364,8 @@ class Consumers:
             )
             raise ProtocolError(Status.OVER_LIMIT, reason, rid)
         if len(self.consumers) >= self.max_consumers:
-            reason = f"{len(self.consumers)} consumers, the broker's limit (max_consumers {self.max_consumers})"
+            limit = self.max_consumers
+            reason = f"{len(self.consumers)} consumers, the broker's limit (max_consumers {limit})"
             raise ProtocolError(Status.OVER_LIMIT, reason, rid)
         self.consumers[consumer.key] = consumer
         self._owned[client.identity] += 1
@@ -331,18 +390,19 @@ class Consumers:
             or len(seqs) > MAX_ACKS
             or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
         ):
-            raise ProtocolError(Status.BAD_REQUEST, f"seqs must be a list of at most {MAX_ACKS} positive integers", rid)
+            reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
+            raise ProtocolError(Status.BAD_REQUEST, reason, rid)
         delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) / 1000.0 if op == "nak" else 0.0
         event = {"ack": Event.ACK, "nak": Event.NAK, "term": Event.TERM}[op]
         done = ignored = 0
         for seq in seqs:
             held = consumer.held.get(seq)
-            nxt = delivery_transition(held.state, event) if held is not None else None
+            nxt = held_transition(held.state, event) if held is not None else None
             if held is None or nxt is None:
                 ignored += 1
                 continue
             done += 1
-            if nxt is Delivery.SETTLED:
+            if nxt is HeldState.SETTLED:
                 self._settle_seq(consumer, seq)
                 consumer.settled_unsaved.append(seq)
                 consumer.stats["acked" if op == "ack" else "termed"] += 1
@@ -392,7 +452,7 @@ class Consumers:
         ``filtered``, as a SUB's delivery filter drops it."""
         taken: list[tuple[Record, int]] = []
         self._expire(consumer, now)
-        due = sorted(seq for seq, h in consumer.held.items() if h.state is Delivery.DUE and h.due <= now)
+        due = sorted(seq for seq, h in consumer.held.items() if h.state is HeldState.DUE and h.due <= now)
         for seq in due:
             if len(taken) >= count:
                 break
@@ -407,7 +467,9 @@ class Consumers:
                 consumer.stats["filtered"] += 1
                 self._dirty.add(consumer.key)
                 continue
-            held.state, held.deliveries, held.due = Delivery.PENDING, held.deliveries + 1, now + self._wait(consumer)
+            held.state = HeldState.PENDING
+            held.deliveries += 1
+            held.due = now + self._wait(consumer)
             heapq.heappush(consumer.timers, (held.due, seq))
             consumer.stats["redelivered"] += 1
             taken.append((record, held.deliveries))
@@ -415,19 +477,24 @@ class Consumers:
         journal = consumer.journal
         while room > 0 and consumer.cursor < journal.next_seq:
             try:
-                records, next_seq = journal.read(consumer.cursor, None, self._match(consumer, grants), max_records=room)
+                match = self._match(consumer, grants)
+                records, next_seq = journal.read(consumer.cursor, None, match, max_records=room)
             except Trimmed as exc:
                 consumer.stats["lost_to_retention"] += exc.first - consumer.cursor
                 consumer.cursor = exc.first
                 continue
             consumer.cursor = next_seq
             if any(r.topic.startswith(DEAD_LETTER_PREFIX) for r in records):  # and the topic it died on
-                kept = [r for r in records if not is_dead_letter(split_topic(r.topic)) or self._readable(grants, r)]
+
+                def kept_for(record: Record) -> bool:
+                    return not is_dead_letter(split_topic(record.topic)) or self._readable(grants, record)
+
+                kept = [r for r in records if kept_for(r)]
                 consumer.stats["filtered"] += len(records) - len(kept)
                 records = kept
             for record in records:
                 due_at = now + self._wait(consumer)
-                consumer.held[record.seq] = Held(Delivery.PENDING, 1, due_at)
+                consumer.held[record.seq] = Held(HeldState.PENDING, 1, due_at)
                 heapq.heappush(consumer.timers, (due_at, record.seq))
                 taken.append((record, 1))
             consumer.stats["delivered"] += len(records)
@@ -444,12 +511,14 @@ class Consumers:
 
     @staticmethod
     def _pending_count(consumer: Consumer) -> int:
-        return sum(1 for h in consumer.held.values() if h.state is Delivery.PENDING)
+        return sum(1 for h in consumer.held.values() if h.state is HeldState.PENDING)
 
     def _match(self, consumer: Consumer, grants: Grants) -> Callable[[str], bool]:
-        """A journal read's filter: the consumer's topics, then the owner's grants (counted when they refuse)."""
+        """A journal read's filter: the consumer's topics, then the owner's grants (counted when
+        they refuse)."""
         tokens_of = self._tokens_of
-        verdicts: dict[str, int] = {}  # for this read (a page holds few distinct topics): 0 no, 1 yes, 2 refused
+        # Each topic's verdict, for this read (a page holds few distinct topics): 0 no, 1 yes, 2 refused.
+        verdicts: dict[str, int] = {}
 
         def match(topic: str) -> bool:
             verdict = verdicts.get(topic)
@@ -486,22 +555,29 @@ class Consumers:
             held = consumer.held.get(seq)
             if held is None or held.due != due:
                 continue  # settled, or re-timed since
-            if held.state is Delivery.PENDING:
-                held.state = delivery_transition(held.state, Event.ACK_WAIT) or held.state
+            if held.state is HeldState.PENDING:
+                held.state = held_transition(held.state, Event.ACK_WAIT) or held.state
                 consumer.stats["ack_wait_expired"] += 1
-            if held.state is Delivery.DUE and held.deliveries >= consumer.config.max_deliver:
+            if held.state is HeldState.DUE and held.deliveries >= consumer.config.max_deliver:
                 record = self._read_one(consumer, seq)
                 config = consumer.config
                 if record is not None:
                     topic = f"{DEAD_LETTER_PREFIX}{config.journal}.{config.name}"
-                    reason = f"not acknowledged after {held.deliveries} deliveries (max_deliver {config.max_deliver})"
+                    deliveries = held.deliveries
+                    most = config.max_deliver
+                    reason = f"not acknowledged after {deliveries} deliveries (max_deliver {most})"
                     self.dead_letters.append((topic, record, reason, held.deliveries))
                 self._settle_seq(consumer, seq)
                 consumer.stats["dead_lettered"] += 1
                 self._dirty.add(consumer.key)
 
     def _page(
-        self, client: Peer, rid: str, user: dict[str, str], consumer: Consumer, taken: list[tuple[Record, int]]
+        self,
+        client: Peer,
+        rid: str,
+        user: dict[str, str],
+        consumer: Consumer,
+        taken: list[tuple[Record, int]],
     ) -> Out:
         """One FINAL: the records as a journal page, then a JSON list of each one's delivery count."""
         records = [r for r, _ in taken]
@@ -509,7 +585,13 @@ class Consumers:
         self.counters["consumer_delivered"] += len(records)
         return (client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, frames))
 
-    def _answer_pull(self, consumer: Consumer, waiting: Waiting, taken: list[tuple[Record, int]], now: float) -> Out:
+    def _answer_pull(
+        self,
+        consumer: Consumer,
+        waiting: Waiting,
+        taken: list[tuple[Record, int]],
+        now: float,
+    ) -> Out:
         waiting.peer.last_sent = now
         return self._page(waiting.peer, waiting.rid, waiting.user, consumer, taken)
 
@@ -592,7 +674,8 @@ class Consumers:
                     continue
                 self.counters["consumer_pulls_withdrawn"] += 1
                 peer, config = waiting.peer, consumer.config
-                reason = f"pull from consumer {config.name} on journal {config.journal} withdrawn by policy: {reason}"
+                pull = f"pull from consumer {config.name} on journal {config.journal}"
+                reason = f"{pull} withdrawn by policy: {reason}"
                 refused = peer.dialect.error(waiting.rid, CONSUMER_SERVICE, Status.FORBIDDEN, reason)
                 out.append((peer.routing_id, refused))
             consumer.waiting = still

@@ -1,7 +1,7 @@
 """A durable consumer's state: the delivery state table, the consumer record, its saved form, its config.
 
-Contract: each delivered message is in one :class:`Delivery` state, moved
-only by ``delivery_transition`` (one table, tested as one): ``ack``/``term``
+Contract: each delivered message is in one :class:`HeldState` state, moved
+only by ``held_transition`` (one table, tested as one): ``ack``/``term``
 settle it, ``nak`` makes it due again (after a delay), ``ack_wait`` passing
 makes it due, and a due message that already had ``max_deliver`` deliveries
 is dead-lettered and settled.  :class:`Consumer` holds one consumer (its
@@ -33,7 +33,7 @@ MAX_CHANGES = 64  # change records between whole saves (bounds the log a start r
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
 
 
-class Delivery(Enum):
+class HeldState(Enum):
     PENDING = "pending"  # delivered, waiting for ack/nak/term until its ack_wait passes
     DUE = "due"  # to be delivered again (nak, ack_wait passed, or a restart)
     SETTLED = "settled"  # acked, termed or dead-lettered: never delivered again
@@ -50,19 +50,19 @@ class Event(Enum):
 
 # (state, event) -> the next state; a missing pair leaves the state as it is (a late ack of a
 # settled message, say) and is counted by the caller as ignored.
-TRANSITIONS: dict[tuple[Delivery, Event], Delivery] = {
-    (Delivery.DUE, Event.DELIVER): Delivery.PENDING,
-    (Delivery.PENDING, Event.ACK): Delivery.SETTLED,
-    (Delivery.PENDING, Event.TERM): Delivery.SETTLED,
-    (Delivery.PENDING, Event.NAK): Delivery.DUE,
-    (Delivery.PENDING, Event.ACK_WAIT): Delivery.DUE,
-    (Delivery.DUE, Event.ACK): Delivery.SETTLED,  # an ack that arrives after ack_wait still counts
-    (Delivery.DUE, Event.TERM): Delivery.SETTLED,
-    (Delivery.DUE, Event.EXHAUSTED): Delivery.SETTLED,
+TRANSITIONS: dict[tuple[HeldState, Event], HeldState] = {
+    (HeldState.DUE, Event.DELIVER): HeldState.PENDING,
+    (HeldState.PENDING, Event.ACK): HeldState.SETTLED,
+    (HeldState.PENDING, Event.TERM): HeldState.SETTLED,
+    (HeldState.PENDING, Event.NAK): HeldState.DUE,
+    (HeldState.PENDING, Event.ACK_WAIT): HeldState.DUE,
+    (HeldState.DUE, Event.ACK): HeldState.SETTLED,  # an ack that arrives after ack_wait still counts
+    (HeldState.DUE, Event.TERM): HeldState.SETTLED,
+    (HeldState.DUE, Event.EXHAUSTED): HeldState.SETTLED,
 }
 
 
-def delivery_transition(state: Delivery, event: Event) -> Delivery | None:
+def held_transition(state: HeldState, event: Event) -> HeldState | None:
     """The next state, or None when the event does not apply (nothing changes)."""
     return TRANSITIONS.get((state, event))
 
@@ -82,7 +82,7 @@ class ConsumerConfig:
 class Held:
     """A delivered message the consumer has not settled."""
 
-    state: Delivery
+    state: HeldState
     deliveries: int
     due: float  # PENDING: when ack_wait passes; DUE: when it may be delivered again
 
@@ -183,7 +183,7 @@ def consumer_of(journal: JournalStore, raw: bytes, changes: Sequence[bytes] = ()
             held.pop(seq, None)
     consumer.changes_saved = len(changes)  # they count toward the next whole save
     for seq, deliveries in held.items():
-        consumer.held[seq] = Held(Delivery.DUE, deliveries, 0.0)
+        consumer.held[seq] = Held(HeldState.DUE, deliveries, 0.0)
         heapq.heappush(consumer.timers, (0.0, seq))
     return consumer
 

@@ -1,4 +1,4 @@
-"""BrokerCore: the dispatcher that owns the verb table and ties the broker's rooms together.
+"""BrokerCore: the dispatcher on top of the rooms: the verb table, and the shell's API.
 
 Contract: ``handle(routing_id, frames, now, identity, fd)`` and ``tick(now)``
 map input to a list of ``(routing_id, frames)`` to send; the shell
@@ -12,19 +12,22 @@ A peer's input can never raise out of ``handle``: every malformed message is
 answered with ERROR (or, for MDP peers, which have no error reply, dropped)
 and counted.
 
-The rooms, each owning one kind of state: :mod:`.peers` (connections,
-liveness), :mod:`.pubsub` (subscriptions, fan-out), :mod:`.rpc` (services,
-workers, requests, through the :mod:`.jobs` state machine), :mod:`.streams`
-(journal appends, replays, fetches), :mod:`.builtins` (the broker's own
-services) and :mod:`.telemetry` (records about the broker itself, which
-this dispatcher publishes).  Forgetting a peer is the one operation that
-crosses every room; it is here.
+Below it, :class:`~mc0.broker.core.rooms.Rooms` builds the rooms, each owning
+one kind of state (:mod:`.peers`, :mod:`.pubsub`, :mod:`.rpc` with
+:mod:`.jobs`, :mod:`.journaling`, :mod:`.mailboxes`, :mod:`.consumers`,
+:mod:`.builtin_services`, :mod:`.sysbus`, :mod:`.routes`, and the JetStream
+wing's), and holds what crosses them (``forget``, ``open_peer``,
+``with_finished``, ``reject``, ``internal_error``).  The dispatcher hands each
+command to the input module that does it (:mod:`.verbs`, :mod:`.sessions`,
+:mod:`.batched`, the foreign dialects through :mod:`.dialect_ops`), each given
+the rooms, never the dispatcher: the arrows point down.  The rooms are also
+this object's attributes (``peers``, ``pubsub``, ``rpc`` ...), the same
+objects, as the shell, the monitor and the reports read them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ... import protocol as P
@@ -33,39 +36,30 @@ from ...permissions import Permissions
 from ...protocol import Side, Status, Verb
 from ...settings import CoreSettings
 from ...trie import TopicTrie
-from ..storage.port import JournalStore, replicated
+from ..storage.port import JournalStore
 from . import sessions, verbs
 from .batched import BatchedInput
-from .builtin_services import Builtins
-from .consumers import Consumers
 from .dialect_ops import DialectOps
-from .jobs import Service
-from .journaling import StreamOut, Streams
-from .loglimit import LogLimiter
-from .mailboxes import Mailboxes, letter_of
-from .peers import Out, Peer, PeerTable, close_reason
-from .pubsub import PubSub
-from .replication import Replication
-from .routes import Routes, is_route_id
-from .rpc import Rpc
-from .storecalls import StoreCalls
-from .storeconsumers import StoreConsumers
-from .storedletters import StoredLetters
-from .sysbus import SysBus
-from .telemetry import PeerEvent
-from .traffic import TopicTraffic
+from .journaling import PageOut
+from .peers import Out, Peer
+from .rooms import Rooms
+from .routes import is_route_id
+from .workers import Service
 
-__all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "StreamOut"]
+__all__ = ["BrokerCore", "CoreSettings", "Out", "Peer", "PageOut"]
 
 log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
-ForeignHandler = Callable[[DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None], list[Out]]
-# What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.route, handed in by
+ForeignHandler = Callable[
+    [DialectOps, Peer | None, bytes, Sequence[bytes], float, str, int | None],
+    list[Out],
+]
+# What recognises a foreign dialect by a message's first frames (mc0.broker.dialects.recognise, handed in by
 # the shell: the core never imports a dialect): its handler, or None for mc0's own protocol.
-DialectRouter = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
+DialectRecogniser = Callable[[Sequence[bytes], Peer | None], ForeignHandler | None]
 
 
 def _mc0_only(frames: Sequence[bytes], peer: Peer | None) -> ForeignHandler | None:
@@ -81,7 +75,7 @@ class BrokerCore:
         generated_ids_only: bool = False,
         journals: Sequence[JournalStore] = (),
         wall_offset: float = 0.0,
-        dialects: DialectRouter = _mc0_only,
+        dialects: DialectRecogniser = _mc0_only,
         backlog: Callable[[bytes], int] | None = None,
         group_skip_bytes: int = 0,
     ) -> None:
@@ -92,7 +86,7 @@ class BrokerCore:
         appends to them and ``commit()`` makes the appends durable, through the
         :class:`JournalStore` port.  ``wall_offset`` turns ``now`` (monotonic)
         into wall-clock time for telemetry records and retention.  ``dialects``
-        recognises foreign dialects (the shell passes ``mc0.broker.dialects.route``;
+        recognises foreign dialects (the shell passes ``mc0.broker.dialects.recognise``;
         by default every message is read as mc0's own).
 
         ``backlog`` is the shell's figure of the bytes still queued for a routing id
@@ -101,88 +95,49 @@ class BrokerCore:
         message, and a journaled letter is recorded delivered only once its session's
         queue is empty.
         """
-        self.settings = settings or CoreSettings()
-        self.permissions = permissions or Permissions()
-        self.generated_ids_only = generated_ids_only
-        self.wall_offset = wall_offset
+        rooms = self.rooms = Rooms(
+            settings or CoreSettings(),
+            permissions or Permissions(),
+            generated_ids_only=generated_ids_only,
+            journals=journals,
+            wall_offset=wall_offset,
+            backlog=backlog,
+            group_skip_bytes=group_skip_bytes,
+        )
         self._dialect_of = dialects
-        self.counters: Counter[str] = Counter()
-        # Routing ids forgotten since the shell last took them (take_forgotten).  The list object never
-        # changes, so a shell may hold it and test it for work waiting (cheaper than a call per message).
-        self.forgotten: list[bytes] = []
-        self.peers = PeerTable()
-        self.pubsub = PubSub(self.settings.limits, self.counters)
-        self.streams = Streams(journals, self.counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)
-        # What the core asks of JetStream (journals with store = "jetstream"), and their held OKs.
-        self.calls = StoreCalls(self.counters)
-        self.replication = Replication(
-            self.streams, self.pubsub, self.peers, self.counters, broker_name=lambda: self.routes.name
-        )
-        keeper = next((j for j in self.streams.journals.values() if j.settings.mailboxes), None)
-        stored = replicated(keeper) if keeper is not None else None
-        self.mailboxes = Mailboxes(self.settings, self.counters, None if stored else keeper, wall_offset=wall_offset)
-        if stored is not None:
-            self.mailboxes.stored = StoredLetters(
-                stored,
-                self.calls,
-                self.counters,
-                sessions=self.mailboxes.sessions_of,
-                sent_all=lambda routing_id: self.mailboxes.sent_all(routing_id),
-                letter_of=lambda record: letter_of(record, wall_offset),
-                wall_offset=wall_offset,
-            )
-        self.rpc = Rpc(
-            self.settings,
-            self.counters,
-            is_current=self.peers.is_current,
-            wants_telemetry=self._wants_rpc_telemetry,  # (sysbus is created next; called later)
-        )
-        self.consumers = Consumers(
-            self.streams.journals,
-            self.counters,
-            tokens_of=self.pubsub.tokens_of,
-            is_current=self.peers.is_current,
-            max_wait_ms=self.settings.max_request_timeout_ms,
-            max_consumers=self.settings.max_consumers,
-            max_per_identity=self.settings.max_consumers_per_identity,
-        )
-        if backlog is not None:
-            self.pubsub.choice.can_take = lambda routing_id: backlog(routing_id) < group_skip_bytes
-            self.mailboxes.sent_all = lambda routing_id: backlog(routing_id) == 0
-        if any(j.settings.replicated for j in self.streams.journals.values()):
-            self.consumers.store = StoreConsumers(
-                self.calls,
-                self.counters,
-                tokens_of=self.pubsub.tokens_of,
-                dead_letter=lambda item: self.consumers.dead_letters.append(item),
-                max_wait_ms=self.settings.max_request_timeout_ms,
-                max_consumers=self.settings.max_consumers,
-                max_per_identity=self.settings.max_consumers_per_identity,
-            )
-        self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
-        self.routes = Routes(self.counters)  # other brokers (mc0.broker.core.routed joins a cluster)
-        self.builtins = Builtins(
-            self.peers,
-            self.pubsub,
-            self.rpc,
-            self.streams,
-            self.counters,
-            self.mailboxes,
-            self.consumers,
-            self.routes,
-            traffic=self.traffic,
-        )
-        self.sysbus = SysBus(self.pubsub, self.streams, self.counters, wall_offset)
-        self.log_limit = LogLimiter()  # what a peer's faults may write to the log
-        # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions: this dispatcher's.
+        # The rooms, as the shell, the monitor and the reports read them (the same objects).
+        self.settings = rooms.settings
+        self.counters = rooms.counters
+        self.forgotten = rooms.forgotten
+        self.peers = rooms.peers
+        self.pubsub = rooms.pubsub
+        self.journaling = rooms.journaling
+        self.rpc = rooms.rpc
+        self.mailboxes = rooms.mailboxes
+        self.consumers = rooms.consumers
+        self.routes = rooms.routes
+        self.builtins = rooms.builtins
+        self.traffic = rooms.traffic
+        self.sysbus = rooms.sysbus
+        self.calls = rooms.calls
+        self.replication = rooms.replication
+        # The verb table (mc0.broker.core.verbs), and the two verbs that are sessions (.sessions).
         self.verbs: dict[Verb, verbs.Handler] = {
             **verbs.VERBS,
             Verb.CONNECT: sessions.reconnect,
             Verb.DISCONNECT: sessions.disconnect,
         }
-        self.batched = BatchedInput(self)  # batches walked in slices (see batched.py)
-        self.dialect_ops = DialectOps(self)  # the core as foreign dialects see it
-        self._unfinished = self.batched.cursors  # (read per message: the dict itself, not a property)
+        self.batched = BatchedInput(rooms, self.verbs)  # batches walked in slices (see batched.py)
+        self.dialect_ops = DialectOps(rooms)  # the core as foreign dialects see it
+        self._unfinished = rooms.walks  # (read per message: the dict itself, not a property)
+
+    @property
+    def permissions(self) -> Permissions:
+        return self.rooms.permissions
+
+    @property
+    def generated_ids_only(self) -> bool:
+        return self.rooms.generated_ids_only
 
     # ------------------------------------------------------------ views the shell and reports use
     @property
@@ -203,7 +158,7 @@ class BrokerCore:
         consumer figures, asked at most every few seconds; see ``StoreConsumers.monitor``)."""
         store = self.consumers.store
         if store is not None:
-            store.monitor([n for n, j in self.streams.journals.items() if j.settings.replicated], now)
+            store.monitor([n for n, j in self.journaling.journals.items() if j.settings.replicated], now)
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
@@ -227,9 +182,16 @@ class BrokerCore:
         anything else (nothing of it reaches the newcomer).
         """
         self.counters["received"] += 1
-        if is_route_id(routing_id):  # a route speaks only through the cluster link (routed.py), never here
+        if is_route_id(routing_id):  # a route speaks only through the cluster link (routeinput.py)
             self.counters["route_id_refused"] += 1
             return []
+        return self._received(routing_id, frames, now, identity, fd)
+
+    def _received(
+        self, routing_id: bytes, frames: Sequence[bytes], now: float, identity: str, fd: int | None
+    ) -> list[Out]:
+        """``handle``'s work on a message already counted (one that waited behind its peer's batch
+        comes here when its turn comes: see ``resume``)."""
         if self._unfinished and routing_id in self._unfinished:  # behind its own batch, in order
             return self.batched.defer(routing_id, frames, now, identity, fd)
         if identity in self.peers.revoked:
@@ -239,7 +201,7 @@ class BrokerCore:
         peer = self.peers.by_id.get(routing_id)
         if peer is not None and (peer.identity != identity or (fd is not None and peer.fd != fd)):
             self.counters["routing_id_changed_hands"] += 1
-            out = self.forget(peer, "replaced", now)
+            out = self.rooms.forget(peer, "replaced", now)
             peer = None
         foreign = self._dialect_of(frames, peer) if frames else None
         if foreign is not None:  # MDP/0.2, seed 000, eMQP, DCP: see mc0.broker.dialects
@@ -253,9 +215,7 @@ class BrokerCore:
         if frames and not frames[0]:  # enveloped: "" VERB ... (an mc0d-era DEALER)
             answers = self._command(routing_id, peer, frames[1:], now, identity, fd, True)
             if routing_id not in self.peers.by_id:  # no session carries the framing (the shell's job): here
-                answers = [
-                    (r, P.enveloped(p)) if r == routing_id and not isinstance(p, bytes) else (r, p) for r, p in answers
-                ]
+                answers = [(r, _enveloped_to(routing_id, r, p)) for r, p in answers]
         else:
             answers = self._command(routing_id, peer, frames, now, identity, fd, False)
         return out + answers if out else answers
@@ -271,6 +231,7 @@ class BrokerCore:
         enveloped: bool,
     ) -> list[Out]:
         """One mc0 command (its envelope, if any, removed) from ``peer`` (None: not connected)."""
+        rooms = self.rooms
         if peer is not None:
             peer.last_recv = now
             if len(frames) == 3 and frames[0] == _BATCH and not frames[1]:
@@ -283,7 +244,15 @@ class BrokerCore:
             command = P.decode(frames, sender=Side.PEER, limits=self.settings.limits)
             if peer is None:
                 if command.verb is Verb.CONNECT:
-                    return sessions.connect(self, routing_id, identity, command, now, fd=fd, enveloped=enveloped)
+                    return sessions.connect(
+                        rooms,
+                        routing_id,
+                        identity,
+                        command,
+                        now,
+                        fd=fd,
+                        enveloped=enveloped,
+                    )
                 if command.verb is Verb.DISCONNECT:
                     return [(routing_id, P.ok(command.id))] if command.id is not None else []
                 raise ProtocolError(Status.NOT_CONNECTED, "not connected: send CONNECT first", command.id)
@@ -292,9 +261,9 @@ class BrokerCore:
             if peer.enveloped is not enveloped:  # a new CONNECT may change the framing, nothing else
                 if command.verb is _CONNECT:
                     out += sessions.connect(
-                        self, routing_id, identity, command, now, replacing=peer, enveloped=enveloped
+                        rooms, routing_id, identity, command, now, replacing=peer, enveloped=enveloped
                     )
-                    return self.with_finished(out, now)
+                    return rooms.with_finished(out, now)
                 framing = "behind an empty frame" if peer.enveloped else "without an empty first frame"
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"this session was opened {framing}: keep its framing", command.id
@@ -303,11 +272,28 @@ class BrokerCore:
                 raise ProtocolError(
                     Status.BAD_REQUEST, f"{command.verb} is not part of protocol {peer.version}", command.id
                 )
-            out += self.verbs[command.verb](self, peer, command, now)
+            out += self.verbs[command.verb](rooms, peer, command, now)
         except ProtocolError as exc:
-            out += self.reject(routing_id, peer, frames, exc, now)
-        return self.with_finished(out, now)
+            out += rooms.reject(routing_id, peer, frames, exc, now)
+        return rooms.with_finished(out, now)
 
+    @property
+    def unfinished(self) -> bool:
+        """Batches (or messages waiting behind them) are left for ``resume``."""
+        return bool(self._unfinished)
+
+    def resume(self, now: float, budget: int) -> list[Out]:
+        """Walk on through unfinished batches (see :meth:`BatchedInput.resume`), about ``budget``
+        records; each message that waited behind a batch is handled here, in its turn."""
+        out: list[Out] = []
+        for routing_id, frames, identity, fd in self.batched.resume(now, budget, out):
+            try:
+                out += self._received(routing_id, frames, now, identity, fd)
+            except Exception as exc:  # the per-message guard, as the shell's for what it reads
+                out += self.rooms.internal_error(routing_id, frames, exc, now=now)
+        return out
+
+    # ================================================================ the guards' answers
     def internal_error(
         self,
         routing_id: bytes,
@@ -317,35 +303,15 @@ class BrokerCore:
         *,
         now: float = 0.0,
     ) -> list[Out]:
-        """A per-message guard caught ``exc`` while this message was handled (a bug):
-        count it, log it (within the log's per-peer bound), answer its sender ERROR 500
-        (with its ID if it had one); nothing else."""
-        self.counters["internal_errors"] += 1
-        peer = self.peers.get(routing_id)
-        self._log_fault(peer, "handling a message from", exc, now)
-        if request_id is None and frames:
-            request_id = P.find_id(frames, self.settings.limits.max_headers)
-        reason = f"internal error: {type(exc).__name__}"
-        if peer is not None:
-            return [(routing_id, peer.dialect.error(request_id, "", Status.HANDLER_FAILED, reason))]
-        answer = P.error(Status.HANDLER_FAILED, reason, request_id)
-        return [(routing_id, P.enveloped(answer) if frames and not frames[0] else answer)]
-
-    def _log_fault(self, peer: Peer | None, doing: str, exc: BaseException, now: float) -> None:
-        """An internal error caused by a peer's input, logged with its traceback within the bound
-        (``LogLimiter``): no peer can grow the log without bound; the rest are counted."""
-        who = peer.name if peer is not None else "an unconnected peer"
-        if self.log_limit.allow(peer.identity if peer is not None else "", f"{doing}:{type(exc).__name__}", now):
-            log.error("internal error %s %s", doing, who, exc_info=exc)
-        else:
-            self.counters["log_lines_left_out"] += 1
+        """The shell's per-message guard caught ``exc`` (see :meth:`Rooms.internal_error`)."""
+        return self.rooms.internal_error(routing_id, frames, exc, request_id, now=now)
 
     def listener_fault(self, listener: str, exc: BaseException, now: float) -> None:
         """The shell's guard caught ``exc`` while it handled what a listener (MemoDB, the cluster
         link) received (a bug, or storage that failed): counted and logged within the log's bound;
         what the listener received next is still handled."""
         self.counters["internal_errors"] += 1
-        if self.log_limit.allow(f"listener {listener}", f"receiving:{type(exc).__name__}", now):
+        if self.rooms.log_limit.allow(f"listener {listener}", f"receiving:{type(exc).__name__}", now):
             log.error("internal error handling what the %s listener received", listener, exc_info=exc)
         else:
             self.counters["log_lines_left_out"] += 1
@@ -354,73 +320,27 @@ class BrokerCore:
         """The shell's per-peer guard caught ``exc`` while ``doing`` something for this peer (a bug;
         its queue is already gone): count and log it, close the session (it heals by reconnecting)
         and tell it so; nothing else changes."""
+        rooms = self.rooms
         self.counters["internal_errors"] += 1
         peer = self.peers.get(routing_id)
-        self._log_fault(peer, doing, exc, now)
+        rooms.log_fault(peer, doing, exc, now)
         if peer is None:
             return []
-        out = self.forget(peer, "internal_error", now)
+        out = rooms.forget(peer, "internal_error", now)
         reason = f"internal error: {type(exc).__name__}; session closed"
         out.append((routing_id, peer.dialect.error(None, "", Status.HANDLER_FAILED, reason)))
-        return self.with_finished(out, now)
-
-    def reject(
-        self, routing_id: bytes, peer: Peer | None, frames: Sequence[bytes], exc: ProtocolError, now: float
-    ) -> list[Out]:
-        self.counters[f"rejected_{exc.code}"] += 1
-        if log.isEnabledFor(logging.DEBUG):
-            shown = " ".join(repr(bytes(f[:32])) for f in frames[:4])
-            who = peer.name if peer is not None else "an unconnected peer"
-            log.debug("%s: %s %s | %s", who, exc.code, exc.reason, shown)
-        if peer is not None:
-            peer.last_sent = now
-        return [(routing_id, P.error(exc.code, exc.reason, exc.request_id))]
+        return rooms.with_finished(out, now)
 
     # ================================================================ connections
-    def open_peer(self, peer: Peer, now: float) -> list[Out]:
-        peer.grants = self.permissions.grants(peer.identity)
-        self.peers.add(peer, now)
-        self.counters["connects"] += 1
-        return self._peer_event("connect", peer, "", now)
-
-    @property
-    def unfinished(self) -> bool:
-        """Batches (or messages waiting behind them) are left for ``resume``."""
-        return bool(self._unfinished)
-
-    def resume(self, now: float, budget: int) -> list[Out]:
-        """Walk on through unfinished batches (see :meth:`BatchedInput.resume`)."""
-        return self.batched.resume(now, budget)
-
     def take_forgotten(self) -> list[bytes]:
         """Routing ids whose peers were forgotten since the last call: the shell frees their queues."""
         taken = self.forgotten[:]
-        self.forgotten.clear()  # in place: see __init__
+        self.forgotten.clear()  # in place: the shell may hold the list
         return taken
 
     def forget(self, peer: Peer, why: str, now: float, *, reason: str | None = None) -> list[Out]:
-        """Drop a peer and everything it held, in every room; returns what that means for others.
-
-        ``why`` is the reason's code (the ``forgotten_<why>`` counter, the mc0.sys.peer event);
-        ``reason`` the words /connz?state=closed keeps with the closed connection (default: the
-        code's, ``peers.close_reason``), e.g. ``"closed by alice"`` for an operator's close."""
-        if self.peers.remove(peer, close_reason(why) if reason is None else reason, now):
-            self.forgotten.append(peer.routing_id)
-        cursor = self._unfinished.get(peer.routing_id) if self._unfinished else None
-        if cursor is not None and cursor.peer is peer:
-            cursor.blob = b""  # the rest of its batch goes with it (what it sent after still waits its turn)
-            if not cursor.deferred:
-                del self._unfinished[peer.routing_id]
-        self.pubsub.drop_peer(peer)
-        self.streams.drop_peer(peer)
-        kept_again = self.mailboxes.offline(peer, now)
-        self.consumers.drop_peer(peer)
-        self.routes.dropped(peer)
-        self.counters[f"forgotten_{why}"] += 1
-        log.info("peer %s %s", peer.name, reason or why)
-        out = kept_again + self.rpc.drop_peer(peer, now)
-        out += self._peer_event("disconnect", peer, why, now)
-        return out
+        """Drop a peer and everything it held, in every room (see :meth:`Rooms.forget`)."""
+        return self.rooms.forget(peer, why, now, reason=reason)
 
     def connection_opened(self, fd: int, address: str) -> None:
         """The shell read a first message from connection ``fd``, whose transport says it comes from
@@ -456,32 +376,25 @@ class BrokerCore:
         never reads empty under load) only closes older than
         ``CLOSE_WAIT_LIMIT`` go: fair queueing has read their last messages by then.
         """
+        rooms = self.rooms
         out: list[Out] = []
         for peer in self.peers.closed_peers(now, drained=drained, reading=self._unfinished):
-            out += self.forget(peer, "closed", now)
-        return self.with_finished(out, now)
-
-    def _wants_rpc_telemetry(self) -> bool:
-        return self.sysbus.wants_rpc()
-
-    # (the foreign dialects reach the core through ``dialect_ops``: mc0.broker.core.dialect_ops)
-    def published(self, out: list[Out], now: float) -> list[Out]:
-        """``out`` plus the telemetry of what just finished."""
-        return self.with_finished(out, now)
+            out += rooms.forget(peer, "closed", now)
+        return rooms.with_finished(out, now)
 
     # ================================================================ journals
     @property
     def uncommitted(self) -> bool:
         """``commit()`` has work: appends to write, consumer state to save or answers to release."""
-        return self.streams.uncommitted or self.consumers.uncommitted or self.mailboxes.uncommitted
+        return self.journaling.uncommitted or self.consumers.uncommitted or self.mailboxes.uncommitted
 
     def commit(self) -> list[Out]:
         """Commit the journals' appends (one write and, per policy, one fsync each); the OKs now due."""
         mailboxes = self.mailboxes
         mailboxes.before_commit()
-        out = self.streams.commit()
+        out = self.journaling.commit()
         if mailboxes.journal is not None:
-            mailboxes.after_commit(mailboxes.journal.name in self.streams.failed)
+            mailboxes.after_commit(mailboxes.journal.name in self.journaling.failed)
         return out + self.consumers.commit()
 
     def restore(self, now: float) -> None:
@@ -489,57 +402,39 @@ class BrokerCore:
         self.mailboxes.restore(now)
 
     @property
-    def streaming(self) -> bool:
-        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
-        return self.streams.streaming
+    def paging(self) -> bool:
+        """Replays or fetches are sending pages (call ``pages`` every loop turn)."""
+        return self.journaling.paging
 
-    def stream(self, now: float) -> list[StreamOut]:
-        """One page of every running replay and fetch (see :meth:`Streams.stream`)."""
-        return self.streams.stream(now)
+    def pages(self, now: float) -> list[PageOut]:
+        """One page of every running replay and fetch (see :meth:`Journaling.pages`)."""
+        return self.journaling.pages(now)
 
-    def stream_blocked(self, blocked: StreamOut, now: float) -> None:
-        """A stream message could not be queued: rewind its stream and pause it briefly."""
+    def page_blocked(self, blocked: PageOut, now: float) -> None:
+        """A page could not be queued: rewind its replay or fetch and pause it briefly."""
         peer = self.peers.get(blocked.routing_id)
         if peer is not None:
-            self.streams.stream_blocked(blocked, peer, now)
-
-    # ================================================================ telemetry
-    def _peer_event(self, event: str, peer: Peer, reason: str, now: float) -> list[Out]:
-        if not self.sysbus.wants(P.SYS_PEER_TOPIC):
-            return []
-        record = PeerEvent(event, peer.name, peer.identity, peer.dialect.name, peer.version, reason)
-        return self.sysbus.publish(record, now)
-
-    def with_finished(self, out: list[Out], now: float) -> list[Out]:
-        """``out`` plus the mc0.sys.rpc records of the requests that just finished (and dead letters)."""
-        if self.consumers.dead_letters:
-            letters, self.consumers.dead_letters = self.consumers.dead_letters, []
-            for topic, letter, reason, deliveries in letters:
-                out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
-        if self.rpc.finished:
-            finished, self.rpc.finished = self.rpc.finished, []
-            for record in finished:
-                out += self.sysbus.publish(record, now)
-        return out
+            self.journaling.page_blocked(blocked, peer, now)
 
     # ================================================================ time and failures
     def tick(self, now: float) -> list[Out]:
         """Deadlines, heartbeats, expiry and retention; call at ``next_deadline()`` or later."""
-        self.streams.enforce_retention(now)
+        rooms = self.rooms
+        self.journaling.enforce_retention(now)
         self.traffic.prune(now)
-        for line in self.log_limit.summary(now):
+        for line in rooms.log_limit.summary(now):
             log.warning("%s", line)
         self.mailboxes.expire(now)
         out = self.rpc.expire(now) + self.consumers.tick(now) + self.builtins.admin.expire(now)
         if now >= self.peers.next_sweep:
             liveness = self.settings.liveness
             for peer in self.peers.expired(now, liveness, self.rpc.has_requests):
-                out += self.forget(peer, "expired", now)
+                out += rooms.forget(peer, "expired", now)
             out += self.peers.heartbeats(now, liveness)
-        return self.with_finished(out, now)
+        return rooms.with_finished(out, now)
 
     def next_deadline(self) -> float:
-        """When ``tick`` (or a paused ``stream``) next has work (monotonic seconds)."""
+        """When ``tick`` (or a paused replay or fetch) next has work (monotonic seconds)."""
         if self.consumers.has_work():
             return 0.0  # a waiting pull can be answered
         earliest = self.consumers.next_deadline(min(self.peers.next_sweep, self.mailboxes.next_expiry))
@@ -548,7 +443,7 @@ class BrokerCore:
         deadline = self.rpc.next_deadline()
         if deadline is not None:
             earliest = min(earliest, deadline)
-        return self.streams.next_deadline(earliest)
+        return self.journaling.next_deadline(earliest)
 
     def send_failed(self, routing_id: bytes, now: float, *, unreachable: bool) -> list[Out]:
         """The shell could not send to a peer: gone (unreachable) or at HWM."""
@@ -560,7 +455,7 @@ class BrokerCore:
             self.routes.overflowed(peer)
             return []
         if unreachable:
-            return self.with_finished(self.forget(peer, "unreachable", now), now)
+            return self.rooms.with_finished(self.rooms.forget(peer, "unreachable", now), now)
         self.counters["dropped"] += 1
         if not self.peers.dropped(peer, now, self.settings.slow_consumer_ms):
             return []
@@ -578,28 +473,30 @@ class BrokerCore:
         return self._evict_slow(peer, now) if peer is not None and self.settings.slow_consumer_ms else []
 
     def _evict_slow(self, peer: Peer, now: float) -> list[Out]:
+        rooms = self.rooms
         routing_id = peer.routing_id
-        if self.log_limit.allow(peer.identity, "too slow", now):
+        if rooms.log_limit.allow(peer.identity, "too slow", now):
             log.warning("peer %s too slow: %d messages dropped; disconnecting", peer.name, peer.drops)
         else:
             self.counters["log_lines_left_out"] += 1
-        out = self.forget(peer, "too_slow", now)
+        out = rooms.forget(peer, "too_slow", now)
         reason = f"consumer too slow: {peer.drops} messages dropped; disconnected"
         out.append((routing_id, _last_words(peer, P.error(Status.OVER_LIMIT, reason))))
         out.append((routing_id, _last_words(peer, P.DISCONNECT_FRAMES)))
-        return self.with_finished(out, now)
+        return rooms.with_finished(out, now)
 
     # ================================================================ security changes
     def revoke(self, identities: set[str], now: float) -> list[Out]:
         """Keys withdrawn: their peers get 401 and are forgotten; later messages are dropped."""
+        rooms = self.rooms
         self.peers.revoked |= identities
         out: list[Out] = []
         for peer in [p for p in self.peers.by_id.values() if p.identity in identities]:
             log.warning("identity %s revoked: dropping %s", peer.identity, peer.name)
-            out += self.forget(peer, "revoked", now)
+            out += rooms.forget(peer, "revoked", now)
             revoked = peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")
             out.append((peer.routing_id, _last_words(peer, revoked)))
-        return self.with_finished(out, now)
+        return rooms.with_finished(out, now)
 
     def allow(self, identities: set[str]) -> None:
         """Keys (re)admitted: stop dropping their messages."""
@@ -608,9 +505,10 @@ class BrokerCore:
     def set_permissions(self, permissions: Permissions, now: float) -> list[Out]:
         """New policy: recompute grants; withdraw subscriptions, services and durable consumers'
         waiting pulls it no longer allows (each told 403)."""
-        self.permissions = permissions
+        self.rooms.permissions = permissions
         out: list[Out] = []
-        for peer in [p for p in self.peers.by_id.values() if not p.route]:  # routes: their peers checked there
+        # (Routes are not: their brokers check their own peers.)
+        for peer in [p for p in self.peers.by_id.values() if not p.route]:
             grants = peer.grants = permissions.grants(peer.identity)
             out += self.pubsub.withdraw_denied(peer, grants)
             sent, dropped = self.rpc.withdraw_denied(peer, grants, now)
@@ -619,20 +517,27 @@ class BrokerCore:
                 reason = f"serving {dropped} withdrawn by policy"
                 out.append((peer.routing_id, peer.dialect.error(None, "", Status.FORBIDDEN, reason)))
         out += self.consumers.withdraw_denied()
-        return self.with_finished(out, now)
+        return self.rooms.with_finished(out, now)
 
     def shutdown(self, now: float) -> list[Out]:
         """DISCONNECT every peer (that has a way to be told) and forget them all."""
+        rooms = self.rooms
         out: list[Out] = []
         for peer in list(self.peers.by_id.values()):
             frames = peer.dialect.disconnect()
             if frames is not None:
                 out.append((peer.routing_id, _last_words(peer, frames)))
         for peer in list(self.peers.by_id.values()):
-            self.forget(peer, "broker_shutdown", now)
+            rooms.forget(peer, "broker_shutdown", now)
         self._unfinished.clear()
-        self.with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
+        rooms.with_finished([], now)  # telemetry of the shutdown goes to the journals, not to peers
         return out
+
+
+def _enveloped_to(routing_id: bytes, to: bytes, payload: Sequence[bytes] | bytes) -> Sequence[bytes] | bytes:
+    """``payload`` for ``to``, behind an empty frame when it goes to ``routing_id`` (an enveloped peer
+    with no session to carry its framing) and is frames, not a batch record."""
+    return P.enveloped(payload) if to == routing_id and not isinstance(payload, bytes) else payload
 
 
 def _last_words(peer: Peer, frames: Sequence[bytes]) -> Sequence[bytes]:

@@ -74,7 +74,9 @@ def _may_take(
 
 
 class GroupChoice:
-    def __init__(self, groups: TopicTrie[Member]) -> None:
+    def __init__(self, groups: TopicTrie[Member], *, can_take: Callable[[bytes], bool] | None = None) -> None:
+        """``can_take(routing_id)``: False while a peer's outgoing queue is backing up (its member is
+        passed over while another can take the message; the shell's backlog figure; None: always)."""
         self.groups = groups  # PubSub's: the members of every group, by pattern
         self._chosen_at: dict[Member, int] = {}  # the turn a member was last chosen (least recent first)
         self._turn = 0
@@ -84,8 +86,7 @@ class GroupChoice:
         # (topic, group) -> the routes that handed a copy of it back (no member there may take it):
         # passed over while another member may take it; kept as long as the plans are.
         self._refusals: dict[tuple[tuple[str, ...], str], frozenset[Peer]] = {}
-        # False while a peer's outgoing queue is backing up (members are skipped then): BrokerCore's backlog.
-        self.can_take: Callable[[bytes], bool] = _always
+        self.can_take: Callable[[bytes], bool] = can_take if can_take is not None else _always
 
     def forget(self, member: Member) -> None:
         """``member`` left its group (it starts as never chosen if it joins again)."""

@@ -11,18 +11,16 @@ late or forged reply is dropped and counted).  Pure: no I/O, no time.
 A *job* is one request to one worker (a plain REQUEST, or one leg of a
 scatter).  A *gather* is the scatter itself: it ends with one FINAL
 (``COUNT n MISSING m``) once every leg is done or its deadline passes.
-:class:`Job`, :class:`Scatter`, :class:`Service` and :class:`WorkerState`
-are the RPC room's records (plain data; the room changes them).
+:class:`Job` and :class:`Scatter` are the records these machines move (plain
+data; the RPC room changes them); the services and worker states they are
+queued in and held by are :mod:`.workers`'.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
-
-from .histogram import Histogram
 
 if TYPE_CHECKING:
     from .peers import Peer
@@ -33,7 +31,7 @@ class JobState(Enum):
 
     QUEUED = "queued"  # waiting in its service's queue for a worker
     ASSIGNED = "assigned"  # held by a worker; nothing forwarded to the client yet (may be retried)
-    STREAMING = "streaming"  # a PARTIAL reached the client: never retried after this
+    FORWARDING = "forwarding"  # a PARTIAL was forwarded to the client: never retried after this
     DONE = "done"  # its one terminal reply was sent (or nobody is left to receive it)
 
 
@@ -82,7 +80,7 @@ TERMINAL_ACTIONS = frozenset(
     }
 )
 
-_HELD = (JobState.ASSIGNED, JobState.STREAMING)
+_HELD = (JobState.ASSIGNED, JobState.FORWARDING)
 
 
 def _job_table() -> dict[tuple[JobState, JobEvent], tuple[JobState, Action]]:
@@ -92,14 +90,14 @@ def _job_table() -> dict[tuple[JobState, JobEvent], tuple[JobState, Action]]:
             table[state, event] = (state, Action.IGNORE)
     table[JobState.QUEUED, JobEvent.DISPATCH] = (JobState.ASSIGNED, Action.DISPATCH)
     for state in _HELD:
-        table[state, JobEvent.PARTIAL] = (JobState.STREAMING, Action.FORWARD)
+        table[state, JobEvent.PARTIAL] = (JobState.FORWARDING, Action.FORWARD)
         table[state, JobEvent.FINAL] = (JobState.DONE, Action.REPLY_FINAL)
         table[state, JobEvent.WORKER_ERROR] = (JobState.DONE, Action.REPLY_ERROR)
         table[state, JobEvent.WORKER_LOST_LAST] = (JobState.DONE, Action.FAIL_LOST)
     table[JobState.ASSIGNED, JobEvent.WORKER_LOST] = (JobState.QUEUED, Action.REQUEUE)
     table[JobState.QUEUED, JobEvent.ORPHANED] = (JobState.DONE, Action.FAIL_LOST)
     # Replies were forwarded: running it again could repeat them.
-    table[JobState.STREAMING, JobEvent.WORKER_LOST] = (JobState.DONE, Action.FAIL_LOST)
+    table[JobState.FORWARDING, JobEvent.WORKER_LOST] = (JobState.DONE, Action.FAIL_LOST)
     for state in (JobState.QUEUED, *_HELD):
         table[state, JobEvent.DEADLINE] = (JobState.DONE, Action.FAIL_DEADLINE)
         table[state, JobEvent.CANCEL] = (JobState.DONE, Action.FAIL_CANCELLED)
@@ -234,112 +232,3 @@ class Scatter:
 
 
 Request = Job | Scatter
-
-
-class WorkerState:
-    """What a peer serves and holds as a worker: one capacity for all it serves, or, for a route
-    (another broker), a capacity per service (its own workers' total for each)."""
-
-    __slots__ = ("services", "capacity", "jobs", "served", "per_service", "_held")
-
-    def __init__(self) -> None:
-        self.services: tuple[str, ...] = ()
-        self.capacity = 0
-        self.jobs: dict[str, Job] = {}  # bid -> request held
-        self.served = 0
-        self.per_service: dict[str, int] | None = None  # a route's capacity for each service
-        self._held: dict[str, int] = {}  # a route's jobs held per service
-
-    def full(self, service: str) -> bool:
-        """No room for another job of ``service``."""
-        if self.per_service is None:
-            return len(self.jobs) >= self.capacity
-        return self._held.get(service, 0) >= self.per_service.get(service, 0)
-
-    def took(self, service: str) -> None:
-        if self.per_service is not None:
-            self._held[service] = self._held.get(service, 0) + 1
-
-    def released(self, service: str) -> None:
-        if self.per_service is not None and self._held.get(service, 0) > 0:
-            self._held[service] -= 1
-
-
-class FairQueue:
-    """A service's waiting jobs, served round robin between clients (each client's in its order).
-
-    One client that queues thousands of requests cannot starve another: the
-    next job comes from the client whose turn it is, which then goes to the
-    back of the rotation.  O(1) per append and pop (dict order is the rotation).
-    """
-
-    __slots__ = ("_lanes",)
-
-    def __init__(self, jobs: Iterable[Job] = ()) -> None:
-        self._lanes: dict[Peer, deque[Job]] = {}
-        for job in jobs:
-            self.append(job)
-
-    def append(self, job: Job) -> None:
-        lane = self._lanes.get(job.client)
-        if lane is None:
-            lane = self._lanes[job.client] = deque()
-        lane.append(job)
-
-    def appendleft(self, job: Job) -> None:
-        """A job to serve next (a retry): first in its client's lane, and that client's turn first."""
-        lane = self._lanes.pop(job.client, None) or deque()
-        lane.appendleft(job)
-        self._lanes = {job.client: lane, **self._lanes}
-
-    def popleft(self) -> Job:
-        client, lane = next(iter(self._lanes.items()))
-        job = lane.popleft()
-        del self._lanes[client]
-        if lane:
-            self._lanes[client] = lane  # to the back of the rotation
-        return job
-
-    def first(self) -> Job:
-        """The job ``popleft`` would return (the queue is not empty)."""
-        return next(iter(self._lanes.values()))[0]
-
-    def __len__(self) -> int:
-        return sum(map(len, self._lanes.values()))
-
-    def __bool__(self) -> bool:
-        return bool(self._lanes)
-
-    def __iter__(self) -> Iterator[Job]:
-        for lane in list(self._lanes.values()):
-            yield from lane
-
-
-class Service:
-    __slots__ = (
-        "name",
-        "workers",
-        "ready",
-        "queue",
-        "queued",
-        "dead",
-        "served",
-        "errors",
-        "timeouts",
-        "latency",
-        "requests",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.workers: dict[Peer, None] = {}
-        # Workers with spare capacity, least recently used first.
-        self.ready: dict[Peer, None] = {}
-        self.queue = FairQueue()  # QUEUED jobs, and DONE ones not yet swept out; fair between clients
-        self.queued = 0  # the QUEUED jobs in ``queue``: what the queue limit counts
-        self.dead = 0  # the DONE jobs still in ``queue`` (ended while waiting)
-        self.requests = 0
-        self.served = 0
-        self.errors = 0
-        self.timeouts = 0
-        self.latency = Histogram()  # request -> answer, seconds: mc0 stats and /metrics

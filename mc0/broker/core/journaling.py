@@ -1,4 +1,4 @@
-"""Streams: journal appends with held OKs, ``SUB FROM`` replays and ``mc0.journal`` fetches.
+"""Journaling: journal appends with held OKs, ``SUB FROM`` replays and ``mc0.journal`` fetches.
 
 Contract: owns which journal keeps which topics, the OKs held until their
 records are committed, and every running replay and fetch.  Storage is
@@ -6,9 +6,9 @@ reached only through the :class:`~mc0.broker.storage.port.JournalStore` port.
 ``commit()`` makes the batch's appends durable through the port (one write
 and, per policy, one fsync per batch: a group commit) and returns the OKs
 now due, or ERROR 507 for a journal that failed.  Replays and fetches are
-*paced*: ``stream(now)`` returns one page of each, and the shell hands back
-what it could not queue (``stream_blocked``), which rewinds that stream, so
-a slow reader slows only its own streams and nothing is lost.  A journal
+*paced*: ``pages(now)`` returns one page of each, and the shell hands back
+what it could not queue (``page_blocked``), which rewinds that read, so
+a slow reader slows only its own reads and nothing is lost.  A journal
 JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
 (the OK is held by :mod:`.replication`), and its replays and fetches read its
 local copy, waiting (paced) while the copy lags what the stream holds.  No
@@ -140,14 +140,14 @@ class Fetch:
         self.waited_since: float | None = None  # since when it waits for a local copy to catch up
 
 
-class StreamOut(NamedTuple):
-    """A message of a paced stream (a replay or a fetch) and where that stream resumes if it is not queued."""
+class PageOut(NamedTuple):
+    """A page of a paced read (a replay or a fetch) and where that read resumes if it is not queued."""
 
     routing_id: bytes
     frames: Sequence[bytes] | bytes  # bytes: a batch record, for a batched peer
-    kind: str  # "replay" (key = journal name), "fetch" (key = request id) or "error" (the stream ended)
+    kind: str  # "replay" (key = journal name), "fetch" (key = request id) or "error" (the read ended)
     key: str
-    seq: int  # the stream's cursor to go back to
+    seq: int  # the read's cursor to go back to
     records: int  # records this message carried (fetch accounting)
     size: int = 0  # body bytes it carried (fetch accounting)
 
@@ -202,7 +202,7 @@ def holds_dead_letters(topics: list[bytes]) -> bool:
     return _DEAD_NEWLINE in b"\n" + b"\n".join(topics)
 
 
-class Streams:
+class Journaling:
     def __init__(
         self,
         journals: Sequence[JournalStore],
@@ -214,10 +214,10 @@ class Streams:
         self.counters = counters
         self.wall_offset = wall_offset
         self.journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
-        self._routes: TopicTrie[JournalStore] = TopicTrie()
+        self._keepers: TopicTrie[JournalStore] = TopicTrie()
         for journal in self.journals.values():
             for pattern in journal.settings.topics:
-                self._routes.insert(split_pattern(pattern), journal)
+                self._keepers.insert(split_pattern(pattern), journal)
         self._tokens_of = tokens_of
         # OKs held until their records are written: (journal, peer, request id, OK frames).
         self._pending_acks: list[tuple[JournalStore, bytes, str, list[bytes]]] = []
@@ -227,9 +227,9 @@ class Streams:
         self.failed: set[str] = set()  # the journals whose last commit failed
 
     # ------------------------------------------------------------ appends
-    def routes(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
+    def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
         """The journals that keep this topic (a cached trie lookup)."""
-        return self._routes.match(tokens) if self.journals else ()
+        return self._keepers.match(tokens) if self.journals else ()
 
     def append(
         self,
@@ -403,7 +403,7 @@ class Streams:
         max_bytes: int,
         page: PageShape = JSON_PAGES,
     ) -> None:
-        """Check and start a fetch; its pages follow from ``stream()``, one per loop turn."""
+        """Check and start a fetch; its pages follow from ``pages()``, one per loop turn."""
         from_seq = start_seq(journal, from_seq, rid)
         end = journal.stored_next_seq if to_seq is None else min(to_seq, journal.stored_next_seq)
         fetches = self._fetches.get(peer, {})
@@ -429,19 +429,19 @@ class Streams:
 
     # ------------------------------------------------------------ pacing
     @property
-    def streaming(self) -> bool:
-        """Replays or fetches are sending pages (call ``stream`` every loop turn)."""
+    def paging(self) -> bool:
+        """Replays or fetches are sending pages (call ``pages`` every loop turn)."""
         return bool(self._replays) or bool(self._fetches)
 
-    def stream(self, now: float) -> list[StreamOut]:
+    def pages(self, now: float) -> list[PageOut]:
         """One page of every running replay and fetch.
 
         The shell sends them in order and reports each one it could not
-        queue (and each after it for that peer) to ``stream_blocked``, which
-        rewinds that stream; nothing is lost and a slow reader only slows
-        its own streams.
+        queue (and each after it for that peer) to ``page_blocked``, which
+        rewinds that read; nothing is lost and a slow reader only slows
+        its own reads.
         """
-        out: list[StreamOut] = []
+        out: list[PageOut] = []
         for peer in list({**self._fetches, **self._replays}):
             fetches = self._fetches.get(peer, {})
             for rid, fetch in list(fetches.items()):
@@ -455,7 +455,7 @@ class Streams:
             peer.last_sent = now
         return out
 
-    def _replay_page(self, peer: Peer, name: str, replay: Replay, now: float) -> list[StreamOut]:
+    def _replay_page(self, peer: Peer, name: str, replay: Replay, now: float) -> list[PageOut]:
         journal = replay.journal
         rid = peer.routing_id
         try:
@@ -464,7 +464,7 @@ class Streams:
             self._end_replay(peer, name)
             code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
-            return [StreamOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
+            return [PageOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
         out = []
         for record in records:
             tokens = self._tokens_of(record.topic)
@@ -474,14 +474,14 @@ class Streams:
                 continue
             if is_dead_letter(tokens) and not origin_allowed(peer.grants, record.headers):
                 continue  # a dead letter of a topic this reader may not see
-            out.append(StreamOut(rid, record_message(record, name), "replay", name, record.seq, 1))
+            out.append(PageOut(rid, record_message(record, name), "replay", name, record.seq, 1))
         self.counters["replayed"] += len(out)
         replay.cursor = next_seq
         if records:
             replay.waited_since = None
             return out
         # Ends only on a turn with nothing left, so a record whose send
-        # failed in the last page is still resent (see stream_blocked).
+        # failed in the last page is still resent (see page_blocked).
         if next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
             self._end_replay(peer, name)
             return out
@@ -499,9 +499,9 @@ class Streams:
             f"{CATCH_UP_S:g} s; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
         )
         pattern = ".".join(replay.patterns[0])
-        return out + [StreamOut(peer.routing_id, P.error(Status.DEADLINE, reason, topic=pattern), "error", name, 0, 0)]
+        return out + [PageOut(peer.routing_id, P.error(Status.DEADLINE, reason, topic=pattern), "error", name, 0, 0)]
 
-    def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[StreamOut]:
+    def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[PageOut]:
         journal = fetch.journal
         rid = peer.routing_id
         dialect = peer.dialect
@@ -549,7 +549,7 @@ class Streams:
                 self.cancel_fetch(peer, fetch.rid)
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
                 failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
-                return [StreamOut(rid, failed, "error", fetch.rid, 0, 0)]
+                return [PageOut(rid, failed, "error", fetch.rid, 0, 0)]
             spent = spent or 1  # a page that matched nothing still costs
             fetch.records_left -= count or 1
             fetch.bytes_left -= spent
@@ -560,7 +560,7 @@ class Streams:
             if page is None:  # the client's dialect has no partial replies: only the FINAL's summary reaches it
                 self.counters["partials_unsent"] += 1
                 return []
-            return [StreamOut(rid, page, "fetch", fetch.rid, start, count, spent)]
+            return [PageOut(rid, page, "fetch", fetch.rid, start, count, spent)]
         summary = {
             "next_seq": fetch.cursor,
             "records": fetch.count,
@@ -569,9 +569,9 @@ class Streams:
         }
         fetch.done = True
         final = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
-        return [StreamOut(rid, final, "fetch", fetch.rid, fetch.cursor, 0)]
+        return [PageOut(rid, final, "fetch", fetch.rid, fetch.cursor, 0)]
 
-    def stream_blocked(self, blocked: StreamOut, peer: Peer, now: float) -> None:
+    def page_blocked(self, blocked: PageOut, peer: Peer, now: float) -> None:
         """A stream message could not be queued: rewind its stream and pause it briefly."""
         if blocked.kind == "replay":
             replay = self._replays.get(peer, {}).get(blocked.key)
@@ -593,7 +593,7 @@ class Streams:
         self.counters["stream_paused"] += 1
 
     def next_deadline(self, earliest: float) -> float:
-        """``earliest``, or sooner when retention or a paused stream is due."""
+        """``earliest``, or sooner when retention or a paused read is due."""
         if self.journals:
             earliest = min(earliest, self._next_retention)
         for replays in self._replays.values():

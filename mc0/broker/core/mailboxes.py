@@ -49,9 +49,10 @@ from ...message import Record
 from ...protocol import Command, Header, Status, batch
 from ...settings import CoreSettings
 from ...topics import split_topic
-from ..storage.port import JournalStore, Trimmed
+from ..jetstream.storecalls import StoreCalls
+from ..jetstream.storedletters import StoredLetters
+from ..storage.port import JournalStore, Trimmed, replicated
 from .peers import Out, Peer
-from .storedletters import StoredLetters
 
 log = logging.getLogger("mc0.broker")
 
@@ -136,6 +137,10 @@ def settled_of(record: Record) -> dict[str, list[int]]:
     return out
 
 
+def _sent_all(routing_id: bytes) -> bool:
+    return True  # (no figure of the shell's queues: everything leaves at once)
+
+
 class PresenceListener(Protocol):
     """Told when an identity gets its first session on this broker and loses its last (the routes)."""
 
@@ -149,24 +154,32 @@ class Mailboxes:
         self,
         settings: CoreSettings,
         counters: Counter[str],
-        journal: JournalStore | None = None,
+        keeper: JournalStore | None = None,
         *,
         wall_offset: float = 0.0,
+        presence: PresenceListener | None = None,
+        backlog: Callable[[bytes], int] | None = None,
+        calls: StoreCalls | None = None,
     ) -> None:
-        """``journal``: the one that keeps mailboxes (None: memory only); ``wall_offset`` turns
-        ``now`` (monotonic) into wall-clock time, which a letter's record keeps its expiry in."""
+        """``keeper``: the journal that keeps mailboxes (None: memory only; one JetStream keeps: its
+        letters are kept in the stream, through store ``calls``); ``wall_offset`` turns ``now``
+        (monotonic) into wall-clock time, which a letter's record keeps its expiry in; ``presence``:
+        told when an identity gets its first session here and when its last one goes (the cluster's
+        routes); ``backlog``: what still waits in a routing id's queue (the shell's outbox)."""
         self.settings = settings
         self.counters = counters
-        self.journal = journal
+        stored = replicated(keeper) if keeper is not None else None
+        self.journal = None if stored is not None else keeper
         self.wall_offset = wall_offset
-        # "Has everything queued for this routing id left?" (from BrokerCore's backlog: the shell's
-        # outbox); until then a journaled letter handed to a session is not recorded delivered.
-        self.sent_all: Callable[[bytes], bool] = lambda routing_id: True
+        # "Has everything queued for this routing id left?" (from the shell's backlog); until then a
+        # journaled letter handed to a session is not recorded delivered.
+        self.sent_all: Callable[[bytes], bool] = (
+            _sent_all if backlog is None else (lambda routing_id: backlog(routing_id) == 0)
+        )
         # identity -> its 1.0 sessions, most recent last (and the routes, other brokers, that have some)
         self._sessions: dict[str, list[Peer]] = {}
         self._seen: set[str] = set()  # identities that had a session here or at a route since the start
-        # Told when an identity gets its first session here and when its last one goes (the cluster's routes).
-        self.presence: PresenceListener | None = None
+        self.presence = presence
         self._letters: dict[str, list[Letter]] = {}  # oldest first
         self._bytes: dict[str, int] = {}  # each mailbox's letters' sizes (LETTER_OVERHEAD included)
         self.total_bytes = 0  # all mailboxes: their letters' sizes and MAILBOX_OVERHEAD each
@@ -182,6 +195,17 @@ class Mailboxes:
         # A JetStream journal keeps the mailboxes (then ``journal`` is None: nothing is kept here),
         # and the token of the letter the last ``send`` proposed to it (its OK waits for the stream).
         self.stored: StoredLetters | None = None
+        if stored is not None:
+            assert calls is not None, "a JetStream journal's letters are kept through store calls"
+            self.stored = StoredLetters(
+                stored,
+                calls,
+                counters,
+                sessions=self.sessions_of,
+                sent_all=self.sent_all,
+                letter_of=lambda record: letter_of(record, wall_offset),
+                wall_offset=wall_offset,
+            )
         self.proposed = 0
 
     # ------------------------------------------------------------ sessions

@@ -7,8 +7,8 @@ version, dialect, liveness clocks, delivery and drop counters) and
 cluster), the connection-fd bindings that let a reported close find its peer,
 closes waiting for the socket to read empty, revoked identities, the
 heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
-the dispatcher (:mod:`mc0.broker.core.dispatch`) carries the decisions out across
-the other rooms.  Subscriptions, services, requests and streams are kept
+the rooms (:mod:`mc0.broker.core.rooms`) carry the decisions out across
+the other rooms.  Subscriptions, services, requests, replays and fetches are kept
 by their own rooms, keyed by :class:`Peer`.  No sockets, no clock: ``now``
 is passed in.
 """
@@ -42,7 +42,7 @@ CLOSE_WAIT_LIMIT = 0.5
 # /connz?state=closed: the last this many closed connections are kept (nats-server keeps 10,000 by default;
 # each entry here is ~1 KB).
 CLOSED_KEPT = 256
-# Why a session ended, as /connz?state=closed says it, by the dispatcher's reason code (``BrokerCore.forget``'s
+# Why a session ended, as /connz?state=closed says it, by its reason code (``Rooms.forget``'s
 # ``why``, also the ``forgotten_<why>`` counter).  None: not the end of a connection (a MemoDB request's
 # session ends with its answer), nothing is kept.  A code not listed is shown with its underscores as spaces.
 CLOSE_REASONS: dict[str, str | None] = {
@@ -163,7 +163,7 @@ class Peer:
         self.connected = now  # (monitoring: /connz connected_at)
         self.address = ""  # the transport's peer address, where it has one (PeerTable.add, from the shell)
         # Traffic, for monitoring (each a bare increment where it happens: the dispatcher and batched.py count
-        # what it sends, a BATCH as its records; the shell's Delivery counts what is queued for it).
+        # what it sends, a BATCH as its records; the shell's Sender counts what is queued for it).
         self.msgs_in = 0
         self.bytes_in = 0
         self.msgs_out = 0
@@ -195,6 +195,10 @@ def connect_flag(command: P.Command, header: P.Header, version: str) -> bool:
     return text == "1"
 
 
+def _standalone() -> str:
+    return ""
+
+
 def generated_routing_id(routing_id: bytes) -> bool:
     """libzmq's own routing ids are 5 bytes starting with a zero byte."""
     return len(routing_id) == 5 and routing_id[0] == 0
@@ -203,11 +207,11 @@ def generated_routing_id(routing_id: bytes) -> bool:
 class PeerTable:
     """Every known peer by routing id, and what connection each came on."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, broker_name: Callable[[], str] = _standalone) -> None:
+        """``broker_name()``: this broker's cluster name ("" standalone): its peers are named
+        ``identity#n@broker``, unique in the whole cluster (mc0.protocol.peernames)."""
         self.by_id: dict[bytes, Peer] = {}
-        # This broker's cluster name ("" standalone): its peers are named ``identity#n@broker``, unique
-        # in the whole cluster (mc0.protocol.peernames).
-        self.broker = ""
+        self._broker_name = broker_name
         self._by_fd: dict[int, bytes] = {}
         self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
@@ -231,8 +235,9 @@ class PeerTable:
         return self.by_id.get(peer.routing_id) is peer
 
     def add(self, peer: Peer, now: float) -> None:
-        if self.broker:
-            peer.name = peer_name(peer.identity, peer.serial, self.broker)
+        broker = self._broker_name()
+        if broker:
+            peer.name = peer_name(peer.identity, peer.serial, broker)
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None:
             peer.address = self._addresses.get(peer.fd, peer.address)

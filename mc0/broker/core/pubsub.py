@@ -52,23 +52,81 @@ def topic_error(exc: InvalidTopic, request_id: str | None) -> ProtocolError:
     return ProtocolError(code, str(exc), request_id)
 
 
+def _copies(
+    out: list[Out],
+    targets: Sequence[Peer],
+    tokens: tuple[str, ...],
+    topic_b: bytes,
+    sender: bytes,
+    user: list[bytes],
+    body: Sequence[bytes],
+    where: tuple[bytes, int] | None,
+    now: float,
+    skip: Peer | None,
+    held_back: set[Peer] | None,
+    admits: Callable[[Grants], bool] | None,
+) -> None:
+    """One message's copy for each of ``targets`` that may see it, added to ``out``: each shape (a
+    MESSAGE's frames, a batched subscriber's record, a 0.x peer's seed frames) built once, when the
+    first subscriber that needs it comes up (``PubSub.fan_out`` says who is skipped and why)."""
+    frames: list[bytes] | None = None
+    record: bytes | None = None  # for batched subscribers
+    seed_frames: list[bytes] | None = None
+    for target in targets:
+        if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+            continue  # a wildcard overlapping a denied topic: never delivered
+        if held_back and target in held_back:
+            continue
+        if target is skip:
+            continue
+        if admits is not None and not admits(target.grants):
+            continue
+        if target.batched:
+            if record is None:
+                if not user and where is None and len(body) == 1:
+                    record = batch.message_record(topic_b, sender, bytes(body[0]))
+                else:
+                    frames = frames or P.message(topic_b, sender, user, body, where)
+                    record = batch.frames_record(frames)
+            out.append((target.routing_id, record))
+        elif target.legacy:
+            if seed_frames is None:
+                seed_frames = P.message(topic_b, None, user, body)
+            out.append((target.routing_id, seed_frames))
+        else:
+            if frames is None:
+                frames = P.message(topic_b, sender, user, body, where)
+            out.append((target.routing_id, frames))
+        target.last_sent = now
+        target.delivered += 1
+
+
 class PubSub:
-    def __init__(self, limits: Limits, counters: Counter[str]) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        counters: Counter[str],
+        *,
+        interest: InterestListener | None = None,
+        can_take: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """``interest``: told of every pattern this broker's own peers start or stop holding (the
+        cluster's routes); ``can_take``: whether a queue-group member may be chosen now (see
+        :class:`~mc0.broker.core.groups.GroupChoice`)."""
         self.limits = limits
         self.counters = counters
         self.subscriptions: TopicTrie[Peer] = TopicTrie()
         self._patterns: dict[Peer, dict[str, tuple[str, ...]]] = {}
         self._topics: dict[str, tuple[str, ...]] = {}
-        self._routes: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
+        self._record_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
         self._seed_topics: dict[str, tuple[str, ...]] = {}  # a 0.x PUT's topic -> tokens, () when opaque
         self._opaque: dict[str, dict[Peer, None]] = {}  # an opaque 0.x topic -> its (0.x) subscribers
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
         self.groups: TopicTrie[Member] = TopicTrie()
         self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
         self._groups_of: dict[Peer, set[str]] = {}
-        self.choice = GroupChoice(self.groups)  # which member gets each message (its ``can_take``: BrokerCore's)
-        # Told of every pattern this broker's own peers start or stop holding (None: standalone).
-        self.interest: InterestListener | None = None
+        self.choice = GroupChoice(self.groups, can_take=can_take)  # which member gets each message
+        self.interest = interest
 
     # ------------------------------------------------------------ validation
     def topic_tokens(self, topic: str, request_id: str | None) -> tuple[str, ...]:
@@ -99,19 +157,19 @@ class PubSub:
             self._seed_topics[topic] = tokens
         return tokens
 
-    def route_of(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
+    def record_topic(self, topic_b: bytes) -> tuple[str, tuple[str, ...]]:
         """A PUT record's topic bytes -> (text, tokens), validated once (ProtocolError 400/413)."""
-        route = self._routes.get(topic_b)
-        if route is None:
+        known = self._record_topics.get(topic_b)
+        if known is None:
             try:
                 topic = topic_b.decode()
             except UnicodeDecodeError:
                 raise ProtocolError(Status.BAD_REQUEST, "topic is not UTF-8") from None
-            route = (topic, self.topic_tokens(topic, None))
-            if len(self._routes) >= TOPIC_CACHE_SIZE:
-                self._routes.clear()
-            self._routes[topic_b] = route
-        return route
+            known = (topic, self.topic_tokens(topic, None))
+            if len(self._record_topics) >= TOPIC_CACHE_SIZE:
+                self._record_topics.clear()
+            self._record_topics[topic_b] = known
+        return known
 
     def tokens_of(self, topic: str) -> tuple[str, ...] | None:
         """A stored topic's tokens (journal records), None if it is not a valid topic."""
@@ -389,38 +447,9 @@ class PubSub:
             for _, member in chosen:
                 member.last_sent = now
                 member.delivered += 1
-        where = (position[0].encode(), position[1]) if position is not None else None
-        # Each shape is built once, when the first subscriber that needs it comes up.
-        frames: list[bytes] | None = None
-        record: bytes | None = None  # for batched subscribers
-        seed_frames: list[bytes] | None = None
-        for target in targets:
-            if target.grants.deny_subscribe and not target.grants.delivers(tokens):
-                continue  # a wildcard overlapping a denied topic: never delivered
-            if held_back and target in held_back:
-                continue
-            if target is skip:
-                continue
-            if admits is not None and not admits(target.grants):
-                continue
-            if target.batched:
-                if record is None:
-                    if not user and where is None and len(body) == 1:
-                        record = batch.message_record(topic_b, sender, bytes(body[0]))
-                    else:
-                        frames = frames or P.message(topic_b, sender, user, body, where)
-                        record = batch.frames_record(frames)
-                out.append((target.routing_id, record))
-            elif target.legacy:
-                if seed_frames is None:
-                    seed_frames = P.message(topic_b, None, user, body)
-                out.append((target.routing_id, seed_frames))
-            else:
-                if frames is None:
-                    frames = P.message(topic_b, sender, user, body, where)
-                out.append((target.routing_id, frames))
-            target.last_sent = now
-            target.delivered += 1
+        if targets:
+            where = (position[0].encode(), position[1]) if position is not None else None
+            _copies(out, targets, tokens, topic_b, sender, user, body, where, now, skip, held_back, admits)
         self.counters["delivered"] += len(out)  # skipped (denied) targets are not deliveries
         return out
 

@@ -65,6 +65,16 @@ class Routes:
     def enabled(self) -> bool:
         return bool(self.name)
 
+    def join(self, name: str, ttl: float) -> None:
+        """This broker is ``name`` in a cluster (call before any peer connects): from now on its own
+        peers' interest, services and identities are kept here and announced to the other brokers;
+        ``ttl``: how long a route lives without a beacon or a message from it."""
+        self.name, self.ttl = name, ttl
+
+    def own_name(self) -> str:
+        """This broker's name in the cluster ("" while standalone): what the rooms that name this broker ask."""
+        return self.name
+
     # ------------------------------------------------------------ route peers
     def known(self, name: str, epoch: int) -> Peer | None:
         """The route to broker ``name`` if one is open under ``epoch``."""
@@ -143,17 +153,21 @@ class Routes:
         return _record(Verb.READY, {Header.CAPACITY: str(capacity)}, (service.encode(),))
 
     def subscribed(self, group: str | None, pattern: str, exact: bool) -> None:
+        if not self.name:  # standalone: nobody to tell (a broker joins before any peer connects)
+            return
         key = (group, pattern, exact)
         self._interest[key] += 1
-        if self._interest[key] == 1 and self.enabled:
+        if self._interest[key] == 1:
             self._pending.append(self._sub(Verb.SUB, group, pattern, exact))
 
     def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None:
+        if not self.name:
+            return
         key = (group, pattern, exact)
         held = self._interest.get(key, 0)
         if held <= 1:
             self._interest.pop(key, None)
-            if held == 1 and self.enabled:
+            if held == 1:
                 self._pending.append(self._sub(Verb.UNSUB, group, pattern, exact))
         else:
             self._interest[key] = held - 1
@@ -170,15 +184,19 @@ class Routes:
             self._pending.append(self._ready(service, total))
 
     def online(self, identity: str) -> None:
+        if not self.name:
+            return
         self._identities[identity] += 1
-        if self._identities[identity] == 1 and self.enabled:
+        if self._identities[identity] == 1:
             self._pending.append(_record(Verb.SUB, {Header.TO: identity}))
 
     def offline(self, identity: str) -> None:
+        if not self.name:
+            return
         held = self._identities.get(identity, 0)
         if held <= 1:
             self._identities.pop(identity, None)
-            if held == 1 and self.enabled:
+            if held == 1:
                 self._pending.append(_record(Verb.UNSUB, {Header.TO: identity}))
         else:
             self._identities[identity] = held - 1

@@ -8,7 +8,7 @@ REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
 499/500/502/503/504.  Requests whose worker dies before anything was
 forwarded go back to the front of their queue, up to ``max_attempts``
 dispatches.  Finished requests are described as :class:`RpcDone` records in
-``finished`` (when ``wants_telemetry()``), which the dispatcher publishes.
+``finished`` (when ``wants_telemetry()``), which the rooms publish (``Rooms.with_finished``).
 Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 """
 
@@ -27,7 +27,6 @@ from ...settings import CoreSettings
 from .jobs import (
     JOB_TRANSITIONS,
     Action,
-    FairQueue,
     GatherEvent,
     GatherState,
     Job,
@@ -35,13 +34,11 @@ from .jobs import (
     JobState,
     Request,
     Scatter,
-    Service,
-    WorkerState,
     gather_transition,
 )
 from .peers import Out, Peer
 from .telemetry import RpcDone
-from .workers import Workers
+from .workers import FairQueue, Service, Workers, WorkerState
 
 log = logging.getLogger("mc0.broker")
 
@@ -119,7 +116,8 @@ class Rpc:
 
     def withdraw_denied(self, peer: Peer, grants: Grants, now: float) -> tuple[list[Out], str]:
         """A new policy: stop ``peer`` serving what it may no longer serve; returns what, if anything."""
-        kept, dropped = self.pool.withdraw_denied(peer, grants, lambda name: self.pool.service_tokens(name, None))
+        pool = self.pool
+        kept, dropped = pool.withdraw_denied(peer, grants, lambda name: pool.service_tokens(name, None))
         if not dropped:
             return [], ""
         return self.ready(peer, kept, self.pool.workers[peer].capacity, now), dropped
@@ -175,7 +173,7 @@ class Rpc:
     def admit(self, client: Peer, name: str, rid: str, timeout_ms: int, now: float, *, busy: bool) -> float:
         """Check a REQUEST before anything changes; returns its deadline.
 
-        ``busy``: the client has another exchange under this id (a fetch stream).
+        ``busy``: the client has another exchange under this id (a fetch).
         """
         held = self.requests.get(client)
         if busy or (held is not None and rid in held):
@@ -184,7 +182,8 @@ class Rpc:
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         outstanding = len(held) if held is not None else 0
-        if outstanding >= self.settings.max_requests and not client.route:  # a route carries many clients' requests
+        # (A route carries many clients' requests: their own brokers bounded them.)
+        if outstanding >= self.settings.max_requests and not client.route:
             raise ProtocolError(Status.OVER_LIMIT, f"{outstanding} requests outstanding, the limit", rid)
         return now + min(timeout_ms, self.settings.max_request_timeout_ms) / 1000.0
 
@@ -202,8 +201,11 @@ class Rpc:
         quiet: bool = False,
         caller: str | None = None,
     ) -> list[Out]:
-        """Queue an admitted request (or answer 503 at once when nobody serves ``name``); ``quiet``: answer
-        nothing; ``caller``: who asked, when ``client`` is a route (then only this broker's own workers serve)."""
+        """Queue an admitted request (or answer 503 at once when nobody serves ``name``).
+
+        ``quiet``: answer nothing; ``caller``: who asked, when ``client`` is a route (then only this
+        broker's own workers serve).
+        """
         service = self.services.get(name)
         if service is None or not service.workers or (client.route and not self.pool.has_local(service)):
             self.counters["no_worker"] += 1
@@ -211,15 +213,19 @@ class Rpc:
             self.counters["answers_unwanted"] += quiet
             answer = client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}")
             return [] if quiet else [(client.routing_id, answer)]
+
         if scatter:
             service.requests += 1
             return self._scatter(client, service, rid, user, body, now, deadline, caller)
-        if service.queued >= self.settings.max_queue and not service.ready:
-            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({self.settings.max_queue})", rid)
+        max_queue = self.settings.max_queue
+        if service.queued >= max_queue and not service.ready:
+            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({max_queue})", rid)
         service.requests += 1
-        job = Job(str(next(self._seq)), client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)
+        bid = str(next(self._seq))
+        job = Job(bid, client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)
         self._hold(client, rid, job)
         self._deadlines.add(deadline, job)
+
         if not service.queue and service.ready:  # nobody waits before it: no round of the queue
             worker = self.pool.pick(service, job)
             if worker is not None:
@@ -246,9 +252,8 @@ class Rpc:
         self._deadlines.add(deadline, gather)
         out: list[Out] = []
         for worker in [w for w in service.workers if not (client.route and w.route)]:
-            leg = Job(
-                str(next(self._seq)), client, rid, service.name, user, body, now, deadline, parent=gather, caller=caller
-            )
+            bid = str(next(self._seq))
+            leg = Job(bid, client, rid, service.name, user, body, now, deadline, parent=gather, caller=caller)
             gather.legs[leg.bid] = leg
             gather.total += 1
             out.append(self._assign(worker, leg, now))
@@ -271,11 +276,13 @@ class Rpc:
             action = self._fire(request, JobEvent.CANCEL)
             size, bytes_out = request.size, request.bytes_out
         assert action is Action.FAIL_CANCELLED
+
         self._forget_request(client, rid)
         out = self._stop_work(request, now)
         client.last_sent = now
-        out.append((client.routing_id, client.dialect.error(rid, request.service, Status.CANCELLED, "cancelled")))
-        self._finished(request.service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now)
+        service = request.service
+        out.append((client.routing_id, client.dialect.error(rid, service, Status.CANCELLED, "cancelled")))
+        self._finished(service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now)
         return out
 
     def _hold(self, client: Peer, rid: str, request: Request) -> None:
@@ -287,7 +294,8 @@ class Rpc:
     def _forget_request(self, client: Peer, rid: str) -> None:
         held = self.requests.get(client)
         if held is not None:
-            request = held.pop(rid, None)  # the (maybe empty) dict stays until the client goes: no churn per request
+            # The (maybe empty) dict stays until the client goes: no churn per request.
+            request = held.pop(rid, None)
             if request is not None:
                 self._deadlines.discard(request)
 
@@ -336,6 +344,7 @@ class Rpc:
             partial = None if job.quiet else client.dialect.partial(job.rid, job.service, {}, user, body)
             self.counters["partials_unsent"] += partial is None  # unwanted, or the dialect has no partials
             return [(client.routing_id, partial)] if partial is not None else []
+
         self._forget_request(client, job.rid)
         service = self.services.get(job.service)
         state.served += 1
@@ -352,6 +361,7 @@ class Rpc:
         if job.quiet:
             self.counters["answers_unwanted"] += 1
         out: list[Out] = [] if job.quiet else [(client.routing_id, frames)]
+
         out += self._release(worker, job, now)
         status = 200 if action is Action.REPLY_FINAL else code
         bytes_out = job.bytes_out + sum(map(len, body))
@@ -370,13 +380,17 @@ class Rpc:
         tokens = self.pool.service_tokens(name, job.rid)  # checked before anything changes
         service = self.services.get(name)
         if not worker.grants.may_call(tokens):
-            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.FORBIDDEN, f"hand-off to {name} forbidden")
+            refusal = f"hand-off to {name} forbidden"
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.FORBIDDEN, refusal)
         if service is None or not service.workers:
-            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.NO_WORKER, f"hand-off: no worker for {name}")
+            refusal = f"hand-off: no worker for {name}"
+            return self.reply(worker, Verb.ERROR, bid, {}, (), now, Status.NO_WORKER, refusal)
+
         self._fire(job, JobEvent.FINAL)
         state.served += 1
         out = self._release(worker, job, now)
-        handed = Job(str(next(self._seq)), job.client, job.rid, name, {**job.user, **user}, body, now, job.deadline)
+        user = {**job.user, **user}
+        handed = Job(str(next(self._seq)), job.client, job.rid, name, user, body, now, job.deadline)
         handed.quiet = job.quiet
         self._deadlines.discard(job)
         self._hold(job.client, job.rid, handed)
@@ -484,7 +498,8 @@ class Rpc:
         if service is not None:
             service.served += 1
             service.latency.observe(now - gather.created)
-        out.append((client.routing_id, client.dialect.final(gather.rid, gather.service, fields, gather.user, ())))
+        final = client.dialect.final(gather.rid, gather.service, fields, gather.user, ())
+        out.append((client.routing_id, final))
         self._finished(gather.service, client, None, gather.created, 200, 0, 0, now)
         return out
 
@@ -519,6 +534,7 @@ class Rpc:
         state = self.pool.drop(peer)
         if state is None:
             return out
+
         held = list(state.jobs.values())
         state.jobs.clear()
         touched: dict[str, None] = {}
@@ -528,14 +544,14 @@ class Rpc:
                 self._fire(job, JobEvent.WORKER_LOST_LAST)
                 out += self._leg_done(job, answered=False, now=now)
                 continue
-            streaming = job.state is JobState.STREAMING
+            forwarded = job.state is JobState.FORWARDING
             retry = job.attempts < self.settings.max_attempts
             action = self._fire(job, JobEvent.WORKER_LOST if retry else JobEvent.WORKER_LOST_LAST)
             if action is Action.REQUEUE:
                 self._requeue(job, now)
                 touched[job.service] = None
             else:
-                why = "after replies were forwarded" if streaming else f"after {job.attempts} attempts"
+                why = "after replies were forwarded" if forwarded else f"after {job.attempts} attempts"
                 out += self._fail(job, Status.WORKER_LOST, f"worker lost {why}", now)
         for name in touched:
             out += self._pump(self.pool.service(name), now)
@@ -550,8 +566,9 @@ class Rpc:
             service = self.services.get(job.service)
             if job.state is JobState.QUEUED and (service is None or not service.workers):
                 self._fire(job, JobEvent.ORPHANED)
-                grace = f"{ORPHAN_GRACE:g} s"
-                out += self._fail(job, Status.WORKER_LOST, f"worker lost; no other serves {job.service} ({grace})", now)
+                reason = f"worker lost; no other serves {job.service} ({ORPHAN_GRACE:g} s)"
+                out += self._fail(job, Status.WORKER_LOST, reason, now)
+
         for request in self._deadlines.pop_due(now):
             if request.done:
                 continue
@@ -568,7 +585,8 @@ class Rpc:
         return out
 
     def next_deadline(self) -> float | None:
-        return min((d for d in (self._deadlines.next_due(), self._orphans.next_due()) if d is not None), default=None)
+        due = [d for d in (self._deadlines.next_due(), self._orphans.next_due()) if d is not None]
+        return min(due, default=None)
 
     # ================================================================ telemetry and reports
     def _finished(
@@ -585,7 +603,8 @@ class Rpc:
         if self._wants_telemetry():  # the common case: one cached lookup per finished request
             name = worker.name if worker is not None else None
             latency_ms = round((now - created) * 1000.0, 3)
-            self.finished.append(RpcDone(service, client.identity, name, latency_ms, status, bytes_in, bytes_out))
+            record = RpcDone(service, client.identity, name, latency_ms, status, bytes_in, bytes_out)
+            self.finished.append(record)
 
     def has_requests(self, peer: Peer) -> bool:
         return bool(self.requests.get(peer))
@@ -594,4 +613,8 @@ class Rpc:
         return self.workers.get(peer)
 
 
-_REPLY_EVENTS = {Verb.PARTIAL: JobEvent.PARTIAL, Verb.FINAL: JobEvent.FINAL, Verb.ERROR: JobEvent.WORKER_ERROR}
+_REPLY_EVENTS = {
+    Verb.PARTIAL: JobEvent.PARTIAL,
+    Verb.FINAL: JobEvent.FINAL,
+    Verb.ERROR: JobEvent.WORKER_ERROR,
+}

@@ -1,30 +1,27 @@
 """Sessions of mc0 peers: CONNECT (a session opened, or replaced once the new one is valid) and DISCONNECT.
 
-Contract: plain functions of the dispatcher (:class:`~mc0.broker.core.dispatch.BrokerCore`),
-as the verbs are: ``connect`` checks the whole CONNECT before anything changes
+Contract: plain functions of the rooms (:class:`~mc0.broker.core.rooms.Rooms`), as the
+verbs are: ``connect`` checks the whole CONNECT before anything changes
 (routing id rule, VERSION, TTL, BATCH/ECHO), then opens the peer in every room
-through the dispatcher and answers OK with the TTL in force, followed by the
-letters kept for its identity.  Pure: no sockets, no clock.
+and answers OK with the TTL in force, followed by the letters kept for its
+identity.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status
 from .peers import Out, Peer, connect_flag, generated_routing_id
-
-if TYPE_CHECKING:
-    from .dispatch import BrokerCore
+from .rooms import Rooms
 
 log = logging.getLogger("mc0.broker")
 
 
 def connect(
-    core: BrokerCore,
+    rooms: Rooms,
     routing_id: bytes,
     identity: str,
     command: Command,
@@ -40,7 +37,7 @@ def connect(
     and mc0torture send ``CONNECT ID x``).  An ``enveloped`` session is
     never batched (its frames, not records, carry the envelope).
     """
-    if core.generated_ids_only and not generated_routing_id(routing_id):
+    if rooms.generated_ids_only and not generated_routing_id(routing_id):
         raise ProtocolError(
             Status.BAD_REQUEST,
             "this broker refuses chosen routing ids (unset ZMQ_ROUTING_ID)",
@@ -55,18 +52,18 @@ def connect(
         )
     named_ttl = Header.TTL in command.headers
     asked = P.parse_int(command, Header.TTL, minimum=1) if named_ttl else P.DEFAULT_TTL_MS
-    ttl_ms = min(max(asked, core.settings.min_ttl_ms), core.settings.max_ttl_ms)
+    ttl_ms = min(max(asked, rooms.settings.min_ttl_ms), rooms.settings.max_ttl_ms)
     batched, echo = (connect_flag(command, header, version) for header in (Header.BATCH, Header.ECHO))
     out: list[Out] = []
     if replacing is not None:
-        out = core.forget(replacing, "reconnected", now)
+        out = rooms.forget(replacing, "reconnected", now)
         fd = replacing.fd
     batched = batched and not enveloped
     dialect = P.MC0_BATCHED_DIALECT if batched else P.MC0_DIALECT
     peer = Peer(routing_id, identity, version, ttl_ms / 1000.0, now, dialect, fd)
     peer.batched, peer.echo, peer.enveloped, peer.expires = batched, echo, enveloped, named_ttl
     peer.beat = ttl_ms / 1000.0 * P.HEARTBEAT_FRACTION
-    out += core.open_peer(peer, now)
+    out += rooms.open_peer(peer, now)
     log.info(
         "peer %s connected as %s (protocol %s, ttl %d ms%s)",
         peer.name,
@@ -77,16 +74,16 @@ def connect(
     )
     if command.id is not None:
         out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
-    return out + core.mailboxes.online(peer, now)  # letters kept for it, after the OK
+    return out + rooms.mailboxes.online(peer, now)  # letters kept for it, after the OK
 
 
-def reconnect(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def reconnect(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     """A CONNECT in the session's own framing (one that changes it is handled by the dispatcher's ``_command``)."""
-    return connect(core, peer.routing_id, peer.identity, command, now, replacing=peer, enveloped=peer.enveloped)
+    return connect(rooms, peer.routing_id, peer.identity, command, now, replacing=peer, enveloped=peer.enveloped)
 
 
-def disconnect(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
-    out = core.forget(peer, "disconnected", now)
+def disconnect(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
+    out = rooms.forget(peer, "disconnected", now)
     if command.id is not None:
         out.append((peer.routing_id, P.ok(command.id)))
     return out

@@ -1,7 +1,7 @@
 """Telemetry records: what the broker publishes about itself on ``mc0.sys.*``.
 
 Contract: the rooms describe what happened as small records (a finished
-request, a peer that came or went); the dispatcher decides whether anyone
+request, a peer that came or went); the rooms decide whether anyone
 wants them (a subscriber or a journal, checked before a record is built)
 and publishes each as one JSON body on its topic.  Pure: the wall-clock
 time is ``now`` plus an offset the shell supplies.

@@ -1,17 +1,16 @@
 """What each mc0 verb does, across the rooms: the handlers the dispatcher's verb table points at.
 
-Contract: plain functions of ``(core, peer, command, now)`` for a command
+Contract: plain functions of ``(rooms, peer, command, now)`` for a command
 ``decode`` already accepted, as the dialects' handlers are: each validates
 the rest of it before changing anything (a ``ProtocolError`` leaves no
-trace) and returns what to send, driving the rooms the dispatcher
-(:class:`~mc0.broker.core.dispatch.BrokerCore`) owns.  ``VERBS`` is the
-verb table.  Pure: no sockets, no clock.
+trace) and returns what to send, driving the rooms
+(:class:`~mc0.broker.core.rooms.Rooms`); they never see the dispatcher.
+``VERBS`` is the verb table.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ... import protocol as P
 from ...errors import ProtocolError
@@ -22,89 +21,87 @@ from . import admin
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
 from .peers import Out, Peer
-
-if TYPE_CHECKING:
-    from .dispatch import BrokerCore
+from .rooms import Rooms
 
 
-def answer(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def answer(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     if command.id is None:
         return []
     peer.last_sent = now
     return [(peer.routing_id, P.ok(command.id))]
 
 
-def ping(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def ping(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     peer.last_sent = now
     return [(peer.routing_id, P.encode(Verb.PONG, {Header.ID: command.headers[Header.ID]}))]
 
 
 # ---------------------------------------------------------------- pub/sub
-def put(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def put(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     headers = command.headers
     topic = headers[Header.TOPIC]
     if peer.legacy:  # an exact string: its 1.0 tokens, or () when opaque (mc0.topics.seed_topic)
-        tokens = core.pubsub.seed_topic_tokens(topic, command.id)
+        tokens = rooms.pubsub.seed_topic_tokens(topic, command.id)
     else:
-        tokens = core.pubsub.topic_tokens(topic, command.id)
+        tokens = rooms.pubsub.topic_tokens(topic, command.id)
     if topic.startswith(P.RESERVED_TOPIC_PREFIX):
         raise ProtocolError(Status.FORBIDDEN, f"topics {P.RESERVED_TOPIC_PREFIX}> are the broker's own", command.id)
     if Header.TO in headers:
-        return put_to(core, peer, command, topic, now)
+        return put_to(rooms, peer, command, topic, now)
     if not tokens:
-        return put_opaque(core, peer, command, topic, now)
+        return put_opaque(rooms, peer, command, topic, now)
     if not peer.grants.may_publish(tokens):
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
-    core.counters["published"] += 1
-    core.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
-    journals = core.streams.routes(tokens) if core.streams.journals else ()
+    rooms.counters["published"] += 1
+    rooms.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
+    journals = rooms.journaling.journals_of(tokens) if rooms.journaling.journals else ()
     if journals:
-        return put_journaled(core, peer, command, topic, tokens, journals, now)
-    out = core.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
+        return put_journaled(rooms, peer, command, topic, tokens, journals, now)
+    out = rooms.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
     if command.id is not None:
         peer.last_sent = now
         out.append((peer.routing_id, P.ok(command.id)))
     return out
 
 
-def put_opaque(core: BrokerCore, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+def put_opaque(rooms: Rooms, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
     """A 0.x PUT on a topic that is not a 1.0 topic: to the 0.x peers that subscribed that exact
     string, never journaled (journals keep 1.0 topics)."""
     if not peer.grants.may_use_opaque("publish"):
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic[:64]}", command.id)
-    core.counters["published"] += 1
-    core.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
-    out = core.pubsub.fan_out_opaque(topic, peer.sender, command.headers, command.payload, now)
-    return out + answer(core, peer, command, now)
+    rooms.counters["published"] += 1
+    rooms.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
+    out = rooms.pubsub.fan_out_opaque(topic, peer.sender, command.headers, command.payload, now)
+    return out + answer(rooms, peer, command, now)
 
 
-def put_to(core: BrokerCore, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
+def put_to(rooms: Rooms, peer: Peer, command: Command, topic: str, now: float) -> list[Out]:
     """A direct message: to the identity's newest session, else kept in its mailbox (no
     subscriber sees it; only a journal that keeps mailboxes does); the OK says which, and
     ``stored`` waits for the commit when a journal keeps the letter."""
-    to = core.mailboxes.check(peer, command)
+    to = rooms.mailboxes.check(peer, command)
     user = P.user_header_frames(command.headers)
     body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
     frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
     record = (topic, peer.identity, command.headers, body)
-    out, outcome = core.mailboxes.send(to, frames, command.id, now, record=record)
+    out, outcome = rooms.mailboxes.send(to, frames, command.id, now, record=record)
     if command.id is not None:
         peer.last_sent = now
         ok = P.ok_mailbox(command.id, outcome)
-        keeper = core.mailboxes.journal
-        stored = core.mailboxes.stored
+        keeper = rooms.mailboxes.journal
+        stored = rooms.mailboxes.stored
         if stored is not None and outcome == P.MAILBOX_STORED:  # stored = a quorum of the stream's replicas has it
-            token = core.mailboxes.proposed
-            core.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
+            token = rooms.mailboxes.proposed
+            rooms.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
         elif keeper is not None and outcome == P.MAILBOX_STORED:  # stored = committed to the journal
-            core.streams.hold_ok(keeper, peer.routing_id, command.id, ok)
+            rooms.journaling.hold_ok(keeper, peer.routing_id, command.id, ok)
         else:
             out.append((peer.routing_id, ok))
     return out
 
 
 def put_journaled(
-    core: BrokerCore,
+    rooms: Rooms,
     peer: Peer,
     command: Command,
     topic: str,
@@ -121,33 +118,33 @@ def put_journaled(
     headers = command.headers
     first = primary(journals)
     if first.settings.replicated:
-        return put_replicated(core, peer, command, topic, journals, first, now)
+        return put_replicated(rooms, peer, command, topic, journals, first, now)
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
         earlier = first.duplicate_of(peer.identity, msgid)
         if earlier is not None:
-            core.counters["duplicates"] += 1
+            rooms.counters["duplicates"] += 1
             if command.id is not None:
                 ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
-                core.streams.hold_ok(first, peer.routing_id, command.id, ok)
+                rooms.journaling.hold_ok(first, peer.routing_id, command.id, ok)
             return []
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-    seq = core.streams.append(journals, first, topic, peer.identity, stored, command.payload)
+    seq = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload)
     if seq is None:
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
-    core.counters["journaled"] += 1
-    held = core.streams.held_back(journals, tokens)
-    out = core.pubsub.fan_out(
+    rooms.counters["journaled"] += 1
+    held = rooms.journaling.held_back(journals, tokens)
+    out = rooms.pubsub.fan_out(
         topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
     )
     if command.id is not None:
         peer.last_sent = now
-        core.streams.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
+        rooms.journaling.hold_ok(first, peer.routing_id, command.id, P.ok_journaled(command.id, first.name, seq))
     return out
 
 
 def put_replicated(
-    core: BrokerCore,
+    rooms: Rooms,
     peer: Peer,
     command: Command,
     topic: str,
@@ -158,68 +155,68 @@ def put_replicated(
     """A PUT whose journal JetStream keeps: proposed to the stream at commit, its OK held until the
     stream acknowledges (a quorum of its replicas holds it), with the stream's SEQ; JetStream's
     duplicate window dedups the MSGID, cluster-wide.  Nothing is delivered now: every broker
-    delivers the record to its own subscribers when the stream hands it out (``core.replicated``)."""
+    delivers the record to its own subscribers when the stream hands it out (``jetstream.fromstore.arrived``)."""
     for journal in journals:  # the memory budget of what waits for JetStream: refused before anything changes
         store = replicated(journal)
         backlog = store.backlog if store is not None else ""
         if backlog:
-            core.counters["store_backlog_refused"] += 1
+            rooms.counters["store_backlog_refused"] += 1
             raise ProtocolError(Status.OVER_LIMIT, f"journal {journal.name}: {backlog}", command.id)
     headers = command.headers
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
     # Who published it matters only for its ECHO 0 and for the queue groups this broker picks for.
-    tokens = core.pubsub.tokens_of(topic)
-    wanted = not peer.echo or (tokens is not None and bool(core.pubsub.groups.match(tokens)))
-    origin = jsw.origin(core.routes.name, peer.routing_id) if wanted else ""
-    token = core.streams.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
+    tokens = rooms.pubsub.tokens_of(topic)
+    wanted = not peer.echo or (tokens is not None and bool(rooms.pubsub.groups.match(tokens)))
+    origin = jsw.origin(rooms.routes.name, peer.routing_id) if wanted else ""
+    token = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
     if token is None:  # (a proposal is only queued: never; a local journal beside it failed, not this one)
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not take it", command.id)
-    core.counters["journaled"] += 1
+    rooms.counters["journaled"] += 1
     if command.id is not None:
         peer.last_sent = now
-        core.replication.hold(first.name, token, peer.routing_id, command.id)
+        rooms.replication.hold(first.name, token, peer.routing_id, command.id)
     return []
 
 
-def subscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
-    patterns = core.pubsub.parse_patterns(command, legacy=peer.legacy)  # all validated before any change
-    group = core.pubsub.check_group(peer, command)
-    new = core.pubsub.check_subscribe(peer, patterns, command.id, group)
+def subscribe(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
+    patterns = rooms.pubsub.parse_patterns(command, legacy=peer.legacy)  # all validated before any change
+    group = rooms.pubsub.check_group(peer, command)
+    new = rooms.pubsub.check_subscribe(peer, patterns, command.id, group)
     if group is not None:
-        core.pubsub.add(peer, new, group)
-        return answer(core, peer, command, now)
-    replay = core.streams.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
-    core.pubsub.add(peer, new)
+        rooms.pubsub.add(peer, new, group)
+        return answer(rooms, peer, command, now)
+    replay = rooms.journaling.plan_replay(peer, command, patterns) if Header.FROM in command.headers else None
+    rooms.pubsub.add(peer, new)
     if replay is not None:
-        core.streams.start_replay(peer, replay)
-    return answer(core, peer, command, now)
+        rooms.journaling.start_replay(peer, replay)
+    return answer(rooms, peer, command, now)
 
 
-def unsubscribe(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
-    patterns = core.pubsub.parse_patterns(command, legacy=peer.legacy)
-    group = core.pubsub.check_group(peer, command)
-    removed = core.pubsub.remove(peer, patterns, group)
-    core.streams.unsubscribed(peer, removed)
-    return answer(core, peer, command, now)
+def unsubscribe(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
+    patterns = rooms.pubsub.parse_patterns(command, legacy=peer.legacy)
+    group = rooms.pubsub.check_group(peer, command)
+    removed = rooms.pubsub.remove(peer, patterns, group)
+    rooms.journaling.unsubscribed(peer, removed)
+    return answer(rooms, peer, command, now)
 
 
 # ---------------------------------------------------------------- RPC
-def ready(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def ready(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     capacity = 1
     if Header.CAPACITY in command.headers:
         capacity = P.parse_int(command, Header.CAPACITY, minimum=1)
-        core.rpc.pool.check_capacity(capacity, command.id)
-    names = [core.rpc.pool.service_name(bytes(f), command.id) for f in command.payload]
+        rooms.rpc.pool.check_capacity(capacity, command.id)
+    names = [rooms.rpc.pool.service_name(bytes(f), command.id) for f in command.payload]
     for name in names:
-        core.rpc.pool.check_serve(peer, name, command.id, RESERVED_SERVICES)
-    out = core.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
-    return out + answer(core, peer, command, now)
+        rooms.rpc.pool.check_serve(peer, name, command.id, RESERVED_SERVICES)
+    out = rooms.rpc.ready(peer, tuple(dict.fromkeys(names)), capacity, now)
+    return out + answer(rooms, peer, command, now)
 
 
-def request(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def request(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     headers = command.headers
     rid = headers[Header.ID]
-    timeout_ms = core.settings.request_timeout_ms
+    timeout_ms = rooms.settings.request_timeout_ms
     if Header.TIMEOUT in headers:
         timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
     scatter = False
@@ -228,11 +225,11 @@ def request(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[
             raise ProtocolError(Status.BAD_REQUEST, "ALL must be 0 or 1", rid)
         scatter = headers[Header.ALL] == "1"
     name = headers[Header.SERVICE]
-    return call(core, peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
+    return call(rooms, peer, name, rid, timeout_ms, scatter, command.user_headers(), command.payload, now)
 
 
 def call(
-    core: BrokerCore,
+    rooms: Rooms,
     client: Peer,
     name: str,
     rid: str,
@@ -242,11 +239,11 @@ def call(
     body: Sequence[bytes],
     now: float,
 ) -> list[Out]:
-    return request_for(core, client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
+    return request_for(rooms, client, name, rid, timeout_ms, scatter, user, body, now, quiet=False)
 
 
 def request_for(
-    core: BrokerCore,
+    rooms: Rooms,
     client: Peer,
     name: str,
     rid: str,
@@ -259,62 +256,62 @@ def request_for(
     quiet: bool,
 ) -> list[Out]:
     """A request admitted and sent on its way; ``quiet``: the client wants no answer (eMQP)."""
-    busy = core.streams.fetch_running(client, rid) or (
-        name == P.CONSUMER_SERVICE and core.consumers.waiting_for(client, rid)
+    busy = rooms.journaling.fetch_running(client, rid) or (
+        name == P.CONSUMER_SERVICE and rooms.consumers.waiting_for(client, rid)
     )
-    deadline = core.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
-    core.counters["requests"] += 1
+    deadline = rooms.rpc.admit(client, name, rid, timeout_ms, now, busy=busy)
+    rooms.counters["requests"] += 1
     client.last_sent = now
     if quiet and (name == P.CONSUMER_SERVICE or name in BUILTIN_SERVICES):
-        core.counters["answers_unwanted"] += 1  # the broker's own services only answer
+        rooms.counters["answers_unwanted"] += 1  # the broker's own services only answer
         return []
     if name == P.CONSUMER_SERVICE:
         try:
-            return core.consumers.handle(client, rid, user, body, deadline, now)
+            return rooms.consumers.handle(client, rid, user, body, deadline, now)
         except ProtocolError as exc:
             return [(client.routing_id, client.dialect.error(rid, name, exc.code, exc.reason))]
     if name == P.ADMIN_SERVICE:  # (rpc.admit let only an identity granted it by name this far)
-        return admin.call(core, client, rid, user, body, deadline, now)
+        return admin.call(rooms, client, rid, user, body, deadline, now)
     if name in BUILTIN_SERVICES:
         # Not in mc0.sys.rpc: a journal reader's fetches would otherwise feed the journal it reads.
-        return core.builtins.answer(client, name, rid, user, body)
-    service = core.rpc.services.get(name)
+        return rooms.builtins.answer(client, name, rid, user, body)
+    service = rooms.rpc.services.get(name)
     if len(body) > 1 and service is not None and any(w.dialect.one_frame for w in service.workers):
         # An eMQP or MemoDB worker takes one body frame: refused before anything is queued, not run together.
         raise ProtocolError(Status.BAD_REQUEST, f"{name} has workers that take one body frame, not {len(body)}", rid)
-    return core.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
+    return rooms.rpc.submit(client, name, rid, deadline, scatter, user, body, now, quiet=quiet)
 
 
-def cancel(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def cancel(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     """CANCEL ID rid: 499 to the client, CANCEL to the worker; unknown ids are ignored."""
     rid = command.headers[Header.ID]
-    out = core.rpc.cancel(peer, rid, now)
+    out = rooms.rpc.cancel(peer, rid, now)
     if out is not None:
         return out
-    if core.consumers.cancel(peer, rid):
+    if rooms.consumers.cancel(peer, rid):
         peer.last_sent = now
         return [(peer.routing_id, peer.dialect.error(rid, P.CONSUMER_SERVICE, Status.CANCELLED, "cancelled"))]
-    if core.streams.cancel_fetch(peer, rid):
+    if rooms.journaling.cancel_fetch(peer, rid):
         peer.last_sent = now
         return [(peer.routing_id, peer.dialect.error(rid, P.JOURNAL_SERVICE, Status.CANCELLED, "cancelled"))]
-    core.counters["cancel_unknown"] += 1
+    rooms.counters["cancel_unknown"] += 1
     return []
 
 
-def worker_reply(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def worker_reply(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     bid = command.headers[Header.ID]
     if command.verb is Verb.ERROR:
         code, reason = P.worker_error(command.headers[Header.CODE], command.headers[Header.MESSAGE])
-        return core.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
-    return core.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
+        return rooms.rpc.reply(peer, Verb.ERROR, bid, {}, (), now, code, reason)
+    return rooms.rpc.reply(peer, command.verb, bid, command.user_headers(), command.payload, now)
 
 
-def misframed_batch(core: BrokerCore, peer: Peer, command: Command, now: float) -> list[Out]:
+def misframed_batch(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
     """BATCH in any other shape than its own three frames (which never reach the verb table)."""
     raise ProtocolError(Status.BAD_REQUEST, 'a BATCH is three frames: BATCH, "", the records', command.id)
 
 
-Handler = Callable[["BrokerCore", Peer, Command, float], list[Out]]
+Handler = Callable[["Rooms", Peer, Command, float], list[Out]]
 # What a connected mc0 peer's command does (CONNECT and DISCONNECT are the dispatcher's: sessions).
 VERBS: dict[Verb, Handler] = {
     Verb.PUT: put,

@@ -1,8 +1,8 @@
 """Workers: which peer serves which service, with what capacity, and who is free to take a job next.
 
-Contract: owns the services (:class:`~mc0.broker.core.jobs.Service`: workers,
-the least-recently-used list of those with spare capacity, the queue the
-:mod:`.rpc` room fills) and each worker's :class:`~mc0.broker.core.jobs.WorkerState`.
+Contract: owns the services (:class:`Service`: workers, the least-recently-used
+list of those with spare capacity, the :class:`FairQueue` the :mod:`.rpc` room
+fills) and each worker's :class:`WorkerState`.
 A worker is a peer that said READY (one capacity for all it serves) or a
 *route*, another broker of the cluster, which announces each service with
 the total capacity of its own workers (one count per service).  ``pick``
@@ -16,20 +16,130 @@ Pure: no sockets, no clock.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import MAX_SERVICE_BYTES, Status
 from ...settings import CoreSettings
 from ...topics import split_topic
-from .jobs import Job, Service, WorkerState
+from .histogram import Histogram
+from .jobs import Job
 from .peers import Peer
 
 log = logging.getLogger("mc0.broker")
 
 SERVICE_CACHE_SIZE = 4096
+
+
+class WorkerState:
+    """What a peer serves and holds as a worker: one capacity for all it serves, or, for a route
+    (another broker), a capacity per service (its own workers' total for each)."""
+
+    __slots__ = ("services", "capacity", "jobs", "served", "per_service", "_held")
+
+    def __init__(self) -> None:
+        self.services: tuple[str, ...] = ()
+        self.capacity = 0
+        self.jobs: dict[str, Job] = {}  # bid -> request held
+        self.served = 0
+        self.per_service: dict[str, int] | None = None  # a route's capacity for each service
+        self._held: dict[str, int] = {}  # a route's jobs held per service
+
+    def full(self, service: str) -> bool:
+        """No room for another job of ``service``."""
+        if self.per_service is None:
+            return len(self.jobs) >= self.capacity
+        return self._held.get(service, 0) >= self.per_service.get(service, 0)
+
+    def took(self, service: str) -> None:
+        if self.per_service is not None:
+            self._held[service] = self._held.get(service, 0) + 1
+
+    def released(self, service: str) -> None:
+        if self.per_service is not None and self._held.get(service, 0) > 0:
+            self._held[service] -= 1
+
+
+class FairQueue:
+    """A service's waiting jobs, served round robin between clients (each client's in its order).
+
+    One client that queues thousands of requests cannot starve another: the
+    next job comes from the client whose turn it is, which then goes to the
+    back of the rotation.  O(1) per append and pop (dict order is the rotation).
+    """
+
+    __slots__ = ("_lanes",)
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self._lanes: dict[Peer, deque[Job]] = {}
+        for job in jobs:
+            self.append(job)
+
+    def append(self, job: Job) -> None:
+        lane = self._lanes.get(job.client)
+        if lane is None:
+            lane = self._lanes[job.client] = deque()
+        lane.append(job)
+
+    def appendleft(self, job: Job) -> None:
+        """A job to serve next (a retry): first in its client's lane, and that client's turn first."""
+        lane = self._lanes.pop(job.client, None) or deque()
+        lane.appendleft(job)
+        self._lanes = {job.client: lane, **self._lanes}
+
+    def popleft(self) -> Job:
+        client, lane = next(iter(self._lanes.items()))
+        job = lane.popleft()
+        del self._lanes[client]
+        if lane:
+            self._lanes[client] = lane  # to the back of the rotation
+        return job
+
+    def first(self) -> Job:
+        """The job ``popleft`` would return (the queue is not empty)."""
+        return next(iter(self._lanes.values()))[0]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._lanes.values()))
+
+    def __bool__(self) -> bool:
+        return bool(self._lanes)
+
+    def __iter__(self) -> Iterator[Job]:
+        for lane in list(self._lanes.values()):
+            yield from lane
+
+
+class Service:
+    __slots__ = (
+        "name",
+        "workers",
+        "ready",
+        "queue",
+        "queued",
+        "dead",
+        "served",
+        "errors",
+        "timeouts",
+        "latency",
+        "requests",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.workers: dict[Peer, None] = {}
+        # Workers with spare capacity, least recently used first.
+        self.ready: dict[Peer, None] = {}
+        self.queue = FairQueue()  # QUEUED jobs, and DONE ones not yet swept out; fair between clients
+        self.queued = 0  # the QUEUED jobs in ``queue``: what the queue limit counts
+        self.dead = 0  # the DONE jobs still in ``queue`` (ended while waiting)
+        self.requests = 0
+        self.served = 0
+        self.errors = 0
+        self.timeouts = 0
+        self.latency = Histogram()  # request -> answer, seconds: mc0 stats and /metrics
 
 
 class Workers:
@@ -40,7 +150,7 @@ class Workers:
         self.workers: dict[Peer, WorkerState] = {}
         # Each service's total capacity over this broker's own workers (what routes are told).
         self.local_capacity: Counter[str] = Counter()
-        self.capacity_changed: set[str] = set()  # services whose local capacity changed (the dispatcher drains it)
+        self.capacity_changed: set[str] = set()  # services whose local capacity changed (routeinput.news drains it)
 
     # ------------------------------------------------------------ names and permissions
     def service_name(self, raw: str | bytes, request_id: str | None) -> str:

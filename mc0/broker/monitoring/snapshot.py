@@ -102,49 +102,19 @@ def snapshot(
     ``wall``: wall-clock seconds now, for the timestamps people read; ``in_bytes``: the
     message bytes the shell has received; ``cluster``: the cluster link's state, if any)."""
     wall_of = wall - now
-    peers = list(core.peers.by_id.values())
     rpc = core.rpc
     pubsub = core.pubsub
     counters = dict(sorted(core.counters.items()))
     services = {name: core.builtins.service_report(rpc.services[name]) for name in sorted(rpc.services)}
-    journal_infos = {name: journal.info() for name, journal in core.streams.journals.items()}
-    rows = []
-    subscriptions_of: dict[str, list[str]] = {}
-    for peer in peers:
-        state = rpc.worker_state(peer)
-        rows.append(
-            {
-                "name": peer.name,
-                "identity": peer.identity,
-                "dialect": peer.dialect.name,
-                "protocol": peer.version,
-                "address": peer.address,
-                "connected_at": rfc3339(peer.connected + wall_of),
-                "uptime_s": round(max(0.0, now - peer.connected), 3),
-                "subscriptions": pubsub.count_of(peer),  # (with ?subs=1: the patterns themselves)
-                "num_subscriptions": pubsub.count_of(peer),
-                "groups": sorted(pubsub.groups_of(peer)),
-                "pending_bytes": outbox.backlog(peer.routing_id),
-                "idle_s": round(max(0.0, now - peer.last_recv), 3),
-                "msgs_in": peer.msgs_in,
-                "bytes_in": peer.bytes_in,
-                "msgs_out": peer.msgs_out,
-                "bytes_out": peer.bytes_out,
-                "delivered": peer.delivered,
-                "dropped": peer.drops,
-                "services": list(state.services) if state else [],
-                "in_flight": len(state.jobs) if state else 0,
-            }
-        )
-        subscriptions_of[peer.name] = sorted(pubsub.patterns_of(peer))
-    rows.sort(key=lambda r: str(r["name"]))
+    journal_infos = {name: journal.info() for name, journal in core.journaling.journals.items()}
+    rows, subscriptions_of = _connections(core, outbox, now, wall_of)
     closed = [_closed_row(entry, wall_of) for entry in reversed(core.peers.closed)]
     varz: dict[str, object] = {
         "now": rfc3339(wall),
         "now_s": round(wall, 3),
         "start": rfc3339(started + wall_of),
         "uptime_s": round(now - started, 3),
-        "connections": len(peers),
+        "connections": len(rows),
         "subscriptions": len(pubsub.subscriptions),
         "services": len(rpc.services),
         "in_msgs": counters.get("received", 0),
@@ -172,19 +142,6 @@ def snapshot(
         "groups": pubsub.group_report(),
         "topics": core.traffic.report(),  # the busiest topics published to since the start (messages, bytes)
     }
-    journalz: dict[str, object] = {
-        "journals": [
-            {
-                "name": name,
-                "store": core.streams.journals[name].settings.store,
-                "first_seq": info.get("first_seq", 0),
-                "last_seq": int(info.get("next_seq", 1)) - 1,  # type: ignore[call-overload]
-                **{k: v for k, v in info.items() if k not in ("first_seq",)},
-            }
-            for name, info in sorted(journal_infos.items())
-        ]
-    }
-    latency = {name: (s.latency.cumulative(), s.latency.sum) for name, s in rpc.services.items()}
     return Snapshot(
         taken=now,
         varz=varz,
@@ -194,11 +151,66 @@ def snapshot(
         closed=closed,
         subscriptions_of=subscriptions_of,
         consumerz={"consumers": core.consumers.monitor_rows()},
-        journalz=journalz,
+        journalz=_journalz(core, journal_infos),
         mailboxz={"summary": core.mailboxes.summary(), "mailboxes": core.mailboxes.report()},
-        latency=latency,
+        latency={name: (s.latency.cumulative(), s.latency.sum) for name, s in rpc.services.items()},
         counters=counters,
     )
+
+
+def _connections(
+    core: BrokerCore, outbox: QueueFigures, now: float, wall_of: float
+) -> tuple[list[dict[str, object]], dict[str, list[str]]]:
+    """/connz's open connections, by name, and each one's subscription patterns (for ``?subs=1``)."""
+    pubsub = core.pubsub
+    rows: list[dict[str, object]] = []
+    subscriptions_of: dict[str, list[str]] = {}
+    for peer in core.peers.by_id.values():
+        state = core.rpc.worker_state(peer)
+        rows.append(
+            {
+                "name": peer.name,
+                "identity": peer.identity,
+                "dialect": peer.dialect.name,
+                "protocol": peer.version,
+                "address": peer.address,
+                "connected_at": rfc3339(peer.connected + wall_of),
+                "uptime_s": round(max(0.0, now - peer.connected), 3),
+                "subscriptions": pubsub.count_of(peer),  # (with ?subs=1: the patterns themselves)
+                "num_subscriptions": pubsub.count_of(peer),
+                "groups": sorted(pubsub.groups_of(peer)),
+                "pending_bytes": outbox.backlog(peer.routing_id),
+                "idle_s": round(max(0.0, now - peer.last_recv), 3),
+                "msgs_in": peer.msgs_in,
+                "bytes_in": peer.bytes_in,
+                "msgs_out": peer.msgs_out,
+                "bytes_out": peer.bytes_out,
+                "delivered": peer.delivered,
+                "dropped": peer.drops,
+                "services": list(state.services) if state else [],
+                "in_flight": len(state.jobs) if state else 0,
+            }
+        )
+        subscriptions_of[peer.name] = sorted(pubsub.patterns_of(peer))
+    rows.sort(key=lambda r: str(r["name"]))
+    return rows, subscriptions_of
+
+
+def _journalz(core: BrokerCore, infos: dict[str, dict[str, object]]) -> dict[str, object]:
+    """/journalz: each journal's store, first and last seq, and the rest of its info."""
+    journals = core.journaling.journals
+    return {
+        "journals": [
+            {
+                "name": name,
+                "store": journals[name].settings.store,
+                "first_seq": info.get("first_seq", 0),
+                "last_seq": int(info.get("next_seq", 1)) - 1,  # type: ignore[call-overload]
+                **{k: v for k, v in info.items() if k not in ("first_seq",)},
+            }
+            for name, info in sorted(infos.items())
+        ]
+    }
 
 
 class BadQuery(ValueError):

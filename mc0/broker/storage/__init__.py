@@ -4,6 +4,7 @@
 ``StateUnreadable``); :mod:`.memstore` keeps records in a list (tests, the
 fuzzer); :mod:`.filestore` is the segment-file journal with CRC recovery and
 fsync policies, and :mod:`.consumerfiles` keeps durable consumers' state on
-disk beside it; :mod:`.records` is the record codec; :mod:`.replicated` is a
-journal JetStream keeps, read through a local copy.  Rule: storage imports only the layers below the broker.
+disk beside it; :mod:`.records` is the record codec.  A journal JetStream
+keeps, read through a local copy, is :mod:`mc0.broker.jetstream.replicated`.
+Rule: storage imports only the layers below the broker.
 """

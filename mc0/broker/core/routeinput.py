@@ -1,8 +1,10 @@
 """Route traffic: what another broker of the cluster sends this one, handled (``ROUTE_GRAMMAR``).
 
-Contract: ``receive(core, route, blob, now)`` takes one route message (a
+Contract: ``receive(rooms, route, blob, now)`` takes one route message (a
 batched-wire blob from the broker ``route`` stands for) record by record and
-returns what to send.  The rules that keep a cluster one hop deep and
+returns what to send, driving the rooms (:class:`~mc0.broker.core.rooms.Rooms`)
+as the verbs do; the shell's cluster listener hands it what the link
+received (``received``, ``hello``, ``lost``, ``reopen`` ...).  The rules that keep a cluster one hop deep and
 exactly once: a route's ``MESSAGE`` reaches this broker's *own* peers only
 (its plain copy the plain subscribers, its ``GROUP g`` copy one own member
 of g, or back to the route with ``REFUSED`` when none may take it, and a copy
@@ -27,23 +29,19 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
-from ...protocol import jetstream as jsw
 from ...protocol import routes as route_wire
 from ...topics import seed_topic, split_pattern
 from . import admin
 from .access import dead_letter_origin, is_dead_letter
 from .groups import HandedBack
 from .peers import Out, Peer
+from .rooms import Rooms
 from .routes import ROUTE_IDENTITY_PREFIX
-
-if TYPE_CHECKING:
-    from .dispatch import BrokerCore
 
 log = logging.getLogger("mc0.broker")
 
@@ -51,111 +49,108 @@ _RECORD_HEAD = 5  # a record's size:u32 and code:u8, in front of its body
 
 
 # ---------------------------------------------------------------- the sessions with other brokers
-def join(core: BrokerCore, name: str, route_ttl: float) -> None:
+def join(rooms: Rooms, name: str, route_ttl: float) -> None:
     """This broker is ``name`` in a cluster: from now on its own peers' interest, services and
-    identities are announced to the other brokers (call before any peer connects)."""
-    routes = core.routes
-    routes.name, routes.ttl = name, route_ttl
-    core.peers.broker = name  # its peers' names say where they live: identity#n@name
-    core.pubsub.interest = routes
-    core.mailboxes.presence = routes
-    core.sysbus.origin = jsw.origin(name)  # what it publishes to JetStream journals comes from here
+    identities are announced to the other brokers (call before any peer connects).  The rooms that
+    name this broker ask the routes for its name: its peers are ``identity#n@name``, what it
+    publishes to a JetStream journal comes from ``name``."""
+    rooms.routes.join(name, route_ttl)
 
 
-def hello(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:
+def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session."""
-    route = core.routes.known(name, epoch)
+    route = rooms.routes.known(name, epoch)
     if route is not None:
         route.last_recv = now
         return []
-    if epoch < core.routes.epochs.get(name, -1):
-        core.counters["route_stale_epoch"] += 1  # a beacon of a run that has since restarted
+    if epoch < rooms.routes.epochs.get(name, -1):
+        rooms.counters["route_stale_epoch"] += 1  # a beacon of a run that has since restarted
         return []
-    return _open(core, name, epoch, now)
+    return _open(rooms, name, epoch, now)
 
 
-def _open(core: BrokerCore, name: str, epoch: int, now: float) -> list[Out]:
+def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     out: list[Out] = []
-    old = core.routes.by_name.get(name)
+    old = rooms.routes.by_name.get(name)
     if old is not None:
-        out += core.forget(old, "route_restarted", now)
-    route = core.routes.make_peer(name, epoch, now)
-    core.peers.add(route, now)
+        out += rooms.forget(old, "route_restarted", now)
+    route = rooms.routes.make_peer(name, epoch, now)
+    rooms.peers.add(route, now)
     log.info("cluster: route to broker %s open", name)
-    out.append((route.routing_id, b"".join(core.routes.hello())))
-    return core.published(out, now)
+    out.append((route.routing_id, b"".join(rooms.routes.hello())))
+    return rooms.with_finished(out, now)
 
 
-def received(core: BrokerCore, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
+def received(rooms: Rooms, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
     """A route message from broker ``name`` (started under ``epoch``)."""
-    core.counters["route_messages_in"] += 1
+    rooms.counters["route_messages_in"] += 1
     out: list[Out] = []
-    route = core.routes.known(name, epoch)
+    route = rooms.routes.known(name, epoch)
     if route is None:
-        if epoch < core.routes.epochs.get(name, -1):
-            core.counters["route_stale_epoch"] += 1
+        if epoch < rooms.routes.epochs.get(name, -1):
+            rooms.counters["route_stale_epoch"] += 1
             return []
-        out += _open(core, name, epoch, now)  # it spoke before its beacon reached us
-        route = core.routes.known(name, epoch)
+        out += _open(rooms, name, epoch, now)  # it spoke before its beacon reached us
+        route = rooms.routes.known(name, epoch)
         assert route is not None
     route.last_recv = now
-    return core.published(out + receive(core, route, blob, now), now)
+    return rooms.with_finished(out + receive(rooms, route, blob, now), now)
 
 
-def resync(core: BrokerCore, route: Peer, now: float) -> list[Out]:
+def resync(rooms: Rooms, route: Peer, now: float) -> list[Out]:
     """The route (re)opened its side: what it knew of us is gone, and what it told us before is
     stale (it follows with all of it again): a fresh route, and all we have to say to it."""
     name = route.identity[len(ROUTE_IDENTITY_PREFIX) :]
-    epoch = core.routes.epochs[name]
-    out = core.forget(route, "route_resync", now)
-    fresh = core.routes.make_peer(name, epoch, now)
-    core.peers.add(fresh, now)
-    out.append((fresh.routing_id, b"".join(core.routes.full_state())))
+    epoch = rooms.routes.epochs[name]
+    out = rooms.forget(route, "route_resync", now)
+    fresh = rooms.routes.make_peer(name, epoch, now)
+    rooms.peers.add(fresh, now)
+    out.append((fresh.routing_id, b"".join(rooms.routes.full_state())))
     return out
 
 
-def reopen(core: BrokerCore, now: float) -> list[Out]:
+def reopen(rooms: Rooms, now: float) -> list[Out]:
     """Route traffic to this broker was dropped (it fell behind): what the others announced may be
     lost, so every route is opened afresh, as if it had restarted: forgotten (its jobs requeued or
     failed), then CONNECT and this broker's whole state, to which each answers with its whole state."""
     out: list[Out] = []
-    for name in list(core.routes.by_name):
-        out += _open(core, name, core.routes.epochs[name], now)
-    core.counters["route_reopened"] += 1
+    for name in list(rooms.routes.by_name):
+        out += _open(rooms, name, rooms.routes.epochs[name], now)
+    rooms.counters["route_reopened"] += 1
     return out
 
 
-def reopen_route(core: BrokerCore, name: str, now: float) -> list[Out]:
+def reopen_route(rooms: Rooms, name: str, now: float) -> list[Out]:
     """A message between this broker and broker ``name`` was lost on the way (the link counted it):
     that route is opened afresh, as ``reopen`` does for all (nothing if there is none)."""
-    if name not in core.routes.by_name:
+    if name not in rooms.routes.by_name:
         return []
-    core.counters["route_resynced"] += 1
-    return _open(core, name, core.routes.epochs[name], now)
+    rooms.counters["route_resynced"] += 1
+    return _open(rooms, name, rooms.routes.epochs[name], now)
 
 
-def resync_overflowed(core: BrokerCore, now: float) -> list[Out]:
+def resync_overflowed(rooms: Rooms, now: float) -> list[Out]:
     """The routes whose queue went over its budget since the last call (``Routes.overflowed``): each
     opened afresh (forgotten, its queue freed; CONNECT and this broker's whole state, which the other
     answers with its own), so what they lost cannot leave interest, services or requests wrong."""
     out: list[Out] = []
-    for name in core.routes.take_overflowed():
-        out += reopen_route(core, name, now)
+    for name in rooms.routes.take_overflowed():
+        out += reopen_route(rooms, name, now)
     return out
 
 
-def lost(core: BrokerCore, now: float) -> list[Out]:
+def lost(rooms: Rooms, now: float) -> list[Out]:
     """The link to the other brokers is down: every route goes (their jobs requeued or failed)."""
     out: list[Out] = []
-    for route in list(core.routes.by_name.values()):
-        out += core.forget(route, "route_link_down", now)
-    return core.published(out, now)
+    for route in list(rooms.routes.by_name.values()):
+        out += rooms.forget(route, "route_link_down", now)
+    return rooms.with_finished(out, now)
 
 
-def news(core: BrokerCore) -> list[Out]:
+def news(rooms: Rooms) -> list[Out]:
     """What the other brokers must hear of this one since the last call (its own peers' changes)."""
-    routes = core.routes
-    pool = core.rpc.pool
+    routes = rooms.routes
+    pool = rooms.rpc.pool
     if pool.capacity_changed:
         for service in sorted(pool.capacity_changed):
             routes.capacity(service, pool.local_capacity.get(service, 0))
@@ -164,49 +159,49 @@ def news(core: BrokerCore) -> list[Out]:
 
 
 # ---------------------------------------------------------------- one route message
-def receive(core: BrokerCore, route: Peer, blob: bytes, now: float) -> list[Out]:
+def receive(rooms: Rooms, route: Peer, blob: bytes, now: float) -> list[Out]:
     """One route message, every record in order; a record it cannot take spoils none after it."""
-    limits = core.settings.limits
+    limits = rooms.settings.limits
     out: list[Out] = []
     try:
         for code, start, end in batch.records(blob):
             try:
                 if code == batch.MESSAGE:
-                    out += _message_record(core, blob, start, end, now)
+                    out += _message_record(rooms, blob, start, end, now)
                 elif code == batch.WORK:  # a request of one of its clients, the common shape: no Command built
                     service, rid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
-                    out += _call(core, route, service, rid, caller, timeout_ms, False, {}, (data,), now)
+                    out += _call(rooms, route, service, rid, caller, timeout_ms, False, {}, (data,), now)
                 elif code == batch.PARTIAL or code == batch.FINAL:
                     rid, data = batch.reply_fields(blob, start, end)
                     verb = Verb.FINAL if code == batch.FINAL else Verb.PARTIAL
                     if admin.carried(rid):  # an mc0.admin part this broker carried there: its answer
-                        out += admin.route_answer(core, route, rid, 200, bytes(data), now)
+                        out += admin.route_answer(rooms, route, rid, 200, bytes(data), now)
                     else:
-                        out += core.rpc.route_reply(route, verb, rid, {}, {}, (data,), now)
+                        out += rooms.rpc.route_reply(route, verb, rid, {}, {}, (data,), now)
                 else:
                     command = batch.command_of(blob, code, start, end, limits, Side.ROUTE)
-                    out += _VERBS[command.verb](core, route, command, now)
+                    out += _VERBS[command.verb](rooms, route, command, now)
                     if command.verb is Verb.CONNECT:  # its records that follow go to the fresh route
-                        route = core.routes.by_name.get(route.identity[len(ROUTE_IDENTITY_PREFIX) :], route)
+                        route = rooms.routes.by_name.get(route.identity[len(ROUTE_IDENTITY_PREFIX) :], route)
             except (ProtocolError, ValueError, struct.error) as exc:  # (UnicodeDecodeError is a ValueError)
-                core.counters["route_records_refused"] += 1
+                rooms.counters["route_records_refused"] += 1
                 log.debug("route %s: record refused: %s", route.name, exc)
             except Exception as exc:  # a bug: it costs this record only (what the others did stands)
-                _failed(core, route, exc, now)
+                _failed(rooms, route, exc, now)
     except ProtocolError as exc:  # the blob stopped splitting into records here
-        core.counters["route_records_refused"] += 1
+        rooms.counters["route_records_refused"] += 1
         log.debug("route %s: message damaged: %s", route.name, exc)
     return out
 
 
-def _failed(core: BrokerCore, route: Peer, exc: Exception, now: float) -> None:
+def _failed(rooms: Rooms, route: Peer, exc: Exception, now: float) -> None:
     """A route record raised (a bug): counted, logged within the log's bound, never answered."""
-    core.counters["internal_errors"] += 1
-    core.counters["route_records_failed"] += 1
-    if core.log_limit.allow(route.identity, f"route record:{type(exc).__name__}", now):
+    rooms.counters["internal_errors"] += 1
+    rooms.counters["route_records_failed"] += 1
+    if rooms.log_limit.allow(route.identity, f"route record:{type(exc).__name__}", now):
         log.error("internal error handling a record from %s", route.name, exc_info=exc)
     else:
-        core.counters["log_lines_left_out"] += 1
+        rooms.counters["log_lines_left_out"] += 1
 
 
 # ---------------------------------------------------------------- publications
@@ -215,19 +210,19 @@ def _tokens(topic: str) -> tuple[str, ...]:
     return seed_topic(topic)
 
 
-def _message_record(core: BrokerCore, blob: bytes, start: int, end: int, now: float) -> list[Out]:
+def _message_record(rooms: Rooms, blob: bytes, start: int, end: int, now: float) -> list[Out]:
     """A plain MESSAGE record (topic, sender, one body frame): to this broker's own subscribers,
     the record itself to the batched ones (it is already what they are sent)."""
     sender, topic_b, data = batch.message_fields(blob, start, end)
     topic = bytes(topic_b).decode()
     tokens = _tokens(topic)
     if not tokens or topic.startswith(P.RESERVED_TOPIC_PREFIX):  # opaque, or the broker's own: the general path
-        return _publication(core, topic, tokens, bytes(sender), {}, (bytes(data),), now, None, None)
+        return _publication(rooms, topic, tokens, bytes(sender), {}, (bytes(data),), now, None, None)
     record: bytes | None = None
     frames: list[bytes] | None = None
     seed_frames: list[bytes] | None = None
     out: list[Out] = []
-    for target in core.pubsub.subscriptions.match(tokens):
+    for target in rooms.pubsub.subscriptions.match(tokens):
         if target.route or (target.grants.deny_subscribe and not target.grants.delivers(tokens)):
             continue
         if target.batched:
@@ -241,11 +236,11 @@ def _message_record(core: BrokerCore, blob: bytes, start: int, end: int, now: fl
             out.append((target.routing_id, frames))
         target.last_sent = now
         target.delivered += 1
-    core.counters["delivered"] += len(out)
+    rooms.counters["delivered"] += len(out)
     return out
 
 
-def _message(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _message(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     headers = command.headers
     topic = headers[Header.TOPIC]
     tokens = _tokens(topic)
@@ -255,7 +250,7 @@ def _message(core: BrokerCore, route: Peer, command: Command, now: float) -> lis
     if to is not None:
         frames = P.message(topic.encode(), sender, P.user_header_frames(headers), body, to=to.encode())
         record = (topic, headers[Header.SENDER], headers, body)
-        out, _ = core.mailboxes.send(to, frames, None, now, record=record, local_only=True)
+        out, _ = rooms.mailboxes.send(to, frames, None, now, record=record, local_only=True)
         return out
     position = None
     if Header.JOURNAL in headers:
@@ -267,16 +262,16 @@ def _message(core: BrokerCore, route: Peer, command: Command, now: float) -> lis
     if group is None:
         if Header.TRIED in headers or Header.REFUSED in headers:
             raise ProtocolError(Status.BAD_REQUEST, "TRIED and REFUSED go with GROUP only")
-        return _publication(core, topic, tokens, sender, headers, body, now, position, None)
+        return _publication(rooms, topic, tokens, sender, headers, body, now, position, None)
     if not tokens:
         raise ProtocolError(Status.BAD_REQUEST, "a queue group's copy needs a 1.0 topic")
     tried = _broker_list(headers, Header.TRIED)
     refused = _broker_list(headers, Header.REFUSED)
     if refused is not None:  # our own copy, handed back: choose again
-        return _handed_back(core, route, topic, tokens, sender, headers, body, now, group, (*refused, _name_of(route)))
-    out = _publication(core, topic, tokens, sender, headers, body, now, position, group)
+        return _handed_back(rooms, route, topic, tokens, sender, headers, body, now, group, (*refused, _name_of(route)))
+    out = _publication(rooms, topic, tokens, sender, headers, body, now, position, group)
     if not out:  # (only a group copy can come of it) no own member of the group could take it
-        out.append(_hand_back(core, route, topic, sender, headers, body, group, tried or ()))
+        out.append(_hand_back(rooms, route, topic, sender, headers, body, group, tried or ()))
     return out
 
 
@@ -299,7 +294,7 @@ _REFUSED = Header.REFUSED.encode()
 
 
 def _hand_back(
-    core: BrokerCore,
+    rooms: Rooms,
     route: Peer,
     topic: str,
     sender: bytes,
@@ -311,16 +306,16 @@ def _hand_back(
     """A copy for queue group ``group`` that ``route`` chose this broker for, and that none of its
     own members may take (its deny lists, the grants a dead letter needs, or it just left): back to
     the broker that chose (one hop: never onward to a third), naming every broker that could not."""
-    refused = route_wire.broker_list((*[n for n in tried if n != core.routes.name], core.routes.name))
+    refused = route_wire.broker_list((*[n for n in tried if n != rooms.routes.name], rooms.routes.name))
     frames = P.message(
         topic.encode(), sender, P.user_header_frames(headers), body, group=group.encode(), passed=(_REFUSED, refused)
     )
-    core.counters["route_group_handed_back"] += 1
+    rooms.counters["route_group_handed_back"] += 1
     return route.routing_id, batch.frames_record(frames)
 
 
 def _handed_back(
-    core: BrokerCore,
+    rooms: Rooms,
     route: Peer,
     topic: str,
     tokens: tuple[str, ...],
@@ -334,19 +329,19 @@ def _handed_back(
     """This broker's copy for ``group``, handed back by ``route`` (``refused``: every broker that could
     not place it, the route last): to another member, an own one or one behind a route that has not
     refused it (told who did, ``TRIED``); none left: nobody in the cluster may take it (counted)."""
-    core.pubsub.handed_back(tokens, group, route)
+    rooms.pubsub.handed_back(tokens, group, route)
     names = tuple(dict.fromkeys(refused))
-    passed_over = {peer for name in names if (peer := core.routes.by_name.get(name)) is not None}
+    passed_over = {peer for name in names if (peer := rooms.routes.by_name.get(name)) is not None}
     back = HandedBack(passed_over, sender, route_wire.broker_list(names))
     admits = _dead_letter_admits(tokens, headers)
-    out = core.pubsub.fan_out(topic, tokens, sender, headers, body, now, admits=admits, from_route=(group,), back=back)
+    out = rooms.pubsub.fan_out(topic, tokens, sender, headers, body, now, admits=admits, from_route=(group,), back=back)
     if not out:
-        core.counters["route_group_unplaced"] += 1
+        rooms.counters["route_group_unplaced"] += 1
     return out
 
 
 def _publication(
-    core: BrokerCore,
+    rooms: Rooms,
     topic: str,
     tokens: tuple[str, ...],
     sender: bytes,
@@ -357,9 +352,9 @@ def _publication(
     group: str | None,
 ) -> list[Out]:
     if not tokens:
-        return core.pubsub.fan_out_opaque(topic, sender, headers, body, now, from_route=True)
+        return rooms.pubsub.fan_out_opaque(topic, sender, headers, body, now, from_route=True)
     admits = _dead_letter_admits(tokens, headers)
-    return core.pubsub.fan_out(topic, tokens, sender, headers, body, now, position, admits=admits, from_route=(group,))
+    return rooms.pubsub.fan_out(topic, tokens, sender, headers, body, now, position, admits=admits, from_route=(group,))
 
 
 def _dead_letter_admits(tokens: tuple[str, ...], headers: dict[str, str]) -> Callable[[Grants], bool] | None:
@@ -387,44 +382,44 @@ def _patterns(command: Command) -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
-def _subscribe(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _subscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     to = command.headers.get(Header.TO)
     if to is not None:  # it has a session of this identity: letters for it may go there
-        return core.mailboxes.online(route, now, to)
+        return rooms.mailboxes.online(route, now, to)
     group = command.headers.get(Header.GROUP)
     patterns = _patterns(command)
-    held = core.pubsub.held(route, group)
-    core.pubsub.add(route, {p: t for p, t in patterns if p not in held}, group)
+    held = rooms.pubsub.held(route, group)
+    rooms.pubsub.add(route, {p: t for p, t in patterns if p not in held}, group)
     return []
 
 
-def _unsubscribe(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _unsubscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     to = command.headers.get(Header.TO)
     if to is not None:
-        core.mailboxes.route_offline(route, (to,))
+        rooms.mailboxes.route_offline(route, (to,))
         return []
-    core.pubsub.remove(route, _patterns(command), command.headers.get(Header.GROUP))
+    rooms.pubsub.remove(route, _patterns(command), command.headers.get(Header.GROUP))
     return []
 
 
-def _ready(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _ready(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     capacity = P.parse_int(command, Header.CAPACITY)
-    (name,) = (core.rpc.pool.service_name(bytes(f), None) for f in command.payload[:1])
-    return core.rpc.route_ready(route, name, min(capacity, 1 << 30), now)
+    (name,) = (rooms.rpc.pool.service_name(bytes(f), None) for f in command.payload[:1])
+    return rooms.rpc.route_ready(route, name, min(capacity, 1 << 30), now)
 
 
 # ---------------------------------------------------------------- requests and replies
-def _request(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _request(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     """A request of one of the route's clients: to this broker's own workers, as its CALLER."""
     headers = command.headers
     rid, name, caller = headers[Header.ID], headers[Header.SERVICE], headers[Header.CALLER]
     timeout_ms = P.parse_int(command, Header.TIMEOUT, minimum=1)
     scatter = headers.get(Header.ALL) == "1"
-    return _call(core, route, name, rid, caller, timeout_ms, scatter, command.user_headers(), command.payload, now)
+    return _call(rooms, route, name, rid, caller, timeout_ms, scatter, command.user_headers(), command.payload, now)
 
 
 def _call(
-    core: BrokerCore,
+    rooms: Rooms,
     route: Peer,
     name: str,
     rid: str,
@@ -436,55 +431,55 @@ def _call(
     now: float,
 ) -> list[Out]:
     if name == P.ADMIN_SERVICE:  # this broker's part of an operator's action (the caller's broker checked its grant)
-        return admin.from_route(core, route, rid, caller, b"".join(bytes(b) for b in body), now)
-    core.rpc.pool.service_tokens(name, rid)  # a service name (400 otherwise: counted, dropped)
+        return admin.from_route(rooms, route, rid, caller, b"".join(bytes(b) for b in body), now)
+    rooms.rpc.pool.service_tokens(name, rid)  # a service name (400 otherwise: counted, dropped)
     if timeout_ms < 1:
         raise ProtocolError(Status.BAD_REQUEST, "TIMEOUT must be at least 1")
-    deadline = core.rpc.admit(route, name, rid, timeout_ms, now, busy=False)
-    core.counters["route_requests"] += 1
-    return core.rpc.submit(route, name, rid, deadline, scatter, user, body, now, caller=caller)
+    deadline = rooms.rpc.admit(route, name, rid, timeout_ms, now, busy=False)
+    rooms.counters["route_requests"] += 1
+    return rooms.rpc.submit(route, name, rid, deadline, scatter, user, body, now, caller=caller)
 
 
-def _cancel(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
-    out = core.rpc.cancel(route, command.headers[Header.ID], now)
+def _cancel(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
+    out = rooms.rpc.cancel(route, command.headers[Header.ID], now)
     return [o for o in out if o[0] != route.routing_id] if out is not None else []  # it asked: no 499 back
 
 
-def _reply(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _reply(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     headers = command.headers
     bid = headers[Header.ID]
     if admin.carried(bid):  # the answer to an mc0.admin part this broker carried there
         status = P.decimal(headers.get(Header.CODE, "200")) or 500
         text = headers[Header.MESSAGE].encode() if command.verb is Verb.ERROR else b"".join(command.payload)
-        return admin.route_answer(core, route, bid, status, text, now)
+        return admin.route_answer(rooms, route, bid, status, text, now)
     if command.verb is Verb.ERROR:
         # The other broker's verdict on the request (503, 504, 499 ... or its worker's own code): kept.
         code = P.decimal(headers[Header.CODE])
         if code is None or not 400 <= code <= 599:
             raise ProtocolError(Status.BAD_REQUEST, "CODE must be a status code")
-        return core.rpc.route_error(route, bid, code, headers[Header.MESSAGE], now)
+        return rooms.rpc.route_error(route, bid, code, headers[Header.MESSAGE], now)
     fields = {h: v for h, v in headers.items() if h in _REPLY_FIELDS}
-    return core.rpc.route_reply(route, command.verb, bid, fields, command.user_headers(), command.payload, now)
+    return rooms.rpc.route_reply(route, command.verb, bid, fields, command.user_headers(), command.payload, now)
 
 
 _REPLY_FIELDS = frozenset({Header.WORKER, Header.CODE, Header.MESSAGE, Header.COUNT, Header.MISSING})
 
 
 # ---------------------------------------------------------------- the session
-def _connect(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _connect(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     """It (re)opened its side: what it knew of us is gone, so it gets all of it again."""
-    return resync(core, route, now)
+    return resync(rooms, route, now)
 
 
-def _disconnect(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
-    return core.forget(route, "route_disconnected", now)
+def _disconnect(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
+    return rooms.forget(route, "route_disconnected", now)
 
 
-def _nothing(core: BrokerCore, route: Peer, command: Command, now: float) -> list[Out]:
+def _nothing(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:
     return []
 
 
-_VERBS: dict[Verb, Callable[[BrokerCore, Peer, Command, float], list[Out]]] = {
+_VERBS: dict[Verb, Callable[[Rooms, Peer, Command, float], list[Out]]] = {
     Verb.CONNECT: _connect,
     Verb.DISCONNECT: _disconnect,
     Verb.NOOP: _nothing,

@@ -2,9 +2,9 @@
 
 Implements :class:`mc0.broker.storage.port.ReplicatedStore`.  Contract: the
 constructor does no I/O; ``open()`` opens the local copy (a file
-:class:`~.filestore.Journal` in the journal's ``folder``, at the stream's own
+:class:`~mc0.broker.storage.filestore.Journal` in the journal's ``folder``, at the stream's own
 seqs).  The core ``propose``s records; ``commit`` hands what was proposed to
-``sink`` (set by the shell: the cluster link, which publishes to the stream)
+``sink`` (the shell hands it in: the cluster link, which publishes to the stream)
 and the outcome of each comes back to the core by its token.  The shell fills
 the copy as the stream grows (``arrived`` in seq order, then ``flush``) and
 tells it the stream's state (``stream_state``: where it starts, where it
@@ -39,8 +39,8 @@ from ...message import Record
 from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
-from .filestore import Journal
-from .records import decode_payload, encode_payload
+from ..storage.filestore import Journal
+from ..storage.records import decode_payload, encode_payload
 
 log = logging.getLogger("mc0.journal")
 
@@ -59,7 +59,16 @@ class Proposal(NamedTuple):
 
 
 class ReplicatedJournal:
-    def __init__(self, name: str, settings: JournalSettings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: JournalSettings,
+        *,
+        sink: Callable[[str, list[Proposal]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``sink(name, proposals)``: where ``commit`` hands what was proposed (the cluster link, which
+        publishes to the stream; None: nowhere, a copy read alone)."""
         self.name = name
         self.settings = settings
         self.stream = jsw.stream_name(name)
@@ -67,7 +76,7 @@ class ReplicatedJournal:
         copy_settings = dataclasses.replace(settings, fsync="never", dedup_window_s=0)
         self.cache = Journal(name, copy_settings, clock=clock)
         self.folder = self.cache.folder
-        self.sink: Callable[[str, list[Proposal]], None] | None = None
+        self.sink = sink
         self._proposals: list[Proposal] = []
         self._tokens = itertools.count(1)
         self._stored_next = 0  # the seq after the highest the stream acknowledged or reported

@@ -31,11 +31,11 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import Header, Status
 from ...protocol import jetstream as jsw
+from ..core.access import dead_letter_origin, is_dead_letter
+from ..core.journaling import Journaling, primary
+from ..core.peers import Out, PeerTable
+from ..core.pubsub import PubSub
 from ..storage.port import JournalStore
-from .access import dead_letter_origin, is_dead_letter
-from .journaling import Streams, primary
-from .peers import Out, PeerTable
-from .pubsub import PubSub
 
 
 class Held(NamedTuple):
@@ -47,14 +47,14 @@ class Held(NamedTuple):
 class Replication:
     def __init__(
         self,
-        streams: Streams,
+        journaling: Journaling,
         pubsub: PubSub,
         peers: PeerTable,
         counters: Counter[str],
         *,
         broker_name: Callable[[], str],
     ) -> None:
-        self.streams = streams
+        self.journaling = journaling
         self.pubsub = pubsub
         self.peers = peers
         self.counters = counters
@@ -96,20 +96,20 @@ class Replication:
         """Anyone here may want what a stream delivers (a subscriber, a queue group, a replay): else the
         shell only fills the local copy and does not hand the records over."""
         pubsub = self.pubsub
-        return bool(len(pubsub.subscriptions) or len(pubsub.groups) or self.streams.streaming)
+        return bool(len(pubsub.subscriptions) or len(pubsub.groups) or self.journaling.paging)
 
     def arrived(self, journal: JournalStore, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:
         """Records of ``journal`` the stream delivered (``(record, origin)``, in seq order, already in the
         local copy): to this broker's own subscribers; queue groups and echo at the origin broker."""
         out: list[Out] = []
-        streams, pubsub = self.streams, self.pubsub
+        journaling, pubsub = self.journaling, self.pubsub
         here = self._broker_name()
         for record, origin in records:
             tokens = pubsub.tokens_of(record.topic)
             if tokens is None:
                 self.counters["replicated_unreadable"] += 1
                 continue
-            kept_by = streams.routes(tokens)
+            kept_by = journaling.journals_of(tokens)
             if not kept_by or primary(kept_by) is not journal:
                 continue  # another journal speaks for this topic here (it was delivered with that one's seq)
             parsed = jsw.parse_origin(origin)
@@ -118,7 +118,7 @@ class Replication:
             admits = _admits_dead_letter(record) if is_dead_letter(tokens) else None
             headers = {Header.TOPIC: record.topic, **record.headers}
             sender = record.sender.encode()
-            held = streams.held_back((journal,), tokens)
+            held = journaling.held_back((journal,), tokens)
             position = (journal.name, record.seq)
             out += pubsub.fan_out(
                 record.topic,

@@ -1,4 +1,4 @@
-"""What another broker sends, taken record by record (mc0.broker.core.routed), on real nats-server nodes: a
+"""What another broker sends, taken record by record (mc0.broker.core.routeinput), on real nats-server nodes: a
 route message is published on the cluster's NATS subjects by a made-up broker (tests/clusterbus.py
 FakeBroker, with the brokers' credentials) and handled by a real broker process."""
 

@@ -1,7 +1,7 @@
 """StoreOps: the store calls the core makes (durable consumers, mailboxes), done with the JetStream API.
 
 Contract: each ``op_<name>(request)`` coroutine does one call the core asked
-(:mod:`mc0.broker.core.storecalls`) and returns ``(data, payloads)``: the
+(:mod:`.storecalls`) and returns ``(data, payloads)``: the
 answer's JSON and the payloads of the records it carries (their ``[seq, ts
 ns]`` in ``data["records"]``, in the same order); a failure raises
 :class:`~.streams.StoreError` with mc0's status.  Ops:

@@ -15,7 +15,7 @@ import mc0
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.dialects import mdpx as S
-from mc0.broker.dialects import route
+from mc0.broker.dialects import recognise
 from mc0.process import BrokerProcess
 
 from .conftest import RawPeer
@@ -28,7 +28,7 @@ class Core:
     """A core and a clock; ``send`` returns what it answered as a list of (routing id, frames)."""
 
     def __init__(self, **settings: Any) -> None:
-        self.core = BrokerCore(CoreSettings(**settings), dialects=route)
+        self.core = BrokerCore(CoreSettings(**settings), dialects=recognise)
         self.now = 0.0
 
     def send(self, who: bytes, *frames: bytes) -> list[tuple[bytes, list[bytes]]]:

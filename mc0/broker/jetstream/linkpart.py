@@ -1,8 +1,8 @@
 """The cluster link's JetStream part: journals, consumers and mailboxes kept by JetStream.
 
 Contract: runs on the cluster link's thread and asyncio loop, over its nats-py
-connection (:mod:`.link`), and speaks to the broker loop only through the
-link's PAIR (``post``; what crosses: :mod:`.streams`).  Nothing of mc0's
+connection (:mod:`mc0.broker.cluster.link`), and speaks to the broker loop only through the
+link's hand-over to the loop (``post``; what crosses: :mod:`.streams`).  Nothing of mc0's
 semantics is decided here: it does what the core asked and reports what
 JetStream answered.
 
@@ -26,7 +26,7 @@ JetStream answered.
   when the nodes run ``sync_interval: always``).
 - Delivery: a :class:`~.feed.StreamFeed` per journal (not the one that keeps
   mailboxes) fills this broker's local copy, in seq order.
-- Calls: ``call`` runs one store op (:class:`~.jsops.StoreOps`) and posts
+- Calls: ``call`` runs one store op (:class:`~.storeops.StoreOps`) and posts
   exactly one ``Answer``, an error too (``{"error": {"code", "description"}}``
   in mc0's status codes; 503 when JetStream did not answer in time).
 """
@@ -43,7 +43,7 @@ from typing import Any
 
 from ...protocol import jetstream as jsw
 from .feed import StreamFeed
-from .jsops import StoreOps
+from .storeops import StoreOps
 from .streams import ACK, ACKS, ANSWER, FAILED, FAILURE, StoreError, StreamSpec, api
 
 log = logging.getLogger("mc0.broker")

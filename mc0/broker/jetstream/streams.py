@@ -169,8 +169,8 @@ class Answer:
 StoreNews = Acks | Failed | StreamState | Records | Answer
 
 
-def parse_inbound(frames: list[bytes]) -> StoreNews | None:
-    """One PAIR message of the JetStream part, None if it is not one."""
+def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
+    """One post of the JetStream part (its frames), None if it is not one."""
     kind = frames[0]
     if kind == ACKS:
         return Acks(frames[1].decode(), [(t, s, bool(d)) for t, s, d in ACK.iter_unpack(frames[2])])

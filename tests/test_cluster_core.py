@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core import routed
+from mc0.broker.core import routeinput
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.routes import ROUTE_PREFIX, is_route_id, route_id
 from mc0.permissions import Permissions
@@ -45,20 +45,20 @@ class Net:
         self.route_messages = 0
         self.now = 0.0
         for name, core in self.cores.items():
-            routed.join(core, name, route_ttl=1.0)
+            routeinput.join(core.rooms, name, route_ttl=1.0)
         self.beacons()
 
     def beacons(self) -> None:
         for sender in self.cores:
             for receiver, core in self.cores.items():
                 if receiver != sender:
-                    self.deliver(receiver, routed.hello(core, sender, self.epochs[sender], self.now))
+                    self.deliver(receiver, routeinput.hello(core.rooms, sender, self.epochs[sender], self.now))
 
     def deliver(self, at: str, out: list[tuple[bytes, object]]) -> None:
         """What core ``at`` returned: route messages travel on (grouped per route, as one blob), the rest
         lands in the inboxes."""
         core = self.cores[at]
-        out = out + routed.news(core)
+        out = out + routeinput.news(core.rooms)
         blobs: dict[str, list[bytes]] = defaultdict(list)
         for rid, payload in out:
             if is_route_id(rid):
@@ -69,7 +69,8 @@ class Net:
                 self.inbox[(at, rid)] += commands(payload)
         for target, records in blobs.items():
             self.route_messages += 1
-            self.deliver(target, routed.received(self.cores[target], at, self.epochs[at], b"".join(records), self.now))
+            blob = b"".join(records)
+            self.deliver(target, routeinput.received(self.cores[target].rooms, at, self.epochs[at], blob, self.now))
 
     def send(self, at: str, rid: bytes, *frames: str | bytes, who: str = "anonymous") -> None:
         self.deliver(at, self.cores[at].handle(rid, f(*frames), self.now, who))
@@ -381,7 +382,7 @@ def test_a_broker_gone_requeues_what_it_held_and_the_client_gets_one_terminal() 
         for name, core in list(net.cores.items()):
             for sender in net.cores:
                 if sender != name:
-                    net.deliver(name, routed.hello(core, sender, net.epochs[sender], net.now))
+                    net.deliver(name, routeinput.hello(core.rooms, sender, net.epochs[sender], net.now))
             net.deliver(name, core.tick(net.now))
         if net.inbox.get((other, b"w" + other.encode())):
             break
@@ -412,13 +413,13 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
     assert net.cores["a"].pubsub.subscriptions.match(("x", "y"))
     # b restarts: a new core, a new (larger) epoch; its old subscriber is gone.
     net.cores["b"] = BrokerCore(CoreSettings(min_ttl_ms=10))
-    routed.join(net.cores["b"], "b", route_ttl=1.0)
+    routeinput.join(net.cores["b"].rooms, "b", route_ttl=1.0)
     net.epochs["b"] += 1
     net.beacons()
     assert not net.cores["a"].pubsub.subscriptions.match(("x", "y"))
     assert sorted(net.cores["a"].routes.by_name) == ["b"]
     # A late message of b's first run is dropped, not taken for the new one.
-    assert routed.received(net.cores["a"], "b", net.epochs["b"] - 1, b"", net.now) == []
+    assert routeinput.received(net.cores["a"].rooms, "b", net.epochs["b"] - 1, b"", net.now) == []
 
 
 @pytest.mark.parametrize(
@@ -445,7 +446,7 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
 )
 def test_a_route_record_that_cannot_be_taken_is_counted_and_dropped_unanswered(records: bytes) -> None:
     net = Net(("a", "b"))
-    out = routed.received(net.cores["a"], "b", net.epochs["b"], records, net.now)
+    out = routeinput.received(net.cores["a"].rooms, "b", net.epochs["b"], records, net.now)
     assert [o for o in out if not is_route_id(o[0])] == []
     assert net.cores["a"].counters["route_records_refused"] >= 1
     net.connect("a", b"x")  # the broker carries on
@@ -469,12 +470,13 @@ def test_a_bad_route_record_costs_itself_only_and_the_records_around_it_all_take
     net = Net(("a", "b"))
     net.connect("a", b"sa")
     net.send("a", b"sa", "SUB", "", "t.>")
-    monkeypatch.setitem(routed._VERBS, P.Verb.SUB, broken)  # (from here on: b's announcement reached it)
+    monkeypatch.setitem(routeinput._VERBS, P.Verb.SUB, broken)  # (from here on: b's announcement reached it)
     blob = b"".join(
         [batch.message_record(b"t.1", b"alice", b"m1"), bad, batch.message_record(b"t.2", b"alice", b"m2"), bad]
     )
     a = net.cores["a"]
-    net.deliver("a", routed.received(a, "b", net.epochs["b"], blob + batch.message_record(b"t.3", b"bob", b"m3"), 0))
+    blob += batch.message_record(b"t.3", b"bob", b"m3")
+    net.deliver("a", routeinput.received(a.rooms, "b", net.epochs["b"], blob, 0))
     assert net.messages("a", b"sa") == [b"m1", b"m2", b"m3"]
     assert (a.counters["route_records_refused"], a.counters["route_records_failed"]) == (2 * refused, 2 * failed)
     assert a.counters["internal_errors"] == 2 * failed
@@ -494,11 +496,11 @@ def test_route_traffic_dropped_on_the_way_in_is_healed_by_reopening_every_route(
     for frames in (f("SUB", "", "y.>"), f("UNSUB", "", "x.>")):
         out = b.handle(b"sb", frames, net.now, "anonymous")
         assert all(is_route_id(rid) or rid == b"sb" for rid, _ in out)
-        routed.news(b)  # (what would have crossed: lost)
+        routeinput.news(b.rooms)  # (what would have crossed: lost)
     net.connect("a", b"pub")
     net.send("a", b"pub", "PUT", "TOPIC", "y.1", "", "lost")
     assert net.messages("b", b"sb") == []  # the loss is real
-    net.deliver("a", routed.reopen(net.cores["a"], net.now))
+    net.deliver("a", routeinput.reopen(net.cores["a"].rooms, net.now))
     assert net.cores["a"].counters["route_reopened"] == 1
     before = net.route_messages
     net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "nobody")
@@ -525,9 +527,9 @@ def test_a_route_whose_queue_overflows_is_counted_not_evicted_and_opened_afresh_
     assert a.evict_stalled(route_id("b"), net.now) == []  # (the shell freed its queue: resynced, not evicted)
     assert (a.counters["route_queue_dropped"], a.counters["route_queue_stalled"]) == (2, 1)
     assert "b" in a.routes.by_name and a.counters["forgotten_too_slow"] == 0
-    out = routed.resync_overflowed(a, net.now)
+    out = routeinput.resync_overflowed(a.rooms, net.now)
     assert [commands(p)[0][0] for rid, p in out if rid == route_id("b")][:1] == [b"CONNECT"]
-    assert a.counters["route_resynced"] == 1 and routed.resync_overflowed(a, net.now) == []
+    assert a.counters["route_resynced"] == 1 and routeinput.resync_overflowed(a.rooms, net.now) == []
     net.deliver("a", out)  # b answers with its whole state: its subscriber's interest is known at a again
     net.connect("a", b"pub")
     net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "after")

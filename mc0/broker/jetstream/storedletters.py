@@ -3,7 +3,7 @@
 Contract: a letter for an identity with no session anywhere in the cluster is
 proposed to the stream on that identity's own subject (``keep``: its token;
 the sender's ``OK MAILBOX stored`` waits for the stream's acknowledgement,
-``mc0.broker.core.replication``).  When the identity gets its first session at
+``mc0.broker.jetstream.replication``).  When the identity gets its first session at
 this broker (``online``), this broker reads its letters from the stream in
 order (a store call), hands each one not expired to the identity's newest
 session here, and once the shell says that session's queue is empty
@@ -33,8 +33,8 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...message import Record
 from ...protocol import Header, Status
+from ..core.peers import Out, Peer
 from ..storage.port import ReplicatedStore
-from .peers import Out, Peer
 from .storecalls import StoreCalls, failure
 
 log = logging.getLogger("mc0.broker")

@@ -1,11 +1,11 @@
-"""Delivery: the sending half of the broker's loop, around :class:`~mc0.broker.outbox.Outbox`.
+"""Sender: the sending half of the broker's loop, around :class:`~mc0.broker.outbox.Outbox`.
 
 Contract: ``apply(out, now)`` queues what the core returned (a message over
 a peer's budget is reported to the core as a drop, and the core's answer to
 that, an eviction, is queued in turn); ``flush(sock, now)`` sends each
 peer what it accumulated, under a per-peer guard (one peer's fault costs
 that peer only: its queue is dropped, its session closed, and everyone else
-is served); ``queue_stream`` queues replay and fetch pages only while their
+is served); ``queue_pages`` queues replay and fetch pages only while their
 peer's backlog is small.  ``holding_input(now)`` is the back-pressure rule
 (``Outbox.holding_input``): the loop reads no input while it says so.
 This is shell code (it sends on the ROUTER socket); every decision about
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from .core.dispatch import BrokerCore, Out
-from .core.journaling import StreamOut
+from .core.journaling import PageOut
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -32,24 +32,29 @@ MAX_FOLLOW_UP_ROUNDS = 64
 # (4x at 64 KiB, 10 subscribers) and loses below.
 SHARE_FRAMES_FROM = 4096
 # A replay or fetch queues its next page only while its peer's backlog is below this.
-STREAM_WINDOW = 1 << 20
+PAGE_WINDOW = 1 << 20
 # pyzmq's constants are enum.Flag members: combining them per send builds enum
 # objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
 NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
+# pyzmq's own send (its compiled backend's), without the pure-Python wrapper zmq.Socket puts around it
+# (routing_id / group arguments this broker never uses): a Python frame less per frame sent.
+_send = zmq.backend.Socket.send
+
+
 def send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any], copy: bool = True) -> None:
     """Send one routed message. pyzmq's send_multipart computes ``zmq.SNDMORE | flags``
     per frame, on enum.Flag members: measured at 13% of the broker's time."""
-    send = sock.send
-    send(routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
+    send = _send
+    send(sock, routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
     for frame in frames[:-1]:
-        send(frame, MORE_NOBLOCK, copy=copy)
-    send(frames[-1], NOBLOCK, copy=copy)
+        send(sock, frame, MORE_NOBLOCK, copy)
+    send(sock, frames[-1], NOBLOCK, copy)
 
 
-class Delivery:
+class Sender:
     def __init__(self, core: BrokerCore, outbox: Outbox, listeners: Sequence[Listener] = ()) -> None:
         """``listeners``: the ways besides the ROUTER socket that peers reach this broker (MemoDB
         over NNG, the other brokers of a cluster): each sends what is queued for its own peers."""
@@ -57,9 +62,12 @@ class Delivery:
         self.outbox = outbox
         self.listeners = tuple(listeners)
         self.holding = False  # the input is held (back-pressure) as of the last look
+        # Calls of ``apply``: whatever the core did that may move its next deadline went through one
+        # (the loop reuses a deadline while this is unchanged).
+        self.applied = 0
 
     def holding_input(self, now: float) -> bool:
-        held = self.outbox.holding_input(now)
+        held = bool(self.outbox.over) and self.outbox.holding_input(now)  # (no queue over the mark: no call)
         if held and not self.holding:
             self.core.counters["input_held"] += 1  # episodes, for monitoring
         self.holding = held
@@ -82,6 +90,7 @@ class Delivery:
         peer's budget is refused and reported to the core as a drop; the
         core's answer to that (an eviction) is queued in turn, boundedly.
         """
+        self.applied += 1
         core = self.core
         outbox = self.outbox
         sessions = core.sessions
@@ -149,11 +158,11 @@ class Delivery:
                 return
             outbox.sent(routing_id, now)
 
-    def queue_stream(self, out: list[StreamOut], now: float) -> None:
-        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the stream
-        is paused and rewound (``core.stream_blocked``), so a replay never overruns a slow reader's
+    def queue_pages(self, out: list[PageOut], now: float) -> None:
+        """Replay and fetch pages: queued while the peer's backlog is small; otherwise the read
+        is paused and rewound (``core.page_blocked``), so a replay never overruns a slow reader's
         budget and is never counted as a drop.  Once one page of a peer is held back, every later
-        one is too, so each stream resumes at its first unsent message, in order."""
+        one is too, so each read resumes at its first unsent message, in order."""
         outbox = self.outbox
         sessions = self.core.sessions
         blocked: set[bytes] = set()
@@ -163,10 +172,10 @@ class Delivery:
             if (
                 routing_id in blocked
                 or peer is None
-                or outbox.backlog(routing_id) > STREAM_WINDOW
+                or outbox.backlog(routing_id) > PAGE_WINDOW
                 or not outbox.put(
                     routing_id, peer.framed(item.frames), batched=peer.batched, known=True, now=now, tally=peer
                 )
             ):
                 blocked.add(routing_id)
-                self.core.stream_blocked(item, now)
+                self.core.page_blocked(item, now)

@@ -1,7 +1,7 @@
 """Seed 004 as the original mc0d peers speak it, in the core (no sockets, time an argument):
 the envelope, CONNECT's defaults, exact 0.x topics and how they meet 1.0 topics, heartbeats
 under the peer's TTL, and what a session bound to (routing id, identity, connection) keeps.
-The same peers against a real broker: tests/test_seed004_live.py."""
+The same peers against a real broker: tests/test_mc0d_peers_live.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
-from mc0.broker.dialects import route
+from mc0.broker.dialects import recognise
 from mc0.permissions import Permissions
 from mc0.topics import seed_topic
 
@@ -122,7 +122,7 @@ def test_what_the_core_says_to_a_peer_it_no_longer_tracks_carries_the_envelope_i
 
 
 def test_an_enveloped_session_is_not_batched_and_foreign_dialects_keep_their_empty_frame() -> None:
-    core = BrokerCore(dialects=route)
+    core = BrokerCore(dialects=recognise)
     out = core.handle(b"p", f("", "CONNECT", "VERSION", "1.0", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0)
     assert wire(core, out, b"p") == [f("", "OK", "ID", "c", "TTL", "1000")] and not core.sessions[b"p"].batched
     # MDP (REQ-style), eMQP and DCP messages also start with an empty frame: still theirs.

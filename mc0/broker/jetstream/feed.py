@@ -3,7 +3,7 @@
 Contract: ``run()`` (a task of the link thread) waits until the stream exists,
 then keeps an *ordered* push consumer of it (ephemeral, R1 in memory, no acks,
 flow control, idle heartbeats) starting at the seq the copy needs next, and
-posts what it delivers to the broker loop in batches (one PAIR message per
+posts what it delivers to the broker loop in batches (one post per
 turn of the link's event loop).  Before each start it posts ``StreamState``:
 where the stream starts and ends and where delivery starts (the stream's
 first seq when the copy was made from another stream of the same name, or
@@ -24,13 +24,14 @@ direct get: any replica answers, nothing when there is none); a record the
 stream held at one look and the consumer did not deliver by the next is a
 stall: counted (``stalls``), logged, recreated.
 
-Credit: what a feed posts is counted by the link's :class:`Poster` (bytes of
+Credit: what a feed posts is counted by the link's
+:class:`~mc0.broker.cluster.credit.Poster` (bytes of
 ``Records`` posted and not yet taken by the broker loop, every journal's
 together, and the route traffic the link posts beside them).  The
 consumer's flow-control requests (and a stalled heartbeat's) are answered
-only while that backlog is below ``FEED_BUDGET_BYTES``, so JetStream stops
+only while that backlog is below its budget (``credit.FEED_BUDGET_BYTES``), so JetStream stops
 sending when the broker loop (its disk) falls behind, not when the link
-thread does: what waits in the inproc pipe stays within the budget plus one
+thread does: what waits in the hand-over to the loop stays within the budget plus one
 flow-control window of JetStream (a few MiB).
 """
 
@@ -39,79 +40,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...protocol import jetstream as jsw
-from .streams import NS, RECORDS, StoreError, ack_tokens, api, records_frames, state_frames
+from ..cluster.credit import Poster
+from .streams import NS, StoreError, ack_tokens, api, records_frames, state_frames
 
 log = logging.getLogger("mc0.broker")
 
 HEARTBEAT_S = 1.0  # the consumer's idle heartbeat; three missed: recreated
 RETRY_S = 0.25  # between attempts while the stream or its server is not there
 INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
-# Records posted to the broker loop and not yet taken, beyond which flow control is held.
-FEED_BUDGET_BYTES = 64 * 1024 * 1024
 CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
 STALL_CHECK_S = 2.0  # while nothing is delivered, the stream is asked this often for what it holds beyond
-
-
-class Poster:
-    """The link thread's ``post`` to the broker loop, counting the bytes of the bulky messages in the
-    pipe (``Records``, and the kinds named in ``counted``: route traffic): added here when posted
-    (link thread), taken off by ``consumed`` (the loop, as it receives them).  Thread-safe; ``send``
-    never blocks."""
-
-    def __init__(
-        self,
-        send: Callable[[Sequence[bytes]], None],
-        budget: int = FEED_BUDGET_BYTES,
-        *,
-        counted: frozenset[bytes] = frozenset(),
-    ) -> None:
-        self._send = send
-        self.budget = budget
-        self.counted = counted | {RECORDS}
-        self._lock = threading.Lock()
-        self._backlog = 0
-        self._wake: Callable[[], None] | None = None  # armed by a waiter: called once the budget frees
-
-    def __call__(self, frames: Sequence[bytes]) -> None:
-        if frames[0] in self.counted:
-            size = sum(len(f) for f in frames)
-            with self._lock:
-                self._backlog += size
-        self._send(frames)
-
-    def consumed(self, size: int) -> None:
-        """The loop took a counted message of ``size`` bytes (all its frames) off the pipe."""
-        with self._lock:
-            self._backlog = max(0, self._backlog - size)
-            wake = self._wake if self._backlog < self.budget else None
-            if wake is not None:
-                self._wake = None
-        if wake is not None:
-            wake()
-
-    def arm(self, wake: Callable[[], None]) -> bool:
-        """Have ``wake`` called (once, from the thread that frees it) when the budget is no longer spent;
-        False, and nothing armed, when it is not spent now."""
-        with self._lock:
-            if self._backlog < self.budget:
-                return False
-            self._wake = wake
-            return True
-
-    @property
-    def backlog(self) -> int:
-        return self._backlog
-
-    @property
-    def over(self) -> bool:
-        """Too much waits for the loop: hold flow control."""
-        return self._backlog >= self.budget
 
 
 class StreamFeed:

@@ -1,7 +1,7 @@
 """StoreCalls: what the core asks of the replicated store (JetStream), and what each answer then does.
 
 Contract: a room asks ``call(request, then)``: ``request`` is a JSON-able dict
-naming its ``op`` (see :mod:`mc0.broker.cluster.jetstream` for the ops), queued
+naming its ``op`` (see :mod:`.storeops` for the ops), queued
 until the shell ``drain``s it to the cluster link, once per loop turn.  The
 link answers every call exactly once, a failure too (``{"error": {"code": c,
 "description": d}}``: the store refused, or it did not answer in time), and
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...message import Record
-from .peers import Out
+from ..core.peers import Out
 
 Then = Callable[[dict[str, Any], Sequence[Record], float], list[Out]]
 

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, Error
-from ..protocol import jetstream as jsw
-from ..settings import Config
-from .cluster.jetstream import message_size, too_large
-from .cluster.link import nats_options
-from .cluster.streams import StoreError, api, spec_of
-from .storage.filestore import Journal
-from .storage.records import encode_payload
+from ...errors import ConfigError, Error
+from ...protocol import jetstream as jsw
+from ...settings import Config
+from ..cluster.link import nats_options
+from ..storage.filestore import Journal
+from ..storage.records import encode_payload
+from .linkpart import message_size, too_large
+from .streams import StoreError, api, spec_of
 
 log = logging.getLogger("mc0.journal")
 

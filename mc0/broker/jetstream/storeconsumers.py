@@ -19,8 +19,9 @@ per-cluster quotas (counted over the streams' consumers at create), and
 ``deliver`` all/new.  ``ack_wait``, ``nak`` (with its delay), ``term``,
 ``max_ack_pending`` and redelivery are JetStream's own.  An ack JetStream did
 not confirm within a second (a seq not pending) is counted ``ignored``.  These
-requests are not queued in :mod:`.rpc`, so their bound is here: at most
-``max_calls`` (``MAX_STORE_CALLS``) store calls made for one client are in
+requests are not queued in :mod:`mc0.broker.core.rpc`, so their bound is
+here: at most ``max_calls`` (``MAX_STORE_CALLS``, or the broker's
+``max_requests`` when that is lower) store calls made for one client are in
 flight at once (a cancelled pull's too, until the store answers it), and at
 most ``max_total`` (``MAX_STORE_CALLS_TOTAL``) for all clients together (so
 many connections cannot multiply the first bound); a request beyond either
@@ -53,10 +54,10 @@ from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol import jetstream as jsw
 from ...protocol.jetstream import MAX_STORE_CALLS, MAX_STORE_CALLS_TOTAL
 from ...topics import pattern_matches, split_pattern, split_topic
+from ..core.access import may_read
+from ..core.consumerstate import ConsumerConfig, int_field, parse_config
+from ..core.peers import Out, Peer
 from ..storage.port import JournalStore
-from .access import may_read
-from .consumerstate import ConsumerConfig, int_field, parse_config
-from .peers import Out, Peer
 from .storecalls import StoreCalls, failure
 
 log = logging.getLogger("mc0.broker")

@@ -1,0 +1,95 @@
+"""The cluster link's hand-over between its thread and the broker loop (mc0.broker.cluster.link): what the
+thread posts reaches the loop in order, and a post is never left without a wake-up of the loop, however it
+falls against the loop's reading.  No NATS server is needed: the thread only tries to connect (to a port
+nothing listens on) while these run.  The link against real nats-server nodes: tests/test_cluster_live.py."""
+
+from __future__ import annotations
+
+import select
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from mc0.broker.cluster import posts
+from mc0.broker.cluster.link import ClusterLink, Hello
+from mc0.settings import ClusterConfig
+
+
+@pytest.fixture
+def link() -> Iterator[ClusterLink]:
+    context: zmq.Context[Any] = zmq.Context()
+    with socket.socket() as unused:  # a port nothing listens on: the thread keeps trying, nothing else
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    link = ClusterLink(ClusterConfig(nats=(f"nats://127.0.0.1:{port}",), hello_ms=1000))
+    try:
+        link.start(context, "b1")
+        assert link.poster is not None  # (made by the thread before start returns)
+        yield link
+    finally:
+        link.close()
+        context.term()
+
+
+def readable(link: ClusterLink, timeout: float = 0.5) -> bool:
+    assert link.socket is not None
+    return bool(select.select([link.socket], [], [], timeout)[0])
+
+
+def hello(n: int) -> tuple[bytes, ...]:
+    return posts.hello(f"b{n}", n)
+
+
+def test_what_the_thread_posts_reaches_the_loop_in_order_with_one_wake_up_for_many(link: ClusterLink) -> None:
+    assert link.poster is not None
+    assert not readable(link, 0.05)
+    for n in range(5):
+        link.poster(hello(n))
+    assert readable(link)
+    assert link.receive() == [Hello(f"b{n}", n) for n in range(5)]
+    assert not readable(link, 0.05)  # (five posts, one wake-up, read)
+
+
+def test_a_post_made_while_the_loop_reads_its_wake_ups_wakes_it_for_the_next_post(link: ClusterLink) -> None:
+    """The thread posts while the loop is reading its wake-ups: the post after that one must wake the loop
+    again (the loop notes it was told only after reading the wake-ups, never before)."""
+    assert link.poster is not None
+    poster = link.poster
+    real = link._wake_r
+    assert real is not None
+
+    class PostsWhileRead:
+        """The loop's end of the wake-up pair, with the thread posting at the moment the loop reads it."""
+
+        def __init__(self) -> None:
+            self.posted = False
+
+        def recv(self, size: int) -> bytes:
+            if not self.posted:
+                self.posted = True
+                poster(hello(1))
+            assert real is not None
+            return real.recv(size)
+
+    poster(hello(0))
+    link._wake_r = PostsWhileRead()  # type: ignore[assignment]
+    try:
+        assert link.receive() == [Hello("b0", 0), Hello("b1", 1)]
+    finally:
+        link._wake_r = real
+    poster(hello(2))
+    assert readable(link)  # (it was lost when the loop noted "told" before reading the wake-ups)
+    assert link.receive() == [Hello("b2", 2)]
+
+
+def test_more_posts_than_one_receive_takes_leave_the_loop_woken(link: ClusterLink) -> None:
+    assert link.poster is not None
+    for n in range(300):
+        link.poster(hello(n))
+    first = link.receive(limit=256)
+    assert len(first) == 256 and readable(link)  # the rest waits, and the loop is told
+    assert first + link.receive(limit=256) == [Hello(f"b{n}", n) for n in range(300)]
+    assert not readable(link, 0.05)
