@@ -19,7 +19,7 @@ reports.  It owns everything a client must get right by itself:
 * decoding what the broker sends, a ``BATCH`` in one pass: every MESSAGE,
   whatever its shape, becomes a :class:`~mc0.message.Message` the one way
   (:func:`~mc0.message.new_message`) for the local subscriptions the
-  :class:`~mc0.pattern_table.PatternTable` routes it to, so overlapping
+  :class:`~mc0.pattern_table.PatternTable` matches it to, so overlapping
   subscriptions of one client each see it once;
 * local validation of what the user asks to send (misuse raises here).
 """
@@ -480,7 +480,7 @@ class ClientSession:
         if Header.TO in headers:  # a direct message: the mailbox gets it
             return Received(message, MAILBOX_KEYS)
         # A queue group's copy is for that group's subscriptions only.
-        _, _, keys = self._pattern_table.route(topic.encode(), group.encode() if group is not None else None)
+        _, _, keys = self._pattern_table.match(topic.encode(), group.encode() if group is not None else None)
         if seq is not None and group is None and self._resume:
             for pattern in keys:
                 if pattern in self._resume:
@@ -510,11 +510,11 @@ class ClientSession:
         events: list[Event] = []
         replies: list[Frames] = []
         senders = self._senders
-        routes, group_routes = self._pattern_table.routes, self._pattern_table.group_routes
+        matches, group_matches = self._pattern_table.matches, self._pattern_table.group_matches
         try:
             for code, start, end, sender_b, topic_b, group_b, data in batch.received(blob):
-                if code == batch.MESSAGE:  # (PatternTable.route, as dict lookups: once per message)
-                    topic, group, keys = routes[topic_b] if group_b is None else group_routes[group_b, topic_b]
+                if code == batch.MESSAGE:  # (PatternTable.match, as dict lookups: once per message)
+                    topic, group, keys = matches[topic_b] if group_b is None else group_matches[group_b, topic_b]
                     deliver(new_message(topic, (data,), senders[sender_b], {}, None, None, group), keys)
                     continue
                 if code == batch.WORK:
