@@ -25,7 +25,10 @@ queue group's copies), ``pub`` (``await client.publish`` fire-and-forget, then
 a confirmed one), ``rpc`` (``--window`` lanes of ``await client.request``),
 ``seq`` (one request at a time), ``worker`` (an async echo handler, ``--window``
 requests in flight); ``sync-sub``, ``sync-pub``, ``sync-rpc`` (the sync API:
-``for message in sub``, ``client.publish``, ``client.request`` one at a time).
+``for message in sub``, ``client.publish``, ``client.request`` one at a time);
+``batches``, ``sync-batches`` (``sub`` read as ``for batch in sub.batches(max=1000)``,
+each message's body read: its own rows, never in place of ``sub``'s; a checkout
+without ``batches`` cannot run them).
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ TOPIC = "bench.client"
 SERVICE = "bench"
 GROUP = "g"
 BODY = b"x" * 100
-SCENARIOS = ("sub", "group", "pub", "rpc", "seq", "worker", "sync-sub", "sync-pub", "sync-rpc")
+SCENARIOS = (
+    *("sub", "group", "pub", "rpc", "seq", "worker", "sync-sub", "sync-pub", "sync-rpc"),
+    *("batches", "sync-batches"),
+)
 
 
 # ============================================================== the scripted broker
@@ -144,7 +150,7 @@ def broker_main(endpoint: str, scenario: str, count: int, per: int, window: int)
     print("ready", flush=True)
     try:
         deadline = time.monotonic() + 300
-        if scenario in ("sub", "group", "sync-sub"):
+        if scenario in ("sub", "group", "sync-sub", "batches", "sync-batches"):
             while not broker.subscribed and time.monotonic() < deadline:
                 broker.poll(0.05)
             time.sleep(0.2)  # the client's SUB is answered and its loop is idle before the clock starts
@@ -214,6 +220,17 @@ async def aio_client(endpoint: str, scenario: str, count: int, window: int) -> d
                 if got >= count:
                     break
             return {"cpu": _spent(before), "n": got}
+        if scenario == "batches":
+            sub = await client.subscribe(TOPIC)
+            got = 0
+            before = _cpu()
+            async for batch in sub.batches(max=1000):
+                for message in batch:
+                    message.body  # noqa: B018 - what an application reads
+                got += len(batch)
+                if got >= count:
+                    break
+            return {"cpu": _spent(before), "n": got}
         if scenario == "pub":
             before = _cpu()
             for _ in range(count):
@@ -243,6 +260,17 @@ def sync_client(endpoint: str, scenario: str, count: int) -> dict[str, Any]:
             for message in sub:
                 message.body  # noqa: B018 - what an application reads
                 got += 1
+                if got >= count:
+                    break
+            return {"cpu": _spent(before), "n": got}
+        if scenario == "sync-batches":
+            sub = client.subscribe(TOPIC)
+            got = 0
+            before = _cpu()
+            for batch in sub.batches(max=1000):
+                for message in batch:
+                    message.body  # noqa: B018 - what an application reads
+                got += len(batch)
                 if got >= count:
                     break
             return {"cpu": _spent(before), "n": got}

@@ -15,6 +15,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..errors import ClosedError, SlowConsumer, Timeout
@@ -160,6 +161,20 @@ class Subscription:
                     await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise Timeout(f"next message on {', '.join(self.patterns)}", timeout or 0.0) from None
+
+    async def batches(self, *, max: int = 1000) -> AsyncIterator[list[Message]]:
+        """``async for batch in sub.batches(max=...)``: whatever messages wait, up to ``max`` of
+        them in arrival order, as one list each time (as aiokafka's ``getmany``): one wake-up and
+        one step of the application's loop per list rather than per message.  Ends when the
+        subscription closes, after what it still held."""
+        if max < 1:
+            raise ValueError("max must be at least 1")
+        while True:
+            try:
+                got = await self.next_batch(max)
+            except ClosedError:
+                return
+            yield got
 
     def next_threadsafe(self, timeout: float | None = None) -> Message:
         """``next`` for another thread (the sync API): no hop into the event loop while
