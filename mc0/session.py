@@ -492,13 +492,15 @@ class ClientSession:
         self,
         blob: bytes,
         now: float,
-        deliver: Callable[[Message, tuple[str, ...]], None],
+        deliver: Callable[[list[Message], tuple[str, ...]], None],
         final: Callable[[str, bytes], bool] | None = None,
     ) -> tuple[list[Event], list[Frames]]:
         """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
 
-        Each MESSAGE is handed to ``deliver(message, local keys)`` as it is
-        decoded, in order (no event object per message): the shortcut shapes
+        The MESSAGEs are handed to ``deliver(messages, local keys)`` in order, each
+        run of them for the same local keys in one call (no event object per
+        message, one call into the shell per run rather than per message;
+        the list is the callee's to read, not to keep): the shortcut shapes
         read by :func:`mc0.protocol.batch.received`, any other (headers, several
         body frames) through :meth:`receive` as if it came alone.  Each FINAL
         shortcut goes to ``final(request id, body)`` when given, which says
@@ -511,11 +513,18 @@ class ClientSession:
         replies: list[Frames] = []
         senders = self._senders
         matches, group_matches = self._pattern_table.matches, self._pattern_table.group_matches
+        run: list[Message] = []  # the messages decoded for run_keys, not handed over yet
+        run_keys: tuple[str, ...] = ()
         try:
             for code, start, end, sender_b, topic_b, group_b, data in batch.received(blob):
                 if code == batch.MESSAGE:  # (PatternTable.match, as dict lookups: once per message)
                     topic, group, keys = matches[topic_b] if group_b is None else group_matches[group_b, topic_b]
-                    deliver(new_message(topic, (data,), senders[sender_b], {}, None, None, group), keys)
+                    if keys is not run_keys:  # (the same topic's keys are the same tuple: a cached match)
+                        if run:
+                            deliver(run, run_keys)
+                            run = []
+                        run_keys = keys
+                    run.append(new_message(topic, (data,), senders[sender_b], {}, None, None, group))
                     continue
                 if code == batch.WORK:
                     service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
@@ -533,13 +542,20 @@ class ClientSession:
                 more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
                 for event in more:  # a MESSAGE with headers is delivered in its place, in order
                     if type(event) is Received:
-                        deliver(event.message, event.keys)
+                        if event.keys != run_keys:
+                            if run:
+                                deliver(run, run_keys)
+                                run = []
+                            run_keys = event.keys
+                        run.append(event.message)
                     else:
                         events.append(event)
                 replies += answers
         except (ProtocolError, UnicodeDecodeError, struct.error) as exc:
             self.malformed += 1
             log.warning("malformed batch from broker, the rest dropped: %s", exc)
+        if run:  # (what was decoded before a malformed record is delivered too)
+            deliver(run, run_keys)
         return events, replies
 
     # ------------------------------------------------------------ the link under the session

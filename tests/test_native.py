@@ -145,8 +145,8 @@ def fed(events_and_frames):
     events, frames = events_and_frames
     log.append(("events", [repr(e) for e in events], [[bytes(x) for x in f] for f in frames]))
 
-def deliver(message, keys):
-    log.append(("message", repr(message), keys))
+def deliver(run, keys):
+    log.append(("run", [repr(message) for message in run], keys))
 
 def final(request_id, data):
     log.append(("final", request_id, data))

@@ -362,7 +362,7 @@ class Connection:
         """One message from the broker (called by the Link, on the loop)."""
         session = self.session
         if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver, self._final)
+            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver_run, self._final)
         else:
             events, replies = session.receive(frames, time.monotonic())
         for reply in replies:
@@ -426,20 +426,20 @@ class Connection:
             call.set_result(_new_reply((data,), {}, True, None, None))
         return True
 
-    def _deliver(self, message: Message, keys: tuple[str, ...]) -> None:
-        """A received message to every subscription held under its local keys (once each)."""
+    def _deliver_run(self, messages: list[Message], keys: tuple[str, ...]) -> None:
+        """Received messages, in order, to every subscription held under their local keys (once each)."""
         if len(keys) == 1:
             for sub in self._subscriptions.get(keys[0], ()):
-                sub._offer(message)
+                sub._offer_run(messages)
         elif keys:
             interested = {id(s): s for k in keys for s in self._subscriptions.get(k, ())}
             for sub in interested.values():
-                sub._offer(message)
+                sub._offer_run(messages)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
             if type(event) is Received:
-                self._deliver(event.message, event.keys)
+                self._deliver_run([event.message], event.keys)
             else:
                 self._on_event(event)
 

@@ -99,6 +99,30 @@ class Subscription:
             with self._sync:
                 self._sync.notify_all()
 
+    def _offer_run(self, messages: list[Message]) -> None:
+        """``_offer`` each of ``messages``, in order: in one step (one append of them all, one
+        wake-up) when every one of them fits, as each would one by one."""
+        items = self._items
+        if len(items) + len(messages) > self.max_pending or self._bytes >= self.max_pending_bytes:
+            for message in messages:
+                self._offer(message)
+            return
+        size = 0
+        for message in messages:
+            parts = message.parts
+            size += len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if self._bytes + size >= self.max_pending_bytes:
+            for message in messages:
+                self._offer(message)
+            return
+        items.extend(messages)
+        self._bytes += size
+        if self._waiters:
+            self._wake()
+        if self._sync_waiting:
+            with self._sync:
+                self._sync.notify_all()
+
     def _drop(self) -> None:
         self.dropped += 1
         if not self._dropping:
