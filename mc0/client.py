@@ -66,6 +66,19 @@ class Subscription(View[aio.Subscription]):
         return self._inner.closed
 
     @property
+    def from_seq(self) -> int | None:
+        return self._inner.from_seq
+
+    @property
+    def journal(self) -> str | None:
+        return self._inner.journal
+
+    @property
+    def error(self) -> Exception | None:
+        """Why the broker ended this subscription (a replay that stopped: its status and reason), if it did."""
+        return self._inner.error
+
+    @property
     def pending(self) -> int:
         return self._inner.pending
 

@@ -28,6 +28,7 @@ from .protocol import ANONYMOUS, SYS_MAILBOX_PATTERN, routes
 from .settings import (
     DEFAULT_ENDPOINT,
     ENV_BROKER_KEY,
+    ENV_CLUSTER,
     ENV_CONFIG,
     ENV_ENDPOINT,
     ENV_KEY,
@@ -44,6 +45,7 @@ from .topics import split_pattern
 __all__ = [
     "DEFAULT_ENDPOINT",
     "ENV_BROKER_KEY",
+    "ENV_CLUSTER",
     "ENV_CONFIG",
     "ENV_ENDPOINT",
     "ENV_KEY",

@@ -22,6 +22,7 @@ __all__ = [
     "MAILBOX_KEY",
     "MAILBOX_KEYS",
     "group_key",
+    "replay_key",
     "split_key",
     "Answer",
     "CancelWork",
@@ -31,6 +32,7 @@ __all__ = [
     "Event",
     "Fault",
     "Reconnecting",
+    "ReplayEnded",
     "Work",
     "answer_error",
 ]
@@ -51,6 +53,12 @@ class Answer:
 
 MAILBOX_KEY = ""  # the local key of a client's mailbox (no pattern is empty)
 MAILBOX_KEYS = (MAILBOX_KEY,)
+
+
+def replay_key(request_id: str) -> str:
+    """The local name of the subscription a ``SUB FROM`` with this ID made, for the records of its
+    replay's history (a space first: no pattern or group key starts with one)."""
+    return f" replay {request_id}"
 
 
 def group_key(pattern: str, group: str | None) -> str:
@@ -82,6 +90,17 @@ class Fault:
 
     error: RemoteError
     withdrawn: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayEnded:
+    """The broker ended the replay of ``journal`` that a ``SUB FROM`` of ``pattern`` started (``error``:
+    its status and why); the SUB itself stays, so the session still holds the pattern."""
+
+    error: RemoteError
+    journal: str
+    pattern: str
+    key: str | None = None  # the replaying subscription's ``replay_key``, when its OK named the journal
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +138,7 @@ class CancelWork:
     bid: str
 
 
-Event = Answer | Received | Fault | Connected | ConnectRefused | Reconnecting | Work | CancelWork
+Event = Answer | Received | Fault | ReplayEnded | Connected | ConnectRefused | Reconnecting | Work | CancelWork
 
 
 def answer_error(command: Command) -> RemoteError:

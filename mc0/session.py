@@ -22,6 +22,9 @@ reports.  It owns everything a client must get right by itself:
   :class:`~mc0.pattern_table.PatternTable` matches it to, so overlapping
   subscriptions of one client each see it once;
 * local validation of what the user asks to send (misuse raises here).
+
+A replay's history (the records before the seq the OK to its ``SUB FROM``
+names) goes to the replaying subscription alone (:func:`~mc0.events.replay_key`).
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ from .events import (
     Fault,
     Received,
     Reconnecting,
+    ReplayEnded,
     Work,
     answer_error,
     group_key,
+    replay_key,
     split_key,
 )
 from .message import Message, new_message
@@ -76,9 +81,11 @@ __all__ = [
     "Fault",
     "Frames",
     "Reconnecting",
+    "ReplayEnded",
     "Work",
     "answer_error",
     "group_key",
+    "replay_key",
 ]
 
 
@@ -113,6 +120,11 @@ class ClientSession:
         # healing resumes the replay where delivery stopped instead of going live only.
         self._resume: dict[str, tuple[str | None, int]] = {}
         self._pattern_table = PatternTable()  # the local subscriptions a received MESSAGE is for
+        # SUB FROM ids awaiting their OK (-> their patterns), then per journal where that replay's history
+        # ends (its OK's SEQ: the records before it went out live already), its ID and patterns: a record
+        # of its history is for the replaying subscription alone (``replay_key``), not for the others.
+        self._replay_oks: dict[str, tuple[str, ...]] = {}
+        self._histories: dict[str, tuple[int, str, tuple[str, ...]]] = {}
         self.malformed = 0
         self._requests: set[str] = set()  # REQUEST ids sent and not yet answered with a terminal
         self.services: tuple[str, ...] = ()  # served as a worker (READY after every CONNECT)
@@ -293,7 +305,29 @@ class ClientSession:
         for pattern in patterns:
             self.add_pattern(pattern)
             self._resume[pattern] = (journal, from_seq)
+        self._replay_oks[request_id] = tuple(patterns)
         return self._sub_from(patterns, journal, from_seq, request_id)
+
+    def _history_begins(self, request_id: str, command: Command) -> None:
+        """The answer to a SUB FROM: an ``OK JOURNAL j SEQ n`` (a broker from before says neither) names
+        the journal replayed and where its history ends."""
+        patterns = self._replay_oks.pop(request_id)
+        journal = command.headers.get(Header.JOURNAL)
+        end = P.decimal(command.headers.get(Header.SEQ, ""))
+        if command.verb is Verb.OK and journal is not None and end is not None:
+            self._histories[journal] = (end, request_id, patterns)
+
+    def _history_keys(self, journal: str, seq: int, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """The local keys of a record of a journal being replayed: before where its history ends, only the
+        replaying subscription's; the first at or past it on the replay's patterns ends the history (the
+        replay reached what was new when it began, which every subscription gets)."""
+        end, request_id, patterns = self._histories[journal]
+        if not any(pattern in keys for pattern in patterns):
+            return keys
+        if seq < end:
+            return (replay_key(request_id),)
+        del self._histories[journal]
+        return keys
 
     @staticmethod
     def _sub_from(patterns: Sequence[str], journal: str | None, from_seq: int, request_id: str | None) -> Frames:
@@ -409,6 +443,11 @@ class ClientSession:
                     events.insert(0, Fault(error))  # volunteered (e.g. "key revoked"): worth recording
                 return events, [self.connect(now)]
             if request_id is None:
+                journal = command.headers.get(Header.JOURNAL)
+                if journal is not None:  # a replay ended, its SUB stays: nothing withdrawn
+                    history = self._histories.pop(journal, None)
+                    key = replay_key(history[1]) if history is not None else None
+                    return [ReplayEnded(error, journal, command.headers.get(Header.TOPIC, ""), key)], []
                 withdrawn = command.headers.get(Header.TOPIC)
                 if withdrawn is not None:
                     group = command.headers.get(Header.GROUP)
@@ -417,6 +456,8 @@ class ClientSession:
                         self._pattern_refs[withdrawn] = 1
                         self.drop_pattern(*split_key(withdrawn))  # the broker already forgot it: no UNSUB
                 return [Fault(error, withdrawn)], []
+        if request_id is not None and self._replay_oks and request_id in self._replay_oks:
+            self._history_begins(request_id, command)  # (in order: before any record of its replay)
         if verb is Verb.DISCONNECT:
             if self.failover:
                 return self._lost("broker sent DISCONNECT", now), []
@@ -434,6 +475,8 @@ class ClientSession:
         self.batched = self.batch_wanted and command.headers.get(Header.BATCH) == "1"
         healed = self.ever_connected
         self.connected = self.ever_connected = True
+        self._replay_oks.clear()
+        self._histories.clear()  # (the broker forgot them; what a resumed replay sends is everyone's)
         by_group: dict[str | None, list[bytes]] = {}
         for key in self._pattern_refs:
             if key not in self._resume:
@@ -485,6 +528,8 @@ class ClientSession:
             for pattern in keys:
                 if pattern in self._resume:
                     self._resume[pattern] = (journal, seq + 1)
+        if self._histories and seq is not None and journal in self._histories:
+            keys = self._history_keys(journal, seq, keys)
         return Received(message, keys)
 
     # ------------------------------------------------------------ batched input

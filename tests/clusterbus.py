@@ -47,10 +47,13 @@ class ClusterBus:
         nodes_of: tuple[tuple[int, ...], ...] | None = None,
         http: bool = False,
         route_liveness: int = ROUTE_LIVENESS,
+        names: tuple[str, ...] = (),
     ) -> None:
         """``node_of``: broker i's first NATS node (the others are its fallbacks); ``nodes_of``: the only
         NATS nodes broker i may use, in order; ``http``: each broker serves /varz (``varz(i)``);
-        ``route_liveness``: beacons a broker may miss before the others forget it."""
+        ``route_liveness``: beacons a broker may miss before the others forget it; ``names``: the
+        brokers' names, one each (they may repeat: each still has a config and data folder of its own)."""
+        self.names = names
         self.root = root
         self.nats = nats
         self.size = size
@@ -75,7 +78,11 @@ class ClusterBus:
             keys.create(self.keys_dir, "broker")  # one keypair for every broker: clients fail over with one key
 
     def name(self, i: int) -> str:
-        return f"b{i + 1}"
+        return self.names[i] if self.names else f"b{i + 1}"
+
+    def _own(self, i: int) -> str:
+        """Broker ``i``'s config file and data folder, by its name (by its place when names may repeat)."""
+        return f"broker{i}" if self.names else self.name(i)
 
     def config(self, i: int) -> Path:
         urls = self.nats.urls()
@@ -89,7 +96,7 @@ class ClusterBus:
             else ""
         )
         # Each broker its own data folder (its journals, and its local copies of JetStream journals).
-        data = self.root / self.name(i)
+        data = self.root / self._own(i)
         text = (
             f"data_dir = {json.dumps(str(data))}\n"
             f"{security}[broker]\nmin_ttl_ms = 50\n{self.broker}"
@@ -99,7 +106,7 @@ class ClusterBus:
         if self.http_ports:
             text += f'\n[http]\nlisten = "127.0.0.1:{self.http_ports[i]}"\n'
 
-        path = self.root / f"{self.name(i)}.toml"
+        path = self.root / f"{self._own(i)}.toml"
         path.write_text(text)
         return path
 
@@ -131,6 +138,14 @@ class ClusterBus:
             stats = json.loads(client.request("mc0.broker", b"stats", timeout=5).body)
         report: dict[str, Any] = stats["cluster"]
         return report
+
+    def healthz(self, i: int) -> dict[str, Any]:
+        """Broker ``i``'s /healthz (``http=True``)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[i]}/healthz", timeout=5) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+        return found
 
     def varz(self, i: int) -> dict[str, Any]:
         """Broker ``i``'s /varz (``http=True``): its counters, and its cluster link's under ``cluster``."""
@@ -276,6 +291,19 @@ class FakeBroker:
         async def publish() -> None:
             for payload in payloads:
                 await self._nc.publish(wire.inbox(to), payload)
+            await self._nc.flush()
+
+        asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)
+
+    def beacon(self, names: list[str], epoch: int = 1) -> None:
+        """One beacon from each of ``names`` (made-up brokers), as fast as NATS takes them."""
+        import asyncio
+
+        from mc0.protocol import routes as wire
+
+        async def publish() -> None:
+            for name in names:
+                await self._nc.publish(wire.HELLO_SUBJECT, wire.hello(name, epoch))
             await self._nc.flush()
 
         asyncio.run_coroutine_threadsafe(publish(), self.loop).result(30)

@@ -279,7 +279,7 @@ class Cluster(Net):
 
         for name, core in self.cores.items():
             routeinput.join(core.rooms, name, route_ttl=1.0)
-        self.beacons()
+        self.join()
         self.ids = 0
 
     def admin(self, at: str, rid: bytes, query: dict[str, Any]) -> tuple[int, Any]:

@@ -81,3 +81,37 @@ def test_the_command_line_cluster_is_checked_in_one_line_and_check_config_hides_
     )
     assert good.returncode == 0, good.stderr
     assert "127.0.0.1:4222" in good.stdout and "secret" not in good.stdout + good.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "warned"),
+    [
+        pytest.param(["--cluster", "nats://mc0:secret@127.0.0.1:4222"], True, id="password-on-the-command-line"),
+        pytest.param(["--cluster", "nats://s3cr3ttoken@127.0.0.1:4222"], True, id="token-on-the-command-line"),
+        pytest.param(["--cluster", "nats://127.0.0.1:4222"], False, id="no-credentials"),
+        pytest.param([], False, id="from-MC0_CLUSTER"),
+    ],
+)
+def test_nats_credentials_on_the_command_line_are_warned_of_in_one_line_and_mc0_cluster_takes_them_unseen(
+    given: list[str], warned: bool
+) -> None:
+    """A password (or token) in ``--cluster`` is readable by every local user in /proc/PID/cmdline: the
+    broker says so in one line on stderr (never showing it) and names the ways that are not: $MC0_CLUSTER
+    (the same URLs, in the environment only its user and root can read) or the config file."""
+    import os
+
+    command = [sys.executable, "-m", "mc0", "broker", "--insecure", "--check-config", "--name", "b1", *given]
+    env = {**os.environ, "MC0_CLUSTER": "nats://mc0:secret@127.0.0.1:4223"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("mc0: warning: ")]
+    assert len(warnings) == warned and "secret" not in done.stdout + done.stderr
+    if warned:
+        assert "$MC0_CLUSTER" in warnings[0] and "every local user can read" in warnings[0]
+    assert ("127.0.0.1:4223" in done.stdout) == (not given)  # the command line wins over $MC0_CLUSTER
+
+
+def test_the_brokers_help_shows_no_password_in_its_cluster_example() -> None:
+    done = subprocess.run([sys.executable, "-m", "mc0", "broker", "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "$MC0_CLUSTER" in done.stdout
+    assert "user:pass" not in done.stdout and "@10." not in done.stdout

@@ -46,6 +46,11 @@ class Net:
         self.now = 0.0
         for name, core in self.cores.items():
             routeinput.join(core.rooms, name, route_ttl=1.0)
+        self.join()
+
+    def join(self) -> None:
+        """Two beacons of each broker reach every other: a broker heard twice gets a route."""
+        self.beacons()
         self.beacons()
 
     def beacons(self) -> None:
@@ -415,7 +420,7 @@ def test_a_restarted_broker_gets_a_fresh_session_and_stale_interest_is_gone() ->
     net.cores["b"] = BrokerCore(CoreSettings(min_ttl_ms=10))
     routeinput.join(net.cores["b"].rooms, "b", route_ttl=1.0)
     net.epochs["b"] += 1
-    net.beacons()
+    net.join()
     assert not net.cores["a"].pubsub.subscriptions.match(("x", "y"))
     assert sorted(net.cores["a"].routes.by_name) == ["b"]
     # A late message of b's first run is dropped, not taken for the new one.
@@ -534,3 +539,139 @@ def test_a_route_whose_queue_overflows_is_counted_not_evicted_and_opened_afresh_
     net.connect("a", b"pub")
     net.send("a", b"pub", "PUT", "TOPIC", "x.1", "", "after")
     assert net.messages("b", b"sb") == [b"after"]
+
+
+def test_a_route_message_walked_a_slice_at_a_time_does_what_it_does_walked_whole() -> None:
+    """The shell walks a long route message within a time budget per turn (``received_slice``): each
+    slice goes on where the last stopped, in order, and the message is counted once."""
+    net = Net(("a", "b"))
+    net.connect("a", b"sa")
+    net.send("a", b"sa", "SUB", "", "t.>")
+    a = net.cores["a"]
+    blob = b"".join(batch.message_record(f"t.{i}".encode(), b"alice", b"m%d" % i) for i in range(10))
+    blob += batch.frames_record(f("CONNECT", "VERSION", "1.0", "TTL", "1000"))  # (b opens afresh: a new route)
+    blob += batch.message_record(b"t.last", b"alice", b"after")
+    before = a.counters["route_messages_in"]
+    pos: int | None = 0
+    slices = 0
+    while pos is not None:
+        out, pos = routeinput.received_slice(a.rooms, "b", net.epochs["b"], blob, pos, 3, net.now)
+        net.deliver("a", out)
+        slices += 1
+    assert slices == 4 and a.counters["route_messages_in"] == before + 1
+    assert net.messages("a", b"sa") == [b"m%d" % i for i in range(10)] + [b"after"]
+
+
+def test_no_route_is_taken_for_gone_while_route_traffic_waits_unread() -> None:
+    """Beacons may wait in the link's pipe behind route traffic the shell has not walked yet: while it
+    says so (``behind``), no route's silence is measured."""
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    for _ in range(30):  # 3 s without b's beacons (its liveness: 1 s x the core's liveness), a behind all along
+        net.now += 0.1
+        routeinput.behind(a.rooms, net.now)
+        net.deliver("a", a.tick(net.now))
+    assert "b" in a.routes.by_name
+    for _ in range(50):  # caught up, and b still silent: gone after its liveness
+        net.now += 0.1
+        net.deliver("a", a.tick(net.now))
+    assert "b" not in a.routes.by_name
+
+
+def test_beacons_from_many_made_up_names_open_routes_only_within_the_bounds_and_share_one_state_blob() -> None:
+    """(adversary D6) Each beacon from a name not seen before opened a route and built the whole state for
+    it: 3,000 in 3 s stalled a broker for seconds and grew it by 139 MiB.  A name heard once opens
+    nothing (a bounded table remembers it); one heard twice opens a route within a burst and a rate and
+    under a cap, and every route opened meanwhile is handed the same bytes (built once)."""
+    from mc0.broker.core import routes as R
+
+    net = Net(("a", "b"))
+    net.connect("a", b"sa")
+    net.send("a", b"sa", "SUB", "", *[f"some.long.topic.{i:05d}.>" for i in range(500)])
+    a = net.cores["a"]
+    opened = a.counters["routes_opened"]
+    out = [o for n in range(3000) for o in routeinput.hello(a.rooms, f"ghost{n}", 1, net.now)]
+    assert out == [] and a.counters["routes_opened"] == opened and sorted(a.routes.by_name) == ["b"]
+    assert len(a.routes._heard_once) <= R.HEARD_ONCE_KEPT
+    # Heard twice: at most a burst opens now, then a few a second; each is handed the very same bytes.
+    for _ in range(2):
+        out = [o for n in range(300) for o in routeinput.hello(a.rooms, f"twice{n}", 1, net.now)]
+    burst = R.NEW_ROUTES_BURST - 1  # (one was spent on b)
+    assert len(a.routes.by_name) == 1 + burst
+    hellos = [payload for rid, payload in out if rid != route_id("b")]
+    assert len(hellos) == burst and all(h is hellos[0] for h in hellos)
+    assert a.counters["route_too_fast"] == 300 - burst
+    net.now += 1.0
+    for n in range(300):
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+    assert len(a.routes.by_name) == 1 + burst + int(R.NEW_ROUTES_PER_S)
+    # Never past the cap, however slowly they come.
+    for n in range(300):
+        net.now += 1.0
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+        routeinput.hello(a.rooms, f"twice{n}", 1, net.now)
+    assert len(a.routes.by_name) == R.MAX_ROUTES and a.counters["route_too_many"] > 0
+    # A change of interest builds the state afresh: the next route opened gets it.
+    a.handle(b"sa", f("SUB", "", "fresh.>"), net.now)  # (its news would go to the made-up brokers: not sent)
+    assert b"fresh.>" in a.routes.hello() and a.routes.hello() is not hellos[0]
+
+
+def test_a_beacon_under_this_brokers_own_name_is_a_namesake_said_and_shown_never_a_route(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """(adversary D1) Two brokers named alike: the others keep a route to one of them at a time and both
+    get the route traffic for the name, so clients of both lose messages.  A beacon (or a route message)
+    under this broker's own name, of another run, was dropped without a word; now it is counted, said at
+    ERROR at once (then once a minute while it lasts, beacons or not), shown (/healthz) until it has been
+    quiet for ``NAME_COLLISION_SHOWN_S``, and never opens a route to ourselves."""
+    import logging
+
+    from mc0.broker.core import routes as R
+
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    with caplog.at_level(logging.ERROR, "mc0.broker"):
+        for _ in range(200):  # 50 s of beacons, 4 a second
+            assert routeinput.hello(a.rooms, "a", 99, net.now) == []
+            net.now += 0.25
+        assert routeinput.received(a.rooms, "a", 99, batch.message_record(b"x", b"s", b"m"), net.now) == []
+        said = [r for r in caplog.records if "another broker is also named a" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.ERROR and "unique" in said[0].getMessage()
+        assert sorted(a.routes.by_name) == ["b"] and a.counters["route_name_collisions"] == 201
+        assert a.routes.name_collision(net.now) == {"name": "a", "epoch": f"{99:016x}", "heard_s_ago": 0.0}
+        net.now += 15.0  # (a minute since it was said)
+        routeinput.hello(a.rooms, "a", 99, net.now)
+        routeinput.hello(a.rooms, "a", 100, net.now)  # (another run of it: news)
+        said = [r for r in caplog.records if "another broker is also named a" in r.getMessage()]
+        assert len(said) == 3 and f"{100:016x}" in said[-1].getMessage()
+    net.now += R.NAME_COLLISION_SHOWN_S + 0.1
+    assert a.routes.name_collision(net.now) is None
+    assert net.cores["b"].routes.name_collision(net.now) is None
+
+
+def test_a_route_announcing_more_patterns_than_its_budget_is_taken_in_part_counted_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """(adversary #27) A route is trusted, so nothing it announces was held to a limit: 200,000 SUB patterns
+    grew a broker by 380 MiB.  Now one route holds at most ``[cluster] max_route_patterns`` here: the first
+    ones are taken, the rest refused, counted, said once while the route lasts; what it gives up makes room."""
+    import logging
+
+    net = Net(("a", "b"))
+    a = net.cores["a"]
+    routeinput.join(a.rooms, "a", route_ttl=1.0, max_patterns=100)
+    net.connect("a", b"pub")
+    net.connect("b", b"sub")
+    with caplog.at_level(logging.ERROR, "mc0.broker"):
+        net.send("b", b"sub", "SUB", "", *[f"t.{i:03d}" for i in range(150)])
+        net.send("b", b"sub", "SUB", "", *[f"u.{i:03d}" for i in range(10)])
+    route = a.routes.by_name["b"]
+    assert a.pubsub.count(route) == 100 and a.counters["route_patterns_refused"] == 60
+    said = [r.getMessage() for r in caplog.records if "max_route_patterns" in r.getMessage()]
+    assert len(said) == 1 and "broker b announced more than 100 patterns" in said[0], said
+    for topic in ("t.000", "t.099", "t.100"):
+        net.send("a", b"pub", "PUT", "TOPIC", topic, "", topic)
+    assert net.messages("b", b"sub") == [b"t.000", b"t.099"]  # (t.100 was refused at a)
+    net.send("b", b"sub", "UNSUB", "", *[f"t.{i:03d}" for i in range(10)])
+    net.send("b", b"sub", "SUB", "", "v.>")
+    assert a.pubsub.count(route) == 91 and "v.>" in a.pubsub.held(route, None)

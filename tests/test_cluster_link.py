@@ -93,3 +93,19 @@ def test_more_posts_than_one_receive_takes_leave_the_loop_woken(link: ClusterLin
     assert len(first) == 256 and readable(link)  # the rest waits, and the loop is told
     assert first + link.receive(limit=256) == [Hello(f"b{n}", n) for n in range(300)]
     assert not readable(link, 0.05)
+
+
+def test_items_taken_one_at_a_time_in_a_turn_read_the_wake_ups_once_and_leave_none_lost(link: ClusterLink) -> None:
+    """The broker loop takes route traffic one item at a time within its budget (listeners.ClusterListener):
+    the turn's first take reads the wake-ups, the others (``look=False``) only take; what is left when the
+    turn stops, or posted meanwhile, still wakes the loop."""
+    assert link.poster is not None
+    for n in range(3):
+        link.poster(hello(n))
+    assert link.receive(1) == [Hello("b0", 0)] and readable(link)
+    assert link.receive(1, look=False) == [Hello("b1", 1)]
+    assert readable(link)  # (the turn stops here: b2 is left, and the loop is told)
+    assert link.receive(1) == [Hello("b2", 2)]
+    assert link.receive(1, look=False) == [] and not readable(link, 0.05)
+    link.poster(hello(3))  # (posted after the turn's look: it wakes the loop itself)
+    assert readable(link) and link.receive(1) == [Hello("b3", 3)]

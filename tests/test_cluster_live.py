@@ -522,6 +522,9 @@ def test_the_cluster_demo_runs_end_to_end_and_exits_zero(tmp_path: Path) -> None
 def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is_unreachable(
     nats: NatsCluster, joined: bool, health: dict[str, str]
 ) -> None:
+    """(The NATS URLs, with the brokers' password, come from $MC0_CLUSTER: not in /proc/PID/cmdline,
+    which every local user can read, as `--cluster nats://user:pass@...` would put them.)"""
+    import os
     import urllib.request
 
     from mc0.process import BrokerProcess
@@ -533,7 +536,11 @@ def test_varz_shows_the_cluster_and_healthz_says_degraded_not_down_while_nats_is
     url = nats.urls()[0] if joined else f"nats://127.0.0.1:{ports.free_port()}"  # (nothing listens there)
     http = ports.free_port()
     name = "joined" if joined else "lone"
-    with BrokerProcess("--http", f"127.0.0.1:{http}", "--cluster", url, "--name", name, insecure=True):
+    env = {**os.environ, "MC0_CLUSTER": url}
+    with BrokerProcess("--http", f"127.0.0.1:{http}", "--name", name, insecure=True, env=env) as broker:
+        assert broker.proc is not None
+        cmdline = Path(f"/proc/{broker.proc.pid}/cmdline").read_bytes()
+        assert nats.broker_password.encode() not in cmdline and b"nats://" not in cmdline
         until(lambda: page(http, "/varz")[1]["cluster"]["nats_connected"] == joined, 10, "the cluster in /varz")
         status, varz = page(http, "/varz")
         assert status == 200 and varz["cluster"]["name"] == name and "brokers" in varz["cluster"]

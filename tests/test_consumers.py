@@ -343,3 +343,18 @@ def test_an_unreadable_change_refuses_to_start_with_a_clear_error(bus: Bus, chan
     bus.store.consumer_changes["c"] = [b'{"settled":[1]}', change]
     with pytest.raises(StateUnreadable, match="journal main: consumer c: unreadable saved state"):
         BrokerCore(journals=[bus.store])
+
+
+def test_a_filtered_consumers_pending_count_is_exact_and_what_its_pulls_then_get(bus: Bus) -> None:
+    for i in range(30):
+        topic = "jobs.y" if i % 3 == 0 else "jobs.x"
+        bus.core.handle(b"pub", f("PUT", "TOPIC", topic, "", str(i)), 0.0, bus.who[b"pub"])
+    bus.core.commit()
+    body_of(bus.answer(b"a", {"op": "create", "topics": ["jobs.y"], "ack_wait_ms": 1000}))
+    (row,) = bus.core.consumers.monitor_rows()
+    assert (row["num_pending"], row["num_pending_exact"]) == (10, True)
+    assert body_of(bus.answer(b"a", {"op": "info"}))["lag"] == 10
+    assert len(page(bus.answer(b"a", {"op": "pull", "max": 4}))) == 4
+    (row,) = bus.core.consumers.monitor_rows()
+    assert (row["num_pending"], row["num_pending_exact"], row["num_ack_pending"]) == (6, True, 4)
+    assert len(page(bus.answer(b"a", {"op": "pull", "max": 100}))) == 6  # what it said was pending

@@ -28,11 +28,14 @@ from mc0 import config as cfg
 from mc0 import ports
 from mc0.endpoints import failover_order, none_answered, parse_endpoints
 from mc0.errors import ConfigError
+from mc0.natsproc import NatsCluster
 from mc0.process import BrokerProcess
 from mc0.session import ClientSession, Reconnecting
 from mc0.spark.options import Connection as SparkConnection
 
+from .clusterbus import ClusterBus, nats_cluster
 from .conftest import CurveSetup
+from .test_jetstream_live import confirmed, fetch_all, journal
 from .test_rpc_live import start_worker
 
 FAILOVER_BUDGET = 2.0  # seconds: the issue's bound from SIGKILL to the client on another broker
@@ -597,3 +600,80 @@ async def test_close_during_connect_over_a_list_ends_it(api: Any) -> None:
         with pytest.raises(mc0.ClosedError):
             await asyncio.wait_for(connecting, 5)
         assert time.monotonic() - started < 1.0 and client.closed
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_confirmed_publish_without_a_msgid_gets_one_unique_to_its_client(api: Any, tmp_path: Path) -> None:
+    """Two clients of one identity publish the same bodies confirmed, without a MSGID, twice each: every
+    record is stored (no client's automatic MSGID dedups another's, nor a later publish of its own), and
+    each carries its MSGID, the client's prefix and the request's id (what a failover re-send repeats)."""
+    brokers = Brokers(tmp_path, curve=False)
+    try:
+        endpoint = brokers.start("a")
+        clients = [await api(api.Client(endpoint).connect()) for _ in range(2)]
+        for _ in range(2):
+            for client in clients:
+                ack = await api(client.publish("fo.orders", b"same", confirm=True))
+                assert not ack.duplicate
+        await api(clients[0].publish("fo.orders", b"own", confirm=True, msgid="mine"))
+        records = (await api(clients[0].fetch("main"))).records
+        msgids = [r.headers.get("MSGID", "") for r in records]
+        assert len(records) == 5 and len(set(msgids)) == 5, msgids
+        prefixes = [inner(c).auto_msgid_prefix for c in clients]
+        assert prefixes[0] != prefixes[1] and all(len(p) == 17 and p.endswith(".") for p in prefixes)
+        assert [m.rpartition(".")[0] + "." for m in msgids[:4]] == prefixes * 2 and msgids[4] == "mine"
+        for client in clients:
+            await api(client.close())
+    finally:
+        brokers.close()
+
+
+# ---------------------------------------------------------------- a shared journal: JetStream
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    yield from nats_cluster(tmp_path_factory.mktemp("nats"))
+
+
+@pytest.mark.timeout(180)
+def test_confirmed_publishes_without_a_msgid_are_stored_once_when_their_broker_is_killed_mid_flight(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """Brokers b1, b2 share a JetStream journal; a client (endpoints b1,b2) keeps 200 confirmed publishes
+    without a MSGID in flight and b1 is killed -9 once it answered some.  The client sends again every one
+    b1 had not answered, among them some b1 had handed to JetStream already: each carries the automatic
+    MSGID it first went with, so the stream stores it once."""
+    with ClusterBus(tmp_path, nats, 2, extra=journal("flow", '["flow.>"]')) as bus:
+        bus.wait_joined()
+        with bus.client(1) as look:
+            confirmed(look, "flow.warmup", b"warm")
+
+        async def publish_all() -> tuple[list[mc0.Ack], int]:
+            async with mc0.aio.Client(bus.endpoints(0, 1)) as client:
+                acks: list[mc0.Ack] = []
+                answered_at_kill = -1
+                for start in range(0, 3000, 200):
+                    batch = [
+                        asyncio.ensure_future(client.publish("flow.x", b"%d" % i, confirm=True, timeout=30))
+                        for i in range(start, start + 200)
+                    ]
+                    if start >= 1000 and answered_at_kill < 0:
+                        for _ in range(5000):  # (until b1 answered some: the rest were handed to it, many stored)
+                            if any(t.done() for t in batch):
+                                break
+                            await asyncio.sleep(0.0005)
+                        if not all(t.done() for t in batch):  # (else b1 answered all in one go: the next batch)
+                            answered_at_kill = sum(t.done() for t in batch)
+                            bus.kill(0)
+                    acks += [a for a in await asyncio.gather(*batch) if a is not None]
+                return acks, answered_at_kill
+
+        acks, answered_at_kill = asyncio.run(publish_all())
+        assert answered_at_kill >= 0, "b1 answered every batch at once: never killed mid-flight"
+        print(f"b1 killed with {answered_at_kill} of 200 answered")
+        assert len(acks) == 3000
+        with bus.client(1) as look:
+            bodies = [r.body for r in fetch_all(look, "flow") if r.topic == "flow.x"]
+        twice = len(bodies) - len(set(bodies))
+        assert twice == 0, f"{twice} of the publishes b1 had not answered were stored twice"
+        assert set(bodies) == {b"%d" % i for i in range(3000)}

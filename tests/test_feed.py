@@ -53,10 +53,10 @@ class FakeNats:
         pass
 
 
-def stream_info(leader: str | None, first: int = 1, last: int = 9) -> Answer:
+def stream_info(leader: str | None, first: int = 1, last: int = 9, created: str = "made-1") -> Answer:
     cluster = {"name": "mc0", "leader": leader} if leader is not None else {"name": "mc0"}
     state = {"first_seq": first, "last_seq": last}
-    return Answer({"created": "made-1", "state": state, "cluster": cluster})
+    return Answer({"created": created, "state": state, "cluster": cluster})
 
 
 def feed_of(nc: FakeNats, posted: list[Sequence[bytes]], next_seq: int = 10) -> StreamFeed:
@@ -130,3 +130,43 @@ def test_a_consumer_is_stalled_when_a_record_the_stream_held_at_one_look_is_not_
     assert feed.stalls == int(stalled)
     asked = [request for subject, request in nc.asked if subject == "$JS.API.DIRECT.GET.MC0_J_main"]
     assert all(request == {"seq": 10, "next_by_subj": "mc0.j.main.>"} for request in asked)
+
+
+@pytest.mark.parametrize(
+    ("info", "posted", "again"),
+    [
+        # (what STREAM.INFO says at the look, the StreamState posted (first, last, start), made again)
+        (stream_info("n2", 1, 9), None, False),  # as posted at the start: nothing to say
+        (stream_info("n2", 6, 9), (6, 9, 10), False),  # purged outside mc0: the copy is told
+        (stream_info("n2", 1, 12), (1, 12, 10), False),  # grew: how far it reaches
+        (stream_info("", 6, 9), None, False),  # no leader: a replica's own state is not measured against
+        (stream_info("n1", 1, 3, created="made-2"), None, True),  # deleted and made again
+        (stream_info("n2", 1, 5), None, True),  # it ends before what was delivered: another stream now
+        (Answer({"error": {"code": 404, "err_code": 10059, "description": "stream not found"}}), None, False),
+    ],
+)
+def test_the_feed_looks_at_the_streams_state_and_tells_the_copy_a_first_seq_that_moved(
+    info: Answer, posted: tuple[int, int, int] | None, again: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nc = FakeNats({"$JS.API.STREAM.INFO.MC0_J_main": stream_info("n2", 1, 9)})
+    frames: list[Sequence[bytes]] = []
+    feed = feed_of(nc, frames)
+    clock = [1000.0]
+    monkeypatch.setattr(feeds.time, "monotonic", lambda: clock[0])
+    verdicts = []
+
+    async def look() -> None:
+        nc.answers["$JS.API.CONSUMER.CREATE.MC0_J_main"] = Answer({"name": "feed-1"})
+        await feed._start()
+        verdicts.append(await feed._looked_made_anew())  # (not due yet: asks nothing)
+        nc.answers["$JS.API.STREAM.INFO.MC0_J_main"] = info
+        clock[0] += feeds.LOOK_S
+        verdicts.append(await feed._looked_made_anew())
+
+    asyncio.run(look())
+    states = [json.loads(f[2]) for f in frames if f[0] == STATE]
+    assert states[0] == {"first": 1, "last": 9, "created": "made-1", "start": 10}  # (the start's)
+    want = [] if posted is None else [dict(zip(("first", "last", "start"), posted, strict=True))]
+    assert [{k: s[k] for k in ("first", "last", "start")} for s in states[1:]] == want
+    assert verdicts == [False, again]
+    assert [s for s, _ in nc.asked].count("$JS.API.STREAM.INFO.MC0_J_main") == 2

@@ -93,6 +93,25 @@ async def stored(nc: Any, subject: str, payload: bytes) -> dict[str, Any]:
     raise AssertionError(f"no stream stored {subject} within the bound")
 
 
+def js(nats: NatsCluster, subject: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JetStream API request with the brokers' login, as an operator's `nats` CLI would make it."""
+
+    import asyncio
+
+    async def ask() -> dict[str, Any]:
+        from nats.aio.client import Client as Nats
+
+        nc = Nats()
+        await nc.connect(servers=nats.urls(), connect_timeout=5, inbox_prefix="mc0.cl.reply.operator")
+        try:
+            payload = json.dumps(request).encode() if request is not None else b""
+            return dict(json.loads((await nc.request(f"$JS.API.{subject}", payload, timeout=5)).data))
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
 @pytest.fixture(scope="module")
 def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     yield from nats_cluster(tmp_path_factory.mktemp("nats"))
@@ -224,6 +243,34 @@ def test_letters_kept_in_jetstream_at_one_broker_are_delivered_at_another_in_ord
         with bus.client(1, "carol") as carol_again:
             with pytest.raises(mc0.Timeout):  # delivered once: they left the stream
                 carol_again.mailbox.next_batch(1, timeout=1.5)
+
+
+def test_letters_kept_in_jetstream_reach_an_identity_with_sessions_at_two_brokers_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """carol has no session when alice keeps 10 letters for her; then she connects at b2 and at b3 (two
+    devices).  Each broker read her mailbox at her first session there and handed every letter to its own
+    session: 20 letters for 10.  One broker reads them (the one where she was first); each comes once."""
+    box = journal("twobox", mailboxes=True).replace('topics = [">"]\n', "")
+    with ClusterBus(tmp_path, nats, curve=True, extra=box) as bus:
+        bus.wait_joined()
+        with bus.client(0, "alice") as alice:
+            outcomes = [alice.send_to("carol", "note.x", f"letter {i}".encode(), confirm=True) for i in range(10)]
+        assert set(outcomes) == {"stored"}
+        with bus.client(1, "carol") as first, bus.client(2, "carol") as second:
+            got: list[bytes] = []
+            quiet_since = None
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until 3 s after the 10th letter (past the second read)
+                for session in (first, second):
+                    with contextlib.suppress(mc0.Timeout):
+                        got += [m.body for m in session.mailbox.next_batch(100, timeout=0.25)]
+                if len(got) < 10:
+                    continue
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 3:
+                    break
+        assert sorted(got) == sorted(f"letter {i}".encode() for i in range(10)), f"{len(got)} letters for 10"
 
 
 def test_a_file_journal_copied_into_jetstream_keeps_its_seqs_and_every_broker_serves_it(
@@ -610,6 +657,42 @@ def test_a_consumer_deleted_and_made_again_by_another_identity_is_checked_agains
             assert theirs.info()["owner"] == "bob"
 
 
+def test_a_consumer_just_made_is_known_by_its_nonce_and_its_first_pull_asks_jetstream_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """A consumer just made was learnt without JetStream's creation nonce: its first pull expected made=""
+    and found "another consumer" (counted consumer_changed) and asked JetStream a second time."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("nonce", '["nonce.>"]')) as bus, bus.client(0) as client:
+        confirmed(client, "nonce.eu", b"one")
+        consumer = client.consume("nonce", "billing", topics=["nonce.>"])
+
+        def counters() -> dict[str, int]:
+            return dict(json.loads(client.request("mc0.broker", b"stats", timeout=5).body)["counters"])
+
+        before = counters()
+        assert [m.body for m in consumer.fetch(10, wait=2)] == [b"one"]
+        after = counters()
+    assert after.get("consumer_changed", 0) == before.get("consumer_changed", 0)
+    assert after["store_calls"] - before["store_calls"] == 1
+
+
+def test_an_ack_of_a_record_acked_already_counts_nothing(tmp_path: Path, nats: NatsCluster) -> None:
+    """ack returns how many were still unsettled.  JetStream answers an ack of a seq it no longer holds
+    pending as any other: above the ack floor (an earlier record still pending), acking the same records
+    again counted them all again; so did a seq given twice in one ack."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("twice", '["twice.>"]')) as bus, bus.client(0) as client:
+        for i in range(4):
+            confirmed(client, "twice.x", f"r{i}".encode())
+        consumer = client.consume("twice", "c", topics=["twice.>"])
+        pulled = consumer.fetch(10, wait=2)
+        assert len(pulled) == 4 and consumer.ack(*pulled[1:3]) == 2  # (the first stays pending: the floor)
+        assert consumer.ack(*pulled[1:3]) == 0
+        assert consumer.ack(pulled[3], pulled[3]) == 1
+        assert consumer.term(*pulled[1:]) == 0
+        assert consumer.ack(*pulled) == 1  # the first only
+        assert consumer.info()["pending"] == 0
+
+
 def test_a_feed_consumer_that_heartbeats_but_delivers_nothing_is_made_again_and_every_copy_catches_up(
     tmp_path: Path, nats: NatsCluster
 ) -> None:
@@ -688,7 +771,7 @@ def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_namin
     *progress, error = done.stderr.strip().splitlines()  # (progress lines, then the error in one line)
     assert all(line.startswith("journal copy: ") for line in progress) and "Traceback" not in done.stderr
     assert error.startswith("mc0: error: seq 2: the record is ") and error.endswith("copied up to 1")
-    assert "over the NATS servers' max_payload (1048576 bytes)" in error
+    assert "over the connected NATS server's max_payload (1048576 bytes)" in error
 
     async def last_seq() -> int:
         from nats.aio.client import Client as Nats
@@ -704,3 +787,46 @@ def test_a_file_journal_record_over_max_payload_stops_its_copy_in_one_line_namin
     import asyncio
 
     assert asyncio.run(last_seq()) == 1  # the record before it is in the stream
+
+
+def test_a_stream_deleted_under_the_brokers_is_made_again_and_a_put_is_stored(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """An operator deletes the journal's stream (`nats stream rm`) with the brokers' login: a confirmed PUT
+    then met no stream (no responders, retried) and failed 504 "stored or not is unknown, send it again"
+    for ever.  The stream is made again and the PUT stored; the other broker's copy follows (a stream made
+    anew is another one: its copy starts again)."""
+    with ClusterBus(tmp_path, nats, 2, extra=journal("gone", '["gone.>"]')) as bus:
+        bus.wait_joined()
+        with bus.client(0) as writer, bus.client(1) as reader:
+            confirmed(writer, "gone.x", b"before")
+            assert js(nats, "STREAM.DELETE.MC0_J_gone").get("success") is True
+            began = time.monotonic()
+            stored = writer.publish("gone.x", b"after", confirm=True, msgid="after-1", timeout=10)
+            print(f"the PUT stored after {time.monotonic() - began:.2f} s: {stored}")
+            assert stored is not None and stored.seq == 1
+            until(lambda: reader.journal_info()["gone"]["copy_next_seq"] > 1, 20, "b2's copy follows")
+            assert [r.body for r in fetch_all(reader, "gone")] == [b"after"]
+
+
+def test_a_stream_whose_subjects_were_changed_under_the_brokers_answers_507_naming_it_at_once(
+    tmp_path: Path, nats: NatsCluster
+) -> None:
+    """An operator sets the journal's stream's subjects elsewhere: a confirmed PUT then met no stream and
+    failed 504 "stored or not is unknown, send it again" after the timeout, every time.  It fails 507 naming
+    the stream at once (the operator's change is not undone); with the subjects put back, PUTs are stored."""
+    with ClusterBus(tmp_path, nats, 1, extra=journal("rehomed", '["rehomed.>"]')) as bus, bus.client(0) as writer:
+        before = confirmed(writer, "rehomed.x", b"before")
+        config = js(nats, "STREAM.INFO.MC0_J_rehomed")["config"]
+        updated = js(nats, "STREAM.UPDATE.MC0_J_rehomed", {**config, "subjects": ["elsewhere.>"]})
+        assert "error" not in updated, updated
+        for attempt in range(3):
+            began = time.monotonic()
+            with pytest.raises(
+                mc0.StorageFailed, match="not stored: JetStream stream MC0_J_rehomed no longer takes mc0.j.rehomed.>"
+            ) as caught:
+                writer.publish("rehomed.x", b"after", confirm=True, msgid="after-1", timeout=10)
+            print(f"PUT {attempt}: {time.monotonic() - began:.2f} s: {caught.value}")
+        assert "error" not in js(nats, "STREAM.UPDATE.MC0_J_rehomed", config)
+        stored = writer.publish("rehomed.x", b"after", confirm=True, msgid="after-1", timeout=10)
+        assert stored is not None and stored.seq == before.seq + 1

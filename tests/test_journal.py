@@ -323,7 +323,9 @@ def test_sub_from_replays_history_then_goes_live_without_repeats(tmp_path: Path)
     for i in range(5):
         handle(core, b"pub", f("PUT", "TOPIC", f"orders.{i}", "", str(i)), 0.0)
     core.commit()
-    assert handle(core, b"sub", f("SUB", "ID", "s", "FROM", "3", "", "orders.>"), 0.0) == [(b"sub", P.ok("s"))]
+    # The OK names the journal replayed and where its history ends (the records before it went out live).
+    expected = [(b"sub", P.ok_journaled("s", "main", 6))]
+    assert handle(core, b"sub", f("SUB", "ID", "s", "FROM", "3", "", "orders.>"), 0.0) == expected
     # A live message while the replay runs is held back: the replay delivers it in order.
     assert handle(core, b"pub", f("PUT", "TOPIC", "orders.9", "", "9"), 0.0) == []
     replayed = core.pages(0.0)
@@ -374,7 +376,8 @@ def test_sub_from_a_trimmed_seq_is_410(tmp_path: Path) -> None:
     assert j.first_seq > 1
     out = handle(core, b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0)
     assert out[0][1][:5] == f("ERROR", "ID", "s", "CODE", "410")
-    assert handle(core, b"sub", f("SUB", "ID", "t", "FROM", "0", "", "orders.>"), 0.0) == [(b"sub", P.ok("t"))]
+    ok = [(b"sub", P.ok_journaled("t", "main", 201))]
+    assert handle(core, b"sub", f("SUB", "ID", "t", "FROM", "0", "", "orders.>"), 0.0) == ok
     assert core.pages(0.0)[0].seq == j.first_seq  # 0 = from the oldest kept
 
 
@@ -660,6 +663,10 @@ def test_a_segment_that_vanished_under_a_replay_ends_it_with_507(tmp_path: Path)
         segment.write_bytes(b"")  # someone truncated the files behind the broker's back
     (out,) = core.pages(0.0)
     assert out.frames[:3] == f("ERROR", "CODE", "507") and not core.paging
+    # The replay's end, not a withdrawal: JOURNAL names it, and the SUB stays (live from here).
+    assert out.frames[-4:] == f("JOURNAL", "main", "TOPIC", "orders.>")
+    delivered = handle(core, b"pub", f("PUT", "TOPIC", "orders.x", "", "live"), 0.0) + core.commit()
+    assert [frames[-1] for to, frames in delivered if to == b"sub"] == [b"live"]
 
 
 def test_disconnect_records_at_shutdown_carry_the_shutdown_time(tmp_path: Path) -> None:

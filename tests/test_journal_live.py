@@ -3,6 +3,7 @@ retention, replay, telemetry; sync and asyncio clients, CURVE on and off."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -259,3 +260,68 @@ def test_history_reads_obey_permissions(tmp_path: Path) -> None:
         with mc0.Client(broker.endpoint, **setup.client_options("carol")) as carol:
             with pytest.raises(mc0.Forbidden):
                 carol.fetch("main")  # no call permission on mc0.journal
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_replay_the_broker_ends_ends_that_subscription_alone_with_its_reason(api: Any, tmp_path: Path) -> None:
+    """The journal's segment files are gone (a read fails: 507), so a ``SUB FROM`` replay ends at once.
+    That subscription ends with the broker's reason; the client's live subscription of the same pattern
+    goes on hearing, and the broker keeps that pattern's SUB.  A replay of a pattern nothing else holds
+    ends with its UNSUB: the broker and the client agree on what is subscribed."""
+    with BrokerProcess(config=journal_config(tmp_path), insecure=True) as broker:
+        client = await api(api.Client(broker.endpoint).connect())
+        live = await api(client.subscribe("orders.>"))
+        for i in range(3):
+            await api(client.publish("orders.x", b"old %d" % i, confirm=True))
+        assert [(await api(live.next(timeout=5))).body for _ in range(3)] == [b"old 0", b"old 1", b"old 2"]
+        segments = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix.startswith(".seg")]
+        assert segments, sorted(str(p) for p in tmp_path.rglob("*"))
+        for segment in segments:
+            segment.unlink()
+
+        async def topics() -> dict[str, Any]:
+            return dict(json.loads((await api(client.request("mc0.broker", "topics", timeout=5))).body))
+
+        for pattern in ("orders.>", "orders.y.>"):
+            replay = await api(client.subscribe(pattern, from_seq=1))
+            with pytest.raises(mc0.ClosedError, match="507 ") as ended:
+                await api(replay.next(timeout=5))
+            assert isinstance(replay.error, mc0.StorageFailed) and ended.value.__cause__ is replay.error
+            assert replay.closed and not live.closed
+        assert "orders.>" in await topics()
+        for _ in range(200):  # (the UNSUB is on its way)
+            if "orders.y.>" not in await topics():
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(await topics()) == ["orders.>"] and inner(client).session.patterns == ["orders.>"]
+        for i in range(2):
+            await api(client.publish("orders.x", b"new %d" % i, confirm=True))
+        assert [(await api(live.next(timeout=5))).body for _ in range(2)] == [b"new 0", b"new 1"]
+        assert [type(f) for f in client.faults] == [mc0.StorageFailed] * 2
+        await api(client.close())
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_replays_history_goes_to_its_subscription_alone(api: Any, jbus: JournalBus) -> None:
+    """A client hears orders live, then subscribes the same pattern FROM 1: the replayed history is that
+    subscription's alone (the live one had it already), and what is new reaches both, once each."""
+    client = await api(api.Client(jbus.endpoint, **jbus.options).connect())
+    live = await api(client.subscribe("orders.>"))
+    for i in range(3):
+        await api(client.publish("orders.x", b"old %d" % i, confirm=True))
+    assert [(await api(live.next(timeout=5))).body for _ in range(3)] == [b"old 0", b"old 1", b"old 2"]
+    replay = await api(client.subscribe("orders.>", from_seq=1))
+    assert [(await api(replay.next(timeout=5))).body for _ in range(3)] == [b"old 0", b"old 1", b"old 2"]
+    for i in range(2):
+        await api(client.publish("orders.x", b"new %d" % i, confirm=True))
+    for sub in (replay, live):
+        assert [(await api(sub.next(timeout=5))).body for _ in range(2)] == [b"new 0", b"new 1"]
+        with pytest.raises(mc0.Timeout):
+            await api(sub.next(timeout=0.3))
+    await api(client.close())
+
+
+def inner(client: Any) -> Any:
+    return getattr(client, "_inner", client)

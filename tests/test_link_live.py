@@ -104,36 +104,42 @@ def test_a_broker_whose_whole_state_is_over_1_mib_is_heard_by_a_broker_that_join
 def test_hostile_chunks_cost_only_themselves_and_what_is_put_together_stays_bounded(
     bus: ClusterBus, nats: NatsCluster
 ) -> None:
-    """A made-up broker (with the brokers' NATS login) sends b1 what no broker would: first chunks of 8 MiB
-    records from 300 senders at once (more than the reassembly budget), totals past the largest record,
-    chunks of nothing under way, chunks that do not continue, and garbage.  Each costs only itself
-    (counted), b1's memory stays bounded, and a 2 MiB message between the real brokers still crosses."""
+    """Made-up senders (the brokers' NATS login) send b1 first chunks announcing records of the largest size:
+    eight of 20 bytes announcing 64 MiB between them (which reserved the whole reassembly budget for 30 s:
+    adversary D7), then 300 of 64 KiB.  None has a route at b1: each is refused, counted, and costs
+    nothing.  A made-up broker b1 has a route to (FakeBroker) sends what no broker would: a total past
+    the largest record, chunks of nothing under way, chunks that do not continue, and garbage: each costs
+    only itself (counted).  b1's memory stays bounded, and a 2 MiB message from b2 to b1 crosses at once
+    (it needs b1's reassembly)."""
     from mc0.broker.cluster.link import REASSEMBLY_BUDGET_BYTES, RECORD_SLACK_BYTES
     from mc0.protocol import routes as wire
 
     b1 = psutil.Process(bus.brokers[0].proc.pid)  # type: ignore[union-attr]
     largest = 8 * MIB + RECORD_SLACK_BYTES  # b1's max_message_bytes (the default) and the slack
     with FakeBroker(nats.url(0)) as fake:
+        until(lambda: "fake" in bus.cluster_report(0)["brokers"], 10, "b1 has a route to the fake broker")
         baseline = b1.memory_info().rss
-        hostile = [wire.chunk_message(f"s{i}", 1, largest, 0, os.urandom(64 * 1024)) for i in range(300)]
-        hostile += [wire.chunk_message("huge", 1, wire.MAX_CHUNKED_BYTES, 0, b"x" * 1000)]  # past the largest
-        hostile += [wire.chunk_message("stray", 1, 5000, 1000, b"y" * 1000) for _ in range(50)]
+        starts = [largest] * 7 + [7_900_000]  # (7 x 8 MiB + 64 KiB + 7.9 MB: the 64 MiB budget, reserved)
+        ghosts = [wire.chunk_message(f"ghost{n}", 1, total, 0, b"x" * 20) for n, total in enumerate(starts)]
+        ghosts += [wire.chunk_message(f"s{i}", 1, largest, 0, os.urandom(64 * 1024)) for i in range(300)]
+        hostile = [wire.chunk_message("fake", fake.epoch, wire.MAX_CHUNKED_BYTES, 0, b"x" * 1000)]  # past the largest
+        hostile += [wire.chunk_message("fake", fake.epoch, 5000, 1000, b"y" * 1000) for _ in range(50)]
         hostile += [
-            wire.chunk_message("skips", 1, 5000, 0, b"z" * 1000),
-            wire.chunk_message("skips", 1, 5000, 3000, b"z"),
+            wire.chunk_message("fake", fake.epoch, 5000, 0, b"z" * 1000),
+            wire.chunk_message("fake", fake.epoch, 5000, 3000, b"z"),  # (skips: lost, and itself stray)
         ]
         hostile += [os.urandom(n) for n in (1, 9, 80, 4096)] + [bytes([0x85]) + b"s!*>." + os.urandom(40)]
-        fake.publish("b1", hostile)
+        fake.publish("b1", ghosts + hostile)
         peak = b1.memory_info().rss
-        link = until_link(bus, lambda link: link["route_chunks_in"] >= 352)
-        assert link["route_records_lost"] >= 300 - REASSEMBLY_BUDGET_BYTES // largest  # past the budget: lost
-        assert link["route_chunks_stray"] >= 51 and link["malformed"] >= 2
+        link = until_link(bus, lambda link: link["route_chunks_in"] >= 361)
+        assert link["route_chunks_refused"] >= 308  # no route at b1: refused, nothing reserved
+        assert link["route_records_lost"] >= 2 and link["route_chunks_stray"] >= 51 and link["malformed"] >= 2
         print(f"b1 grew by {(peak - baseline) / MIB:.0f} MiB taking the hostile chunks; link {link}")
         assert peak - baseline <= REASSEMBLY_BUDGET_BYTES + 64 * MIB
         body = os.urandom(2 * MIB)
-        with bus.client(0) as pub, bus.client(1) as sub_client:
+        with bus.client(1) as pub, bus.client(0) as sub_client:
             sub = sub_client.subscribe("after.>")
-            until(lambda: bus.interest(0, "after.x") >= 1, 5, "b2's interest known at b1")
+            until(lambda: bus.interest(1, "after.x") >= 1, 5, "b1's interest known at b2")
             pub.publish("after.x", body, confirm=True)
             assert sub.next(timeout=10).body == body
 

@@ -433,7 +433,7 @@ def test_a_waiting_worker_is_told_disconnect_when_the_broker_stops() -> None:
         f'[memodb]\nenabled = true\nlisten = "tcp://127.0.0.1:{port}"\nheartbeat_ms = 10000\n'
         "[permissions.identity.memodb]\n"
     )
-    memo = Memo(f"tcp://127.0.0.1:{port}", timeout_ms=3000)
+    memo = Memo(f"tcp://127.0.0.1:{port}", timeout_ms=20_000)  # (a wait for the DISCONNECT: room for a slow box)
     try:
         thread = BrokerThread(parse(text))
         thread.start()

@@ -1,6 +1,7 @@
 """Peer names (mc0.protocol.peernames): ``identity#n`` standalone, ``identity#n@BROKER`` in a cluster,
-formatted and parsed, one reading per name; and the names a core gives its peers.  The live test
-(a scatter over three real brokers) is in tests/test_cluster_live.py."""
+formatted and parsed, one reading per name; and the names a core gives its peers, never those of an
+earlier run (a real broker restarted here).  The live test of a scatter over three real brokers is in
+tests/test_cluster_live.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import mc0
 from mc0.broker.core import routeinput
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
-from mc0.protocol.peernames import PeerName, parse_peer_name, peer_name
+from mc0.protocol.peernames import PeerName, first_serial, parse_peer_name, peer_name
 
 
 @pytest.mark.parametrize(
@@ -92,3 +94,29 @@ def test_a_standalone_broker_names_its_peers_identity_n_and_one_of_a_cluster_add
     clustered = [parse_peer_name(n) for n in _names(joined)]
     assert all(p is not None and p.identity == "anonymous" and p.broker == "b1" for p in clustered), clustered
     assert len({p.serial for p in clustered if p is not None}) == 3
+
+
+def test_a_restarted_core_names_no_peer_as_a_peer_of_its_earlier_run_was_named() -> None:
+    """Serials start where the run starts (``first_serial`` of its start, in ms): a name an operator read
+    before a restart (``conn close bob#n``) cannot be a new session's, as it was with serials from 1."""
+    started = 1_760_000_000.0
+    before, after = (BrokerCore(CoreSettings(), first_serial=first_serial(started + t)) for t in (0.0, 0.5))
+    for core in (before, after):
+        for rid in (b"p1", b"p2", b"ask"):
+            _connect(core, rid)
+    old, new = _names(before), _names(after)
+    assert not set(old) & set(new), (old, new)
+    assert min(parse_peer_name(n).serial for n in new) > max(parse_peer_name(n).serial for n in old)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_restarted_gives_its_peers_names_its_earlier_run_never_gave() -> None:
+    from mc0.ports import free_port
+    from mc0.process import BrokerProcess
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    names = []
+    for _ in range(2):
+        with BrokerProcess("--bind", endpoint, insecure=True) as broker, mc0.Client(broker.endpoint) as client:
+            names.append({row["name"] for row in json.loads(client.request("mc0.broker", b"peers", timeout=10).body)})
+    assert names[0] and names[1] and not names[0] & names[1], names

@@ -174,7 +174,8 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     core.commit()
     for token in sorted(j.sent):
         deliver(core, j, token)
-    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "2", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    ok = [(b"sub", P.ok_journaled("s", "main", 4))]  # (SEQ: the copy's next seq, where the history ends)
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "2", "", "orders.>"), 0.0, "sub") == ok
     put(core, b"pub", "TOPIC", "orders.x", "", "3")
     core.commit()
     _, live = deliver(core, j, max(j.sent))
@@ -183,6 +184,53 @@ def test_a_replay_while_records_arrive_delivers_each_once_in_order() -> None:
     for _ in range(5):
         seqs += [s.seq for s in core.pages(0.0) if s.kind == "replay"]
     assert seqs == [2, 3, 4] and not core.paging
+
+
+def test_a_replay_from_past_a_copy_that_is_behind_gets_nothing_before_its_from_live_or_replayed() -> None:
+    """A subscriber failing over to a broker whose copy is behind asks FROM the seq after the last it had:
+    the records before it, which this copy's feed brings later, are not for it (it had them elsewhere)."""
+    j = store()
+    core = core_with(j)
+    for i in range(8):
+        put(core, b"pub", "TOPIC", "orders.x", "", str(i))
+    core.commit()
+    tokens = sorted(j.sent)
+    deliver(core, j, tokens[0])  # this copy holds seq 1 only; the stream goes to 8 elsewhere
+    core.handle(b"other", f("SUB", "", "orders.>"), 0.0, "other")
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "6", "", "orders.>"), 0.0, "sub") == [
+        (b"sub", P.ok_journaled("s", "main", 2))
+    ]
+    assert [s for s in core.pages(0.0) if s.kind == "replay"] == [] and not core.paging  # (caught up, it thinks)
+    assert core.counters["replay_floors"] == 1
+    heard: dict[bytes, list[int]] = {b"sub": [], b"other": []}
+    for token in tokens[1:]:
+        _, out = deliver(core, j, token)
+        for rid, frames in out:
+            heard[rid].append(int(headers_of(list(frames))["SEQ"]))
+    assert heard == {b"sub": [6, 7, 8], b"other": [2, 3, 4, 5, 6, 7, 8]}
+    assert not core.journaling.floors  # (passed: ended)
+
+
+@pytest.mark.parametrize("ends", ["unsubscribed", "made anew", "gone"])
+def test_a_floor_ends_with_its_pattern_its_stream_or_its_subscriber(ends: str) -> None:
+    j = store()
+    core = core_with(j)
+    core.handle(b"sub", f("SUB", "ID", "s", "FROM", "50", "", "orders.>"), 0.0, "sub")
+    core.pages(0.0)
+    assert core.journaling.floors
+    if ends == "unsubscribed":
+        core.handle(b"sub", f("UNSUB", "", "orders.>"), 0.0, "sub")
+        core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")  # (live again, no FROM)
+    elif ends == "made anew":
+        j.created = "made-2"  # the stream deleted and made again: its seqs start from 1 again
+    else:
+        core.handle(b"sub", f("DISCONNECT", "ID", "bye"), 0.0, "sub")
+        connect(core, b"sub", who="sub")
+        core.handle(b"sub", f("SUB", "", "orders.>"), 0.0, "sub")
+    put(core, b"pub", "TOPIC", "orders.x", "", "new")
+    core.commit()
+    _, out = deliver(core, j, max(j.sent))
+    assert [rid for rid, _ in out] == [b"sub"] and not core.journaling.floors
 
 
 def fetch_turns(core: BrokerCore, now: float, turns: int = 5) -> list[Any]:
@@ -478,6 +526,24 @@ def test_letters_handed_to_a_session_that_went_before_they_left_are_read_again_f
     assert [rid for rid, _ in fromstore.answered(core.rooms, token, {"records": [[7, 0]]}, [record], 1.5)] == [b"carol"]
 
 
+def test_kept_letters_are_read_by_one_broker_of_an_identity_and_by_another_once_the_first_ones_sessions_went() -> None:
+    box = MemoryReplicatedStore(
+        "box", JournalSettings(store="jetstream", mailboxes=True, topics=("mc0.sys.mailbox.>",))
+    )
+    core = core_with(box)
+    fromstore.calls(core.rooms)
+    b2 = core.rooms.routes.make_peer("b2", 1, 0.0)
+    core.rooms.mailboxes.online(b2, 0.0, "carol")  # b2 announced a session of carol: b2 reads her letters
+    connect(core, b"carol", who="carol")
+    core.tick(1.5)
+    assert carols(core) == [] and core.counters["mailbox_read_elsewhere"] == 1
+    core.rooms.mailboxes.route_offline(b2, ("carol",))  # b2's went: this broker reads them, at once
+    assert core.next_deadline() <= 1.5
+    core.tick(1.5)
+    ((_, read),) = carols(core)
+    assert read == {"op": "letters_read", "journal": "box", "identity": "carol", "after": 0}
+
+
 # ------------------------------------------------------------------ the local copy on files
 def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: Path) -> None:
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
@@ -501,6 +567,61 @@ def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: P
     assert (again.first_seq, again.next_seq) == (1, 1)
     with pytest.raises(TypeError):
         again.append("t", "s", {}, [b""])
+
+
+@pytest.mark.parametrize("first", [4, 9])  # within the copy; past its end (the copy was behind)
+def test_a_copy_follows_a_first_seq_the_stream_moved_without_telling_it_and_reads_before_it_are_410(
+    tmp_path: Path, first: int
+) -> None:
+    from mc0.broker.storage.port import Trimmed
+
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 0, "made-1", 1)
+    payload = encode_payload("orders.x", "alice", {}, [b"secret"])
+    for seq in range(1, 7):
+        copy.arrived(seq, float(seq), payload)
+    copy.flush()
+    copy.stream_state(first, 8, "made-1", 7)  # purged outside mc0 (or while this broker was away)
+    assert (copy.cache.first_seq, copy.first_seq, copy.info()["first_seq"]) == (first, first, first)
+    assert copy.info()["records"] == 9 - first
+    with pytest.raises(Trimmed):
+        copy.read(first - 1)
+    with pytest.raises(Trimmed):
+        copy.read_columns(1)
+    assert [r.seq for r in copy.read(first)[0]] == list(range(first, 7))
+    after = max(7, first)  # what the stream delivers next
+    assert copy.arrived(after, float(after), payload) is not None and copy.next_seq == after + 1
+    copy.close()
+    again = ReplicatedJournal("main", settings).open()  # dropped from the files, not only hidden
+    assert again.first_seq == first
+    again.close()
+
+
+def test_a_copy_filled_from_scratch_takes_the_history_without_handing_it_out_live_even_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)
+    payload = encode_payload("orders.x", "alice", {}, [b"old"])
+    copy = ReplicatedJournal("main", settings).open()
+    copy.stream_state(1, 5, "made-1", 1)  # no marker: a new broker, or its data folder lost
+    assert [copy.arrived(seq, float(seq), payload) for seq in (1, 2, 3)] == [None, None, None]  # (history)
+    copy.flush()
+    assert (copy.next_seq, [r.seq for r in copy.read(1)[0]]) == (4, [1, 2, 3])  # (in the copy all the same)
+    copy.close()  # (killed mid-way: the marker says where live delivery starts)
+    again = ReplicatedJournal("main", settings).open()
+    again.stream_state(1, 7, "made-1", 4)
+    assert [again.arrived(seq, float(seq), payload) is not None for seq in (4, 5, 6, 7)] == [False, False, True, True]
+    again.close()
+    (tmp_path / "copy" / "stream.json").unlink()  # the marker lost too: from scratch again
+    for segment in (tmp_path / "copy").glob("*.seg*"):
+        segment.unlink()
+    rebuilt = ReplicatedJournal("main", settings).open()
+    rebuilt.stream_state(1, 7, "made-1", 1)
+    assert [rebuilt.arrived(seq, float(seq), payload) is not None for seq in range(1, 9)] == [False] * 7 + [True]
+    rebuilt.stream_state(1, 2, "made-2", 1)  # deleted and made again: its records are new here, delivered
+    assert [rebuilt.arrived(seq, float(seq), payload) is not None for seq in (1, 2)] == [True, True]
+    rebuilt.close()
 
 
 def test_a_jetstream_journal_without_nats_is_refused_in_one_line_and_cluster_on_the_command_line_gives_it(
@@ -531,7 +652,8 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:
     j, core = acknowledged_not_copied()
-    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == [(b"sub", P.ok("s"))]
+    ok = [(b"sub", P.ok_journaled("s", "main", 1))]  # (the copy holds nothing yet)
+    assert core.handle(b"sub", f("SUB", "ID", "s", "FROM", "1", "", "orders.>"), 0.0, "sub") == ok
     assert core.pages(0.0) == [] and core.paging
     (waiting,) = [r for replays in core.journaling._replays.values() for r in replays.values()]
     assert waiting.resume_at == pytest.approx(0.005)  # looks again in a moment, not every loop turn
@@ -539,6 +661,7 @@ def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_an
     (stopped,) = core.pages(CATCH_UP_S + 1)
     assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
     assert b"replay stopped at seq 1" in b" ".join(stopped.frames)
+    assert list(stopped.frames[-4:]) == [b"JOURNAL", b"main", b"TOPIC", b"orders.>"]  # its end; the SUB stays
     assert core.counters["replay_copy_behind"] == 1
 
 
@@ -602,14 +725,14 @@ def test_what_the_link_posts_is_handled_item_by_item_and_one_that_raises_never_s
     listener = ClusterListener(parse(CLUSTER, "x"))  # (constructors do no I/O: no NATS here)
     listener.replicated = {"main": BrokenCopy()}  # type: ignore[dict-item]
     news = [StreamState("main", 1, 0, "made", 1), Acks("main", [(token, 1, False)])]
-    listener.link.receive = lambda limit=256: news  # type: ignore[method-assign]
+    listener.link.receive = lambda limit=256, look=True: [news.pop(0) for _ in range(min(limit, len(news)))]  # type: ignore[method-assign]
     out = listener.receive(core, 0.0)
     assert [frames[:2] for _, frames in out] == [[b"OK", b"ID"]]  # the PUT's OK, after the item that raised
     assert core.counters["internal_errors"] == 1
 
 
 @pytest.mark.timeout(60)
-def test_a_confirmed_put_while_nats_never_answered_fails_504_after_the_timeout(tmp_path: Path) -> None:
+def test_a_confirmed_put_while_nats_never_answered_fails_507_not_stored_after_the_timeout(tmp_path: Path) -> None:
     import socket
 
     import mc0
@@ -625,7 +748,7 @@ def test_a_confirmed_put_while_nats_never_answered_fails_504_after_the_timeout(t
     )
     with BrokerProcess(config=str(config), insecure=True) as broker, mc0.Client(broker.endpoint) as client:
         started = time.monotonic()
-        with pytest.raises(mc0.DeadlineExceeded, match="JetStream"):
+        with pytest.raises(mc0.StorageFailed, match="not stored: no JetStream stream took"):  # (never sent)
             client.publish("orders.x", b"x", confirm=True, timeout=20)
         assert time.monotonic() - started < 10  # the journal's timeout and a sweep, not the client's 20 s
 

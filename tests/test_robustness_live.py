@@ -305,3 +305,41 @@ def test_a_replay_step_that_raises_holds_back_no_confirmed_put_of_another_journa
             ack = client.publish("b.x", b"confirmed", confirm=True, timeout=10)
             assert ack is not None and ack.journal == "b"
             assert broker.core.paging  # (the broken replay is still there: its step failed every turn)
+
+
+@pytest.mark.timeout(60)
+def test_a_timer_step_that_raises_every_turn_writes_its_traceback_once_then_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step of the timer work that raised every turn (a replay step with a bug) wrote a full traceback
+    every turn: thousands of lines a second.  The first is written with its traceback, the rest counted
+    (log_lines_left_out) and said again at most once a minute (mc0.broker.faultlog)."""
+    import logging
+
+    from mc0.broker.embedded import BrokerThread
+    from mc0.config import parse
+
+    text = (
+        '[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n'
+        f'[journals.a]\ntopics = ["a.>"]\nfolder = "{tmp_path / "a"}"\n'
+    )
+    caplog.set_level(logging.ERROR, logger="mc0.broker")
+    with BrokerThread(parse(text)) as thread:
+        broker = thread.broker
+        with mc0.Client(broker.endpoints[0]) as client:
+            assert client.publish("a.x", b"kept", confirm=True) is not None
+
+            def broken(now: float) -> list[Any]:
+                raise RuntimeError("a bug in the replay step")
+
+            broker.core.pages = broken  # type: ignore[method-assign]
+            client.subscribe("a.>", from_seq=1, journal="a")  # a replay: paging every turn from now on
+            deadline = time.monotonic() + 20
+            while broker.core.counters["internal_errors"] < 50:  # bounded by the deadline
+                assert time.monotonic() < deadline, "the replay step did not run 50 turns"
+                client.ping(timeout=5)  # (a turn or more each)
+            counters = dict(broker.core.counters)
+    written = [r for r in caplog.records if "timer work" in r.getMessage()]
+    assert len(written) == 1 and written[0].exc_info is not None, [r.getMessage() for r in written]
+    assert "_pages" in written[0].getMessage()
+    assert counters["log_lines_left_out"] >= counters["internal_errors"] - 1 >= 49

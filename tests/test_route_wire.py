@@ -25,7 +25,7 @@ def record(size: int, tag: int = 0) -> bytes:
 
 def carried(messages: list[bytes], max_record: int = 1 << 30) -> tuple[bytes, list[bytes]]:
     """What a receiver makes of ``messages``: the blobs it posts, joined, and each of them."""
-    reassembly = Reassembly(Counter(), max_record=max_record, budget=1 << 31)
+    reassembly = Reassembly(Counter(), max_record=max_record, budget=1 << 31, route_epoch={"b1": 7}.get)
     blobs = []
     for message in messages:
         if wire.is_chunk(message):
@@ -113,6 +113,7 @@ def test_the_old_parser_takes_a_chunk_for_a_malformed_message() -> None:
 
 # What a receiver makes of a sender's chunks when some go missing: (chunks, posted, lost, stray, losses).
 A, B = "a", "b"
+ROUTES = {A: 7, B: 7, "c": 7}  # the brokers with a route here, and their epochs
 CASES = [
     ("in order", [chunk(A, 6, 0, b"abc"), chunk(A, 6, 3, b"def")], [b"abcdef"], 0, 0, []),
     ("a middle chunk lost", [chunk(A, 9, 0, b"abc"), chunk(A, 9, 6, b"ghi")], [], 1, 1, [A, A]),
@@ -126,7 +127,8 @@ CASES = [
     ),
     ("a first chunk lost", [chunk(A, 6, 3, b"def"), chunk(A, 4, 0, b"wxyz")], [b"wxyz"], 0, 1, [A]),
     ("another total", [chunk(A, 6, 0, b"abc"), chunk(A, 7, 3, b"defg")], [], 1, 1, [A, A]),
-    ("a new epoch (it restarted)", [chunk(A, 6, 0, b"abc"), chunk(A, 6, 3, b"def", epoch=8)], [], 1, 1, [A, A]),
+    # (a chunk of its new run is refused until the loop has a route to that run: ROUTES below)
+    ("a new epoch (it restarted)", [chunk(A, 6, 0, b"abc"), chunk(A, 6, 3, b"def", epoch=8)], [], 1, 0, [A]),
     (
         "two senders at once",
         [chunk(A, 4, 0, b"ab"), chunk(B, 4, 0, b"wx"), chunk(B, 4, 2, b"yz"), chunk(A, 4, 2, b"cd")],
@@ -146,7 +148,7 @@ def test_a_lost_or_stray_chunk_costs_its_own_record_only_and_names_its_sender(
     chunks: list[wire.Chunk], posted: list[bytes], lost: int, stray: int, losses: list[str]
 ) -> None:
     counters: Counter[str] = Counter()
-    reassembly = Reassembly(counters, max_record=100, budget=1 << 20)
+    reassembly = Reassembly(counters, max_record=100, budget=1 << 20, route_epoch=ROUTES.get)
     got = [blob for c in chunks if (blob := reassembly.take(c, 0.0)) is not None]
     assert got == posted
     assert (counters["route_records_lost"], counters["route_chunks_stray"]) == (lost, stray)
@@ -156,7 +158,7 @@ def test_a_lost_or_stray_chunk_costs_its_own_record_only_and_names_its_sender(
 
 def test_a_whole_message_after_a_records_first_chunk_means_that_record_was_lost() -> None:
     counters: Counter[str] = Counter()
-    reassembly = Reassembly(counters, max_record=100, budget=1 << 20)
+    reassembly = Reassembly(counters, max_record=100, budget=1 << 20, route_epoch=ROUTES.get)
     assert reassembly.take(chunk(A, 6, 0, b"abc"), 0.0) is None
     reassembly.whole(B)  # another sender's: nothing lost
     assert reassembly.losses == []
@@ -164,20 +166,56 @@ def test_a_whole_message_after_a_records_first_chunk_means_that_record_was_lost(
     assert (counters["route_records_lost"], reassembly.losses, reassembly.used) == (1, [A], 0)
 
 
-def test_reassembly_is_bounded_in_bytes_and_forgets_a_record_that_stopped_coming() -> None:
+def test_reassembly_counts_the_bytes_that_came_and_makes_room_from_the_record_silent_the_longest() -> None:
     counters: Counter[str] = Counter()
-    budget = 2 * (50 + PARTIAL_OVERHEAD)
-    reassembly = Reassembly(counters, max_record=100, budget=budget)
-    for sender in ("a", "b"):
-        assert reassembly.take(chunk(sender, 50, 0, b"x"), 0.0) is None
-    assert reassembly.used == budget
-    assert reassembly.take(chunk("c", 50, 0, b"x"), 1.0) is None  # no room: lost at once
-    assert (counters["route_records_lost"], reassembly.losses) == (1, ["c"])
-    assert reassembly.take(chunk("a", 50, 1, b"y"), 15.0) is None  # a goes on; b stopped
-    reassembly.expire(20.0, ttl=10.0)
-    assert reassembly.losses == ["c", "b"] and reassembly.used == 50 + PARTIAL_OVERHEAD
+    budget = 2 * PARTIAL_OVERHEAD + 60
+    reassembly = Reassembly(counters, max_record=100, budget=budget, route_epoch=ROUTES.get)
+    for at, sender in enumerate(("a", "b")):
+        assert reassembly.take(chunk(sender, 100, 0, b"x" * 20), float(at)) is None
+    assert reassembly.used == 2 * (PARTIAL_OVERHEAD + 20)  # what came, not the 100 each announced
+    assert reassembly.take(chunk("a", 100, 20, b"y" * 10), 2.0) is None  # a goes on; b is silent since 1.0
+    assert reassembly.take(chunk("c", 100, 0, b"z" * 20), 3.0) is None  # no room: b, the most silent, is lost
+    assert (counters["route_records_lost"], reassembly.losses) == (1, ["b"])
+    assert reassembly.used == 2 * PARTIAL_OVERHEAD + 30 + 20
+    assert reassembly.take(chunk("c", 100, 20, b"z" * 30), 4.0) is None  # a, silent since 2.0, makes room
+    assert reassembly.losses == ["b", "a"] and reassembly.used == PARTIAL_OVERHEAD + 50
+    reassembly.expire(20.0, ttl=10.0)  # c stopped coming
+    assert reassembly.losses == ["b", "a", "c"] and reassembly.used == 0
+    assert reassembly.take(chunk("a", 100, 0, b"x"), 21.0) is None
     reassembly.clear()  # the link went down: what was under way is gone, with nobody to resync
-    assert (reassembly.used, reassembly.losses, counters["route_records_lost"]) == (0, [], 3)
+    assert (reassembly.used, reassembly.losses, counters["route_records_lost"]) == (0, [], 4)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(chunk("ghost", 50, 0, b"x"), id="a broker with no route here"),
+        pytest.param(chunk("a", 50, 0, b"x", epoch=6), id="a run of it the route is not to"),
+        pytest.param(chunk("ghost", 50, 10, b"x"), id="no route, not even a first chunk"),
+    ],
+)
+def test_a_chunk_from_a_broker_without_a_route_here_is_refused_and_costs_nothing(first: wire.Chunk) -> None:
+    counters: Counter[str] = Counter()
+    reassembly = Reassembly(counters, max_record=100, budget=1 << 20, route_epoch=ROUTES.get)
+    assert reassembly.take(first, 0.0) is None
+    assert (reassembly.used, reassembly.losses, counters["route_chunks_refused"]) == (0, [], 1)
+    assert counters["route_records_lost"] == counters["route_chunks_stray"] == 0
+
+
+def test_first_chunks_that_announce_the_largest_records_cannot_starve_a_record_that_comes_whole() -> None:
+    """(adversary D7) Eight 20-byte first chunks announcing records of the largest size held the whole
+    64 MiB budget (each reserved what it announced) for 30 s: a real 2 MiB record was lost meanwhile."""
+    counters: Counter[str] = Counter()
+    largest = 8 * 1024 * 1024 + 64 * 1024
+    routes = {f"r{i}": 7 for i in range(9)}
+    reassembly = Reassembly(counters, max_record=largest, budget=64 * 1024 * 1024, route_epoch=routes.get)
+    for i, total in enumerate([largest] * 7 + [7_900_000]):
+        assert reassembly.take(chunk(f"r{i}", total, 0, b"x" * 20), 0.0) is None
+    record = b"r" * (2 * 1024 * 1024)
+    step = 1024 * 1024 - 100
+    pieces = [chunk("r8", len(record), at, record[at : at + step]) for at in range(0, len(record), step)]
+    assert [reassembly.take(piece, 1.0) for piece in pieces][-1] == record
+    assert counters["route_records_lost"] == 0 and reassembly.losses == []
 
 
 def test_resync_notices_go_at_once_then_at_most_one_a_second_per_broker_never_skipped(

@@ -10,7 +10,16 @@ from mc0 import errors
 from mc0 import protocol as P
 from mc0.message import Message
 from mc0.protocol import batch
-from mc0.session import Answer, ClientSession, Connected, ConnectRefused, Fault, Received, Reconnecting
+from mc0.session import (
+    Answer,
+    ClientSession,
+    Connected,
+    ConnectRefused,
+    Fault,
+    Received,
+    Reconnecting,
+    ReplayEnded,
+)
 
 
 def f(*parts: str | bytes) -> list[bytes]:
@@ -93,6 +102,47 @@ def test_answers_and_faults() -> None:
     assert isinstance(fault, Fault) and isinstance(fault.error, errors.OverLimit)
     assert session.receive(f("GARBAGE"), 1.0) == ([], [])
     assert session.malformed == 1
+
+
+def test_a_replay_the_broker_ended_keeps_its_pattern_and_a_withdrawal_drops_it() -> None:
+    """``ERROR ... JOURNAL j TOPIC p`` ends a replay (the SUB stays); ``ERROR ... TOPIC p`` withdraws p."""
+    session = connected()
+    session.replay_patterns(["a.>"], 1, None, session.new_id())
+    reason = "journal main: this broker's copy did not reach seq 9 within 5 s; replay stopped at seq 3"
+    (ended,), replies = session.receive(f(*P.replay_ended(504, reason, "main", "a.>")), 1.0)
+    assert type(ended) is ReplayEnded and (ended.journal, ended.pattern) == ("main", "a.>")
+    assert isinstance(ended.error, errors.DeadlineExceeded) and ended.error.reason == reason
+    assert replies == [] and session.patterns == ["a.>"]
+    (withdrawn,), _ = session.receive(f(*P.error(403, "withdrawn by policy", topic="a.>")), 1.0)
+    assert withdrawn == Fault(withdrawn.error, "a.>") and session.patterns == []
+
+
+def journaled(topic: str, seq: int) -> list[bytes]:
+    return f("MESSAGE", "TOPIC", topic, "SENDER", "alice", "JOURNAL", "main", "SEQ", str(seq), "", "x")
+
+
+@pytest.mark.parametrize(
+    ("ok", "routes"),
+    [  # the OK to a SUB FROM; then where records 5, 6, 4 of journal main on a.b go (seq 4 after 6: a late one)
+        (("OK", "ID", "7", "JOURNAL", "main", "SEQ", "6"), [(" replay 7",), ("a.>",), ("a.>",)]),
+        (("OK", "ID", "7"), [("a.>",), ("a.>",), ("a.>",)]),  # a broker from before: no history named
+        (("OK", "ID", "7", "JOURNAL", "other", "SEQ", "6"), [("a.>",), ("a.>",), ("a.>",)]),  # another journal's
+        (("ERROR", "ID", "7", "CODE", "410", "MESSAGE", "trimmed"), [("a.>",), ("a.>",), ("a.>",)]),
+    ],
+)
+def test_a_replays_history_is_routed_to_the_replaying_subscription_alone(
+    ok: tuple[str, ...], routes: list[tuple[str, ...]]
+) -> None:
+    """Records before the seq the OK to a SUB FROM names are its history: only the subscription that
+    replays gets them (``replay_key``), not another of the pattern that had them live; the first record at
+    or past it ends the history."""
+    session = connected()
+    session.add_pattern("a.>")  # a live subscription, then a replay of the same pattern
+    assert session._sub_from(["a.>"], None, 1, "7") == session.replay_patterns(["a.>"], 1, None, "7")
+    (answer,), _ = session.receive(f(*ok), 1.0)
+    assert isinstance(answer, Answer) and answer.request_id == "7"
+    got = [session.receive(journaled("a.b", seq), 1.0)[0][0] for seq in (5, 6, 4)]
+    assert [event.keys for event in got if isinstance(event, Received)] == routes
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mc0.broker.storage.filestore import Journal, JournalSettings
+from mc0.broker.storage.memstore import MemoryStore
 from mc0.broker.storage.records import HEAD, encode_payload, encode_record
 from mc0.broker.storage.topicindex import MAX_TOPICS, UNKNOWN, TopicIndex, select
 
@@ -179,3 +180,41 @@ def test_a_copys_records_appended_at_their_seqs_are_indexed(tmp_path: Path) -> N
     j.commit()
     assert all(len(s.topics.ids) == len(s.offsets) for s in j._segments)
     check_filtered_reads(j)
+
+
+# ------------------------------------------------------------------ counting what a filter takes (/consumerz)
+
+
+def test_count_matching_equals_a_filter_over_every_record_in_both_stores(tmp_path: Path) -> None:
+    j = journal(tmp_path / "j", segment_bytes=1 << 15)
+    memory = MemoryStore("main")
+    for i in range(900):  # segments, the first naming more topics than ids: records read one by one
+        topic = "a.b" if i % 5 == 0 else "a.c" if i % 5 == 1 else f"q.{i}"
+        for store in (j, memory):
+            store.append(topic, "alice", {}, [b"x" * (i % 9)])
+    j.commit()
+    memory.commit()
+    assert len(j._segments) > 1 and UNKNOWN in j._segments[0].topics.ids
+    everything, _ = j.read(j.first_seq, None, None, max_records=100_000, max_bytes=1 << 30)
+    for wanted in ({"a.b"}, {"a.c", "q.2"}, {"nothing"}, {f"q.{n}" for n in range(2, 900, 3)}):
+        for from_seq in (0, 1, 2, 150, 399, 400, 699, 700, 899, 900, 901, 1200):
+            expected = sum(1 for r in everything if r.seq >= from_seq and r.topic in wanted)
+            for store in (j, memory):
+                assert store.count_matching(from_seq, wanted.__contains__) == expected, (wanted, from_seq, store)
+
+
+def test_count_matching_says_none_rather_than_read_past_its_budget(tmp_path: Path) -> None:
+    j = journal(tmp_path / "j", segment_bytes=1 << 20)
+    memory = MemoryStore("main")
+    for i in range(MAX_TOPICS + 60):  # one segment: its last 60 records are beyond the index's ids
+        for store in (j, memory):
+            store.append(f"q.{i}", "alice", {}, [b"x"])
+    j.commit()
+    memory.commit()
+    wanted = {"q.0", f"q.{MAX_TOPICS + 10}"}.__contains__
+    assert j.count_matching(1, wanted, max_checked=MAX_TOPICS + 60) == 2
+    assert j.count_matching(1, wanted, max_checked=100) is None  # the index alone cannot tell
+    assert j.count_matching(1, {"q.0"}.__contains__, max_checked=0) is None  # nor for a name it knows, here
+    assert memory.count_matching(1, wanted, max_checked=MAX_TOPICS + 60) == 2
+    assert memory.count_matching(1, wanted, max_checked=100) is None
+    assert memory.count_matching(MAX_TOPICS, wanted, max_checked=100) == 1

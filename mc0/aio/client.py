@@ -23,7 +23,7 @@ from .. import protocol as P
 from ..errors import ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
-from ..session import MAILBOX_KEY, group_key
+from ..session import MAILBOX_KEY, group_key, replay_key
 from .connection import DEFAULT_MAX_OUTGOING, Connection, Waiter
 from .consumer import Consumer
 from .pages import PageStream
@@ -133,7 +133,9 @@ class Client(Connection):
         OK comes once the message is written (per the journal's fsync policy)
         and names its ``seq``; ``msgid`` makes a retry safe: a repeat within
         the journal's dedup window is acknowledged as a duplicate and not
-        delivered again.
+        delivered again.  A confirmed publish without ``msgid`` gets one of its
+        own, unique to this client (``auto_msgid_prefix`` + its request id), so
+        the copy a failover sends again to another broker is stored once.
         """
         if not confirm:
             out = self._outgoing()
@@ -145,6 +147,8 @@ class Client(Connection):
                 await self._room(timeout)
             return None
         request_id = self.session.new_id()
+        if msgid is None:
+            msgid = self.auto_msgid_prefix + request_id
         frames = self.session.publish(topic, body, headers, request_id, msgid)
         answer = await self._call(request_id, frames, timeout, f"publish to {topic!r}")
         return ack_of(answer)
@@ -213,6 +217,12 @@ class Client(Connection):
         from that sequence number (0 = the oldest kept; ``journal`` picks the
         journal when several keep these topics), then continues live, in order
         and without gaps or repeats; ``Gone`` if that history was trimmed.
+        The replayed history is this subscription's alone (another subscription
+        of the pattern, which heard it live, does not get it again).  A replay
+        the broker ends early (410 trimmed, 507 unreadable, 504 a JetStream
+        copy behind) ends this subscription alone: reading it then raises
+        ``ClosedError`` naming the code and reason (``error`` holds it), while
+        other subscriptions of the same patterns go on.
         With ``group`` this subscription joins a queue group: each matching
         message goes to one member of the group (the least recently chosen one
         that keeps up), while plain subscriptions still get every message.
@@ -226,11 +236,21 @@ class Client(Connection):
             raise ProtocolError(
                 Status.BAD_REQUEST, "a queue group subscription cannot replay history (group with from_seq)"
             )
-        sub = Subscription(self, tuple(dict.fromkeys(patterns)), max_pending, max_pending_bytes, group=group)
+        request_id = self.session.new_id() if from_seq is not None else ""
+        sub = Subscription(
+            self,
+            tuple(dict.fromkeys(patterns)),
+            max_pending,
+            max_pending_bytes,
+            group=group,
+            from_seq=from_seq,
+            journal=journal,
+            replay_key=replay_key(request_id) if from_seq is not None else None,
+        )
         added: list[str] = []
-        if from_seq is not None:
-            request_id = self.session.new_id()
+        if from_seq is not None and sub.replay_key is not None:
             replay = self.session.replay_patterns(sub.patterns, from_seq, journal, request_id)
+            self._subscriptions[sub.replay_key] = [sub]  # (its history: mc0.session routes it there alone)
             for pattern in sub.patterns:
                 added.append(pattern)
                 self._subscriptions.setdefault(pattern, []).append(sub)
@@ -263,18 +283,7 @@ class Client(Connection):
         await self._release(subscription, subscription.patterns)
 
     async def _release(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
-        sub._end()
-        for pattern in patterns:
-            key = group_key(pattern, sub.group)
-            holders = self._subscriptions.get(key, [])
-            if sub not in holders:
-                continue
-            holders.remove(sub)
-            if not holders:
-                del self._subscriptions[key]
-            frames = self.session.drop_pattern(pattern, sub.group)
-            if frames is not None and tell_broker and not self._closed:
-                self._send(frames)
+        self._release_now(sub, patterns, tell_broker=tell_broker)
 
     # ------------------------------------------------------------ draining
     async def drain(self, *, timeout: float | None = None) -> None:

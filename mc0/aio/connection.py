@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Self, TypeAlias, TypeVar
 
@@ -49,6 +49,7 @@ from ..session import (
     Frames,
     Received,
     Reconnecting,
+    ReplayEnded,
     answer_error,
     group_key,
 )
@@ -121,6 +122,10 @@ class Connection:
         self.session = ClientSession(
             ttl_ms=ttl_ms, liveness=liveness, limits=limits, batch=batch, echo=echo, failover=len(self.endpoints) > 1
         )
+        # Confirmed publishes without a MSGID get "<this>.<request id>": unique to this client (its ids
+        # never repeat; another client of the identity draws another), so one a failover sends again
+        # is stored once by the journal's dedup (docs/PROTOCOL.md, "Failing over to another broker").
+        self.auto_msgid_prefix = os.urandom(8).hex() + "."
         self.faults: collections.deque[Exception] = collections.deque(maxlen=100)
         self.on_fault = on_fault
         self.reconnects = 0
@@ -475,6 +480,9 @@ class Connection:
                     sub.patterns = tuple(p for p in sub.patterns if group_key(p, sub.group) != event.withdrawn)
                     if not sub.patterns:
                         sub._end()
+        elif isinstance(event, ReplayEnded):
+            self.report_fault(event.error)
+            self._replay_ended(event)
         elif isinstance(event, Reconnecting):
             if event.lost and self.session.failover:
                 self._dialer.lose(event.reason, self.timeout)
@@ -482,6 +490,37 @@ class Connection:
             log.info("reconnecting to %s: %s", self.endpoint, event.reason)
             # The broker forgets a session on reconnect: whatever we were waiting for is lost.
             self._fail_pending(NotConnected(Status.NOT_CONNECTED, f"connection to the broker reset: {event.reason}"))
+
+    def _replay_ended(self, event: ReplayEnded) -> None:
+        """End the one subscription whose replay the broker ended, with its reason: the newest that
+        subscribed the pattern FROM a seq, naming that journal (else naming none; a journal allows one
+        replay at a time).  Its patterns are released as by ``unsubscribe`` (UNSUB for those no other
+        subscription holds), so the broker, which kept the SUB, and this client agree again."""
+        replaying = [s for s in self._subscriptions.get(event.pattern, ()) if s.from_seq is not None]
+        chosen = [s for s in replaying if s.journal == event.journal] or [s for s in replaying if s.journal is None]
+        if event.key is not None and event.key in self._subscriptions:
+            chosen = self._subscriptions[event.key]  # (its OK named the journal: no guess)
+        if chosen:
+            sub = chosen[-1]
+            sub._end(event.error)
+            self._release_now(sub, sub.patterns)
+
+    def _release_now(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
+        """Stop feeding ``sub`` its ``patterns``; UNSUB (``tell_broker``) for each no other one holds."""
+        sub._end()
+        if sub.replay_key is not None:
+            self._subscriptions.pop(sub.replay_key, None)
+        for pattern in patterns:
+            key = group_key(pattern, sub.group)
+            holders = self._subscriptions.get(key, [])
+            if sub not in holders:
+                continue
+            holders.remove(sub)
+            if not holders:
+                del self._subscriptions[key]
+            frames = self.session.drop_pattern(pattern, sub.group)
+            if frames is not None and tell_broker and not self._closed:
+                self._send(frames)
 
     def _answer_call(self, request_id: str, call: Waiter[Reply], command: Command) -> None:
         verb = command.verb

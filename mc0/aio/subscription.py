@@ -58,12 +58,19 @@ class Subscription:
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         *,
         group: str | None = None,
+        from_seq: int | None = None,
+        journal: str | None = None,
+        replay_key: str | None = None,
     ) -> None:
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be at least 1")
         self.client = client  # the client that feeds it
         self.patterns = patterns
         self.group = group  # the queue group it is a member of (None: a plain subscription)
+        self.from_seq = from_seq  # subscribed FROM this seq (a replay, then live), of ``journal`` if named
+        self.journal = journal
+        self.replay_key = replay_key  # the client's local key for its replay's history (mc0.events.replay_key)
+        self.error: Exception | None = None  # why the broker ended it (a replay that stopped), if it did
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.dropped = 0
@@ -141,12 +148,22 @@ class Subscription:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _end(self) -> None:
+    def _end(self, error: Exception | None = None) -> None:
         if not self.closed:
             self.closed = True
+            self.error = error
             self._wake()
             with self._sync:
                 self._sync.notify_all()
+
+    def _closed_error(self) -> ClosedError:
+        """What a read of this ended subscription raises: closed, and why when the broker ended it."""
+        text = f"subscription {self.patterns!r} is closed"
+        if self.error is None:
+            return ClosedError(text)
+        closed = ClosedError(f"{text}: {self.error}")
+        closed.__cause__ = self.error
+        return closed
 
     def _take(self) -> Message:
         message = self._items.popleft()
@@ -175,7 +192,7 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._items:
             if self.closed:
-                raise ClosedError(f"subscription {self.patterns!r} is closed")
+                raise self._closed_error()
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -209,7 +226,7 @@ class Subscription:
         with self._sync:
             while not self._items:
                 if self.closed:
-                    raise ClosedError(f"subscription {self.patterns!r} is closed")
+                    raise self._closed_error()
                 left = SYNC_RECHECK if deadline is None else min(SYNC_RECHECK, deadline - time.monotonic())
                 if left <= 0:
                     raise Timeout(f"next message on {', '.join(self.patterns)}", timeout or 0.0)

@@ -10,6 +10,9 @@ without being asked).  ``start`` opens it (once the ROUTER is bound, so its
 endpoints are known), ``close`` is idempotent, and ``status`` is what
 monitoring shows of it.  The ROUTER side is the default: whatever no
 listener owns goes out of the ROUTER socket (:mod:`mc0.broker.sender`).
+A listener that stopped within its time budget with work in hand says so
+(``unfinished``): the loop then calls ``receive`` again next turn, without
+waiting for its socket.
 
 Two listeners: :class:`NngListener` (MemoDB clients and workers over NNG,
 :mod:`mc0.broker.nngbridge`) and :class:`ClusterListener` (the other brokers
@@ -22,6 +25,8 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
@@ -53,6 +58,11 @@ from .storage.records import decode_payload
 
 log = logging.getLogger("mc0.broker")
 
+# Seconds of a loop turn spent on what the cluster link received (as server.WALK_BUDGET for a client's
+# batches): the rest waits in the link's queue, bounded by its credit (cluster/credit.py), for the next turn.
+ROUTE_WALK_BUDGET = 0.01
+ROUTE_SLICE = 512  # route records walked between looks at the clock
+
 
 class Listener(Protocol):
     name: str
@@ -60,6 +70,9 @@ class Listener(Protocol):
     @property
     def socket(self) -> zmq.Socket[bytes] | int | None:
         """What the loop polls for this listener (a zmq socket, or a file descriptor)."""
+
+    @property
+    def unfinished(self) -> bool: ...
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None: ...
 
@@ -73,7 +86,7 @@ class Listener(Protocol):
 
     def turn(self, core: BrokerCore, now: float) -> list[Out]: ...
 
-    def status(self, core: BrokerCore) -> dict[str, object]: ...
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]: ...
 
     def close(self) -> None: ...
 
@@ -89,6 +102,10 @@ class NngListener:
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
         return self.bridge.socket
+
+    @property
+    def unfinished(self) -> bool:
+        return False
 
     def start(self, context: zmq.Context[Any], endpoints: list[str], core: BrokerCore) -> None:
         self.bridge.start(context)  # ConfigError (names memodb.listen) when it cannot listen
@@ -108,15 +125,27 @@ class NngListener:
     def turn(self, core: BrokerCore, now: float) -> list[Out]:
         return []
 
-    def status(self, core: BrokerCore) -> dict[str, object]:
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]:
         return {"address": self.bridge.address}
 
     def close(self) -> None:
         self.bridge.close()
 
 
+@dataclass(slots=True)
+class RouteWalk:
+    """A route message being walked a slice at a time: broker ``name``'s (under ``epoch``), from ``pos``."""
+
+    name: str
+    epoch: int
+    blob: bytes
+    pos: int = 0
+
+
 class ClusterListener:
-    """The other brokers of a cluster: route traffic over NATS (``[cluster]``)."""
+    """The other brokers of a cluster: route traffic over NATS (``[cluster]``), taken within a time
+    budget per loop turn (``ROUTE_WALK_BUDGET``): a long route message is walked a slice at a time
+    (``RouteWalk``), and what the link received after it waits in the link's queue meanwhile."""
 
     name = "cluster"
 
@@ -126,6 +155,14 @@ class ClusterListener:
         self.link = ClusterLink(config.cluster, streams=specs_of(config), max_record_bytes=max_record)
         self.broker_name = config.cluster.name
         self.replicated: dict[str, ReplicatedJournal] = {}  # the journals JetStream keeps (their local copies)
+        self._routes_told = -1  # the routes' generation the link was last told of
+        self._walk: RouteWalk | None = None  # a route message walked in part (its order kept: nothing after it yet)
+        self._behind = False  # the last receive left what the link received unread
+
+    @property
+    def unfinished(self) -> bool:
+        """Received route traffic is left for the next turn (a message in part, or the link's queue not read empty)."""
+        return self._walk is not None or self._behind
 
     @property
     def socket(self) -> int | None:
@@ -140,25 +177,68 @@ class ClusterListener:
         self.broker_name = route_wire.check_name(name, "cluster.name")
         # A route is gone after route_liveness beacons missed (the core's sweep multiplies by its liveness).
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
-        routeinput.join(core.rooms, self.broker_name, route_ttl=gone_after / core.settings.liveness)
+        ttl = gone_after / core.settings.liveness
+        routeinput.join(core.rooms, self.broker_name, route_ttl=ttl, max_patterns=self.config.max_route_patterns)
         self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
         positions = {name: journal.position() for name, journal in self.replicated.items()}
         self.link.start(context, self.broker_name, positions)
 
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
+        """What the link received, in order, for at most ``ROUTE_WALK_BUDGET`` of this turn (at least one
+        slice): a message left in part goes on first next turn, and what follows it waits in the link's queue."""
+        stop = time.monotonic() + ROUTE_WALK_BUDGET
         out: list[Out] = []
-        for item in self.link.receive():
+        read_empty = False
+        if self._walk is not None:
+            out += self._walk_on(core, self._walk, stop, now)
+        look = True  # (the first take reads the wake-ups; the rest of the turn's takes need not)
+        while self._walk is None and time.monotonic() < stop:
+            items = self.link.receive(1, look=look)  # (one at a time: what is not taken waits, counted as credit)
+            look = False
+            if not items:
+                read_empty = True
+                break
             try:
-                out += self._received(core, item, now)
+                if isinstance(items[0], RouteBlob):
+                    blob = items[0]
+                    out += self._walk_on(core, RouteWalk(blob.name, blob.epoch, blob.blob), stop, now)
+                else:
+                    out += self._received(core, items[0], now)
             except Exception as exc:  # a bug, or the local copy's disk: counted, logged; the next item goes on
+                self._walk = None
                 core.listener_fault(self.name, exc, now)
+        self._behind = not read_empty and self._walk is None
+        if self._walk is not None or self._behind:
+            routeinput.behind(core.rooms, now)  # (beacons may wait behind what is left: no route is silent)
+        self._tell_routes(core)
         return out
+
+    def _walk_on(self, core: BrokerCore, walk: RouteWalk, stop: float, now: float) -> list[Out]:
+        """Slices of a route message until it is done or the turn's budget is spent (then kept for the next)."""
+        out: list[Out] = []
+        self._walk = walk
+        while True:
+            more, pos = routeinput.received_slice(
+                core.rooms, walk.name, walk.epoch, walk.blob, walk.pos, ROUTE_SLICE, now
+            )
+            out += more
+            if pos is None:
+                self._walk = None
+                return out
+            walk.pos = pos
+            if time.monotonic() >= stop:
+                return out
+
+    def _tell_routes(self, core: BrokerCore) -> None:
+        """The link's thread learns the routes opened or dropped (only they may send chunked records)."""
+        routes = core.routes
+        if routes.generation != self._routes_told:
+            self._routes_told = routes.generation
+            self.link.set_routes(routes.epochs)
 
     def _received(self, core: BrokerCore, item: Inbound, now: float) -> list[Out]:
         out: list[Out] = []
-        if isinstance(item, RouteBlob):
-            out += routeinput.received(core.rooms, item.name, item.epoch, item.blob, now)
-        elif isinstance(item, Hello):
+        if isinstance(item, Hello):  # (a RouteBlob is walked by receive, a slice at a time)
             out += routeinput.hello(core.rooms, item.name, item.epoch, now)
         elif isinstance(item, LinkChange) and not item.up:
             out += routeinput.lost(core.rooms, now)  # cut off: serve own peers; beacons reopen the routes later
@@ -237,11 +317,15 @@ class ClusterListener:
         the core asks of JetStream."""
         for token, request in fromstore.calls(core.rooms):
             self.link.call(token, request)
-        return routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
+        out = routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
+        self._tell_routes(core)  # (routes forgotten by the core's sweep, or resynced, since the last receive)
+        return out
 
-    def status(self, core: BrokerCore) -> dict[str, object]:
+    def status(self, core: BrokerCore, now: float) -> dict[str, object]:
         return {
             "name": self.broker_name,
+            # Another broker beaconing under this one's name, lately (None: none): /healthz is degraded.
+            "name_collision": core.routes.name_collision(now),
             "nats_connected": self.link.connected,
             "nats_server": self.link.server,
             "brokers": sorted(core.routes.by_name),

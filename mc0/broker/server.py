@@ -36,12 +36,14 @@ from .. import keys as keyfiles
 from ..config import Config, check_stores, load
 from ..errors import ConfigError
 from ..protocol import ANONYMOUS
+from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
 from .core import admin
 from .core.dispatch import BrokerCore, Out
 from .dialects import recognise as recognise_dialect
 from .dialects.memodb import with_memodb_identity
+from .faultlog import FaultLog
 from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
 from .memtrim import Trimmer
@@ -163,6 +165,7 @@ class Broker:
             backlog=self.outbox.backlog,
             # A queue-group member whose queue holds more than this is skipped while another can take it.
             group_skip_bytes=min(cfg.max_queue_bytes // 4, GROUP_SKIP_BYTES),
+            first_serial=first_serial(time.time()),  # (names of an earlier run never repeat)
         )
         self.sender = Sender(self.core, self.outbox, self.listeners)
         self.trimmer = Trimmer()  # (heap pages freed by evicted queues go back to the OS)
@@ -189,6 +192,7 @@ class Broker:
         # core.next_deadline() as the last turn's timers read it, with sender.applied then: the next
         # turn reuses it while nothing was applied since (asking costs ~11k instructions, 6% of a turn).
         self._deadline: tuple[float, int] | None = None
+        self._timer_faults = FaultLog("the broker's timer work")  # (a step raising every turn: one traceback)
         self._started = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
@@ -415,6 +419,8 @@ class Broker:
             deadline = min(deadline, start + HOLD_RECHECK)
         elif core.unfinished:
             return 0
+        if any(listener.unfinished for listener in self.listeners):  # (route traffic left for this turn)
+            return 0
         if self.http is not None and self.http.wanted:
             deadline = min(deadline, self._next_snapshot)
         wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
@@ -436,7 +442,7 @@ class Broker:
     def _read_listeners(self, ready: dict[Any, int]) -> None:
         """What each ready listener received (MemoDB requests, other brokers' traffic)."""
         for listener in self.listeners:
-            if listener.socket in ready:
+            if listener.socket in ready or listener.unfinished:
                 now = time.monotonic()
                 try:
                     news = listener.receive(self.core, now)
@@ -508,15 +514,14 @@ class Broker:
 
     def _guarded(self, work: Any, now: float) -> None:
         """Timer work (a tick, a page of each replay and fetch, a commit ...) that raises is logged and
-        counted, never fatal."""
+        counted, never fatal; one raising every turn writes its traceback once, then a line a minute
+        (:mod:`.faultlog`)."""
         try:
             work(now)
-        except Exception:
-            self._timer_fault()
-
-    def _timer_fault(self) -> None:
-        self.core.counters["internal_errors"] += 1
-        log.exception("internal error in the broker's timer work")
+        except Exception as exc:
+            self.core.counters["internal_errors"] += 1
+            if not self._timer_faults.fault(getattr(work, "__name__", "a step"), exc, now):
+                self.core.counters["log_lines_left_out"] += 1
 
     def _publish_snapshot(self, http: MonitorServer) -> None:
         now = time.monotonic()
@@ -530,7 +535,7 @@ class Broker:
                 started=self._started,
                 wall=time.time(),
                 in_bytes=self.bytes_in,
-                cluster=self.cluster.status(self.core) if self.cluster is not None else None,
+                cluster=self.cluster.status(self.core, now) if self.cluster is not None else None,
             )
         except Exception:
             self.core.counters["internal_errors"] += 1

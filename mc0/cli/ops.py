@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ from .base import Connection, cli, config_option, connection_options, load_confi
     "--cluster",
     "cluster_urls",
     metavar="URL,URL",
-    help="Join other brokers over these NATS servers ([cluster] nats), e.g. nats://user:pass@10.0.0.1:4222,...",
+    envvar=cfg.ENV_CLUSTER,
+    help="Join other brokers over these NATS servers ([cluster] nats; default: $MC0_CLUSTER), e.g. "
+    "nats://10.0.0.1:4222,nats://10.0.0.2:4222. A password goes in $MC0_CLUSTER or the config file, "
+    "never here: every local user can read a command line.",
 )
 @click.option("--name", "cluster_name", help="This broker's name in the cluster ([cluster] name; default: HOST-PORT).")
 @config_option
@@ -55,6 +59,13 @@ def broker(
 
     config = load_config(config_path)
     config = _with_cluster(config, cluster_urls, cluster_name)
+    if cluster_urls is not None and _on_command_line("cluster_urls") and _with_credentials(cluster_urls):
+        click.echo(
+            f"mc0: warning: --cluster holds NATS credentials, which every local user can read (ps); give the "
+            f"URLs in ${cfg.ENV_CLUSTER} or the config file's [cluster] nats (mode 0600), or use [cluster] "
+            "credentials or nkey_seed",
+            err=True,
+        )
     for endpoint in binds:
         check_endpoint(endpoint, bind=True, where="--bind")
     if binds:
@@ -91,6 +102,16 @@ def broker(
         click.echo(f"mc0 broker MemoDB (NNG rep0) on {server.nng.address}")
     sys.stdout.flush()
     server.run()
+
+
+def _on_command_line(parameter: str) -> bool:
+    """The current command's ``parameter`` was given on its command line (not from the environment)."""
+    return click.get_current_context().get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE
+
+
+def _with_credentials(urls: str) -> bool:
+    """Some URL of a comma-separated list carries a password or a token (``nats://TOKEN@host``)."""
+    return any(urllib.parse.urlsplit(url.strip()).username for url in urls.split(","))
 
 
 def _with_cluster(config: cfg.Config, urls: str | None, name: str | None) -> cfg.Config:

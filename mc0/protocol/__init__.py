@@ -35,7 +35,9 @@ Peer -> broker::
 Broker -> peer::
 
     OK         ID id [TTL ms] [BATCH 1] [JOURNAL j SEQ n [DUPLICATE 1]] [MAILBOX delivered|stored]
+               (to a SUB FROM: JOURNAL j SEQ n, the journal replayed and where its history ends)
     ERROR      [ID id] CODE nnn MESSAGE text [TOPIC pattern [GROUP g]]   (TOPIC: a subscription withdrawn)
+    ERROR      CODE nnn MESSAGE text JOURNAL j TOPIC pattern   (a SUB FROM's replay of j ended; the SUB stays)
     MESSAGE    TOPIC t SENDER who [JOURNAL j SEQ n] [GROUP g] [TO identity] [X-...] "" body...  (0.x: no SENDER)
     NOOP
     PONG       ID x
@@ -105,6 +107,7 @@ from .builders import (
     ok,
     ok_journaled,
     ok_mailbox,
+    replay_ended,
     reply,
     request_to_worker,
     user_header_frames,
@@ -249,6 +252,7 @@ __all__ = [
     "ok",
     "ok_journaled",
     "ok_mailbox",
+    "replay_ended",
     "parse_int",
     "page_columns",
     "parse_columns_page",

@@ -33,6 +33,12 @@ def error(
     return frames
 
 
+def replay_ended(code: int, reason: str, journal: str, pattern: str) -> list[bytes]:
+    """``ERROR CODE c MESSAGE m JOURNAL j TOPIC p``: the replay of ``journal`` a ``SUB FROM`` of ``pattern``
+    (among others) started has ended with ``code``; the SUB stays, live (a withdrawal has no JOURNAL)."""
+    return [*error(code, reason), b"JOURNAL", journal.encode(), b"TOPIC", pattern.encode()]
+
+
 def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = False) -> list[bytes]:
     frames = [b"OK", b"ID", request_id.encode(), b"JOURNAL", journal.encode(), b"SEQ", str(seq).encode()]
     if duplicate:

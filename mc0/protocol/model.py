@@ -243,7 +243,9 @@ PEER_GRAMMAR: dict[Verb, Grammar] = {
 # What the broker may send to a peer.
 BROKER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.OK: Grammar(_ID, _h(Header.TTL, Header.BATCH, Header.JOURNAL, Header.SEQ, Header.DUPLICATE, Header.MAILBOX)),
-    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC, Header.GROUP)),
+    # Without ID: TOPIC (GROUP) = that subscription withdrawn; JOURNAL j TOPIC p = the replay of j that a
+    # SUB FROM of p started ended (retention, a read error, a copy behind), the SUB itself stays live.
+    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC, Header.GROUP, Header.JOURNAL)),
     Verb.MESSAGE: Grammar(
         _h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO), True, Payload.REQUIRED
     ),

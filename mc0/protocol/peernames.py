@@ -2,7 +2,8 @@
 
 Contract: pure functions, no I/O.  A standalone broker names each peer
 ``identity#n`` (its authenticated identity, ``anonymous`` without CURVE,
-and a serial the broker counts up); a broker of a cluster names it
+and a serial the broker counts up from where its run starts, so that no
+run repeats a name an earlier run of it gave: :func:`first_serial`); a broker of a cluster names it
 ``identity#n@BROKER`` (its own cluster name), so a name is unique in the
 whole cluster and says where the peer lives.  The name is what the scatter
 ``WORKER`` header, ``/connz``, ``mc0 stats`` (``mc0.broker peers``), the
@@ -24,6 +25,8 @@ from typing import NamedTuple
 from . import routes
 
 SERIAL_MARK = "#"
+# Serials of a run start at the milliseconds from this moment (2025-01-01 UTC, in Unix seconds) to its start.
+SERIAL_ORIGIN = 1_735_689_600
 BROKER_MARK = "@"
 # (the identity is greedy: the serial's '#' is the last one of the name; a broker name holds no '#')
 _NAME = re.compile(r"(?P<identity>.+)#(?P<serial>[1-9][0-9]{0,18})(?:@(?P<broker>[^#@]+))?", re.DOTALL)
@@ -45,6 +48,15 @@ def peer_name(identity: str, serial: int, broker: str = "") -> str:
     return f"{name}{BROKER_MARK}{broker}" if broker else name
 
 
+def first_serial(wall: float) -> int:
+    """The first serial of a broker run that starts at ``wall`` (Unix seconds): the milliseconds since
+    ``SERIAL_ORIGIN`` (11 digits for three centuries), at least 1.  A later run starts past every serial an
+    earlier one gave unless that run averaged more than one new session per millisecond, or the clock
+    went back: so an operator's name from before a restart (``conn close bob#41234567@b1``) finds no
+    session of the new run, where serials from 1 would have found a new session of the same identity."""
+    return max(1, int((wall - SERIAL_ORIGIN) * 1000))
+
+
 def parse_peer_name(text: str) -> PeerName | None:
     """What a peer name says (identity, serial, broker or ""); None if ``text`` is not one."""
     match = _NAME.fullmatch(text)
@@ -56,4 +68,4 @@ def parse_peer_name(text: str) -> PeerName | None:
     return PeerName(match["identity"], int(match["serial"]), broker)
 
 
-__all__ = ["BROKER_MARK", "SERIAL_MARK", "PeerName", "parse_peer_name", "peer_name"]
+__all__ = ["BROKER_MARK", "SERIAL_MARK", "SERIAL_ORIGIN", "PeerName", "first_serial", "parse_peer_name", "peer_name"]

@@ -6,7 +6,9 @@ connected (one not sent while reconnecting is no loss: the next one goes)
 and calls ``tick`` each time (the link's other periodic work);
 ``on_hello`` is the beacon subscription's callback: another broker's beacon
 is posted to the loop as ``Hello``, a malformed one counted, this broker's
-own never (NATS ``no_echo`` too).  A beacon nats-py drops is only counted
+own never (NATS ``no_echo`` too); one under this broker's name and another
+epoch is posted too: another broker is named alike, which the loop says
+(``routeinput.hello``).  A beacon nats-py drops is only counted
 (``beacons_dropped``): the next one says the same.
 """
 
@@ -40,6 +42,7 @@ class Beacons:
     ) -> None:
         self.nc = nc
         self.name = name
+        self.epoch = epoch
         self.beacon = wire.hello(name, epoch)
         self.every_s = every_s
         self.post = post
@@ -58,7 +61,7 @@ class Beacons:
             self.counters["malformed"] += 1
             return
         name, epoch = parsed
-        if name != self.name:
+        if name != self.name or epoch != self.epoch:  # (one under our name and another epoch: a namesake)
             self.post(posts.hello(name, epoch))
 
     def dropped(self) -> None:

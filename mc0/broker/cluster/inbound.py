@@ -18,8 +18,11 @@ once a second per broker: :class:`Resyncs`).  What was received before the
 link went down is not posted after it (its routes are forgotten at DOWN).
 
 Memory: at most one record under way per sender (one NATS connection keeps
-a sender's order, so its chunks come one after another), each at most
-``max_record`` bytes, all together at most ``budget`` bytes.
+a sender's order, so its chunks come one after another), and only from a
+broker this one has a route to (the loop says which: ``ClusterLink.routes``);
+each at most ``max_record`` bytes, all together at most ``budget`` bytes,
+counted as the bytes arrive (never a record's declared size at its first
+chunk); a record that needs room takes it from the oldest under way.
 """
 
 from __future__ import annotations
@@ -39,67 +42,107 @@ log = logging.getLogger("mc0.broker")
 CREDIT_POLL_S = 0.05  # a route message waiting for credit is woken by the loop, else looks again
 DROP_NOTICE_S = 1.0  # at most one RoutesDropped (and one log line) a second, the last one never skipped
 RESYNC_NOTICE_S = 1.0  # at most one RouteResync a second per broker
-PARTIAL_TTL_S = 30.0  # a record under way that gets no chunk for this long is lost
+PARTIAL_TTL_S = 10.0  # a record under way that gets no chunk for this long is lost (a NATS failover takes ~2 s)
 PARTIAL_OVERHEAD = 256  # what a record under way costs besides its bytes (its entry), against the budget
 RESYNC_MEMORY = 4096  # brokers whose last RouteResync time is remembered (older ones are forgotten first)
 
 
 class _Partial:
-    __slots__ = ("epoch", "data", "filled", "touched")
+    __slots__ = ("epoch", "total", "data", "touched")
 
     def __init__(self, epoch: int, total: int, now: float) -> None:
         self.epoch = epoch
-        self.data = bytearray(total)
-        self.filled = 0
+        self.total = total  # what its first chunk says it will be (at most max_record)
+        self.data = bytearray()  # what came so far: it grows as its chunks arrive
         self.touched = now
+
+
+def _no_routes(name: str) -> int | None:
+    return None
 
 
 class Reassembly:
     """Chunked records put together again, at most one under way per sender, bounded in bytes.
 
     ``take`` returns the record a chunk completes (None while it is under way) and counts what is
-    lost in ``counters``: ``route_records_lost`` (a record under way that was not continued, or could
-    not be started within the bounds) and ``route_chunks_stray`` (a chunk of no record under way:
-    the rest of one that was lost).  Every loss names its sender in ``losses`` for the caller to
-    resync.  Pure: ``now`` is passed in.
+    lost in ``counters``: ``route_records_lost`` (a record under way that was not continued, or
+    could not be started or go on within the bounds) and ``route_chunks_stray`` (a chunk of no
+    record under way: the rest of one that was lost).  Every loss names its sender in ``losses``
+    for the caller to resync.  A record is started only for a broker with a route here under the
+    chunk's epoch (``route_epoch(name)``: the epoch of the route to it, None without one; anything
+    else is counted ``route_chunks_refused``: nobody to resync), and its bytes are counted as they
+    arrive, so a first chunk costs what it carries, not what it announces; when the budget is
+    spent, the records under way that went the longest without a chunk are lost to make room.  Pure: ``now`` is
+    passed in.
     """
 
-    def __init__(self, counters: dict[str, int], *, max_record: int, budget: int) -> None:
+    def __init__(
+        self,
+        counters: dict[str, int],
+        *,
+        max_record: int,
+        budget: int,
+        route_epoch: Callable[[str], int | None] = _no_routes,
+    ) -> None:
         self.counters = counters
         self.max_record = max_record
         self.budget = budget
+        self.route_epoch = route_epoch
         self.used = 0  # bytes of the records under way (and their entries)
         self._partials: dict[str, _Partial] = {}
         self.losses: list[str] = []  # senders that lost a message since the caller last looked
 
     def take(self, chunk: wire.Chunk, now: float) -> bytes | None:
-        partial = self._partials.get(chunk.sender)
+        sender = chunk.sender
+        partial = self._partials.get(sender)
         if partial is not None and (
-            chunk.offset != partial.filled or chunk.total != len(partial.data) or chunk.epoch != partial.epoch
+            chunk.offset != len(partial.data) or chunk.total != partial.total or chunk.epoch != partial.epoch
         ):
-            self._lose(chunk.sender)  # not its continuation: it was lost (the chunk may start the next one)
+            self._lose(sender)  # not its continuation: it was lost (the chunk may start the next one)
             partial = None
         if partial is None:
-            if chunk.offset != 0:
-                self.counters["route_chunks_stray"] += 1
-                self.losses.append(chunk.sender)
+            partial = self._start(chunk, now)
+            if partial is None:
                 return None
-            cost = chunk.total + PARTIAL_OVERHEAD
-            if chunk.total > self.max_record or self.used + cost > self.budget:
-                self.counters["route_records_lost"] += 1  # (its later chunks are stray)
-                self.losses.append(chunk.sender)
-                return None
-            partial = self._partials[chunk.sender] = _Partial(chunk.epoch, chunk.total, now)
-            self.used += cost
-        end = chunk.offset + len(chunk.data)
-        partial.data[chunk.offset : end] = chunk.data
-        partial.filled = end
-        partial.touched = now
-        if end < len(partial.data):
+        size = len(chunk.data)
+        if not self._room(size, sender):  # (only a budget below twice max_record: lost, as it cannot fit)
+            self._lose(sender)
             return None
-        del self._partials[chunk.sender]
-        self.used -= len(partial.data) + PARTIAL_OVERHEAD
+        partial.data += chunk.data
+        self.used += size
+        partial.touched = now
+        if len(partial.data) < partial.total:
+            return None
+        del self._partials[sender]
+        self.used -= partial.total + PARTIAL_OVERHEAD
         return bytes(partial.data)  # (one copy of a record that took several NATS messages to come)
+
+    def _start(self, chunk: wire.Chunk, now: float) -> _Partial | None:
+        """A record's first chunk: under way from here (None: refused, or a chunk of none)."""
+        if self.route_epoch(chunk.sender) != chunk.epoch:
+            self.counters["route_chunks_refused"] += 1  # no route to it: a made-up sender, or one gone
+            return None
+        if chunk.offset != 0:
+            self.counters["route_chunks_stray"] += 1
+            self.losses.append(chunk.sender)
+            return None
+        if chunk.total > self.max_record or not self._room(PARTIAL_OVERHEAD, chunk.sender):
+            self.counters["route_records_lost"] += 1  # (its later chunks are stray)
+            self.losses.append(chunk.sender)
+            return None
+        partial = self._partials[chunk.sender] = _Partial(chunk.epoch, chunk.total, now)
+        self.used += PARTIAL_OVERHEAD
+        return partial
+
+    def _room(self, size: int, sender: str) -> bool:
+        """Room for ``size`` more bytes of ``sender``'s record: the records under way that went the
+        longest without a chunk (another sender's) are lost until there is; False if there cannot be."""
+        while self.used + size > self.budget:
+            others = [(p.touched, s) for s, p in self._partials.items() if s != sender]
+            if not others:
+                return False
+            self._lose(min(others)[1])
+        return True
 
     def whole(self, sender: str) -> None:
         """A whole message from ``sender``: a record of its under way was lost."""

@@ -60,7 +60,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -206,6 +206,9 @@ class ClusterLink:
         self._nudged = False
         self._nudge: Callable[[], None] | None = None
         self.connected = False  # written by the link thread, read by the loop (a bool: atomic)
+        # The brokers the loop has a route to (name -> epoch): only they may start a chunked record here.
+        # Replaced whole by the loop (``set_routes``), never changed in place: the thread reads it as it is.
+        self.routes: Mapping[str, int] = {}
         self.server = ""  # the NATS server in use, without credentials
         self.counters: dict[str, int] = dict.fromkeys(
             (
@@ -219,6 +222,7 @@ class ClusterLink:
                 "route_chunks_in",
                 "route_records_lost",  # records lost between chunks (then that route resynced)
                 "route_chunks_stray",  # chunks of a record already lost
+                "route_chunks_refused",  # chunks from a broker with no route here (a made-up name, one gone)
                 "route_resyncs",  # RouteResync notices posted
                 "malformed",
                 "reconnects",
@@ -271,13 +275,17 @@ class ClusterLink:
         self.socket = None
 
     # ------------------------------------------------------------ the broker loop's side
-    def receive(self, limit: int = 256) -> list[Inbound]:
+    def receive(self, limit: int = 256, *, look: bool = True) -> list[Inbound]:
         """What the link thread passed on, oldest first (at most ``limit`` items a call; with more left,
-        :attr:`socket` stays readable)."""
+        :attr:`socket` stays readable).  ``look=False``: a further call in the same loop turn, after one
+        that looked: the wake-ups are left alone (that call made the socket readable if more was left),
+        so taking items one at a time costs no system call each."""
         out: list[Inbound] = []
         wake = self._wake_r
         if wake is None:
             return out
+        if not look:
+            return self._take(limit, out)
         try:
             while wake.recv(4096):
                 pass
@@ -286,6 +294,12 @@ class ClusterLink:
         # After reading the wake-ups, before looking: whatever is posted from now on wakes the loop again
         # (cleared before reading, a wake-up written in between would be read, and the post after it lost).
         self._posted = False
+        self._take(limit, out)
+        if self._inbox:
+            self._post_wake()  # (more than ``limit``: the loop looks again at once)
+        return out
+
+    def _take(self, limit: int, out: list[Inbound]) -> list[Inbound]:
         inbox = self._inbox
         for _ in range(limit):
             try:
@@ -298,8 +312,6 @@ class ClusterLink:
             item = posts.parse(frames) if kind in posts.KINDS else parse_inbound(frames)
             if item is not None:
                 out.append(item)
-        if inbox:
-            self._post_wake()  # (more than ``limit``: the loop looks again at once)
         return out
 
     def _post(self, frames: Sequence[bytes]) -> None:
@@ -348,6 +360,10 @@ class ClusterLink:
             self.counters["sent"] += 1
             self.counters["sent_bytes"] += len(blob)
 
+    def set_routes(self, routes: Mapping[str, int]) -> None:
+        """The brokers the loop now has a route to (name -> epoch), for the thread's reassembly."""
+        self.routes = dict(routes)
+
     def publish(self, journal: str, proposals: list[Any]) -> None:
         """A JetStream journal's proposals (``jetstream.replicated.Proposal``), to be published in order."""
         if self.socket is not None:
@@ -395,7 +411,9 @@ class _LinkRun:
         self.nc = Nats()
         self.resyncs = Resyncs(self.post, self.counters)
         budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
-        reassembly = Reassembly(self.counters, max_record=link.max_record_bytes, budget=budget)
+        reassembly = Reassembly(
+            self.counters, max_record=link.max_record_bytes, budget=budget, route_epoch=lambda n: link.routes.get(n)
+        )
         self.inbound = RouteInbound(self.post, self.counters, self.resyncs, reassembly, self.stopping)
         self.sender = RouteSender(
             self.nc,

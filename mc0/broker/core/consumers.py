@@ -66,6 +66,10 @@ MAX_CONSUMERS = 1_000  # per broker (the default of [broker] max_consumers)
 MAX_CONSUMERS_PER_IDENTITY = 100  # the default of [broker] max_consumers_per_identity
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)
 MAX_PULL = 1_000  # messages per pull
+# Records a pull looks at past what its topics skip (its cost in a loop turn: a held pull goes on
+# at the next turn), read PULL_SCAN_STEP at a time at least.
+PULL_SCAN_RECORDS = 20_000
+PULL_SCAN_STEP = 1_000
 MAX_ACKS = 10_000  # sequence numbers per ack/nak/term
 DEAD_LETTER_PREFIX = P.SYS_DEAD_PREFIX
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
@@ -475,14 +479,22 @@ class Consumers:
             taken.append((record, held.deliveries))
         room = min(count - len(taken), consumer.config.max_ack_pending - self._pending_count(consumer))
         journal = consumer.journal
-        while room > 0 and consumer.cursor < journal.next_seq:
+        scan = PULL_SCAN_RECORDS
+        while room > 0 and scan > 0 and consumer.cursor < journal.next_seq:
             try:
                 match = self._match(consumer, grants)
-                records, next_seq = journal.read(consumer.cursor, None, match, max_records=room)
+                # Scans past records its topics skip (a filtered consumer's page is still full);
+                # takes at most ``room``: the cursor stops after the last record taken.
+                most = min(scan, max(room, PULL_SCAN_STEP))
+                records, next_seq = journal.read(consumer.cursor, None, match, max_records=most)
             except Trimmed as exc:
                 consumer.stats["lost_to_retention"] += exc.first - consumer.cursor
                 consumer.cursor = exc.first
                 continue
+            if len(records) > room:
+                records = records[:room]
+                next_seq = records[-1].seq + 1
+            scan -= max(1, next_seq - consumer.cursor)
             consumer.cursor = next_seq
             if any(r.topic.startswith(DEAD_LETTER_PREFIX) for r in records):  # and the topic it died on
 
@@ -499,8 +511,6 @@ class Consumers:
                 taken.append((record, 1))
             consumer.stats["delivered"] += len(records)
             room -= len(records)
-            if not records:
-                break
         if taken:
             self._dirty.add(consumer.key)
         return taken
@@ -692,8 +702,8 @@ class Consumers:
             "pending": pending,
             "due": len(consumer.held) - pending,
             "waiting_pulls": len(consumer.waiting),
-            # Records after the cursor not yet looked at (an upper bound: the topic filter is not applied).
-            "lag": max(0, consumer.journal.next_seq - consumer.cursor),
+            # Records after the cursor its topics take (an upper bound when they could not be counted).
+            "lag": self._pending(consumer)[0],
             **{
                 k: consumer.stats[k]
                 for k in ("delivered", "redelivered", "acked", "naked", "termed", "dead_lettered", "filtered")
@@ -703,25 +713,39 @@ class Consumers:
     def report(self) -> dict[str, object]:
         return {f"{j}/{n}": self.info(c) for (j, n), c in sorted(self.consumers.items())}
 
+    def _pending(self, consumer: Consumer) -> tuple[int, bool]:
+        """``(records after its cursor its topics take, exact)``: the owner's grants are not
+        applied (as JetStream's num_pending: a record they refuse is still pending, then filtered)."""
+        stored = consumer.journal
+        from_seq = max(consumer.cursor, stored.first_seq)
+        upper = max(0, stored.next_seq - from_seq)
+        if consumer.config.topics == (">",) or not upper:
+            return upper, True
+        tokens_of = self._tokens_of
+        count = stored.count_matching(from_seq, lambda topic: consumer.matches(tokens_of(topic)))
+        return (upper, False) if count is None else (count, True)
+
     def monitor_rows(self) -> list[dict[str, object]]:
         """/consumerz: every consumer, this broker's then JetStream's (as JetStream last said).
 
-        ``num_pending``: stored records not yet handed to it (from its cursor, past what
-        retention trimmed; exact when its topics are ``>``, else an upper bound: the filter
-        is not applied, ``num_pending_exact`` false); ``num_ack_pending``: handed and not
-        settled (waiting for an ack, or due again)."""
+        ``num_pending``: stored records not yet handed to it that its topics take (from its
+        cursor, past what retention trimmed; counted by the journal's topic index; when that
+        would need too many records read one by one, an upper bound, the filter not applied,
+        and ``num_pending_exact`` false); ``num_ack_pending``: handed and not settled (waiting
+        for an ack, or due again)."""
         rows: list[dict[str, object]] = []
         for (journal, name), consumer in sorted(self.consumers.items()):
             stored = consumer.journal
             stats = consumer.stats
+            num_pending, exact = self._pending(consumer)
             rows.append(
                 {
                     "journal": journal,
                     "name": name,
                     "owner": consumer.owner,
                     "store": stored.settings.store,
-                    "num_pending": max(0, stored.next_seq - max(consumer.cursor, stored.first_seq)),
-                    "num_pending_exact": consumer.config.topics == (">",),
+                    "num_pending": num_pending,
+                    "num_pending_exact": exact,
                     "num_ack_pending": len(consumer.held),
                     "ack_floor": consumer.ack_floor,
                     "redelivered": stats["redelivered"],

@@ -78,6 +78,7 @@ class BrokerCore:
         dialects: DialectRecogniser = _mc0_only,
         backlog: Callable[[bytes], int] | None = None,
         group_skip_bytes: int = 0,
+        first_serial: int = 1,
     ) -> None:
         """``generated_ids_only``: refuse peers that choose their routing id (off in the broker: a session
         is bound to its routing id, identity and connection, see docs/SECURITY.md).
@@ -94,6 +95,9 @@ class BrokerCore:
         than ``group_skip_bytes`` queued is passed over while another can take the
         message, and a journaled letter is recorded delivered only once its session's
         queue is empty.
+
+        ``first_serial``: the ``n`` of the first peer's name ``identity#n`` (the shell passes
+        ``peernames.first_serial`` of the run's start, so no run repeats an earlier run's names).
         """
         rooms = self.rooms = Rooms(
             settings or CoreSettings(),
@@ -103,6 +107,7 @@ class BrokerCore:
             wall_offset=wall_offset,
             backlog=backlog,
             group_skip_bytes=group_skip_bytes,
+            first_serial=first_serial,
         )
         self._dialect_of = dialects
         # The rooms, as the shell, the monitor and the reports read them (the same objects).

@@ -11,8 +11,12 @@ what it could not queue (``page_blocked``), which rewinds that read, so
 a slow reader slows only its own reads and nothing is lost.  A journal
 JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
 (the OK is held by :mod:`.replication`), and its replays and fetches read its
-local copy, waiting (paced) while the copy lags what the stream holds.  No
-sockets, no clock.
+local copy, waiting (paced) while the copy lags what the stream holds.  A
+replay of such a journal keeps its ``FROM`` as a *floor*: it sends nothing
+before it, and when it ends with the copy still short of it (a broker whose
+copy is behind, where a subscriber failing over resumes) the floor stays
+(``Floor``) and ``below_floor`` keeps the live records before it from that
+subscriber, until the stream's delivery passes it.  No sockets, no clock.
 """
 
 from __future__ import annotations
@@ -67,17 +71,33 @@ class Replay:
     """A ``SUB FROM seq``: the records still to send from one journal, then live.
 
     While it runs, live copies of records that it will deliver are held back
-    (the replay reaches them in order), so each record arrives once.
+    (the replay reaches them in order), so each record arrives once.  ``floor``:
+    the seq asked for, of a JetStream journal (0: none), whose copy may not
+    have reached it yet: nothing before it is sent.
     """
 
-    __slots__ = ("journal", "patterns", "cursor", "resume_at", "waited_since")
+    __slots__ = ("journal", "patterns", "cursor", "resume_at", "waited_since", "floor")
 
-    def __init__(self, journal: JournalStore, patterns: list[tuple[str, ...]], cursor: int) -> None:
+    def __init__(self, journal: JournalStore, patterns: list[tuple[str, ...]], cursor: int, floor: int = 0) -> None:
         self.journal = journal
         self.patterns = patterns
         self.cursor = cursor
         self.resume_at = 0.0
         self.waited_since: float | None = None  # since when a JetStream journal's copy has been behind
+        self.floor = floor
+
+    def matches(self, tokens: tuple[str, ...]) -> bool:
+        return any(pattern_matches(p, tokens) for p in self.patterns)
+
+
+class Floor(NamedTuple):
+    """What a replay that ended short of its ``FROM`` leaves: live records of its journal before ``seq``
+    on its patterns are not for its subscriber (it had them elsewhere), as long as the stream is the one
+    it asked of (``created``)."""
+
+    seq: int
+    patterns: list[tuple[str, ...]]
+    created: str
 
     def matches(self, tokens: tuple[str, ...]) -> bool:
         return any(pattern_matches(p, tokens) for p in self.patterns)
@@ -222,6 +242,7 @@ class Journaling:
         # OKs held until their records are written: (journal, peer, request id, OK frames).
         self._pending_acks: list[tuple[JournalStore, bytes, str, list[bytes]]] = []
         self._replays: dict[Peer, dict[str, Replay]] = {}  # journal name -> SUB FROM still catching up
+        self._floors: dict[Peer, dict[str, Floor]] = {}  # journal name -> a replay's FROM its copy had not reached
         self._fetches: dict[Peer, dict[str, Fetch]] = {}  # request id -> fetch still sending pages
         self._next_retention = 0.0
         self.failed: set[str] = set()  # the journals whose last commit failed
@@ -325,6 +346,36 @@ class Journaling:
                     break
         return held
 
+    @property
+    def floors(self) -> bool:
+        """Some subscriber's replay ended short of its ``FROM`` (``below_floor`` has work)."""
+        return bool(self._floors)
+
+    def below_floor(
+        self, journal: JournalStore, seq: int, tokens: tuple[str, ...], held: set[Peer] | None
+    ) -> set[Peer] | None:
+        """``held`` plus the peers a live record of ``journal`` at ``seq`` is below the floor of (they
+        asked FROM past it).  A record at or past a floor ends it (the stream's delivery passed it), and
+        so does another stream of that name (its seqs start again)."""
+        store = replicated(journal)
+        created = store.created if store is not None else ""
+        for peer, floors in list(self._floors.items()):
+            floor = floors.get(journal.name)
+            if floor is None:
+                continue
+            if seq >= floor.seq or created != floor.created:
+                self._drop_floor(peer, journal.name)
+            elif floor.matches(tokens):
+                held = {peer} if held is None else held | {peer}
+        return held
+
+    def _drop_floor(self, peer: Peer, name: str) -> None:
+        floors = self._floors.get(peer)
+        if floors is not None:
+            floors.pop(name, None)
+            if not floors:
+                del self._floors[peer]
+
     def _journal_for_sub(self, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> JournalStore:
         name = command.headers.get(Header.JOURNAL)
         if name is not None:
@@ -357,23 +408,29 @@ class Journaling:
         if journal.name in self._replays.get(peer, ()):
             raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
         from_seq = start_seq(journal, from_seq, command.id)
-        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.stored_next_seq))
+        # Of a JetStream journal, a FROM past what this broker knows of the stream is a floor: the
+        # subscriber had the records before it (at another broker), this copy may just be behind.
+        floor = from_seq if replicated(journal) is not None else 0
+        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.stored_next_seq), floor)
 
     def start_replay(self, peer: Peer, replay: Replay) -> None:
+        self._drop_floor(peer, replay.journal.name)  # (the new replay's FROM says what it had)
         self._replays.setdefault(peer, {})[replay.journal.name] = replay
         self.counters["replays"] += 1
 
     def unsubscribed(self, peer: Peer, removed: Sequence[tuple[str, ...]]) -> None:
-        """Patterns ``peer`` dropped no longer replay; a replay left with none ends."""
-        replays = self._replays.get(peer)
-        if not replays:
-            return
+        """Patterns ``peer`` dropped no longer replay (nor keep a floor); a replay left with none ends."""
         for tokens in removed:
-            for name, replay in list(replays.items()):
+            for name, replay in list(self._replays.get(peer, {}).items()):
                 if tokens in replay.patterns:
                     replay.patterns.remove(tokens)
                     if not replay.patterns:
                         self._end_replay(peer, name)
+            for name, floor in list(self._floors.get(peer, {}).items()):
+                if tokens in floor.patterns:
+                    floor.patterns.remove(tokens)
+                    if not floor.patterns:
+                        self._drop_floor(peer, name)
 
     def _end_replay(self, peer: Peer, name: str) -> None:
         replays = self._replays.get(peer)
@@ -381,6 +438,15 @@ class Journaling:
             replays.pop(name, None)
             if not replays:
                 del self._replays[peer]
+
+    def _replay_ended(self, peer: Peer, name: str, replay: Replay) -> None:
+        """The replay sent what it could: if its copy has not reached its floor yet, the floor stays
+        for live delivery (the records before it come live from this copy's feed, and are not for it)."""
+        self._end_replay(peer, name)
+        store = replicated(replay.journal)
+        if store is not None and replay.floor > store.next_seq:
+            self._floors.setdefault(peer, {})[name] = Floor(replay.floor, list(replay.patterns), store.created)
+            self.counters["replay_floors"] += 1
 
     # ------------------------------------------------------------ fetches
     def fetch_running(self, peer: Peer, rid: str) -> bool:
@@ -426,6 +492,7 @@ class Journaling:
     def drop_peer(self, peer: Peer) -> None:
         self._replays.pop(peer, None)
         self._fetches.pop(peer, None)
+        self._floors.pop(peer, None)
 
     # ------------------------------------------------------------ pacing
     @property
@@ -461,12 +528,14 @@ class Journaling:
         try:
             records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
         except (Trimmed, OSError) as exc:  # retention, or a segment gone or unreadable
-            self._end_replay(peer, name)
+            self._replay_ended(peer, name, replay)
             code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
-            return [PageOut(rid, P.error(code, str(exc), topic=pattern), "error", name, 0, 0)]
+            return [PageOut(rid, P.replay_ended(code, str(exc), name, pattern), "error", name, 0, 0)]
         out = []
         for record in records:
+            if record.seq < replay.floor:
+                continue  # (the subscriber had it: a JetStream journal's copy here was behind its FROM)
             tokens = self._tokens_of(record.topic)
             if tokens is None or not replay.matches(tokens):
                 continue
@@ -483,7 +552,7 @@ class Journaling:
         # Ends only on a turn with nothing left, so a record whose send
         # failed in the last page is still resent (see page_blocked).
         if next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
-            self._end_replay(peer, name)
+            self._replay_ended(peer, name, replay)
             return out
         # A JetStream journal's copy is behind what the stream acknowledged: look again in a
         # moment (not every loop turn), for at most CATCH_UP_S without progress.
@@ -493,13 +562,14 @@ class Journaling:
             replay.resume_at = now + CATCH_UP_POLL
             return out
         self.counters["replay_copy_behind"] += 1
-        self._end_replay(peer, name)
+        self._replay_ended(peer, name, replay)
         reason = (
             f"journal {name}: this broker's copy did not reach seq {journal.stored_next_seq} within "
             f"{CATCH_UP_S:g} s; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
         )
         pattern = ".".join(replay.patterns[0])
-        return out + [PageOut(peer.routing_id, P.error(Status.DEADLINE, reason, topic=pattern), "error", name, 0, 0)]
+        ended = P.replay_ended(Status.DEADLINE, reason, name, pattern)  # (the SUB stays: live from here)
+        return out + [PageOut(peer.routing_id, ended, "error", name, 0, 0)]
 
     def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[PageOut]:
         journal = fetch.journal

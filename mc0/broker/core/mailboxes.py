@@ -273,6 +273,8 @@ class Mailboxes:
                 sessions.remove(route)
                 if not sessions:
                     del self._sessions[identity]
+                elif self.stored is not None:  # (this broker may read its kept letters now)
+                    self.stored.sessions_changed(identity)
 
     def offline(self, peer: Peer, now: float) -> list[Out]:
         """``peer`` went; journaled letters it was handed that may not have left are kept again

@@ -19,7 +19,6 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ... import protocol as P
 from ...errors import ProtocolError
@@ -121,8 +120,6 @@ class Peer:
         "bytes_out",
     )
 
-    _serials: ClassVar[itertools.count[int]] = itertools.count(1)
-
     def __init__(
         self,
         routing_id: bytes,
@@ -138,9 +135,9 @@ class Peer:
         self.sender = identity.encode()
         self.sender_block = batch.sender_block(self.sender)  # its MESSAGE records' sender part, built once
         # Shown to others (WORKER header, stats): never the routing id, which could help a squatter.
-        # ``identity#n`` until the table takes it: a broker of a cluster adds its own name then.
-        self.serial = next(Peer._serials)
-        self.name = peer_name(identity, self.serial)
+        # Numbered and named by the table that takes it (``PeerTable.add``): ``identity#n[@broker]``.
+        self.serial = 0
+        self.name = identity
         self.fd = fd  # the connection it arrived on (ZMQ_SRCFD), when the shell knows it
         self.version = version
         self.legacy = version in P.SEED_VERSIONS
@@ -207,11 +204,14 @@ def generated_routing_id(routing_id: bytes) -> bool:
 class PeerTable:
     """Every known peer by routing id, and what connection each came on."""
 
-    def __init__(self, *, broker_name: Callable[[], str] = _standalone) -> None:
+    def __init__(self, *, broker_name: Callable[[], str] = _standalone, first_serial: int = 1) -> None:
         """``broker_name()``: this broker's cluster name ("" standalone): its peers are named
-        ``identity#n@broker``, unique in the whole cluster (mc0.protocol.peernames)."""
+        ``identity#n@broker``, unique in the whole cluster (mc0.protocol.peernames); ``first_serial``:
+        the first ``n`` (the shell's ``peernames.first_serial`` of the run's start: no name of an
+        earlier run repeats)."""
         self.by_id: dict[bytes, Peer] = {}
         self._broker_name = broker_name
+        self._serials = itertools.count(max(1, first_serial))
         self._by_fd: dict[int, bytes] = {}
         self._closing: dict[bytes, tuple[int, float]] = {}  # routing id -> (fd, when reported closed)
         self.revoked: set[str] = set()  # identities whose every message is dropped
@@ -235,9 +235,9 @@ class PeerTable:
         return self.by_id.get(peer.routing_id) is peer
 
     def add(self, peer: Peer, now: float) -> None:
-        broker = self._broker_name()
-        if broker:
-            peer.name = peer_name(peer.identity, peer.serial, broker)
+        if not peer.serial:  # (a peer re-added keeps its name)
+            peer.serial = next(self._serials)
+        peer.name = peer_name(peer.identity, peer.serial, self._broker_name())
         self.by_id[peer.routing_id] = peer
         if peer.fd is not None:
             peer.address = self._addresses.get(peer.fd, peer.address)

@@ -223,6 +223,10 @@ class PubSub:
             return self._patterns.get(peer, {})
         return self._group_patterns.get((group, peer), {})
 
+    def count(self, peer: Peer) -> int:
+        """The patterns ``peer`` holds, plain and in every queue group."""
+        return self._count_all(peer)
+
     def _count_all(self, peer: Peer) -> int:
         count = len(self._patterns.get(peer, ()))
         for group in self._groups_of.get(peer, ()):

@@ -63,6 +63,7 @@ class Rooms:
         wall_offset: float = 0.0,
         backlog: Callable[[bytes], int] | None = None,
         group_skip_bytes: int = 0,
+        first_serial: int = 1,
     ) -> None:
         """See :class:`~mc0.broker.core.dispatch.BrokerCore` for the arguments."""
         self.settings = settings
@@ -77,7 +78,7 @@ class Rooms:
         # Each peer's batch walk under way (mc0.broker.core.batched walks them; forget cuts a peer's).
         self.walks: dict[bytes, BatchCursor] = {}
         routes = self.routes = Routes(counters)  # the other brokers, when this one joins a cluster
-        self.peers = PeerTable(broker_name=routes.own_name)
+        self.peers = PeerTable(broker_name=routes.own_name, first_serial=first_serial)
         can_take = None if backlog is None else (lambda routing_id: backlog(routing_id) < group_skip_bytes)
         self.pubsub = PubSub(settings.limits, counters, interest=routes, can_take=can_take)
         self.journaling = Journaling(journals, counters, tokens_of=self.pubsub.tokens_of, wall_offset=wall_offset)

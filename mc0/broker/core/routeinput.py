@@ -16,7 +16,8 @@ mailbox here); a route's
 identity's session holder here, like any peer, so this broker's own traffic
 reaches it once.  A route is trusted (only brokers reach the cluster's NATS
 subjects; it checked its own peers' rights), so nothing it announces is held
-to a peer's limits.  A record this broker cannot take (one the route
+to a peer's limits, only to a memory budget: at most ``max_route_patterns``
+patterns per route (the rest refused, counted, said once).  A record this broker cannot take (one the route
 grammar has no place for, or malformed) is counted and dropped, never
 answered: an answer to another broker's mistake would only echo between
 them.  Each record costs itself only, as on the client wire: what the
@@ -26,6 +27,7 @@ bug: counted with the internal errors).  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -35,13 +37,14 @@ from ...errors import InvalidTopic, ProtocolError
 from ...permissions import Grants
 from ...protocol import Command, Header, Side, Status, Verb, batch
 from ...protocol import routes as route_wire
+from ...settings import MAX_ROUTE_PATTERNS
 from ...topics import seed_topic, split_pattern
 from . import admin
 from .access import dead_letter_origin, is_dead_letter
 from .groups import HandedBack
 from .peers import Out, Peer
 from .rooms import Rooms
-from .routes import ROUTE_IDENTITY_PREFIX
+from .routes import ADMITTED, HEARD_ONCE, MAX_ROUTES, ROUTE_IDENTITY_PREFIX, TOO_MANY
 
 log = logging.getLogger("mc0.broker")
 
@@ -49,16 +52,22 @@ _RECORD_HEAD = 5  # a record's size:u32 and code:u8, in front of its body
 
 
 # ---------------------------------------------------------------- the sessions with other brokers
-def join(rooms: Rooms, name: str, route_ttl: float) -> None:
+def join(rooms: Rooms, name: str, route_ttl: float, max_patterns: int = MAX_ROUTE_PATTERNS) -> None:
     """This broker is ``name`` in a cluster: from now on its own peers' interest, services and
     identities are announced to the other brokers (call before any peer connects).  The rooms that
     name this broker ask the routes for its name: its peers are ``identity#n@name``, what it
-    publishes to a JetStream journal comes from ``name``."""
-    rooms.routes.join(name, route_ttl)
+    publishes to a JetStream journal comes from ``name``.  ``max_patterns``: the patterns one route
+    may announce here (``[cluster] max_route_patterns``)."""
+    rooms.routes.join(name, route_ttl, max_patterns)
 
 
 def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
-    """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session."""
+    """Broker ``name``'s beacon: it is alive; a new broker (or a new start of one) gets a session once
+    it is heard twice, within the routes' bounds (``Routes.admit``).  One under this broker's own name
+    (never its own: the link passes none of those) is another broker named alike: said, never a route."""
+    if name == rooms.routes.name:
+        _name_collision(rooms, epoch, now)
+        return []
     route = rooms.routes.known(name, epoch)
     if route is not None:
         route.last_recv = now
@@ -66,7 +75,44 @@ def hello(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     if epoch < rooms.routes.epochs.get(name, -1):
         rooms.counters["route_stale_epoch"] += 1  # a beacon of a run that has since restarted
         return []
+    if not _admitted(rooms, name, epoch, now):
+        return []
     return _open(rooms, name, epoch, now)
+
+
+def _admitted(rooms: Rooms, name: str, epoch: int, now: float) -> bool:
+    """Broker ``name``, with no route here under ``epoch``, gets one now (else counted; a refusal logged
+    within the log's bound)."""
+    verdict = rooms.routes.admit(name, epoch, now)
+    if verdict == ADMITTED:
+        return True
+    rooms.counters[f"route_{verdict}"] += 1
+    if verdict != HEARD_ONCE:  # (one key for every name: a flood of made-up names writes a few lines a minute)
+        if rooms.log_limit.allow("cluster", f"route {verdict}", now):
+            why = f"{MAX_ROUTES} routes already" if verdict == TOO_MANY else "new routes are opening too fast"
+            log.warning("cluster: no route to broker %s yet: %s (it is tried again at its next beacon)", name, why)
+        else:
+            rooms.counters["log_lines_left_out"] += 1
+    return False
+
+
+def _name_collision(rooms: Rooms, epoch: int, now: float) -> None:
+    """Another broker is named as this one (started under ``epoch``): counted, said at ERROR (at once,
+    then once a minute while it lasts, within the log's bound), shown by /healthz
+    (``Routes.name_collision``).  Nothing else can be done here: both get the route traffic sent to
+    the name, and the others keep a route to one of them at a time."""
+    if not rooms.routes.collided(epoch, now):
+        return
+    if not rooms.log_limit.allow("cluster", "name collision", now):  # (epochs made up by the hundred)
+        rooms.counters["log_lines_left_out"] += 1
+        return
+    name = rooms.routes.name
+    log.error(
+        "cluster: another broker is also named %s (epoch %016x): broker names must be unique in a cluster"
+        " ([cluster] name, mc0 broker --name); route traffic for %s reaches either one, so clients of"
+        " both lose messages and requests until one is renamed",
+        name, epoch, name,
+    )  # fmt: skip
 
 
 def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
@@ -77,24 +123,52 @@ def _open(rooms: Rooms, name: str, epoch: int, now: float) -> list[Out]:
     route = rooms.routes.make_peer(name, epoch, now)
     rooms.peers.add(route, now)
     log.info("cluster: route to broker %s open", name)
-    out.append((route.routing_id, b"".join(rooms.routes.hello())))
+    out.append((route.routing_id, rooms.routes.hello()))  # (the same bytes for every route opened meanwhile)
     return rooms.with_finished(out, now)
 
 
 def received(rooms: Rooms, name: str, epoch: int, blob: bytes, now: float) -> list[Out]:
-    """A route message from broker ``name`` (started under ``epoch``)."""
-    rooms.counters["route_messages_in"] += 1
+    """A route message from broker ``name`` (started under ``epoch``), every record of it."""
+    out, _ = received_slice(rooms, name, epoch, blob, 0, None, now)
+    return out
+
+
+def received_slice(
+    rooms: Rooms, name: str, epoch: int, blob: bytes, start: int, limit: int | None, now: float
+) -> tuple[list[Out], int | None]:
+    """At most ``limit`` records (None: all) of a route message from broker ``name`` (started under
+    ``epoch``), from the record at ``start`` (0: the message is new); what to send, and where the next
+    slice starts (None: the message is done).  The shell walks a long message a slice at a time, within
+    a time budget per loop turn, so that its own peers are served between slices."""
+    if start == 0:
+        rooms.counters["route_messages_in"] += 1
     out: list[Out] = []
     route = rooms.routes.known(name, epoch)
     if route is None:
+        if name == rooms.routes.name:  # (another broker named as this one: never a route to ourselves)
+            rooms.counters["route_messages_unrouted"] += 1
+            _name_collision(rooms, epoch, now)
+            return [], None
         if epoch < rooms.routes.epochs.get(name, -1):
             rooms.counters["route_stale_epoch"] += 1
-            return []
-        out += _open(rooms, name, epoch, now)  # it spoke before its beacon reached us
+            return [], None
+        if not _admitted(rooms, name, epoch, now):  # (a hearing: its beacon may not have reached us yet)
+            rooms.counters["route_messages_unrouted"] += 1
+            return [], None
+        out += _open(rooms, name, epoch, now)  # it spoke before its second beacon reached us
         route = rooms.routes.known(name, epoch)
         assert route is not None
     route.last_recv = now
-    return rooms.with_finished(out + receive(rooms, route, blob, now), now)
+    more, next_start = _walk(rooms, route, blob, start, limit, now)
+    return rooms.with_finished(out + more, now), next_start
+
+
+def behind(rooms: Rooms, now: float) -> None:
+    """Route traffic waits unread (the shell walks it a budget at a time): the other brokers' beacons
+    may be behind it, so no route's silence is measured meanwhile (as a peer's silence is measured up
+    to the last time its socket was read empty)."""
+    for route in rooms.routes.by_name.values():
+        route.last_recv = now
 
 
 def resync(rooms: Rooms, route: Peer, now: float) -> list[Out]:
@@ -105,7 +179,9 @@ def resync(rooms: Rooms, route: Peer, now: float) -> list[Out]:
     out = rooms.forget(route, "route_resync", now)
     fresh = rooms.routes.make_peer(name, epoch, now)
     rooms.peers.add(fresh, now)
-    out.append((fresh.routing_id, b"".join(rooms.routes.full_state())))
+    state = rooms.routes.state_blob()
+    if state:
+        out.append((fresh.routing_id, state))
     return out
 
 
@@ -161,10 +237,24 @@ def news(rooms: Rooms) -> list[Out]:
 # ---------------------------------------------------------------- one route message
 def receive(rooms: Rooms, route: Peer, blob: bytes, now: float) -> list[Out]:
     """One route message, every record in order; a record it cannot take spoils none after it."""
+    out, _ = _walk(rooms, route, blob, 0, None, now)
+    return out
+
+
+def _walk(
+    rooms: Rooms, route: Peer, blob: bytes, pos: int, limit: int | None, now: float
+) -> tuple[list[Out], int | None]:
+    """The records of ``blob`` from the one at ``pos``, at most ``limit`` (None: all), in order; what to
+    send, and where the next one starts (None: no record left, or the blob stopped splitting)."""
     limits = rooms.settings.limits
     out: list[Out] = []
+    left = limit
     try:
-        for code, start, end in batch.records(blob):
+        for code, start, end in batch.records(blob, pos):
+            if left is not None:
+                if left == 0:
+                    return out, start - _RECORD_HEAD
+                left -= 1
             try:
                 if code == batch.MESSAGE:
                     out += _message_record(rooms, blob, start, end, now)
@@ -191,7 +281,7 @@ def receive(rooms: Rooms, route: Peer, blob: bytes, now: float) -> list[Out]:
     except ProtocolError as exc:  # the blob stopped splitting into records here
         rooms.counters["route_records_refused"] += 1
         log.debug("route %s: message damaged: %s", route.name, exc)
-    return out
+    return out, None
 
 
 def _failed(rooms: Rooms, route: Peer, exc: Exception, now: float) -> None:
@@ -389,8 +479,31 @@ def _subscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[
     group = command.headers.get(Header.GROUP)
     patterns = _patterns(command)
     held = rooms.pubsub.held(route, group)
-    rooms.pubsub.add(route, {p: t for p, t in patterns if p not in held}, group)
+    new = {p: t for p, t in patterns if p not in held}
+    room = rooms.routes.max_patterns - rooms.pubsub.count(route)
+    if len(new) > room:
+        new = _within_budget(rooms, route, new, max(room, 0), now)
+    rooms.pubsub.add(route, new, group)
     return []
+
+
+def _within_budget(
+    rooms: Rooms, route: Peer, new: dict[str, tuple[str, ...]], room: int, now: float
+) -> dict[str, tuple[str, ...]]:
+    """The first ``room`` of the patterns ``route`` announced: the rest are refused (counted, said once
+    while the route lasts), so no route costs more than ``max_patterns`` here.  Messages on a refused
+    pattern do not reach that broker's subscribers: the budget is an operator's to raise."""
+    refused = len(new) - room
+    rooms.counters["route_patterns_refused"] += refused
+    name = _name_of(route)
+    if name not in rooms.routes.over_budget:
+        rooms.routes.over_budget.add(name)
+        log.error(
+            "cluster: broker %s announced more than %d patterns ([cluster] max_route_patterns): %d refused"
+            " (counted in route_patterns_refused); messages on them do not reach its subscribers",
+            name, rooms.routes.max_patterns, refused,
+        )  # fmt: skip
+    return dict(itertools.islice(new.items(), room))
 
 
 def _unsubscribe(rooms: Rooms, route: Peer, command: Command, now: float) -> list[Out]:

@@ -9,9 +9,17 @@ workers, and the identities with a local session (letters for them may be
 sent here).  Route peers talk the batched mc0 wire: what this room has to
 say to them comes out as records (``SUB``/``UNSUB``, ``READY``, ``SUB TO``),
 to every route at once (``drain``) or, when a route (re)connects, the whole
-of it (``full_state``).  Interest learned from one route is never passed to
+of it (``state_blob``, built once per change of interest and shared by
+every route it goes to).  Interest learned from one route is never passed to
 another: a message or request crosses at most one route (as over
 nats-server's routes).  Pure: no sockets, no clock (``now`` is passed in).
+
+Which brokers get a route (``admit``): one heard twice under the same epoch
+(a beacon, or a route message, then another: a name heard once costs a
+line of a bounded table, never a route), at most ``MAX_ROUTES`` of them,
+and at most ``NEW_ROUTES_BURST`` opened at once, ``NEW_ROUTES_PER_S`` a
+second after that; whatever the beacons (anyone with the brokers' NATS
+login can send them, made up or not), what routes cost stays bounded.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from collections.abc import Mapping
 from ... import protocol as P
 from ...permissions import ALLOW_ALL
 from ...protocol import Header, Verb, batch
+from ...protocol.routes import MAX_BROKER_LIST
+from ...settings import MAX_ROUTE_PATTERNS
 from .peers import Out, Peer
 
 # A route peer's routing id: a zero byte first (libzmq's own routing ids start with one and
@@ -41,6 +51,23 @@ def is_route_id(routing_id: bytes) -> bool:
 # A pattern this broker's own peers hold: (queue group or None, pattern, a 0.x peer's exact topic?).
 Interest = tuple[str | None, str, bool]
 
+# A cluster is at most 256 brokers (a TRIED / REFUSED header names each at most once): routes past that
+# are refused (counted, logged within the log's bound).
+MAX_ROUTES = MAX_BROKER_LIST - 1
+# Routes opened for a new broker (or a new run of one): this many at once, then this many a second (a whole
+# cluster of 50 restarting at once joins within ~2 s; a flood of made-up names costs at most this).
+NEW_ROUTES_BURST = 32
+NEW_ROUTES_PER_S = 8.0
+HEARD_ONCE_KEPT = 1024  # names heard once (a route opens at the second hearing), the oldest forgotten first
+
+# Another broker beaconing under this one's name is shown (``name_collision``: /healthz degraded) until this
+# long after its last beacon.
+NAME_COLLISION_SHOWN_S = 10.0
+NAME_COLLISION_REMINDER_S = 60.0  # said again this often while it lasts (beacons come 4 a second)
+
+# What ``admit`` says: open the route, or why not yet.
+ADMITTED, HEARD_ONCE, TOO_MANY, TOO_FAST = "admitted", "heard_once", "too_many", "too_fast"
+
 
 def _record(verb: Verb, headers: Mapping[str, str], payload: tuple[bytes, ...] = ()) -> bytes:
     return batch.frames_record(P.encode(verb, headers, payload))
@@ -53,29 +80,83 @@ class Routes:
         self.counters = counters
         self.name = name
         self.ttl = ttl
+        self.max_patterns = MAX_ROUTE_PATTERNS  # patterns one route may announce (``join``)
+        self.over_budget: set[str] = set()  # routes that went past max_patterns since they opened (said once)
         self.by_name: dict[str, Peer] = {}
         self.epochs: dict[str, int] = {}
+        self.generation = 0  # counts every route opened or dropped (what the shell shows the link is kept in step)
         self._interest: Counter[Interest] = Counter()  # local holders of each pattern
         self._capacity: dict[str, int] = {}  # service -> total capacity of local workers (announced)
         self._identities: Counter[str] = Counter()  # identity -> local sessions
         self._pending: list[bytes] = []  # records every route must get, in order
         self._overflowed: dict[str, None] = {}  # routes that lost messages past their queue's budget
+        self._state: bytes | None = None  # the whole state as records (None: changed since it was built)
+        self._hello: bytes | None = None  # CONNECT and the whole state (what opens a route)
+        self._heard_once: dict[str, int] = {}  # name -> epoch heard once, no route yet (bounded)
+        self._tokens = float(NEW_ROUTES_BURST)  # routes that may open now (refilled with time)
+        self._tokens_at: float | None = None
+        self._collision: tuple[int, float] | None = None  # (epoch, when) of the last beacon under our own name
+        self._collision_said: float | None = None  # when it was last logged
 
     @property
     def enabled(self) -> bool:
         return bool(self.name)
 
-    def join(self, name: str, ttl: float) -> None:
+    def join(self, name: str, ttl: float, max_patterns: int = MAX_ROUTE_PATTERNS) -> None:
         """This broker is ``name`` in a cluster (call before any peer connects): from now on its own
         peers' interest, services and identities are kept here and announced to the other brokers;
-        ``ttl``: how long a route lives without a beacon or a message from it."""
-        self.name, self.ttl = name, ttl
+        ``ttl``: how long a route lives without a beacon or a message from it; ``max_patterns``: how
+        many patterns one route may announce here."""
+        self.name, self.ttl, self.max_patterns = name, ttl, max_patterns
+        self._state = self._hello = None  # (its CONNECT says the TTL; interest is kept from now on)
 
     def own_name(self) -> str:
         """This broker's name in the cluster ("" while standalone): what the rooms that name this broker ask."""
         return self.name
 
     # ------------------------------------------------------------ route peers
+    def collided(self, epoch: int, now: float) -> bool:
+        """A beacon under this broker's own name, of another broker (started under ``epoch``): two brokers
+        share a name (each gets the route traffic for it; the others keep a route to one of them only).
+        True when it is to be said: news (the first, a new epoch, one after ``NAME_COLLISION_SHOWN_S`` of
+        quiet) or ``NAME_COLLISION_REMINDER_S`` since it was last said."""
+        last = self._collision
+        self._collision = (epoch, now)
+        self.counters["route_name_collisions"] += 1
+        news = last is None or last[0] != epoch or now - last[1] > NAME_COLLISION_SHOWN_S
+        if news or self._collision_said is None or now - self._collision_said >= NAME_COLLISION_REMINDER_S:
+            self._collision_said = now
+            return True
+        return False
+
+    def name_collision(self, now: float) -> dict[str, object] | None:
+        """The other broker under this one's name, heard within ``NAME_COLLISION_SHOWN_S`` (None: none)."""
+        if self._collision is None or now - self._collision[1] > NAME_COLLISION_SHOWN_S:
+            return None
+        epoch, heard = self._collision
+        return {"name": self.name, "epoch": f"{epoch:016x}", "heard_s_ago": round(max(0.0, now - heard), 1)}
+
+    def admit(self, name: str, epoch: int, now: float) -> str:
+        """Whether broker ``name`` (under ``epoch``), heard now and with no route under that epoch, gets
+        one: ``ADMITTED`` (the caller opens it) or why not yet (``HEARD_ONCE``: the next hearing opens
+        it; ``TOO_MANY``, ``TOO_FAST``: refused now, tried again at its next beacon)."""
+        if self._heard_once.get(name) != epoch:
+            self._heard_once.pop(name, None)
+            if len(self._heard_once) >= HEARD_ONCE_KEPT:
+                del self._heard_once[next(iter(self._heard_once))]
+            self._heard_once[name] = epoch
+            return HEARD_ONCE
+        if name not in self.by_name and len(self.by_name) >= MAX_ROUTES:
+            return TOO_MANY
+        if self._tokens_at is not None:
+            self._tokens = min(float(NEW_ROUTES_BURST), self._tokens + (now - self._tokens_at) * NEW_ROUTES_PER_S)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return TOO_FAST
+        self._tokens -= 1.0
+        del self._heard_once[name]
+        return ADMITTED
+
     def known(self, name: str, epoch: int) -> Peer | None:
         """The route to broker ``name`` if one is open under ``epoch``."""
         peer = self.by_name.get(name)
@@ -89,6 +170,7 @@ class Routes:
         peer.grants = ALLOW_ALL  # only brokers reach the cluster subjects (docs/SECURITY.md)
         self.by_name[name] = peer
         self.epochs[name] = epoch
+        self.generation += 1
         self.counters["routes_opened"] += 1
         return peer
 
@@ -98,6 +180,8 @@ class Routes:
         if self.by_name.get(name) is peer:
             del self.by_name[name]
             self.epochs.pop(name, None)
+            self.over_budget.discard(name)
+            self.generation += 1
 
     def overflowed(self, peer: Peer) -> None:
         """``peer`` (a route) lost a message: its queue was over budget (NATS slow or stalled).  What it
@@ -112,11 +196,25 @@ class Routes:
         self._overflowed.clear()
         return names
 
-    def hello(self) -> list[bytes]:
+    def hello(self) -> bytes:
         """What opens a session with another broker: CONNECT (it resets its view of us and answers
-        with its own state), then everything it must know of us."""
-        connect = _record(Verb.CONNECT, {Header.VERSION: P.FULL_VERSION, Header.TTL: str(round(self.ttl * 1000))})
-        return [connect, *self.full_state()]
+        with its own state), then everything it must know of us.  Built once per change of interest:
+        every route opened meanwhile is handed the same bytes."""
+        if self._hello is None:
+            headers: dict[str, str] = {Header.VERSION: P.FULL_VERSION, Header.TTL: str(round(self.ttl * 1000))}
+            self._hello = _record(Verb.CONNECT, headers) + self.state_blob()
+        return self._hello
+
+    def state_blob(self) -> bytes:
+        """Everything another broker must know of this one, as records (built once per change of interest)."""
+        if self._state is None:
+            self._state = b"".join(self.full_state())
+        return self._state
+
+    def _announce(self, record: bytes) -> None:
+        """A change every route must be told of (``drain``), and one the whole state no longer shows."""
+        self._pending.append(record)
+        self._state = self._hello = None
 
     def full_state(self) -> list[bytes]:
         records = []
@@ -158,7 +256,7 @@ class Routes:
         key = (group, pattern, exact)
         self._interest[key] += 1
         if self._interest[key] == 1:
-            self._pending.append(self._sub(Verb.SUB, group, pattern, exact))
+            self._announce(self._sub(Verb.SUB, group, pattern, exact))
 
     def unsubscribed(self, group: str | None, pattern: str, exact: bool) -> None:
         if not self.name:
@@ -168,7 +266,7 @@ class Routes:
         if held <= 1:
             self._interest.pop(key, None)
             if held == 1:
-                self._pending.append(self._sub(Verb.UNSUB, group, pattern, exact))
+                self._announce(self._sub(Verb.UNSUB, group, pattern, exact))
         else:
             self._interest[key] = held - 1
 
@@ -180,15 +278,16 @@ class Routes:
             self._capacity[service] = total
         else:
             self._capacity.pop(service, None)
+        self._state = self._hello = None
         if self.enabled:
-            self._pending.append(self._ready(service, total))
+            self._announce(self._ready(service, total))
 
     def online(self, identity: str) -> None:
         if not self.name:
             return
         self._identities[identity] += 1
         if self._identities[identity] == 1:
-            self._pending.append(_record(Verb.SUB, {Header.TO: identity}))
+            self._announce(_record(Verb.SUB, {Header.TO: identity}))
 
     def offline(self, identity: str) -> None:
         if not self.name:
@@ -197,6 +296,6 @@ class Routes:
         if held <= 1:
             self._identities.pop(identity, None)
             if held == 1:
-                self._pending.append(_record(Verb.UNSUB, {Header.TO: identity}))
+                self._announce(_record(Verb.UNSUB, {Header.TO: identity}))
         else:
             self._identities[identity] = held - 1

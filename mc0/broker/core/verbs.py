@@ -189,6 +189,9 @@ def subscribe(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Ou
     rooms.pubsub.add(peer, new)
     if replay is not None:
         rooms.journaling.start_replay(peer, replay)
+        if command.id is not None:  # OK JOURNAL j SEQ n: the records before n went out live already (its history)
+            peer.last_sent = now
+            return [(peer.routing_id, P.ok_journaled(command.id, replay.journal.name, replay.journal.next_seq))]
     return answer(rooms, peer, command, now)
 
 

@@ -24,6 +24,14 @@ direct get: any replica answers, nothing when there is none); a record the
 stream held at one look and the consumer did not deliver by the next is a
 stall: counted (``stalls``), logged, recreated.
 
+Every ``LOOK_S`` the feed also looks at the stream's state (its leader's
+``STREAM.INFO``): a first seq that moved (a purge nobody told this broker
+of: one made with NATS's own tools, or by a broker killed before it carried
+it to the others; the stream's own retention) or a last seq that grew is
+posted as ``StreamState`` (after what was delivered before it), so the copy
+drops what the stream dropped; a stream made anew (another creation time)
+recreates the consumer, whose start posts the new stream's state.
+
 Credit: what a feed posts is counted by the link's
 :class:`~mc0.broker.cluster.credit.Poster` (bytes of
 ``Records`` posted and not yet taken by the broker loop, every journal's
@@ -55,6 +63,7 @@ RETRY_S = 0.25  # between attempts while the stream or its server is not there
 INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
 CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
 STALL_CHECK_S = 2.0  # while nothing is delivered, the stream is asked this often for what it holds beyond
+LOOK_S = 5.0  # the stream's state (first and last seq) is looked at this often (a purge made outside mc0)
 
 
 class StreamFeed:
@@ -89,6 +98,8 @@ class StreamFeed:
         self._moved = False  # records delivered since the last look for a stall
         self._look_at = 0.0  # when to look next
         self._held_seq = 0  # a seq the stream held at the last look, not delivered then (0: none)
+        self._state = (0, 0)  # the stream's (first, last) as last posted to the loop
+        self._state_at = 0.0  # when to look at the stream's state next
         self._forgetting: set[asyncio.Task[None]] = set()  # consumer deletions under way
 
     def restart(self) -> None:
@@ -109,7 +120,7 @@ class StreamFeed:
                     await self._answer_flow()
                     if time.monotonic() - self._seen > 3 * HEARTBEAT_S:
                         break  # silent: its server is gone, or the consumer is
-                    if await self._stalled():
+                    if await self._stalled() or await self._looked_made_anew():
                         break
                 self._flush()
             except asyncio.CancelledError:
@@ -140,6 +151,7 @@ class StreamFeed:
         start = first if made != self.created or self.next_seq > last + 1 else max(self.next_seq, first)
         self.post(state_frames(self.journal, first, last, made, start))
         self.created, self.next_seq = made, start
+        self._state, self._state_at = (first, last), time.monotonic() + LOOK_S
         self._consumer_seq = 0
         self._flow_reply = None
         self._moved, self._held_seq, self._look_at = False, 0, time.monotonic() + STALL_CHECK_S
@@ -225,6 +237,33 @@ class StreamFeed:
             )
             return True
         self._held_seq = await self._first_held()
+        return False
+
+    async def _looked_made_anew(self) -> bool:
+        """Every LOOK_S, the stream's state: a first or last seq that moved is posted to the loop (after
+        the records delivered before the look); True when the stream is another one now (made anew, or
+        it ends before what was delivered): the consumer is made again, whose start posts its state."""
+        now = time.monotonic()
+        if now < self._state_at:
+            return False
+        self._state_at = now + LOOK_S
+        delivered = self.next_seq  # (what the consumer delivers while the answer comes is not in it)
+        try:
+            info = await api(self.nc, f"STREAM.INFO.{self.stream}", timeout=1.0)
+        except StoreError:
+            return False  # (no answer, or no stream now: the consumer's silence says so soon enough)
+        cluster = info.get("cluster")
+        if isinstance(cluster, dict) and not cluster.get("leader"):
+            return False  # a replica's own state may lag what was acknowledged: not measured against it
+        state = info.get("state") or {}
+        first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+        if str(info.get("created", "")) != self.created or last + 1 < delivered:
+            return True
+        if (first, last) != self._state:
+            self._state = (first, last)
+            self._flush()  # (what was delivered before the look reaches the copy before the state)
+            last = max(last, self.next_seq - 1)  # (the stream holds at least what it delivered since)
+            self.post(state_frames(self.journal, first, last, self.created, self.next_seq))
         return False
 
     async def _first_held(self) -> int:

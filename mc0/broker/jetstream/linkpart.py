@@ -21,9 +21,20 @@ JetStream answered.
   proposal with a MSGID is sent again (JetStream stores it once) and one
   without fails 504 (it may or may not have been stored: sending it again could
   store it twice); a proposal without a PubAck after ``timeout_s`` fails 504:
-  the outcome is unknown.  So an OK means JetStream's
+  the outcome is unknown, unless every send of it was answered "no
+  responders" (or it was never sent): then it is certainly not stored, 507
+  naming the stream.  So an OK means JetStream's
   acknowledgement: a quorum of the replicas holds the record (on disk first
   when the nodes run ``sync_interval: always``).
+- A stream changed under the brokers: ``NO_STREAM_AFTER`` "no responders" in
+  a row for a journal whose stream was ready make the part look at the
+  stream (``STREAM.INFO``, at most once per ``LOOK_AGAIN_S``): one deleted
+  (by an operator, ``nats stream rm``) is made again and the proposals
+  waiting are then stored; one whose subjects no longer take the journal's
+  (an operator's choice, not undone here) fails its proposals 507 naming the
+  stream, those waiting and each later one at its first "no responders",
+  until a PubAck (the subjects put back, or a broker restarted: each puts
+  its config back at its start).  Logged once each.
 - Delivery: a :class:`~.feed.StreamFeed` per journal (not the one that keeps
   mailboxes) fills this broker's local copy, in seq order.
 - Calls: ``call`` runs one store op (:class:`~.storeops.StoreOps`) and posts
@@ -56,6 +67,8 @@ LIMIT_ERRORS = {10077, 10078, 10027, 10047}
 TOO_LARGE_ERRORS = {10054}  # JetStream: message size exceeds the stream's maximum (refused whatever is retried)
 IN_PROCESS = 10158
 STREAM_IN_USE = 10058  # a stream of that name with another config: updated to this one
+NO_STREAM_AFTER = 3  # "no responders" in a row for a ready journal before its stream is looked at
+LOOK_AGAIN_S = 2.0  # a stream found not taking its journal's subjects is looked at again at most this often
 
 
 def message_size(payload: bytes, headers: dict[str, str]) -> int:
@@ -68,15 +81,19 @@ def message_size(payload: bytes, headers: dict[str, str]) -> int:
 
 
 def too_large(size: int, limit: int) -> str:
+    """Why a record over ``limit`` (the max_payload of the NATS server this connection is on) is refused:
+    that server cannot take it, whatever is retried; another server of the cluster may have a larger
+    limit, so nothing is said of JetStream as a whole."""
     return (
-        f"the record is {size} bytes as a NATS message, over the NATS servers' max_payload ({limit} bytes): "
-        "JetStream can never store it (a record of this journal, with its topic, sender and headers, "
-        f"is at most {limit} bytes; raise max_payload in nats-server's config, up to 64 MiB, for larger)"
+        f"the record is {size} bytes as a NATS message, over the connected NATS server's max_payload ({limit} "
+        "bytes): that server refuses it, so sending it again through it is no use (a record of this journal, "
+        f"with its topic, sender and headers, is at most {limit} bytes there; raise max_payload in every "
+        "nats-server's config, up to 64 MiB, for larger)"
     )
 
 
 class _Pending:
-    __slots__ = ("journal", "token", "subject", "headers", "payload", "deadline", "attempts")
+    __slots__ = ("journal", "token", "subject", "headers", "payload", "deadline", "attempts", "unanswered")
 
     def __init__(
         self, journal: str, token: int, subject: str, headers: dict[str, str], payload: bytes, deadline: float
@@ -88,6 +105,7 @@ class _Pending:
         self.payload = payload
         self.deadline = deadline
         self.attempts = 0
+        self.unanswered = 0  # sends not answered "no responders" (each may have been stored)
 
 
 class JetStreamPart:
@@ -115,7 +133,14 @@ class JetStreamPart:
             if not spec.mailboxes
         }
         self.ops = StoreOps(nc, specs)
-        self.counters: dict[str, int] = {"published": 0, "acked": 0, "retried": 0, "failed": 0}
+        self.counters: dict[str, int] = {
+            "published": 0,
+            "acked": 0,
+            "retried": 0,
+            "failed": 0,
+            "streams_made_again": 0,
+            "streams_not_taking": 0,
+        }
         self._pending: OrderedDict[int, _Pending] = OrderedDict()  # by serial: the oldest (first deadline) first
         self._retry: dict[int, float] = {}  # serial -> when to send it again
         self._serial = 0
@@ -124,6 +149,10 @@ class JetStreamPart:
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._calls: set[asyncio.Task[None]] = set()  # store calls under way
+        self._unheard: dict[str, int] = {}  # journal -> "no responders" since its last PubAck
+        self._looking: set[str] = set()  # journals whose stream is being looked at (or made again)
+        self._looked: dict[str, float] = {}  # journal -> when its stream was last looked at
+        self._not_taking: dict[str, str] = {}  # journal -> why its stream takes none of its PUTs (507)
         self._sweeper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -156,7 +185,7 @@ class JetStreamPart:
             "(a PUT with a MSGID is sent again by the broker, and stored once)"
         )
         for serial, pending in list(self._pending.items()):
-            if jsw.MSG_ID in pending.headers:
+            if jsw.MSG_ID in pending.headers or pending.unanswered == 0:  # (the latter certainly not stored)
                 self._retry[serial] = 0.0
             else:
                 self._fail(serial, pending, 504, unknown)
@@ -231,6 +260,8 @@ class JetStreamPart:
             await self.nc.publish(pending.subject, pending.payload, reply=reply, headers=pending.headers or None)
         except Exception:  # disconnected with a full buffer: sent again later
             self._retry[serial] = time.monotonic() + RETRY_S
+        else:
+            pending.unanswered += 1
 
     async def _on_ack(self, msg: Any) -> None:
         try:
@@ -241,10 +272,17 @@ class JetStreamPart:
         if pending is None:
             return  # answered already (the second answer of a retry)
         headers = msg.headers
-        if headers and headers.get("Status") == "503":  # no responders: the stream has no leader now
+        if headers and headers.get("Status") == "503":  # no responders: no stream took it (no leader now?)
+            pending.unanswered = max(0, pending.unanswered - 1)  # (that send was certainly not stored)
             self._retry[serial] = time.monotonic() + RETRY_S
             self.counters["retried"] += 1
+            self._unheard_by(pending.journal)
+            why = self._not_taking.get(pending.journal)
+            if why is not None:
+                self._fail(serial, pending, 507, why)
             return
+        self._unheard.pop(pending.journal, None)
+        self._not_taking.pop(pending.journal, None)
         try:
             answer = json.loads(msg.data)
         except ValueError:
@@ -274,6 +312,59 @@ class JetStreamPart:
         for journal, packed in acks.items():
             self.post((ACKS, journal.encode(), b"".join(packed)))
 
+    def _unheard_by(self, journal: str) -> None:
+        """A "no responders" for ``journal``: after NO_STREAM_AFTER in a row on a stream that was ready, the
+        stream is looked at (deleted or changed under the brokers?), at most once per LOOK_AGAIN_S."""
+        unheard = self._unheard[journal] = self._unheard.get(journal, 0) + 1
+        spec = self.specs.get(journal)
+        if unheard < NO_STREAM_AFTER or spec is None or journal in self._looking or not self.ready[journal].is_set():
+            return
+        now = time.monotonic()
+        if now - self._looked.get(journal, -LOOK_AGAIN_S) < LOOK_AGAIN_S:
+            return
+        self._looked[journal] = now
+        self._looking.add(journal)
+        task = asyncio.get_running_loop().create_task(self._look_at_stream(spec))
+        self._calls.add(task)  # (held until done, as a store call is)
+        task.add_done_callback(self._calls.discard)
+
+    async def _look_at_stream(self, spec: StreamSpec) -> None:
+        """A journal's stream answers nothing: deleted under the brokers, it is made again; its subjects
+        changed so that it no longer takes the journal's, the proposals fail 507 naming it (an operator's
+        change is not undone here).  Else (no leader now) the proposals go on being retried."""
+        journal, name = spec.journal, jsw.stream_name(spec.journal)
+        try:
+            try:
+                info = await api(self.nc, f"STREAM.INFO.{name}")
+            except StoreError as exc:
+                if exc.code != 404:
+                    return  # (no answer now: nothing to conclude)
+                log.warning("journal %s: stream %s was deleted outside mc0: made again", journal, name)
+                self.counters["streams_made_again"] += 1
+                self._not_taking.pop(journal, None)
+                self.ready[journal].clear()
+                await self._ensure(spec)
+                return
+            subjects = (info.get("config") or {}).get("subjects") or []
+            if jsw.subjects(journal) in subjects:
+                self._not_taking.pop(journal, None)
+                return
+            why = (
+                f"not stored: JetStream stream {name} no longer takes {jsw.subjects(journal)} (its subjects were "
+                f"set to {subjects[:4]} outside mc0); put its subjects back, or restart a broker (it puts the "
+                "journal's config back)"
+            )
+            if journal not in self._not_taking:
+                log.error("journal %s: %s", journal, why)
+                self.counters["streams_not_taking"] += 1
+            self._not_taking[journal] = why
+            for serial, pending in list(self._pending.items()):
+                if pending.journal == journal and pending.unanswered == 0:  # (none of its sends was stored)
+                    self._fail(serial, pending, 507, why)
+        finally:
+            self._looking.discard(journal)
+            self._unheard.pop(journal, None)
+
     def _fail(self, serial: int, pending: _Pending, code: int, reason: str) -> None:
         self._pending.pop(serial, None)
         self._retry.pop(serial, None)
@@ -289,6 +380,13 @@ class JetStreamPart:
                 serial, pending = next(iter(self._pending.items()))
                 if pending.deadline > now:
                     break
+                if pending.unanswered == 0:  # never sent, or each send answered "no responders"
+                    reason = (
+                        f"not stored: no JetStream stream took {pending.subject} within {self.timeout_s:g} s "
+                        f"(stream {jsw.stream_name(pending.journal)} has no leader, or is not there); send it again"
+                    )
+                    self._fail(serial, pending, 507, reason)
+                    continue
                 reason = (
                     f"no acknowledgement from JetStream within {self.timeout_s:g} s: stored or not is unknown; "
                     "send it again with the same MSGID (it is stored once)"

@@ -17,7 +17,11 @@ copy may lag it by the time the stream takes to deliver).
 
 Losing the copy loses nothing: it is rebuilt from the stream.  So it is
 written without fsync, and a torn tail after a crash is truncated and
-fetched again.  A copy that cannot be written (disk full, I/O error) stops
+fetched again.  A copy filled from scratch (no marker: a new broker, its data
+folder lost) takes the stream's history without handing it to live
+subscribers as new: live delivery starts past the stream's end as its first
+``stream_state`` found it (``live_from``, kept in the marker with the stream's
+creation time, and moved to the copy's end at ``close``).  A copy that cannot be written (disk full, I/O error) stops
 growing where it is (``broken``, logged once): live delivery goes on from
 the stream, never a silent gap in the copy; replays and fetches at this
 broker stop there (504) until a restart rebuilds it.  Consumers of such a journal are JetStream's
@@ -40,11 +44,12 @@ from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
 from ..storage.filestore import Journal
+from ..storage.port import Trimmed
 from ..storage.records import decode_payload, encode_payload
 
 log = logging.getLogger("mc0.journal")
 
-MARKER = "stream.json"  # which stream the copy was made from (its creation time)
+MARKER = "stream.json"  # which stream the copy was made from (its creation time), and where live delivery starts
 # Proposed and not yet answered by JetStream, at most (beyond: PUTs refused 429 until it catches up).
 MAX_WAITING = 100_000
 MAX_WAITING_BYTES = 64 << 20
@@ -87,6 +92,9 @@ class ReplicatedJournal:
         self.counters = {"proposed": 0, "arrived": 0, "resets": 0, "copy_write_failed": 0, "unreadable": 0}
         self.broken = ""  # why the copy cannot be written ("" = it can)
         self._next_live = 0  # the seq after the last the stream delivered (duplicates are dropped by it)
+        # Records before this seq only fill the copy: a copy filled from scratch (a new broker, its data
+        # folder lost) takes the stream's history without handing it to live subscribers as new.
+        self._live_from = 0
 
     def __hash__(self) -> int:
         return id(self)
@@ -97,17 +105,30 @@ class ReplicatedJournal:
         try:
             saved = json.loads((self.folder / MARKER).read_text())
             self.created = str(saved.get("created", ""))
-        except (OSError, ValueError, AttributeError):
-            self.created = ""
+            self._live_from = int(saved.get("live_from", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            self.created, self._live_from = "", 0
         return self
 
     def close(self) -> None:
-        self.cache.close()
+        try:
+            if self.created and not self.broken:  # (what was delivered live: not again if the copy is lost)
+                self._mark(max(self._live_from, self.cache.next_seq))
+        finally:
+            self.cache.close()
+
+    def _mark(self, live_from: int) -> None:
+        """Write the marker: the stream the copy was made from, and where its live delivery starts."""
+        self._live_from = live_from
+        marker = {"stream": self.stream, "created": self.created, "live_from": live_from}
+        (self.folder / MARKER).write_text(json.dumps(marker))
 
     # ------------------------------------------------------------ the port
     @property
     def first_seq(self) -> int:
-        return self.cache.first_seq
+        """The first seq a reader may ask for: the copy's, or the stream's when the stream dropped more
+        (a purge or its retention this copy has not followed yet)."""
+        return max(self.cache.first_seq, self.stream_first)
 
     @property
     def next_seq(self) -> int:
@@ -211,7 +232,12 @@ class ReplicatedJournal:
         max_records: int = 1000,
         max_bytes: int = 1 << 20,
     ) -> tuple[list[Record], int]:
+        self._readable_from(from_seq)
         return self.cache.read(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+
+    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
+        """Of the local copy (what ``read`` gives): records of the stream it has not yet are not counted."""
+        return self.cache.count_matching(max(from_seq, self.stream_first), match, max_checked=max_checked)
 
     def read_columns(
         self,
@@ -222,15 +248,22 @@ class ReplicatedJournal:
         max_records: int = 1000,
         max_bytes: int = 1 << 20,
     ) -> tuple[PageColumns, int]:
+        self._readable_from(from_seq)
         return self.cache.read_columns(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
+
+    def _readable_from(self, from_seq: int) -> None:
+        """A read before the stream's first seq is of records the stream no longer holds: 410 (Trimmed),
+        whatever the copy still has (a purge it was not told of, before it follows it)."""
+        if from_seq < self.stream_first:
+            raise Trimmed(self.name, from_seq, self.stream_first)
 
     def info(self) -> dict[str, object]:
         copy = self.cache.info()
         return {
             **copy,
-            "first_seq": max(self.cache.first_seq, self.stream_first),
+            "first_seq": self.first_seq,
             "next_seq": self.stored_next_seq,  # what a reader may ask for (a fetch waits for the copy)
-            "records": self.stored_next_seq - max(self.cache.first_seq, self.stream_first),
+            "records": max(0, self.stored_next_seq - self.first_seq),
             "fsync": self.settings.fsync,
             "store": self.settings.store,
             "stream": self.stream,
@@ -261,7 +294,8 @@ class ReplicatedJournal:
 
     def arrived(self, seq: int, ts: float, payload: bytes) -> Record | None:
         """A record the stream delivered, in seq order: the record, if it is new (None if the copy,
-        or with the copy broken the live stream, had it).  A message that is no mc0 record (anything
+        or with the copy broken the live stream, had it, or if it only fills a copy made from scratch:
+        older than the stream's end when the copy started).  A message that is no mc0 record (anything
         a NATS user allowed the stream's subjects published there) is None too: the copy keeps a
         hole at its seq, so the seqs stay the stream's and every read skips it; counted
         ``unreadable`` and logged once."""
@@ -278,17 +312,18 @@ class ReplicatedJournal:
             except OSError as exc:
                 self._break(exc)
             else:
-                if appended:
-                    self.counters["arrived"] += 1
-                    self.acknowledged(seq)
-                    self._next_live = max(self._next_live, seq + 1)
-                return record if appended else None
+                if not appended:
+                    return None
+                self.counters["arrived"] += 1
+                self.acknowledged(seq)
+                self._next_live = max(self._next_live, seq + 1)
+                return record if seq >= self._live_from else None
         if seq < max(self._next_live, self.cache.next_seq):
             return None
         self.counters["arrived"] += 1
         self.acknowledged(seq)
         self._next_live = seq + 1
-        return record
+        return record if seq >= self._live_from else None
 
     def _unreadable(self, seq: int, exc: Exception) -> None:
         self.counters["unreadable"] += 1
@@ -327,9 +362,12 @@ class ReplicatedJournal:
     def stream_state(self, first: int, last: int, created: str, start: int) -> None:
         """The stream as the link found it: ``first``..``last``, made at ``created``; its records
         arrive from ``start`` on.  A copy of another stream (or one that ran past this one's end)
-        starts again, empty, at ``start``."""
+        starts again, empty, at ``start``.  A stream whose first seq passed the copy's (purged while
+        this broker was away, or by NATS's own tools, or its own retention) is followed: the copy
+        drops what the stream dropped."""
         self.stream_first = first
         if created != self.created or self.cache.next_seq > last + 1:
+            scratch = not self.created  # no marker: a new broker, or its data folder lost
             if self.cache.next_seq > self.cache.first_seq or self.created:
                 log.warning("journal %s: local copy of %s started again at seq %d", self.name, self.stream, start)
                 self.counters["resets"] += 1
@@ -337,12 +375,21 @@ class ReplicatedJournal:
             self._stored_next = 0
             self._next_live = 0
             self.created = created
+            # Filled from scratch, the copy takes the stream's history without handing it to live
+            # subscribers (nor queue groups their work again): live delivery starts past its end now.
+            # Another stream's records (one made anew) are new here: delivered.
+            self._live_from = last + 1 if scratch else 0
             if not self.broken:
                 try:
                     self.cache.reset(start)
-                    (self.folder / MARKER).write_text(json.dumps({"stream": self.stream, "created": created}))
+                    self._mark(self._live_from)
                 except OSError as exc:
                     self._break(exc)
+        if first > self.cache.first_seq and not self.broken:
+            try:
+                self.cache.purge(first)
+            except OSError as exc:
+                self._break(exc)
         self.acknowledged(last)
 
     def position(self) -> tuple[int, str]:

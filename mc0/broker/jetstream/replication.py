@@ -82,7 +82,7 @@ class Replication:
 
     def failed(self, journal: str, token: int, code: int, reason: str) -> list[Out]:
         """The store did not take proposal ``token`` (``code``: 504 unknown outcome, 507 refused, 429 full,
-        413 larger than the store can ever hold)."""
+        413 larger than the store can ever hold).  (Whatever else becomes 507.)"""
         self.counters[f"store_failed_{code}"] += 1
         held = self._held.pop((journal, token), None)
         if held is None:
@@ -119,6 +119,8 @@ class Replication:
             headers = {Header.TOPIC: record.topic, **record.headers}
             sender = record.sender.encode()
             held = journaling.held_back((journal,), tokens)
+            if journaling.floors:  # (subscribers that asked FROM past this record: they had it elsewhere)
+                held = journaling.below_floor(journal, record.seq, tokens, held)
             position = (journal.name, record.seq)
             out += pubsub.fan_out(
                 record.topic,

@@ -307,7 +307,7 @@ class StoreConsumers:
             return self._call(client, rid, create, created)
 
         def created(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
-            known = Known(config, owner)
+            known = Known(config, owner, str(data["info"].get("made", "")))  # (its nonce: the next op checks it)
             self._learn(journal.name, config.name, known, now)
             self.counters["consumers_created"] += 1
             return self._final(client, rid, user, self._info(known, data["info"]))

@@ -3,14 +3,18 @@
 Contract: a letter for an identity with no session anywhere in the cluster is
 proposed to the stream on that identity's own subject (``keep``: its token;
 the sender's ``OK MAILBOX stored`` waits for the stream's acknowledgement,
-``mc0.broker.jetstream.replication``).  When the identity gets its first session at
-this broker (``online``), this broker reads its letters from the stream in
-order (a store call), hands each one not expired to the identity's newest
+``mc0.broker.jetstream.replication``).  One broker reads an identity's letters: the
+one where it got a session while no other broker had one (as far as this
+one knew: a route's sessions of it), or, once every other broker's went
+(``sessions_changed``), each broker left with its sessions.  That broker
+reads its letters from the stream in order (a store call), hands each one not expired to the identity's newest
 session here, and once the shell says that session's queue is empty
 (``sent_all``, looked at by ``settle`` each commit) removes them from the
 stream (purges the subject up to the last one handed).  A session that goes
 before that leaves them in the stream: they are delivered again at the next
-connect.  So delivery is at least once and in order, from any broker.  A
+connect.  So delivery is at least once and in order, from any broker, and an
+identity with sessions at two brokers gets each letter once (twice only if
+both got their first sessions before either heard of the other's).  A
 letter another broker kept a moment after this read (before it knew of the
 session here) is found by a second read ``REREAD_S`` later, which starts
 after the last letter already handed here (``after``, kept per identity
@@ -69,6 +73,7 @@ class StoredLetters:
         self._reading: set[str] = set()  # identities whose mailbox is being read
         self._after: dict[str, int] = {}  # identity -> its next read starts after this seq
         self._purging: Counter[str] = Counter()  # identity -> its purges under way
+        self._reader: set[str] = set()  # identities whose letters this broker reads (not another broker)
 
     def keep(
         self, to: str, record: tuple[str, str, Mapping[str, str], Sequence[bytes]], expires: float,
@@ -87,9 +92,23 @@ class StoredLetters:
         return self.journal.letter(to, P.SYS_MAILBOX_LETTER, sender, kept, body)
 
     def online(self, identity: str, now: float) -> None:
-        """``identity`` has its first session at this broker: its letters are read from the stream."""
+        """``identity`` has its first session at this broker: its letters are read from the stream, unless
+        another broker has sessions of it (that one reads them; this one does once they all went)."""
+        if any(p.route for p in self._sessions(identity)):
+            self.counters["mailbox_read_elsewhere"] += 1
+            return
+        self._reader.add(identity)
         self._read(identity)
         self._reread[identity] = now + REREAD_S
+
+    def sessions_changed(self, identity: str) -> None:
+        """Another broker's sessions of ``identity`` went: if none is left elsewhere and it has one here,
+        this broker reads its letters from now on (at once)."""
+        if identity in self._reader or self._own(identity) is None:
+            return
+        if not any(p.route for p in self._sessions(identity)):
+            self._reader.add(identity)
+            self._reread[identity] = 0.0  # (due: the next tick reads)
 
     def _own(self, identity: str) -> Peer | None:
         own = [p for p in self._sessions(identity) if not p.route]
@@ -151,6 +170,8 @@ class StoredLetters:
             self.counters["mailbox_kept_again"] += len(self._handed) - len(kept)
             self._handed = kept
         if not peer.route:
+            if not any(not p.route and p is not peer for p in self._sessions(peer.identity)):
+                self._reader.discard(peer.identity)
             self._forget_if_idle(peer.identity, gone=peer)
 
     def _forget_if_idle(self, identity: str, gone: Peer | None = None) -> None:
@@ -204,7 +225,7 @@ class StoredLetters:
                 del self._reread[identity]
                 if identity in self._reading:  # the last read is still under way: look again after it
                     self._reread[identity] = now + REREAD_S
-                elif self._own(identity) is not None:
+                elif identity in self._reader and self._own(identity) is not None:
                     self._read(identity)
 
     def next_deadline(self, earliest: float) -> float:

@@ -25,7 +25,10 @@ ns]`` in ``data["records"]``, in the same order); a failure raises
   the stream seq, and a nak also wants a consumer seq not below its floor,
   which the consumer's delivered seq is); ``{"done", "ignored"}`` (ignored:
   JetStream did not confirm it within a second, or it cannot be pending: at or
-  below the ack floor, past the last delivered).  At most ``SETTLE_WORKERS``
+  below the ack floor, past the last delivered, acked or terminated through
+  this broker already; JetStream answers an ack of a seq not pending as it
+  answers any, so one settled through another broker above the floor is
+  counted again).  At most ``SETTLE_WORKERS``
   acks of one settle, and ``MAX_REQUESTS`` of all, are in flight at once.
 - ``consumer_list_all`` {journals}: every mc0 consumer of them, whoever owns it:
   ``{"consumers": [[journal, name, info]...]}``;
@@ -95,6 +98,9 @@ class StoreOps:
         self._requests = asyncio.Semaphore(max_requests)  # acks in flight, every settle together
         # (journal, consumer, made) -> seq -> the ack subject it was pulled with (made: that consumer's own)
         self._replies: dict[tuple[str, str, str], OrderedDict[int, str]] = {}
+        # (journal, consumer, made) -> the seqs acked or terminated through this broker (no longer pending:
+        # JetStream answers an ack of one alike, so a repeat is told apart here), the oldest forgotten first
+        self._settled: dict[tuple[str, str, str], OrderedDict[int, None]] = {}
 
     # ------------------------------------------------------------ consumers
     async def _consumers(self, journal: str) -> list[dict[str, Any]]:
@@ -244,7 +250,9 @@ class StoreOps:
                         await self.nc.publish(msg.reply, b"-NAK")
                 await self.nc.flush()
                 return {"changed": info}, []
-        replies = self._replies.setdefault((journal, name, self._made(request)), OrderedDict())
+        key = (journal, name, self._made(request))
+        replies = self._replies.setdefault(key, OrderedDict())
+        settled: dict[int, None] = self._settled.get(key, {})
         records, deliveries, payloads = [], [], []
         for msg in got:
             tokens = ack_tokens(msg.reply or "")
@@ -252,6 +260,7 @@ class StoreOps:
                 continue
             count, seq, _, ts = tokens
             replies[seq] = msg.reply
+            settled.pop(seq, None)  # (delivered again: pending once more)
             records.append([seq, ts])
             deliveries.append(count)
             payloads.append(msg.data)
@@ -297,8 +306,12 @@ class StoreOps:
     async def op_consumer_settle(self, request: dict[str, Any]) -> Result:
         journal, name, how = request["journal"], request["name"], request["how"]
         stream = jsw.stream_name(journal)
-        replies = self._replies.get((journal, name, self._made(request)), OrderedDict())
-        seqs = [int(s) for s in request["seqs"]]
+        key = (journal, name, self._made(request))
+        replies = self._replies.get(key, OrderedDict())
+        settled = self._settled.setdefault(key, OrderedDict())
+        # One acked or terminated through this broker already is not pending: it counts nothing (nor is
+        # JetStream asked).  One settled through another broker, above the ack floor, is not told apart.
+        seqs = [s for s in (int(s) for s in request["seqs"]) if s not in settled]
         body = {"ack": b"+ACK", "term": b"+TERM", "nak": b"-NAK"}[how]
         delay = int(request.get("delay_ms", 0))
         if how == "nak" and delay:
@@ -318,22 +331,32 @@ class StoreOps:
             seqs = [s for s in seqs if s in replies or floor < s <= last]
         wanted = iter(seqs)
 
+        final = how != "nak"
+
         async def worker() -> int:
             done = 0
             for seq in wanted:  # (shared: each seq is taken by one worker)
+                if seq in settled:  # (settled meanwhile: the same seq twice, or a settle beside this one)
+                    continue
+                if final:
+                    settled[seq] = None  # (claimed before the ask: a settle beside this one skips it)
                 subject = replies.get(seq) or f"$JS.ACK.{stream}.{name}.1.{seq}.{delivered}.0.0"
                 async with self._requests:
                     try:
                         await self.nc.request(subject, body, timeout=SETTLE_TIMEOUT_S)
                     except Exception:
+                        if final:
+                            settled.pop(seq, None)
                         continue
-                if how != "nak":
+                if final:
                     replies.pop(seq, None)
                 done += 1
             return done
 
         workers = min(SETTLE_WORKERS, len(seqs))
         done = sum(await asyncio.gather(*(worker() for _ in range(workers))))
+        while len(settled) > MAX_REPLIES:
+            settled.popitem(last=False)
         return {"done": done, "ignored": len(request["seqs"]) - done}, []
 
     # ------------------------------------------------------------ streams

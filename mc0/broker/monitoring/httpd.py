@@ -13,7 +13,8 @@ request arrived (a snapshot taken before is never served to it); requests
 waiting at once share the next snapshot, and the loop builds at most one
 per ``SNAPSHOT_INTERVAL`` (mc0.broker.server), so a scraper hammering the
 port costs the loop a bounded share.  ``/healthz`` is 200 while the loop
-answers within ``SNAPSHOT_WAIT``, 503 when it is stalled.  The listening
+answers within ``SNAPSHOT_WAIT`` (``degraded`` when a clustered broker lost
+NATS, or heard another broker under its own name), 503 when it is stalled.  The listening
 socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
@@ -376,9 +377,17 @@ class MonitorServer:
         data: object
         if path == "/healthz":
             cluster = snap.varz.get("cluster")
-            cut_off = isinstance(cluster, dict) and cluster.get("name") and not cluster.get("nats_connected")
-            # Cut off from NATS the broker still serves its own peers: degraded, not down (200).
-            data = {"status": "degraded", "reason": "NATS unreachable"} if cut_off else {"status": "ok"}
+            cluster = cluster if isinstance(cluster, dict) else {}
+            namesake = cluster.get("name_collision")
+            # Cut off from NATS the broker still serves its own peers: degraded, not down (200).  So does a
+            # broker another one is named as, but the cluster loses traffic between them until one is renamed.
+            if cluster.get("name") and not cluster.get("nats_connected"):
+                data = {"status": "degraded", "reason": "NATS unreachable"}
+            elif isinstance(namesake, dict):
+                reason = f"another broker is also named {namesake['name']} (names must be unique in a cluster)"
+                data = {"status": "degraded", "reason": reason, "name_collision": namesake}
+            else:
+                data = {"status": "ok"}
         elif path == "/varz":
             data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
         elif path == "/connz":

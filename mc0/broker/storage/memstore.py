@@ -147,6 +147,12 @@ class MemoryStore:
                 out.append(record)
         return out, seq
 
+    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
+        records = self.records[max(0, from_seq - self._first) :]
+        if len(records) > max_checked:
+            return None
+        return sum(1 for record in records if match(record.topic))
+
     def read_columns(
         self,
         from_seq: int,
@@ -209,6 +215,7 @@ class MemoryReplicatedStore(MemoryStore):
         self._token = 0
         self.acknowledged = 0  # the highest seq the store acknowledged
         self.backlog = ""  # (set it to refuse proposals, as a full budget would)
+        self.created = "made-1"  # (set another to stand for a stream made anew)
 
     @property
     def stored_next_seq(self) -> int:

@@ -114,6 +114,12 @@ class JournalStore(Hashable, Protocol):
         """``read`` as columns (a columns page's input), the same records and ``next_seq``."""
         ...
 
+    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
+        """How many records from ``from_seq`` (or the first kept, if later) on pass ``match``, or
+        None when telling would need more than ``max_checked`` records read one by one (a count
+        for a monitoring page, never worth a scan of a big journal).  No side effects."""
+        ...
+
     def info(self) -> dict[str, object]: ...
 
     def load_consumers(self) -> dict[str, bytes]:
@@ -139,6 +145,8 @@ class JournalStore(Hashable, Protocol):
 
 class ReplicatedStore(JournalStore, Protocol):
     """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""
+
+    created: str  # which stream the seqs are of (its creation time): another one numbers from the start again
 
     def propose(
         self,

@@ -164,7 +164,8 @@ function cell(col, v, row) {
     default: td.textContent = num(v);
   }
   if (typeof v === "number" && v === 0 && col.kind !== "text") td.classList.add("zero");
-  if (col.cls) td.classList.add(col.cls(row));
+  const extra = col.cls ? col.cls(row) : "";
+  if (extra) td.classList.add(extra); // (classList.add("") throws: no class is no call)
   return td;
 }
 
@@ -349,9 +350,11 @@ function renderHeader() {
   }
   const cluster = v.cluster || {};
   $("broker-name").textContent = cluster.name ? `${cluster.name} · ${location.host}` : location.host;
-  const degraded = cluster.name && !cluster.nats_connected;
-  dot.className = `dot ${degraded ? "warn" : "ok"}`;
-  $("status-text").textContent = degraded ? "degraded: NATS unreachable" : `live · ${new Date().toLocaleTimeString()}`;
+  const cutOff = cluster.name && !cluster.nats_connected;
+  const namesake = cluster.name && cluster.name_collision;
+  dot.className = `dot ${cutOff || namesake ? "warn" : "ok"}`;
+  $("status-text").textContent = cutOff ? "degraded: NATS unreachable"
+    : namesake ? `degraded: another broker is also named ${cluster.name}` : `live · ${new Date().toLocaleTimeString()}`;
   $("foot-left").textContent = `mc0 ${v.version || ""} · up ${duration(v.uptime_s)} · ${num(v.connections)} peers`;
   if (state.actions !== Boolean(v.actions)) {
     state.actions = Boolean(v.actions);
