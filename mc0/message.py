@@ -173,3 +173,7 @@ def new_message(
     _SET_SEQ(message, seq)
     _SET_GROUP(message, group)
     return message
+
+
+# The Request a worker's handler gets, built once where the session decodes the WORK (mc0.session).
+new_request: Callable[[str, str, tuple[bytes, ...], dict[str, str], str, float], Request] = frozen_builder(Request)

@@ -47,13 +47,12 @@ from .events import (
     Received,
     Reconnecting,
     ReplayEnded,
-    Work,
     answer_error,
     group_key,
     replay_key,
     split_key,
 )
-from .message import Message, new_message
+from .message import Message, Request, new_message, new_request
 from .pattern_table import PatternTable, Remembered
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
 from .topics import split_pattern, split_topic
@@ -82,7 +81,6 @@ __all__ = [
     "Frames",
     "Reconnecting",
     "ReplayEnded",
-    "Work",
     "answer_error",
     "group_key",
     "replay_key",
@@ -416,7 +414,7 @@ class ClientSession:
         if verb is Verb.MESSAGE:
             return [self._received(command)], []
         if verb is Verb.REQUEST:
-            return [self._work(command)], []
+            return [self._work(command, now)], []
         if verb is Verb.CANCEL:
             return [CancelWork(command.headers[Header.ID])], []
         if verb is Verb.NOOP:
@@ -497,17 +495,18 @@ class ClientSession:
             resubscribe.append(ready)
         return [Connected(ttl_ms, healed)], resubscribe
 
-    def _work(self, command: Command) -> Work:
+    def _work(self, command: Command, now: float) -> Request:
+        """A REQUEST given to us as a worker: the Request its handler gets, due TIMEOUT after ``now``."""
         headers = command.headers
-        timeout_text = headers[Header.TIMEOUT]
-        user = command.user_headers()
-        return Work(
+        timeout_ms = P.decimal(headers[Header.TIMEOUT]) or 0
+        parts = tuple(bytes(p) for p in command.payload)
+        return new_request(
             headers[Header.ID],
             headers[Header.SERVICE],
+            parts,
+            command.user_headers(),
             headers[Header.CALLER],
-            P.decimal(timeout_text) or 0,
-            user,
-            tuple(bytes(p) for p in command.payload),
+            now + timeout_ms / 1000,
         )
 
     def _received(self, command: Command) -> Received:
@@ -573,7 +572,7 @@ class ClientSession:
                     continue
                 if code == batch.WORK:
                     service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
-                    events.append(Work(bid, service, caller, timeout_ms, {}, (data,)))
+                    events.append(new_request(bid, service, (data,), {}, caller, now + timeout_ms / 1000))
                     continue
                 if code == batch.FINAL or code == batch.PARTIAL:
                     request_id, data = batch.reply_fields(blob, start, end)
