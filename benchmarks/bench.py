@@ -231,6 +231,10 @@ def ratios(rows: list[Row]) -> list[dict[str, Any]]:
             if row.system.startswith("mc0"):
                 out += [_ratio(scenario, row, b) for b in measured.values() if b.system in BASELINES]
         out += [_ratio(scenario, measured[a], measured[b]) for a, b in VARIANTS if a in measured and b in measured]
+        for system, row in measured.items():  # --client-tree: this checkout's client against another's
+            base = system.partition("@")[0]
+            if base != system and base in measured:
+                out.append(_ratio(scenario, measured[base], row))
         if scenario.startswith(PREFIX):
             alone = {r.system: r for r in by_scenario.get(scenario[len(PREFIX) :], []) if r.values and r.median}
             for system, raw in ALONE:
@@ -298,6 +302,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             "rate": options.rate,
             "latency_seconds": options.latency_seconds,
             "consumer_count": options.consumer_count,
+            "client_trees": dict(options.client_trees),
         },
         "rows": [r.as_dict() for r in rows],
         "ratios": ratios(rows),
@@ -315,8 +320,8 @@ def _ms(row: dict[str, Any], name: str, digits: int) -> str:
     return f"{row[name]:.{digits}f}" if name in row else ""
 
 
-def _us(row: dict[str, Any]) -> str:
-    return f"{row['broker_us_per_msg']:.1f}" if "broker_us_per_msg" in row else ""
+def _us(row: dict[str, Any], name: str = "broker_us_per_msg") -> str:
+    return f"{row[name]:.1f}" if name in row else ""
 
 
 def _ratio_text(item: dict[str, Any]) -> str:
@@ -335,9 +340,9 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
     ``e2e/s`` divides by the time from the first publish to the last delivery instead (a subscriber
     that gets nothing until the end shows a huge first-to-last rate but an honest e2e one)."""
     pubsub_cols = ["scenario", "system", "median", "min-max", "unit", "e2e/s", "p50 ms", "p99 ms", "published",
-                   "delivered", "lost", "broker us/msg", "note"]  # fmt: skip
+                   "delivered", "lost", "broker us/msg", "sub us/msg", "pub us/msg", "note"]  # fmt: skip
     rpc_cols = ["scenario", "system", "median", "min-max", "unit", "p50 ms", "p99 ms", "calls", "errors",
-                "broker us/call", "note"]  # fmt: skip
+                "broker us/call", "client us/call", "worker us/call", "note"]  # fmt: skip
     pubsub: list[list[str]] = []
     rpc: list[list[str]] = []
     for row in report["rows"]:
@@ -352,12 +357,14 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
             blanks = len(rpc_cols if row["unit"] in ("calls/s", "gathers/s") else pubsub_cols) - len(common) - 1
             (rpc if row["unit"] in ("calls/s", "gathers/s") else pubsub).append([*common, *[""] * blanks, note])
         elif "calls" in row or row["unit"] in ("calls/s", "gathers/s"):
-            rpc.append([*common, f"{row.get('calls', 0):,}", f"{row.get('errors', 0):,}", _us(row), note])
+            rpc.append([*common, f"{row.get('calls', 0):,}", f"{row.get('errors', 0):,}", _us(row),
+                        _us(row, "client_us_per_call"), _us(row, "worker_us_per_call"), note])  # fmt: skip
         else:
             delivered = f"{row.get('delivered', 0):,}/{row.get('expected', 0):,}"
             e2e = f"{row['e2e_deliveries_per_s']:,.0f}" if "e2e_deliveries_per_s" in row else ""
             pubsub.append([*common[:5], e2e, *common[5:], f"{row.get('published', 0):,}", delivered,
-                           f"{row.get('lost', 0):,}", _us(row), note])  # fmt: skip
+                           f"{row.get('lost', 0):,}", _us(row), _us(row, "sub_us_per_msg"),
+                           _us(row, "pub_us_per_msg"), note])  # fmt: skip
     tables = []
     if pubsub:
         tables.append(("library: pub/sub (totals over the runs)", pubsub_cols, pubsub))
@@ -464,11 +471,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=10_000, help="library latency: messages per second")
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="library latency: length of the run")
     parser.add_argument("--consumer-count", type=int, default=3_000, help="durable consumers: messages loaded per run")
+    parser.add_argument(
+        "--client-tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="library rows: also run mc0-aio and mc0-sync with the load processes importing the mc0 of the "
+        "checkout at PATH (systems mc0-aio@NAME, mc0-sync@NAME; the broker stays this checkout's), every "
+        "system of a row interleaved run by run (repeatable)",
+    )
     parser.add_argument("--json", dest="json_path", help="write the report here")
     parser.add_argument("--markdown", dest="markdown_path", help="write the tables as Markdown here")
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
     args = parser.parse_args(argv)
     systems = tuple(s for s in args.systems.split(",") if s)
+    trees = []
+    for item in args.client_tree:
+        name, _, path = item.partition("=")
+        if not name or not path or not (Path(path) / "mc0" / "__init__.py").is_file():
+            parser.error(f"--client-tree {item!r}: NAME=PATH, PATH a checkout holding mc0/")
+        trees.append((name, str(Path(path).resolve())))
     options = Options(
         runs=max(1, args.runs),
         seconds=args.seconds,
@@ -481,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=max(1, args.rate),
         latency_seconds=max(0.1, args.latency_seconds),
         consumer_count=max(1, args.consumer_count),
+        client_trees=tuple(trees),
     )
     if args.from_json:
         report = json.loads(Path(args.from_json).read_text())

@@ -107,6 +107,9 @@ class Options:
     rate: int = 10_000  # library latency: messages per second
     latency_seconds: float = 3.0  # library latency: length of the paced run
     consumer_count: int = 3_000  # durable consumers: messages loaded per run (mc0 acking each: ~200-450/s here)
+    # Library rows: (name, path) of other checkouts whose mc0 the load processes of ``mc0-aio@name`` and
+    # ``mc0-sync@name`` import (the broker stays this one's), run interleaved with this checkout's.
+    client_trees: tuple[tuple[str, str], ...] = ()
 
     def wants(self, scenario: str) -> bool:
         return not self.only or any(o in scenario for o in self.only)

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import queue
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,15 @@ CONSOLES = 5
 CONSOLE_SYSTEMS = ["mc0-aio+http", f"mc0-aio+{CONSOLES} consoles"]
 GROUP_MEMBERS = 3
 PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
+TREE_SYSTEMS = ("mc0-aio", "mc0-sync")  # the systems that --client-tree runs again with another checkout's mc0
+# CPU per message (per call) of the load processes, from their own ``cpu_s`` (library_load.Child) or psutil.
+CLIENT_CPU = ("sub_us_per_msg", "pub_us_per_msg", "client_us_per_call", "worker_us_per_call")
+
+
+def split_system(system: str) -> tuple[str, str | None]:
+    """``"mc0-aio@base"`` -> ``("mc0-aio", "base")``: the system, and the client tree its load runs from."""
+    name, _, tree = system.partition("@")
+    return name, tree or None
 
 
 @dataclass(frozen=True)
@@ -201,15 +211,25 @@ def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iter
 
 
 class Crew:
-    """One run's load processes: started with a shared :class:`Link`, all killed and joined on exit."""
+    """One run's load processes: started with a shared :class:`Link`, all killed and joined on exit.
+    ``tree``: a checkout whose ``mc0`` the mc0 load processes import instead of this one's (a spawned
+    child starts with the parent's ``sys.path`` as it was at ``start``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tree: str | None = None) -> None:
         self.link = Link(CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue())
         self.processes: list[Any] = []
+        self.tree = tree
 
     def start(self, main: Callable[..., None], *args: Any) -> None:
         process = CTX.Process(target=main, args=(*args, self.link), daemon=True)
-        process.start()
+        if self.tree is None:
+            process.start()
+        else:
+            sys.path.insert(0, self.tree)
+            try:
+                process.start()
+            finally:
+                sys.path.remove(self.tree)
         self.processes.append(process)
 
     def _died(self, reported: set[int]) -> str | None:
@@ -264,21 +284,34 @@ class Crew:
             process.join(5)
 
 
-def errors_of(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    return [f"{role}: {r['error']}" for role, r in results if "error" in r]
+def errors_of(results: list[tuple[str, dict[str, Any]]], tree: str | None = None) -> list[str]:
+    """What went wrong in the load processes: what they raised, and (``tree``) any that did not run
+    the client tree's mc0."""
+    errors = [f"{role}: {r['error']}" for role, r in results if "error" in r]
+    if tree is not None:
+        errors += [f"{role} ran mc0 from {r.get('mc0_path')}, not {tree}" for role, r in results
+                   if not str(r.get("mc0_path", "")).startswith(tree)]  # fmt: skip
+    return errors
 
 
 # ============================================================== one run
 
 
-def pubsub_once(system: str, where: Target, spec: dict[str, Any], options: Options) -> dict[str, Any]:
+def cpu_per(results: list[dict[str, Any]], count: int) -> float:
+    """Microseconds of the load processes' CPU (their ``cpu_s``, summed) per message or call."""
+    return sum(float(r.get("cpu_s", 0.0)) for r in results) * 1e6 / count if count else 0.0
+
+
+def pubsub_once(
+    system: str, where: Target, spec: dict[str, Any], options: Options, tree: str | None = None
+) -> dict[str, Any]:
     mains = MAINS[system.removesuffix("+curve").split("+")[0]]
     assert mains.subscriber is not None and mains.publisher is not None
     subs, count, rate = spec["subs"], spec["count"], spec["rate"]
     limit_s = 60 + count / 2000  # a subscriber's hard limit (it normally stops at the marker)
     quiet_s = 1.0 if options.quick else QUIET
     client_options = {k: v for k, v in where.options.items() if k != "http"}
-    with Crew() as crew:
+    with Crew(tree) as crew:
         for _ in range(subs):
             crew.start(mains.subscriber, where.endpoint, client_options, count, bool(rate), limit_s, quiet_s)
         crew.start(mains.publisher, where.endpoint, client_options, count, spec["size"], rate)
@@ -304,7 +337,9 @@ def pubsub_once(system: str, where: Target, spec: dict[str, Any], options: Optio
         "lost": max(0, expected - delivered),
         "client_dropped": sum(int(r.get("client_dropped", 0)) for r in received),
         "broker_us_per_msg": cpu * 1e6 / delivered if delivered else 0.0,
-        "crashes": errors_of(results),  # a load process raised
+        "sub_us_per_msg": cpu_per(received, delivered),
+        "pub_us_per_msg": cpu_per([pub], published),
+        "crashes": errors_of(results, tree),  # a load process raised
     }
     if times and pub.get("started_ns"):  # end to end: from the first publish to the last delivery
         out["e2e_deliveries_per_s"] = delivered / max(
@@ -319,10 +354,10 @@ def pubsub_once(system: str, where: Target, spec: dict[str, Any], options: Optio
     return out
 
 
-def rpc_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]:
+def rpc_once(system: str, where: Target, spec: dict[str, Any], tree: str | None = None) -> dict[str, Any]:
     mains = MAINS[system.removesuffix("+curve")]
     scatter = spec["scatter"]
-    with Crew() as crew:
+    with Crew(tree) as crew:
         for _ in range(spec["workers"]):
             crew.start(mains.worker, where.endpoint, where.options, scatter)
         crew.wait_ready(spec["workers"], 90)
@@ -330,10 +365,13 @@ def rpc_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]
             time.sleep(0.3)  # an MDP worker's READY is not acknowledged: let the broker read it
         crew.start(mains.client, where.endpoint, where.options, spec["window"], spec["seconds"], scatter)
         crew.wait_ready(1, 90)
+        workers = [p.pid for p in crew.processes[: spec["workers"]]]  # (they report nothing: psutil reads them)
         cpu = cpu_seconds(where.pid)
+        worker_cpu = sum(cpu_seconds(pid) for pid in workers)
         crew.link.go.set()
         results = crew.collect({"client": 1}, spec["seconds"] + 120)
         cpu = cpu_seconds(where.pid) - cpu
+        worker_cpu = sum(cpu_seconds(pid) for pid in workers) - worker_cpu
     client = next((r for role, r in results if role == "client"), {})
     latencies = sorted(client.get("latencies_ns", ()))
     calls = len(latencies)
@@ -344,7 +382,9 @@ def rpc_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str, Any]
         "p50_ms": percentile(latencies, 0.50) / 1e6,
         "p99_ms": percentile(latencies, 0.99) / 1e6,
         "broker_us_per_msg": cpu * 1e6 / calls if calls else 0.0,
-        "crashes": errors_of(results),  # a load process raised
+        "client_us_per_call": cpu_per([client], calls),
+        "worker_us_per_call": worker_cpu * 1e6 / calls if calls else 0.0,
+        "crashes": errors_of(results, tree),  # a load process raised
         "error_texts": [f"client: {client['first_error']}"] if "first_error" in client else [],
     }
     return out
@@ -366,13 +406,15 @@ def span_s(results: list[dict[str, Any]]) -> float:
     return (max(r["last_ns"] for r in times) - min(r["first_ns"] for r in times)) / 1e9 if times else 0.0
 
 
-def group_once(system: str, where: Target, spec: dict[str, Any], options: Options) -> dict[str, Any]:
+def group_once(
+    system: str, where: Target, spec: dict[str, Any], options: Options, tree: str | None = None
+) -> dict[str, Any]:
     """One publisher, ``members`` members of one queue group: each message must reach exactly one."""
     member, publisher = GROUP_MAINS[system.removesuffix("+curve")]
     members, count = spec["members"], spec["count"]
     limit_s = 60 + count / 2000
     quiet_s = 1.0 if options.quick else QUIET
-    with Crew() as crew:
+    with Crew(tree) as crew:
         for _ in range(members):
             crew.start(member, where.endpoint, where.options, limit_s, quiet_s)
         crew.start(publisher, where.endpoint, where.options, count, spec["size"])
@@ -397,7 +439,9 @@ def group_once(system: str, where: Target, spec: dict[str, Any], options: Option
         "duplicates": len(indices) - unique,
         "client_dropped": sum(int(r.get("client_dropped", 0)) for r in got),
         "broker_us_per_msg": cpu * 1e6 / len(indices) if indices else 0.0,
-        "crashes": errors_of(results),
+        "sub_us_per_msg": cpu_per(got, len(indices)),
+        "pub_us_per_msg": cpu_per([pub], published),
+        "crashes": errors_of(results, tree),
         "shares": shares,
     }
     if pub.get("publish_s"):
@@ -443,9 +487,12 @@ def consumer_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str,
 # ============================================================== rows
 
 
-def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict[str, Any]) -> Row:
+def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve: dict[str, Any]) -> Row:
+    """``system_name``: a system, or ``system@tree`` (its load processes import that client tree's mc0)."""
     latency = bool(spec.get("latency"))
-    row = Row(spec["name"], system, spec["unit"], suite="library", lower_is_better=latency)
+    row = Row(spec["name"], system_name, spec["unit"], suite="library", lower_is_better=latency)
+    system, tree_name = split_system(system_name)
+    tree = dict(options.client_trees)[tree_name] if tree_name else None
     reason = None if system.startswith("mc0") else available(system)
     if reason:
         row.note = f"skipped: {reason}"
@@ -455,7 +502,7 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
         for _ in range(1 if options.quick else options.runs):
             with target(system, curve, journal=spec["kind"] == "consumer") as where:
                 if spec["kind"] == "group":
-                    got = group_once(system, where, spec, options)
+                    got = group_once(system, where, spec, options, tree)
                     row.add_counts(
                         published=got["published"],
                         expected=got["expected"],
@@ -484,11 +531,11 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
                     )
                     problems += got["crashes"]
                 elif spec["kind"] == "rpc":
-                    got = rpc_once(system, where, spec)
+                    got = rpc_once(system, where, spec, tree)
                     row.add_counts(calls=got["calls"], errors=got["errors"] + len(got["crashes"]))
                     problems += got["crashes"] + got["error_texts"]
                 else:
-                    got = pubsub_once(system, where, spec, options)
+                    got = pubsub_once(system, where, spec, options, tree)
                     row.add_counts(
                         published=got["published"],
                         expected=got["expected"],
@@ -502,7 +549,7 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
                         if name in got:
                             row.add_extra(name, got[name])
             row.values.append(got["p50_ms"] if latency else got["rate"])
-            for name in ("p50_ms", "p99_ms", "broker_us_per_msg"):
+            for name in ("p50_ms", "p99_ms", "broker_us_per_msg", *CLIENT_CPU):
                 if name in got:
                     row.add_extra(name, got[name])
     except Exception as exc:  # a broken run is reported, not fatal (and the row fails)
@@ -521,15 +568,22 @@ def measure_row(spec: dict[str, Any], system: str, options: Options, curve: dict
     return row
 
 
-def measure_pair(spec: dict[str, Any], options: Options, curve: dict[str, Any]) -> dict[str, Row]:
-    """The console rows: a run of each system in turn, the order swapped every run, so both see the
-    same machine (a box whose load drifts would otherwise favour whichever went first)."""
+def measure_pair(
+    spec: dict[str, Any], options: Options, curve: dict[str, Any], systems: list[str] | None = None
+) -> dict[str, Row]:
+    """The console rows (and every row with ``--client-tree``): a run of each system in turn, the
+    order swapped every run, so all see the same machine (a box whose load drifts would otherwise
+    favour whichever went first)."""
     rows: dict[str, Row] = {}
     once = dataclasses.replace(options, runs=1)
+    systems = spec["systems"] if systems is None else systems
     for run in range(1 if options.quick else options.runs):
-        for system in spec["systems"] if run % 2 == 0 else reversed(spec["systems"]):
+        for system in systems if run % 2 == 0 else reversed(systems):
             got = measure_row(spec, system, once, curve)
-            row = rows.setdefault(system, Row(spec["name"], system, spec["unit"], suite="library"))
+            latency = bool(spec.get("latency"))
+            row = rows.setdefault(
+                system, Row(spec["name"], system, spec["unit"], suite="library", lower_is_better=latency)
+            )
             row.values += got.values
             for name, values in got.extra.items():
                 row.extra.setdefault(name, []).extend(values)
@@ -538,15 +592,27 @@ def measure_pair(spec: dict[str, Any], options: Options, curve: dict[str, Any]) 
     return rows
 
 
+def systems_of(spec: dict[str, Any], options: Options) -> list[str]:
+    """The spec's systems that were asked for, each mc0 one followed by its ``@tree`` variants."""
+    out = []
+    for system in spec["systems"]:
+        if not options.wants_system(system):
+            continue
+        out.append(system)
+        if system in TREE_SYSTEMS and spec["kind"] != "consumer":
+            out += [f"{system}@{name}" for name, _ in options.client_trees]
+    return out
+
+
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
     rows = []
     for spec in scenarios(options):
         if not options.wants(spec["name"]) or options.suite not in ("all", "library", family(spec)):
             continue
-        paired = measure_pair(spec, options, curve) if spec["systems"] is CONSOLE_SYSTEMS else {}
-        for system in spec["systems"]:
-            if not options.wants_system(system):
-                continue
+        systems = systems_of(spec, options)
+        interleaved = spec["systems"] is CONSOLE_SYSTEMS or (options.client_trees and len(systems) > 1)
+        paired = measure_pair(spec, options, curve, systems) if interleaved else {}
+        for system in systems:
             started = time.monotonic()
             row = paired[system] if paired else measure_row(spec, system, options, curve)
             rows.append(row)
@@ -555,6 +621,9 @@ def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], No
                 extra = f" delivered {row.counts.get('delivered', 0):,}/{row.counts.get('expected', 0):,}"
             if row.extra.get("broker_us_per_msg"):
                 extra += f" broker {statistics.median(row.extra['broker_us_per_msg']):.1f} us/msg"
+            for name in CLIENT_CPU:
+                if row.extra.get(name):
+                    extra += f" {name.split('_')[0]} {statistics.median(row.extra[name]):.2f}"
             say(
                 f"  {spec['name']:<34} {system:<14} {row.median:>12,.1f} {spec['unit']}{extra}"
                 f" ({time.monotonic() - started:.0f} s) {row.note}"

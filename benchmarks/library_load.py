@@ -13,6 +13,7 @@ times and one-way latencies compare across processes.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -40,16 +41,22 @@ class Link:
 
 
 class Child:
-    """Handed to a load body: ``ready()`` once, ``wait_go()`` before the load, ``out`` for results."""
+    """Handed to a load body: ``ready()`` once, ``wait_go()`` before the load, ``out`` for results.
+
+    ``cpu_s`` (put in every result): the process's CPU time (user + system, every thread) from
+    ``ready()`` to the result, i.e. what the load cost the library in this process (connecting
+    is before it; idle waiting for ``go`` costs next to nothing)."""
 
     def __init__(self, link: Link) -> None:
         self.link = link
         self.out: dict[str, Any] = {}
         self.said_ready = False
+        self.cpu_at_ready = time.process_time()
 
     def ready(self) -> None:
         if not self.said_ready:
             self.said_ready = True
+            self.cpu_at_ready = time.process_time()
             self.link.ready.put(os.getpid())
 
     def wait_go(self, timeout: float = 120.0) -> None:
@@ -69,6 +76,10 @@ def guarded(role: str, link: Link, body: Callable[[Child], None], report: bool =
     finally:
         child.ready()  # a body that failed before connecting must not keep the harness waiting
         if report:
+            child.out["cpu_s"] = time.process_time() - child.cpu_at_ready
+            mc0 = sys.modules.get("mc0")  # which checkout's mc0 this process ran (--client-tree)
+            if mc0 is not None and getattr(mc0, "__file__", None):
+                child.out["mc0_path"] = os.path.dirname(os.path.abspath(str(mc0.__file__)))
             link.results.put((role, os.getpid(), child.out))
 
 

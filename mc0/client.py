@@ -93,6 +93,18 @@ class Subscription(View[aio.Subscription]):
         """Every message available now, up to ``max_messages`` (at least one: waits like ``next``)."""
         return self._inner.next_batch_threadsafe(max_messages, timeout)
 
+    def batches(self, *, max: int = 1000) -> Iterator[list[Message]]:
+        """``for batch in sub.batches(max=...)``: whatever messages wait, up to ``max`` of them in
+        arrival order, as one list each time, read in this thread; ends when the subscription closes."""
+        if max < 1:
+            raise ValueError("max must be at least 1")
+        while True:
+            try:
+                got = self._inner.next_batch_threadsafe(max)
+            except ClosedError:
+                return
+            yield got
+
     def __iter__(self) -> Iterator[Message]:
         return self
 

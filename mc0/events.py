@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from . import protocol as P
 from .errors import RemoteError
-from .message import Message
+from .message import Message, Request
 from .protocol import Command, Header, Verb
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "Fault",
     "Reconnecting",
     "ReplayEnded",
-    "Work",
     "answer_error",
 ]
 
@@ -122,23 +121,13 @@ class Reconnecting:
     lost: bool = False
 
 
-class Work(NamedTuple):
-    """A REQUEST the broker gave us as a worker."""
-
-    bid: str
-    service: str
-    caller: str
-    timeout_ms: int
-    headers: dict[str, str]
-    parts: tuple[bytes, ...]
-
-
 @dataclass(frozen=True, slots=True)
 class CancelWork:
     bid: str
 
 
-Event = Answer | Received | Fault | ReplayEnded | Connected | ConnectRefused | Reconnecting | Work | CancelWork
+# A REQUEST the broker gave us as a worker is reported as the Request its handler gets (built once).
+Event = Answer | Received | Fault | ReplayEnded | Connected | ConnectRefused | Reconnecting | Request | CancelWork
 
 
 def answer_error(command: Command) -> RemoteError:

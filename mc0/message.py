@@ -125,16 +125,21 @@ class Request:
 def frozen_builder(cls: type[T]) -> Callable[..., T]:
     """A constructor for a frozen slots dataclass that skips its generated ``__init__``
     (about half the cost: for the receive hot paths).  Positional values, every field,
-    in field order, no defaults: the caller owns that contract."""
-    setters = [cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    new = object.__new__
+    in field order, no defaults: the caller owns that contract.
 
-    def build(*values: object) -> T:
-        obj = new(cls)
-        for setter, value in zip(setters, values, strict=True):
-            setter(obj, value)
-        return obj
-
+    Its body is written out for ``cls``'s fields, one slot setter call each, as
+    dataclasses writes ``__init__`` (source made from the field names, which are
+    the class's own identifiers): a loop over the setters cost more than the
+    ``__init__`` it skips (measured for Reply: 0.72 us looped, 0.62 the
+    ``__init__``, 0.33 written out)."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, object] = {"_new": object.__new__, "_cls": cls}
+    namespace.update({f"_set_{name}": vars(cls)[name].__set__ for name in names})
+    lines = [f"def build({', '.join(names)}):", "    obj = _new(_cls)"]
+    lines += [f"    _set_{name}(obj, {name})" for name in names]
+    lines.append("    return obj")
+    exec("\n".join(lines), namespace)  # (its source: the class's field names only)
+    build: Callable[..., T] = namespace["build"]  # type: ignore[assignment]
     return build
 
 
@@ -168,3 +173,7 @@ def new_message(
     _SET_SEQ(message, seq)
     _SET_GROUP(message, group)
     return message
+
+
+# The Request a worker's handler gets, built once where the session decodes the WORK (mc0.session).
+new_request: Callable[[str, str, tuple[bytes, ...], dict[str, str], str, float], Request] = frozen_builder(Request)

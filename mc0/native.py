@@ -5,7 +5,9 @@ Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``rpc``, ``jobs``, ``workers``, ``batched``, ``walks``, ``verbs``, ``pubsub``,
 ``groups``, ``peers``, ``histogram``, ``traffic``) and what both sides share
-(batch records, builders, the topic trie, deadlines).  Not the shell's outbox and sender:
+(batch records, builders, the topic trie, deadlines), and the client's
+per-message path (the session, its pattern table, the topic grammar, the
+general decode).  Not the shell's outbox and sender:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same
@@ -44,6 +46,15 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.verbs",
     "mc0.broker.core.walks",
     "mc0.broker.core.batched",
+    # The client's per-message path: the session's one decode of a received batch and what it
+    # calls per message (the pattern table's match, the topic grammar, the general decode).  Not
+    # mc0.message, mc0.events or mc0.protocol.model: mypyc builds a frozen dataclass's __init__
+    # through the dataclass's own __setattr__, which refuses it.  Not the public classes
+    # (mc0.aio.subscription): a compiled method has no signature for inspect or help().
+    "mc0.topics",
+    "mc0.protocol.codec",
+    "mc0.pattern_table",
+    "mc0.session",
 )
 PURE_ENV = "MC0_PURE_PYTHON"
 GROUP = "mc0_native"  # mypyc's group name (setup.py): the compiled modules' shared code is GROUP + "__mypyc"

@@ -19,7 +19,7 @@ reports.  It owns everything a client must get right by itself:
 * decoding what the broker sends, a ``BATCH`` in one pass: every MESSAGE,
   whatever its shape, becomes a :class:`~mc0.message.Message` the one way
   (:func:`~mc0.message.new_message`) for the local subscriptions the
-  :class:`~mc0.pattern_table.PatternTable` routes it to, so overlapping
+  :class:`~mc0.pattern_table.PatternTable` matches it to, so overlapping
   subscriptions of one client each see it once;
 * local validation of what the user asks to send (misuse raises here).
 
@@ -47,13 +47,12 @@ from .events import (
     Received,
     Reconnecting,
     ReplayEnded,
-    Work,
     answer_error,
     group_key,
     replay_key,
     split_key,
 )
-from .message import Message, new_message
+from .message import Message, Request, new_message, new_request
 from .pattern_table import PatternTable, Remembered
 from .protocol import Command, Header, Limits, Side, Status, Verb, batch
 from .topics import split_pattern, split_topic
@@ -82,7 +81,6 @@ __all__ = [
     "Frames",
     "Reconnecting",
     "ReplayEnded",
-    "Work",
     "answer_error",
     "group_key",
     "replay_key",
@@ -416,7 +414,7 @@ class ClientSession:
         if verb is Verb.MESSAGE:
             return [self._received(command)], []
         if verb is Verb.REQUEST:
-            return [self._work(command)], []
+            return [self._work(command, now)], []
         if verb is Verb.CANCEL:
             return [CancelWork(command.headers[Header.ID])], []
         if verb is Verb.NOOP:
@@ -497,17 +495,18 @@ class ClientSession:
             resubscribe.append(ready)
         return [Connected(ttl_ms, healed)], resubscribe
 
-    def _work(self, command: Command) -> Work:
+    def _work(self, command: Command, now: float) -> Request:
+        """A REQUEST given to us as a worker: the Request its handler gets, due TIMEOUT after ``now``."""
         headers = command.headers
-        timeout_text = headers[Header.TIMEOUT]
-        user = command.user_headers()
-        return Work(
+        timeout_ms = P.decimal(headers[Header.TIMEOUT]) or 0
+        parts = tuple(bytes(p) for p in command.payload)
+        return new_request(
             headers[Header.ID],
             headers[Header.SERVICE],
+            parts,
+            command.user_headers(),
             headers[Header.CALLER],
-            P.decimal(timeout_text) or 0,
-            user,
-            tuple(bytes(p) for p in command.payload),
+            now + timeout_ms / 1000,
         )
 
     def _received(self, command: Command) -> Received:
@@ -523,7 +522,7 @@ class ClientSession:
         if Header.TO in headers:  # a direct message: the mailbox gets it
             return Received(message, MAILBOX_KEYS)
         # A queue group's copy is for that group's subscriptions only.
-        _, _, keys = self._pattern_table.route(topic.encode(), group.encode() if group is not None else None)
+        _, _, keys = self._pattern_table.match(topic.encode(), group.encode() if group is not None else None)
         if seq is not None and group is None and self._resume:
             for pattern in keys:
                 if pattern in self._resume:
@@ -537,13 +536,15 @@ class ClientSession:
         self,
         blob: bytes,
         now: float,
-        deliver: Callable[[Message, tuple[str, ...]], None],
+        deliver: Callable[[list[Message], tuple[str, ...]], None],
         final: Callable[[str, bytes], bool] | None = None,
     ) -> tuple[list[Event], list[Frames]]:
         """A BATCH message from the broker -> (events, frames to send), decoded in one pass.
 
-        Each MESSAGE is handed to ``deliver(message, local keys)`` as it is
-        decoded, in order (no event object per message): the shortcut shapes
+        The MESSAGEs are handed to ``deliver(messages, local keys)`` in order, each
+        run of them for the same local keys in one call (no event object per
+        message, one call into the shell per run rather than per message;
+        the list is the callee's to read, not to keep): the shortcut shapes
         read by :func:`mc0.protocol.batch.received`, any other (headers, several
         body frames) through :meth:`receive` as if it came alone.  Each FINAL
         shortcut goes to ``final(request id, body)`` when given, which says
@@ -555,16 +556,23 @@ class ClientSession:
         events: list[Event] = []
         replies: list[Frames] = []
         senders = self._senders
-        routes, group_routes = self._pattern_table.routes, self._pattern_table.group_routes
+        matches, group_matches = self._pattern_table.matches, self._pattern_table.group_matches
+        run: list[Message] = []  # the messages decoded for run_keys, not handed over yet
+        run_keys: tuple[str, ...] = ()
         try:
             for code, start, end, sender_b, topic_b, group_b, data in batch.received(blob):
-                if code == batch.MESSAGE:  # (PatternTable.route, as dict lookups: once per message)
-                    topic, group, keys = routes[topic_b] if group_b is None else group_routes[group_b, topic_b]
-                    deliver(new_message(topic, (data,), senders[sender_b], {}, None, None, group), keys)
+                if code == batch.MESSAGE:  # (PatternTable.match, as dict lookups: once per message)
+                    topic, group, keys = matches[topic_b] if group_b is None else group_matches[group_b, topic_b]
+                    if keys is not run_keys:  # (the same topic's keys are the same tuple: a cached match)
+                        if run:
+                            deliver(run, run_keys)
+                            run = []
+                        run_keys = keys
+                    run.append(new_message(topic, (data,), senders[sender_b], {}, None, None, group))
                     continue
                 if code == batch.WORK:
                     service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)
-                    events.append(Work(bid, service, caller, timeout_ms, {}, (data,)))
+                    events.append(new_request(bid, service, (data,), {}, caller, now + timeout_ms / 1000))
                     continue
                 if code == batch.FINAL or code == batch.PARTIAL:
                     request_id, data = batch.reply_fields(blob, start, end)
@@ -578,13 +586,20 @@ class ClientSession:
                 more, answers = self.receive(batch.frames_of(blob, code, start, end), now)
                 for event in more:  # a MESSAGE with headers is delivered in its place, in order
                     if type(event) is Received:
-                        deliver(event.message, event.keys)
+                        if event.keys != run_keys:
+                            if run:
+                                deliver(run, run_keys)
+                                run = []
+                            run_keys = event.keys
+                        run.append(event.message)
                     else:
                         events.append(event)
                 replies += answers
         except (ProtocolError, UnicodeDecodeError, struct.error) as exc:
             self.malformed += 1
             log.warning("malformed batch from broker, the rest dropped: %s", exc)
+        if run:  # (what was decoded before a malformed record is delivered too)
+            deliver(run, run_keys)
         return events, replies
 
     # ------------------------------------------------------------ the link under the session

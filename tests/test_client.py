@@ -65,6 +65,27 @@ async def test_unsubscribe_by_pattern_ends_iteration(api: Any, bus: Bus) -> None
     await api(client.close())
 
 
+async def test_batches_hand_over_what_waits_in_order_up_to_max_and_end_with_the_subscription(
+    api: Any, bus: Bus
+) -> None:
+    client = await api(api.Client(bus.endpoint, **bus.options).connect())
+    sub = await api(client.subscribe("b.*"))
+    for i in range(7):
+        await api(client.publish("b.x", b"%d" % i, confirm=i == 6))
+    await api(client.unsubscribe("b.*"))  # what it held is still handed over, then the iteration ends
+    with pytest.raises(ValueError):
+        if api.name == "sync":
+            next(sub.batches(max=0))
+        else:
+            await sub.batches(max=0).__anext__()
+    if api.name == "sync":
+        batches = [[m.body for m in batch] for batch in sub.batches(max=3)]
+    else:
+        batches = [[m.body for m in batch] async for batch in sub.batches(max=3)]
+    assert batches == [[b"0", b"1", b"2"], [b"3", b"4", b"5"], [b"6"]]
+    await api(client.close())
+
+
 async def test_confirmed_publish_raises_the_broker_error(api: Any, bus: Bus) -> None:
     client = await api(api.Client(bus.endpoint, **bus.options).connect())
     with pytest.raises(mc0.Forbidden) as info:

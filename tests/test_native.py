@@ -4,7 +4,9 @@
 whole suite then runs compiled, and this module checks that it really is,
 and runs one scripted broker session (RPC, pub/sub, queue groups, refusals,
 deadlines) in a fresh process per mode, which must send byte for byte the
-same, plus the core's tests again with ``MC0_PURE_PYTHON=1``.
+same, one scripted client session likewise (what it sends, delivers and
+reports), plus the core's and the client session's tests again with
+``MC0_PURE_PYTHON=1``.
 """
 
 from __future__ import annotations
@@ -129,9 +131,97 @@ def test_the_compiled_and_the_pure_broker_core_send_the_same_bytes() -> None:
     assert int(runs["pure"].stdout.split()[0]) > 20  # (the scenario sent plenty)
 
 
+CLIENT_SCENARIO = """
+import hashlib
+from mc0 import protocol as P
+from mc0.errors import Error
+from mc0.protocol import batch
+from mc0.session import ClientSession
+
+session = ClientSession(ttl_ms=1000)
+log = []
+
+def fed(events_and_frames):
+    events, frames = events_and_frames
+    log.append(("events", [repr(e) for e in events], [[bytes(x) for x in f] for f in frames]))
+
+def deliver(run, keys):
+    log.append(("run", [repr(message) for message in run], keys))
+
+def final(request_id, data):
+    log.append(("final", request_id, data))
+    return request_id != "7"
+
+def tried(build):
+    try:
+        log.append(("sent", build()))
+    except (Error, ValueError) as exc:
+        log.append(("refused", type(exc).__name__, str(exc)))
+
+connect = session.connect(0.0)
+log.append(("sent", connect))
+fed(session.receive([b"OK", b"ID", connect[-1], b"TTL", b"800", b"BATCH", b"1"], 0.1))
+for pattern, group in (("a.>", None), ("a.*", None), ("a.b", None), ("a.>", "g"), ("b.*", "g"), ("c.>", None)):
+    tried(lambda: session.add_pattern(pattern, session.new_id(), group))
+tried(lambda: session.add_pattern("a..b"))
+tried(lambda: session.add_pattern("x", group="bad group"))
+tried(lambda: session.publish("a.b", [b"1", b"2"], {"X-Trace": "t"}, msgid="m1"))
+tried(lambda: session.publish("a.*", b"x"))
+tried(lambda: session.publish("a.b", b"x", {"Bad": "h"}))
+tried(lambda: session.publish_record("a.b", b"hello"))
+tried(lambda: session.call_record("svc", b"q", session.new_id(), 500))
+tried(lambda: session.call_record("svc", b"q", "7", 0))
+tried(lambda: session.request("svc", [b"q1", b"q2"], "8", 1000, {"X-A": "b"}, scatter=True))
+tried(lambda: session.serve(["svc", "svc.b"], 4, session.new_id()))
+blob = b"".join(
+    [
+        batch.message_record(b"a.b", b"alice", b"1"),
+        batch.message_record(b"a.c.d", b"bob", b"2"),
+        batch.message_record(b"zz", b"alice", b"3"),
+        batch.group_message_record(b"a.b", b"carol", b"g", b"4"),
+        batch.group_message_record(b"b.x", b"carol", b"g", b"5"),
+        batch.group_message_record(b"b.x", b"carol", b"h", b"6"),
+        batch.record_of(P.message(b"a.b", b"dave", [b"X-Trace", b"t"], [b"7", b"8"])),
+        batch.work_record(b"svc", b"41", b"erin", 900, b"w"),
+        batch.reply_record(True, b"7", b"f7"),
+        batch.reply_record(True, b"9", b"f9"),
+        batch.reply_record(False, b"8", b"p8"),
+        batch.record_of([b"CANCEL", b"ID", b"41"]),
+        batch.ok_record(b"3"),
+    ]
+)
+fed(session.receive_batch(blob, 0.2, deliver, final))
+fed(session.receive_batch(blob[:-3], 0.25, deliver, final))  # cut inside the last record
+fed(session.receive_batch(blob + b"\\x05\\x00\\x00\\x00\\x09", 0.3, deliver))
+fed(session.receive([b"MESSAGE", b"TOPIC", b"c.d", b"SENDER", b"s", b"JOURNAL", b"j", b"SEQ", b"12", b"", b"x"], 0.4))
+fed(session.receive([b"REQUEST", b"SERVICE", b"svc", b"ID", b"42", b"CALLER", b"c", b"TIMEOUT", b"50", b"", b"r"], 0.4))
+fed(session.receive([b"FINAL", b"ID", b"8", b"X-A", b"1", b"", b"done"], 0.5))
+fed(session.receive([b"ERROR", b"TOPIC", b"c.>", b"CODE", b"403", b"MESSAGE", b"no"], 0.5))
+fed(session.receive([b"NOSUCH"], 0.5))
+fed(session.tick(0.6))
+fed(session.tick(1.0))
+fed(session.receive([b"ERROR", b"CODE", b"401", b"MESSAGE", b"who"], 1.1))
+for pattern, group in (("a.*", None), ("a.*", None), ("b.*", "g")):
+    tried(lambda: session.drop_pattern(pattern, group))
+fed(session.receive([b"DISCONNECT"], 1.2))
+fed(session.tick(9.0))
+log.append(("state", session.malformed, session.patterns, session.connected, session.next_deadline()))
+print(len(log), hashlib.sha256(repr(log).encode()).hexdigest())
+"""
+
+
+def test_the_compiled_and_the_pure_client_session_send_and_deliver_the_same() -> None:
+    runs = {mode: _python(CLIENT_SCENARIO, env) for mode, env in MODES.items()}
+    for mode, run in runs.items():
+        assert run.returncode == 0, f"{mode}: {run.stderr[-2000:]}"
+    assert runs["compiled"].stdout == runs["pure"].stdout
+    assert int(runs["pure"].stdout.split()[0]) > 40  # (the scenario did plenty)
+
+
 @pytest.mark.timeout(300)
 def test_the_core_tests_pass_on_the_pure_fallback(tmp_path: Path) -> None:
-    """The fallback is tested in CI: the core's own tests again, every hot module from source."""
+    """The fallback is tested in CI: the core's and the client session's own tests again, every hot
+    module from source."""
     files = [
         "test_core_rpc.py",
         "test_jobs.py",
@@ -140,6 +230,9 @@ def test_the_core_tests_pass_on_the_pure_fallback(tmp_path: Path) -> None:
         "test_deadlines.py",
         "test_core.py",
         "test_groups.py",
+        "test_session.py",
+        "test_topics.py",
+        "test_protocol.py",
     ]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[str(ROOT / "tests" / f) for f in files]],

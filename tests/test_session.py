@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from mc0 import errors
 from mc0 import protocol as P
+from mc0.message import Message
 from mc0.protocol import batch
 from mc0.session import (
     Answer,
@@ -176,9 +177,28 @@ def test_a_batch_delivers_its_messages_in_order_whatever_their_record_shape() ->
     )
     assert [code for code, _, _ in batch.records(blob)] == [batch.FRAMES, batch.MESSAGE] * 2
     delivered: list[tuple[str, bytes]] = []
-    events, replies = session.receive_batch(blob, 1.0, lambda m, _patterns: delivered.append((m.topic, m.body)))
+    events, replies = session.receive_batch(
+        blob, 1.0, lambda run, _keys: delivered.extend((m.topic, m.body) for m in run)
+    )
     assert delivered == [("a.one", b"1"), ("a.two", b"2"), ("a.three", b"3"), ("a.four", b"4")]
     assert events == [] and replies == []
+
+
+def test_a_batch_hands_over_each_run_of_messages_for_the_same_subscriptions_in_one_call() -> None:
+    session = connected()
+    session.add_pattern("a.*")
+    session.add_pattern("b")
+    records = [batch.message_record(topic, b"alice", b"%d" % i) for i, topic in enumerate([b"a.x", b"a.x", b"b"])]
+    records.append(batch.record_of(P.message(b"b", b"alice", [b"X-Trace", b"t"], [b"3"])))  # the general shape
+    records += [batch.message_record(b"a.y", b"alice", b"4"), batch.message_record(b"a.y", b"alice", b"5")]
+    runs: list[tuple[list[bytes], tuple[str, ...]]] = []
+    session.receive_batch(b"".join(records), 1.0, lambda run, keys: runs.append(([m.body for m in run], keys)))
+    assert runs == [([b"0", b"1"], ("a.*",)), ([b"2", b"3"], ("b",)), ([b"4", b"5"], ("a.*",))]
+    runs.clear()
+    session.receive_batch(
+        b"".join(records[:2]) + b"\x05\x00\x00", 2.0, lambda run, keys: runs.append(([m.body for m in run], keys))
+    )
+    assert runs == [([b"0", b"1"], ("a.*",))] and session.malformed == 1  # what came before a bad record
 
 
 def test_a_queue_group_copy_takes_its_shortcut_and_matches_the_general_path() -> None:
@@ -194,8 +214,8 @@ def test_a_queue_group_copy_takes_its_shortcut_and_matches_the_general_path() ->
     assert batch.group_message_fields(with_headers, 5, len(with_headers)) is None  # not the shape: general path
     delivered: list[tuple[object, tuple[str, ...]]] = []
 
-    def deliver(message: object, patterns: tuple[str, ...]) -> None:
-        delivered.append((message, patterns))
+    def deliver(run: list[Message], patterns: tuple[str, ...]) -> None:
+        delivered.extend((message, patterns) for message in run)
 
     session.receive_batch(plain_copy + with_headers, 1.0, deliver)
     (fast, fast_patterns), (general, general_patterns) = delivered
@@ -235,8 +255,8 @@ def test_a_message_is_the_same_message_for_the_same_subscriptions_whatever_its_s
         session.add_pattern(pattern, group=group)
     seen: list[tuple[object, tuple[str, ...]]] = []
 
-    def deliver(message: object, keys: tuple[str, ...]) -> None:
-        seen.append((message, keys))
+    def deliver(run: list[Message], keys: tuple[str, ...]) -> None:
+        seen.extend((message, keys) for message in run)
 
     session.receive_batch(record, 1.0, deliver)
     session.receive_batch(batch.frames_record(frames), 1.0, deliver)
@@ -276,7 +296,7 @@ def test_no_batch_from_the_broker_breaks_the_session(blob: bytes) -> None:
     session.add_pattern("a.>")
     session.add_pattern("a.>", group="workers")
     delivered: list[object] = []
-    session.receive_batch(blob, 1.0, lambda message, keys: delivered.append(message))
+    session.receive_batch(blob, 1.0, lambda run, keys: delivered.extend(run))
     assert session.malformed <= 1
-    session.receive_batch(GOOD_BLOB, 2.0, lambda message, keys: delivered.append(message))
+    session.receive_batch(GOOD_BLOB, 2.0, lambda run, keys: delivered.extend(run))
     assert session.malformed <= 1 and session.connected

@@ -494,10 +494,8 @@ class Client(Connection):
 
     def _await_call(self, request_id: str, future: Waiter[Reply], give_up: float) -> None:
         self._calls[request_id] = future
-        due = self._call_deadlines.next_due()
-        if due is None or give_up < due:
-            self._rearm.set()
         self._call_deadlines.add(give_up, request_id)
+        self._arm_timer(give_up)
 
     async def scatter(
         self,

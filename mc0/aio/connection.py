@@ -4,9 +4,11 @@ Contract: :class:`Connection` is the base of :class:`mc0.aio.Client`: the
 constructor does no I/O; ``connect()`` opens a DEALER socket, sends CONNECT
 (asking for batched framing) and waits for the broker's OK; a reader task
 decodes each received message (a batch in one pass; ``Link`` calls
-``_on_message``) and dispatches what it holds: messages to subscriptions, answers to whoever waits for them; a timer
-task heartbeats, heals (CONNECT again, re-SUB every pattern) and times out
-requests the broker never answered; ``close()`` is idempotent.  Everything
+``_on_message``) and dispatches what it holds: messages to subscriptions, answers to whoever waits for them; one
+timer (a loop ``call_later`` handle at the earliest deadline, moved only when a
+deadline comes earlier: no task, no wake-up per request) heartbeats, heals
+(CONNECT again, re-SUB every pattern) and times out requests the broker never
+answered; ``close()`` is idempotent.  Everything
 sent and received goes through :class:`~mc0.aio.link.Link`.  The socket,
 its monitor and the Link are its :class:`~mc0.aio.dialer.Dialer`'s: the
 endpoint may be a comma-separated list, the client is on one broker at a
@@ -20,6 +22,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -139,14 +142,14 @@ class Connection:
         # Confirmed publishes and pings in flight, by ID: what a failover sends again.
         self._resend: dict[str, Frames] = {}
         self._out: Link | None = None  # the dialer's, once connect() opened it
-        self._tasks: list[asyncio.Task[None]] = []
+        self._timer: asyncio.TimerHandle | None = None  # the next look at the deadlines (_on_timer)
+        self._timer_due = math.inf  # when it fires (time.monotonic())
         self._pending: dict[str, asyncio.Future[Command]] = {}  # OK / ERROR / PONG awaited by id
         self._calls: dict[str, Waiter[Reply]] = {}  # request() awaiting a FINAL by id
         self._call_deadlines: Deadlines[str] = Deadlines()  # when to give up on each of _calls
         self._reply_streams: dict[str, ReplyStream] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop connect() ran on
-        self._rearm = asyncio.Event()  # wakes the timer task when a deadline moved earlier
         self._closed = False
         self._closing = False
 
@@ -165,7 +168,7 @@ class Connection:
         curve = self._curve_keys()  # KeyFileError names the file: before any socket exists
         loop = self._loop = asyncio.get_running_loop()
         self._out = self._dialer.open(loop, curve, self.max_outgoing, self._on_message)
-        self._tasks = [loop.create_task(self._beat(), name="mc0-heartbeat")]
+        self._arm_timer()
         try:
             await self._dialer.connect_first(self.timeout)
         except BaseException:
@@ -197,7 +200,7 @@ class Connection:
         self._dispatch(self.session.link_lost())
 
     def _rearm_timer(self) -> None:
-        self._rearm.set()
+        self._arm_timer()
 
     def _refused(self, error: AuthFailed) -> None:
         """The broker refused our key after it had accepted the session."""
@@ -253,9 +256,12 @@ class Connection:
                 pass  # the broker is gone or slow: it will expire us
         self.session.connected = False
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._out is not None:
             self._out.close()
-        tasks = [*self._tasks, *self._dialer.tasks]
+        tasks = self._dialer.tasks
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -361,38 +367,46 @@ class Connection:
         """One message from the broker (called by the Link, on the loop)."""
         session = self.session
         if len(frames) == 3 and frames[0] == batch.BATCH and not frames[1]:
-            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver, self._final)
+            events, replies = session.receive_batch(frames[2], time.monotonic(), self._deliver_run, self._final)
         else:
             events, replies = session.receive(frames, time.monotonic())
         for reply in replies:
             self._send(reply)
         self._dispatch(events)
 
-    async def _beat(self) -> None:
-        """Heartbeats, healing and request timeouts at the next deadline; re-armed whenever a
-        deadline moved earlier (a CONNECT answered, a request with a closer deadline)."""
-        rearm = self._rearm
-        # Ends once close() began: asyncio.wait_for (3.11) may swallow the cancel close() sends
-        # when its waiter finished at the same moment, and a heal sent then would raise ClosedError.
-        while not self._closing:
-            deadline = self.session.next_deadline()
+    def _arm_timer(self, due: float | None = None) -> None:
+        """Look at the deadlines by ``due`` (a new deadline; None: the earliest of them all, e.g. after
+        the session's changed), unless the timer fires earlier already: a look too early finds
+        nothing due and arms again, so only an earlier deadline moves the timer."""
+        if self._closing or self._loop is None:
+            return
+        if due is None:
+            due = self.session.next_deadline()
             local = self._next_local_deadline()
             if local is not None:
-                deadline = min(deadline, local)
-            rearm.clear()
-            try:
-                await asyncio.wait_for(rearm.wait(), max(0.005, deadline - time.monotonic()))
-                continue  # a deadline changed: compute it again
-            except TimeoutError:
-                pass
-            if self._closing:
-                return
+                due = min(due, local)
+        if due >= self._timer_due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = self._loop.call_later(max(0.005, due - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        """Heartbeats, healing and request timeouts that are due; then the timer for the next one."""
+        self._timer = None
+        self._timer_due = math.inf
+        if self._closing:
+            return
+        try:
             now = time.monotonic()
             self._expire_calls(now)
             events, frames = self.session.tick(now)
             for f in frames:
                 self._send(f)
             self._dispatch(events)
+        finally:
+            self._arm_timer()
 
     def _next_local_deadline(self) -> float | None:
         """The earliest of our own deadlines (requests we wait for; a worker adds its handlers')."""
@@ -417,20 +431,20 @@ class Connection:
             call.set_result(_new_reply((data,), {}, True, None, None))
         return True
 
-    def _deliver(self, message: Message, keys: tuple[str, ...]) -> None:
-        """A received message to every subscription held under its local keys (once each)."""
+    def _deliver_run(self, messages: list[Message], keys: tuple[str, ...]) -> None:
+        """Received messages, in order, to every subscription held under their local keys (once each)."""
         if len(keys) == 1:
             for sub in self._subscriptions.get(keys[0], ()):
-                sub._offer(message)
+                sub._offer_run(messages)
         elif keys:
             interested = {id(s): s for k in keys for s in self._subscriptions.get(k, ())}
             for sub in interested.values():
-                sub._offer(message)
+                sub._offer_run(messages)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
             if type(event) is Received:
-                self._deliver(event.message, event.keys)
+                self._deliver_run([event.message], event.keys)
             else:
                 self._on_event(event)
 
@@ -449,7 +463,7 @@ class Connection:
             if future is not None and not future.done():
                 future.set_result(event.command)
         elif isinstance(event, Connected):
-            self._rearm.set()
+            self._arm_timer()
             if event.healed:
                 self.reconnects += 1
                 log.info("reconnected to %s; %d patterns restored", self.endpoint, len(self._subscriptions))

@@ -6,7 +6,10 @@ readiness reads up to ``READ_PER_TURN`` messages and hands each to
 ``on_message(frames)`` (a synchronous callback; the next turn reads on, so
 the application gets the loop between bursts).  zmq.asyncio would build a
 future, a callback and several enum operations per message each way; this
-costs one C call per frame.
+costs one C call per frame.  Frames are sent copied below ``COPY_BYTES``
+(pyzmq's zero-copy path builds a ``zmq.Frame`` per frame, which costs more
+than the copy for a small one: a three-frame PUT sent and received over
+inproc, 4.7 against 4.3 us).
 
 Sending: every command goes through ``send`` (frames) or ``send_record`` (an
 already-encoded batch record).  Once the session is connected with batched
@@ -60,6 +63,7 @@ _CONNECT = Verb.CONNECT.value.encode()
 NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 RCVMORE = int(zmq.RCVMORE)
+COPY_BYTES = zmq.COPY_THRESHOLD  # frames smaller than this are copied into libzmq, larger ones are lent
 EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
@@ -288,7 +292,7 @@ class Link:
         last = len(frames) - 1
         for i, frame in enumerate(frames):
             # A multipart message is taken whole or not at all: only the first part can raise Again.
-            send(frame, MORE_NOBLOCK if i < last else NOBLOCK, copy=False)
+            send(frame, MORE_NOBLOCK if i < last else NOBLOCK, copy=len(frame) < COPY_BYTES)
 
     def _block(self, frames: Frames, size: int) -> None:
         size = size or sum(map(len, frames))

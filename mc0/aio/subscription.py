@@ -15,6 +15,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..errors import ClosedError, SlowConsumer, Timeout
@@ -105,6 +106,30 @@ class Subscription:
             with self._sync:
                 self._sync.notify_all()
 
+    def _offer_run(self, messages: list[Message]) -> None:
+        """``_offer`` each of ``messages``, in order: in one step (one append of them all, one
+        wake-up) when every one of them fits, as each would one by one."""
+        items = self._items
+        if len(items) + len(messages) > self.max_pending or self._bytes >= self.max_pending_bytes:
+            for message in messages:
+                self._offer(message)
+            return
+        size = 0
+        for message in messages:
+            parts = message.parts
+            size += len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if self._bytes + size >= self.max_pending_bytes:
+            for message in messages:
+                self._offer(message)
+            return
+        items.extend(messages)
+        self._bytes += size
+        if self._waiters:
+            self._wake()
+        if self._sync_waiting:
+            with self._sync:
+                self._sync.notify_all()
+
     def _drop(self) -> None:
         self.dropped += 1
         if not self._dropping:
@@ -177,6 +202,20 @@ class Subscription:
                     await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise Timeout(f"next message on {', '.join(self.patterns)}", timeout or 0.0) from None
+
+    async def batches(self, *, max: int = 1000) -> AsyncIterator[list[Message]]:
+        """``async for batch in sub.batches(max=...)``: whatever messages wait, up to ``max`` of
+        them in arrival order, as one list each time (as aiokafka's ``getmany``): one wake-up and
+        one step of the application's loop per list rather than per message.  Ends when the
+        subscription closes, after what it still held."""
+        if max < 1:
+            raise ValueError("max must be at least 1")
+        while True:
+            try:
+                got = await self.next_batch(max)
+            except ClosedError:
+                return
+            yield got
 
     def next_threadsafe(self, timeout: float | None = None) -> Message:
         """``next`` for another thread (the sync API): no hop into the event loop while

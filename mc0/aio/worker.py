@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from ..deadlines import Deadlines
 from ..errors import ClosedError, Timeout
-from ..message import Reply, Request, frozen_builder
+from ..message import Reply, Request
 from ..protocol import Status, Verb, batch
-from ..session import CancelWork, Event, Work
+from ..session import CancelWork, Event
 from .client import Client
 
 log = logging.getLogger("mc0.client")
@@ -180,14 +180,11 @@ class Worker(Client):
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _on_event(self, event: Event) -> None:
-        if type(event) is Work:
+        if type(event) is Request:
             task = asyncio.get_running_loop().create_task(self._serve(event))
-            self._work[event.bid] = task
-            deadline = time.monotonic() + event.timeout_ms / 1000.0
-            due = self._work_deadlines.next_due()
-            if due is None or deadline < due:
-                self._rearm.set()
-            self._work_deadlines.add(deadline, event.bid)
+            self._work[event.id] = task
+            self._work_deadlines.add(event.deadline, event.id)
+            self._arm_timer(event.deadline)
         elif isinstance(event, CancelWork):
             running = self._work.pop(event.bid, None)
             self._work_deadlines.discard(event.bid)
@@ -209,16 +206,14 @@ class Worker(Client):
             if running is not None and not running.done():
                 running.cancel()
 
-    async def _serve(self, work: Work) -> None:
-        service = work.service
+    async def _serve(self, request: Request) -> None:
+        service = request.service
         handler = self._handlers.get(service)
-        bid = work.bid
+        bid = request.id
         try:
             if handler is None:
                 self._send(self.session.fail(bid, Status.HANDLER_FAILED, f"no handler for {service}"))
                 return
-            deadline = time.monotonic() + work.timeout_ms / 1000
-            request = _new_request(bid, service, work.parts, work.headers, work.caller, deadline)
             kind = self._kinds[service]
             if kind is COROUTINE:
                 self._reply(Verb.FINAL, bid, await handler(request))
@@ -269,7 +264,6 @@ class Worker(Client):
 
 
 ASYNC_GEN, COROUTINE, GENERATOR, FUNCTION = "async generator", "coroutine", "generator", "function"
-_new_request = frozen_builder(Request)
 
 
 def _kind(handler: Handler) -> str:

@@ -454,24 +454,22 @@ def received(blob: bytes) -> Iterator[ReceivedRecord]:
     MESSAGE record (``group`` None) and a FRAMES record that is exactly a
     queue-group copy (:func:`group_message_record`).  Any other record comes
     as its code and span only, its fields empty (``frames_of``, ``work_fields``
-    and ``reply_fields`` read it).  Raises ``ProtocolError`` or ``struct.error``
-    where the blob stops splitting into records or a MESSAGE record's fields
-    run past it, after the records before it.
+    and ``reply_fields`` read it).  Raises ``ProtocolError`` where the blob
+    stops splitting into records or a MESSAGE record's fields run past it,
+    after the records before it.
     """
-    # records() and message_fields() inline: this walk runs once per message a client receives.  A
-    # record's head and the first u16 of its body are read in one unpack (a MESSAGE's sender length).
+    # records() and message_fields() inline: this walk runs once per message a client receives.
+    # The lengths are read byte by byte, each read checked against the end first: compiled
+    # (mc0.native), that is native arithmetic, a quarter of the cost of struct's unpack_from
+    # calls (measured: 0.54 -> 0.11-0.25 us a record); from source it costs more than struct
+    # (0.39 -> 0.55 us), which the compiled hot path is there for.
     end_of_blob = len(blob)
-    unpack_head = _HEAD.unpack_from
-    unpack_head_u16 = _PUT_HEAD.unpack_from
-    unpack_u16 = _U16.unpack_from
     pos = 0
     while pos < end_of_blob:
-        if pos + 7 <= end_of_blob:
-            size, code, first = unpack_head_u16(blob, pos)
-        elif pos + 5 <= end_of_blob:
-            (size, code), first = unpack_head(blob, pos), 0  # (a MESSAGE this short is refused below)
-        else:
+        if pos + 5 > end_of_blob:
             raise ProtocolError(Status.BAD_REQUEST, f"batch ends inside a record header at byte {pos}")
+        size = blob[pos] | blob[pos + 1] << 8 | blob[pos + 2] << 16 | blob[pos + 3] << 24
+        code = blob[pos + 4]
         start = pos + 5
         end = pos + 4 + size
         if size < 1 or end > end_of_blob:
@@ -480,10 +478,13 @@ def received(blob: bytes) -> Iterator[ReceivedRecord]:
             raise ProtocolError(Status.BAD_REQUEST, f"batch record at byte {pos} has unknown code {code}")
         pos = end
         if code == MESSAGE:
-            # (A length read past a short record's end is refused by the one check: t > end.)
-            s = start + 2 + first
-            (tl,) = unpack_u16(blob, s)
-            t = s + 2 + tl
+            # sender length, sender, topic length, topic, data: each length read only inside the record.
+            s = start + 2
+            if s <= end:
+                s += blob[start] | blob[start + 1] << 8
+            t = s + 2
+            if t <= end:
+                t += blob[s] | blob[s + 1] << 8
             if t > end:
                 raise ProtocolError(Status.BAD_REQUEST, "MESSAGE record fields run past its end")
             yield MESSAGE, start, end, blob[start + 2 : s], blob[s + 2 : t], None, blob[t:end]
