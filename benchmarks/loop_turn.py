@@ -59,6 +59,13 @@ SERVICE = b"turn.rpc"
 BODY = b"x" * 100
 WARMUP = 300
 TIMEOUT_MS = 5_000
+# The kernel counts a thread's CPU time in clock ticks (10 ms at USER_HZ 100): a run ends only once the
+# broker's main thread spent MIN_MAIN_CPU, or its figure is a count of a tick or two (or 0 on a loaded
+# box, where a quick run gets few turns); bounded by MAX_SECONDS, past which the run fails saying so.
+MIN_MAIN_CPU = 0.05
+MAX_SECONDS = 30.0
+CHECK_EVERY = 0.05  # (s) how often, past ``seconds``, the main thread's CPU is read
+FLOOR_START_LIMIT = 60.0  # (s) for the floor's child process to bind (a spawned interpreter; slow when loaded)
 SHAPES = ("echo", "rpc")
 
 
@@ -166,24 +173,41 @@ def _switches(pid: int) -> int:
     return total
 
 
-def measure(endpoint: str, pid: int, shape: str, seconds: float) -> TurnFigures:
-    """One run against the broker at ``endpoint`` (process ``pid``)."""
+def measure(
+    endpoint: str,
+    pid: int,
+    shape: str,
+    seconds: float,
+    *,
+    min_main_cpu: float = MIN_MAIN_CPU,
+    max_seconds: float = MAX_SECONDS,
+) -> TurnFigures:
+    """One run against the broker at ``endpoint`` (process ``pid``): at least ``seconds``, and on until
+    the broker's main thread spent ``min_main_cpu`` of CPU (its clock ticks coarsely); past
+    ``max_seconds`` without that, RuntimeError says so (a row with no figure says why)."""
     import psutil  # type: ignore[import-untyped]
 
     process = psutil.Process(pid)
+    main_tid = pid  # (the broker loop runs on the process's main thread: its thread id is the pid)
     context: zmq.Context[Any] = zmq.Context()
     try:
         once = SHAPE_CLIENTS[shape](context, endpoint)
         for _ in range(WARMUP):
             once()
-        main_tid = pid  # (the broker loop runs on the process's main thread: its thread id is the pid)
         before = _threads(process)
         switches = _switches(pid)
         turns = 0
         started = time.perf_counter()
-        end = started + seconds
-        while time.perf_counter() < end:
+        check = started + seconds
+        limit = started + max(seconds, max_seconds)
+        while True:  # bounded by ``limit``
             turns += once()
+            now = time.perf_counter()
+            if now < check:
+                continue
+            if _threads(process).get(main_tid, 0.0) - before.get(main_tid, 0.0) >= min_main_cpu or now >= limit:
+                break
+            check = now + CHECK_EVERY
         wall = time.perf_counter() - started
         after = _threads(process)
         switched = _switches(pid) - switches
@@ -191,6 +215,11 @@ def measure(endpoint: str, pid: int, shape: str, seconds: float) -> TurnFigures:
         context.destroy(linger=0)
     spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
     main = spent.pop(main_tid, 0.0)
+    if main < min_main_cpu:
+        raise RuntimeError(
+            f"too little broker CPU to measure: its main thread's clock (10 ms ticks) read {main * 1000:.0f} ms"
+            f" over {turns:,} turns in {wall:.1f} s (at least {min_main_cpu * 1000:.0f} ms needed)"
+        )
     return TurnFigures(
         turns=turns,
         main_us=main / turns * 1e6,
@@ -203,12 +232,15 @@ def measure(endpoint: str, pid: int, shape: str, seconds: float) -> TurnFigures:
 FLOOR = "pyzmq-loop"
 
 
-def floor_main(port: int) -> None:
+def floor_main(port: int, bound: Any = None) -> None:
     """The floor: a pyzmq ROUTER answering CONNECT and SUB with OK and anything else with one prebuilt
-    MESSAGE record, one message at a time (a blocking poll, a receive, a send; no protocol)."""
+    MESSAGE record, one message at a time (a blocking poll, a receive, a send; no protocol).  ``bound``:
+    a multiprocessing Event set once it listens."""
     context: zmq.Context[Any] = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.bind(f"tcp://127.0.0.1:{port}")
+    if bound is not None:
+        bound.set()
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
     answer = [*batch.BATCH_MARK, batch.message_record(TOPIC, b"anonymous#1", BODY)]
@@ -237,10 +269,12 @@ def broker(system: str, path: str | None) -> Iterator[tuple[str, int]]:
     this one); the ``pyzmq-loop`` floor is a child process of this one."""
     if system == FLOOR:
         port = free_port()
-        process = CTX.Process(target=floor_main, args=(port,), daemon=True)
+        bound = CTX.Event()
+        process = CTX.Process(target=floor_main, args=(port, bound), daemon=True)
         process.start()
         try:
-            time.sleep(0.3)
+            if not bound.wait(FLOOR_START_LIMIT):
+                raise RuntimeError(f"the pyzmq-loop floor did not listen within {FLOOR_START_LIMIT:g} s")
             assert process.pid is not None
             yield f"tcp://127.0.0.1:{port}", process.pid
         finally:

@@ -483,13 +483,15 @@ class Worker(Client):
     def __enter__(self) -> Worker:
         return self.connect()
 
-    def run(self, *, drain_timeout: float | None = None) -> None:
+    def run(self, *, drain_timeout: float | None = None, ready: Callable[[], object] | None = None) -> None:
         """Serve until ``stop()``, ``drain()`` or a signal (signals only from the main thread).
 
         The first SIGINT or SIGTERM drains: no new work, running handlers finish
         and reply, then the worker closes (bounded by ``drain_timeout``, default
         the client's ``timeout``).  A second signal cancels what still runs and
-        closes at once.
+        closes at once.  A worker not yet connected registers here, once the
+        signals are handled (so a signal can never find it serving without them);
+        ``ready`` is then called in this thread (e.g. to announce the worker).
         """
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -506,6 +508,9 @@ class Worker(Client):
 
             previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            run(self._worker.connect())
+            if ready is not None:
+                ready()
             run(self._worker.run())
         finally:
             for signum, handler in previous.items():

@@ -48,6 +48,34 @@ def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None
     assert turn["main_us"] > 0 and turn["switches"] > 0
 
 
+@pytest.mark.timeout(120)
+def test_loop_turn_measure_runs_until_the_broker_main_thread_spent_a_countable_cpu_time() -> None:
+    """A run far shorter than the CPU clock's 10 ms tick (as a quick run on a loaded box gets) still
+    ends with a figure: it goes on until the broker's main thread spent ``MIN_MAIN_CPU``."""
+    from benchmarks import loop_turn
+
+    with loop_turn.broker(loop_turn.FLOOR, None) as (endpoint, pid):
+        got = loop_turn.measure(endpoint, pid, "echo", 0.001)
+    assert got.turns > 0 and got.main_us > 0
+    assert got.main_us * got.turns / 1e6 >= loop_turn.MIN_MAIN_CPU * 0.999
+
+
+@pytest.mark.timeout(120)
+def test_loop_turn_measure_says_why_when_the_broker_cpu_does_not_count() -> None:
+    """A broker whose CPU clock does not advance within the bound fails its run naming why, rather than
+    giving a row of zeros (a process that sleeps stands in for the broker being measured)."""
+    from benchmarks import loop_turn
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with loop_turn.broker(loop_turn.FLOOR, None) as (endpoint, _pid):
+            with pytest.raises(RuntimeError, match=r"too little broker CPU to measure: .* over [\d,]+ turns"):
+                loop_turn.measure(endpoint, sleeper.pid, "echo", 0.001, max_seconds=0.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait(5)
+
+
 @pytest.mark.timeout(240)
 def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_path: Path) -> None:
     out, md = tmp_path / "library.json", tmp_path / "library.md"

@@ -173,6 +173,37 @@ async def test_serve_drains_on_sigterm_and_a_second_signal_cancels(tmp_path: Pat
         await client.close()
 
 
+# Fills stdout's pipe at import: `mc0 serve`'s main thread then blocks on its "serving" line until the
+# test reads it, as on a loaded box where the main thread runs late (or under a supervisor that reads
+# its output late), while the background loop already serves.
+STALLED_STDOUT = """
+import fcntl, os
+os.write(1, b"#" * fcntl.fcntl(1, fcntl.F_GETPIPE_SZ))
+"""
+
+
+async def test_serve_drains_a_sigterm_sent_before_its_main_thread_announced_it(tmp_path: Path, broker: Any) -> None:
+    """A SIGTERM that arrives once the worker is registered drains it, however late `mc0 serve`'s
+    main thread runs: the signal handling is in place before the broker may dispatch to it."""
+    (tmp_path / "stall.py").write_text(STALLED_STDOUT)
+    (tmp_path / "sitecustomize.py").write_text("import stall\n")
+    client = await mc0.aio.Client(broker.endpoint).connect()
+    worker = serve(tmp_path, broker.endpoint)
+    try:
+        await until_workers(mc0_aio_runner, client, "slowcli", 1, "the worker registered")
+        answer = asyncio.ensure_future(client.request("slowcli", b"a:1.5", timeout=20))
+        await until(lambda: (tmp_path / "started-a:1.5").exists(), "the handler running")
+        worker.send_signal(signal.SIGTERM)  # its main thread is still stuck writing "mc0 worker serving"
+        assert (await answer).body == b"served a:1.5"  # finished and replied, not killed by the signal
+        out, err = worker.communicate(timeout=10)
+        assert worker.returncode == 0, err
+        assert out.lstrip("#").startswith("mc0 worker serving slowcli")
+    finally:
+        worker.kill()
+        worker.wait(5)
+        await client.close()
+
+
 AIO_WORKER = """
 import asyncio, pathlib, sys
 import mc0.aio

@@ -98,9 +98,10 @@ class Worker(Client):
 
         In the main thread, the first SIGINT or SIGTERM drains (bounded by
         ``drain_timeout``, default the client's ``timeout``) and a second one
-        cancels what still runs and closes, as the sync ``run()`` does.
+        cancels what still runs and closes, as the sync ``run()`` does.  The
+        signals are handled before it registers (connects), so none finds it
+        serving without them.
         """
-        await self.connect()
         self._stop = self._stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         signals: tuple[signal.Signals, ...] = ()
@@ -109,6 +110,7 @@ class Worker(Client):
             for signum in signals:
                 loop.add_signal_handler(signum, self._on_stop_signal, drain_timeout)
         try:
+            await self.connect()
             await self._stop.wait()
         finally:
             for signum in signals:

@@ -352,10 +352,17 @@ def serve(
     )
     for name in services:
         worker.service(name)(handler)
-    with worker:
+
+    def announce() -> None:
         click.echo(f"mc0 worker serving {' '.join(services)} on {worker.endpoint}")
         sys.stdout.flush()
-        worker.run()  # the first SIGINT/SIGTERM drains, a second cancels
+
+    # run() connects: its SIGINT/SIGTERM handling is in place before the broker can dispatch here (the
+    # first signal drains, a second cancels), however late this thread gets to run on a loaded box.
+    try:
+        worker.run(ready=announce)
+    finally:
+        worker.close()
     # A second signal cancelled handlers, but a sync handler's thread cannot be interrupted and
     # Python joins it at exit: leave now (the broker has already answered its caller).
     stuck = [t for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive()]
