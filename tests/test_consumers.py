@@ -358,3 +358,60 @@ def test_a_filtered_consumers_pending_count_is_exact_and_what_its_pulls_then_get
     (row,) = bus.core.consumers.monitor_rows()
     assert (row["num_pending"], row["num_pending_exact"], row["num_ack_pending"]) == (6, True, 4)
     assert len(page(bus.answer(b"a", {"op": "pull", "max": 100}))) == 6  # what it said was pending
+
+
+def test_a_pull_past_its_scan_budget_goes_on_at_the_next_turns_and_is_never_an_empty_page_too_soon(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mc0.broker.core import consumers
+
+    monkeypatch.setattr(consumers, "PULL_SCAN_RECORDS", 100)  # (20,000 in the broker: the same rule, smaller)
+    monkeypatch.setattr(consumers, "PULL_SCAN_STEP", 10)
+    for i in range(350):
+        topic = "jobs.y" if i in (340, 345) else "jobs.x"
+        bus.core.handle(b"pub", f("PUT", "TOPIC", topic, "", str(i)), 0.0, bus.who[b"pub"])
+    bus.core.commit()
+    body_of(bus.answer(b"a", {"op": "create", "topics": ["jobs.y"], "ack_wait_ms": 60_000}))
+    # Two pulls that do not wait, from two clients: neither is answered [] while 350 records are unread.
+    assert bus.ask(b"a", {"op": "pull", "max": 1}) == []
+    assert bus.ask(b"b", {"op": "pull", "max": 5}) == []
+    assert bus.core.next_deadline() == 0.0  # more to look at: the loop comes back at once
+    answered: list[tuple[bytes, list[bytes]]] = []
+    turns = 0
+    while len(answered) < 2 and turns < 10:  # bounded: 100 records a turn, for both pulls together
+        answered += bus.core.tick(0.0) + bus.core.commit()
+        turns += 1
+    # The pulls looked at 100 records each when they came (201 looked at); turn 1: a looks at 100 more and
+    # spends the turn's budget, so b waits; turn 2: a takes 341, b 346 (with a budget per pull, b would
+    # have taken both at turn 1 and a been answered empty).
+    assert turns == 2
+    pages = {rid: page(frames) for rid, frames in answered}
+    assert pages == {b"a": [(341, b"340", 1)], b"b": [(346, b"345", 1)]}
+    # At the end of the journal, a pull that does not wait is answered at once, empty.
+    assert page(bus.answer(b"a", {"op": "pull", "max": 5})) == []
+
+
+def test_the_pending_count_kept_between_pages_equals_a_count_from_scratch(bus: Bus) -> None:
+    body_of(bus.answer(b"a", {"op": "create", "topics": ["jobs.y", "jobs.z.>"], "ack_wait_ms": 60_000}))
+    consumers = bus.core.consumers
+    (consumer,) = consumers.consumers.values()
+    counted = 0
+    for step in range(40):  # publishes, pulls, acks and a purge, each followed by a page's count
+        for i in range(step % 7):
+            topic = ("jobs.y", "jobs.x", "jobs.z.q", "jobs.zz")[(step + i) % 4]
+            bus.core.handle(b"pub", f("PUT", "TOPIC", topic, "", "b"), 0.0, bus.who[b"pub"])
+        bus.core.commit()
+        if step % 3 == 0:
+            got = page(bus.answer(b"a", {"op": "pull", "max": 2}))
+            if got:
+                body_of(bus.answer(b"a", {"op": "ack", "seqs": [s for s, _, _ in got]}))
+        if step == 25:
+            bus.store.purge(bus.store.next_seq - 3)
+        (row,) = consumers.monitor_rows()
+        kept = consumer.pending_counted
+        consumer.pending_counted = None
+        (fresh,) = consumers.monitor_rows()
+        assert (row["num_pending"], row["num_pending_exact"]) == (fresh["num_pending"], True), step
+        assert kept is not None or row["num_pending"] == 0
+        counted += 1
+    assert counted == 40

@@ -198,9 +198,12 @@ def test_count_matching_equals_a_filter_over_every_record_in_both_stores(tmp_pat
     everything, _ = j.read(j.first_seq, None, None, max_records=100_000, max_bytes=1 << 30)
     for wanted in ({"a.b"}, {"a.c", "q.2"}, {"nothing"}, {f"q.{n}" for n in range(2, 900, 3)}):
         for from_seq in (0, 1, 2, 150, 399, 400, 699, 700, 899, 900, 901, 1200):
-            expected = sum(1 for r in everything if r.seq >= from_seq and r.topic in wanted)
-            for store in (j, memory):
-                assert store.count_matching(from_seq, wanted.__contains__) == expected, (wanted, from_seq, store)
+            for to_seq in (None, 0, 151, 400, 899, 5000):
+                top = to_seq if to_seq is not None else 1 << 30
+                expected = sum(1 for r in everything if from_seq <= r.seq < top and r.topic in wanted)
+                for store in (j, memory):
+                    got = store.count_matching(from_seq, wanted.__contains__, to_seq=to_seq)
+                    assert got == expected, (wanted, from_seq, to_seq, store)
 
 
 def test_count_matching_says_none_rather_than_read_past_its_budget(tmp_path: Path) -> None:
@@ -212,8 +215,9 @@ def test_count_matching_says_none_rather_than_read_past_its_budget(tmp_path: Pat
     j.commit()
     memory.commit()
     wanted = {"q.0", f"q.{MAX_TOPICS + 10}"}.__contains__
-    assert j.count_matching(1, wanted, max_checked=MAX_TOPICS + 60) == 2
-    assert j.count_matching(1, wanted, max_checked=100) is None  # the index alone cannot tell
+    assert j.count_matching(1, wanted, max_checked=60) == 2  # the 60 records it cannot name are read
+    assert j.count_matching(1, wanted, max_checked=59) is None  # the index alone cannot tell
+    assert j.count_matching(1, wanted, to_seq=MAX_TOPICS + 1, max_checked=0) == 1  # (a range the index names)
     assert j.count_matching(1, {"q.0"}.__contains__, max_checked=0) is None  # nor for a name it knows, here
     assert memory.count_matching(1, wanted, max_checked=MAX_TOPICS + 60) == 2
     assert memory.count_matching(1, wanted, max_checked=100) is None

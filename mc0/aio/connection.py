@@ -496,10 +496,12 @@ class Connection:
         subscribed the pattern FROM a seq, naming that journal (else naming none; a journal allows one
         replay at a time).  Its patterns are released as by ``unsubscribe`` (UNSUB for those no other
         subscription holds), so the broker, which kept the SUB, and this client agree again."""
-        replaying = [s for s in self._subscriptions.get(event.pattern, ()) if s.from_seq is not None]
-        chosen = [s for s in replaying if s.journal == event.journal] or [s for s in replaying if s.journal is None]
-        if event.key is not None and event.key in self._subscriptions:
-            chosen = self._subscriptions[event.key]  # (its OK named the journal: no guess)
+        if event.key is not None:  # its OK named the journal: that one, no guess (gone already: none)
+            chosen = list(self._subscriptions.get(event.key, ()))
+        else:
+            replaying = [s for s in self._subscriptions.get(event.pattern, ()) if s.from_seq is not None]
+            chosen = [s for s in replaying if s.journal == event.journal]
+            chosen = chosen or [s for s in replaying if s.journal is None]
         if chosen:
             sub = chosen[-1]
             sub._end(event.error)

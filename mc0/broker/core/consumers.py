@@ -441,12 +441,22 @@ class Consumers:
         count = int_field(query, "max", 100, 1, MAX_PULL, rid)
         wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
         taken = self._take(consumer, count, now, client.grants)
-        if taken or not wait_ms:
+        # A pull that took nothing within its scan (a filtered consumer far behind its journal's end)
+        # is held, even one that does not wait: it goes on looking at the next turns, answered once it
+        # took something or looked at everything (``_serve_waiting``), so [] always means "none came".
+        if taken or not (wait_ms or self._more_to_look_at(consumer)):
             return [self._page(client, rid, user, consumer, taken)]
         if len(consumer.waiting) >= MAX_WAITING_PULLS:
             raise ProtocolError(Status.OVER_LIMIT, f"{len(consumer.waiting)} pulls waiting, the limit", rid)
         consumer.waiting.append(Waiting(client, rid, user, count, min(deadline, now + wait_ms / 1000.0)))
         return []
+
+    def _more_to_look_at(self, consumer: Consumer) -> bool:
+        """Records past its cursor a pull did not look at yet, and room to hand them over."""
+        return (
+            consumer.cursor < consumer.journal.next_seq
+            and self._pending_count(consumer) < consumer.config.max_ack_pending
+        )
 
     def _take(self, consumer: Consumer, count: int, now: float, grants: Grants) -> list[tuple[Record, int]]:
         """Up to ``count`` messages: due redeliveries first (oldest seq first), then new records.
@@ -606,16 +616,25 @@ class Consumers:
         return self._page(waiting.peer, waiting.rid, waiting.user, consumer, taken)
 
     def _serve_waiting(self, consumer: Consumer, now: float) -> list[Out]:
+        """Each held pull that can be answered: it took something, or its wait is over and nothing
+        is left to look at.  One scan budget (PULL_SCAN_RECORDS) per consumer per turn: once a pull
+        spent it taking nothing, the others wait for the next turn (``has_work`` asks for it)."""
         out: list[Out] = []
         still: list[Waiting] = []
+        looked_enough = False
         for waiting in consumer.waiting:
             if not self._is_current(waiting.peer):
                 continue
+            if looked_enough:
+                still.append(waiting)
+                continue
             taken = self._take(consumer, waiting.max, now, waiting.peer.grants)
-            if taken or waiting.until <= now:
+            more = not taken and self._more_to_look_at(consumer)
+            if taken or (waiting.until <= now and not more):
                 out.append(self._answer_pull(consumer, waiting, taken, now))
             else:
                 still.append(waiting)
+            looked_enough = more
         consumer.waiting = still
         return out
 
@@ -715,15 +734,31 @@ class Consumers:
 
     def _pending(self, consumer: Consumer) -> tuple[int, bool]:
         """``(records after its cursor its topics take, exact)``: the owner's grants are not
-        applied (as JetStream's num_pending: a record they refuse is still pending, then filtered)."""
+        applied (as JetStream's num_pending: a record they refuse is still pending, then filtered).
+
+        Cost: the first count looks at the whole backlog through the journal's topic index; later
+        ones only at what the cursor passed and what was appended since the last (every monitoring
+        snapshot asks, for every consumer).  Counted again whole after retention or a purge."""
         stored = consumer.journal
-        from_seq = max(consumer.cursor, stored.first_seq)
-        upper = max(0, stored.next_seq - from_seq)
+        from_seq, end = max(consumer.cursor, stored.first_seq), stored.next_seq
+        upper = max(0, end - from_seq)
         if consumer.config.topics == (">",) or not upper:
+            consumer.pending_counted = None
             return upper, True
         tokens_of = self._tokens_of
-        count = stored.count_matching(from_seq, lambda topic: consumer.matches(tokens_of(topic)))
-        return (upper, False) if count is None else (count, True)
+
+        def count(lo: int, hi: int) -> int | None:
+            return stored.count_matching(lo, lambda topic: consumer.matches(tokens_of(topic)), to_seq=hi)
+
+        last = consumer.pending_counted
+        counted: int | None
+        if last is not None and stored.first_seq <= last[0] <= from_seq <= last[1] <= end:
+            passed, added = count(last[0], from_seq), count(last[1], end)
+            counted = None if passed is None or added is None else last[2] - passed + added
+        else:
+            counted = count(from_seq, end)
+        consumer.pending_counted = None if counted is None else (from_seq, end, counted)
+        return (upper, False) if counted is None else (counted, True)
 
     def monitor_rows(self) -> list[dict[str, object]]:
         """/consumerz: every consumer, this broker's then JetStream's (as JetStream last said).

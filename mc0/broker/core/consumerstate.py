@@ -118,6 +118,9 @@ class Consumer:
     save_failed: bool = False
     # (owner, the saved state's text up to the cursor): rebuilt when the owner changes (a claim).
     _saved_head: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+    # (from_seq, to_seq, records its topics take in between): the last pending count, so the next
+    # one counts only what the cursor passed and what was appended since (monitoring pages).
+    pending_counted: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -278,7 +278,7 @@ class JetStreamPart:
             self.counters["retried"] += 1
             self._unheard_by(pending.journal)
             why = self._not_taking.get(pending.journal)
-            if why is not None:
+            if why is not None and pending.unanswered == 0:  # (an earlier send may be stored: not "not stored")
                 self._fail(serial, pending, 507, why)
             return
         self._unheard.pop(pending.journal, None)

@@ -235,9 +235,12 @@ class ReplicatedJournal:
         self._readable_from(from_seq)
         return self.cache.read(from_seq, to_seq, match, max_records=max_records, max_bytes=max_bytes)
 
-    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
+    def count_matching(
+        self, from_seq: int, match: Callable[[str], bool], *, to_seq: int | None = None, max_checked: int = 10_000
+    ) -> int | None:
         """Of the local copy (what ``read`` gives): records of the stream it has not yet are not counted."""
-        return self.cache.count_matching(max(from_seq, self.stream_first), match, max_checked=max_checked)
+        from_seq = max(from_seq, self.stream_first)
+        return self.cache.count_matching(from_seq, match, to_seq=to_seq, max_checked=max_checked)
 
     def read_columns(
         self,

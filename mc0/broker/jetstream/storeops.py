@@ -72,6 +72,10 @@ MAX_REQUESTS = 256
 MAX_LETTERS = 10_000  # letters read for one identity at once (beyond: at the next read)
 DIRECT_BATCH = 1000
 MAX_REPLIES = 100_000  # ack subjects remembered per consumer (the oldest forgotten first)
+# Consumers (journal, name, made) whose ack subjects and settled seqs are remembered: one deleted
+# or made again through another broker is never told here, so the oldest are forgotten beyond
+# this (a forgotten one costs a CONSUMER.INFO at its next ack, and a repeat ack counted once more).
+MAX_CONSUMER_KEYS = 1_024
 Result = tuple[dict[str, Any], list[bytes]]
 
 
@@ -181,8 +185,9 @@ class StoreOps:
             if not self._expected(request, info):
                 return {"changed": info}, []
         await api(self.nc, f"CONSUMER.DELETE.{jsw.stream_name(journal)}.{name}")
-        for key in [k for k in self._replies if k[:2] == (journal, name)]:
-            del self._replies[key]
+        for memory in (self._replies, self._settled):
+            for key in [k for k in memory if k[:2] == (journal, name)]:
+                del memory[key]
         return {}, []
 
     async def op_consumer_list(self, request: dict[str, Any]) -> Result:
@@ -251,7 +256,7 @@ class StoreOps:
                 await self.nc.flush()
                 return {"changed": info}, []
         key = (journal, name, self._made(request))
-        replies = self._replies.setdefault(key, OrderedDict())
+        replies = _remembered(self._replies, key)
         settled: dict[int, None] = self._settled.get(key, {})
         records, deliveries, payloads = [], [], []
         for msg in got:
@@ -308,7 +313,7 @@ class StoreOps:
         stream = jsw.stream_name(journal)
         key = (journal, name, self._made(request))
         replies = self._replies.get(key, OrderedDict())
-        settled = self._settled.setdefault(key, OrderedDict())
+        settled = _remembered(self._settled, key)
         # One acked or terminated through this broker already is not pending: it counts nothing (nor is
         # JetStream asked).  One settled through another broker, above the ack floor, is not told apart.
         seqs = [s for s in (int(s) for s in request["seqs"]) if s not in settled]
@@ -415,3 +420,15 @@ class StoreOps:
         purge = {"filter": subject, "seq": int(request["upto"]) + 1}
         await api(self.nc, f"STREAM.PURGE.{jsw.stream_name(journal)}", purge)
         return {}, []
+
+
+def _remembered(
+    memory: dict[tuple[str, str, str], OrderedDict[int, Any]], key: tuple[str, str, str]
+) -> OrderedDict[int, Any]:
+    """``memory[key]``, made if new; the oldest consumer's forgotten past ``MAX_CONSUMER_KEYS``."""
+    kept = memory.get(key)
+    if kept is None:
+        while len(memory) >= MAX_CONSUMER_KEYS:
+            del memory[next(iter(memory))]
+        kept = memory[key] = OrderedDict()
+    return kept

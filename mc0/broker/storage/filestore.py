@@ -552,32 +552,38 @@ class Journal:
                     column.extend(getattr(more, name))
         return columns, seq
 
-    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
-        """By the topic index (``match`` asked once per topic a segment names): a segment's records
-        the index cannot name (past its 255 topics, or unreadable) are read, at most ``max_checked``
-        of them in all, else None."""
+    def count_matching(
+        self, from_seq: int, match: Callable[[str], bool], *, to_seq: int | None = None, max_checked: int = 10_000
+    ) -> int | None:
+        """By the topic index (``match`` asked once per topic a segment names, then one byte per
+        record): the records the index cannot name (past a segment's 255 topics, or unreadable) are
+        read, from the first such to the last of each segment, at most ``max_checked`` in all, else None."""
         if self._buffer:
             self.commit(sync=False)  # as a read: everything appended counts
         count = 0
         from_seq = max(from_seq, self.first_seq)
+        end = self.next_seq if to_seq is None else min(to_seq, self.next_seq)
         index = max(0, bisect.bisect_right(self._firsts, from_seq) - 1)
         for segment in self._segments[index:]:
-            start = max(from_seq, segment.first_seq)
-            if start >= segment.next_seq:
+            start, stop = max(from_seq, segment.first_seq), min(end, segment.next_seq)
+            if segment.first_seq >= end:
+                break
+            if start >= stop:
                 continue
             topics = segment.topics
-            i, j = start - segment.first_seq, len(segment.offsets)
+            i, j = start - segment.first_seq, stop - segment.first_seq
             if len(topics.ids) != len(segment.offsets):  # (never expected: then every record is read)
                 flags = bytearray(b"\2") * (j - i)
             else:
                 flags = topics.flags(i, j, match)
             count += flags.count(1)
-            unknown = flags.count(2)
-            if unknown:
-                max_checked -= j - i  # read as one range: every record of it costs
+            first = flags.find(2)
+            if first >= 0:
+                last = flags.rfind(2)
+                max_checked -= last + 1 - first  # read as one range: every record of it costs
                 if max_checked < 0:
                     return None
-                records = self._read_segment(segment, start, segment.next_seq, match)
+                records = self._read_segment(segment, start + first, start + last + 1, match)
                 count += sum(1 for r in records if flags[r.seq - start] == 2)
         return count
 

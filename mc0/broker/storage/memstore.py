@@ -147,8 +147,12 @@ class MemoryStore:
                 out.append(record)
         return out, seq
 
-    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
-        records = self.records[max(0, from_seq - self._first) :]
+    def count_matching(
+        self, from_seq: int, match: Callable[[str], bool], *, to_seq: int | None = None, max_checked: int = 10_000
+    ) -> int | None:
+        """Record by record (no topic index here): None past ``max_checked`` records."""
+        end = len(self.records) if to_seq is None else max(0, to_seq - self._first)
+        records = self.records[max(0, from_seq - self._first) : end]
         if len(records) > max_checked:
             return None
         return sum(1 for record in records if match(record.topic))

@@ -114,10 +114,13 @@ class JournalStore(Hashable, Protocol):
         """``read`` as columns (a columns page's input), the same records and ``next_seq``."""
         ...
 
-    def count_matching(self, from_seq: int, match: Callable[[str], bool], *, max_checked: int = 10_000) -> int | None:
-        """How many records from ``from_seq`` (or the first kept, if later) on pass ``match``, or
-        None when telling would need more than ``max_checked`` records read one by one (a count
-        for a monitoring page, never worth a scan of a big journal).  No side effects."""
+    def count_matching(
+        self, from_seq: int, match: Callable[[str], bool], *, to_seq: int | None = None, max_checked: int = 10_000
+    ) -> int | None:
+        """How many records ``from_seq <= seq < to_seq`` (from the first kept, if later; to the end)
+        pass ``match``, or None when telling would need more than ``max_checked`` records read one
+        by one (a count for a monitoring page, never worth a scan of a big journal).  Changes
+        nothing but what a read changes (an unreadable record counted as a read counts it)."""
         ...
 
     def info(self) -> dict[str, object]: ...
