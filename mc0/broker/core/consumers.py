@@ -490,13 +490,14 @@ class Consumers:
         room = min(count - len(taken), consumer.config.max_ack_pending - self._pending_count(consumer))
         journal = consumer.journal
         scan = PULL_SCAN_RECORDS
+        most = room  # the first read: as many as it may take (every record read is decoded)
         while room > 0 and scan > 0 and consumer.cursor < journal.next_seq:
             try:
                 match = self._match(consumer, grants)
-                # Scans past records its topics skip (a filtered consumer's page is still full);
+                # Scans past records its topics skip (a filtered consumer's page is still full), in
+                # bigger steps once a read found fewer than it could take (the filter skips many);
                 # takes at most ``room``: the cursor stops after the last record taken.
-                most = min(scan, max(room, PULL_SCAN_STEP))
-                records, next_seq = journal.read(consumer.cursor, None, match, max_records=most)
+                records, next_seq = journal.read(consumer.cursor, None, match, max_records=min(scan, most))
             except Trimmed as exc:
                 consumer.stats["lost_to_retention"] += exc.first - consumer.cursor
                 consumer.cursor = exc.first
@@ -504,6 +505,7 @@ class Consumers:
             if len(records) > room:
                 records = records[:room]
                 next_seq = records[-1].seq + 1
+            most = max(room - len(records), PULL_SCAN_STEP)
             scan -= max(1, next_seq - consumer.cursor)
             consumer.cursor = next_seq
             if any(r.topic.startswith(DEAD_LETTER_PREFIX) for r in records):  # and the topic it died on
