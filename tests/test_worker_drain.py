@@ -241,3 +241,26 @@ async def test_aio_run_drains_on_sigterm(tmp_path: Path, broker: Any) -> None:
         worker.kill()
         worker.wait(5)
         await client.close()
+
+
+async def test_an_aio_worker_run_calls_ready_once_it_is_registered(broker: Any) -> None:
+    """``run(ready=...)``, as the sync view has it: called once the broker knows the worker."""
+    client = await mc0.aio.Client(broker.endpoint).connect()
+    worker = mc0.aio.Worker(broker.endpoint)
+    worker.service("readysvc")(lambda request: b"ok")
+    seen: list[int] = []
+
+    def ready() -> None:
+        seen.append(1)
+
+    running = asyncio.ensure_future(worker.run(ready=ready))
+    try:
+        await until(lambda: bool(seen), "ready called")
+        assert await workers_of(mc0_aio_runner, client, "readysvc") == 1  # registered before it was called
+        assert (await client.request("readysvc", b"", timeout=10)).body == b"ok"
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        await worker.close()
+        await client.close()
+    assert seen == [1]

@@ -93,14 +93,14 @@ class Worker(Client):
         await self._call(request_id, frames, None, "register services")
         return self
 
-    async def run(self, *, drain_timeout: float | None = None) -> None:
+    async def run(self, *, drain_timeout: float | None = None, ready: Callable[[], object] | None = None) -> None:
         """Serve until ``stop()``, ``close()``, ``drain()`` or a signal.
 
         In the main thread, the first SIGINT or SIGTERM drains (bounded by
         ``drain_timeout``, default the client's ``timeout``) and a second one
         cancels what still runs and closes, as the sync ``run()`` does.  The
         signals are handled before it registers (connects), so none finds it
-        serving without them.
+        serving without them; ``ready`` is then called (e.g. to announce the worker).
         """
         self._stop = self._stop or asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -111,6 +111,8 @@ class Worker(Client):
                 loop.add_signal_handler(signum, self._on_stop_signal, drain_timeout)
         try:
             await self.connect()
+            if ready is not None:
+                ready()
             await self._stop.wait()
         finally:
             for signum in signals:
