@@ -5,6 +5,7 @@ under 1 MiB messages."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -280,14 +281,26 @@ def test_a_replay_step_that_raises_holds_back_no_confirmed_put_of_another_journa
     """The loop's timer work ran the replay and fetch step and the commit under one guard: a replay
     step that raised (a bug) every turn kept every confirmed PUT's OK, held until its commit, from
     ever leaving.  Each step of the timer work has its own guard."""
+    with broken_replay_step(tmp_path, "b") as (broker, client):
+        deadline = time.monotonic() + 10
+        while broker.core.counters["internal_errors"] == 0:  # bounded by the deadline
+            assert time.monotonic() < deadline, "the replay step never ran"
+            time.sleep(0.01)
+        ack = client.publish("b.x", b"confirmed", confirm=True, timeout=10)
+        assert ack is not None and ack.journal == "b"
+        assert broker.core.paging  # (the broken replay is still there: its step failed every turn)
+
+
+@contextlib.contextmanager
+def broken_replay_step(tmp_path: Path, *more_journals: str) -> Iterator[tuple[Any, mc0.Client]]:
+    """A broker (journal "a" and ``more_journals``) whose replay step raises every turn, a replay of
+    "a" made to run it, and the client that asked for it."""
     from mc0.broker.embedded import BrokerThread
     from mc0.config import parse
 
-    text = (
-        '[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n'
-        f'[journals.a]\ntopics = ["a.>"]\nfolder = "{tmp_path / "a"}"\n'
-        f'[journals.b]\ntopics = ["b.>"]\nfolder = "{tmp_path / "b"}"\n'
-    )
+    text = '[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n'
+    for name in ("a", *more_journals):
+        text += f'[journals.{name}]\ntopics = ["{name}.>"]\nfolder = "{tmp_path / name}"\n'
     with BrokerThread(parse(text)) as thread:
         broker = thread.broker
         with mc0.Client(broker.endpoints[0]) as client:
@@ -298,13 +311,7 @@ def test_a_replay_step_that_raises_holds_back_no_confirmed_put_of_another_journa
 
             broker.core.pages = broken  # type: ignore[method-assign]
             client.subscribe("a.>", from_seq=1, journal="a")  # a replay: paging every turn from now on
-            deadline = time.monotonic() + 10
-            while broker.core.counters["internal_errors"] == 0:  # bounded by the deadline
-                assert time.monotonic() < deadline, "the replay step never ran"
-                time.sleep(0.01)
-            ack = client.publish("b.x", b"confirmed", confirm=True, timeout=10)
-            assert ack is not None and ack.journal == "b"
-            assert broker.core.paging  # (the broken replay is still there: its step failed every turn)
+            yield broker, client
 
 
 @pytest.mark.timeout(60)
@@ -316,29 +323,13 @@ def test_a_timer_step_that_raises_every_turn_writes_its_traceback_once_then_coun
     (log_lines_left_out) and said again at most once a minute (mc0.broker.faultlog)."""
     import logging
 
-    from mc0.broker.embedded import BrokerThread
-    from mc0.config import parse
-
-    text = (
-        '[security]\ncurve = false\n[broker]\nbind = ["tcp://127.0.0.1:*"]\n'
-        f'[journals.a]\ntopics = ["a.>"]\nfolder = "{tmp_path / "a"}"\n'
-    )
     caplog.set_level(logging.ERROR, logger="mc0.broker")
-    with BrokerThread(parse(text)) as thread:
-        broker = thread.broker
-        with mc0.Client(broker.endpoints[0]) as client:
-            assert client.publish("a.x", b"kept", confirm=True) is not None
-
-            def broken(now: float) -> list[Any]:
-                raise RuntimeError("a bug in the replay step")
-
-            broker.core.pages = broken  # type: ignore[method-assign]
-            client.subscribe("a.>", from_seq=1, journal="a")  # a replay: paging every turn from now on
-            deadline = time.monotonic() + 20
-            while broker.core.counters["internal_errors"] < 50:  # bounded by the deadline
-                assert time.monotonic() < deadline, "the replay step did not run 50 turns"
-                client.ping(timeout=5)  # (a turn or more each)
-            counters = dict(broker.core.counters)
+    with broken_replay_step(tmp_path) as (broker, client):
+        deadline = time.monotonic() + 20
+        while broker.core.counters["internal_errors"] < 50:  # bounded by the deadline
+            assert time.monotonic() < deadline, "the replay step did not run 50 turns"
+            client.ping(timeout=5)  # (a turn or more each)
+        counters = dict(broker.core.counters)
     written = [r for r in caplog.records if "timer work" in r.getMessage()]
     assert len(written) == 1 and written[0].exc_info is not None, [r.getMessage() for r in written]
     assert "_pages" in written[0].getMessage()
