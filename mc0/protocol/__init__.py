@@ -70,7 +70,7 @@ is the one place to import from.
 
 from __future__ import annotations
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, quoted, wire_text
 from ..message import Record
 from . import batch
 from .admin import ADMIN_SERVICE
@@ -256,6 +256,8 @@ __all__ = [
     "ok_mailbox",
     "replay_ended",
     "parse_int",
+    "quoted",
+    "wire_text",
     "page_columns",
     "parse_columns_page",
     "parse_journal_page",

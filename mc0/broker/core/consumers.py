@@ -31,7 +31,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
@@ -221,7 +221,7 @@ class Consumers:
             return self._delete(client, rid, user, consumer, now)
         if op not in ("info", "pull", "ack", "nak", "term"):
             ops = "create, pull, ack, nak, term, info, delete, list"
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: {ops}", rid)
         self._check_grants(client, consumer, rid)
 
         if op == "info":
@@ -284,7 +284,7 @@ class Consumers:
         key = (str(query.get("journal", "")), str(query.get("name", "")))
         consumer = self.consumers.get(key)
         if consumer is None:
-            reason = f"no consumer {key[1][:64]!r} on journal {key[0][:64]!r}"
+            reason = f"no consumer {quoted(key[1], 64)} on journal {quoted(key[0], 64)}"
             raise ProtocolError(Status.NOT_FOUND, reason, rid)
         return consumer
 
@@ -343,7 +343,7 @@ class Consumers:
         journal = self.journals.get(str(query.get("journal", "")))
         if journal is None:
             known = ", ".join(self.journals) or "none configured"
-            reason = f"unknown journal {str(query.get('journal'))[:40]!r} ({known})"
+            reason = f"unknown journal {quoted(str(query.get('journal')))} ({known})"
             raise ProtocolError(Status.NOT_FOUND, reason, rid)
         if journal.settings.mailboxes:
             reason = f"journal {journal.name} keeps mailboxes: its letters are private"

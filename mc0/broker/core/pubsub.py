@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...permissions import Grants
 from ...protocol import Command, Header, Limits, Status, batch
 from ...topics import seed_topic, split_pattern, split_topic
@@ -212,7 +212,7 @@ class PubSub:
         if not P.valid_group(group):
             raise ProtocolError(
                 Status.BAD_REQUEST,
-                f"group {group[:64]!r}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace",
+                f"group {quoted(group, 64)}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace",
                 command.id,
             )
         return group

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ...deadlines import Deadlines
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...permissions import Grants
 from ...protocol import Header, Status, Verb, decimal, request_to_worker
 from ...settings import CoreSettings
@@ -177,7 +177,7 @@ class Rpc:
         """
         held = self.requests.get(client)
         if busy or (held is not None and rid in held):
-            raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
+            raise ProtocolError(Status.CONFLICT, f"request id {quoted(rid)} is already outstanding", rid)
         tokens = self.pool.service_tokens(name, rid)
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)

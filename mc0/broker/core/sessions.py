@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from ... import protocol as P
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...protocol import Command, Header, Status
 from .peers import Out, Peer, connect_flag, generated_routing_id
 from .rooms import Rooms
@@ -48,7 +48,7 @@ def connect(
     if version not in P.VERSIONS:
         raise ProtocolError(
             Status.UNSUPPORTED_VERSION,
-            f"version {version[:16]!r} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
+            f"version {quoted(version, 16)} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
             command.id,
         )
     named_ttl = Header.TTL in command.headers
