@@ -16,7 +16,8 @@ non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
 Peer -> broker::
 
     CONNECT    [VERSION v] [TTL ms] [ID id] [BATCH 1] [ECHO 0]  -> OK ID id TTL ms [BATCH 1]
-               (no VERSION: 0.1; no TTL: DEFAULT_TTL_MS, and no expiry for silence)
+               (no VERSION: 0.1; no TTL: DEFAULT_TTL_MS, and no expiry for silence; no ID: no OK;
+               the OK is a message of its own, never inside a BATCH)
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
