@@ -203,7 +203,10 @@ class Peer(RawPeer):
             self.monitor.close(linger=0)
         super().close()
 
-    def ask(self, *parts: str | bytes, timeout: float = 10.0) -> list[bytes]:
+    def recv_skipping_noop(self, timeout: float = 15.0) -> list[bytes]:  # (room for a loaded machine)
+        return super().recv_skipping_noop(timeout)
+
+    def ask(self, *parts: str | bytes, timeout: float = 15.0) -> list[bytes]:
         """Send a command and read the next message that is not a heartbeat."""
         self.send(*parts)
         return self.recv_skipping_noop(timeout)
@@ -641,11 +644,11 @@ def test_a_peer_silent_for_liveness_times_ttl_is_forgotten_and_then_gets_401(pee
     assert limit("liveness") == 3
     watcher = watch_peers(peer)
     silent = peer(connected=False)
+    started = time.monotonic()
     assert silent.hello(ttl=100) == frames("OK", "ID", "c", "TTL", "100")
     name = next_event(watcher, "connect", protocol="1.0")["peer"]
-    started = time.monotonic()
     next_event(watcher, "disconnect", peer=name, reason="expired")
-    assert time.monotonic() - started >= 0.2  # (3 x 100 ms after its last message, less the wait for the connect)
+    assert time.monotonic() - started >= 0.3  # 3 x 100 ms after its last message, at least
     assert error_of(silent.ask("NOOP", "ID", "late"))[:2] == (401, "not connected: send CONNECT first")
 
 
@@ -1183,10 +1186,10 @@ def test_a_refused_key_is_told_only_by_the_sockets_handshake_event(secure: Secur
     mallory = secure.peer(context, "mallory")
     try:
         mallory.offer("CONNECT", "VERSION", "1.0", "ID", "c")
-        seen = mallory.events(1.5)  # (libzmq would try again within 0.1 s: it does not)
-        kinds = [event for event, _ in seen]
+        seen = mallory.events(20.0, until=lambda seen: any(e == zmq.EVENT_HANDSHAKE_FAILED_AUTH for e, _ in seen))
         assert (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400) in seen, seen
-        assert kinds.count(zmq.EVENT_CONNECTED) == 1  # it does not try again
+        after = mallory.events(1.0)  # libzmq would try again within 0.1 s: it does not
+        assert zmq.EVENT_CONNECTED not in [event for event, _ in after], after
         assert not mallory.socket.poll(0)  # and no mc0 message ever came
     finally:
         mallory.close()
