@@ -77,7 +77,8 @@ def compiled_extensions():
     # the errors that makes in the other modules are silenced: the hot modules import none of them and
     # are checked in full.  The C it generates is the same, byte for byte, as with them installed.
     try:
-        return mypycify([*paths, "--follow-imports=silent"], opt_level="3", group_name=native["GROUP"]), None
+        level = os.environ.get("MYPYC_OPT_LEVEL", "3")  # the C compiler's -O (as mypy's own setup.py reads it)
+        return mypycify([*paths, "--follow-imports=silent"], opt_level=level, group_name=native["GROUP"]), None
     except (Exception, SystemExit) as exc:  # mypyc refused (it exits on a type error): the sources still run
         return [], f"mypyc failed ({last_line(exc)})"
 
