@@ -84,13 +84,23 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         return None
 
 
-def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[str]:
+def in_checkout() -> bool:
+    """Whether this mc0 is a source checkout's (run from it, or an editable install linking to it),
+    where a source may be edited after its build; not an installed wheel, whose files all carry
+    the install's time, in whatever order the installer wrote them."""
+    source = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return os.path.isfile(os.path.join(source, "pyproject.toml")) and os.path.isfile(os.path.join(source, "setup.py"))
+
+
+def stale(folder: str | None = None, library: str = GROUP + "__mypyc", *, checkout: bool | None = None) -> list[str]:
     """Modules whose extension would run other code than their source: built before the source's
-    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``;
-    or every module that has an extension when the shared library they all need cannot be found
-    (a later plain ``pip install -e .`` drops it from the path and leaves the extensions).
+    last change (in a checkout: ``checkout``, by default :func:`in_checkout`), or left over from a
+    build that compiled a module no longer in ``HOT_MODULES``; or every module that has an
+    extension when the shared library they all need cannot be found (a later plain ``pip install
+    -e .`` drops it from the path and leaves the extensions).
     ``folder`` (the package's own by default) and ``library`` are for tests."""
     here = folder or os.path.dirname(os.path.abspath(__file__))
+    edited = in_checkout() if checkout is None else checkout
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     out = []
     built = []
@@ -108,7 +118,7 @@ def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[s
             except OSError:
                 continue  # no source beside it: not one of ours
             built.append(name)
-            if newer or name not in HOT_MODULES:
+            if (newer and edited) or name not in HOT_MODULES:
                 out.append(name)
     if built and not out and importlib.util.find_spec(library) is None:
         return sorted(built)
