@@ -84,6 +84,24 @@ def test_each_mode_loads_what_it_says(mode: str) -> None:
         assert compiled == sorted(native.HOT_MODULES)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_mc0_version_names_the_build_that_runs(mode: str) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "mc0", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **MODES[mode]},
+    )
+    assert got.returncode == 0 and got.stdout.startswith("mc0 0.1.0 ("), got.stdout + got.stderr
+    build = got.stdout.strip().removeprefix("mc0 0.1.0 ")
+    if mode == "pure":
+        assert build == "(pure Python: MC0_PURE_PYTHON=1)"
+    elif os.environ.get("MC0_EXPECT_COMPILED"):
+        n = len(native.HOT_MODULES)
+        assert build == f"(compiled: {n} of {n} hot modules, mypyc)"
+
+
 SCENARIO = """
 import hashlib
 from mc0.broker.core.dispatch import BrokerCore
