@@ -67,6 +67,7 @@ ONE_WORKER = {
     "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_jetstream_live.py": "tests/test_jetstream_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_link_live.py": "tests/test_link_live.py",  # a module-scoped three-node NATS cluster
+    "tests/test_packaging.py": "tests/test_packaging.py",  # a module-scoped wheel, compiled from the sdist
 }
 
 
