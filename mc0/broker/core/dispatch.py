@@ -432,10 +432,10 @@ class BrokerCore:
         self.mailboxes.expire(now)
         out = self.rpc.expire(now) + self.consumers.tick(now) + self.builtins.admin.expire(now)
         if now >= self.peers.next_sweep:
-            liveness = self.settings.liveness
-            for peer in self.peers.expired(now, liveness, self.rpc.has_requests):
+            expired, beats = self.peers.sweep(now, self.settings.liveness, self.rpc.has_requests)
+            for peer in expired:
                 out += rooms.forget(peer, "expired", now)
-            out += self.peers.heartbeats(now, liveness)
+            out += beats
         return rooms.with_finished(out, now)
 
     def next_deadline(self) -> float:
