@@ -115,3 +115,17 @@ def test_sweeps_from_deadlines_decide_what_a_walk_over_every_peer_decides(
                         assert now - p.last_recv < p.ttl * liveness + slack
                     assert now - p.last_sent < p.beat + slack
         assert peers.watched == len(peers)
+
+
+def test_a_bare_noop_is_heard_and_answered_as_the_verb_table_answers_it() -> None:
+    core = BrokerCore()
+    connect(core, b"a", now=0.0)
+    core.handle(b"e", f("", "CONNECT", "VERSION", "0.3", "TTL", "1000"), 0.0)  # an enveloped (mc0d-era) session
+    peer = core.peers.get(b"a")
+    assert peer is not None
+    assert core.handle(b"a", f("NOOP"), 1.0) == []  # heard, nothing to answer
+    assert (peer.last_recv, peer.msgs_in) == (1.0, 1)
+    assert core.handle(b"a", f("NOOP", "ID", "7"), 1.1) == [(b"a", f("OK", "ID", "7"))]  # an ID: answered
+    assert core.handle(b"e", f("", "NOOP"), 1.2) == []
+    ((rid, frames),) = core.handle(b"e", f("NOOP"), 1.3)  # not in its session's framing: refused as before
+    assert rid == b"e" and b"ERROR" in frames and b"keep its framing" in b" ".join(frames)
