@@ -215,12 +215,16 @@ def mc0_probe(endpoint: str, curve: dict[str, Any], count: int, results: Any) ->
     times: list[float] = []
     lost = 0
     next_at = time.perf_counter()
-    for _ in range(count):
+    end = next_at + count * PROBE_EVERY + 30  # (a bound: what did not come back by then is lost)
+    for i in range(count):
+        if time.perf_counter() > end:
+            lost += count - i
+            break
         next_at += PROBE_EVERY
         sent = time.perf_counter()
         sock.send_multipart(put)
         while True:
-            if not sock.poll(5_000):
+            if not sock.poll(1_000):
                 lost += 1
                 break
             if sock.recv_multipart()[0] == MESSAGE:
@@ -239,11 +243,15 @@ def nats_probe(url: str, count: int, results: Any) -> None:
     data = b""
     while b"PONG" not in data:
         data += conn.recv(4096)
-    conn.settimeout(5.0)
+    conn.settimeout(1.0)
     times: list[float] = []
     lost = 0
     next_at = time.perf_counter()
-    for _ in range(count):
+    end = next_at + count * PROBE_EVERY + 30
+    for i in range(count):
+        if time.perf_counter() > end:
+            lost += count - i
+            break
         next_at += PROBE_EVERY
         sent = time.perf_counter()
         conn.sendall(b"PUB probe.rt 16\r\nxxxxxxxxxxxxxxxx\r\n")
@@ -266,7 +274,7 @@ def probe(system: str, endpoint: str, curve: dict[str, Any], count: int = PROBE_
     process = CTX.Process(target=mc0_probe if system == "mc0" else nats_probe, args=args, daemon=True)
     process.start()
     try:
-        times, lost = results.get(timeout=count * PROBE_EVERY + 120)
+        times, lost = results.get(timeout=count * PROBE_EVERY + 90)
     finally:
         process.join(10)
         if process.is_alive():
