@@ -254,7 +254,7 @@ class PubSub:
         if total > limit:
             raise ProtocolError(
                 Status.OVER_LIMIT,
-                f"{total} subscriptions, the limit per peer is {limit}",
+                f"{total} subscriptions, the limit per peer is {limit} (broker.limits.max_subscriptions)",
                 request_id,
             )
         return new
@@ -601,6 +601,14 @@ class PubSub:
     # ------------------------------------------------------------ reports
     def count_of(self, peer: Peer) -> int:
         return len(self._patterns.get(peer, ()))
+
+    def subscription_counts(self) -> dict[Peer, int]:
+        """Each subscribed peer's number of patterns (a monitoring capture's: one pass over those peers)."""
+        return {peer: len(held) for peer, held in self._patterns.items()}
+
+    def grouped_peers(self) -> dict[Peer, tuple[str, ...]]:
+        """Each queue-group member's groups, sorted (peers in no group are not here)."""
+        return {peer: tuple(sorted(groups)) for peer, groups in self._groups_of.items()}
 
     def patterns_of(self, peer: Peer) -> list[str]:
         return list(self._patterns.get(peer, ()))

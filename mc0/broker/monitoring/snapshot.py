@@ -29,14 +29,14 @@ characters).  Every parameter is checked against its page's table
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..core.dispatch import BrokerCore
-from ..core.peers import Closed, Peer
+from ..core.peers import Closed
 
 # /connz rows' fields a ``sort`` may name: numbers sort descending (the busiest first), text and
 # ``connected_at`` ascending (``closed_at`` descending: the newest close first), as nats-server's.
@@ -78,6 +78,8 @@ class QueueFigures(Protocol):
 
     def backlog(self, routing_id: bytes) -> int: ...
 
+    def backlogs(self) -> dict[bytes, int]: ...
+
 
 # A peer's figures, read in one C call per peer: the order of ``_PEER_FIELDS`` is the tuple's.
 _PEER_FIELDS = (
@@ -85,7 +87,21 @@ _PEER_FIELDS = (
     "msgs_in", "bytes_in", "msgs_out", "bytes_out", "delivered", "drops", "routing_id",
 )  # fmt: skip
 _peer_figures = attrgetter(*_PEER_FIELDS)
-PeerFigures = tuple[str, str, str, str, str, float, float, int, int, int, int, int, int, bytes]
+PeerFigures = tuple[Any, ...]  # (str x5, float x2, int x6, bytes): the fields above, in order
+NAME, IDENTITY, DIALECT, VERSION, ADDRESS, CONNECTED, LAST_RECV = range(7)
+# (the counters' places in a PeerFigures, by /connz field)
+_COUNTER_AT = {"msgs_in": 7, "bytes_in": 8, "msgs_out": 9, "bytes_out": 10, "delivered": 11, "dropped": 12}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerExtras:
+    """What other rooms keep of the peers, only for the peers that have any (by name; queued bytes by
+    routing id)."""
+
+    subscriptions: dict[str, int]
+    groups: dict[str, tuple[str, ...]]
+    pending: dict[bytes, int]
+    workers: dict[str, tuple[tuple[str, ...], int]]  # services, requests in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +124,7 @@ class Capture:
     cluster: dict[str, object] | None
     # (parts)
     peers: list[PeerFigures] = field(default_factory=list)
-    peer_extras: dict[str, tuple[int, tuple[str, ...], int, tuple[str, ...], int]] = field(default_factory=dict)
+    extras: PeerExtras | None = None
     patterns_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     closed: tuple[Closed, ...] = ()
     patterns: dict[str, int] = field(default_factory=dict)
@@ -122,7 +138,7 @@ class Capture:
 class Snapshot:
     taken: float  # the loop's monotonic clock when captured
     varz: dict[str, object]
-    connections: list[dict[str, object]]  # every open connection (as /connz shows it, without subscriptions)
+    peers: list[PeerFigures]  # every open connection's figures (/connz sorts, filters and pages these)
     subsz: dict[str, object]
     servicez: dict[str, dict[str, object]]
     closed: list[dict[str, object]] = field(default_factory=list)  # the last closed connections, newest first
@@ -134,6 +150,13 @@ class Snapshot:
     latency: dict[str, tuple[list[tuple[float, int]], float]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     parts: frozenset[str] = ALL_PARTS  # what its capture copied
+    extras: PeerExtras | None = None
+    wall_of: float = 0.0  # add to the loop's clock for wall-clock seconds
+
+    @property
+    def connections(self) -> list[dict[str, object]]:
+        """Every open connection as /connz shows it (without subscriptions), by name."""
+        return [_connection_row(self, figures) for figures in sorted(self.peers)]
 
 
 def rfc3339(wall: float) -> str:
@@ -186,12 +209,12 @@ def capture(
     parts = frozenset(parts)
     services = {name: core.builtins.service_report(service) for name, service in rpc.services.items()}
     peers: list[PeerFigures] = []
-    extras: dict[str, tuple[int, tuple[str, ...], int, tuple[str, ...], int]] = {}
+    extras = None
     patterns_of: dict[str, tuple[str, ...]] = {}
     if CONNZ in parts:
         known = list(core.peers.by_id.values())
         peers = list(map(_peer_figures, known))
-        extras = _peer_extras(core, outbox, known)
+        extras = _peer_extras(core, outbox)
         if SUBS in parts:
             patterns_of = {peer.name: tuple(pubsub.patterns_of(peer)) for peer in known}
     return Capture(
@@ -210,7 +233,7 @@ def capture(
         journal_stores={name: journal.settings.store for name, journal in core.journaling.journals.items()},
         cluster=cluster,
         peers=peers,
-        peer_extras=extras,
+        extras=extras,
         patterns_of=patterns_of,
         closed=tuple(core.peers.closed) if CLOSED in parts else (),
         patterns=dict(pubsub.subscribers_per_pattern) if SUBSZ in parts else {},
@@ -223,26 +246,15 @@ def capture(
     )
 
 
-def _peer_extras(
-    core: BrokerCore, outbox: QueueFigures, known: Iterable[Peer]
-) -> dict[str, tuple[int, tuple[str, ...], int, tuple[str, ...], int]]:
-    """Per peer what other rooms keep of it: (subscriptions, queue groups, queued bytes, services,
-    requests in flight); only peers with groups or services cost more than three lookups."""
-    count_of = core.pubsub.count_of
-    groups_of = core.pubsub.groups_of
-    worker_state = core.rpc.worker_state
-    backlog = outbox.backlog
-    extras = {}
-    for peer in known:
-        state = worker_state(peer)
-        extras[peer.name] = (
-            count_of(peer),
-            tuple(groups_of(peer)),
-            backlog(peer.routing_id),
-            tuple(state.services) if state else (),
-            len(state.jobs) if state else 0,
-        )
-    return extras
+def _peer_extras(core: BrokerCore, outbox: QueueFigures) -> PeerExtras:
+    """What the other rooms keep of the peers, from each room's own table (one pass over the peers
+    that hold subscriptions; the rest over the few in groups, serving, or with bytes queued)."""
+    return PeerExtras(
+        subscriptions={peer.name: n for peer, n in core.pubsub.subscription_counts().items()},
+        groups={peer.name: groups for peer, groups in core.pubsub.grouped_peers().items()},
+        pending=outbox.backlogs(),
+        workers={peer.name: (tuple(state.services), len(state.jobs)) for peer, state in core.rpc.workers.items()},
+    )
 
 
 # ============================================================== the HTTP side
@@ -254,7 +266,6 @@ def build(cap: Capture) -> Snapshot:
     wall_of = cap.wall - now
     counters = dict(sorted(cap.counters.items()))
     services = dict(sorted(cap.services.items()))
-    rows = _connections(cap, wall_of)
     closed = [_closed_row(entry, wall_of) for entry in reversed(cap.closed)]
     sent_messages, sent_bytes, queued_bytes = cap.sent
     varz: dict[str, object] = {
@@ -293,7 +304,7 @@ def build(cap: Capture) -> Snapshot:
     return Snapshot(
         taken=now,
         varz=varz,
-        connections=rows,
+        peers=cap.peers,
         subsz=subsz,
         servicez=services,
         closed=closed,
@@ -304,6 +315,8 @@ def build(cap: Capture) -> Snapshot:
         latency=cap.latency,
         counters=counters,
         parts=cap.parts,
+        extras=cap.extras,
+        wall_of=wall_of,
     )
 
 
@@ -323,41 +336,65 @@ def snapshot(
     )
 
 
-def _connections(cap: Capture, wall_of: float) -> list[dict[str, object]]:
-    """/connz's open connections, by name."""
-    now = cap.taken
-    extras = cap.peer_extras
-    rows: list[dict[str, object]] = []
-    for figures in cap.peers:
-        name, identity, dialect, version, address, connected, last_recv = figures[:7]
-        msgs_in, bytes_in, msgs_out, bytes_out, delivered, drops = figures[7:13]
-        subscriptions, groups, pending, services, in_flight = extras[name]
-        rows.append(
-            {
-                "name": name,
-                "identity": identity,
-                "dialect": dialect,
-                "protocol": version,
-                "address": address,
-                "connected_at": rfc3339(connected + wall_of),
-                "uptime_s": round(max(0.0, now - connected), 3),
-                "subscriptions": subscriptions,  # (with ?subs=1: the patterns themselves)
-                "num_subscriptions": subscriptions,
-                "groups": sorted(groups),
-                "pending_bytes": pending,
-                "idle_s": round(max(0.0, now - last_recv), 3),
-                "msgs_in": msgs_in,
-                "bytes_in": bytes_in,
-                "msgs_out": msgs_out,
-                "bytes_out": bytes_out,
-                "delivered": delivered,
-                "dropped": drops,
-                "services": list(services),
-                "in_flight": in_flight,
-            }
-        )
-    rows.sort(key=lambda r: str(r["name"]))
-    return rows
+_NO_EXTRAS = PeerExtras({}, {}, {}, {})
+
+
+def _connection_row(snap: Snapshot, figures: PeerFigures) -> dict[str, object]:
+    """One open connection as /connz shows it (built for the rows of a page only)."""
+    now = snap.taken
+    extras = snap.extras or _NO_EXTRAS
+    name, identity, dialect, version, address, connected, last_recv = figures[:7]
+    msgs_in, bytes_in, msgs_out, bytes_out, delivered, drops, routing_id = figures[7:]
+    subscriptions = extras.subscriptions.get(name, 0)
+    services, in_flight = extras.workers.get(name, ((), 0))
+    return {
+        "name": name,
+        "identity": identity,
+        "dialect": dialect,
+        "protocol": version,
+        "address": address,
+        "connected_at": rfc3339(connected + snap.wall_of),
+        "uptime_s": round(max(0.0, now - connected), 3),
+        "subscriptions": subscriptions,  # (with ?subs=1: the patterns themselves)
+        "num_subscriptions": subscriptions,
+        "groups": list(extras.groups.get(name, ())),
+        "pending_bytes": extras.pending.get(routing_id, 0),
+        "idle_s": round(max(0.0, now - last_recv), 3),
+        "msgs_in": msgs_in,
+        "bytes_in": bytes_in,
+        "msgs_out": msgs_out,
+        "bytes_out": bytes_out,
+        "delivered": delivered,
+        "dropped": drops,
+        "services": list(services),
+        "in_flight": in_flight,
+    }
+
+
+def _open_sort_key(snap: Snapshot, sort: str) -> Callable[[PeerFigures], tuple[Any, ...]]:
+    """How /connz sorts open connections by ``sort``, over their figures (numbers negated: descending)."""
+    now = snap.taken
+    extras = snap.extras or _NO_EXTRAS
+    counter = _COUNTER_AT.get(sort)
+    if counter is not None:
+        place = counter
+        return lambda t: (-float(t[place]), t[NAME])
+    if sort in ("uptime_s", "connected_at"):
+        sign = -1.0 if sort == "uptime_s" else 1.0
+        return lambda t: (sign * (now - t[CONNECTED]), t[NAME])
+    if sort == "idle_s":
+        return lambda t: (-(now - t[LAST_RECV]), t[NAME])
+    if sort == "num_subscriptions":
+        return lambda t: (-float(extras.subscriptions.get(t[NAME], 0)), t[NAME])
+    if sort == "pending_bytes":
+        return lambda t: (-float(extras.pending.get(t[-1], 0)), t[NAME])
+    if sort == "in_flight":
+        return lambda t: (-float(extras.workers.get(t[NAME], ((), 0))[1]), t[NAME])
+    text = {"name": NAME, "identity": IDENTITY, "dialect": DIALECT, "protocol": VERSION, "address": ADDRESS}.get(sort)
+    if text is not None:
+        field_at = text
+        return lambda t: (str(t[field_at]), t[NAME])
+    return lambda t: ("", t[NAME])  # (a closed connection's field: "reason", "closed_at")
 
 
 def _journalz(infos: dict[str, dict[str, object]], stores: dict[str, str]) -> dict[str, object]:
@@ -489,24 +526,36 @@ CONNZ_FILTERED = ("name", "identity", "address", "dialect", "protocol", "reason"
 
 
 def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``limit``, ``offset``,
-    ``filter`` (a substring of a connection's name, identity, address, dialect, protocol or close
-    reason), ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not their count,
-    which ``num_subscriptions`` always has); BadQuery otherwise."""
+    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``order``, ``limit``,
+    ``offset``, ``filter`` (a substring of a connection's name, identity, address, dialect, protocol
+    or close reason), ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not
+    their count, which ``num_subscriptions`` always has); BadQuery otherwise.  Open connections are
+    filtered and sorted as their figures, and only the page's rows are built."""
     read = parameters("/connz", query)
     state = str(read.get("state", "open"))
     sort = str(read.get("sort", "closed_at" if state == "closed" else "name"))
     sort = "num_subscriptions" if sort == "subscriptions" else sort
     subs = read.get("subs", "") in ("1", "true", "detail")
     limit, offset = _page_of(read, SUBS_MAX_LIMIT if subs else PAGE_MAX_LIMIT)
-    rows = (snap.connections if state != "closed" else []) + (snap.closed if state != "open" else [])
-    rows = _matching(rows, str(read.get("filter", "")), CONNZ_FILTERED)
-    order = read.get("order")
-    if sort == "closed_at":
-        ordered = sorted(rows, key=lambda r: str(r.get("closed_at", "")), reverse=order != "asc")
+    order = str(read["order"]) if "order" in read else None
+    needle = str(read.get("filter", "")).casefold()
+    if state == "open":
+        peers = snap.peers
+        if needle:
+            peers = [t for t in peers if any(needle in str(t[i]).casefold() for i in _OPEN_FILTERED)]
+        reverse = order == ("asc" if sort in CONNZ_NUMBERS else "desc")
+        chosen = sorted(peers, key=_open_sort_key(snap, sort), reverse=reverse)
+        count, total = len(chosen), len(snap.peers)
+        page = [_connection_row(snap, t) for t in chosen[offset : offset + limit]]
     else:
-        ordered = _ordered(rows, sort, CONNZ_NUMBERS, lambda r: str(r["name"]), str(order) if order else None)
-    page = ordered[offset : offset + limit]
+        rows = (snap.connections if state == "all" else []) + snap.closed
+        rows = _matching(rows, needle, CONNZ_FILTERED)
+        if sort == "closed_at":
+            ordered = sorted(rows, key=lambda r: str(r.get("closed_at", "")), reverse=order != "asc")
+        else:
+            ordered = _ordered(rows, sort, CONNZ_NUMBERS, lambda r: str(r["name"]), order)
+        count, total = len(rows), len(snap.closed) + (len(snap.peers) if state == "all" else 0)
+        page = ordered[offset : offset + limit]
     if subs:
         page = [
             {**r, "subscriptions": snap.subscriptions_of.get(str(r["name"]), [])} if "closed_at" not in r else r
@@ -516,13 +565,16 @@ def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
         "now": snap.varz["now"],
         "state": state,
         "sort": sort,
-        "count": len(rows),
-        "total": len(snap.connections if state == "open" else snap.closed if state == "closed" else rows),
+        "count": count,
+        "total": total,
         "offset": offset,
         "limit": limit,
         "num_connections": len(page),
         "connections": page,
     }
+
+
+_OPEN_FILTERED = (NAME, IDENTITY, ADDRESS, DIALECT, VERSION)
 
 
 def subsz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
