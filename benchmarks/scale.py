@@ -297,7 +297,7 @@ def server(system: str, curve: dict[str, Any], folder: Path) -> Iterator[tuple[s
         return
     config = folder / "broker.toml"
     config.write_text(security_toml(curve))
-    with BrokerProcess(config=str(config), cwd=str(folder)) as broker:
+    with BrokerProcess(config=str(config), cwd=str(folder), start_timeout=60) as broker:
         assert broker.proc is not None
         yield broker.endpoint, broker.proc.pid
 
