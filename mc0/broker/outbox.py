@@ -203,6 +203,10 @@ class Outbox:
         queue = self.queues.get(routing_id)
         return self.max_bytes - (queue.bytes if queue is not None else 0)
 
+    def backlogs(self) -> dict[bytes, int]:
+        """Bytes queued per peer, for the peers with any (a monitoring capture's)."""
+        return {routing_id: queue.bytes for routing_id, queue in self.queues.items() if queue.bytes}
+
     def backlog(self, routing_id: bytes) -> int:
         queue = self.queues.get(routing_id)
         return queue.bytes if queue is not None else 0
