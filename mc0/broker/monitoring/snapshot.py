@@ -379,9 +379,8 @@ def _open_sort_key(snap: Snapshot, sort: str) -> Callable[[PeerFigures], tuple[A
     if counter is not None:
         place = counter
         return lambda t: (-float(t[place]), t[NAME])
-    if sort in ("uptime_s", "connected_at"):
-        sign = -1.0 if sort == "uptime_s" else 1.0
-        return lambda t: (sign * (now - t[CONNECTED]), t[NAME])
+    if sort in ("uptime_s", "connected_at"):  # the longest up first is the earliest connected first
+        return lambda t: (float(t[CONNECTED]), t[NAME])
     if sort == "idle_s":
         return lambda t: (-(now - t[LAST_RECV]), t[NAME])
     if sort == "num_subscriptions":
