@@ -144,7 +144,7 @@ def test_the_wheel_from_the_sdist_is_compiled_and_says_so_once(
     loaded = run(venv / "bin" / "python", "-c", code, cwd=tmp_path, env=env)
     assert loaded.returncode == 0, loaded.stderr
     # Every hot module loaded compiled, from the fresh venv (not the checkout).
-    assert loaded.stdout.split(None, 2) == ["True", str(len(native.HOT_MODULES)), "{True}"], loaded.stdout
+    assert loaded.stdout.split() == ["True", str(len(native.HOT_MODULES)), "{True}"], loaded.stdout
     assert not version.stderr  # nothing found stale (the installer writes sources and extensions in any order)
     pure = run(venv / "bin" / "mc0", "--version", cwd=tmp_path, env={**env, native.PURE_ENV: "1"})
     assert pure.stdout.strip() == "mc0 0.1.0 (pure Python: MC0_PURE_PYTHON=1)", pure.stdout + pure.stderr
