@@ -65,16 +65,23 @@ def test_console_with_10000_connections_pages_sorts_and_filters_on_the_broker_an
 
                 page.wait_for_timeout(2500)  # (the first polls' burst)
                 before, started = metrics(), time.monotonic()
-                rows_before = page.evaluate("Array.from(document.querySelectorAll('#conn-table tbody tr'))")
+                # (kept in the page: an element handed back to Python is serialized, never the same object)
+                page.evaluate("window.rowsBefore = Array.from(document.querySelectorAll('#conn-table tbody tr'))")
+                names_before = page.evaluate(
+                    "Array.from(document.querySelectorAll('#conn-table tbody tr td:first-child'), td => td.textContent)"
+                )
                 page.wait_for_timeout(10_000)  # five polls of /varz and the view's pages
                 after, seconds = metrics(), time.monotonic() - started
                 busy = (after["TaskDuration"] - before["TaskDuration"]) / seconds
                 heap = after["JSHeapUsedSize"] / (1 << 20)
                 # In place: the same row elements, not rebuilt at each poll.
                 same_rows = page.evaluate(
-                    "(old) => { const now = Array.from(document.querySelectorAll('#conn-table tbody tr'));"
-                    " return now.length === old.length && now.every((tr, i) => tr === old[i]); }",
-                    rows_before,
+                    "() => { const old = window.rowsBefore;"
+                    " const now = Array.from(document.querySelectorAll('#conn-table tbody tr'));"
+                    " return now.length === old.length && now.every((tr, i) => tr === old[i]); }"
+                )
+                names_after = page.evaluate(
+                    "Array.from(document.querySelectorAll('#conn-table tbody tr td:first-child'), td => td.textContent)"
                 )
                 # A sort click: the oldest connection first (Connected: the longest uptime first), from the broker.
                 expected = get_json(base + "/connz?sort=uptime_s&limit=1")["connections"][0]["name"]
@@ -107,7 +114,7 @@ def test_console_with_10000_connections_pages_sorts_and_filters_on_the_broker_an
     # A page the broker answered 503 (its loop took no capture within a second: a box loaded far past its
     # cores) shows in the console's status line; any other error fails.
     assert not [e for e in errors if "status of 503" not in e], errors
-    assert same_rows, "the rows were rebuilt at a poll"
+    assert same_rows, ("the rows were rebuilt at a poll", names_before[:5], names_after[:5], len(names_before))
     assert busy < 0.3, f"main thread busy {busy:.1%} (target < 10%)"
     assert sort_s < 1.5, f"a sort took {sort_s:.2f} s (target < 0.3 s)"
     assert heap < 64, f"JS heap {heap:.1f} MiB"
