@@ -21,6 +21,7 @@ import mc0
 from mc0.process import BrokerProcess
 
 from .conftest import CurveSetup, require, write_config
+from .sparkretry import again_if_worker_late, run_again_if_worker_late
 
 require("pyspark")
 # One Spark session per run: under pytest-xdist the whole module goes to one worker (conftest.ONE_WORKER).
@@ -57,20 +58,23 @@ def publish(endpoint: str, n: int, start: int = 0, **options: Any) -> list[int]:
 
 
 def run_available_now(spark: Any, endpoint: str, checkpoint: Path, output: Path, **options: str) -> None:
-    reader = spark.readStream.format("mc0").option("endpoint", endpoint).option("topics", "orders.>")
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    query = (
-        reader.load()
-        .select("seq", "body")
-        .writeStream.format("parquet")
-        .option("checkpointLocation", str(checkpoint))
-        .option("path", str(output))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(120), "the query did not finish"
-    assert query.exception() is None
+    def run() -> None:
+        reader = spark.readStream.format("mc0").option("endpoint", endpoint).option("topics", "orders.>")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        query = (
+            reader.load()
+            .select("seq", "body")
+            .writeStream.format("parquet")
+            .option("checkpointLocation", str(checkpoint))
+            .option("path", str(output))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "the query did not finish"
+        assert query.exception() is None
+
+    again_if_worker_late(run)
 
 
 def seqs_in(spark: Any, output: Path) -> list[int]:
@@ -365,7 +369,9 @@ def test_a_query_killed_mid_batch_then_restarted_yields_every_record_exactly_onc
         "the job ended before it could be killed mid-batch: " + (tmp_path / "job.log").read_text()[-2000:]
     )
     assert not (checkpoint / "commits" / str(killed_in)).exists()
-    restarted = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    restarted = run_again_if_worker_late(
+        lambda: subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    )
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert seqs_in(spark, output) == seqs  # each record once: none lost, none twice
 
@@ -412,10 +418,10 @@ def test_sink_stream_replayed_batch_publishes_once(spark: Any, journaled: Broker
         assert query.awaitTermination(120)
         assert query.exception() is None
 
-    run()
+    again_if_worker_late(run)
     for name in os.listdir(checkpoint / "commits"):  # as if the query died after publishing
         (checkpoint / "commits" / name).unlink()
-    run()
+    again_if_worker_late(run)
     stored = journal_bodies(journaled.endpoint, "out.>")
     assert sorted(stored) == sorted(f"order {i}".encode() for i in range(50))
 

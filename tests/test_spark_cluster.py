@@ -21,6 +21,7 @@ from mc0.natsproc import NatsCluster
 from .clusterbus import ClusterBus
 from .conftest import require
 from .sparkcluster import SparkStandalone
+from .sparkretry import run_again_if_worker_late
 from .test_jetstream_live import confirmed, journal, until
 from .test_pipeline import generate, read_table
 
@@ -48,7 +49,9 @@ def pipeline(bus: ClusterBus, master: str, output: Path, *more: str) -> subproce
     command += ["--endpoint", bus.endpoints(), "--key", options["key"], "--broker-key", options["broker_key"]]
     command += ["--source-option", "minPartitions=2", *more]  # two ranges: one at each broker
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    return run_again_if_worker_late(
+        lambda: subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    )
 
 
 def fetches(bus: ClusterBus, i: int) -> int:
