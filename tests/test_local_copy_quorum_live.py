@@ -120,10 +120,10 @@ def test_after_nats_lost_and_regained_its_quorum_a_replay_at_another_broker_serv
 
 
 def at_once(runs: range, step: Callable[[int], T]) -> dict[int, T]:
-    """``step`` of every run at the same time (one thread each), as the issue's single run did it: the two
-    nodes are killed right after each run's first PUT is acknowledged (one after another, the first runs'
-    feeds would have had the time to take theirs), and each run's replay is made right after its own second
-    PUT is (the stream's leader elected, which takes one stream seconds longer than another)."""
+    """``step`` of every run at the same time (one thread each), as the issue's single run did it: the node
+    that ends the quorum is killed right after each run's first PUT is acknowledged (one run after another,
+    the first runs' feeds would have had the time to take theirs), and each run's replay is made right after
+    its own second PUT is (its stream's leader elected, which takes one stream seconds longer than another)."""
     with ThreadPoolExecutor(len(runs)) as pool:
         done = dict(zip(runs, pool.map(step, runs), strict=True))
     return done
