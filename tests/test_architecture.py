@@ -47,7 +47,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
     "client": ("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_loop", "mc0.client"),
-    "storage": ("mc0.broker.storage", "mc0.broker.jetstream.replicated"),
+    "storage": ("mc0.broker.storage", "mc0.broker.jetstream.replicated", "mc0.broker.jetstream.copystate"),
     "core": (
         "mc0.broker.core",
         *(f"mc0.broker.jetstream.{m}" for m in ("replication", "storecalls", "storeconsumers", "storedletters")),
@@ -113,6 +113,7 @@ PURE_MODULES = (
     "mc0.broker.storage.port",
     "mc0.broker.storage.memstore",
     "mc0.broker.monitoring.snapshot",
+    "mc0.broker.jetstream.copystate",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 

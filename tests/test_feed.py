@@ -1,10 +1,12 @@
-"""StreamFeed (mc0/broker/cluster/feed.py) against a stand-in for nats-py that answers the JetStream API
-from a table: what it does with a stream that has no leader, and when it calls a consumer stalled.
+"""StreamFeed (mc0/broker/jetstream/feed.py) against a stand-in for nats-py that answers the JetStream API
+from a table: what it does with a stream that has no leader, when it calls a consumer stalled, how it
+starts on a new stream, asks again for what NATS lost, and tells the loop whether it follows.
 The same feed on real nats-server nodes: tests/test_jetstream_live.py and tests/test_jetstream_faults.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 from mc0.broker.jetstream import feed as feeds
 from mc0.broker.jetstream.feed import StreamFeed
-from mc0.broker.jetstream.streams import STATE, StoreError
+from mc0.broker.jetstream.streams import FEED, STATE, FeedStatus, StoreError, parse_inbound
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -126,7 +128,7 @@ def test_a_consumer_is_stalled_when_a_record_the_stream_held_at_one_look_is_not_
             verdicts.append(await feed._stalled())
 
     asyncio.run(look())
-    assert any(verdicts) == stalled and verdicts[:-1] == [False] * (len(verdicts) - 1)
+    assert any(verdicts) == stalled and verdicts[:-1] == [""] * (len(verdicts) - 1)
     assert feed.stalls == int(stalled)
     asked = [request for subject, request in nc.asked if subject == "$JS.API.DIRECT.GET.MC0_J_main"]
     assert all(request == {"seq": 10, "next_by_subj": "mc0.j.main.>"} for request in asked)
@@ -170,3 +172,127 @@ def test_the_feed_looks_at_the_streams_state_and_tells_the_copy_a_first_seq_that
     assert [{k: s[k] for k in ("first", "last", "start")} for s in states[1:]] == want
     assert verdicts == [False, again]
     assert [s for s, _ in nc.asked].count("$JS.API.STREAM.INFO.MC0_J_main") == 2
+
+
+def test_a_stream_never_written_to_is_followed_from_seq_1() -> None:
+    """JetStream says first seq 0 of a stream nothing was ever written to, and refuses a consumer by start
+    sequence 0: the feed of a new stream must still follow it before its first record (issue 40: a copy
+    that never followed its new stream handed a replay nothing)."""
+    nc = FakeNats(
+        {
+            "$JS.API.STREAM.INFO.MC0_J_main": stream_info("n1", 0, 0),
+            "$JS.API.CONSUMER.CREATE.MC0_J_main": Answer({"name": "feed-1"}),
+        }
+    )
+    posted: list[Sequence[bytes]] = []
+    feed = StreamFeed(nc, posted.append, "main", asyncio.Event(), (1, ""))  # a new broker: an empty copy
+    asyncio.run(feed._start())
+    assert json.loads(posted[0][2]) == {"first": 1, "last": 0, "created": "made-1", "start": 1}
+    create = nc.asked[-1][1]
+    assert create["config"]["opt_start_seq"] == 1 and create["config"]["deliver_policy"] == "by_start_sequence"
+
+
+class Lagging(FakeNats):
+    """A NATS whose first ``lost`` STREAM.INFO requests are never answered (sent while the stream had no
+    leader), and whose CONSUMER.CREATE requests are answered or not as ``creates`` says; each request's
+    timeout is kept."""
+
+    def __init__(self, lost: int, creates: list[bool]) -> None:
+        super().__init__({"$JS.API.STREAM.INFO.MC0_J_main": stream_info("n2", 1, 4)})
+        self.lost = lost
+        self.creates = creates
+        self.timeouts: list[tuple[str, float]] = []
+
+    async def request(self, subject: str, payload: bytes, timeout: float) -> Answer:
+        self.timeouts.append((subject.split(".")[2], timeout))
+        if subject.startswith("$JS.API.STREAM.INFO") and self.lost > 0:
+            self.lost -= 1
+            await asyncio.sleep(timeout)
+            raise TimeoutError(subject)
+        if subject.startswith("$JS.API.CONSUMER.CREATE") and not self.creates.pop(0):
+            raise TimeoutError(subject)  # (as nats-py says after the timeout: placed on a dead node)
+        return await super().request(subject, payload, timeout)
+
+
+def test_a_start_asks_again_for_a_stream_info_lost_while_the_stream_had_no_leader_and_takes_the_first_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(feeds, "ASK_AGAIN_S", 0.05)
+    nc = Lagging(lost=2, creates=[True])
+    nc.answers["$JS.API.CONSUMER.CREATE.MC0_J_main"] = Answer({"name": "feed-1"})
+    feed = feed_of(nc, [], next_seq=5)
+
+    async def start() -> float:
+        began = asyncio.get_running_loop().time()
+        await feed._start()
+        return asyncio.get_running_loop().time() - began
+
+    took = asyncio.run(start())
+    infos = [t for kind, t in nc.timeouts if kind == "STREAM"]
+    assert len(infos) == 3 and took < feeds.API_TIMEOUT_S  # the third send answered: the lost ones not waited out
+
+
+@pytest.mark.parametrize(
+    ("creates", "patience"),
+    [
+        # (CONSUMER.CREATEs answered in turn, the timeout each was given): a lost one (placed on a node killed
+        # lately) is given up after CREATE_MIN_S, then twice, four times that; an answer sets it back.
+        ([True], [1.0]),
+        ([False, True], [1.0, 2.0]),
+        ([False, False, False, True, True], [1.0, 2.0, 4.0, 4.0, 1.0]),
+    ],
+)
+def test_a_consumer_create_that_gets_no_answer_is_given_up_soon_and_tried_again_a_little_longer(
+    creates: list[bool], patience: list[float]
+) -> None:
+    nc = Lagging(lost=0, creates=list(creates))
+    nc.answers["$JS.API.CONSUMER.CREATE.MC0_J_main"] = Answer({"name": "feed-1"})
+    feed = feed_of(nc, [], next_seq=5)
+
+    async def starts() -> None:
+        for _ in creates:
+            try:
+                await feed._start()
+            except StoreError as exc:
+                assert exc.unanswered
+
+    asyncio.run(starts())
+    assert [t for kind, t in nc.timeouts if kind == "CONSUMER"] == patience
+
+
+def test_the_feed_tells_the_loop_whether_it_follows_the_stream_once_per_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Waiting for the stream, no leader (asked again and again: told once), following: the loop gets
+    three FeedStatus posts, in order, each with its reason."""
+    monkeypatch.setattr(feeds, "RETRY_S", 0.01)
+    nc = FakeNats({"$JS.API.STREAM.INFO.MC0_J_main": stream_info("", 1, 4)})
+    posted: list[Sequence[bytes]] = []
+    ready = asyncio.Event()
+    feed = StreamFeed(nc, posted.append, "main", ready, (5, "made-1"))
+
+    async def run() -> None:
+        task = asyncio.get_running_loop().create_task(feed.run())
+        await asyncio.sleep(0.05)
+        ready.set()
+        for _ in range(500):  # (bounded) until it asked several times
+            await asyncio.sleep(0.01)
+            if [s for s, _ in nc.asked].count("$JS.API.STREAM.INFO.MC0_J_main") >= 3:
+                break
+        nc.answers["$JS.API.STREAM.INFO.MC0_J_main"] = stream_info("n1", 1, 4)
+        nc.answers["$JS.API.CONSUMER.CREATE.MC0_J_main"] = Answer({"name": "feed-1"})
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if feed.starts:
+                break
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    told = [parse_inbound(frames) for frames in posted if frames[0] == FEED]
+    assert told == [
+        FeedStatus("main", False, "waiting for JetStream to make or update stream MC0_J_main"),
+        FeedStatus("main", False, "stream MC0_J_main has no leader now"),
+        FeedStatus("main", True, ""),
+    ]

@@ -271,3 +271,61 @@ def test_the_monitoring_listener_queues_a_burst_of_connections_instead_of_refusi
         for client in clients:
             client.close()
         server.close()
+
+
+# ---------------------------------------------------------------- JetStream journals' local copies (issue 40)
+def copy_row(name: str, state: str, lag: int, reason: str = "") -> dict[str, object]:
+    return {"name": name, "store": "jetstream", "records": 3, "bytes": 30, "copy_state": state, "copy_lag": lag,
+            "copy_reason": reason, "copy_stuck_times": int(state == "stuck")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "health"),
+    [
+        ([copy_row("main", "following", 0)], {"status": "ok"}),
+        ([copy_row("main", "catching_up", 4), copy_row("other", "restarting", 0, "failed over")], {"status": "ok"}),
+        (
+            [copy_row("main", "stuck", 2, "stream MC0_J_main has no leader now"), copy_row("other", "following", 0)],
+            {
+                "status": "degraded",
+                "reason": "journal main: its local copy is stuck: stream MC0_J_main has no leader now",
+            },
+        ),
+        (
+            [copy_row("a", "broken", 1, "the local copy cannot be written (OSError)"), copy_row("b", "stuck", 0, "x")],
+            {
+                "status": "degraded",
+                "reason": "journal a: its local copy is broken: the local copy cannot be written (OSError); "
+                "journal b: its local copy is stuck: x",
+            },
+        ),
+        ([{"name": "files", "store": "file", "records": 1, "bytes": 10}], {"status": "ok"}),  # (no copy)
+    ],
+)
+def test_each_copys_lag_and_state_are_gauges_and_healthz_is_degraded_while_one_is_stuck(
+    rows: list[dict[str, object]], health: dict[str, str]
+) -> None:
+    from mc0.broker.monitoring import httpd
+    from mc0.broker.monitoring.snapshot import Snapshot
+
+    cluster = {"name": "b1", "nats_connected": True, "brokers": []}
+    varz = {"journals": {}, "cluster": cluster, "connections": 0, "subscriptions": 0, "services": 0,
+            "pending_bytes": 0, "uptime_s": 1.0, "in_msgs": 0, "in_bytes": 0, "out_msgs": 0, "out_bytes": 0,
+            "delivered": 0, "dropped": 0, "slow_consumers": 0}  # fmt: skip
+    server = httpd.MonitorServer("127.0.0.1:0", wake=lambda: None)
+    snap = Snapshot(taken=0.0, varz=varz, connections=[], subsz={}, servicez={}, journalz={"journals": rows})
+    assert json.loads(server._render("/healthz", snap, {})[1]) == health
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in httpd._store_metrics(snap)  # (what /metrics renders of /journalz)
+        for s in family.samples
+        if s.name.startswith("mc0_journal_copy")
+    }
+    want: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for row in rows:
+        if "copy_state" in row:
+            want[("mc0_journal_copy_lag", (("journal", str(row["name"])),))] = float(row["copy_lag"])  # type: ignore[arg-type]
+            for state in ("starting", "following", "catching_up", "restarting", "stuck", "broken"):
+                labels = (("journal", str(row["name"])), ("state", state))
+                want[("mc0_journal_copy_state", labels)] = float(row["copy_state"] == state)
+    assert samples == want

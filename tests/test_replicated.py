@@ -866,3 +866,88 @@ def test_an_op_on_a_store_consumer_names_the_one_it_means_and_one_made_again_is_
     assert gone[:5] == f("ERROR", "ID", "3", "CODE", "404") and ("main", "c") not in consumers.known
     assert consumer_request(core, "4", op="info") == []
     assert [call["op"] for _, call in fromstore.calls(core.rooms)] == ["consumer_info"]
+
+
+# ------------------------------------------------------------------ a copy whose feed does not follow (issue 40)
+def not_following(reason: str = "stream MC0_J_main has no leader now") -> tuple[MemoryReplicatedStore, BrokerCore]:
+    """Two records stored and in the copy; then its feed stops following the stream (NATS lost its quorum)."""
+    j = store()
+    core = core_with(j)
+    for body in ("warm", "more"):
+        put(core, b"pub", "TOPIC", "orders.q", "", body)
+        core.commit()
+        deliver(core, j, max(j.sent))
+    j.following, j.copy_reason = False, reason
+    return j, core
+
+
+def replayed(out: list[Any]) -> list[bytes]:
+    return [payload_of(list(o.frames))[-1] for o in out if o.kind == "replay"]
+
+
+def test_a_replay_at_the_end_of_a_copy_whose_feed_does_not_follow_waits_for_it_and_serves_what_it_brings() -> None:
+    """At the copy's end the replay cannot tell the stream holds no more (a record acknowledged at another
+    broker while this feed is down): it waits, and what the feed brings when it follows again is replayed,
+    in order, before the replay ends."""
+    j, core = not_following()
+    core.handle(b"sub", f("SUB", "ID", "s", "FROM", "0", "", "orders.>"), 0.0, "sub")
+    assert replayed(core.pages(0.0)) == [b"warm", b"more"]
+    assert core.pages(0.01) == [] and core.paging  # at the copy's end: waiting, not ended
+    assert core.pages(CATCH_UP_S - 1) == [] and core.paging
+    put(core, b"pub", "TOPIC", "orders.q", "", "mq")  # (stored through another broker while this feed was down)
+    core.commit()
+    seq, _, record, _ = j.store(max(j.sent))
+    assert record is not None
+    j.arrived(record)
+    j.following, j.copy_reason = True, ""
+    assert replayed(fetch_turns(core, CATCH_UP_S - 0.5)) == [b"mq"] and not core.paging  # then it ended
+    assert core.counters["replay_copy_not_following"] == 0
+
+
+def test_a_replay_whose_copys_feed_does_not_follow_within_the_bound_ends_with_504_naming_why() -> None:
+    j, core = not_following()
+    core.handle(b"sub", f("SUB", "ID", "s", "FROM", "0", "", "orders.>"), 0.0, "sub")
+    assert replayed(core.pages(0.0)) == [b"warm", b"more"]
+    assert core.pages(0.01) == [] and core.paging  # at the copy's end from here
+    assert core.pages(CATCH_UP_S) == [] and core.paging
+    (stopped,) = core.pages(CATCH_UP_S + 0.02)
+    text = b" ".join(stopped.frames).decode()
+    assert stopped.kind == "error" and list(stopped.frames[:3]) == [b"ERROR", b"CODE", b"504"] and not core.paging
+    assert "did not follow stream MC0_J_main within 10 s (its feed: stream MC0_J_main has no leader now)" in text
+    assert "replay stopped at seq 3 (subscribe again FROM 3)" in text
+    assert core.counters["replay_copy_not_following"] == 1
+
+
+def test_a_replay_from_0_whose_copy_learns_that_its_stream_begins_later_starts_there_not_410() -> None:
+    """FROM 0 is the oldest record kept: a copy that learns, after the SUB, that the stream was purged past
+    where the replay was to start (a new broker's copy, told the stream's state late) is followed, not 410."""
+    j, core = not_following()
+    j.records.clear()
+    core.handle(b"sub", f("SUB", "ID", "s", "FROM", "0", "", "orders.>"), 0.0, "sub")
+    j._first = 3  # (the stream was purged before seq 3, as the copy now learns)
+    assert [o.kind for o in fetch_turns(core, 0.01)] == []  # no 410: the replay goes on from seq 3
+    put(core, b"pub", "TOPIC", "orders.q", "", "mq")
+    core.commit()
+    _, _, record, _ = j.store(max(j.sent))
+    assert record is not None and record.seq == 3
+    j.arrived(record)
+    j.following = True
+    assert replayed(fetch_turns(core, 0.02)) == [b"mq"] and not core.paging
+
+
+def test_a_fetch_at_the_end_of_a_copy_whose_feed_does_not_follow_waits_then_says_why_not_an_empty_final() -> None:
+    j, core = not_following()
+    query = json.dumps({"op": "fetch", "journal": "main", "from_seq": 1})
+    core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r", "", query), 0.0, "sub")
+    first = fetch_turns(core, 0.0)
+    assert [o.records for o in first if o.kind == "fetch"] == [2]  # what the copy holds; no FINAL yet
+    assert fetch_turns(core, CATCH_UP_S - 0.01) == []
+    (failed,) = fetch_turns(core, CATCH_UP_S + 0.01)
+    text = b" ".join(failed.frames).decode()
+    assert failed.kind == "error" and "504" in text and "its feed: stream MC0_J_main has no leader now" in text
+    assert "fetched up to seq 3: ask again from there" in text and core.counters["fetch_copy_not_following"] == 1
+    # Its feed back, a fetch goes on to the end the stream is known to have (and a FINAL).
+    j.following = True
+    core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.journal", "ID", "r2", "", query), 1.0, "sub")
+    done = fetch_turns(core, 1.0)
+    assert [o.records for o in done if o.kind == "fetch"] == [2, 0]

@@ -51,7 +51,7 @@ from .core.dispatch import BrokerCore, Out
 from .core.routes import ROUTE_PREFIX, is_route_id
 from .jetstream import fromstore
 from .jetstream.replicated import ReplicatedJournal
-from .jetstream.streams import Acks, Answer, Failed, Records, StreamState, specs_of
+from .jetstream.streams import Acks, Answer, Failed, FeedStatus, Records, StreamState, specs_of
 from .nngbridge import NngBridge
 from .outbox import Outbox
 from .storage.records import decode_payload
@@ -270,6 +270,10 @@ class ClusterListener:
             kept = self.replicated.get(item.journal)
             if kept is not None:
                 kept.stream_state(item.first, item.last, item.created, item.start)
+        elif isinstance(item, FeedStatus):
+            fed = self.replicated.get(item.journal)
+            if fed is not None:
+                fed.feed_status(item.following, item.reason, now)
         return out
 
     def _arrived(self, core: BrokerCore, news: Records, now: float) -> list[Out]:
@@ -314,9 +318,11 @@ class ClusterListener:
 
     def turn(self, core: BrokerCore, now: float) -> list[Out]:
         """The news of this broker's own peers (interest, services, identities) for every route; what
-        the core asks of JetStream."""
+        the core asks of JetStream; whether each local copy follows its stream (stuck: logged once)."""
         for token, request in fromstore.calls(core.rooms):
             self.link.call(token, request)
+        for journal in self.replicated.values():
+            journal.watch(now)
         out = routeinput.news(core.rooms) + routeinput.resync_overflowed(core.rooms, now)
         self._tell_routes(core)  # (routes forgotten by the core's sweep, or resynced, since the last receive)
         return out

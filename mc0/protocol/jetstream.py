@@ -36,6 +36,14 @@ MADE_KEY = "mc0_made"
 MAX_STORE_CALLS = 64
 # All clients' together, per broker: many connections cannot multiply MAX_STORE_CALLS (429 beyond).
 MAX_STORE_CALLS_TOTAL = 4096
+# Where a broker's local copy of a JetStream journal stands (``copy_state`` in ``mc0.journal info`` and
+# /journalz, mc0.broker.jetstream.copystate): the copy has not learnt the stream's state since the broker
+# started; it follows the stream; it follows it and is behind; its feed makes its consumer again; one of
+# those for too long; the copy cannot be written.
+COPY_STARTING, COPY_FOLLOWING, COPY_CATCHING_UP, COPY_RESTARTING, COPY_STUCK, COPY_BROKEN = (
+    "starting", "following", "catching_up", "restarting", "stuck", "broken",
+)  # fmt: skip
+COPY_STATES = (COPY_STARTING, COPY_FOLLOWING, COPY_CATCHING_UP, COPY_RESTARTING, COPY_STUCK, COPY_BROKEN)
 
 
 def stream_name(journal: str) -> str:

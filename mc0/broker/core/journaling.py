@@ -11,7 +11,9 @@ what it could not queue (``page_blocked``), which rewinds that read, so
 a slow reader slows only its own reads and nothing is lost.  A journal
 JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
 (the OK is held by :mod:`.replication`), and its replays and fetches read its
-local copy, waiting (paced) while the copy lags what the stream holds.  A
+local copy, waiting (paced) while the copy lags what the stream holds, or is
+at its end while its feed does not follow the stream (then 504 naming why,
+never an end as if the history were complete).  A
 replay of such a journal keeps its ``FROM`` as a *floor*: it sends nothing
 before it, and when it ends with the copy still short of it (a broker whose
 copy is behind, where a subscriber failing over resumes) the floor stays
@@ -61,9 +63,11 @@ FETCH_MAX_RECORDS = 100_000
 FETCH_MAX_BYTES = 16 << 20
 MAX_FETCHES_PER_PEER = 8  # fetches under way at once per peer (each sends a page per loop turn)
 RETENTION_INTERVAL = 1.0  # seconds between age-retention checks
-# A fetch from a JetStream journal waits at most this for this broker's copy to hold what the
-# stream acknowledged (normally milliseconds), looking every CATCH_UP_POLL.
-CATCH_UP_S = 5.0
+# A replay or fetch of a JetStream journal waits at most this without progress for this broker's copy to
+# hold what the stream acknowledged (normally milliseconds), or for the copy's feed to follow the stream
+# again (seconds after a NATS failover or NATS's quorum back: feed.ASK_AGAIN_S, CREATE_PATIENCE), looking
+# every CATCH_UP_POLL.
+CATCH_UP_S = 10.0
 CATCH_UP_POLL = 0.005
 
 
@@ -76,15 +80,26 @@ class Replay:
     have reached it yet: nothing before it is sent.
     """
 
-    __slots__ = ("journal", "patterns", "cursor", "resume_at", "waited_since", "floor")
+    __slots__ = ("journal", "patterns", "cursor", "resume_at", "waited_since", "floor", "oldest")
 
-    def __init__(self, journal: JournalStore, patterns: list[tuple[str, ...]], cursor: int, floor: int = 0) -> None:
+    def __init__(
+        self,
+        journal: JournalStore,
+        patterns: list[tuple[str, ...]],
+        cursor: int,
+        floor: int = 0,
+        *,
+        oldest: bool = False,
+    ) -> None:
         self.journal = journal
         self.patterns = patterns
         self.cursor = cursor
         self.resume_at = 0.0
         self.waited_since: float | None = None  # since when a JetStream journal's copy has been behind
         self.floor = floor
+        # FROM 0 (the oldest record kept), nothing sent yet: a first seq that moves past the cursor before
+        # the first record (a JetStream copy learning its stream was purged) moves the cursor, no 410.
+        self.oldest = oldest
 
     def matches(self, tokens: tuple[str, ...]) -> bool:
         return any(pattern_matches(p, tokens) for p in self.patterns)
@@ -131,6 +146,7 @@ class Fetch:
         "done",
         "page",
         "waited_since",
+        "to_seq",
     )
 
     def __init__(
@@ -144,6 +160,7 @@ class Fetch:
         records_left: int,
         bytes_left: int,
         page: PageShape = JSON_PAGES,
+        to_seq: int | None = None,
     ) -> None:
         self.rid = rid
         self.user = user
@@ -158,6 +175,7 @@ class Fetch:
         self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
         self.page = page
         self.waited_since: float | None = None  # since when it waits for a local copy to catch up
+        self.to_seq = to_seq  # the end asked for (None: the journal's end, which a JetStream copy may learn later)
 
 
 class PageOut(NamedTuple):
@@ -403,15 +421,16 @@ class Journaling:
         """Check a ``SUB FROM`` before anything changes; the replay to start."""
         if peer.legacy:
             raise ProtocolError(Status.BAD_REQUEST, "FROM needs protocol 1.0", command.id)
-        from_seq = P.parse_int(command, Header.FROM)
+        asked = P.parse_int(command, Header.FROM)
         journal = self._journal_for_sub(command, patterns)
         if journal.name in self._replays.get(peer, ()):
             raise ProtocolError(Status.CONFLICT, f"a replay of {journal.name} is already running", command.id)
-        from_seq = start_seq(journal, from_seq, command.id)
+        from_seq = start_seq(journal, asked, command.id)
         # Of a JetStream journal, a FROM past what this broker knows of the stream is a floor: the
         # subscriber had the records before it (at another broker), this copy may just be behind.
         floor = from_seq if replicated(journal) is not None else 0
-        return Replay(journal, [t for _, t in patterns], min(from_seq, journal.stored_next_seq), floor)
+        cursor = min(from_seq, journal.stored_next_seq)
+        return Replay(journal, [t for _, t in patterns], cursor, floor, oldest=asked == 0)
 
     def start_replay(self, peer: Peer, replay: Replay) -> None:
         self._drop_floor(peer, replay.journal.name)  # (the new replay's FROM says what it had)
@@ -477,7 +496,7 @@ class Journaling:
         if running >= MAX_FETCHES_PER_PEER:
             raise ProtocolError(Status.OVER_LIMIT, f"{running} fetches under way, the limit per peer", rid)
         self._fetches.setdefault(peer, {})[rid] = Fetch(
-            rid, user, journal, from_seq, end, match, max_records, max_bytes, page
+            rid, user, journal, from_seq, end, match, max_records, max_bytes, page, to_seq
         )
         self.counters["journal_fetches"] += 1
 
@@ -528,6 +547,9 @@ class Journaling:
         try:
             records, next_seq = journal.read(replay.cursor, None, None, max_records=REPLAY_PAGE)
         except (Trimmed, OSError) as exc:  # retention, or a segment gone or unreadable
+            if isinstance(exc, Trimmed) and replay.oldest:  # (FROM 0: the oldest kept is further on now)
+                replay.cursor = max(replay.cursor, journal.first_seq)
+                return []
             self._replay_ended(peer, name, replay)
             code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
@@ -548,25 +570,27 @@ class Journaling:
         replay.cursor = next_seq
         if records:
             replay.waited_since = None
+            replay.oldest = replay.oldest and not out
             return out
         # Ends only on a turn with nothing left, so a record whose send
-        # failed in the last page is still resent (see page_blocked).
-        if next_seq >= journal.stored_next_seq:  # (a JetStream journal's copy caught up)
+        # failed in the last page is still resent (see page_blocked).  Of a JetStream journal, only at
+        # the end of a copy whose feed follows the stream: what it knows of the stream's end is current.
+        store = replicated(journal)
+        behind = next_seq < journal.stored_next_seq
+        if not behind and (store is None or store.following):
             self._replay_ended(peer, name, replay)
             return out
-        # A JetStream journal's copy is behind what the stream acknowledged: look again in a
-        # moment (not every loop turn), for at most CATCH_UP_S without progress.
+        # A JetStream journal's copy is behind what the stream acknowledged, or its feed does not follow
+        # the stream now (starting, or making its consumer again): look again in a moment (not every
+        # loop turn), for at most CATCH_UP_S without progress.
         if replay.waited_since is None:
             replay.waited_since = now
         if now - replay.waited_since < CATCH_UP_S:
             replay.resume_at = now + CATCH_UP_POLL
             return out
-        self.counters["replay_copy_behind"] += 1
         self._replay_ended(peer, name, replay)
-        reason = (
-            f"journal {name}: this broker's copy did not reach seq {journal.stored_next_seq} within "
-            f"{CATCH_UP_S:g} s; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
-        )
+        self.counters["replay_copy_behind" if behind else "replay_copy_not_following"] += 1
+        reason = copy_short(journal, next_seq) + f"; replay stopped at seq {next_seq} (subscribe again FROM {next_seq})"
         pattern = ".".join(replay.patterns[0])
         ended = P.replay_ended(Status.DEADLINE, reason, name, pattern)  # (the SUB stays: live from here)
         return out + [PageOut(peer.routing_id, ended, "error", name, 0, 0)]
@@ -576,14 +600,9 @@ class Journaling:
         rid = peer.routing_id
         dialect = peer.dialect
         start = fetch.cursor
-        if journal.next_seq <= start < fetch.end:  # a JetStream journal's local copy has not caught up yet
-            if fetch.waited_since is None:
-                fetch.waited_since = now
-            if now - fetch.waited_since < CATCH_UP_S:
-                fetch.resume_at = now + CATCH_UP_POLL
-                return []
-            self.counters["fetch_copy_behind"] += 1
-            fetch.end = start  # the FINAL says where the fetch stopped: the reader asks again
+        waiting = self._fetch_waits(peer, fetch, start, now)
+        if waiting is not None:
+            return waiting
         fetch.waited_since = None
         if start < fetch.end and fetch.records_left > 0 and fetch.bytes_left > 0:
             max_records = min(fetch.page.records, fetch.records_left)
@@ -641,6 +660,42 @@ class Journaling:
         final = dialect.final(fetch.rid, JOURNAL_SERVICE, {}, fetch.user, [json.dumps(summary).encode()])
         return [PageOut(rid, final, "fetch", fetch.rid, fetch.cursor, 0)]
 
+    def _fetch_waits(self, peer: Peer, fetch: Fetch, start: int, now: float) -> list[PageOut] | None:
+        """A fetch of a JetStream journal whose copy is behind what the stream acknowledged, or at whose
+        end the copy's feed does not follow the stream now, waits (polling) at most CATCH_UP_S: what to send
+        now while it does ([]), or when it stops (the FINAL says where, or an error says why); None: go on."""
+        journal = fetch.journal
+        behind = journal.next_seq <= start < fetch.end
+        unsure = not behind and self._unsure_end(fetch, start)
+        if not behind and not unsure:
+            return None
+        if fetch.waited_since is None:
+            fetch.waited_since = now
+        if now - fetch.waited_since < CATCH_UP_S:
+            if unsure:
+                stream_next = journal.stored_next_seq  # (the feed, back, may tell of more)
+                fetch.end = stream_next if fetch.to_seq is None else min(fetch.to_seq, stream_next)
+            fetch.resume_at = now + CATCH_UP_POLL
+            return []
+        if behind:
+            self.counters["fetch_copy_behind"] += 1
+            fetch.end = fetch.to_seq = start  # the FINAL says where the fetch stopped: the reader asks again
+            return None
+        self.counters["fetch_copy_not_following"] += 1
+        self.cancel_fetch(peer, fetch.rid)
+        reason = copy_short(journal, start) + f"; fetched up to seq {start}: ask again from there"
+        failed = peer.dialect.error(fetch.rid, JOURNAL_SERVICE, Status.DEADLINE, reason)
+        return [PageOut(peer.routing_id, failed, "error", fetch.rid, 0, 0)]
+
+    @staticmethod
+    def _unsure_end(fetch: Fetch, start: int) -> bool:
+        """A fetch of a JetStream journal at its end as this broker knows it, with room for more, while
+        the copy's feed does not follow the stream: the stream may hold more than is known here."""
+        store = replicated(fetch.journal)
+        if store is None or store.following or start < fetch.end or fetch.records_left <= 0 or fetch.bytes_left <= 0:
+            return False
+        return fetch.to_seq is None or start < fetch.to_seq
+
     def page_blocked(self, blocked: PageOut, peer: Peer, now: float) -> None:
         """A stream message could not be queued: rewind its stream and pause it briefly."""
         if blocked.kind == "replay":
@@ -673,6 +728,19 @@ class Journaling:
             for fetch in fetches.values():
                 earliest = min(earliest, fetch.resume_at)
         return earliest
+
+
+def copy_short(journal: JournalStore, reached: int) -> str:
+    """Why a read of a JetStream journal's copy stopped at ``reached`` after CATCH_UP_S without progress: the
+    copy did not reach what the stream acknowledged, or its feed did not follow the stream (then why)."""
+    store = replicated(journal)
+    stream = jsw.stream_name(journal.name)
+    why = "" if store is None or store.following else f" (its feed: {store.copy_reason or 'not running'})"
+    if reached < journal.stored_next_seq:
+        short = f"did not reach seq {journal.stored_next_seq} within {CATCH_UP_S:g} s"
+    else:
+        short = f"did not follow stream {stream} within {CATCH_UP_S:g} s"
+    return f"journal {journal.name}: this broker's copy {short}{why}"
 
 
 def record_message(record: Record, journal: str) -> list[bytes]:

@@ -13,7 +13,12 @@ acknowledged: tried again).  A gap in the consumer sequence, a heartbeat that
 says something was delivered this side never got, three silent heartbeat
 intervals (its server died) or ``restart()`` (NATS failover) recreate the
 consumer from the next seq wanted: nothing is skipped, nothing handed twice
-(the loop's copy also skips a seq it holds).  So does a consumer that is
+(the loop's copy also skips a seq it holds).  A stream nothing was written
+to yet (first seq 0) is followed from seq 1.  A start gives up soon on what
+NATS lost while it had no quorum (see ``ASK_AGAIN_S``, ``CREATE_PATIENCE``)
+and tries again, so the feed follows again within seconds of a leader.
+Whether it follows (its consumer made) or not, and why, is posted to the
+loop as ``FeedStatus``, once per change (the copy's state: ``copystate``).  So does a consumer that is
 alive but stalled: one that heartbeats and delivers nothing while the stream
 holds a record past what it delivered (seen after NATS lost its quorum and
 got it back: an R1 consumer on a replica that is no longer the stream's
@@ -54,7 +59,7 @@ from typing import Any
 
 from ...protocol import jetstream as jsw
 from ..cluster.credit import Poster
-from .streams import NS, StoreError, ack_tokens, api, records_frames, state_frames
+from .streams import API_TIMEOUT_S, NS, StoreError, ack_tokens, api, feed_frames, records_frames, state_frames
 
 log = logging.getLogger("mc0.broker")
 
@@ -64,6 +69,17 @@ INACTIVE_S = 30.0  # an abandoned consumer of a broker that died goes after this
 CREDIT_POLL_S = 0.05  # a held flow-control reply is looked at again this often
 STALL_CHECK_S = 2.0  # while nothing is delivered, the stream is asked this often for what it holds beyond
 LOOK_S = 5.0  # the stream's state (first and last seq) is looked at this often (a purge made outside mc0)
+# A start's JetStream requests.  One sent while the stream has no leader is lost (a leader elected later does
+# not answer it), so STREAM.INFO is sent again every ASK_AGAIN_S while none was answered (the first answer
+# counts, each send waits API_TIMEOUT_S at most).  A CONSUMER.CREATE sent while the meta group has no
+# quorum is lost too, and one whose consumer is placed on a node killed lately is never answered
+# (nats-server calls such a node offline only minutes later, and places R1 consumers on it meanwhile): it
+# waits CREATE_PATIENCE times what the STREAM.INFO took (at least CREATE_MIN_S), twice that after a create
+# that got no answer, four times after two in a row (at most API_TIMEOUT_S: a JetStream slow to answer
+# still gets its time), and the start is tried again (the consumer placed anew).
+ASK_AGAIN_S = 1.0
+CREATE_MIN_S = 1.0
+CREATE_PATIENCE = 4
 
 
 class StreamFeed:
@@ -101,32 +117,29 @@ class StreamFeed:
         self._state = (0, 0)  # the stream's (first, last) as last posted to the loop
         self._state_at = 0.0  # when to look at the stream's state next
         self._forgetting: set[asyncio.Task[None]] = set()  # consumer deletions under way
+        self._told: tuple[bool, str] | None = None  # (following, why not) as last posted to the loop
+        self._unanswered = 0  # CONSUMER.CREATEs in a row that got no answer (a stream without a leader: 0)
 
     def restart(self) -> None:
         self.wanted_restart.set()
 
     async def run(self) -> None:
+        self._tell(False, f"waiting for JetStream to make or update stream {self.stream}")
         await self.ready.wait()
         while True:
             sub = None
             consumer = ""
             try:
                 sub, consumer = await self._start()
-                while not self._broken.is_set() and not self.wanted_restart.is_set():
-                    try:
-                        await asyncio.wait_for(self.wanted_restart.wait(), CREDIT_POLL_S)
-                    except TimeoutError:
-                        pass
-                    await self._answer_flow()
-                    if time.monotonic() - self._seen > 3 * HEARTBEAT_S:
-                        break  # silent: its server is gone, or the consumer is
-                    if await self._stalled() or await self._looked_made_anew():
-                        break
+                self._tell(True, "")
+                why = await self._follow()
                 self._flush()
+                self._tell(False, why)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # (StoreError, or the connection lost mid-way): again from next_seq
                 log.debug("journal %s: delivery from %s stopped: %r", self.journal, self.stream, exc)
+                self._tell(False, exc.description if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(RETRY_S)
             finally:
                 if sub is not None:
@@ -139,15 +152,84 @@ class StreamFeed:
                     self._forgetting.add(forgetting)  # (held until done: the loop's reference is weak)
                     forgetting.add_done_callback(self._forgetting.discard)
 
+    async def _follow(self) -> str:
+        """Run the consumer just made until it cannot be trusted to go on: why it is made again."""
+        while True:
+            if self._broken.is_set():
+                return "its consumer skipped what it delivered (a gap in its sequence): made again"
+            if self.wanted_restart.is_set():
+                return "the link to NATS failed over: its consumer is made again"
+            try:
+                await asyncio.wait_for(self.wanted_restart.wait(), CREDIT_POLL_S)
+            except TimeoutError:
+                pass
+            await self._answer_flow()
+            if time.monotonic() - self._seen > 3 * HEARTBEAT_S:  # its server is gone, or the consumer is
+                return (
+                    f"its consumer sent nothing for {3 * HEARTBEAT_S:g} s (its NATS server or it is gone): made again"
+                )
+            stalled = await self._stalled()
+            if stalled:
+                return stalled
+            if await self._looked_made_anew():
+                return f"stream {self.stream} was made anew: its consumer is made again"
+
+    def _tell(self, following: bool, reason: str) -> None:
+        """The loop learns whether this feed follows the stream (and why not), once per change."""
+        if (following, reason) != self._told:
+            self._told = (following, reason)
+            self.post(feed_frames(self.journal, following, reason))
+
+    async def _stream_info(self) -> tuple[Any, float]:
+        """The stream's STREAM.INFO for a start, asked again every ASK_AGAIN_S while no answer came: the
+        first answer, and how long it took."""
+        subject = f"STREAM.INFO.{self.stream}"
+        sent: dict[asyncio.Task[Any], float] = {}
+        try:
+            for _ in range(int(API_TIMEOUT_S / ASK_AGAIN_S)):
+                sent[asyncio.get_running_loop().create_task(api(self.nc, subject))] = time.monotonic()
+                done, _ = await asyncio.wait(sent, timeout=ASK_AGAIN_S, return_when=asyncio.FIRST_COMPLETED)
+                answers = [(task, sent.pop(task), task.exception()) for task in done]  # (each one's fault seen)
+                for task, asked, failed in answers:
+                    if failed is None:
+                        return task.result(), time.monotonic() - asked
+                for _, _, failed in answers:
+                    if failed is not None and not (isinstance(failed, StoreError) and failed.unanswered):
+                        raise failed
+            raise StoreError(503, f"JetStream did not answer STREAM.INFO within {API_TIMEOUT_S:g} s", unanswered=True)
+        finally:
+            for task in sent:
+                task.cancel()
+
+    async def _create(self, config: dict[str, Any], answered_in: float) -> Any:
+        """CONSUMER.CREATE, waiting for its answer as long as the comment on CREATE_PATIENCE says."""
+        patience = max(CREATE_MIN_S, CREATE_PATIENCE * answered_in) * 2 ** min(self._unanswered, 2)
+        request = {"stream_name": self.stream, "config": config}
+        try:
+            made = await api(self.nc, f"CONSUMER.CREATE.{self.stream}", request, timeout=min(API_TIMEOUT_S, patience))
+        except StoreError as exc:
+            self._unanswered = self._unanswered + 1 if exc.unanswered else 0
+            raise
+        self._unanswered = 0
+        return made
+
     async def _start(self) -> tuple[Any, str]:
-        info = await api(self.nc, f"STREAM.INFO.{self.stream}")
+        try:
+            info, answered_in = await self._stream_info()
+        except StoreError:
+            self._unanswered = 0  # (the creates that went unanswered before were lost to this, not slow)
+            raise
         cluster = info.get("cluster")
         if isinstance(cluster, dict) and not cluster.get("leader"):
             # No leader (NATS lost its quorum): a replica answered with its own state, which may lag what
             # was acknowledged; the copy must not be measured against it (it would start again, empty).
+            self._unanswered = 0  # (the creates that went unanswered before were lost to this, not slow)
             raise StoreError(503, f"stream {self.stream} has no leader now")
         state = info["state"]
         first, last, made = int(state["first_seq"]), int(state["last_seq"]), str(info.get("created", ""))
+        # A stream never written to says first seq 0; its first record will be seq 1 (and a consumer
+        # by start sequence 0 is refused: the feed of a new stream would wait for its first record).
+        first = max(first, 1)
         start = first if made != self.created or self.next_seq > last + 1 else max(self.next_seq, first)
         self.post(state_frames(self.journal, first, last, made, start))
         self.created, self.next_seq = made, start
@@ -174,9 +256,7 @@ class StreamFeed:
             "replay_policy": "instant",
         }
         try:
-            made_consumer = await api(
-                self.nc, f"CONSUMER.CREATE.{self.stream}", {"stream_name": self.stream, "config": config}
-            )
+            made_consumer = await self._create(config, answered_in)
         except StoreError:
             await sub.unsubscribe()
             raise
@@ -216,28 +296,24 @@ class StreamFeed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _stalled(self) -> bool:
+    async def _stalled(self) -> str:
         """The consumer delivers nothing the stream holds (see the module doc): look every STALL_CHECK_S
-        while it delivers nothing; a record held at one look and still not delivered at the next."""
+        while it delivers nothing; a record held at one look and still not delivered at the next: why
+        it is made again ("" while it is not stalled)."""
         now = time.monotonic()
         if now < self._look_at:
-            return False
+            return ""
         self._look_at = now + STALL_CHECK_S
         if self._moved or self._holding or self._flow_reply is not None:
             self._moved, self._held_seq = False, 0  # it delivers, or waits for the loop: nothing to suspect
-            return False
+            return ""
         if self._held_seq and self.next_seq <= self._held_seq:
             self.stalls += 1
-            log.warning(
-                "journal %s: delivery from %s stalled at seq %d (the stream holds seq %d): its consumer is made again",
-                self.journal,
-                self.stream,
-                self.next_seq,
-                self._held_seq,
-            )
-            return True
+            why = f"its consumer stalled at seq {self.next_seq} (the stream holds seq {self._held_seq}): made again"
+            log.warning("journal %s: delivery from %s: %s", self.journal, self.stream, why)
+            return why
         self._held_seq = await self._first_held()
-        return False
+        return ""
 
     async def _looked_made_anew(self) -> bool:
         """Every LOOK_S, the stream's state: a first or last seq that moved is posted to the loop (after
@@ -256,7 +332,7 @@ class StreamFeed:
         if isinstance(cluster, dict) and not cluster.get("leader"):
             return False  # a replica's own state may lag what was acknowledged: not measured against it
         state = info.get("state") or {}
-        first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+        first, last = max(int(state.get("first_seq", 0)), 1), int(state.get("last_seq", 0))
         if str(info.get("created", "")) != self.created or last + 1 < delivered:
             return True
         if (first, last) != self._state:

@@ -24,7 +24,12 @@ subscribers as new: live delivery starts past the stream's end as its first
 creation time, and moved to the copy's end at ``close``).  A copy that cannot be written (disk full, I/O error) stops
 growing where it is (``broken``, logged once): live delivery goes on from
 the stream, never a silent gap in the copy; replays and fetches at this
-broker stop there (504) until a restart rebuilds it.  Consumers of such a journal are JetStream's
+broker stop there (504) until a restart rebuilds it.  Where the copy
+stands (``copy``: :class:`~.copystate.CopyState`) comes from what its feed
+says (``feed_status``), the stream's state and the copy's end, looked at by
+the shell once a loop turn (``watch``): ``following`` (the port's: whether
+``stored_next_seq`` is current), ``copy_reason``, and ``copy_state``,
+``copy_lag`` in ``info``.  Consumers of such a journal are JetStream's
 (``load_consumers`` is empty and ``save_consumer`` is not used).
 """
 
@@ -46,6 +51,7 @@ from ...settings import JournalSettings
 from ..storage.filestore import Journal
 from ..storage.port import Trimmed
 from ..storage.records import decode_payload, encode_payload
+from .copystate import CopyState
 
 log = logging.getLogger("mc0.journal")
 
@@ -95,6 +101,7 @@ class ReplicatedJournal:
         # Records before this seq only fill the copy: a copy filled from scratch (a new broker, its data
         # folder lost) takes the stream's history without handing it to live subscribers as new.
         self._live_from = 0
+        self.copy = CopyState(name, self.stream)  # whether the copy follows the stream (not for letters: no copy)
 
     def __hash__(self) -> int:
         return id(self)
@@ -137,6 +144,17 @@ class ReplicatedJournal:
     @property
     def stored_next_seq(self) -> int:
         return max(self.cache.next_seq, self._stored_next)
+
+    @property
+    def following(self) -> bool:
+        """The copy's feed follows the stream (its consumer runs), so ``stored_next_seq`` is as far as the
+        stream is known to reach; while it does not, the stream may hold more than anyone here knows."""
+        return self.copy.following or self.settings.mailboxes  # (letters are read from the stream: no feed)
+
+    @property
+    def copy_reason(self) -> str:
+        """Why the copy does not follow its stream now ("" when it does)."""
+        return self.copy.reason
 
     @property
     def pending(self) -> bool:
@@ -272,9 +290,22 @@ class ReplicatedJournal:
             "stream": self.stream,
             "replicas": self.settings.replicas,
             "copy_next_seq": self.cache.next_seq,
+            **self._copy_info(),
             "dedup_window_s": self.settings.dedup_window_s,
             # Messages of the stream that are no mc0 record: skipped (holes in the copy).
             "unreadable": self.counters["unreadable"] + self.cache.counters["unreadable"],
+        }
+
+    def _copy_info(self) -> dict[str, object]:
+        """Where the local copy stands: its state (``copystate``), the records the stream is known to hold
+        past it, why it does not follow (""), how often it got stuck.  None for letters: no copy."""
+        if self.settings.mailboxes:
+            return {}
+        return {
+            "copy_state": self.copy.state,
+            "copy_lag": max(0, self.stored_next_seq - self.cache.next_seq),
+            "copy_reason": self.copy.reason,
+            "copy_stuck_times": self.copy.stuck_times,
         }
 
     def load_consumers(self) -> dict[str, bytes]:
@@ -362,12 +393,22 @@ class ReplicatedJournal:
             self.cache.next_seq,
         )
 
+    def feed_status(self, following: bool, reason: str, now: float) -> None:
+        """What the copy's feed said: its consumer runs, or not (``reason``: why)."""
+        self.copy.feed(following, reason, now)
+
+    def watch(self, now: float) -> None:
+        """The copy's state as of ``now`` (the shell calls it once a loop turn): stuck is logged once."""
+        if not self.settings.mailboxes:
+            self.copy.watch(now, self.cache.next_seq, self.stored_next_seq, self.broken)
+
     def stream_state(self, first: int, last: int, created: str, start: int) -> None:
         """The stream as the link found it: ``first``..``last``, made at ``created``; its records
         arrive from ``start`` on.  A copy of another stream (or one that ran past this one's end)
         starts again, empty, at ``start``.  A stream whose first seq passed the copy's (purged while
         this broker was away, or by NATS's own tools, or its own retention) is followed: the copy
         drops what the stream dropped."""
+        self.copy.learnt()
         self.stream_first = first
         if created != self.created or self.cache.next_seq > last + 1:
             scratch = not self.created  # no marker: a new broker, or its data folder lost

@@ -8,7 +8,8 @@ proposal) and ``OP_CALL`` (a store call, :func:`call_frames`); the thread
 posts back what :func:`parse_inbound` reads: ``Acks`` (proposals stored: token,
 seq, duplicate), ``Failed`` (a proposal not stored: mc0's status and why),
 ``StreamState`` (where a stream starts and ends, and where its delivery to
-the local copy starts), ``Records`` (what the stream delivered, in seq order:
+the local copy starts), ``FeedStatus`` (whether the feed follows the stream
+now, and why not), ``Records`` (what the stream delivered, in seq order:
 seq, time, origin, payload) and ``Answer`` (a store call's answer, with the
 payloads of the records it carries).
 """
@@ -27,7 +28,7 @@ from ...settings import Config, JournalSettings
 # Frames the loop sends the link thread (the first frame; route names never start with \x01).
 OP_PUBLISH, OP_CALL = b"\x01P", b"\x01C"
 # Frames the link thread posts to the loop.
-ACKS, FAILED, STATE, RECORDS, ANSWER = b"A", b"F", b"S", b"W", b"C"
+ACKS, FAILED, STATE, RECORDS, ANSWER, FEED = b"A", b"F", b"S", b"W", b"C", b"L"  # (none of cluster.posts.KINDS)
 ACK = struct.Struct("!QQB")  # token, seq, duplicate
 RECORD = struct.Struct("!QqHI")  # seq, ts (ns), origin length, payload length
 PROPOSAL = struct.Struct("!QHHHI")  # token, subject, msgid and origin lengths, payload length
@@ -89,11 +90,12 @@ def specs_of(config: Config) -> dict[str, StreamSpec]:
 class StoreError(Exception):
     """JetStream answered an error (or nothing): ``code`` is mc0's status, ``err_code`` JetStream's."""
 
-    def __init__(self, code: int, description: str, err_code: int = 0) -> None:
+    def __init__(self, code: int, description: str, err_code: int = 0, *, unanswered: bool = False) -> None:
         super().__init__(description)
         self.code = code
         self.description = description
         self.err_code = err_code
+        self.unanswered = unanswered  # no answer came (timeout, no responders, the connection lost)
 
 
 async def api(nc: Any, subject: str, request: dict[str, Any] | None = None, timeout: float = API_TIMEOUT_S) -> Any:
@@ -102,7 +104,7 @@ async def api(nc: Any, subject: str, request: dict[str, Any] | None = None, time
     try:
         msg = await nc.request(f"$JS.API.{subject}", payload, timeout=timeout)
     except Exception as exc:  # timeout, no responders (no meta leader), connection lost
-        raise StoreError(503, f"JetStream did not answer ({type(exc).__name__})") from None
+        raise StoreError(503, f"JetStream did not answer ({type(exc).__name__})", unanswered=True) from None
     try:
         answer = json.loads(msg.data or b"{}")
     except ValueError:
@@ -154,6 +156,16 @@ class StreamState:
 
 
 @dataclass(frozen=True, slots=True)
+class FeedStatus:
+    """The feed of ``journal`` follows the stream now (its consumer was made), or not (``reason``: why it
+    stopped, or why it cannot start)."""
+
+    journal: str
+    following: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Records:
     journal: str
     records: list[tuple[int, float, str, bytes]]  # (seq, ts, origin, payload)
@@ -166,7 +178,7 @@ class Answer:
     payloads: list[bytes]
 
 
-StoreNews = Acks | Failed | StreamState | Records | Answer
+StoreNews = Acks | Failed | StreamState | FeedStatus | Records | Answer
 
 
 def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
@@ -180,6 +192,8 @@ def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
     if kind == STATE:
         state = json.loads(frames[2])
         return StreamState(frames[1].decode(), state["first"], state["last"], state["created"], state["start"])
+    if kind == FEED:
+        return FeedStatus(frames[1].decode(), frames[2] == b"1", frames[3].decode(errors="replace"))
     if kind == RECORDS:
         meta, blob, records = frames[2], frames[3], []
         pos = start = 0
@@ -199,6 +213,10 @@ def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
 def state_frames(journal: str, first: int, last: int, created: str, start: int) -> tuple[bytes, ...]:
     state = {"first": first, "last": last, "created": created, "start": start}
     return (STATE, journal.encode(), json.dumps(state).encode())
+
+
+def feed_frames(journal: str, following: bool, reason: str) -> tuple[bytes, ...]:
+    return (FEED, journal.encode(), b"1" if following else b"0", reason.encode())
 
 
 def records_frames(journal: str, items: list[tuple[int, int, str, bytes]]) -> tuple[bytes, ...]:

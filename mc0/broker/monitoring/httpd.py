@@ -17,7 +17,8 @@ waiting at once share the next capture, and the loop takes at most one per
 side's work are both counted: ``spent``; mc0.broker.server), so any number
 of scrapers costs the broker a bounded share.  ``/healthz`` is 200 while the loop
 answers within ``SNAPSHOT_WAIT`` (``degraded`` when a clustered broker lost
-NATS, or heard another broker under its own name), 503 when it is stalled.  The listening
+NATS, heard another broker under its own name, or while a JetStream
+journal's local copy is stuck or broken), 503 when it is stalled.  The listening
 socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
@@ -51,6 +52,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
+from ...protocol.jetstream import COPY_BROKEN, COPY_STATES, COPY_STUCK
 from . import actions
 from .snapshot import PAGE_PARTS, SUBS, BadQuery, Capture, Snapshot, build, connz, consumerz, parameters, subsz
 
@@ -208,10 +210,33 @@ def _store_metrics(snap: Snapshot) -> Iterator[Metric]:
         ack_pending.add_metric(labels, float(row["num_ack_pending"]))
     records = GaugeMetricFamily("mc0_journal_records", "Records a journal keeps.", labels=["journal"])
     size = GaugeMetricFamily("mc0_journal_bytes", "Bytes a journal keeps (this broker's copy).", labels=["journal"])
+    lag = GaugeMetricFamily(
+        "mc0_journal_copy_lag", "Records a JetStream journal's stream is known to hold past this broker's copy.",
+        labels=["journal"],
+    )  # fmt: skip
+    state = GaugeMetricFamily(
+        "mc0_journal_copy_state", "1 for the state a JetStream journal's local copy is in, 0 for the others.",
+        labels=["journal", "state"],
+    )  # fmt: skip
     for row in snap.journalz.get("journals", ()):  # type: ignore[attr-defined]
-        records.add_metric([str(row["name"])], float(row.get("records", 0)))
-        size.add_metric([str(row["name"])], float(row.get("bytes", 0)))
-    yield from (pending, ack_pending, records, size)
+        name = str(row["name"])
+        records.add_metric([name], float(row.get("records", 0)))
+        size.add_metric([name], float(row.get("bytes", 0)))
+        if "copy_state" in row:  # (a JetStream journal's copy; none for letters)
+            lag.add_metric([name], float(row["copy_lag"]))
+            for each in COPY_STATES:
+                state.add_metric([name, each], float(row["copy_state"] == each))
+    yield from (pending, ack_pending, records, size, lag, state)
+
+
+def stuck_copies(snap: Snapshot) -> list[str]:
+    """The JetStream journals whose local copy is stuck or broken, each with why (/healthz)."""
+    rows = snap.journalz.get("journals", ())
+    return [
+        f"journal {row['name']}: its local copy is {row['copy_state']}: {row.get('copy_reason', '')}"
+        for row in rows  # type: ignore[attr-defined]
+        if row.get("copy_state") in (COPY_STUCK, COPY_BROKEN)
+    ]
 
 
 class MonitorServer:
@@ -423,6 +448,8 @@ class MonitorServer:
             elif isinstance(namesake, dict):
                 reason = f"another broker is also named {namesake['name']} (names must be unique in a cluster)"
                 data = {"status": "degraded", "reason": reason, "name_collision": namesake}
+            elif stuck := stuck_copies(snap):  # (replays and fetches there end with 504 at the copy's end)
+                data = {"status": "degraded", "reason": "; ".join(stuck)}
             else:
                 data = {"status": "ok"}
         elif path == "/varz":

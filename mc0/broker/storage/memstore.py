@@ -220,6 +220,8 @@ class MemoryReplicatedStore(MemoryStore):
         self.acknowledged = 0  # the highest seq the store acknowledged
         self.backlog = ""  # (set it to refuse proposals, as a full budget would)
         self.created = "made-1"  # (set another to stand for a stream made anew)
+        self.following = True  # (set False, with a copy_reason, for a copy whose feed does not follow)
+        self.copy_reason = ""
 
     @property
     def stored_next_seq(self) -> int:

@@ -172,6 +172,18 @@ class ReplicatedStore(JournalStore, Protocol):
         ...
 
     @property
+    def following(self) -> bool:
+        """This broker's copy is filled by a feed that follows the store now: ``stored_next_seq`` is as far
+        as the store is known to reach.  While it is not (the feed restarting, or not started yet), the
+        store may hold more than this broker knows of: a reader at the copy's end waits."""
+        ...
+
+    @property
+    def copy_reason(self) -> str:
+        """Why the copy does not follow the store now ("" when it does)."""
+        ...
+
+    @property
     def backlog(self) -> str:
         """Why no more may be proposed now ("" when they may): too many records, or too many bytes,
         are waiting for the store's answer (the broker's memory budget for them)."""
