@@ -313,7 +313,7 @@ def test_each_copys_lag_and_state_are_gauges_and_healthz_is_degraded_while_one_i
             "pending_bytes": 0, "uptime_s": 1.0, "in_msgs": 0, "in_bytes": 0, "out_msgs": 0, "out_bytes": 0,
             "delivered": 0, "dropped": 0, "slow_consumers": 0}  # fmt: skip
     server = httpd.MonitorServer("127.0.0.1:0", wake=lambda: None)
-    snap = Snapshot(taken=0.0, varz=varz, connections=[], subsz={}, servicez={}, journalz={"journals": rows})
+    snap = Snapshot(taken=0.0, varz=varz, peers=[], subsz={}, servicez={}, journalz={"journals": rows})
     assert json.loads(server._render("/healthz", snap, {})[1]) == health
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
