@@ -214,20 +214,16 @@ class Tracing:
         the message's creation context, or (``linked``) linked to it alone."""
         self.release(held)
         attributes = self._consume_attributes(message, subscription, group)
+        name = f"process {message.topic}"
         headers = message.headers
-        if linked:
-            span = self.tracer.start_span(
-                f"process {message.topic}", kind=self._kind.CONSUMER, attributes=attributes, links=self._links(headers)
-            )
-        else:
-            span = self.tracer.start_span(
-                f"process {message.topic}",
-                context=self.extract(headers),
-                kind=self._kind.CONSUMER,
-                attributes=attributes,
-                links=self._links(headers),
-            )
-        return self._hold(span)
+        if TRACEPARENT not in headers:  # no creation context: a root (or the current span's child)
+            return self._hold(self.tracer.start_span(name, kind=self._kind.CONSUMER, attributes=attributes))
+        creation = self._propagator.extract(headers)  # (read once: the parent and the link)
+        found = self._trace.get_current_span(creation).get_span_context()
+        links = [self._trace.Link(found)] if found.is_valid else []
+        parent = None if linked or not found.is_valid else creation
+        kind = self._kind.CONSUMER
+        return self._hold(self.tracer.start_span(name, context=parent, kind=kind, attributes=attributes, links=links))
 
     def process_batch(
         self, messages: Sequence[Message], held: Held | None, *, subscription: str | None, destination: str
