@@ -28,8 +28,8 @@ import pytest
 import mc0
 import mc0.aio
 from mc0 import protocol as P
-from mc0.aio.tracing import tracing_for
 from mc0.process import BrokerProcess
+from mc0.tracing import tracing_for
 
 from .conftest import require, write_config
 
@@ -453,6 +453,8 @@ async def test_a_durable_consumer_links_hours_old_records_and_is_not_their_child
     assert [m.seq for m in replayed] == [1, 2, 3]
     pull = consumer_side.spans("pull main")[0]
     assert pull.kind is SpanKind.CLIENT and child_of(pull, consumer_side.one("batch job"))
+    calls = [call for call in consumer_side.spans("mc0.consumer") if call.parent is not None]
+    assert any(child_of(call, pull) for call in calls)  # its request to the broker, inside it
     assert (pull.attributes or {})["messaging.batch.message_count"] == 3
     assert [link.context.span_id for link in pull.links] == [s.get_span_context().span_id for s in sends]
     assert [(link.attributes or {})["messaging.message.id"] for link in pull.links] == ["m0", "m1", "m2"]

@@ -54,11 +54,11 @@ from ..session import (
     group_key,
 )
 from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
+from ..tracing import tracing_for
 from .dialer import SOCKET_HWM, Dialer
 from .link import Link
 from .replies import ReplyStream
 from .subscription import Subscription
-from .tracing import tracing_for
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -115,7 +115,7 @@ class Connection:
         ``endpoint``: one, or a comma-separated list to fail over between (``endpoints``; the
         one in use is ``endpoint``).
         ``tracer_provider``: the OpenTelemetry provider this client makes its spans with
-        (:mod:`mc0.aio.tracing`); None: the global one, if the application set one before
+        (:mod:`mc0.tracing`); None: the global one, if the application set one before
         making the client, else no spans and no trace context sent (``tracing`` is None).
         """
         config = config or ClientConfig()

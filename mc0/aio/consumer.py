@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,7 +30,7 @@ from ..message import Message, Reply, new_message
 from ..protocol import CONSUMER_SERVICE, Status, carried, parse_journal_page
 
 if TYPE_CHECKING:
-    from .tracing import Held, Tracing
+    from ..tracing import Held, Tracing
 log = logging.getLogger("mc0.client")
 
 # Pulls ask the broker to wait at most this long, so one pull never outlives the request timeout.
@@ -101,13 +100,16 @@ class Consumer:
         if max < 1 or wait < 0:
             raise ProtocolError(Status.BAD_REQUEST, "fetch needs max >= 1 and wait >= 0")
         query = {"op": "pull", "max": max, "wait_ms": round(wait * 1000)}
-        started = time.time_ns()
-        reply = await self._ask(query, timeout=wait + PULL_GRACE)
+        if self._tracing is None:
+            reply = await self._ask(query, timeout=wait + PULL_GRACE)
+            records = parse_journal_page(reply.parts[:2])
+        else:
+            with self._tracing.pulling(self.journal, self.name) as pull:
+                reply = await self._ask(query, timeout=wait + PULL_GRACE)
+                records = parse_journal_page(reply.parts[:2])
+                self._tracing.pulled(pull, records)
         parts = reply.parts
-        records = parse_journal_page(parts[:2])
         deliveries = json.loads(parts[2]) if len(parts) > 2 else [1] * len(records)
-        if self._tracing is not None:
-            self._tracing.receive(self.journal, self.name, records, started)
         return [
             ConsumedMessage(
                 new_message(

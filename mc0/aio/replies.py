@@ -22,7 +22,7 @@ from ..session import answer_error
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from .tracing import Tracing
+    from ..tracing import Tracing
 
 
 class ReplyOwner(Protocol):

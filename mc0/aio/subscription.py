@@ -22,7 +22,7 @@ from ..errors import ClosedError, SlowConsumer, Timeout
 from ..message import Message
 
 if TYPE_CHECKING:
-    from .tracing import Held, Tracing
+    from ..tracing import Held, Tracing
 
 log = logging.getLogger("mc0.client")
 

@@ -12,8 +12,8 @@ Otherwise a :class:`Tracing` makes the spans, and each hook the clients call is 
 - ``consume``: a CONSUMER span ``process {topic}`` per message handed to the application, the
   child of its creation context, or (``linked``: a replayed or pulled record, which may be read
   hours later) only a LINK to it, the span's parent being whatever is current; ``process_batch``
-  one span for a batch, linking each message; ``receive``: a durable consumer's pull (CLIENT,
-  ``receive {journal}``), linking each record;
+  one span for a batch, linking each message; ``pulling``: a durable consumer's pull (CLIENT,
+  ``pull {journal}``, operation type receive), linking each record it brought;
 - ``request``: a CLIENT span named by the service (``rpc.method``), injected into the REQUEST; the
   worker's ``serving`` a SERVER span, the child of the caller's, current while its handler runs
   (so the handler's own spans nest under it): one small helper a batch API can use per request.
@@ -37,8 +37,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..message import Message, Record, Request
-from ..protocol import TRACEPARENT
+from .message import Message, Record, Request
+from .protocol import TRACEPARENT
 
 if TYPE_CHECKING:  # (never imported at run time unless tracing is on)
     from opentelemetry.trace import Link, Span, TracerProvider
@@ -266,29 +266,32 @@ class Tracing:
             self._context.detach(held.token)
         return True
 
-    def receive(self, journal: str, consumer: str, records: Sequence[Record], started: int) -> None:
-        """A durable consumer's pull (CLIENT ``receive {journal}``, from ``started`` ns to now) that
-        brought ``records``, linked each to the context it was published with."""
-        links: list[Link] = []
-        for record in records:
-            attributes: dict[str, Any] = {SEQ: record.seq, SENDER: record.sender, DESTINATION: record.topic}
-            msgid = record.headers.get(MSGID)
-            if msgid is not None:
-                attributes[MESSAGE_ID] = msgid
-            links += self._links(record.headers, attributes)
-        attributes = {
+    @contextmanager
+    def pulling(self, journal: str, consumer: str) -> Iterator[Span]:
+        """A durable consumer's pull (CLIENT ``pull {journal}``, current inside the block: the request
+        it makes is its child); ``pulled`` names the records it brought."""
+        attributes: dict[str, Any] = {
             SYSTEM_KEY: SYSTEM,
             DESTINATION: journal,
             SUBSCRIPTION: consumer,
             CONSUMER_GROUP: consumer,
             OPERATION_TYPE: "receive",
             OPERATION_NAME: "pull",
-            BATCH_COUNT: len(records),
         }
-        span = self.tracer.start_span(
-            f"pull {journal}", kind=self._kind.CLIENT, attributes=attributes, links=links, start_time=started
-        )
-        span.end()
+        span = self.tracer.start_span(f"pull {journal}", kind=self._kind.CLIENT, attributes=attributes)
+        with self._trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+            yield span
+
+    def pulled(self, span: Span, records: Sequence[Record]) -> None:
+        """The records a pull brought, each linked to the context it was published with (never a parent)."""
+        span.set_attribute(BATCH_COUNT, len(records))
+        for record in records:
+            attributes: dict[str, Any] = {SEQ: record.seq, SENDER: record.sender, DESTINATION: record.topic}
+            msgid = record.headers.get(MSGID)
+            if msgid is not None:
+                attributes[MESSAGE_ID] = msgid
+            for link in self._links(record.headers, attributes):
+                span.add_link(link.context, link.attributes)
 
     # ------------------------------------------------------------ requests
     def request(
