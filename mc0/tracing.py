@@ -92,6 +92,16 @@ class Held:
         self.ended = False
 
 
+def _version() -> str | None:
+    """mc0's version as installed (the instrumentation scope's), if it is."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("mc0")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def _owner() -> object:
     """Who takes messages: the asyncio task, else the thread (a context is detached only where it
     was attached)."""
@@ -113,7 +123,7 @@ class Tracing:
         self._context = context
         self._kind = trace.SpanKind
         self._propagator = TraceContextTextMapPropagator()  # W3C only: no baggage on the wire
-        self.tracer = provider.get_tracer(INSTRUMENTATION)
+        self.tracer = provider.get_tracer(INSTRUMENTATION, _version())
 
     # ------------------------------------------------------------ context on the wire
     def inject(self, span: Span, headers: Mapping[str, str] | None) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from .. import protocol as P
 from ..errors import Timeout
 from ..message import Reply
-from ..protocol import Command, Header, Verb
+from ..protocol import Command, Header, Status, Verb
 from ..session import answer_error
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class ReplyStream:
         """CANCEL the request if it has not ended, and stop listening (idempotent)."""
         if self.done:
             return
-        self._finish()
+        self._finish(P.remote_error(Status.CANCELLED, "closed by the caller") if self._traced else None)
         if self.client.connected:
             self.client.cancel_request(self.request_id)
 
