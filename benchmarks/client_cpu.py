@@ -17,7 +17,13 @@ fraction of a percent whatever else the machine does (the same runs gave
 23,950 and 23,958 per delivered message), though blind to what an instruction
 costs (syscalls, cache misses, waiting for the GIL).  With ``--tree NAME=PATH``
 each scenario runs again with the client process importing the mc0 of the
-checkout at PATH (another commit's code), interleaved run by run.
+checkout at PATH (another commit's code), interleaved run by run.  With
+``--tracing absent,off,on`` each scenario runs once per mode, interleaved:
+``absent`` (OpenTelemetry cannot be imported: as if not installed), ``off``
+(the application imported its API and set no tracer provider), ``on`` (the
+SDK's provider, a batch processor and an exporter that drops what it is
+given; the scripted broker's deliveries and work then carry a ``traceparent``,
+as a traced publisher's or caller's would).
 
 Scenarios (``--only``): ``sub`` (``async for message in subscription``, one
 subscriber, batches of ``--per`` MESSAGE records), ``group`` (the same as a
@@ -143,10 +149,41 @@ class ScriptedBroker:
         self.context.term()
 
 
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACING_MODES = ("absent", "off", "on")
+TRACING_ENV = "MC0_BENCH_TRACING"
+
+
+def tracing_setup(mode: str) -> None:
+    """The client process's OpenTelemetry, before mc0 is imported: see the module's docstring."""
+    if mode == "absent":
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # (import fails: not installed)
+    elif mode == "off":
+        from opentelemetry import trace
+
+        trace.get_tracer_provider()  # the API's own proxy: nobody configured a provider
+    elif mode == "on":
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Dropped(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(Dropped()))
+        trace.set_tracer_provider(provider)
+
+
 def broker_main(endpoint: str, scenario: str, count: int, per: int, window: int) -> None:
     """The scripted broker's process: says ``ready`` on stdout once bound, runs until killed (or 300 s)."""
     broker = ScriptedBroker(endpoint)
     batch = broker.batch
+    from mc0 import protocol as P
+
+    traced = os.environ.get(TRACING_ENV) == "on"
+    context = [b"traceparent", TRACEPARENT.encode()]
     print("ready", flush=True)
     try:
         deadline = time.monotonic() + 300
@@ -154,7 +191,10 @@ def broker_main(endpoint: str, scenario: str, count: int, per: int, window: int)
             while not broker.subscribed and time.monotonic() < deadline:
                 broker.poll(0.05)
             time.sleep(0.2)  # the client's SUB is answered and its loop is idle before the clock starts
-            if scenario == "group":
+            if traced:  # what a traced publisher's messages look like (the general record shape)
+                group_b = GROUP.encode() if scenario == "group" else None
+                record = batch.record_of(P.message(TOPIC.encode(), b"anonymous", context, [BODY], group=group_b))
+            elif scenario == "group":
                 record = batch.group_message_record(TOPIC.encode(), b"anonymous", GROUP.encode(), BODY)
             else:
                 record = batch.message_record(TOPIC.encode(), b"anonymous", BODY)
@@ -170,7 +210,14 @@ def broker_main(endpoint: str, scenario: str, count: int, per: int, window: int)
                 while sent < count and sent - broker.finals < window:
                     n = min(window - (sent - broker.finals), count - sent, per)
                     ids = [b"%d" % i for i in range(sent, sent + n)]
-                    works = [batch.work_record(SERVICE.encode(), bid, b"c", 30_000, BODY) for bid in ids]
+                    if traced:
+                        user = {"traceparent": TRACEPARENT}
+                        works = [
+                            batch.record_of(P.request_to_worker(bid.decode(), SERVICE, "c", 30_000, user, [BODY]))
+                            for bid in ids
+                        ]
+                    else:
+                        works = [batch.work_record(SERVICE.encode(), bid, b"c", 30_000, BODY) for bid in ids]
                     broker.send(batch.batch_frames(b"".join(works)))
                     sent += n
                 broker.poll(0.05)
@@ -288,6 +335,9 @@ def sync_client(endpoint: str, scenario: str, count: int) -> dict[str, Any]:
 
 def measure(scenario: str, count: int, per: int, window: int) -> dict[str, Any]:
     """One measurement in this process (the client) beside a scripted broker process."""
+    tracing = os.environ.get(TRACING_ENV)
+    if tracing:
+        tracing_setup(tracing)
     from mc0 import native, ports
 
     endpoint = f"tcp://127.0.0.1:{ports.free_port()}"
@@ -315,17 +365,22 @@ def measure(scenario: str, count: int, per: int, window: int) -> dict[str, Any]:
         "loop_us": thread_s * 1e6 / got["n"] if not scenario.startswith("sync-") and scenario != "worker" else None,
         "compiled": sum(native.compiled().values()) if hasattr(native, "compiled") else 0,
         "mc0": os.path.dirname(os.path.abspath(str(mc0.__file__))),
+        "otel_loaded": any(m.startswith("opentelemetry") and v is not None for m, v in sys.modules.items()),
     }
 
 
 # ============================================================== the harness
 
 
-def run_one(tree: str | None, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(tree: str | None, scenario: str, args: argparse.Namespace, tracing: str | None = None) -> dict[str, Any]:
     """One measurement in a fresh process running this file, importing ``tree``'s mc0 when given (this
-    file is run by path, and imports nothing of ``benchmarks``: a tree's own benchmarks are not used)."""
+    file is run by path, and imports nothing of ``benchmarks``: a tree's own benchmarks are not used);
+    ``tracing``: the client's OpenTelemetry (``TRACING_MODES``)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": tree or here}
+    env.pop(TRACING_ENV, None)
+    if tracing is not None:
+        env[TRACING_ENV] = tracing
     count = args.count // 10 if scenario in ("seq", "sync-rpc") else args.count
     command = [sys.executable, os.path.abspath(__file__), "client", scenario, str(count), str(args.per)]
     command.append(str(args.window))
@@ -338,10 +393,15 @@ def run_one(tree: str | None, scenario: str, args: argparse.Namespace) -> dict[s
     return result
 
 
-def instructions_one(tree: str | None, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
+def instructions_one(
+    tree: str | None, scenario: str, args: argparse.Namespace, tracing: str | None = None
+) -> dict[str, Any]:
     """Instructions per message / call of the client process (every thread), from two callgrind runs."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": tree or here}
+    env.pop(TRACING_ENV, None)
+    if tracing is not None:
+        env[TRACING_ENV] = tracing
     count = max(1, args.count // 10) if scenario in ("seq", "sync-rpc") else args.count
     collected = []
     for n in (count, 2 * count):
@@ -366,18 +426,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(SCENARIOS[:6]), help=f"comma-separated of {', '.join(SCENARIOS)}")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout's mc0")
     parser.add_argument(
+        "--tracing", default="", help=f"comma-separated of {', '.join(TRACING_MODES)}: a row per mode (this tree)"
+    )
+    parser.add_argument(
         "--instructions", action="store_true", help="instructions per message under callgrind (one run each)"
     )
     args = parser.parse_args(argv)
-    trees: list[tuple[str, str | None]] = [("this", None)]
+    # (row name, checkout, tracing mode): this checkout once per --tracing mode (or once), then each --tree.
+    modes = [m for m in args.tracing.split(",") if m]
+    if any(m not in TRACING_MODES for m in modes):
+        parser.error(f"--tracing takes {', '.join(TRACING_MODES)}")
+    trees: list[tuple[str, str | None, str | None]] = [(m, None, m) for m in modes] or [("this", None, None)]
     for item in args.tree:
         name, _, path = item.partition("=")
-        trees.append((name, os.path.abspath(path)))
+        trees.append((name, os.path.abspath(path), None))
     if args.instructions:
         print(f"instructions per message / call of the client process (callgrind, --count {args.count} and twice)")
         for scenario in [s for s in args.only.split(",") if s]:
-            for name, path in trees:
-                got_one = instructions_one(path, scenario, args)
+            for name, path, mode in trees:
+                got_one = instructions_one(path, scenario, args, mode)
                 print(f"  {scenario:<9} {name:<8} {got_one['instructions']:10,.0f}  [{got_one['mc0']}]")
         return 0
     from .common import build  # (here: a --tree child imports this module before its mc0 is chosen)
@@ -385,19 +452,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mc0 build: {build()}; load average {os.getloadavg()[0]:.1f}; {args.runs} runs, interleaved;"
           " CPU us per message / call")  # fmt: skip
     for scenario in [s for s in args.only.split(",") if s]:
-        got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
+        got: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in trees}
         for run in range(args.runs):
-            for name, path in trees if run % 2 == 0 else list(reversed(trees)):
-                got[name].append(run_one(path, scenario, args))
+            for name, path, mode in trees if run % 2 == 0 else list(reversed(trees)):
+                got[name].append(run_one(path, scenario, args, mode))
         for name, results in got.items():
             process = statistics.median(r["process_us"] for r in results)
             spread = f"{min(r['process_us'] for r in results):.2f}-{max(r['process_us'] for r in results):.2f}"
             loops = [r["loop_us"] for r in results if r["loop_us"] is not None]
             loop = f", loop thread {statistics.median(loops):.2f}" if loops else ""
             compiled = results[0]["compiled"]
+            otel = ", OpenTelemetry loaded" if results[0].get("otel_loaded") else ""
             print(
                 f"  {scenario:<9} {name:<8} process {process:6.2f} ({spread}){loop}"
-                f"  [{compiled} modules compiled, {results[0]['mc0']}]"
+                f"  [{compiled} modules compiled{otel}, {results[0]['mc0']}]"
             )
     return 0
 

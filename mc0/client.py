@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import aio
 from .errors import ClosedError
@@ -35,6 +35,9 @@ from .message import Ack, Message, Reply
 from .protocol import DEFAULT_LIMITS, ColumnsPage, Limits
 from .settings import ClientConfig
 from .sync_loop import View, background_loop, blocking, in_loop_thread, run, viewed
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Client", "ConsumedMessage", "Consumer", "PageStream", "ReplyStream", "Subscription", "Worker"]
 
@@ -114,7 +117,14 @@ class Subscription(View[aio.Subscription]):
         except ClosedError:
             raise StopIteration from None
 
-    close = blocking(aio.Subscription.close)
+    def release_span(self) -> None:
+        """See :meth:`mc0.aio.Subscription.release_span` (in this thread, where the message was taken)."""
+        self._inner.release_span()
+
+    def close(self) -> None:
+        """Unsubscribe (idempotent); the span of the message taken last ends here, in this thread."""
+        self._inner.release_span()
+        run(self._inner.close())
 
     def __enter__(self) -> Subscription:
         return self
@@ -313,8 +323,10 @@ class Client(View[aio.Client]):
         max_outgoing: int = aio.DEFAULT_MAX_OUTGOING,
         on_fault: Callable[[Exception], None] | None = None,
         echo: bool = True,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
-        """See :class:`mc0.aio.Client`; ``on_fault`` runs on the client's I/O thread."""
+        """See :class:`mc0.aio.Client`; ``on_fault`` runs on the client's I/O thread; spans are made
+        in the caller's thread where it waits (its current span the parent)."""
         super().__init__(
             self._make(
                 endpoint,
@@ -329,6 +341,7 @@ class Client(View[aio.Client]):
                 max_outgoing=max_outgoing,
                 on_fault=on_fault,
                 echo=echo,
+                tracer_provider=tracer_provider,
             )
         )
 

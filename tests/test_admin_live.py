@@ -306,6 +306,7 @@ def test_the_cli_lists_closes_removes_gets_and_purges_with_one_line_errors(opera
         assert lines[0] == "seq: 1" and lines[2:] == [
             "topic: jobs.x",
             "sender: bob",
+            "trace: none",  # (no traceparent: tests/test_tracing.py shows one)
             "headers:",
             "  MSGID: order-42",
             "  X-Order: 42",

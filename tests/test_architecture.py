@@ -46,7 +46,10 @@ FLOORS: dict[str, tuple[str, ...]] = {
     ),
     "protocol": ("mc0.protocol",),
     "settings": ("mc0.settings", "mc0.config"),
-    "client": ("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_loop", "mc0.client"),
+    "client": (
+        *("mc0.events", "mc0.session", "mc0.pattern_table", "mc0.aio", "mc0.sync_loop", "mc0.client"),
+        "mc0.tracing",
+    ),
     "storage": ("mc0.broker.storage", "mc0.broker.jetstream.replicated", "mc0.broker.jetstream.copystate"),
     "core": (
         "mc0.broker.core",

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import mc0
+from mc0 import protocol as P
 from mc0.process import BrokerProcess
 
 from .conftest import CurveSetup, require, write_config
@@ -93,7 +94,8 @@ def test_batch_read_returns_exactly_the_requested_range(spark: Any, journaled: B
         .load()
     )
     assert df.schema.simpleString() == (
-        "struct<seq:bigint,ts:timestamp,topic:string,sender:string,headers:map<string,string>,body:binary>"
+        "struct<seq:bigint,ts:timestamp,topic:string,sender:string,headers:map<string,string>,body:binary,"
+        "trace_id:string>"
     )
     rows = sorted(df.collect(), key=lambda r: r.seq)
     expected = [(s, f"order {i}".encode()) for i, s in enumerate(seqs) if 10 <= i < 40 and i % 2 == 1]
@@ -113,6 +115,8 @@ def test_a_read_returns_every_record_exactly_once_with_its_content(spark: Any, j
         for i in range(2500):
             parts = [b"o%d" % i, b"-" * (i % 5)] if i % 3 == 0 else [b"" if i % 7 == 0 else f"order {i}".encode()]
             headers = {"X-n": str(i), "X-text": "ü €"} if i % 4 == 0 else None
+            if i % 5 == 0:  # a trace context (every tenth a malformed one): the trace_id column
+                headers = {**(headers or {}), "traceparent": f"00-{i + 1:032x}-{'b' * 16}-01"[: 55 - (i % 10 == 0)]}
             client.publish(f"orders.{i % 3}", parts, headers=headers, confirm=i == 2499)
         want = []
         seq = 0
@@ -131,9 +135,12 @@ def test_a_read_returns_every_record_exactly_once_with_its_content(spark: Any, j
         .load()
     )
     assert df.rdd.getNumPartitions() == 4
-    rows = df.selectExpr("seq", "unix_micros(ts) AS us", "topic", "sender", "headers", "body").collect()
-    got = sorted((r.seq, r.us, r.topic, r.sender, dict(r.headers), bytes(r.body)) for r in rows)
-    assert got == [(r.seq, round(r.ts * 1_000_000), r.topic, r.sender, r.headers, r.body) for r in want]
+    rows = df.selectExpr("seq", "unix_micros(ts) AS us", "topic", "sender", "headers", "body", "trace_id").collect()
+    got = sorted((r.seq, r.us, r.topic, r.sender, dict(r.headers), bytes(r.body), r.trace_id) for r in rows)
+    assert got == [
+        (r.seq, round(r.ts * 1_000_000), r.topic, r.sender, r.headers, r.body, P.trace_id(r.headers)) for r in want
+    ]
+    assert sum(r.trace_id is not None for r in rows) == 250  # (the other 250 traceparents are malformed)
 
 
 # The `topics` option as users write it, against what a Python filter over the whole journal keeps.

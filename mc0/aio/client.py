@@ -17,7 +17,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .. import protocol as P
 from ..errors import ClosedError, ProtocolError, Timeout
@@ -29,6 +29,9 @@ from .consumer import Consumer
 from .pages import PageStream
 from .replies import ReplyStream
 from .subscription import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, Subscription
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 # How fetch() asks for its pages: columns, as large as the broker builds them.
@@ -55,7 +58,7 @@ class Client(Connection):
         """Direct messages sent to this client's identity (``send_to``), including those the
         broker kept while none of the identity's sessions was connected."""
         if self._mailbox is None:
-            self._mailbox = Subscription(self, (), DEFAULT_MAX_PENDING)
+            self._mailbox = Subscription(self, (), DEFAULT_MAX_PENDING, tracing=self.tracing)
             self._subscriptions[MAILBOX_KEY] = [self._mailbox]
         return self._mailbox
 
@@ -90,7 +93,7 @@ class Client(Connection):
             "deliver": deliver,
         }
         await self.request(P.CONSUMER_SERVICE, json.dumps(query), timeout=timeout)
-        return Consumer(self, journal, name)
+        return Consumer(self, journal, name, tracing=self.tracing)
 
     async def send_to(
         self,
@@ -105,13 +108,24 @@ class Client(Connection):
         """A direct message to one authenticated identity (``PUT TO``): delivered to its newest
         session, or kept by the broker until one connects (bounded; 429 when full).  With
         ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``."""
-        if not confirm:
-            self._send(self.session.publish(topic, body, headers, to=identity))
-            return None
-        request_id = self.session.new_id()
-        frames = self.session.publish(topic, body, headers, request_id, to=identity)
-        answer = await self._call(request_id, frames, timeout, f"send to {identity!r}")
-        return answer.headers.get(Header.MAILBOX)
+        span = None
+        if self.tracing is not None:
+            span, headers = self.tracing.publish(topic, headers, msgid=None, sender=self.identity, to=identity)
+        try:
+            if not confirm:
+                self._send(self.session.publish(topic, body, headers, to=identity))
+                return None
+            request_id = self.session.new_id()
+            frames = self.session.publish(topic, body, headers, request_id, to=identity)
+            answer = await self._call(request_id, frames, timeout, f"send to {identity!r}")
+            return answer.headers.get(Header.MAILBOX)
+        except BaseException as exc:
+            if span is not None:
+                self._traced_failure(span, exc)
+            raise
+        finally:
+            if span is not None:
+                span.end()
 
     # ------------------------------------------------------------ publishing
     async def publish(
@@ -139,19 +153,65 @@ class Client(Connection):
         """
         if not confirm:
             out = self._outgoing()
-            if headers is None and msgid is None and type(body) is bytes:
+            if headers is None and msgid is None and type(body) is bytes and self.tracing is None:
                 out.send_record(self.session.publish_record(topic, body))
-            else:
+            elif self.tracing is None:
                 out.send(self.session.publish(topic, body, headers, msgid=msgid))
+            else:
+                out.send_record(self._traced_record(topic, body, headers, msgid))
             if out.pending >= out.max_bytes:
                 await self._room(timeout)
             return None
         request_id = self.session.new_id()
         if msgid is None:
             msgid = self.auto_msgid_prefix + request_id
+        if self.tracing is not None:
+            return await self._confirmed_traced(topic, body, headers, msgid, request_id, timeout)
         frames = self.session.publish(topic, body, headers, request_id, msgid)
         answer = await self._call(request_id, frames, timeout, f"publish to {topic!r}")
         return ack_of(answer)
+
+    def _traced_record(
+        self, topic: str, body: bytes | Sequence[bytes], headers: Mapping[str, str] | None, msgid: str | None
+    ) -> bytes:
+        """A fire-and-forget PUT as a record, under its PRODUCER span (``tracing`` is on): the span
+        covers validating and queueing it, in the caller's thread and context."""
+        assert self.tracing is not None
+        span, headers = self.tracing.publish(topic, headers, msgid=msgid, sender=self.identity)
+        try:
+            return self.session.to_send(self.session.publish(topic, body, headers, msgid=msgid))
+        except BaseException as exc:
+            self._traced_failure(span, exc)
+            raise
+        finally:
+            span.end()
+
+    async def _confirmed_traced(
+        self,
+        topic: str,
+        body: bytes | Sequence[bytes],
+        headers: Mapping[str, str] | None,
+        msgid: str,
+        request_id: str,
+        timeout: float | None,
+    ) -> Ack:
+        """A confirmed PUT under its PRODUCER span, which ends at the broker's OK (or ERROR)."""
+        assert self.tracing is not None
+        span, headers = self.tracing.publish(topic, headers, msgid=msgid, sender=self.identity)
+        try:
+            frames = self.session.publish(topic, body, headers, request_id, msgid)
+            ack = ack_of(await self._call(request_id, frames, timeout, f"publish to {topic!r}"))
+            self.tracing.stored(span, ack.journal, ack.seq)
+            return ack
+        except BaseException as exc:
+            self._traced_failure(span, exc)
+            raise
+        finally:
+            span.end()
+
+    def _traced_failure(self, span: Span, error: BaseException) -> None:
+        if self.tracing is not None and not isinstance(error, asyncio.CancelledError | GeneratorExit):
+            self.tracing.failed(span, error)
 
     def publish_nowait(
         self,
@@ -169,10 +229,12 @@ class Client(Connection):
         ``timeout``); on the client's own loop it never blocks (``publish``
         is the one that waits for room there).
         """
-        if headers is None and msgid is None and type(body) is bytes:
+        if headers is None and msgid is None and type(body) is bytes and self.tracing is None:
             record = self.session.publish_record(topic, body)
-        else:
+        elif self.tracing is None:
             record = self.session.to_send(self.session.publish(topic, body, headers, msgid=msgid))
+        else:
+            record = self._traced_record(topic, body, headers, msgid)
         out = self._outgoing()
         try:
             on_loop = asyncio.get_running_loop() is self._loop
@@ -246,6 +308,7 @@ class Client(Connection):
             from_seq=from_seq,
             journal=journal,
             replay_key=replay_key(request_id) if from_seq is not None else None,
+            tracing=self.tracing,
         )
         added: list[str] = []
         if from_seq is not None and sub.replay_key is not None:
@@ -255,10 +318,13 @@ class Client(Connection):
                 added.append(pattern)
                 self._subscriptions.setdefault(pattern, []).append(sub)
             try:
-                await self._call(request_id, replay, timeout, f"subscribe from {from_seq} to {sub.pattern!r}")
+                answer = await self._call(request_id, replay, timeout, f"subscribe from {from_seq} to {sub.pattern!r}")
             except BaseException:
                 await self._release(sub, added)
                 raise
+            journal_name, end = answer.headers.get(Header.JOURNAL), P.decimal(answer.headers.get(Header.SEQ, ""))
+            if journal_name is not None and end is not None:
+                sub.history = (journal_name, end)  # (its records are linked, not parented, by tracing)
             return sub
         try:
             for pattern in sub.patterns:
@@ -449,7 +515,7 @@ class Client(Connection):
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """Send a REQUEST and return its FINAL (PARTIALs are skipped); ERROR raises."""
-        if headers or not isinstance(body, bytes | str):
+        if headers or not isinstance(body, bytes | str) or self.tracing is not None:
             stream = await self._start(service, body, timeout, headers, scatter=False)
             async for _ in stream:
                 pass
@@ -477,6 +543,9 @@ class Client(Connection):
         call), and the FINAL (or ERROR, as its exception) resolves the future.
         """
         out = self._outgoing()
+        if self.tracing is not None:  # the span is made on the loop, in this thread's context (copied)
+            assert self._loop is not None
+            return asyncio.run_coroutine_threadsafe(self.request(service, body, timeout=timeout), self._loop)
         record, request_id, give_up = self._call_record(service, body, timeout)
         future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
         # Registered on the loop just before the record is queued there: before any answer.
@@ -517,7 +586,7 @@ class Client(Connection):
         headers: Mapping[str, str] | None = None,
     ) -> asyncio.Future[Reply]:
         """``request`` without awaiting it, for many requests at once (``asyncio.gather``)."""
-        if headers or not isinstance(body, bytes | str):
+        if headers or not isinstance(body, bytes | str) or self.tracing is not None:
             return asyncio.ensure_future(self.request(service, body, timeout=timeout, headers=headers))
         return self._request(service, body, timeout)
 
@@ -532,14 +601,25 @@ class Client(Connection):
         self.ensure_open()
         seconds = self.request_timeout if timeout is None else timeout
         request_id = self.session.new_id()
-        frames = self.session.request(service, body, request_id, max(1, round(seconds * 1000)), headers, scatter)  # type: ignore[arg-type]
+        traced = None
+        if self.tracing is not None:
+            how = "scatter" if scatter else "request"
+            span, headers = self.tracing.request(service, headers, request_id=request_id, caller=self.identity, how=how)
+            traced = (self.tracing, span)
+        try:
+            frames = self.session.request(service, body, request_id, max(1, round(seconds * 1000)), headers, scatter)  # type: ignore[arg-type]
+        except BaseException as exc:
+            if traced is not None:
+                traced[0].answered(traced[1], exc)
+            raise
         # The broker enforces the deadline and always answers; the grace covers its answer's trip.
-        stream = ReplyStream(self, request_id, service, scatter, seconds + max(1.0, 2 * self.session.ttl))
+        wait = seconds + max(1.0, 2 * self.session.ttl)
+        stream = ReplyStream(self, request_id, service, scatter, wait, traced=traced)
         self._reply_streams[request_id] = stream
         try:
             self._send(frames)
-        except BaseException:
-            stream._finish()
+        except BaseException as exc:
+            stream._finish(exc)
             raise
         return stream
 

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Self, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Self, TypeAlias, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -54,10 +54,14 @@ from ..session import (
     group_key,
 )
 from ..settings import ENV_BROKER_KEY, ENV_ENDPOINT, ENV_KEY, ClientConfig
+from ..tracing import tracing_for
 from .dialer import SOCKET_HWM, Dialer
 from .link import Link
 from .replies import ReplyStream
 from .subscription import Subscription
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["DEFAULT_MAX_OUTGOING", "SOCKET_HWM", "Connection", "Waiter"]
 
@@ -97,6 +101,7 @@ class Connection:
         max_outgoing: int = DEFAULT_MAX_OUTGOING,
         on_fault: Callable[[Exception], None] | None = None,
         echo: bool = True,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         """``key``: this client's secret key (a NAME.key_secret path or a KeyPair);
         ``broker_key``: the broker's public key (a NAME.key path, Z85 bytes or a KeyPair).
@@ -109,6 +114,9 @@ class Connection:
         ``echo=False``: the broker never hands this client its own publishes (NATS no_echo).
         ``endpoint``: one, or a comma-separated list to fail over between (``endpoints``; the
         one in use is ``endpoint``).
+        ``tracer_provider``: the OpenTelemetry provider this client makes its spans with
+        (:mod:`mc0.tracing`); None: the global one, if the application set one before
+        making the client, else no spans and no trace context sent (``tracing`` is None).
         """
         config = config or ClientConfig()
         self._key_spec = key or os.environ.get(ENV_KEY) or config.key or None
@@ -130,6 +138,7 @@ class Connection:
         self.on_fault = on_fault
         self.reconnects = 0
         self.max_outgoing = max_outgoing
+        self.tracing = tracing_for(tracer_provider)  # (None: off, and nothing of it on any path)
         self._dialer = Dialer(
             self.endpoints,
             self.session,

@@ -23,12 +23,14 @@ import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Error, ProtocolError
 from ..message import Message, Reply, new_message
-from ..protocol import CONSUMER_SERVICE, Status, parse_journal_page
+from ..protocol import CONSUMER_SERVICE, Status, carried, parse_journal_page
 
+if TYPE_CHECKING:
+    from ..tracing import Held, Tracing
 log = logging.getLogger("mc0.client")
 
 # Pulls ask the broker to wait at most this long, so one pull never outlives the request timeout.
@@ -75,8 +77,13 @@ class ConsumedMessage:
 class Consumer:
     """A durable consumer on a journal (see :meth:`mc0.aio.Client.consume`)."""
 
-    def __init__(self, client: Requester, journal: str, name: str) -> None:
+    def __init__(self, client: Requester, journal: str, name: str, *, tracing: Tracing | None = None) -> None:
+        """``tracing``: the client's (None: off): a span per pull, and per message ``messages`` hands out,
+        each linked to the context its record was published with (never its child: it may be hours old)."""
         self.client = client  # the client it talks to the broker through
+        self._tracing = tracing
+        self._held: Held | None = None  # the span of the message ``messages`` handed out last (until settled)
+        self._held_seq = 0
         self.journal = journal
         self.name = name
         self.ack_errors = 0  # ack_nowait requests the broker refused or that failed (their messages come back)
@@ -93,9 +100,15 @@ class Consumer:
         if max < 1 or wait < 0:
             raise ProtocolError(Status.BAD_REQUEST, "fetch needs max >= 1 and wait >= 0")
         query = {"op": "pull", "max": max, "wait_ms": round(wait * 1000)}
-        reply = await self._ask(query, timeout=wait + PULL_GRACE)
+        if self._tracing is None:
+            reply = await self._ask(query, timeout=wait + PULL_GRACE)
+            records = parse_journal_page(reply.parts[:2])
+        else:
+            with self._tracing.pulling(self.journal, self.name) as pull:
+                reply = await self._ask(query, timeout=wait + PULL_GRACE)
+                records = parse_journal_page(reply.parts[:2])
+                self._tracing.pulled(pull, records)
         parts = reply.parts
-        records = parse_journal_page(parts[:2])
         deliveries = json.loads(parts[2]) if len(parts) > 2 else [1] * len(records)
         return [
             ConsumedMessage(
@@ -103,7 +116,7 @@ class Consumer:
                     r.topic,
                     r.parts,
                     r.sender,
-                    {k: v for k, v in r.headers.items() if k.startswith("X-")},
+                    {k: v for k, v in r.headers.items() if carried(k)},
                     self.journal,
                     r.seq,
                     None,
@@ -116,13 +129,29 @@ class Consumer:
         ]
 
     async def messages(self, *, batch: int = 100, wait: float = 1.0) -> AsyncIterator[ConsumedMessage]:
-        """Every message, pulled ``batch`` at a time, for as long as the caller iterates."""
+        """Every message, pulled ``batch`` at a time, for as long as the caller iterates.  Traced, each
+        message's span is current in the caller's task from when it is handed out until it is settled
+        or the next is taken."""
         while True:
             for message in await self.fetch(batch, wait=wait):
+                if self._tracing is not None:
+                    self._held = self._tracing.consume(
+                        message.message, self._held, subscription=self.name, group=self.name, linked=True
+                    )
+                    self._held_seq = message.seq
                 yield message
+
+    def _settled(self, seqs: Sequence[int]) -> None:
+        """The message ``messages`` handed out last is settled: its span ends (no longer current)."""
+        if self._held is not None and self._held_seq in seqs:
+            assert self._tracing is not None
+            if self._tracing.release(self._held):
+                self._held = None
 
     async def _settle(self, op: str, messages: Sequence[ConsumedMessage | int], **extra: Any) -> int:
         seqs = [m if isinstance(m, int) else m.seq for m in messages]
+        if self._held is not None:
+            self._settled(seqs)
         if not seqs:
             return 0
         reply = await self._ask({"op": op, "seqs": seqs, **extra})
@@ -144,7 +173,10 @@ class Consumer:
         until every ack made so far is answered.  Must be called on the loop."""
         if not self._unsent_acks:
             asyncio.get_running_loop().call_soon(self._send_acks)
-        self._unsent_acks += [m if isinstance(m, int) else m.seq for m in messages]
+        seqs = [m if isinstance(m, int) else m.seq for m in messages]
+        if self._held is not None:
+            self._settled(seqs)
+        self._unsent_acks += seqs
 
     def _send_acks(self) -> None:
         seqs, self._unsent_acks = self._unsent_acks, []

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .. import protocol as P
 from ..errors import Timeout
 from ..message import Reply
-from ..protocol import Command, Header, Verb
+from ..protocol import Command, Header, Status, Verb
 from ..session import answer_error
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from ..tracing import Tracing
 
 
 class ReplyOwner(Protocol):
@@ -47,7 +52,17 @@ class ReplyStream:
     ``close()`` cancels and stops listening at once.
     """
 
-    def __init__(self, client: ReplyOwner, request_id: str, service: str, scatter: bool, wait: float) -> None:
+    def __init__(
+        self,
+        client: ReplyOwner,
+        request_id: str,
+        service: str,
+        scatter: bool,
+        wait: float,
+        *,
+        traced: tuple[Tracing, Span] | None = None,
+    ) -> None:
+        """``traced``: the request's CLIENT span (and the tracing that made it), ended with the stream."""
         self.client = client
         self.request_id = request_id
         self.service = service
@@ -59,6 +74,7 @@ class ReplyStream:
         self._queue: asyncio.Queue[Command | BaseException] = asyncio.Queue()
         self._wait = wait
         self._deadline = time.monotonic() + wait
+        self._traced = traced
 
     def _feed(self, item: Command | BaseException) -> None:
         self._queue.put_nowait(item)
@@ -68,9 +84,13 @@ class ReplyStream:
         """Replies received and not yet taken (the next ``__anext__`` of each returns at once)."""
         return self._queue.qsize()
 
-    def _finish(self) -> None:
+    def _finish(self, error: BaseException | None = None) -> None:
         self.done = True
         self.client.stream_ended(self.request_id)
+        if self._traced is not None:
+            tracing, span = self._traced
+            self._traced = None
+            tracing.answered(span, error)
 
     def __aiter__(self) -> ReplyStream:
         return self
@@ -81,10 +101,14 @@ class ReplyStream:
         try:
             item = await asyncio.wait_for(self._queue.get(), max(0.0, self._deadline - time.monotonic()))
         except TimeoutError:
-            await self.close()
-            raise Timeout(f"request to {self.service!r}", self._wait) from None
+            timeout = Timeout(f"request to {self.service!r}", self._wait)
+            if not self.done:
+                self._finish(timeout)
+                if self.client.connected:
+                    self.client.cancel_request(self.request_id)
+            raise timeout from None
         if isinstance(item, BaseException):
-            self._finish()
+            self._finish(item)
             raise item
         headers = item.headers
         user = item.user_headers()
@@ -94,9 +118,11 @@ class ReplyStream:
             if Header.CODE in headers:
                 error = answer_error(item)
             return Reply(parts, user, final=False, worker=headers.get(Header.WORKER), error=error)
-        self._finish()
         if item.verb is Verb.ERROR:
-            raise answer_error(item)
+            error = answer_error(item)
+            self._finish(error)
+            raise error
+        self._finish()
         self.final = Reply(parts, user, final=True)
         if self.scatter:
             self.count = P.decimal(headers.get(Header.COUNT, "0")) or 0
@@ -113,7 +139,7 @@ class ReplyStream:
         """CANCEL the request if it has not ended, and stop listening (idempotent)."""
         if self.done:
             return
-        self._finish()
+        self._finish(P.remote_error(Status.CANCELLED, "closed by the caller") if self._traced else None)
         if self.client.connected:
             self.client.cancel_request(self.request_id)
 

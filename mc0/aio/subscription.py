@@ -16,10 +16,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ClosedError, SlowConsumer, Timeout
 from ..message import Message
+
+if TYPE_CHECKING:
+    from ..tracing import Held, Tracing
 
 log = logging.getLogger("mc0.client")
 
@@ -61,7 +64,9 @@ class Subscription:
         from_seq: int | None = None,
         journal: str | None = None,
         replay_key: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        """``tracing``: the client's (None: off), which makes a CONSUMER span of each message taken."""
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be at least 1")
         self.client = client  # the client that feeds it
@@ -81,6 +86,10 @@ class Subscription:
         self._waiters: list[asyncio.Future[None]] = []
         self._sync = threading.Condition()  # for threads reading through the sync API
         self._sync_waiting = False
+        self._tracing = tracing
+        self._held: Held | None = None  # the span of the message (or batch) the application took last
+        # A replay's history (SUB FROM): its journal and where it ends, once the broker's OK said so.
+        self.history: tuple[str, int] | None = None
 
     @property
     def pattern(self) -> str:
@@ -149,6 +158,7 @@ class Subscription:
                 waiter.set_result(None)
 
     def _end(self, error: Exception | None = None) -> None:
+        self._release_held()
         if not self.closed:
             self.closed = True
             self.error = error
@@ -174,11 +184,50 @@ class Subscription:
         return message
 
     # ------------------------------------------------------------ read by the application
+    def release_span(self) -> None:
+        """Traced (the client has a tracer provider): end the span of the message (or batch) taken last,
+        which stays current where it was taken until the next is taken or the subscription closes;
+        for a reader that stops early (a ``break``), in the task or thread that took it.  Else nothing."""
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """The held span ends (and, where it was taken, stops being current: else that reader's next
+        read does that)."""
+        if self._held is not None:
+            assert self._tracing is not None
+            if self._tracing.release(self._held):
+                self._held = None
+
+    def _traced(self, message: Message) -> Message:
+        """``message``, handed to the application: its CONSUMER span (``tracing``) current from now on
+        where it was taken, until the next is taken.  A record of the replay's history is linked to
+        the context it was published with, not parented on it (it may be read hours later)."""
+        assert self._tracing is not None
+        history = self.history
+        linked = (
+            history is not None
+            and message.seq is not None
+            and message.journal == history[0]
+            and message.seq < history[1]
+        )
+        self._held = self._tracing.consume(
+            message, self._held, subscription=self.pattern, group=self.group, linked=linked
+        )
+        return message
+
+    def _traced_batch(self, messages: list[Message]) -> list[Message]:
+        assert self._tracing is not None
+        self._held = self._tracing.process_batch(
+            messages, self._held, subscription=self.pattern, destination=self.pattern
+        )
+        return messages
+
     async def next(self, timeout: float | None = None) -> Message:
         """The next message; ``Timeout`` after ``timeout`` s, ``ClosedError`` once closed."""
-        if self._items:
-            return self._take()
-        await self._wait(timeout)
+        if not self._items:
+            await self._wait(timeout)
+        if self._tracing is not None:
+            return self._traced(self._take())
         return self._take()
 
     async def next_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
@@ -186,12 +235,14 @@ class Subscription:
         if not self._items:
             await self._wait(timeout)
         take = self._take
-        return [take() for _ in range(min(max_messages, len(self._items)))]
+        taken = [take() for _ in range(min(max(max_messages, 1), len(self._items)))]
+        return taken if self._tracing is None else self._traced_batch(taken)
 
     async def _wait(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._items:
             if self.closed:
+                self._release_held()
                 raise self._closed_error()
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -220,12 +271,18 @@ class Subscription:
     def next_threadsafe(self, timeout: float | None = None) -> Message:
         """``next`` for another thread (the sync API): no hop into the event loop while
         messages are waiting, a condition wait when none are."""
-        if self._items:
-            return self._take()
+        if not self._items:
+            self._wait_threadsafe(timeout)
+        if self._tracing is not None:
+            return self._traced(self._take())
+        return self._take()
+
+    def _wait_threadsafe(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._sync:
             while not self._items:
                 if self.closed:
+                    self._release_held()
                     raise self._closed_error()
                 left = SYNC_RECHECK if deadline is None else min(SYNC_RECHECK, deadline - time.monotonic())
                 if left <= 0:
@@ -235,28 +292,31 @@ class Subscription:
                     self._sync.wait(left)
                 finally:
                     self._sync_waiting = False
-        return self._take()
 
     def next_batch_threadsafe(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
         """``next_batch`` for another thread (the sync API), waiting like ``next_threadsafe``."""
-        first = self.next_threadsafe(timeout)
+        if not self._items:
+            self._wait_threadsafe(timeout)
         take = self._take
-        return [first, *(take() for _ in range(min(max_messages - 1, len(self._items))))]
+        taken = [take() for _ in range(min(max(max_messages, 1), len(self._items)))]
+        return taken if self._tracing is None else self._traced_batch(taken)
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Message:
-        if self._items:
-            return self._take()
-        try:
-            await self._wait(None)
-        except ClosedError:
-            raise StopAsyncIteration from None
+        if not self._items:
+            try:
+                await self._wait(None)
+            except ClosedError:
+                raise StopAsyncIteration from None
+        if self._tracing is not None:
+            return self._traced(self._take())
         return self._take()
 
     async def close(self) -> None:
-        """Unsubscribe (idempotent)."""
+        """Unsubscribe (idempotent); the span of the message taken last ends (``release_span``)."""
+        self._release_held()
         await self.client.unsubscribe(self)
 
     async def __aenter__(self) -> Subscription:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import signal
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..deadlines import Deadlines
 from ..errors import ClosedError, Error, Timeout
@@ -30,6 +31,9 @@ from ..protocol import Status, Verb, batch
 from ..session import CancelWork, Event, Frames
 from .batchwork import RequestBatches
 from .client import Client
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("mc0.client")
 H = TypeVar("H", bound=Callable[..., Any])
@@ -243,7 +247,8 @@ class Worker(Client):
             if batches is not None:
                 self._queue_batched(batches, event)
                 return
-            task = asyncio.get_running_loop().create_task(self._serve(event))
+            serve = self._serve(event) if self.tracing is None else self._serve_traced(event)
+            task = asyncio.get_running_loop().create_task(serve)
             self._work[event.id] = task
             self._work_deadlines.add(event.deadline, event.id)
             self._arm_timer(event.deadline)
@@ -381,7 +386,14 @@ class Worker(Client):
         for reply in replies:
             link.send(reply)
 
-    async def _serve(self, request: Request) -> None:
+    async def _serve_traced(self, request: Request) -> None:
+        """``_serve`` inside the request's SERVER span, current around the handler (its spans nest under it)."""
+        assert self.tracing is not None
+        with self.tracing.serving(request) as span:
+            await self._serve(request, span)
+
+    async def _serve(self, request: Request, span: Span | None = None) -> None:
+        """Run ``request``'s handler to its one FINAL or ERROR (``span``: its SERVER span, when traced)."""
         service = request.service
         handler = self._handlers.get(service)
         bid = request.id
@@ -395,10 +407,13 @@ class Worker(Client):
             else:
                 await self._run_handler(kind, handler, request)
             self.handled += 1
-        except asyncio.CancelledError:
-            pass  # the broker already answered the client (504 or 499)
+        except asyncio.CancelledError:  # the broker already answered the client (504 or 499)
+            if span is not None:
+                span.set_attribute("error.type", "cancelled")
         except Exception as exc:  # a handler failure is an answer, not a crash
             self.failed += 1
+            if span is not None and self.tracing is not None:
+                self.tracing.failed(span, exc)
             log.debug("handler for %s failed", service, exc_info=True)
             if self.connected:
                 self._send(self.session.fail(bid, Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}"))
@@ -424,15 +439,25 @@ class Worker(Client):
         loop = asyncio.get_running_loop()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix=HANDLER_THREAD_PREFIX)
+        # A pool thread runs in its own context: traced, it runs in a copy of this task's, where the
+        # request's SERVER span is current (a sync handler's own spans nest under it too).
+        traced = self.tracing is not None
         if kind is GENERATOR:
             generator = handler(request)
             while True:
-                finished, value = await loop.run_in_executor(self._executor, _step, generator)
+                if traced:
+                    step = await loop.run_in_executor(self._executor, contextvars.copy_context().run, _step, generator)
+                else:
+                    step = await loop.run_in_executor(self._executor, _step, generator)
+                finished, value = step
                 if finished:
                     self._reply(Verb.FINAL, bid, value)
                     return
                 self._reply(Verb.PARTIAL, bid, value)
-        result = await loop.run_in_executor(self._executor, handler, request)
+        if traced:
+            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, handler, request)
+        else:
+            result = await loop.run_in_executor(self._executor, handler, request)
         if inspect.isawaitable(result):
             result = await result
         self._reply(Verb.FINAL, bid, result)

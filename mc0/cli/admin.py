@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from ..errors import Error
-from ..protocol import ADMIN_SERVICE, BROKER_SERVICE
+from ..protocol import ADMIN_SERVICE, BROKER_SERVICE, trace_id
 from .base import Connection, cli, connection_options, one_line_errors
 from .journal import journal as journal_group
 
@@ -159,8 +159,8 @@ def consumer_rm(journal: str, name: str, conn: Connection) -> None:
 @connection_options
 @one_line_errors
 def journal_get(name: str, seq: int, conn: Connection) -> None:
-    """Print the record at SEQ of JOURNAL: topic, sender, time, headers and body (the caller's read
-    grants apply: a record it may not read is not shown)."""
+    """Print the record at SEQ of JOURNAL: topic, sender, time, trace id (of its W3C traceparent),
+    headers and body (the caller's read grants apply: a record it may not read is not shown)."""
     with conn.client() as client:
         page = client.fetch(name, from_seq=seq, to_seq=seq + 1, max_records=1)
     record = next((r for r in page.records if r.seq == seq), None)
@@ -172,6 +172,7 @@ def journal_get(name: str, seq: int, conn: Connection) -> None:
     click.echo(f"time: {when}")
     click.echo(f"topic: {record.topic}")
     click.echo(f"sender: {record.sender}")
+    click.echo(f"trace: {trace_id(record.headers) or 'none'}")  # (its traceparent's trace id)
     click.echo("headers:" + ("" if record.headers else " none"))
     for key, value in sorted(record.headers.items()):
         click.echo(f"  {key}: {value}")

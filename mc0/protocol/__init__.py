@@ -4,14 +4,16 @@ Grammar (frames after the ROUTER routing id; ``""`` is an empty frame)::
 
     message    = VERB *(KEY VALUE) [ "" 1*POSITIONAL ]
     VERB       = one of Verb, ASCII
-    KEY        = non-empty ASCII: a reserved Header, or a user header "X-..."
+    KEY        = non-empty ASCII: a reserved Header, or a user header "X-..." (or the
+                 W3C trace context's "traceparent" / "tracestate")
     VALUE      = UTF-8 text, may be empty
     POSITIONAL = opaque bytes (patterns for SUB/UNSUB, body frames for PUT/MESSAGE)
 
 Headers are read in pairs; an empty frame where a *key* is expected starts
 the positional part (so an empty header *value* is legal).  A key with no
 value, a repeated key, a reserved key the verb does not take and any other
-non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
+non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched, and so
+do ``traceparent`` and ``tracestate`` (user headers too: ``mc0.protocol.tracecontext``).
 
 Peer -> broker::
 
@@ -156,6 +158,9 @@ from .model import (
     SYS_MAILBOX_SETTLED,
     SYS_PEER_TOPIC,
     SYS_RPC_TOPIC,
+    TRACE_HEADERS,
+    TRACEPARENT,
+    TRACESTATE,
     USER_HEADER_PREFIX,
     VERSIONS,
     WORKER_CODES,
@@ -167,10 +172,12 @@ from .model import (
     Status,
     Unbatched,
     Verb,
+    carried,
     is_user_header,
     remote_error,
     valid_group,
 )
+from .tracecontext import reply_headers, trace_context, trace_frames, trace_id
 
 __all__ = [
     "batch",
@@ -232,12 +239,16 @@ __all__ = [
     "SYS_RPC_TOPIC",
     "Side",
     "Status",
+    "TRACE_HEADERS",
+    "TRACEPARENT",
+    "TRACESTATE",
     "USER_HEADER_PREFIX",
     "Unbatched",
     "VERSIONS",
     "Verb",
     "WORKER_CODES",
     "cancel",
+    "carried",
     "decimal",
     "decode",
     "encode",
@@ -265,6 +276,10 @@ __all__ = [
     "remote_error",
     "reply",
     "request_to_worker",
+    "reply_headers",
+    "trace_context",
+    "trace_frames",
+    "trace_id",
     "user_header_frames",
     "worker_error",
 ]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from . import batch as _batch
-from .model import ENVELOPE, USER_HEADER_PREFIX, Verb
+from .model import ENVELOPE, TRACE_HEADERS, USER_HEADER_PREFIX, Verb
 
 
 def ok(request_id: str, *, ttl_ms: int | None = None, batch: bool = False) -> list[bytes]:
@@ -52,10 +52,10 @@ def ok_mailbox(request_id: str, outcome: str) -> list[bytes]:
 
 
 def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:
-    """The ``X-`` headers of ``headers`` as flat key, value frames (for ``message``)."""
+    """The user headers (``X-`` and the trace context) of ``headers`` as flat key, value frames (for ``message``)."""
     frames: list[bytes] = []
     for key, value in headers.items():
-        if key.startswith(USER_HEADER_PREFIX):  # as Command.user_headers, without building a dict
+        if key.startswith(USER_HEADER_PREFIX) or key in TRACE_HEADERS:  # as Command.user_headers, without a dict
             frames += (key.encode(), value.encode())
     return frames
 

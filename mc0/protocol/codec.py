@@ -15,6 +15,7 @@ from ..errors import ProtocolError, quoted, wire_text
 from .model import (
     DEFAULT_LIMITS,
     GRAMMAR,
+    TRACE_HEADERS,
     USER_HEADER_PREFIX,
     WORKER_CODES,
     Header,
@@ -28,10 +29,11 @@ from .model import (
 _VERBS: dict[bytes, Verb] = {v.value.encode(): v for v in Verb}
 _HEADERS: dict[bytes, Header] = {h.value.encode(): h for h in Header}
 _USER_PREFIX_B = USER_HEADER_PREFIX.encode()
+_TRACE_KEYS: dict[bytes, str] = {key.encode(): key for key in TRACE_HEADERS}
 
 
 class Command(NamedTuple):
-    """One decoded message: verb, headers (reserved and ``X-``), positional frames."""
+    """One decoded message: verb, headers (reserved and user: ``X-`` and the trace context), positional frames."""
 
     verb: Verb
     headers: dict[str, str]
@@ -42,8 +44,9 @@ class Command(NamedTuple):
         return self.headers.get(Header.ID)
 
     def user_headers(self) -> dict[str, str]:
-        """The ``X-`` headers (the one place they are told apart from reserved ones)."""
-        return {k: v for k, v in self.headers.items() if k.startswith(USER_HEADER_PREFIX)}
+        """The user headers, ``X-`` and the trace context (the one place a command's are told apart
+        from reserved ones; ``model.carried`` is the same rule)."""
+        return {k: v for k, v in self.headers.items() if k.startswith(USER_HEADER_PREFIX) or k in TRACE_HEADERS}
 
 
 def find_id(frames: Sequence[bytes], max_headers: int) -> str | None:
@@ -129,6 +132,10 @@ def _decode(frames: Sequence[bytes], sender: Side, limits: Limits) -> Command:
             if not grammar.user_headers:
                 raise ProtocolError(Status.BAD_REQUEST, f"{verb} does not take user headers", request_id)
             key = key_bytes.decode("ascii")
+        elif key_bytes in _TRACE_KEYS:  # (a user header too: carried, never read)
+            if not grammar.user_headers:
+                raise ProtocolError(Status.BAD_REQUEST, f"{verb} does not take user headers", request_id)
+            key = _TRACE_KEYS[key_bytes]
         else:
             raise ProtocolError(Status.BAD_REQUEST, f"unknown header {wire_text(key_frame)}", request_id)
         if key in headers:

@@ -66,6 +66,12 @@ class Header(StrEnum):
 
 
 USER_HEADER_PREFIX = "X-"
+# W3C trace context (www.w3.org/TR/trace-context): a message's place in a distributed trace, carried
+# under these exact (lowercase) names wherever a sender's X- headers go, and like them never parsed,
+# dropped or rewritten by a broker.  The one place they join the user headers (is_user_header, codec).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
 
 class Status(IntEnum):
@@ -254,7 +260,10 @@ BROKER_GRAMMAR: dict[Verb, Grammar] = {
     Verb.OK: Grammar(_ID, _h(Header.TTL, Header.BATCH, Header.JOURNAL, Header.SEQ, Header.DUPLICATE, Header.MAILBOX)),
     # Without ID: TOPIC (GROUP) = that subscription withdrawn; JOURNAL j TOPIC p = the replay of j that a
     # SUB FROM of p started ended (retention, a read error, a copy behind), the SUB itself stays live.
-    Verb.ERROR: Grammar(_h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC, Header.GROUP, Header.JOURNAL)),
+    # User headers: an ERROR answering a REQUEST carries the request's trace context (TRACE_HEADERS).
+    Verb.ERROR: Grammar(
+        _h(Header.CODE, Header.MESSAGE), _h(Header.ID, Header.TOPIC, Header.GROUP, Header.JOURNAL), True
+    ),
     Verb.MESSAGE: Grammar(
         _h(Header.TOPIC), _h(Header.SENDER, Header.JOURNAL, Header.SEQ, Header.GROUP, Header.TO), True, Payload.REQUIRED
     ),
@@ -311,5 +320,14 @@ GRAMMAR: dict[Side, dict[Verb, Grammar]] = {
 
 
 def is_user_header(key: str) -> bool:
-    """A key a sender may use for its own header: ``X-`` and at least one more ASCII character."""
-    return key.startswith(USER_HEADER_PREFIX) and key.isascii() and len(key) > len(USER_HEADER_PREFIX)
+    """A key a sender may use for its own header: ``X-`` and at least one more ASCII character, or
+    one of the trace context's (``TRACE_HEADERS``)."""
+    if key.startswith(USER_HEADER_PREFIX):
+        return key.isascii() and len(key) > len(USER_HEADER_PREFIX)
+    return key in TRACE_HEADERS
+
+
+def carried(key: str) -> bool:
+    """A header of a received command or record that travels on with its message (a user header:
+    ``X-`` or the trace context), as opposed to a reserved one; ``key`` was checked by decode."""
+    return key.startswith(USER_HEADER_PREFIX) or key in TRACE_HEADERS

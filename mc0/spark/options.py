@@ -18,7 +18,8 @@ from ..errors import ConfigError, InvalidTopic
 from ..topics import split_pattern
 
 SOURCE_NAME = "mc0"
-SCHEMA = "seq long, ts timestamp, topic string, sender string, headers map<string,string>, body binary"
+# trace_id: the record's trace id (of its W3C traceparent header), null without one: a pipeline joins on it.
+SCHEMA = "seq long, ts timestamp, topic string, sender string, headers map<string,string>, body binary, trace_id string"
 DEFAULT_JOURNAL = "main"
 # Seqs per partition: a Spark task costs tens of ms of JVM and Python worker CPU whatever it reads
 # (measured: 10,000-row partitions spent 7 us per row in the JVM, 100,000-row ones 2.4 us).

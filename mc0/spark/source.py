@@ -25,7 +25,8 @@ from pyspark.sql.types import StructType
 
 from ..errors import ConfigError, Gone, NotConnected, Timeout
 from ..message import Record
-from ..protocol import ColumnsPage
+from ..protocol import TRACEPARENT, ColumnsPage, trace_id
+from ..protocol.tracecontext import INVALID_TRACE_ID, INVALID_VERSION, TRACEPARENT_PATTERN
 from .options import SCHEMA, SOURCE_NAME, ReadSettings, every_broker_serves
 from .sink import Mc0StreamWriter, Mc0Writer
 
@@ -54,11 +55,12 @@ def split_range(start: int, end: int, per_partition: int, at_least: int = 1, *, 
     return [SeqRange(a, b, k if spread else -1) for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
-COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body"]
+COLUMNS = ["seq", "ts", "topic", "sender", "headers", "body", "trace_id"]
 # Pages as large as the broker builds (a RecordBatch each): per page the reader pays a hand-over
 # between the client's thread and Spark's and a batch to serialize, so fewer, larger pages are cheaper.
 PAGE_RECORDS = 4000
 PAGE_BYTES = 4 << 20
+TP_00 = "00-" + "0" * 32 + "-" + "0" * 16 + "-00"  # a version 00 traceparent's length is this one's
 MAX_BROKERS_LOST = 4  # brokers one range may lose mid-read before its task fails (Spark may retry it)
 
 
@@ -74,6 +76,7 @@ def arrow_schema() -> Any:
             ("sender", pa.string()),
             ("headers", pa.map_(pa.string(), pa.string())),
             ("body", pa.binary()),
+            ("trace_id", pa.string()),
         ]
     )
 
@@ -84,8 +87,9 @@ def record_batch(page: ColumnsPage) -> Any:
     No per-record Python work: the page's offsets and data are Arrow's own
     string/binary layout (``parse_columns_page`` checked them; the text
     columns are checked as UTF-8 here), a record's body parts are adjacent
-    so its body is one slice, and ``ts`` becomes microseconds in Arrow
-    (rounded half to even, as Python's ``round``).
+    so its body is one slice, ``ts`` becomes microseconds in Arrow
+    (rounded half to even, as Python's ``round``), and ``trace_id`` is read
+    from the headers with Arrow's kernels (``trace_ids``).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -121,9 +125,25 @@ def record_batch(page: ColumnsPage) -> Any:
             text(n, page.sender_offsets, page.senders),
             headers,
             pa.Array.from_buffers(pa.binary(), n, [None, body_offsets, buffer(page.bodies)]),
+            trace_ids(headers),
         ],
         names=COLUMNS,
     )
+
+
+def trace_ids(headers: Any) -> Any:
+    """Each record's trace id (of its W3C ``traceparent``), null when it has none or a malformed one:
+    ``mc0.protocol.trace_id``'s rule as Arrow kernels over the headers column, no Python per record."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = pc.map_lookup(headers, pa.scalar(TRACEPARENT), "first")
+    version = pc.utf8_slice_codeunits(value, 0, 2)
+    found = pc.utf8_slice_codeunits(value, 3, 35)
+    ok = pc.and_(pc.match_substring_regex(value, TRACEPARENT_PATTERN), pc.not_equal(version, INVALID_VERSION))
+    ok = pc.and_(ok, pc.or_(pc.not_equal(version, "00"), pc.equal(pc.utf8_length(value), len(TP_00))))
+    ok = pc.and_(ok, pc.not_equal(found, INVALID_TRACE_ID))
+    return pc.if_else(ok, found, pa.scalar(None, pa.string()))
 
 
 def _record_batch_of(records: list[Record]) -> Any:  # pragma: no cover - big-endian hosts
@@ -137,6 +157,7 @@ def _record_batch_of(records: list[Record]) -> Any:  # pragma: no cover - big-en
             pa.array([r.sender for r in records], pa.string()),
             pa.array([list(r.headers.items()) for r in records], pa.map_(pa.string(), pa.string())),
             pa.array([r.body for r in records], pa.binary()),
+            pa.array([trace_id(r.headers) for r in records], pa.string()),
         ],
         names=COLUMNS,
     )

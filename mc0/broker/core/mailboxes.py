@@ -409,7 +409,7 @@ class Mailboxes:
     ) -> int:
         assert self.journal is not None
         topic, sender, headers, body = record
-        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        kept = {k: v for k, v in headers.items() if P.carried(k)}
         expires_ms = round((letter.expires + self.wall_offset) * 1000.0)
         kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
         try:

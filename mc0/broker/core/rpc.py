@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from ...deadlines import Deadlines
 from ...errors import ProtocolError, quoted
 from ...permissions import Grants
-from ...protocol import Header, Status, Verb, decimal, request_to_worker
+from ...protocol import Header, Status, Verb, decimal, reply_headers, request_to_worker, trace_frames
 from ...settings import CoreSettings
 from .jobs import (
     JOB_TRANSITIONS,
@@ -212,7 +212,7 @@ class Rpc:
             self.counters["no_worker"] += 1
             self._finished(name, client, None, now, Status.NO_WORKER, sum(map(len, body)), 0, now)
             self.counters["answers_unwanted"] += quiet
-            answer = client.dialect.error(rid, name, Status.NO_WORKER, f"no worker for {name}")
+            answer = _error(client, rid, name, Status.NO_WORKER, f"no worker for {name}", user)
             return [] if quiet else [(client.routing_id, answer)]
 
         if scatter:
@@ -282,7 +282,7 @@ class Rpc:
         out = self._stop_work(request, now)
         client.last_sent = now
         service = request.service
-        out.append((client.routing_id, client.dialect.error(rid, service, Status.CANCELLED, "cancelled")))
+        out.append((client.routing_id, _error(client, rid, service, Status.CANCELLED, "cancelled", request.user)))
         self._finished(service, client, worker, request.created, Status.CANCELLED, size, bytes_out, now)
         return out
 
@@ -334,7 +334,7 @@ class Rpc:
             # Late (after deadline/cancel), forged, or never given to this worker.
             self.counters["replies_dropped"] += 1
             return []
-        user = user or job.user  # the request's X- headers unless the worker set its own
+        user = reply_headers(user, job.user)  # the request's user headers unless the worker set its own
         client = job.client
         client.last_sent = now
         action = self._fire(job, _REPLY_EVENTS[verb])
@@ -358,7 +358,7 @@ class Rpc:
         if action is Action.REPLY_FINAL:
             frames = client.dialect.final(job.rid, job.service, {}, user, body)
         else:
-            frames = client.dialect.error(job.rid, job.service, code, reason)
+            frames = _error(client, job.rid, job.service, code, reason, job.user)
         if job.quiet:
             self.counters["answers_unwanted"] += 1
         out: list[Out] = [] if job.quiet else [(client.routing_id, frames)]
@@ -521,7 +521,7 @@ class Rpc:
         if not self._is_current(client) or job.quiet:
             return []
         client.last_sent = now
-        return [(client.routing_id, client.dialect.error(job.rid, job.service, code, reason))]
+        return [(client.routing_id, _error(client, job.rid, job.service, code, reason, job.user))]
 
     # ================================================================ peers going away, time
     def drop_peer(self, peer: Peer, now: float) -> list[Out]:
@@ -619,3 +619,12 @@ _REPLY_EVENTS = {
     Verb.FINAL: JobEvent.FINAL,
     Verb.ERROR: JobEvent.WORKER_ERROR,
 }
+
+
+def _error(client: Peer, rid: str, service: str, code: int, reason: str, user: dict[str, str]) -> list[bytes]:
+    """The ERROR answering a request, with the request's trace context for an mc0 client (a
+    foreign dialect's error has no headers; a route's broker adds it for its own client)."""
+    frames = client.dialect.error(rid, service, code, reason)
+    if user and client.dialect.name == "mc0":
+        frames += trace_frames(user)
+    return frames

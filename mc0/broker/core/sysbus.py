@@ -92,10 +92,11 @@ class SysBus:
 
     def publish_dead_letter(self, topic: str, record: Record, reason: str, deliveries: int, now: float) -> list[Out]:
         """A durable consumer gave up on ``record``: publish it on ``topic`` (mc0.sys.dead.J.C) with
-        its body, its X- headers and ``X-Dead-*`` headers saying why, journaled where a journal keeps it."""
+        its body, its user headers (``X-`` and the trace context) and ``X-Dead-*`` headers saying why,
+        journaled where a journal keeps it."""
         tokens = split_topic(topic)
         headers = {
-            **{k: v for k, v in record.headers.items() if P.is_user_header(k)},
+            **{k: v for k, v in record.headers.items() if P.carried(k)},
             "X-Dead-Reason": reason,
             P.DEAD_TOPIC_HEADER: record.topic,
             "X-Dead-Seq": str(record.seq),

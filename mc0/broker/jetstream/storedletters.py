@@ -85,7 +85,7 @@ class StoredLetters:
             self.counters["mailbox_refused"] += 1
             raise ProtocolError(Status.OVER_LIMIT, f"journal {self.journal.name}: {self.journal.backlog}", request_id)
         topic, sender, headers, body = record
-        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        kept = {k: v for k, v in headers.items() if P.carried(k)}
         expires_ms = round((expires + self.wall_offset) * 1000.0)
         kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
         self.counters["mailbox_stored"] += 1
