@@ -143,6 +143,21 @@ def group_message_record(topic: bytes, sender: bytes, group: bytes, data: bytes)
     return b"".join((head, b"MESSAGETOPIC", topic, b"SENDER", sender, b"GROUP", group, data))
 
 
+_JOURNALED_LENGTHS = _FRAME_LENGTHS[11]
+_JOURNALED_FIXED = 1 + 2 + _JOURNALED_LENGTHS.size + len(b"MESSAGETOPICSENDERJOURNALSEQ")
+_JOURNALED_HEAD = struct.Struct("<IBH11I")  # a journaled copy's record head, frame count and frame lengths
+
+
+def journaled_message_record(topic: bytes, sender: bytes, journal: bytes, seq: int, data: bytes) -> bytes:
+    """``frames_record(message(topic, sender, (), [data], (journal, seq)))`` in one pass: the live copy
+    of a journaled PUT a batched subscriber gets (``MESSAGE … JOURNAL j SEQ n``), built per message."""
+    seq_b = str(seq).encode()
+    lt, ls, lj, lq, ld = len(topic), len(sender), len(journal), len(seq_b), len(data)
+    size = _JOURNALED_FIXED + lt + ls + lj + lq + ld
+    head = _JOURNALED_HEAD.pack(size, FRAMES, 11, 7, 5, lt, 6, ls, 7, lj, 3, lq, 0, ld)
+    return b"".join((head, b"MESSAGETOPIC", topic, b"SENDER", sender, b"JOURNAL", journal, b"SEQ", seq_b, data))
+
+
 def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, bytes] | None:
     """``(topic, sender, group, data)`` when a FRAMES record is exactly what
     :func:`group_message_record` builds (a queue-group copy), else None: the

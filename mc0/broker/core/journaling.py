@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 from ... import protocol as P
@@ -42,6 +43,7 @@ from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
 _DEAD_NEWLINE = b"\n" + SYS_DEAD_PREFIX.encode()  # a dead letter's topic, after a newline
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})  # a PUT record's stored headers
 log = logging.getLogger("mc0.broker")
 
 # SUB FROM replay: records read per replaying subscription per loop turn, and
@@ -292,6 +294,27 @@ class Journaling:
             if journal is first:
                 seq = appended
         return seq
+
+    def append_local(
+        self, journals: Sequence[JournalStore], first: JournalStore, topic: str, sender: str, body: bytes
+    ) -> int | None:
+        """``append`` of a PUT record (one body frame, no headers) to journals that are all local ones
+        (no JetStream journal among them: the caller checked, once per topic)."""
+        seq: int | None = None
+        for journal in journals:
+            try:
+                appended = journal.append(topic, sender, NO_HEADERS, (body,))
+            except OSError as exc:
+                self.counters["journal_write_failed"] += 1
+                log.error("journal %s: write failed: %s", journal.name, exc)
+                continue
+            if journal is first:
+                seq = appended
+        return seq
+
+    def local(self, journals: Sequence[JournalStore]) -> bool:
+        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to)."""
+        return all(replicated(journal) is None for journal in journals)
 
     def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:
         """Send ``frames`` (an OK) once ``journal``'s appends so far are committed (stored at its level)."""
