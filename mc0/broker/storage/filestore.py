@@ -59,21 +59,22 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ...errors import Error
 from ...message import Record
 from ...protocol import Header, PageColumns, page_columns
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
-from .port import Trimmed
+from .port import JournalError, Trimmed
 from .records import (
     HEAD,
     MAX_PAYLOAD,
     PAYLOAD_HEAD,
     SEQ_TS,
     decode_payload,
+    encode_body_record,
     encode_payload,
     encode_record,
     payload_columns,
+    payload_prefix,
 )
 from .syncer import Syncer
 from .topicindex import TopicIndex, select
@@ -93,10 +94,7 @@ log = logging.getLogger("mc0.journal")
 
 CONSUMER_FOLDER = "consumers"  # durable consumers' state: a log and a snapshot each
 SEGMENT_SUFFIX = ".seg"
-
-
-class JournalError(Error, OSError):
-    """The journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated)."""
+PREFIXES = 1024  # (topic, sender) pairs whose payload head is kept for appends (a cache: cleared when full)
 
 
 class _Segment:
@@ -140,6 +138,7 @@ class Journal:
         self._durable = 0  # ... and the last fsync (or, under fsync = "never", the last write)
         self._asked = 0  # the mark the sync thread was last asked for
         self._fsyncs_counted = 0  # the sync thread's fsyncs already in counters["fsyncs"]
+        self._prefixes: dict[tuple[str, str], bytes] = {}  # (topic, sender) -> records.payload_prefix
         background = on_synced is not None and (settings or JournalSettings()).fsync == "batch"
         self._syncer = Syncer(name, on_synced) if background and on_synced is not None else None
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
@@ -300,9 +299,18 @@ class Journal:
     def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
         """Add a record; returns its seq.  Durable only after ``commit()`` (see the module doc)."""
         active = self._segments[-1]
-        seq = active.next_seq
+        seq = active.first_seq + len(active.offsets)
         ts = self.clock()
-        data = encode_record(seq, ts, topic, sender, headers, parts)
+        if not headers and len(parts) == 1:  # a PUT record's shape: its topic and sender's bytes are kept
+            prefix = self._prefixes.get((topic, sender))
+            if prefix is None:
+                if len(self._prefixes) >= PREFIXES:
+                    self._prefixes.clear()
+                prefix = self._prefixes[topic, sender] = payload_prefix(topic, sender)
+            body = parts[0]
+            data = encode_body_record(seq, ts, prefix, body if type(body) is bytes else bytes(body))
+        else:
+            data = encode_record(seq, ts, topic, sender, headers, parts)
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
@@ -314,7 +322,7 @@ class Journal:
         self._buffer += data
         self.counters["appended"] += 1
         self._appends += 1
-        msgid = headers.get(Header.MSGID)
+        msgid = headers.get(Header.MSGID) if headers else None
         if msgid is not None and self.settings.dedup_window_s:
             self._remember(sender, msgid, seq, ts)
         if self.settings.fsync == "always":

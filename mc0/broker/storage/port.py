@@ -49,6 +49,12 @@ class Trimmed(Error, LookupError):
         self.first = first
 
 
+class JournalError(Error, OSError):
+    """A file journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated).
+    Defined here, not in :mod:`.filestore`, which is compiled (a compiled module cannot define an
+    exception class that inherits from two bases); that module exports it as its own."""
+
+
 class StateUnreadable(Error, ValueError):
     """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
 
