@@ -345,7 +345,7 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
     ``e2e/s`` divides by the time from the first publish to the last delivery instead (a subscriber
     that gets nothing until the end shows a huge first-to-last rate but an honest e2e one)."""
     pubsub_cols = ["scenario", "system", "median", "min-max", "unit", "e2e/s", "p50 ms", "p99 ms", "published",
-                   "delivered", "lost", "broker us/msg", "sub us/msg", "pub us/msg", "note"]  # fmt: skip
+                   "delivered", "lost", "broker us/msg", "loop us/msg", "sub us/msg", "pub us/msg", "note"]  # fmt: skip
     rpc_cols = ["scenario", "system", "median", "min-max", "unit", "p50 ms", "p99 ms", "calls", "errors",
                 "broker us/call", "client us/call", "worker us/call", "note"]  # fmt: skip
     pubsub: list[list[str]] = []
@@ -368,8 +368,8 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
             delivered = f"{row.get('delivered', 0):,}/{row.get('expected', 0):,}"
             e2e = f"{row['e2e_deliveries_per_s']:,.0f}" if "e2e_deliveries_per_s" in row else ""
             pubsub.append([*common[:5], e2e, *common[5:], f"{row.get('published', 0):,}", delivered,
-                           f"{row.get('lost', 0):,}", _us(row), _us(row, "sub_us_per_msg"),
-                           _us(row, "pub_us_per_msg"), note])  # fmt: skip
+                           f"{row.get('lost', 0):,}", _us(row), _us(row, "loop_us_per_msg"),
+                           _us(row, "sub_us_per_msg"), _us(row, "pub_us_per_msg"), note])  # fmt: skip
     tables = []
     if pubsub:
         tables.append(("library: pub/sub (totals over the runs)", pubsub_cols, pubsub))
@@ -502,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
     args = parser.parse_args(argv)
     systems = tuple(s for s in args.systems.split(",") if s)
-    trees, broker_trees = [], []
+    trees: list[tuple[str, str]] = []
+    broker_trees: list[tuple[str, str]] = []
     for flag, items, found in (
         ("--client-tree", args.client_tree, trees),
         ("--broker-tree", args.broker_tree, broker_trees),

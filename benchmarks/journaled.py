@@ -19,7 +19,8 @@ and one subscriber process on ``SUBJECTS`` counts them.  Systems:
 A run fails (``errors``) unless the store holds exactly what was published
 (the journal's ``next_seq``, the stream's ``state.messages``); ``lost`` counts
 what the subscriber never got.  Beside the rate: the broker's CPU per
-delivered message (every thread, and its loop thread alone, ``loop_us_per_msg``).
+delivered message (every thread, and its loop thread alone, ``loop_us_per_msg``), and the
+subscriber's and publisher's own (``sub_us_per_msg``, ``pub_us_per_msg``).
 
 ``cli_once`` runs the issue's other row: ``mc0 bench --pub 1 --sub 1 --msgs N``
 (the CLI, this checkout's) against a broker run with the README's sample
@@ -278,8 +279,8 @@ def journaled_once(system: str, where: Any, spec: dict[str, Any], crew: Any) -> 
     crew.link.go.set()
     results = crew.collect({"pub": 1, "sub": 1}, limit_s + 60)
     after = thread_seconds(where.pid)
-    publisher = next((r for role, r in results if role == "pub"), {})
-    received = next((r for role, r in results if role == "sub"), {})
+    publisher: dict[str, Any] = next((r for role, r in results if role == "pub"), {})
+    received: dict[str, Any] = next((r for role, r in results if role == "sub"), {})
     published = int(publisher.get("published", 0))
     delivered = int(received.get("delivered", 0))
     if nats:
@@ -303,6 +304,8 @@ def journaled_once(system: str, where: Any, spec: dict[str, Any], crew: Any) -> 
         "stored": stored,
         "client_dropped": int(received.get("client_dropped", 0)),
         "broker_us_per_msg": cpu * 1e6 / delivered if delivered else 0.0,
+        "sub_us_per_msg": float(received.get("cpu_s", 0.0)) * 1e6 / delivered if delivered else 0.0,
+        "pub_us_per_msg": float(publisher.get("cpu_s", 0.0)) * 1e6 / published if published else 0.0,
         "crashes": crashes,
     }
     if not nats and delivered:
@@ -331,7 +334,8 @@ def sample_broker(journal: bool, tree: str | None) -> Iterator[tuple[str, Path, 
         keyfiles.create(folder / "keys", "alice")
         (folder / "keys" / "allowed").mkdir(exist_ok=True)
         (folder / "keys" / "allowed" / "alice.key").write_bytes((folder / "keys" / "alice.key").read_bytes())
-        with BrokerProcess(config=str(folder / "journal.toml"), cwd=tmp, env=broker_env(tree)) as broker:
+        broker = BrokerProcess(config=str(folder / "journal.toml"), cwd=tmp, env=broker_env(tree), start_timeout=60.0)
+        with broker:
             assert broker.proc is not None
             yield broker.endpoint, folder, broker.proc.pid
 
@@ -339,16 +343,18 @@ def sample_broker(journal: bool, tree: str | None) -> Iterator[tuple[str, Path, 
 DELIVERED = re.compile(r"sub: 1 subscriber\(s\), ([\d,]+) msgs delivered: ([\d,]+) msg/s")
 
 
-def cli_once(system: str, tree: str | None, msgs: int) -> dict[str, Any]:
-    """``mc0 bench --pub 1 --sub 1 --msgs N`` (this checkout's CLI) against the README's sample broker."""
+def cli_once(system: str, tree: str | None, client_tree: str | None, msgs: int) -> dict[str, Any]:
+    """``mc0 bench --pub 1 --sub 1 --msgs N`` (this checkout's CLI, or ``client_tree``'s) against the README's
+    sample broker (run from ``tree``, or this checkout)."""
     journal = system.startswith("mc0 bench+journal")
     with sample_broker(journal, tree) as (endpoint, folder, pid):
         secret, public = str(folder / "keys" / "alice.key_secret"), str(folder / "keys" / "broker.key")
         keys = ["--key", secret, "--broker-key", public]
         command = [sys.executable, "-m", "mc0", "bench", "--endpoint", endpoint, *keys,
-                   "--pub", "1", "--sub", "1", "--msgs", str(msgs)]  # fmt: skip
+                   "--pub", "1", "--sub", "1", "--msgs", str(msgs), "--timeout", "60"]  # fmt: skip
         threads = thread_seconds(pid)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120 + msgs / 1000, cwd=folder)
+        env = broker_env(client_tree)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120 + msgs / 1000, cwd=folder, env=env)
         after = thread_seconds(pid)
         found = DELIVERED.search(done.stdout)
         crashes = [] if done.returncode == 0 and found else [f"mc0 bench: {(done.stdout + done.stderr)[-300:]}"]

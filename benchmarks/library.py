@@ -79,6 +79,7 @@ CONSOLE_SYSTEMS = ["mc0-aio+http", f"mc0-aio+{CONSOLES} consoles"]
 # and a run of the plain count (~0.2 s at 300k/s) would measure the five first polls' burst, not the cost.
 CONSOLE_COUNT_FACTOR = 50
 GROUP_MEMBERS = 3
+START_S = 60.0  # a broker's start (a loaded box took past BrokerProcess's 15 s: a failed row, not a slow one)
 PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
 TREE_SYSTEMS = ("mc0-aio", "mc0-sync")  # the systems that --client-tree runs again with another checkout's mc0
 # CPU per message (per call) of the load processes, from their own ``cpu_s`` (library_load.Child) or psutil.
@@ -200,15 +201,15 @@ def target(
             if system.endswith("+curve"):
                 config = Path(folder) / "mc0.toml"
                 config.write_text(security_toml(curve) + text)
-                broker = BrokerProcess(config=str(config), cwd=folder, env=env)
+                broker = BrokerProcess(config=str(config), cwd=folder, env=env, start_timeout=START_S)
                 options = {"key": f"{curve['dir']}/bench.key_secret", "broker_key": f"{curve['dir']}/broker.key"}
             elif text:
                 config = Path(folder) / "mc0.toml"
                 config.write_text(text)
-                broker = BrokerProcess(config=str(config), insecure=True, cwd=folder, env=env)
+                broker = BrokerProcess(config=str(config), insecure=True, cwd=folder, env=env, start_timeout=START_S)
                 options = {}
             else:
-                broker = BrokerProcess(insecure=True, cwd=folder, env=env)
+                broker = BrokerProcess(insecure=True, cwd=folder, env=env, start_timeout=START_S)
                 options = {}
             with broker:
                 assert broker.proc is not None
@@ -519,7 +520,7 @@ def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve:
     try:
         for _ in range(1 if options.quick else options.runs):
             if spec["kind"] == "cli":
-                got = journaled.cli_once(system, broker_tree, spec["count"])
+                got = journaled.cli_once(system, broker_tree, tree, spec["count"])
                 row.add_counts(published=got["published"], expected=got["expected"], delivered=got["delivered"],
                                lost=got["lost"], errors=len(got["crashes"]))  # fmt: skip
                 problems += got["crashes"]
@@ -646,7 +647,7 @@ def systems_of(spec: dict[str, Any], options: Options) -> list[str]:
             out += [f"{system}@{name}" for name, _ in options.client_trees]
         if system.startswith("mc0") and spec.get("family") == "journaled":  # the broker from another checkout
             out += [f"{system}@{name}" for name, _ in options.broker_trees]
-    return out
+    return list(dict.fromkeys(out))  # (a NAME given as both trees: one system, its broker and load from there)
 
 
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:

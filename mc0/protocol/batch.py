@@ -38,7 +38,7 @@ import struct
 from collections.abc import Iterator, Sequence
 
 from ..errors import ProtocolError
-from .codec import Command, decode
+from .codec import MAX_DECIMAL_DIGITS, Command, decode
 from .model import Header, Limits, Side, Status, Verb
 
 BATCH = Verb.BATCH.value.encode()
@@ -179,6 +179,35 @@ def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, byte
     ):
         return None
     return blob[t : s - 6], blob[s : g - 5], blob[g:d], blob[d:end]
+
+
+def journaled_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, int, bytes] | None:
+    """``(topic, sender, journal, seq, data)`` when a FRAMES record is exactly what
+    :func:`journaled_message_record` builds (a journaled PUT's live copy; a SEQ of at most
+    ``MAX_DECIMAL_DIGITS`` ASCII digits, an ASCII journal name), else None: the receiver then takes
+    the general path, so this is only a shortcut."""
+    if end - start < 2 + _JOURNALED_LENGTHS.size or blob[start] != 11 or blob[start + 1] != 0:
+        return None
+    lengths = _JOURNALED_LENGTHS.unpack_from(blob, start + 2)
+    if lengths[0] != 7 or lengths[1] != 5 or lengths[3] != 6 or lengths[5] != 7 or lengths[7] != 3 or lengths[9]:
+        return None
+    t = start + 2 + _JOURNALED_LENGTHS.size + 12
+    s = t + lengths[2] + 6
+    j = s + lengths[4] + 7
+    q = j + lengths[6] + 3
+    d = q + lengths[8]
+    if (
+        d + lengths[10] != end
+        or blob[t - 12 : t] != b"MESSAGETOPIC"
+        or blob[s - 6 : s] != _SENDER_B
+        or blob[j - 7 : j] != b"JOURNAL"
+        or blob[q - 3 : q] != b"SEQ"
+    ):
+        return None
+    journal, seq = blob[j : q - 3], blob[q:d]
+    if not 0 < len(seq) <= MAX_DECIMAL_DIGITS or not seq.isdigit() or not journal.isascii():
+        return None
+    return blob[t : s - 6], blob[s : j - 7], journal, int(seq), blob[d:end]
 
 
 def frames_record(frames: Sequence[bytes]) -> bytes:
