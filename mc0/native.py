@@ -46,6 +46,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.verbs",
     "mc0.broker.core.walks",
     "mc0.broker.core.batched",
+    "mc0.broker.core.journaling",
     # The journal's append path (issue 39): the record codec, the topic index, the file journal (its
     # appends, commits and reads; the sync thread, :mod:`mc0.broker.storage.syncer`, is not: it waits).
     "mc0.broker.storage.records",
