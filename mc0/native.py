@@ -1,7 +1,8 @@
 """The compiled hot path: which modules mypyc may compile, whether they are, and the pure-Python switch.
 
-Contract: ``HOT_MODULES`` names the modules that ``MC0_COMPILE=1 pip install
---no-build-isolation -e .`` compiles with mypyc (setup.py reads this file; it
+Contract: ``HOT_MODULES`` names the modules that every build of mc0 (``pip
+install``, ``python -m build``, ``pip install -e .``; ``MC0_PURE_BUILD=1`` or no
+C compiler: pure Python) compiles with mypyc (setup.py reads this file; it
 imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``rpc``, ``jobs``, ``workers``, ``batched``, ``walks``, ``verbs``, ``pubsub``,
 ``groups``, ``peers``, ``histogram``, ``traffic``) and what both sides share
@@ -17,7 +18,9 @@ the fallback.  ``compiled()`` says which of them are loaded compiled.
 imported) makes every one of them load from its ``.py`` even where the
 extension exists: that is how CI tests the fallback beside the compiled
 build.  So does a source edited after the build (``stale``), with one line
-on stderr: a stale extension never runs old code.  Measured gain: docs/PERFORMANCE.md (benchmarks/core_rpc.py).
+on stderr: a stale extension never runs old code.  ``describe()`` names the
+build that runs (``mc0 --version``, the benchmarks' headers).  Measured gain:
+docs/PERFORMANCE.md (benchmarks/core_rpc.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.session",
 )
 PURE_ENV = "MC0_PURE_PYTHON"
+PURE_BUILD_ENV = "MC0_PURE_BUILD"  # read by setup.py at build time: build pure Python on purpose
 GROUP = "mc0_native"  # mypyc's group name (setup.py): the compiled modules' shared code is GROUP + "__mypyc"
 
 
@@ -86,13 +90,23 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         return None
 
 
-def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[str]:
+def in_checkout() -> bool:
+    """Whether this mc0 is a source checkout's (run from it, or an editable install linking to it),
+    where a source may be edited after its build; not an installed wheel, whose files all carry
+    the install's time, in whatever order the installer wrote them."""
+    source = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return os.path.isfile(os.path.join(source, "pyproject.toml")) and os.path.isfile(os.path.join(source, "setup.py"))
+
+
+def stale(folder: str | None = None, library: str = GROUP + "__mypyc", *, checkout: bool | None = None) -> list[str]:
     """Modules whose extension would run other code than their source: built before the source's
-    last change, or left over from a build that compiled a module no longer in ``HOT_MODULES``;
-    or every module that has an extension when the shared library they all need cannot be found
-    (a later plain ``pip install -e .`` drops it from the path and leaves the extensions).
+    last change (in a checkout: ``checkout``, by default :func:`in_checkout`), or left over from a
+    build that compiled a module no longer in ``HOT_MODULES``; or every module that has an
+    extension when the shared library they all need cannot be found (a later plain ``pip install
+    -e .`` drops it from the path and leaves the extensions).
     ``folder`` (the package's own by default) and ``library`` are for tests."""
     here = folder or os.path.dirname(os.path.abspath(__file__))
+    edited = in_checkout() if checkout is None else checkout
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     out = []
     built = []
@@ -110,7 +124,7 @@ def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[s
             except OSError:
                 continue  # no source beside it: not one of ours
             built.append(name)
-            if newer or name not in HOT_MODULES:
+            if (newer and edited) or name not in HOT_MODULES:
                 out.append(name)
     if built and not out and importlib.util.find_spec(library) is None:
         return sorted(built)
@@ -123,9 +137,11 @@ def install() -> None:
     when ``MC0_PURE_PYTHON`` is set or when any source is newer than its extension (an edit
     since the last build: a stale extension would run old code, and compiled modules call
     each other directly, so it is all or nothing)."""
+    global _from_sources
     if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
         return
     if pure_requested():
+        _from_sources = f"{PURE_ENV}=1"
         sys.meta_path.insert(0, _SourceFirst())
         return
     changed = stale()
@@ -133,10 +149,14 @@ def install() -> None:
         print(
             f"mc0: the compiled {changed[0]} cannot run as built (its source changed since, or the "
             f"shared {GROUP}__mypyc is not installed): running the sources "
-            "(rebuild: ./run test or ./run bench, or MC0_COMPILE=1 pip install --no-build-isolation -e .)",
+            "(rebuild: ./run test, or pip install -e . again)",
             file=sys.stderr,
         )
+        _from_sources = f"the compiled {changed[0]} is stale"
         sys.meta_path.insert(0, _SourceFirst())
+
+
+_from_sources: str | None = None  # why install() made the hot path load from its sources, if it did
 
 
 def compiled() -> dict[str, bool]:
@@ -146,6 +166,18 @@ def compiled() -> dict[str, bool]:
         module = importlib.import_module(name)
         loaded[name] = not (getattr(module, "__file__", "") or "").endswith(".py")
     return loaded
+
+
+def describe() -> str:
+    """The build that runs, in a few words: ``compiled: 19 of 19 hot modules, mypyc``, ``pure
+    Python`` (as built), ``pure Python: MC0_PURE_PYTHON=1`` (a compiled build, not used)."""
+    loaded = compiled()
+    count = sum(loaded.values())
+    if count == len(loaded):
+        return f"compiled: {count} of {count} hot modules, mypyc"
+    if count:
+        return f"partly compiled: {count} of {len(loaded)} hot modules, mypyc"
+    return "pure Python" if _from_sources is None else f"pure Python: {_from_sources}"
 
 
 install()  # at import: mc0/__init__.py imports this module before anything else of mc0

@@ -45,15 +45,19 @@ def test_the_suite_runs_the_compiled_hot_path_when_built() -> None:
 
 
 @pytest.mark.parametrize(
-    ("extension_age", "library", "expected"),
+    ("extension_age", "library", "checkout", "expected"),
     [
-        (+10, "json", []),  # built after its source, shared library found: runs compiled
-        (-10, "json", ["mc0.trie"]),  # the source changed after the build
-        (+10, "mc0_no_such_library", ["mc0.trie"]),  # a plain install since dropped the shared library
+        (+10, "json", True, []),  # built after its source, shared library found: runs compiled
+        (-10, "json", True, ["mc0.trie"]),  # the source changed after the build
+        (+10, "mc0_no_such_library", True, ["mc0.trie"]),  # a plain install since dropped the shared library
+        # An installed wheel: the installer wrote the source after the extension (both have the
+        # install's time), which says nothing about an edit.
+        (-10, "json", False, []),
+        (+10, "mc0_no_such_library", False, ["mc0.trie"]),
     ],
 )
 def test_an_extension_that_cannot_run_as_built_is_stale(
-    tmp_path: Path, extension_age: int, library: str, expected: list[str]
+    tmp_path: Path, extension_age: int, library: str, checkout: bool, expected: list[str]
 ) -> None:
     source = tmp_path / "trie.py"
     source.write_text("")
@@ -61,7 +65,12 @@ def test_an_extension_that_cannot_run_as_built_is_stale(
     extension.write_bytes(b"")
     os.utime(extension, (source.stat().st_mtime + extension_age,) * 2)
     (tmp_path / "notes.txt").write_text("")  # neither source nor extension: ignored
-    assert native.stale(str(tmp_path), library) == expected
+    assert native.stale(str(tmp_path), library, checkout=checkout) == expected
+
+
+def test_this_mc0_is_a_checkouts() -> None:
+    """The suite runs a checkout (an editable install linking to it): its edits are looked for."""
+    assert native.in_checkout()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -73,6 +82,24 @@ def test_each_mode_loads_what_it_says(mode: str) -> None:
         assert compiled == []
     elif os.environ.get("MC0_EXPECT_COMPILED"):
         assert compiled == sorted(native.HOT_MODULES)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mc0_version_names_the_build_that_runs(mode: str) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "mc0", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **MODES[mode]},
+    )
+    assert got.returncode == 0 and got.stdout.startswith("mc0 0.1.0 ("), got.stdout + got.stderr
+    build = got.stdout.strip().removeprefix("mc0 0.1.0 ")
+    if mode == "pure":
+        assert build == "(pure Python: MC0_PURE_PYTHON=1)"
+    elif os.environ.get("MC0_EXPECT_COMPILED"):
+        n = len(native.HOT_MODULES)
+        assert build == f"(compiled: {n} of {n} hot modules, mypyc)"
 
 
 SCENARIO = """
