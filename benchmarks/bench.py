@@ -505,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--journaled-count", type=int, default=200_000, help="journaled pub/sub: messages per run")
     parser.add_argument("--cli-count", type=int, default=200_000, help="the mc0 bench row: --msgs per run")
+    parser.add_argument(
         "--pure",
         action="store_true",
         help="library rows: also run each mc0 system on the pure build (system +pure: MC0_PURE_PYTHON=1 for its "
