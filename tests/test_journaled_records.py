@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
+from mc0.broker.storage import records
 from mc0.broker.storage.filestore import Journal
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
@@ -51,6 +52,24 @@ def test_journaled_message_record_is_the_frames_record_of_the_journaled_message(
 ) -> None:
     expected = batch.frames_record(builders.message(topic, sender, (), [data], (journal, seq)))
     assert batch.journaled_message_record(topic, sender, journal, seq, data) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    topic=st.text(min_size=1, max_size=40),
+    sender=st.text(max_size=40),
+    seq=st.integers(min_value=1, max_value=2**63 - 1),
+    ts=st.floats(allow_nan=False, allow_infinity=False),
+    body=st.binary(max_size=300),
+)
+def test_a_put_records_journal_record_is_encode_records_bytes(
+    topic: str, sender: str, seq: int, ts: float, body: bytes
+) -> None:
+    """The append shortcut (``records.encode_body_record`` from a cached ``payload_prefix``, its CRC
+    chained piece by piece) writes exactly what ``encode_record`` writes, so the reader's CRC check holds."""
+    prefix = records.payload_prefix(topic, sender)
+    expected = records.encode_record(seq, ts, topic, sender, {}, [body])
+    assert records.encode_body_record(seq, ts, prefix, body) == expected
 
 
 WHO = {b"batched": "alice", b"plain": "carol", b"seed": "dave", b"bob": "bob", b"m1": "m1", b"m2": "m2",
