@@ -199,6 +199,8 @@ VARIANTS = (
     ("mc0-aio+curve", "mc0-aio"),
     ("mc0-sync", "mc0-aio"),
     ("mc0-aio+5 consoles", "mc0-aio+http"),  # what five open web consoles cost the broker
+    ("mc0-aio+journal", "mc0-aio"),  # what a journal on every topic costs (issue 39)
+    ("mc0 bench+journal", "mc0 bench"),  # the same through `mc0 bench` and the README's sample broker
     ("mc0-aio+batch", "mc0-aio"),  # a batch service's worker against the per-request one
     ("mc0-sync+batch", "mc0-sync"),
 )
@@ -282,7 +284,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
                     rows += run_scenario(spec, options, curve, say)
         if broker_suite or options.suite == "turn":
             rows += turn_rows(options, say)
-        if options.suite in ("all", "library", "groups", "consumers"):
+        if options.suite in ("all", "library", "groups", "consumers", "journaled"):
             rows += run_library(options, curve, say)
         if broker_suite and (not options.only or "resources" in options.only):
             try:
@@ -308,6 +310,9 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             "latency_seconds": options.latency_seconds,
             "consumer_count": options.consumer_count,
             "client_trees": dict(options.client_trees),
+            "broker_trees": dict(options.broker_trees),
+            "journaled_count": options.journaled_count,
+            "cli_count": options.cli_count,
             "pure": options.pure,
         },
         "rows": [r.as_dict() for r in rows],
@@ -346,7 +351,7 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
     ``e2e/s`` divides by the time from the first publish to the last delivery instead (a subscriber
     that gets nothing until the end shows a huge first-to-last rate but an honest e2e one)."""
     pubsub_cols = ["scenario", "system", "median", "min-max", "unit", "e2e/s", "p50 ms", "p99 ms", "published",
-                   "delivered", "lost", "broker us/msg", "sub us/msg", "pub us/msg", "note"]  # fmt: skip
+                   "delivered", "lost", "broker us/msg", "loop us/msg", "sub us/msg", "pub us/msg", "note"]  # fmt: skip
     rpc_cols = ["scenario", "system", "median", "min-max", "unit", "p50 ms", "p99 ms", "calls", "errors",
                 "broker us/call", "client us/call", "worker us/call", "note"]  # fmt: skip
     pubsub: list[list[str]] = []
@@ -369,8 +374,8 @@ def library_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[li
             delivered = f"{row.get('delivered', 0):,}/{row.get('expected', 0):,}"
             e2e = f"{row['e2e_deliveries_per_s']:,.0f}" if "e2e_deliveries_per_s" in row else ""
             pubsub.append([*common[:5], e2e, *common[5:], f"{row.get('published', 0):,}", delivered,
-                           f"{row.get('lost', 0):,}", _us(row), _us(row, "sub_us_per_msg"),
-                           _us(row, "pub_us_per_msg"), note])  # fmt: skip
+                           f"{row.get('lost', 0):,}", _us(row), _us(row, "loop_us_per_msg"),
+                           _us(row, "sub_us_per_msg"), _us(row, "pub_us_per_msg"), note])  # fmt: skip
     tables = []
     if pubsub:
         tables.append(("library: pub/sub (totals over the runs)", pubsub_cols, pubsub))
@@ -468,11 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "broker", "library", "groups", "consumers", "turn"),
+        choices=("all", "broker", "library", "groups", "consumers", "journaled", "turn"),
         default="all",
         help="broker: raw-frame load (the broker alone), the loop turn, resources, trie; library: the client "
-        "libraries (groups and consumers included); groups: queue-group rows only; consumers: durable-consumer "
-        "rows only; turn: the broker's CPU per loop turn carrying one message, beside the pyzmq-loop floor",
+        "libraries (groups, consumers and journaled included); groups: queue-group rows only; consumers: "
+        "durable-consumer rows only; journaled: journaled pub/sub beside no journal and JetStream capturing the "
+        "subjects, and `mc0 bench` against the README's journaled sample broker; turn: the broker's CPU per loop "
+        "turn carrying one message, beside the pyzmq-loop floor",
     )
     parser.add_argument("--count", type=int, default=20_000, help="library pub/sub: messages per run (64 KiB: 1/4)")
     parser.add_argument("--burst", type=int, default=100_000, help="library burst: messages per run to 4 subscribers")
@@ -489,6 +496,16 @@ def main(argv: list[str] | None = None) -> int:
         "system of a row interleaved run by run (repeatable)",
     )
     parser.add_argument(
+        "--broker-tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="journaled rows: also run the mc0 systems with the broker importing the mc0 of the checkout at PATH "
+        "(systems mc0-aio+journal@NAME, ...; the load stays this checkout's), interleaved run by run (repeatable)",
+    )
+    parser.add_argument("--journaled-count", type=int, default=200_000, help="journaled pub/sub: messages per run")
+    parser.add_argument("--cli-count", type=int, default=200_000, help="the mc0 bench row: --msgs per run")
+    parser.add_argument(
         "--pure",
         action="store_true",
         help="library rows: also run each mc0 system on the pure build (system +pure: MC0_PURE_PYTHON=1 for its "
@@ -499,12 +516,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
     args = parser.parse_args(argv)
     systems = tuple(s for s in args.systems.split(",") if s)
-    trees = []
-    for item in args.client_tree:
-        name, _, path = item.partition("=")
-        if not name or not path or not (Path(path) / "mc0" / "__init__.py").is_file():
-            parser.error(f"--client-tree {item!r}: NAME=PATH, PATH a checkout holding mc0/")
-        trees.append((name, str(Path(path).resolve())))
+    trees: list[tuple[str, str]] = []
+    broker_trees: list[tuple[str, str]] = []
+    for flag, items, found in (
+        ("--client-tree", args.client_tree, trees),
+        ("--broker-tree", args.broker_tree, broker_trees),
+    ):
+        for item in items:
+            name, _, path = item.partition("=")
+            if not name or not path or not (Path(path) / "mc0" / "__init__.py").is_file():
+                parser.error(f"{flag} {item!r}: NAME=PATH, PATH a checkout holding mc0/")
+            found.append((name, str(Path(path).resolve())))
     options = Options(
         runs=max(1, args.runs),
         seconds=args.seconds,
@@ -518,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         latency_seconds=max(0.1, args.latency_seconds),
         consumer_count=max(1, args.consumer_count),
         client_trees=tuple(trees),
+        broker_trees=tuple(broker_trees),
+        journaled_count=max(1, args.journaled_count),
+        cli_count=max(1, args.cli_count),
         pure=args.pure,
     )
     if args.from_json:

@@ -110,6 +110,11 @@ class Options:
     # Library rows: (name, path) of other checkouts whose mc0 the load processes of ``mc0-aio@name`` and
     # ``mc0-sync@name`` import (the broker stays this one's), run interleaved with this checkout's.
     client_trees: tuple[tuple[str, str], ...] = ()
+    # The journaled rows (``--suite journaled``): (name, path) of other checkouts whose mc0 the broker of
+    # ``mc0-aio+journal@name`` (and the others) runs, interleaved with this checkout's; messages per run.
+    broker_trees: tuple[tuple[str, str], ...] = ()
+    journaled_count: int = 200_000
+    cli_count: int = 200_000
     # Library rows: each mc0 system also on the pure build (``+pure``: MC0_PURE_PYTHON=1), interleaved.
     pure: bool = False
 

@@ -51,7 +51,7 @@ from typing import Any
 from mc0 import native
 from mc0.process import BrokerProcess
 
-from . import library_load, library_mc0, library_nats, library_queues
+from . import journaled, library_load, library_mc0, library_nats, library_queues
 from .common import (
     BODY,
     CTX,
@@ -87,6 +87,7 @@ CONSOLE_SYSTEMS = ["mc0-aio+http", f"mc0-aio+{CONSOLES} consoles"]
 # and a run of the plain count (~0.2 s at 300k/s) would measure the five first polls' burst, not the cost.
 CONSOLE_COUNT_FACTOR = 50
 GROUP_MEMBERS = 3
+START_S = 60.0  # a broker's start (a loaded box took past BrokerProcess's 15 s: a failed row, not a slow one)
 PREFIX = "lib "  # library scenario names: "lib " + the broker-alone scenario they mirror, where there is one
 TREE_SYSTEMS = ("mc0-aio", "mc0-sync")  # the systems that --client-tree runs again with another checkout's mc0
 # CPU per message (per call) of the load processes, from their own ``cpu_s`` (library_load.Child) or psutil.
@@ -139,6 +140,7 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
     rpc = {"kind": "rpc", "unit": "calls/s", "systems": RPC_SYSTEMS, "seconds": seconds, "scatter": 0}
     inflight = {**rpc, "window": WINDOW, "systems": INFLIGHT_SYSTEMS}
     group = {"kind": "group", "family": "groups", "unit": "deliveries/s", "systems": GROUP_SYSTEMS, "size": BODY}
+    cli_count = 3_000 if quick else options.cli_count
     durable = {"kind": "consumer", "family": "consumers", "unit": "msgs/s", "systems": CONSUMER_SYSTEMS, "size": BODY,
                "count": 300 if quick else options.consumer_count, "clients": 1}  # fmt: skip
     return [
@@ -163,6 +165,11 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
         {**durable, "name": "lib consumer ack-each answered", "ack": "each-sync"},
         {**durable, "name": "lib consumer ack-batch", "ack": "batch"},
         {**durable, "name": "lib consumer ack-each, 3 clients", "ack": "each", "clients": 3},  # competing
+        # Issue 39: a journal on every topic beside the same broker without it and JetStream capturing the subjects.
+        {"kind": "journaled", "family": "journaled", "name": "lib journaled pub/sub 1->1", "unit": "deliveries/s",
+         "systems": journaled.JOURNALED_SYSTEMS, "size": BODY, "count": 3_000 if quick else options.journaled_count},
+        {"kind": "cli", "family": "journaled", "unit": "deliveries/s", "systems": journaled.CLI_SYSTEMS,
+         "name": f"mc0 bench --pub 1 --sub 1 --msgs {cli_count}, sample journal.toml, CURVE", "count": cli_count},
     ]  # fmt: skip
 
 
@@ -182,13 +189,21 @@ class Target:
 
 
 @contextlib.contextmanager
-def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iterator[Target]:
+def target(
+    system: str, curve: dict[str, Any], *, journal: bool = False, broker_tree: str | None = None
+) -> Iterator[Target]:
     """A fresh broker for one run, at its default settings; stopped (or killed) after.
     ``journal``: mc0's broker keeps the consumers' journal (:func:`library_queues.journal_toml`);
+    ``mc0-aio+journal``: a journal on every topic (:func:`journaled.journal_toml`); ``broker_tree``:
+    the broker runs that checkout's mc0;
     a console system's broker serves its monitoring pages (``[http] listen``, in ``options["http"]``)."""
     if system.startswith("mc0"):
+        env = journaled.broker_env(broker_tree)
         with tempfile.TemporaryDirectory() as folder:  # cwd: `python -m mc0` must not import ./mc0
             text = library_queues.journal_toml(str(Path(folder) / "journal")) if journal else ""
+            if system == "mc0-aio+journal":
+                text += journaled.journal_toml(str(Path(folder) / "journal-all"))
+                system = "mc0-aio"
             http = ""
             if system in CONSOLE_SYSTEMS:
                 http = f"127.0.0.1:{free_port()}"
@@ -197,15 +212,15 @@ def target(system: str, curve: dict[str, Any], *, journal: bool = False) -> Iter
             if system.endswith("+curve"):
                 config = Path(folder) / "mc0.toml"
                 config.write_text(security_toml(curve) + text)
-                broker = BrokerProcess(config=str(config), cwd=folder)
+                broker = BrokerProcess(config=str(config), cwd=folder, env=env, start_timeout=START_S)
                 options = {"key": f"{curve['dir']}/bench.key_secret", "broker_key": f"{curve['dir']}/broker.key"}
             elif text:
                 config = Path(folder) / "mc0.toml"
                 config.write_text(text)
-                broker = BrokerProcess(config=str(config), insecure=True, cwd=folder)
+                broker = BrokerProcess(config=str(config), insecure=True, cwd=folder, env=env, start_timeout=START_S)
                 options = {}
             else:
-                broker = BrokerProcess(insecure=True, cwd=folder)
+                broker = BrokerProcess(insecure=True, cwd=folder, env=env, start_timeout=START_S)
                 options = {}
             with broker:
                 assert broker.proc is not None
@@ -526,7 +541,8 @@ def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve:
     row = Row(spec["name"], system_name, spec["unit"], suite="library", lower_is_better=latency)
     system, tree_name = split_system(system_name.removesuffix(PURE))
     pure = system_name.endswith(PURE)
-    tree = dict(options.client_trees)[tree_name] if tree_name else None
+    tree = dict(options.client_trees).get(tree_name) if tree_name else None
+    broker_tree = dict(options.broker_trees).get(tree_name) if tree_name else None
     reason = None if system.startswith("mc0") else available(system)
     if reason:
         row.note = f"skipped: {reason}"
@@ -534,8 +550,35 @@ def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve:
     problems: list[str] = []
     try:
         for _ in range(1 if options.quick else options.runs):
-            with pure_python(pure), target(system, curve, journal=spec["kind"] == "consumer") as where:
-                if spec["kind"] == "group":
+            if spec["kind"] == "cli":
+                with pure_python(pure):
+                    got = journaled.cli_once(system, broker_tree, tree, spec["count"])
+                row.add_counts(published=got["published"], expected=got["expected"], delivered=got["delivered"],
+                               lost=got["lost"], errors=len(got["crashes"]))  # fmt: skip
+                problems += got["crashes"]
+                row.values.append(got["rate"])
+                for name in ("broker_us_per_msg", "loop_us_per_msg"):
+                    row.add_extra(name, got[name])
+                continue
+            consumer = spec["kind"] == "consumer"
+            with pure_python(pure), target(system, curve, journal=consumer, broker_tree=broker_tree) as where:
+                if spec["kind"] == "journaled":
+                    with Crew(tree) as crew:
+                        got = journaled.journaled_once(system, where, spec, crew)
+                    row.add_counts(
+                        published=got["published"],
+                        expected=got["expected"],
+                        delivered=got["delivered"],
+                        lost=got["lost"],
+                        stored=got["stored"],
+                        client_dropped=got["client_dropped"],
+                        errors=len(got["crashes"]),
+                    )
+                    problems += got["crashes"]
+                    for name in ("e2e_deliveries_per_s", "loop_us_per_msg"):
+                        if name in got:
+                            row.add_extra(name, got[name])
+                elif spec["kind"] == "group":
                     got = group_once(system, where, spec, options, tree)
                     row.add_counts(
                         published=got["published"],
@@ -636,9 +679,11 @@ def systems_of(spec: dict[str, Any], options: Options) -> list[str]:
         out.append(system)
         if system in TREE_SYSTEMS and spec["kind"] != "consumer":
             out += [f"{system}@{name}" for name, _ in options.client_trees]
+        if system.startswith("mc0") and spec.get("family") == "journaled":  # the broker from another checkout
+            out += [f"{system}@{name}" for name, _ in options.broker_trees]
         if options.pure and system.startswith("mc0") and system not in CONSOLE_SYSTEMS:
             out.append(system + PURE)
-    return out
+    return list(dict.fromkeys(out))  # (a NAME given as both trees: one system, its broker and load from there)
 
 
 def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], None] = print) -> list[Row]:
@@ -648,7 +693,7 @@ def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], No
             continue
         systems = systems_of(spec, options)
         paired_runs = bool(options.client_trees or options.pure) and len(systems) > 1
-        interleaved = spec["systems"] is CONSOLE_SYSTEMS or paired_runs
+        interleaved = spec["systems"] is CONSOLE_SYSTEMS or family(spec) == "journaled" or paired_runs
         paired = measure_pair(spec, options, curve, systems) if interleaved else {}
         for system in systems:
             started = time.monotonic()

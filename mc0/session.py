@@ -134,6 +134,7 @@ class ClientSession:
         self._topics: dict[str, bytes] = {}  # validated topics -> their bytes
         self._services: dict[str, bytes] = {}
         self._senders: Remembered[bytes, str] = Remembered(bytes.decode)  # received senders -> their text
+        self._journal_names: Remembered[bytes, str] = Remembered(bytes.decode)  # received journal names -> text
 
     # ------------------------------------------------------------ ids and state
     def new_id(self) -> str:
@@ -531,6 +532,22 @@ class ClientSession:
             keys = self._history_keys(journal, seq, keys)
         return Received(message, keys)
 
+    def _journaled(
+        self, topic_b: bytes, sender_b: bytes, journal_b: bytes, seq: int, data: bytes
+    ) -> tuple[Message, tuple[str, ...]]:
+        """A journaled PUT's live copy read from its record (``batch.journaled_message_fields``): the
+        Message and local keys ``_received`` makes of the same frames, without decoding them."""
+        topic, _, keys = self._pattern_table.matches[topic_b]
+        journal = self._journal_names[journal_b]
+        message = new_message(topic, (data,), self._senders[sender_b], {}, journal, seq, None)
+        if self._resume:
+            for pattern in keys:
+                if pattern in self._resume:
+                    self._resume[pattern] = (journal, seq + 1)
+        if self._histories and journal in self._histories:
+            keys = self._history_keys(journal, seq, keys)
+        return message, keys
+
     # ------------------------------------------------------------ batched input
     def receive_batch(
         self,
@@ -545,8 +562,9 @@ class ClientSession:
         run of them for the same local keys in one call (no event object per
         message, one call into the shell per run rather than per message;
         the list is the callee's to read, not to keep): the shortcut shapes
-        read by :func:`mc0.protocol.batch.received`, any other (headers, several
-        body frames) through :meth:`receive` as if it came alone.  Each FINAL
+        read by :func:`mc0.protocol.batch.received` and a journaled PUT's live
+        copy (:func:`mc0.protocol.batch.journaled_message_fields`), any other
+        (headers, several body frames) through :meth:`receive` as if it came alone.  Each FINAL
         shortcut goes to ``final(request id, body)`` when given, which says
         whether it took it (else it becomes an ``Answer`` as any other reply);
         anything else is handled as if it came alone and becomes events.  A
@@ -569,6 +587,15 @@ class ClientSession:
                             run = []
                         run_keys = keys
                     run.append(new_message(topic, (data,), senders[sender_b], {}, None, None, group))
+                    continue
+                if code == batch.FRAMES and (journaled := batch.journaled_message_fields(blob, start, end)):
+                    message, keys = self._journaled(*journaled)  # a journaled PUT's live copy
+                    if keys is not run_keys:
+                        if run:
+                            deliver(run, run_keys)
+                            run = []
+                        run_keys = keys
+                    run.append(message)
                     continue
                 if code == batch.WORK:
                     service, bid, caller, timeout_ms, data = batch.work_fields(blob, start, end)

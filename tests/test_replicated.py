@@ -673,10 +673,20 @@ def test_a_copy_that_cannot_be_written_stops_there_and_live_records_go_on_once(t
     assert copy.arrived(1, 1.0, payload)
     copy.flush()
 
-    def disk_full(*_: Any) -> bool:
-        raise OSError(28, "No space left on device")
+    class DiskFull:
+        """The copy's file journal whose appends fail (a stand-in around it: the compiled Journal's
+        methods cannot be patched on an instance)."""
 
-    copy.cache.append_at = disk_full  # type: ignore[method-assign]
+        def __init__(self, journal: Any) -> None:
+            self.journal = journal
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.journal, name)
+
+        def append_at(self, *_: Any) -> bool:
+            raise OSError(28, "No space left on device")
+
+    copy.cache = DiskFull(copy.cache)
     assert [copy.arrived(seq, float(seq), payload) is not None for seq in (2, 3, 3, 2, 4)] == [
         True,
         True,

@@ -146,6 +146,56 @@ def test_a_replays_history_is_routed_to_the_replaying_subscription_alone(
 
 
 @pytest.mark.parametrize(
+    ("ok", "routes"),
+    [
+        (("OK", "ID", "7", "JOURNAL", "main", "SEQ", "6"), [(" replay 7",), ("a.>",), ("a.>",)]),
+        (("OK", "ID", "7"), [("a.>",), ("a.>",), ("a.>",)]),
+    ],
+)
+def test_a_replays_history_is_routed_alike_when_its_records_come_batched(
+    ok: tuple[str, ...], routes: list[tuple[str, ...]]
+) -> None:
+    """The journaled copies' shortcut (``batch.journaled_message_fields``) routes a replay's history as
+    the general path does, and keeps where a resumed replay would start."""
+    session = connected()
+    session.add_pattern("a.>")
+    session.replay_patterns(["a.>"], 1, None, "7")
+    session.receive(f(*ok), 1.0)
+    runs: list[tuple[list[int | None], tuple[str, ...]]] = []
+    for seq in (5, 6, 4):
+        blob = batch.journaled_message_record(b"a.b", b"alice", b"main", seq, b"x")
+        session.receive_batch(blob, 1.0, lambda run, keys: runs.append(([m.seq for m in run], keys)))
+    assert runs == [([5], routes[0]), ([6], routes[1]), ([4], routes[2])]
+    assert session._resume["a.>"] == ("main", 5)  # (the last record seen: a resumed replay goes on after it)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    topic=st.binary(min_size=1, max_size=40),
+    sender=st.binary(max_size=40),
+    journal=st.binary(min_size=1, max_size=20),
+    seq=st.integers(min_value=0, max_value=10**18 - 1),
+    data=st.binary(max_size=200),
+    frames=st.lists(st.binary(max_size=12), min_size=11, max_size=11),
+)
+def test_journaled_message_fields_reads_exactly_the_records_of_that_shape(
+    topic: bytes, sender: bytes, journal: bytes, seq: int, data: bytes, frames: list[bytes]
+) -> None:
+    record = batch.journaled_message_record(topic, sender, journal, seq, data)
+    expected = (topic, sender, journal, seq, data) if journal.isascii() else None
+    assert batch.journaled_message_fields(record, 5, len(record)) == expected
+    other = batch.frames_record(frames)  # any eleven frames: read only when they are that MESSAGE
+    read = batch.journaled_message_fields(other, 5, len(other))
+    if read is not None:
+        topic, sender, journal, seq, data = read
+        assert (
+            batch.frames_of(other, batch.FRAMES, 5, len(other))[:8]
+            == P.message(topic, sender, [], [data], (journal, seq))[:8]
+        )
+        assert frames[8].isdigit() and int(frames[8]) == seq and frames[10] == data
+
+
+@pytest.mark.parametrize(
     ("topic", "body", "headers", "error"),
     [
         ("a.*", b"x", None, errors.InvalidTopic),
@@ -243,6 +293,10 @@ def test_a_queue_group_copy_takes_its_shortcut_and_matches_the_general_path() ->
             P.message(b"a.b", b"alice", [], [b"1"], group=b"workers"),
         ),
         (batch.message_record(b"a..b", b"alice", b"1"), P.message(b"a..b", b"alice", [], [b"1"])),  # no pattern
+        (
+            batch.journaled_message_record(b"a.b", b"alice", b"main", 7, b"1"),
+            P.message(b"a.b", b"alice", [], [b"1"], (b"main", 7)),
+        ),
     ],
 )
 def test_a_message_is_the_same_message_for_the_same_subscriptions_whatever_its_shape(
@@ -271,6 +325,7 @@ GOOD_BLOB = b"".join(
     [
         batch.message_record(b"a.b", b"alice", b"1"),
         batch.group_message_record(b"a.b", b"alice", b"workers", b"2"),
+        batch.journaled_message_record(b"a.b", b"alice", b"main", 12, b"2"),
         batch.record_of(P.message(b"a.b", b"alice", [b"X-T", b"t"], [b"3"])),
         batch.reply_record(True, b"7", b"f"),
         batch.work_record(b"svc", b"9", b"bob", 50, b"w"),

@@ -12,8 +12,12 @@ file only reads the clock and the authenticated identity of each message,
 receives in batches and performs the sends the core returns.
 
 Journals (``[journals.NAME]``) are opened (and recovered) by ``bind()``; after
-every receive batch the loop calls ``core.commit()``, which writes and fsyncs
-the batch's appends once (group commit) and only then returns their OKs.
+every receive batch the loop calls ``core.commit()``, which writes the batch's
+appends once (group commit) and returns the OKs of what is stored at each
+journal's fsync level.  A ``batch`` journal's fsync runs on its own thread
+(:mod:`.storage.syncer`), which wakes the loop when done: the loop serves
+peers meanwhile, its live deliveries go out once written (never before), and
+the OKs the fsync covers go at the next commit.
 """
 
 from __future__ import annotations
@@ -151,8 +155,11 @@ class Broker:
         # A JetStream journal: the stream is the truth, this broker keeps a local copy to read from; what
         # the core proposes goes to JetStream through the cluster link at each commit.
         sink = self.cluster.link.publish if self.cluster is not None else None
+        # A file journal's fsync (fsync = "batch") runs on its sync thread, which wakes this loop when done.
         self.journals: list[Journal | ReplicatedJournal] = [
-            ReplicatedJournal(name, settings, sink=sink) if settings.replicated else Journal(name, settings)
+            ReplicatedJournal(name, settings, sink=sink)
+            if settings.replicated
+            else Journal(name, settings, on_synced=self._wake)
             for name, settings in sorted(self.config.journals.items())
         ]
         cfg = self.config.broker

@@ -39,7 +39,7 @@ import struct
 from collections.abc import Iterator, Sequence
 
 from ..errors import ProtocolError
-from .codec import Command, decode
+from .codec import MAX_DECIMAL_DIGITS, Command, decode
 from .model import Header, Limits, Side, Status, Verb
 
 BATCH = Verb.BATCH.value.encode()
@@ -144,6 +144,21 @@ def group_message_record(topic: bytes, sender: bytes, group: bytes, data: bytes)
     return b"".join((head, b"MESSAGETOPIC", topic, b"SENDER", sender, b"GROUP", group, data))
 
 
+_JOURNALED_LENGTHS = _FRAME_LENGTHS[11]
+_JOURNALED_FIXED = 1 + 2 + _JOURNALED_LENGTHS.size + len(b"MESSAGETOPICSENDERJOURNALSEQ")
+_JOURNALED_HEAD = struct.Struct("<IBH11I")  # a journaled copy's record head, frame count and frame lengths
+
+
+def journaled_message_record(topic: bytes, sender: bytes, journal: bytes, seq: int, data: bytes) -> bytes:
+    """``frames_record(message(topic, sender, (), [data], (journal, seq)))`` in one pass: the live copy
+    of a journaled PUT a batched subscriber gets (``MESSAGE … JOURNAL j SEQ n``), built per message."""
+    seq_b = str(seq).encode()
+    lt, ls, lj, lq, ld = len(topic), len(sender), len(journal), len(seq_b), len(data)
+    size = _JOURNALED_FIXED + lt + ls + lj + lq + ld
+    head = _JOURNALED_HEAD.pack(size, FRAMES, 11, 7, 5, lt, 6, ls, 7, lj, 3, lq, 0, ld)
+    return b"".join((head, b"MESSAGETOPIC", topic, b"SENDER", sender, b"JOURNAL", journal, b"SEQ", seq_b, data))
+
+
 def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, bytes] | None:
     """``(topic, sender, group, data)`` when a FRAMES record is exactly what
     :func:`group_message_record` builds (a queue-group copy), else None: the
@@ -165,6 +180,35 @@ def group_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, byte
     ):
         return None
     return blob[t : s - 6], blob[s : g - 5], blob[g:d], blob[d:end]
+
+
+def journaled_message_fields(blob: bytes, start: int, end: int) -> tuple[bytes, bytes, bytes, int, bytes] | None:
+    """``(topic, sender, journal, seq, data)`` when a FRAMES record is exactly what
+    :func:`journaled_message_record` builds (a journaled PUT's live copy; a SEQ of at most
+    ``MAX_DECIMAL_DIGITS`` ASCII digits, an ASCII journal name), else None: the receiver then takes
+    the general path, so this is only a shortcut."""
+    if end - start < 2 + _JOURNALED_LENGTHS.size or blob[start] != 11 or blob[start + 1] != 0:
+        return None
+    lengths = _JOURNALED_LENGTHS.unpack_from(blob, start + 2)
+    if lengths[0] != 7 or lengths[1] != 5 or lengths[3] != 6 or lengths[5] != 7 or lengths[7] != 3 or lengths[9]:
+        return None
+    t = start + 2 + _JOURNALED_LENGTHS.size + 12
+    s = t + lengths[2] + 6
+    j = s + lengths[4] + 7
+    q = j + lengths[6] + 3
+    d = q + lengths[8]
+    if (
+        d + lengths[10] != end
+        or blob[t - 12 : t] != b"MESSAGETOPIC"
+        or blob[s - 6 : s] != _SENDER_B
+        or blob[j - 7 : j] != b"JOURNAL"
+        or blob[q - 3 : q] != b"SEQ"
+    ):
+        return None
+    journal, seq = blob[j : q - 3], blob[q:d]
+    if not 0 < len(seq) <= MAX_DECIMAL_DIGITS or not seq.isdigit() or not journal.isascii():
+        return None
+    return blob[t : s - 6], blob[s : j - 7], journal, int(seq), blob[d:end]
 
 
 def frames_record(frames: Sequence[bytes]) -> bytes:

@@ -4,7 +4,8 @@ Contract: :class:`BatchedInput` walks batches and owns the PUT records' topic
 cache; it drives the rooms (:class:`~mc0.broker.core.rooms.Rooms`, which keep
 the walks under way) as the verbs do.  ``batch`` handles each record as if
 it came alone, in order; PUT records take ``_put_record`` (every check
-``verbs.put`` makes, no Command built unless a journal keeps the topic) and CALL /
+``verbs.put`` makes, no Command built: a topic kept by file journals only is appended
+and delivered by ``_journaled_record``, as ``verbs.put_journaled`` would) and CALL /
 PARTIAL / FINAL records ``_rpc_record``.  A refused record gets its own
 ERROR and spoils nothing after it.  Pure: no sockets, no clock.
 
@@ -28,6 +29,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Header, Status, Verb, batch
+from ..storage.port import JournalStore
+from .journaling import primary
 from .peers import Out, Peer
 from .rooms import Rooms
 from .traffic import Tally
@@ -38,6 +41,7 @@ _PUT_RECORD = P.batch.PUT
 _CALL_RECORD, _FINAL_RECORD = P.batch.CALL, P.batch.FINAL
 _RPC_RECORDS = frozenset({P.batch.CALL, P.batch.PARTIAL, P.batch.FINAL})
 _PLAIN_TOPICS = 4096  # PUT-record topics known to be valid, unjournaled and not the broker's own
+_JOURNALED_TOPICS = 4096  # ... valid, kept by file journals only, not the broker's own
 BATCH_SLICE = 2048  # records walked per call before the cursor is kept
 REFUSALS_ANSWERED = 16  # refused records of one batch answered one by one; the rest are counted
 DEFER_MESSAGES = 1024  # a peer's messages waiting behind its unfinished batch, at most
@@ -64,6 +68,29 @@ def _drain(sink: dict[bytes, list[bytes]], out: list[Out], peers: dict[bytes, Pe
 _NOT_BATCHED = "BATCH needs CONNECT ... BATCH 1 first"
 
 
+class JournaledTopic:
+    """A PUT-record topic file journals keep (the fast path's cache): its text and tokens, the journals,
+    the one a copy names (``primary``) and its name as bytes, and the topic's traffic tally."""
+
+    __slots__ = ("topic", "tokens", "journals", "first", "name", "tally")
+
+    def __init__(
+        self,
+        topic: str,
+        tokens: tuple[str, ...],
+        journals: Sequence[JournalStore],
+        first: JournalStore,
+        name: bytes,
+        tally: Tally,
+    ) -> None:
+        self.topic = topic
+        self.tokens = tokens
+        self.journals = journals
+        self.first = first
+        self.name = name
+        self.tally = tally
+
+
 class BatchedInput:
     """The walking of batches and the PUT-record topic cache: the batched wire's input.
 
@@ -85,6 +112,7 @@ class BatchedInput:
         self.batch_slice = BATCH_SLICE  # records walked per call before the cursor is kept (the shell may change it)
         # The PUT record fast path's cache: topic -> (topic, tokens, its traffic tally).
         self._plain_topics: dict[bytes, tuple[str, tuple[str, ...], Tally]] = {}
+        self._journaled_topics: dict[bytes, JournaledTopic] = {}  # ... and the journals that keep it
         self._traffic = rooms.traffic
         self._traffic_generation = rooms.traffic.generation  # tallies dropped since: the cache starts afresh
         self._max_message_bytes = rooms.settings.limits.max_message_bytes
@@ -110,6 +138,7 @@ class BatchedInput:
             return self.rooms.reject(peer.routing_id, peer, (), ProtocolError(Status.TOO_LARGE, reason), now)
         if self._traffic.generation != self._traffic_generation:
             self._plain_topics.clear()
+            self._journaled_topics.clear()
             self._traffic_generation = self._traffic.generation
         cursor = self._scratch_cursor  # a batch walked in one slice (the common case) needs no cursor of its own
         if cursor is None:
@@ -290,20 +319,27 @@ class BatchedInput:
         sink: dict[bytes, list[bytes]],
     ) -> int:
         """A PUT shortcut record (TOPIC and one body frame): the publish hot path, with every check
-        ``verbs.put`` makes, without building a Command unless a journal keeps the topic.  Returns
-        the count of plain publishes (the caller adds them up)."""
+        ``verbs.put`` makes, without building a Command unless a JetStream journal keeps the topic.
+        Returns the count of publishes it counted (the caller adds them up)."""
         if end - start > self._max_message_bytes:
             raise ProtocolError(Status.TOO_LARGE, f"{end - start} bytes, the limit is {self._max_message_bytes}")
         topic_b, data_at = batch.put_topic(blob, start, end)
         plain = self._plain_topics.get(topic_b)
         if plain is None:
+            kept = self._journaled_topics.get(topic_b)
+            if kept is not None:
+                return self._journaled_record(peer, kept, blob, start, end, data_at, now, out, sink)
             topic, tokens = self.pubsub.record_topic(topic_b)
             journaling = self.journaling
-            if (journaling.journals and journaling.journals_of(tokens)) or topic.startswith(P.RESERVED_TOPIC_PREFIX):
+            journals = journaling.journals_of(tokens) if journaling.journals else ()
+            if journals or topic.startswith(P.RESERVED_TOPIC_PREFIX):
+                kept = self._kept_by_files(topic_b, topic, tokens, journals)
+                if kept is not None:
+                    return self._journaled_record(peer, kept, blob, start, end, data_at, now, out, sink)
                 if sink:
                     _drain(sink, out, self._peers)
                 command = P.Command(Verb.PUT, {Header.TOPIC: topic}, (blob[start + data_at : end],))
-                out += put(self.rooms, peer, command, now)  # journaled (or refused): the general path
+                out += put(self.rooms, peer, command, now)  # JetStream-journaled (or refused): the general path
                 return 0
             if len(self._plain_topics) >= _PLAIN_TOPICS:
                 self._plain_topics.clear()
@@ -315,6 +351,54 @@ class BatchedInput:
         tally.msgs += 1
         tally.bytes += end - start - data_at
         self.pubsub.fan_out_put(topic, tokens, peer, blob[start:end], data_at, now, out, sink)
+        return 1
+
+    def _kept_by_files(
+        self, topic_b: bytes, topic: str, tokens: tuple[str, ...], journals: Sequence[JournalStore]
+    ) -> JournaledTopic | None:
+        """The fast path's entry for a topic that file journals keep (cached), else None (no journal,
+        a JetStream journal among them, or the broker's own topic: the general path)."""
+        if not journals or topic.startswith(P.RESERVED_TOPIC_PREFIX) or not self.journaling.local(journals):
+            return None
+        if len(self._journaled_topics) >= _JOURNALED_TOPICS:
+            self._journaled_topics.clear()
+        first = primary(journals)
+        kept = JournaledTopic(topic, tokens, journals, first, first.name.encode(), self._traffic.tally(topic))
+        self._journaled_topics[topic_b] = kept
+        return kept
+
+    def _journaled_record(
+        self,
+        peer: Peer,
+        kept: JournaledTopic,
+        blob: bytes,
+        start: int,
+        end: int,
+        data_at: int,
+        now: float,
+        out: list[Out],
+        sink: dict[bytes, list[bytes]],
+    ) -> int:
+        """A PUT record on a topic file journals keep: what ``verbs.put_journaled`` does for it (no ID,
+        so no OK to hold; no MSGID, so no dedup), appended (``Journaling.append_local``) and delivered
+        with its position, the batched subscribers' copies collected in ``sink`` as a plain PUT's are."""
+        grants = peer.grants
+        if not grants.unrestricted and not grants.may_publish(kept.tokens):
+            raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {kept.topic}")
+        tally = kept.tally
+        tally.msgs += 1
+        tally.bytes += end - start - data_at
+        data = blob[start + data_at : end]
+        journaling = self.journaling
+        seq = journaling.append_local(kept.journals, kept.first, kept.topic, peer.identity, data)
+        if seq is None:
+            self.counters["published"] += 1  # (as verbs.put counts it before the append fails)
+            raise ProtocolError(Status.STORAGE_FAILED, f"journal {kept.first.name} could not write")
+        self.counters["journaled"] += 1
+        held = journaling.held_back(kept.journals, kept.tokens)
+        self.pubsub.fan_out_journaled(
+            kept.tokens, peer, blob[start + 2 : start + data_at], data, (kept.name, seq), held, now, out, sink
+        )
         return 1
 
     def _rpc_record(self, peer: Peer, blob: bytes, code: int, start: int, end: int, now: float) -> list[Out]:

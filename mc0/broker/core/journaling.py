@@ -5,7 +5,10 @@ records are committed, and every running replay and fetch.  Storage is
 reached only through the :class:`~mc0.broker.storage.port.JournalStore` port.
 ``commit()`` makes the batch's appends durable through the port (one write
 and, per policy, one fsync per batch: a group commit) and returns the OKs
-now due, or ERROR 507 for a journal that failed.  Replays and fetches are
+now due, or ERROR 507 for a journal that failed.  An OK waits for the
+journal's ``durable_mark`` to reach the ``append_mark`` it was held at: at
+that commit, or at a later one when the store syncs in the background (each
+journal's OKs in the order they were held).  Replays and fetches are
 *paced*: ``pages(now)`` returns one page of each, and the shell hands back
 what it could not queue (``page_blocked``), which rewinds that read, so
 a slow reader slows only its own reads and nothing is lost.  A journal
@@ -25,8 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 from ... import protocol as P
@@ -41,6 +45,7 @@ from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
 _DEAD_NEWLINE = b"\n" + SYS_DEAD_PREFIX.encode()  # a dead letter's topic, after a newline
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})  # a PUT record's stored headers
 log = logging.getLogger("mc0.broker")
 
 # SUB FROM replay: records read per replaying subscription per loop turn, and
@@ -257,8 +262,9 @@ class Journaling:
             for pattern in journal.settings.topics:
                 self._keepers.insert(split_pattern(pattern), journal)
         self._tokens_of = tokens_of
-        # OKs held until their records are written: (journal, peer, request id, OK frames).
-        self._pending_acks: list[tuple[JournalStore, bytes, str, list[bytes]]] = []
+        # OKs held until their records are stored, per journal in the order held: (the journal's
+        # append_mark then, peer, request id, OK frames).
+        self._pending_acks: dict[str, deque[tuple[int, bytes, str, list[bytes]]]] = {}
         self._replays: dict[Peer, dict[str, Replay]] = {}  # journal name -> SUB FROM still catching up
         self._floors: dict[Peer, dict[str, Floor]] = {}  # journal name -> a replay's FROM its copy had not reached
         self._fetches: dict[Peer, dict[str, Fetch]] = {}  # request id -> fetch still sending pages
@@ -307,9 +313,33 @@ class Journaling:
                 seq = appended
         return seq
 
+    def append_local(
+        self, journals: Sequence[JournalStore], first: JournalStore, topic: str, sender: str, body: bytes
+    ) -> int | None:
+        """``append`` of a PUT record (one body frame, no headers) to journals that are all local ones
+        (no JetStream journal among them: the caller checked, once per topic)."""
+        seq: int | None = None
+        for journal in journals:
+            try:
+                appended = journal.append(topic, sender, NO_HEADERS, (body,))
+            except OSError as exc:
+                self.counters["journal_write_failed"] += 1
+                log.error("journal %s: write failed: %s", journal.name, exc)
+                continue
+            if journal is first:
+                seq = appended
+        return seq
+
+    def local(self, journals: Sequence[JournalStore]) -> bool:
+        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to)."""
+        return all(replicated(journal) is None for journal in journals)
+
     def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:
-        """Send ``frames`` (an OK) once ``journal``'s appends so far are committed."""
-        self._pending_acks.append((journal, routing_id, request_id, frames))
+        """Send ``frames`` (an OK) once ``journal``'s appends so far are committed (stored at its level)."""
+        held = self._pending_acks.get(journal.name)
+        if held is None:
+            held = self._pending_acks[journal.name] = deque()
+        held.append((journal.append_mark, routing_id, request_id, frames))
 
     @property
     def uncommitted(self) -> bool:
@@ -319,8 +349,9 @@ class Journaling:
     def commit(self) -> list[Out]:
         """Commit what was appended (through the port); returns the OKs now due.
 
-        A journal that fails to write turns its held OKs into ERROR 507: the
-        publisher learns its message is not stored (and may retry with MSGID).
+        A journal that fails to write (or to sync) turns every OK it holds into
+        ERROR 507: the publisher learns its message is not known to be stored
+        (and may retry with MSGID).
         """
         failed: dict[str, OSError] = {}
         for journal in self.journals.values():
@@ -332,15 +363,20 @@ class Journaling:
                     self.counters["journal_write_failed"] += 1
                     log.error("journal %s: write failed: %s", journal.name, exc)
         self.failed = set(failed)
-        acks, self._pending_acks = self._pending_acks, []
         out: list[Out] = []
-        for journal, routing_id, request_id, ok in acks:
-            failure = failed.get(journal.name)
-            if failure is None:
-                out.append((routing_id, ok))
+        for name, held in list(self._pending_acks.items()):
+            failure = failed.get(name)
+            if failure is not None:
+                reason = f"journal {name} could not write: {failure.strerror or failure}"
+                out += [(rid, P.error(Status.STORAGE_FAILED, reason, request_id)) for _, rid, request_id, _ in held]
+                held.clear()
             else:
-                reason = f"journal {journal.name} could not write: {failure.strerror or failure}"
-                out.append((routing_id, P.error(Status.STORAGE_FAILED, reason, request_id)))
+                durable = self.journals[name].durable_mark
+                while held and held[0][0] <= durable:
+                    _, routing_id, _, ok = held.popleft()
+                    out.append((routing_id, ok))
+            if not held:
+                del self._pending_acks[name]
         return out
 
     def enforce_retention(self, now: float) -> None:

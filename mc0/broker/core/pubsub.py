@@ -598,6 +598,72 @@ class PubSub:
             delivered += 1
         self.counters["delivered"] += delivered
 
+    def fan_out_journaled(
+        self,
+        tokens: tuple[str, ...],
+        publisher: Peer,
+        topic_b: bytes,
+        data: bytes,
+        position: tuple[bytes, int],
+        held_back: set[Peer] | None,
+        now: float,
+        out: list[Out],
+        sink: dict[bytes, list[bytes]],
+    ) -> None:
+        """``fan_out`` for a journaled PUT record (TOPIC and one body frame, just appended at
+        ``position``, ``(journal, seq)``): what ``fan_out`` delivers, the live copies with ``JOURNAL``
+        and ``SEQ`` (none to ``held_back``, whose replay delivers it), a batched subscriber's record
+        built once (``batch.journaled_message_record``) and collected in ``sink`` as ``fan_out_put``
+        collects them, one copy to a member of each matching queue group."""
+        skip = publisher if not publisher.echo else None
+        sender = publisher.sender
+        delivered = 0
+        if self._group_patterns:
+            chosen = self.choice.chosen(self.version, tokens, skip, None)
+            for group_b, member in chosen:
+                if member.batched:
+                    copy = batch.group_message_record(topic_b, sender, group_b, data)
+                    held = sink.get(member.routing_id)
+                    if held is None:
+                        sink[member.routing_id] = [copy]
+                    else:
+                        held.append(copy)
+                else:
+                    out.append((member.routing_id, P.message(topic_b, sender, (), (data,), group=group_b)))
+                member.last_sent = now
+                member.delivered += 1
+            delivered += len(chosen)
+        record: bytes | None = None
+        frames: list[bytes] | None = None
+        seed_frames: list[bytes] | None = None
+        for target in self.subscriptions.match(tokens):
+            if target.grants.deny_subscribe and not target.grants.delivers(tokens):
+                continue
+            if held_back and target in held_back:
+                continue
+            if target is skip:
+                continue
+            if target.batched:
+                if record is None:
+                    record = batch.journaled_message_record(topic_b, sender, position[0], position[1], data)
+                held = sink.get(target.routing_id)
+                if held is None:
+                    sink[target.routing_id] = [record]
+                else:
+                    held.append(record)
+            elif target.legacy:
+                if seed_frames is None:
+                    seed_frames = P.message(topic_b, None, (), (data,))
+                out.append((target.routing_id, seed_frames))
+            else:
+                if frames is None:
+                    frames = P.message(topic_b, sender, (), (data,), position)
+                out.append((target.routing_id, frames))
+            target.last_sent = now
+            target.delivered += 1
+            delivered += 1
+        self.counters["delivered"] += delivered
+
     # ------------------------------------------------------------ reports
     def count_of(self, peer: Peer) -> int:
         return len(self._patterns.get(peer, ()))

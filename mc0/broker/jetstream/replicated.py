@@ -160,6 +160,14 @@ class ReplicatedJournal:
     def pending(self) -> bool:
         return bool(self._proposals)
 
+    @property
+    def append_mark(self) -> int:
+        return 0  # (nothing is appended: an OK waits for JetStream's answer, held by the core's replication room)
+
+    @property
+    def durable_mark(self) -> int:
+        return 0
+
     def duplicate_of(self, sender: str, msgid: str) -> int | None:
         return None  # the stream dedups (its duplicate window)
 

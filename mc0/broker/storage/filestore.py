@@ -10,6 +10,13 @@ once per receive batch, then sends the OKs): ``never`` writes to the OS,
 ``batch`` also fsyncs once per commit, ``always`` writes and fsyncs every
 record as it is appended.  A record written to the OS survives ``kill -9``
 of the broker; ``batch``/``always`` also survive losing the machine.
+``durable_mark`` says how far that holds: every append up to that
+``append_mark`` is stored at the policy's level.  With ``on_synced`` (the
+broker's loop) a ``batch`` journal's ``commit()`` writes and returns, and
+its fsync runs on a thread (:mod:`.syncer`), which calls ``on_synced()``
+after each: ``durable_mark`` moves then (and ``pending`` stays true until it
+has); an explicit ``commit(sync=True)``, a segment roll and ``close`` still
+fsync at once.
 
 Reads (``read``) are deterministic: the same ``[from_seq, to_seq)`` and
 filter give the same records until retention trims them, after which
@@ -52,22 +59,24 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ...errors import Error
 from ...message import Record
 from ...protocol import Header, PageColumns, page_columns
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
-from .port import Trimmed
+from .port import JournalError, Trimmed
 from .records import (
     HEAD,
     MAX_PAYLOAD,
     PAYLOAD_HEAD,
     SEQ_TS,
     decode_payload,
+    encode_body_record,
     encode_payload,
     encode_record,
     payload_columns,
+    payload_prefix,
 )
+from .syncer import Syncer
 from .topicindex import TopicIndex, select
 
 __all__ = [
@@ -85,10 +94,7 @@ log = logging.getLogger("mc0.journal")
 
 CONSUMER_FOLDER = "consumers"  # durable consumers' state: a log and a snapshot each
 SEGMENT_SUFFIX = ".seg"
-
-
-class JournalError(Error, OSError):
-    """The journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated)."""
+PREFIXES = 1024  # (topic, sender) pairs whose payload head is kept for appends (a cache: cleared when full)
 
 
 class _Segment:
@@ -110,7 +116,14 @@ class _Segment:
 
 
 class Journal:
-    def __init__(self, name: str, settings: JournalSettings | None = None, *, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        name: str,
+        settings: JournalSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_synced: Callable[[], None] | None = None,
+    ):
         self.name = name
         self.settings = settings or JournalSettings()
         self.folder = self.settings.path(name)
@@ -120,6 +133,14 @@ class Journal:
         self._buffer = bytearray()  # appended, not yet written to the OS
         self._buffer_start = 0  # file offset of the buffer's first byte (active segment)
         self._dirty = False  # written to the OS but not fsynced
+        self._appends = 0  # append_mark: appends so far (never goes back, not even for a withdrawn write)
+        self._written = 0  # the append mark the last write reached
+        self._durable = 0  # ... and the last fsync (or, under fsync = "never", the last write)
+        self._asked = 0  # the mark the sync thread was last asked for
+        self._fsyncs_counted = 0  # the sync thread's fsyncs already in counters["fsyncs"]
+        self._prefixes: dict[tuple[str, str], bytes] = {}  # (topic, sender) -> records.payload_prefix
+        background = on_synced is not None and (settings or JournalSettings()).fsync == "batch"
+        self._syncer = Syncer(name, on_synced) if background and on_synced is not None else None
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}  # insertion (= time) order
         self._opened = False
         self._floor: int | None = None  # retain_from: retention keeps this seq and later
@@ -229,6 +250,8 @@ class Journal:
         try:
             self.commit(sync=self.settings.fsync != "never")
         finally:
+            if self._syncer is not None:
+                self._syncer.close()
             for segment in self._segments:
                 if segment.fd >= 0:
                     os.close(segment.fd)
@@ -252,7 +275,18 @@ class Journal:
     @property
     def pending(self) -> bool:
         """Something appended is not yet written (and synced, per the policy)."""
-        return bool(self._buffer) or self._dirty
+        return bool(self._buffer) or self._dirty or self.durable_mark < self._written
+
+    @property
+    def append_mark(self) -> int:
+        """How many appends this journal took (a count that only grows): what was appended by now."""
+        return self._appends
+
+    @property
+    def durable_mark(self) -> int:
+        """Every append up to this ``append_mark`` is stored at the fsync policy's level."""
+        syncer = self._syncer
+        return self._durable if syncer is None else max(self._durable, syncer.synced)
 
     def duplicate_of(self, sender: str, msgid: str) -> int | None:
         """The seq of an earlier record with this ``(sender, MSGID)`` inside the dedup window."""
@@ -265,9 +299,18 @@ class Journal:
     def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
         """Add a record; returns its seq.  Durable only after ``commit()`` (see the module doc)."""
         active = self._segments[-1]
-        seq = active.next_seq
+        seq = active.first_seq + len(active.offsets)
         ts = self.clock()
-        data = encode_record(seq, ts, topic, sender, headers, parts)
+        if not headers and len(parts) == 1:  # a PUT record's shape: its topic and sender's bytes are kept
+            prefix = self._prefixes.get((topic, sender))
+            if prefix is None:
+                if len(self._prefixes) >= PREFIXES:
+                    self._prefixes.clear()
+                prefix = self._prefixes[topic, sender] = payload_prefix(topic, sender)
+            body = parts[0]
+            data = encode_body_record(seq, ts, prefix, body if type(body) is bytes else bytes(body))
+        else:
+            data = encode_record(seq, ts, topic, sender, headers, parts)
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
@@ -278,7 +321,8 @@ class Journal:
         active.last_ts = ts
         self._buffer += data
         self.counters["appended"] += 1
-        msgid = headers.get(Header.MSGID)
+        self._appends += 1
+        msgid = headers.get(Header.MSGID) if headers else None
         if msgid is not None and self.settings.dedup_window_s:
             self._remember(sender, msgid, seq, ts)
         if self.settings.fsync == "always":
@@ -312,10 +356,12 @@ class Journal:
         active.last_ts = ts
         self._buffer += data
         self.counters["appended"] += 1
+        self._appends += 1
         return True
 
     def _replace_empty(self, first_seq: int) -> None:
         """The active segment holds nothing: it starts at ``first_seq`` instead."""
+        self._settle()
         empty = self._segments.pop()
         self._firsts.pop()
         if empty.fd >= 0:
@@ -330,8 +376,10 @@ class Journal:
     def reset(self, first_seq: int) -> None:
         """Drop every record; the journal starts again, empty, at ``first_seq`` (a local copy whose
         stream was created anew)."""
+        self._settle()
         self._buffer.clear()
         self._dirty = False
+        self._written = self._durable = self._appends  # (nothing is left to write)
         for segment in self._segments[:-1]:
             segment.path.unlink(missing_ok=True)
         del self._segments[:-1]
@@ -382,6 +430,7 @@ class Journal:
         """The first segment holds records before ``start``: written anew from ``start`` on (a new file
         named by ``start``, then the old one removed; a crash between leaves both, the old one's
         records still readable, never a record lost)."""
+        self._settle()
         head = self._segments[0]
         data = self._segment_bytes(head, start, head.next_seq)
         segment = _Segment(start, self.folder / f"{start:020d}{SEGMENT_SUFFIX}")
@@ -423,13 +472,37 @@ class Journal:
             self._buffer_start += len(self._buffer)
             self._buffer.clear()
             self._dirty = True
+            self._written = self._appends
+        syncer = self._syncer
+        if syncer is not None and sync is None:  # the sync thread fsyncs (fsync = "batch", the broker's loop)
+            done = syncer.fsyncs
+            self.counters["fsyncs"] += done - self._fsyncs_counted
+            self._fsyncs_counted = done
+            error = syncer.take_error()
+            if error is not None:
+                self._asked = self.durable_mark  # (the next commit asks again)
+                self._dirty = True
+                raise error
+            if self._dirty and self._written > self._asked:
+                self._asked = self._written
+                syncer.request(self._segments[-1].fd, self._written)
+            self._dirty = False  # (pending and durable_mark now ask the sync thread)
+            return
         if sync is None:
             sync = self.settings.fsync != "never"
         if self._dirty and sync:
+            if syncer is not None:
+                syncer.settle()  # (one fsync at a time on a file)
             os.fsync(self._segments[-1].fd)
             self.counters["fsyncs"] += 1
         if sync or self.settings.fsync == "never":
             self._dirty = False
+            self._durable = self._written
+
+    def _settle(self) -> None:
+        """No fsync runs on the sync thread (before a file descriptor it may use is closed or replaced)."""
+        if self._syncer is not None:
+            self._syncer.settle()
 
     def _withdraw_buffer(self, active: _Segment) -> None:
         try:
@@ -446,6 +519,7 @@ class Journal:
 
     def _roll(self, first_seq: int) -> _Segment:
         self.commit(sync=self.settings.fsync != "never")
+        self._settle()
         old = self._segments[-1]
         os.close(old.fd)
         old.fd = -1

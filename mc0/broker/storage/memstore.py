@@ -31,6 +31,8 @@ class MemoryStore:
         self.records: list[Record] = []
         self._first = 1
         self._uncommitted = 0  # records at the end not yet committed
+        self._appends = 0  # append_mark
+        self._committed = 0  # durable_mark: the append mark the last commit reached
         self._size = 0  # body bytes kept
         self._dedup: dict[tuple[str, str], tuple[int, float]] = {}
         self.fail_writes = False
@@ -55,6 +57,14 @@ class MemoryStore:
     def pending(self) -> bool:
         return self._uncommitted > 0
 
+    @property
+    def append_mark(self) -> int:
+        return self._appends
+
+    @property
+    def durable_mark(self) -> int:
+        return self._committed
+
     def duplicate_of(self, sender: str, msgid: str) -> int | None:
         window = self.settings.dedup_window_s
         if not window:
@@ -71,6 +81,7 @@ class MemoryStore:
         self.records.append(record)
         self._size += sum(map(len, record.parts))
         self._uncommitted += 1
+        self._appends += 1
         msgid = headers.get(Header.MSGID)
         if msgid is not None and self.settings.dedup_window_s:
             self._dedup[sender, msgid] = (seq, ts)
@@ -90,6 +101,7 @@ class MemoryStore:
             self._dedup = {k: v for k, v in self._dedup.items() if v[0] not in gone}
             raise OSError(28, "No space left on device")
         self._uncommitted = 0
+        self._committed = self._appends
         self.commits += 1
 
     def enforce_retention(self, now: float) -> int:

@@ -2,7 +2,8 @@
 
 Contract: :class:`JournalStore` is the whole interface between the core and
 storage.  ``append`` gives a record the next sequence number (1, 2, ...) and
-is durable only after ``commit`` (which may fsync); ``read`` (and
+is durable only after ``commit`` (which may fsync, or have a thread fsync:
+then ``durable_mark`` reaches the ``append_mark`` of that moment later); ``read`` (and
 ``read_columns``, the same records column by column) is deterministic
 for a ``[from_seq, to_seq)`` range and filter until retention trims it, then
 raises :class:`Trimmed`; ``enforce_retention`` drops the oldest records by
@@ -48,6 +49,12 @@ class Trimmed(Error, LookupError):
         self.first = first
 
 
+class JournalError(Error, OSError):
+    """A file journal's folder or a segment cannot be used (a torn tail is not an error: it is truncated).
+    Defined here, not in :mod:`.filestore`, which is compiled (a compiled module cannot define an
+    exception class that inherits from two bases); that module exports it as its own."""
+
+
 class StateUnreadable(Error, ValueError):
     """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
 
@@ -70,7 +77,20 @@ class JournalStore(Hashable, Protocol):
 
     @property
     def pending(self) -> bool:
-        """Something appended is not yet committed."""
+        """Something appended is not yet committed (written, and stored at the policy's level)."""
+        ...
+
+    @property
+    def append_mark(self) -> int:
+        """How many appends the store took so far (a count that only grows): a mark of what was
+        appended by now, which an acknowledgement held for those records waits on."""
+        ...
+
+    @property
+    def durable_mark(self) -> int:
+        """Every append up to this ``append_mark`` is stored at the journal's fsync level.  ``commit``
+        moves it: at once, or later for a store that syncs in the background (the file journal in the
+        broker: its ``pending`` stays true until then)."""
         ...
 
     def duplicate_of(self, sender: str, msgid: str) -> int | None: ...

@@ -39,6 +39,23 @@ def encode_record(
     return HEAD.pack(len(payload), crc, seq, ts) + payload
 
 
+def payload_prefix(topic: str, sender: str) -> bytes:
+    """What ``encode_payload`` starts with for a record with no headers and one body frame: its
+    payload's head, topic and sender (then come the body's length and the body)."""
+    topic_b = topic.encode()
+    sender_b = sender.encode()
+    return PAYLOAD_HEAD.pack(len(topic_b), len(sender_b), 0, 1) + topic_b + sender_b
+
+
+def encode_body_record(seq: int, ts: float, prefix: bytes, body: bytes) -> bytes:
+    """``encode_record`` of a record with no headers and one body frame (a PUT record's), ``prefix``
+    its ``payload_prefix``: the same bytes, without building the payload first (its CRC is taken
+    piece by piece, as zlib continues one)."""
+    part = _PART.pack(len(body))
+    crc = zlib.crc32(body, zlib.crc32(part, zlib.crc32(prefix, zlib.crc32(SEQ_TS.pack(seq, ts)))))
+    return b"".join((HEAD.pack(len(prefix) + _PART.size + len(body), crc, seq, ts), prefix, part, body))
+
+
 def encode_payload(topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> bytes:
     """A record's payload (everything but its seq and time): also what a JetStream journal's message holds."""
     topic_b = topic.encode()
