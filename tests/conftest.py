@@ -66,6 +66,7 @@ ONE_WORKER = {
     "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_jetstream_live.py": "tests/test_jetstream_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_link_live.py": "tests/test_link_live.py",  # a module-scoped three-node NATS cluster
+    "tests/test_httpd_live.py": "tests/test_httpd_live.py",  # a module-scoped broker
 }
 
 

@@ -9,7 +9,8 @@ import pytest
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.peers import CLOSED_KEPT, close_reason
 from mc0.broker.core.traffic import OTHER, TopicTraffic
-from mc0.broker.monitoring.snapshot import BadQuery, connz, snapshot
+from mc0.broker.monitoring.queries import BadQuery, parse_query
+from mc0.broker.monitoring.snapshot import connz, snapshot
 from mc0.broker.outbox import Outbox
 from mc0.protocol import batch
 
@@ -136,34 +137,35 @@ def test_connz_sorts_pages_and_shows_closed_connections() -> None:
     core.handle(b"gone", f("DISCONNECT"), 4.0, "dan")
     snap = _snap(core)
     names = lambda page: [c["name"].split("#")[0] for c in page["connections"]]  # noqa: E731
-    assert names(connz(snap, {})) == ["alice", "bob", "carol"]  # type: ignore[arg-type]
-    assert names(connz(snap, {"sort": "msgs_in"}))[0] == "alice"  # type: ignore[arg-type]
-    assert names(connz(snap, {"sort": "connected_at"})) == ["carol", "alice", "bob"]  # type: ignore[arg-type]
-    page = connz(snap, {"sort": "name", "limit": "1", "offset": "1"})  # type: ignore[arg-type]
+    ask = lambda query: connz(snap, parse_query("/connz", query))  # noqa: E731
+    assert names(ask("")) == ["alice", "bob", "carol"]
+    assert names(ask("sort=msgs_in"))[0] == "alice"
+    assert names(ask("sort=connected_at")) == ["carol", "alice", "bob"]
+    page = ask("sort=name&limit=1&offset=1")
     assert (names(page), page["count"], page["num_connections"]) == (["bob"], 3, 1)
-    subs = {c["name"].split("#")[0]: c["subscriptions"] for c in connz(snap, {"subs": "1"})["connections"]}  # type: ignore[arg-type, index]
+    subs = {c["name"].split("#")[0]: c["subscriptions"] for c in ask("subs=1")["connections"]}  # type: ignore[attr-defined]
     assert subs == {"alice": [], "bob": ["x.>"], "carol": []}
-    closed = connz(snap, {"state": "closed"})  # type: ignore[arg-type]
+    closed = ask("state=closed")
     (row,) = closed["connections"]  # type: ignore[misc]
     assert (row["reason"], row["closed_at"], row["connected_at"]) == (
         "disconnected", "2023-11-14T22:13:24.000Z", "2023-11-14T22:13:20.000Z"
     )  # fmt: skip
-    assert connz(snap, {"state": "all"})["count"] == 4  # type: ignore[arg-type]
+    assert ask("state=all")["count"] == 4
 
 
 @pytest.mark.parametrize(
     ("query", "complaint"),
     [
-        ({"sort": "routing_id"}, "sort must be one of"),
-        ({"state": "gone"}, "state must be one of"),
-        ({"limit": "-1"}, "limit must be a whole number"),
-        ({"limit": "99999999"}, "limit must be a whole number"),
-        ({"offset": "x"}, "offset must be a whole number"),
+        ("sort=routing_id", "sort must be one of"),
+        ("state=gone", "state must be one of"),
+        ("limit=-1", "limit must be a whole number"),
+        ("limit=99999999", "limit must be a whole number"),
+        ("offset=x", "offset must be a whole number"),
     ],
 )
-def test_connz_refuses_a_query_it_cannot_answer(query: dict[str, str], complaint: str) -> None:
+def test_connz_refuses_a_query_it_cannot_answer(query: str, complaint: str) -> None:
     with pytest.raises(BadQuery, match=complaint):
-        connz(_snap(BrokerCore()), query)  # type: ignore[arg-type]
+        parse_query("/connz", query)
 
 
 def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answered() -> None:

@@ -33,14 +33,14 @@ import importlib.metadata
 import json
 import logging
 import resource
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from ipaddress import ip_address
-from typing import Any
-from urllib.parse import parse_qs
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -49,7 +49,9 @@ from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
 from . import actions
-from .snapshot import BadQuery, Snapshot, connz
+from .hosts import HostRule
+from .queries import PAGES, BadQuery, Value, parse_query
+from .snapshot import Snapshot, connz
 
 log = logging.getLogger("mc0.broker.http")
 
@@ -69,11 +71,36 @@ CONSOLE_POLICY = (
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 ACCEPT_BACKLOG = 1024  # connections the kernel queues before they are accepted (http.server's default: 5)
+# A connection that sends nothing (or not the body its Content-Length promised) for this long is closed:
+# each one holds a thread (http.server's default: never).
+REQUEST_TIMEOUT_S = 10.0
+SERVED = ("GET", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
+OTHER_METHODS = ("HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
+Reply = tuple[int, dict[str, str], bytes]  # (status, headers, body)
+
+
+class FaultSink(Protocol):
+    """Where an unexpected exception in a request's handling is written (``mc0.broker.faultlog.FaultLog``:
+    the first of a kind with its traceback, the same again a line a minute); called under a lock."""
+
+    def fault(self, step: str, exc: BaseException, now: float) -> bool: ...
+
+
+class _EveryFault:
+    """The sink without a FaultLog given: each fault, with its traceback."""
+
+    def fault(self, step: str, exc: BaseException, now: float) -> bool:
+        log.error("internal error in the monitoring listener (%s)", step, exc_info=exc)
+        return True
 
 
 class _HttpServer(ThreadingHTTPServer):
     request_queue_size = ACCEPT_BACKLOG
     daemon_threads = True
+
+
+class _HttpServer6(_HttpServer):
+    address_family = socket.AF_INET6  # (http.server's is AF_INET: an IPv6 address would not bind)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -100,6 +127,11 @@ def is_loopback(host: str) -> bool:
 
 def _json(data: object) -> bytes:
     return json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def one_line(status: int, error: str) -> Reply:
+    """A refusal or a failure: ``{"error": ...}`` on one line (json escapes any newline in ``error``)."""
+    return status, {"Content-Type": "application/json"}, json.dumps({"error": error}).encode() + b"\n"
 
 
 def process_figures() -> dict[str, float]:
@@ -210,9 +242,23 @@ def _store_metrics(snap: Snapshot) -> Iterator[Metric]:
 
 
 class MonitorServer:
-    def __init__(self, listen: str, *, wake: Callable[[], None], admin_token_file: str = "") -> None:
-        """``admin_token_file``: the token of the admin actions ("" = none: every POST is 403)."""
+    def __init__(
+        self,
+        listen: str,
+        *,
+        wake: Callable[[], None],
+        admin_token_file: str = "",
+        allowed_hosts: tuple[str, ...] = (),
+        faults: FaultSink | None = None,
+    ) -> None:
+        """``admin_token_file``: the token of the admin actions ("" = none: every POST is 403);
+        ``allowed_hosts``: names a request's Host may give besides the listener's address and
+        localhost (ConfigError naming ``http.allowed_hosts`` for one that is no name); ``faults``:
+        where an unexpected exception in a request is written."""
         self.host, self.port = parse_listen(listen)
+        self.hosts = HostRule(self.host, allowed_hosts)
+        self._faults: FaultSink = faults if faults is not None else _EveryFault()
+        self._faults_lock = threading.Lock()
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
@@ -278,17 +324,34 @@ class MonitorServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                server._handle(self)
+                server._serve(self, server._handle)
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                server._post(self)
+                server._serve(self, server._post)
+
+            def not_allowed(self) -> None:
+                server._serve(self, server._not_allowed)
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """http.server's own refusals (a bad request line, 414, 431) as one line of JSON, with a
+                status line (a line it could not read leaves the version at HTTP/0.9: the body alone)."""
+                self.close_connection = True
+                if self.request_version == "HTTP/0.9":
+                    self.request_version = "HTTP/1.0"
+                server._write(self, one_line(code, message or self.responses.get(code, ("error",))[0]))
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("http %s", format % args)
 
+        for method in OTHER_METHODS:
+            setattr(Handler, f"do_{method}", Handler.not_allowed)
+
         try:
-            self._httpd = _HttpServer((self.host, self.port), Handler)
+            kind = _HttpServer6 if ":" in self.host else _HttpServer
+            self._httpd = kind((self.host, self.port), Handler)
         except OSError as exc:
             raise ConfigError(
                 "http.listen", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
@@ -307,7 +370,40 @@ class MonitorServer:
             log.info("admin actions on %s/admin/OP (the token in %s)", self.url, self._token_file)
         return self.url
 
-    def _post(self, request: BaseHTTPRequestHandler) -> None:
+    def _serve(self, request: BaseHTTPRequestHandler, answer: Callable[[BaseHTTPRequestHandler], Reply]) -> None:
+        """Every request: refused unless its Host is ours (:mod:`.hosts`), else ``answer``ed; an
+        unexpected exception is a 500 of one line (written to the faults once), never a connection
+        closed without an answer."""
+        try:
+            local = str(request.connection.getsockname()[0])
+            refusal = self.hosts.refusal(request.headers.get_all("Host") or [], local, request.request_version)
+            reply = one_line(*refusal) if refusal is not None else answer(request)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the client gets an answer
+            with self._faults_lock:
+                self._faults.fault(f"{request.command} {request.path[:80]!r}", exc, time.monotonic())
+            reply = one_line(500, f"internal error ({type(exc).__name__}): the broker's log has the details")
+        self._write(request, reply)
+
+    @staticmethod
+    def _write(request: BaseHTTPRequestHandler, reply: Reply) -> None:
+        status, headers, body = reply
+        try:
+            request.send_response(status)
+            for name, value in headers.items():
+                request.send_header(name, value)
+            request.send_header("Content-Length", str(len(body)))
+            request.send_header("X-Content-Type-Options", "nosniff")
+            request.end_headers()
+            if request.command != "HEAD":
+                request.wfile.write(body)
+        except OSError:  # the client went away: nothing to answer
+            request.close_connection = True
+
+    def _not_allowed(self, request: BaseHTTPRequestHandler) -> Reply:
+        status, headers, body = one_line(405, f"{request.command} is not served here: GET a page, POST an action")
+        return status, {**headers, "Allow": ", ".join(SERVED)}, body
+
+    def _post(self, request: BaseHTTPRequestHandler) -> Reply:
         """An admin action (:mod:`.actions`): refused, or handed to the loop and answered with its outcome."""
         path = request.path.split("?", 1)[0]
         origins = actions.own_origins(self.host, self.port, request.headers.get("Host"))
@@ -315,55 +411,45 @@ class MonitorServer:
         status, data = actions.respond(
             self.admin, path, request.headers.get, request.rfile.read, (str(client[0]), int(client[1])), origins
         )
-        body = _json(data)
-        request.send_response(status)
-        request.send_header("Content-Type", "application/json")
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        request.wfile.write(body)
+        if status >= 400 and set(data) == {"error"}:
+            return one_line(status, str(data["error"]))
+        return status, {"Content-Type": "application/json"}, _json(data)
 
-    def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        status, headers, body = self._get(request.path, request.headers.get("Accept", ""))
-        request.send_response(status)
-        for name, value in headers.items():
-            request.send_header(name, value)
-        request.send_header("Content-Length", str(len(body)))
-        request.send_header("X-Content-Type-Options", "nosniff")
-        request.end_headers()
-        request.wfile.write(body)
+    def _handle(self, request: BaseHTTPRequestHandler) -> Reply:
+        return self._get(request.path, request.headers.get("Accept", ""))
 
-    def _get(self, target: str, accept: str = "") -> tuple[int, dict[str, str], bytes]:
+    def _get(self, target: str, accept: str = "") -> Reply:
         """GET ``target`` (path and query) -> (status, headers, body)."""
         raw_path, _, raw_query = target.partition("?")
         path = raw_path.rstrip("/") or "/"
+        if path not in PAGES:
+            return one_line(404, f"pages: /, {', '.join(PATHS)}")
+        try:
+            query = parse_query(path, raw_query)
+        except BadQuery as exc:
+            return one_line(400, str(exc))
         if path == "/" and "application/json" in accept and "text/html" not in accept:
             return 200, {"Content-Type": "application/json"}, _json({"endpoints": list(PATHS), "console": "/"})
         if path in CONSOLE_FILES:
             return self._console_file(path)
-        if path not in PATHS:
-            return 404, {"Content-Type": "application/json"}, _json({"error": f"pages: /, {', '.join(PATHS)}"})
-        query = {k: v[-1] for k, v in parse_qs(raw_query, keep_blank_values=True).items()}
         snap = self.current()  # requests waiting at once share one
         if snap is None:
             reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
             return 503, {"Content-Type": "application/json"}, _json({"status": "stalled", "reason": reason})
-        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items())) if path == "/connz" else path
+        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items()))  # (parsed: one key per meaning)
         with self._render_lock:  # one render at a time, each page once per snapshot and query
             if snap is not self._rendered_for:
                 self._rendered_for, self._rendered = snap, {}
             rendered = self._rendered.get(key)
             if rendered is None:
                 self.rendering = snap
-                try:
-                    rendered = (200, *self._render(path, snap, query))
-                except BadQuery as exc:
-                    rendered = (400, "application/json", _json({"error": str(exc)}))
+                rendered = (200, *self._render(path, snap, query))
                 if len(self._rendered) < RENDERS_KEPT:
                     self._rendered[key] = rendered
         status, content_type, body = rendered
         return status, {"Content-Type": content_type, "Cache-Control": "no-store"}, body
 
-    def _console_file(self, path: str) -> tuple[int, dict[str, str], bytes]:
+    def _console_file(self, path: str) -> Reply:
         name, content_type = CONSOLE_FILES[path]
         body = self._console.get(name)
         if body is None:
@@ -371,7 +457,7 @@ class MonitorServer:
         headers = {"Content-Type": content_type, "Content-Security-Policy": CONSOLE_POLICY, "Cache-Control": "no-cache"}
         return 200, headers, body
 
-    def _render(self, path: str, snap: Snapshot, query: dict[str, str]) -> tuple[str, bytes]:
+    def _render(self, path: str, snap: Snapshot, query: dict[str, Value]) -> tuple[str, bytes]:
         if path == "/metrics":
             return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
         data: object

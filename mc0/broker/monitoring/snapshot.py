@@ -16,23 +16,14 @@ every row the snapshot holds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
 from ..core.dispatch import BrokerCore
 from ..core.peers import Closed
-
-# /connz rows' fields a ``sort`` may name: numbers sort descending (the busiest first), text and
-# ``connected_at`` ascending (``closed_at`` descending: the newest close first), as nats-server's.
-CONNZ_NUMBERS = (
-    "num_subscriptions", "pending_bytes", "idle_s", "delivered", "dropped", "in_flight",
-    "msgs_in", "bytes_in", "msgs_out", "bytes_out", "uptime_s",
-)  # fmt: skip
-CONNZ_TEXTS = ("name", "identity", "dialect", "protocol", "address", "connected_at", "reason")
-CONNZ_DEFAULT_LIMIT = 1024  # as nats-server's /connz
-CONNZ_MAX_LIMIT = 10_000
-CONNZ_STATES = ("open", "closed", "all")
+from .queries import CONNZ_NUMBERS, Value
 
 
 class QueueFigures(Protocol):
@@ -213,34 +204,14 @@ def _journalz(core: BrokerCore, infos: dict[str, dict[str, object]]) -> dict[str
     }
 
 
-class BadQuery(ValueError):
-    """A /connz query the page cannot answer (the HTTP side answers 400 with its text)."""
-
-
-def _number(query: dict[str, str], key: str, default: int, most: int) -> int:
-    text = query.get(key)
-    if text is None or text == "":
-        return default
-    if not text.isdigit() or int(text) > most:
-        raise BadQuery(f"{key} must be a whole number 0-{most}, got {text[:20]!r}")
-    return int(text)
-
-
-def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``limit``, ``offset``,
-        ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not their count, which
-    ``num_subscriptions`` always has); BadQuery otherwise."""
-    state = query.get("state") or "open"
-    if state not in CONNZ_STATES:
-        raise BadQuery(f"state must be one of {', '.join(CONNZ_STATES)}, got {state[:20]!r}")
-    sort = query.get("sort") or ("closed_at" if state == "closed" else "name")
+def connz(snap: Snapshot, query: Mapping[str, Value]) -> dict[str, object]:
+    """/connz for ``query``, parsed by :func:`.queries.parse_query` (``state`` open|closed|all,
+    ``sort`` a field, ``limit``, ``offset``, ``subs``: each open connection's ``subscriptions`` are its
+    patterns, not their count, which ``num_subscriptions`` always has)."""
+    state = str(query["state"])
+    sort = str(query["sort"]) or ("closed_at" if state == "closed" else "name")
     sort = "num_subscriptions" if sort == "subscriptions" else sort
-    sortable = (*CONNZ_NUMBERS, *CONNZ_TEXTS, "closed_at")
-    if sort not in sortable:
-        raise BadQuery(f"sort must be one of {', '.join(sortable)}, got {sort[:20]!r}")
-    limit = _number(query, "limit", CONNZ_DEFAULT_LIMIT, CONNZ_MAX_LIMIT)
-    offset = _number(query, "offset", 0, 1 << 40)
-    subs = query.get("subs", "") in ("1", "true", "detail")
+    limit, offset, subs = int(query["limit"]), int(query["offset"]), bool(query["subs"])
     rows = (snap.connections if state != "closed" else []) + (snap.closed if state != "open" else [])
     if sort in CONNZ_NUMBERS:
         ordered = sorted(rows, key=lambda r: (-float(r.get(sort, 0)), str(r["name"])))  # type: ignore[arg-type]
