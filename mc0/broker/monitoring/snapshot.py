@@ -117,7 +117,7 @@ def snapshot(
         "dropped": counters.get("dropped", 0),
         "slow_consumers": counters.get("forgotten_too_slow", 0),
         "pending_bytes": outbox.queued_bytes,
-        # RPC over every service: requests taken, and those that failed (an ERROR answer or a timeout).
+        # RPC over every service: requests taken, and those that failed (an ERROR answer or a 504: each once).
         "rpc_requests": sum(int(s["requests"]) for s in services.values()),  # type: ignore[call-overload]
         "rpc_errors": sum(int(s["errors"]) + int(s["timeouts"]) for s in services.values()),  # type: ignore[call-overload]
         # Messages refused (every 4xx/5xx answered to a peer) and internal errors.
