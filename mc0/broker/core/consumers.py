@@ -39,7 +39,7 @@ from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storeconsumers import StoreConsumers
-from ..storage.port import JournalStore, StateUnreadable, Trimmed
+from ..storage.port import JournalStore, StateUnreadable, Trimmed, storage_fault
 from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
     TRANSITIONS,
@@ -181,7 +181,11 @@ class Consumers:
             return [answer for _, _, answer in answers]
         # Which consumer each held answer reports on is not kept: every held answer fails
         # when any save failed (a disk error is rare, and the client's retry is safe).
-        reason = "consumer state could not be saved: " + "; ".join(f"{k[1]}: {e}" for k, e in failed.items())
+        for (journal, name), fault in failed.items():  # (the file is named here, never on the wire)
+            log.error("journal %s: consumer %s: state not saved: %s", journal, name, fault)
+        reason = "consumer state could not be saved: " + "; ".join(
+            f"{k[1]}: {storage_fault(e)}" for k, e in failed.items()
+        )
         return [
             (client.routing_id, client.dialect.error(rid, CONSUMER_SERVICE, Status.STORAGE_FAILED, reason))
             for client, rid, _ in answers

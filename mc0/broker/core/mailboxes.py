@@ -51,7 +51,7 @@ from ...settings import CoreSettings
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storedletters import StoredLetters
-from ..storage.port import JournalStore, Trimmed, replicated
+from ..storage.port import JournalStore, Trimmed, replicated, storage_fault
 from .peers import Out, Peer
 
 log = logging.getLogger("mc0.broker")
@@ -417,7 +417,7 @@ class Mailboxes:
         except OSError as exc:  # a disk error must not take the broker down; the sender learns it
             self.counters["journal_write_failed"] += 1
             log.error("journal %s: mailbox letter not written: %s", self.journal.name, exc)
-            reason = f"journal {self.journal.name} could not keep the letter: {exc.strerror or exc}"
+            reason = f"journal {self.journal.name} could not keep the letter: {storage_fault(exc)}"
             raise ProtocolError(Status.STORAGE_FAILED, reason, rid) from None
         if self._floor is None:  # retention must keep it from now on (a roll may trim before the next tick)
             self._set_floor(seq)
