@@ -298,7 +298,8 @@ def here(
         return {"status": Status.STORAGE_FAILED, "error": f"journal {journal.name}: {storage_fault(exc)}"}, []
     log.warning("admin: %s purged journal %s here: %d records dropped", who, journal.name, dropped)
     rooms.counters["journals_purged"] += 1
-    return {"status": 200, "purged": dropped, "first_seq": journal.first_seq}, []
+    settled = rooms.consumers.purged(journal.name, now)  # (its consumers' purged un-acked records: settled now)
+    return {"status": 200, "purged": dropped, "first_seq": journal.first_seq}, settled
 
 
 def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, list[Out]]:

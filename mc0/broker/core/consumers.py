@@ -431,6 +431,29 @@ class Consumers:
     def _settle_seq(consumer: Consumer, seq: int) -> None:
         del consumer.held[seq]  # below the cursor and not held: settled
 
+    def purged(self, journal: str, now: float) -> list[Out]:
+        """``journal`` was purged: each of its consumers settles at once what it held before the new first
+        seq (handed and not acked: nothing is left to deliver, ``num_ack_pending`` drops now, not at its
+        next pull; saved at the commit) and moves its cursor there; a waiting pull is served from there.
+        Walks the consumers once (an operator's action, not a turn's)."""
+        out: list[Out] = []
+        for (of, _), consumer in list(self.consumers.items()):
+            if of != journal:
+                continue
+            first = consumer.journal.first_seq
+            gone = [seq for seq in consumer.held if seq < first]
+            for seq in gone:
+                self._settle_seq(consumer, seq)
+                consumer.settled_unsaved.append(seq)
+            consumer.stats["purged"] += len(gone)
+            if gone:
+                self._settled.add(consumer.key)
+            if consumer.cursor < first:
+                consumer.cursor = first
+                self._dirty.add(consumer.key)
+            out += self._serve_waiting(consumer, now)
+        return out
+
     # ------------------------------------------------------------ pulls
     def _pull(
         self,
