@@ -368,3 +368,45 @@ def test_a_507_names_the_journal_never_a_file(tmp_path: Path) -> None:
         while segments[0].name not in broker.stderr_text():  # the log names the file (bounded wait)
             assert time.monotonic() < deadline, broker.stderr_text()[-2000:]
             time.sleep(0.05)
+
+
+@pytest.mark.timeout(90)
+def test_a_resumed_replay_has_its_own_id_and_its_history_reaches_that_subscription_alone(tmp_path: Path) -> None:
+    """After a reconnect, the library re-sent ``SUB FROM n`` without an ID: no OK said where that
+    replay's history ended, so the records published while it was away reached every subscription of
+    its pattern, a plain one too (which never asked for history).  Now the resumed SUB FROM has an ID
+    of its own; its history goes to the replaying subscription alone, and what is new after it to both."""
+    from mc0.broker.storage.filestore import Journal, JournalSettings
+
+    config = journal_config(tmp_path)
+    first = BrokerProcess(config=config, insecure=True).start()
+    endpoint = first.endpoint
+    try:
+        with mc0.Client(endpoint) as client:
+            replaying = client.subscribe("orders.>", from_seq=1)
+            plain = client.subscribe("orders.>")
+            before = [f"before {i}".encode() for i in range(3)]
+            for body in before:
+                client.publish("orders.x", body, confirm=True)
+            assert [replaying.next(timeout=10).body for _ in range(3)] == before
+            assert [plain.next(timeout=10).body for _ in range(3)] == before
+            first.stop()
+            # While the broker is down, two records are kept (written to its journal as it would):
+            # the replaying subscription's history when it resumes FROM 4.
+            settings = JournalSettings(
+                topics=("orders.>", "mc0.sys.>"), folder=str(tmp_path / "var" / "journal" / "main")
+            )
+            journal = Journal("main", settings).open()
+            away = [journal.append("orders.x", "anonymous", {}, [f"while away {i}".encode()]) for i in range(2)]
+            journal.commit()
+            journal.close()
+            with BrokerProcess(config=config, insecure=True, bind=(endpoint,)):
+                history = [replaying.next(timeout=30) for _ in range(2)]  # (the client heals by itself)
+                assert [(m.seq, m.body) for m in history] == [(away[0], b"while away 0"), (away[1], b"while away 1")]
+                after = client.publish("orders.x", b"after", confirm=True)
+                assert after is not None and after.seq is not None and after.seq > away[1]
+                assert replaying.next(timeout=10).body == b"after"
+                got = plain.next(timeout=10)
+                assert (got.seq, got.body) == (after.seq, b"after"), "the plain subscription got the replay's history"
+    finally:
+        first.kill()
