@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from .. import protocol as P
-from ..errors import ClosedError, ProtocolError, Timeout
+from ..errors import BadRequest, ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
 from ..session import MAILBOX_KEY, group_key, replay_key
@@ -31,6 +31,8 @@ from .replies import ReplyStream
 from .subscription import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, Subscription
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+# What a broker from before letters took a MSGID answered one (400): the automatic MSGID is dropped there.
+OLD_BROKER_TO_MSGID = "MSGID is for journaled topics, not for TO"
 # How fetch() asks for its pages: columns, as large as the broker builds them.
 FETCH_PAGES = {"page": P.PAGE_COLUMNS, "page_records": 4000, "page_bytes": 4 << 20}
 
@@ -100,17 +102,33 @@ class Client(Connection):
         *,
         headers: Mapping[str, str] | None = None,
         confirm: bool = False,
+        msgid: str | None = None,
         timeout: float | None = None,
     ) -> str | None:
         """A direct message to one authenticated identity (``PUT TO``): delivered to its newest
         session, or kept by the broker until one connects (bounded; 429 when full).  With
-        ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``."""
+        ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``.  ``msgid`` makes a
+        retry safe, as for ``publish``: a repeat within the dedup window is taken once (answered
+        with the first one's word); a confirmed letter without one gets one of its own, so the copy
+        a failover sends again is taken once."""
         if not confirm:
-            self._send(self.session.publish(topic, body, headers, to=identity))
+            self._send(self.session.publish(topic, body, headers, msgid=msgid, to=identity))
             return None
         request_id = self.session.new_id()
-        frames = self.session.publish(topic, body, headers, request_id, to=identity)
-        answer = await self._call(request_id, frames, timeout, f"send to {identity!r}")
+        given = msgid
+        if msgid is None:
+            msgid = self.auto_msgid_prefix + request_id
+        frames = self.session.publish(topic, body, headers, request_id, msgid, to=identity)
+        what = f"send to {identity!r}"
+        try:
+            answer = await self._call(request_id, frames, timeout, what)
+        except BadRequest as exc:
+            if given is not None or OLD_BROKER_TO_MSGID not in exc.reason:
+                raise
+            # A broker from before letters took MSGIDs refuses ours (it dedups no letter): without it.
+            request_id = self.session.new_id()
+            frames = self.session.publish(topic, body, headers, request_id, to=identity)
+            answer = await self._call(request_id, frames, timeout, what)
         return answer.headers.get(Header.MAILBOX)
 
     # ------------------------------------------------------------ publishing

@@ -47,11 +47,12 @@ from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError
 from ...message import Record
 from ...protocol import Command, Header, Status, batch
-from ...settings import CoreSettings
+from ...settings import CoreSettings, JournalSettings
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storedletters import StoredLetters
 from ..storage.port import JournalStore, Trimmed, replicated, storage_fault
+from .letterids import LetterIds
 from .peers import Out, Peer
 
 log = logging.getLogger("mc0.broker")
@@ -207,6 +208,10 @@ class Mailboxes:
                 wall_offset=wall_offset,
             )
         self.proposed = 0
+        # The MSGIDs of the letters taken: a re-sent letter (after a failover, a lost OK) is taken once,
+        # within the mailbox journal's dedup window and bound (a journal's defaults without one).
+        dedup = keeper.settings if keeper is not None else JournalSettings()
+        self.letter_ids = LetterIds(dedup.dedup_window_s, dedup.dedup_max_ids)
 
     # ------------------------------------------------------------ sessions
     def online(self, peer: Peer, now: float, identity: str | None = None) -> list[Out]:
@@ -317,11 +322,18 @@ class Mailboxes:
         if not P.valid_group(to):
             reason = f"TO {to[:64]!r}: an identity is 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace"
             raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
-        if Header.MSGID in command.headers:
-            raise ProtocolError(Status.BAD_REQUEST, "MSGID is for journaled topics, not for TO", command.id)
         if not peer.grants.may_send_to(identity_tokens(to)):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not send to {to}", command.id)
         return to
+
+    def duplicate(self, sender: str, msgid: str, now: float) -> str | None:
+        """The outcome of an earlier letter ``sender`` sent with ``msgid`` inside the dedup window
+        (``delivered`` or ``stored``), None for a new one: remembered this run, or kept by the mailbox
+        journal (its dedup memory is rebuilt on restart).  A JetStream journal's stream dedups itself."""
+        earlier = self.letter_ids.outcome_of(sender, msgid, now)
+        if earlier is None and self.journal is not None and self.journal.duplicate_of(sender, msgid) is not None:
+            earlier = P.MAILBOX_STORED
+        return earlier
 
     def send(
         self,
@@ -332,15 +344,34 @@ class Mailboxes:
         *,
         record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None = None,
         local_only: bool = False,
+        keep_again: bool = False,
     ) -> tuple[list[Out], str]:
         """Deliver to ``to``'s newest session or keep the letter; returns (what to send, outcome).
         ``local_only``: a letter another broker sent here: this broker's own sessions or its mailbox.
+        ``keep_again``: a letter the stream was given before, with its MSGID (proposed again, whoever
+        is connected: the stream dedups it and answers as it did).
 
         ``record`` is (topic, sender identity, headers, body): what a mailbox
-        journal keeps of a letter (needed only when there is one).  A kept
-        letter is durable only after the core's commit: the caller holds its OK.
+        journal keeps of a letter (needed only when there is one; its ``MSGID`` is
+        kept too, and remembered: ``duplicate``).  A kept letter is durable only
+        after the core's commit: the caller holds its OK.
         """
-        sessions = self._sessions.get(to)
+        out, outcome = self._send(to, frames, request_id, now, record, local_only, keep_again)
+        if record is not None and Header.MSGID in record[2]:
+            self.letter_ids.remember(record[1], record[2][Header.MSGID], outcome, now)
+        return out, outcome
+
+    def _send(
+        self,
+        to: str,
+        frames: list[bytes],
+        request_id: str | None,
+        now: float,
+        record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None,
+        local_only: bool,
+        keep_again: bool,
+    ) -> tuple[list[Out], str]:
+        sessions = self._sessions.get(to) if not keep_again else None
         if sessions and local_only:
             sessions = [p for p in sessions if not p.route]
         if sessions:
@@ -409,11 +440,11 @@ class Mailboxes:
     ) -> int:
         assert self.journal is not None
         topic, sender, headers, body = record
-        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX)}
+        kept = {k: v for k, v in headers.items() if k.startswith(P.USER_HEADER_PREFIX) or k == Header.MSGID}
         expires_ms = round((letter.expires + self.wall_offset) * 1000.0)
         kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
         try:
-            seq = self.journal.append(P.SYS_MAILBOX_LETTER, sender, kept, body)
+            seq = self.journal.append(P.SYS_MAILBOX_LETTER, sender, kept, body)  # (its MSGID: the journal's dedup)
         except OSError as exc:  # a disk error must not take the broker down; the sender learns it
             self.counters["journal_write_failed"] += 1
             log.error("journal %s: mailbox letter not written: %s", self.journal.name, exc)

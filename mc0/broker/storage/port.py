@@ -176,8 +176,18 @@ class ReplicatedStore(JournalStore, Protocol):
         published it (``mc0.protocol.jetstream.origin``)."""
         ...
 
-    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
-        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token."""
+    def letter(
+        self,
+        identity: str,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None = None,
+    ) -> int:
+        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token
+        (``msgid``: the store's dedup id for it)."""
         ...
 
     @property
