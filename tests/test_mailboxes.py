@@ -346,3 +346,15 @@ def test_a_confirmed_letter_gets_an_automatic_msgid_and_a_broker_from_before_get
     finally:
         router.close(0)
         context.term()
+
+
+def test_the_letter_ids_are_bounded_in_bytes_too() -> None:
+    """A MSGID has no length bound of its own: the memory counts what it keeps."""
+    from mc0.broker.core.letterids import LetterIds
+
+    ids = LetterIds(window_s=60, max_ids=1000, max_bytes=10_000)
+    for i in range(50):
+        ids.remember("alice", f"{i:04d}" + "x" * 996, "stored", float(i))
+    assert ids.bytes <= 10_000 and len(ids) == 9
+    ids.forget("alice", "0049" + "x" * 996)
+    assert len(ids) == 8 and ids.outcome_of("alice", "0049" + "x" * 996, 50.0) is None

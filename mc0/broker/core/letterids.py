@@ -4,22 +4,28 @@ Contract (pure: ``now`` is passed in): ``remember(sender, msgid, outcome, now)``
 ``sender`` sent with ``msgid`` was ``delivered`` or ``stored``; ``outcome_of(sender, msgid, now)`` is
 that outcome while it is younger than ``window_s`` (else None).  MSGIDs are per sender, as a journal's:
 one identity cannot suppress another's letters by reusing their MSGID.  At most ``max_ids`` are kept
-(the oldest forgotten first), so the memory is bounded whatever the senders do; ``window_s`` 0 keeps
-none.  This memory lasts the broker's run: a kept letter's MSGID is also in the record its mailbox
-journal keeps (that journal's own dedup memory, rebuilt on restart), and JetStream's duplicate window
-dedups the letters a JetStream journal keeps, cluster-wide.
+and at most ``max_bytes`` of senders' names and MSGIDs (a MSGID has no length bound of its own),
+the oldest forgotten first, so the memory is bounded whatever the senders do; ``window_s`` 0 keeps
+none.  ``forget`` drops one (a letter whose record was not written after all).  This memory lasts
+the broker's run: a kept letter's MSGID is also in the record its mailbox journal keeps (that
+journal's own dedup memory, rebuilt on restart), and JetStream's duplicate window dedups the letters
+a JetStream journal keeps, cluster-wide.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+MAX_BYTES = 16 << 20  # senders' names and MSGIDs remembered, at most (with max_ids)
+
 
 class LetterIds:
-    def __init__(self, window_s: float, max_ids: int) -> None:
+    def __init__(self, window_s: float, max_ids: int, max_bytes: int = MAX_BYTES) -> None:
         self.window_s = window_s
         self.max_ids = max_ids
+        self.max_bytes = max_bytes
         self._ids: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # oldest first
+        self.bytes = 0  # len(sender) + len(msgid) of each remembered
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -33,10 +39,19 @@ class LetterIds:
         if not self.window_s:
             return
         key = (sender, msgid)
-        self._ids.pop(key, None)
+        self.forget(sender, msgid)
         self._ids[key] = (outcome, now)
-        while len(self._ids) > self.max_ids:
-            self._ids.popitem(last=False)
+        self.bytes += len(sender) + len(msgid)
+        while len(self._ids) > self.max_ids or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._ids)))
+
+    def forget(self, sender: str, msgid: str) -> None:
+        if (sender, msgid) in self._ids:
+            self._drop((sender, msgid))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        del self._ids[key]
+        self.bytes -= len(key[0]) + len(key[1])
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
@@ -45,4 +60,4 @@ class LetterIds:
             key = next(iter(ids))
             if ids[key][1] > horizon:
                 return
-            del ids[key]
+            self._drop(key)

@@ -188,6 +188,7 @@ class Mailboxes:
         # Journaled only: letters appended since the last commit (withdrawn if it fails), letters
         # handed to a session and not yet recorded delivered, and settlements to record.
         self._fresh: list[tuple[str, Letter]] = []
+        self._fresh_ids: list[tuple[str, str]] = []  # their (sender, MSGID), forgotten if the commit fails
         self._handed: list[tuple[Peer, Letter]] = []
         self._settled: dict[str, list[int]] = {}
         self._writing: dict[str, list[int]] = {}  # settlements in the record being committed
@@ -344,21 +345,23 @@ class Mailboxes:
         *,
         record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None = None,
         local_only: bool = False,
-        keep_again: bool = False,
     ) -> tuple[list[Out], str]:
         """Deliver to ``to``'s newest session or keep the letter; returns (what to send, outcome).
         ``local_only``: a letter another broker sent here: this broker's own sessions or its mailbox.
-        ``keep_again``: a letter the stream was given before, with its MSGID (proposed again, whoever
-        is connected: the stream dedups it and answers as it did).
 
         ``record`` is (topic, sender identity, headers, body): what a mailbox
         journal keeps of a letter (needed only when there is one; its ``MSGID`` is
-        kept too, and remembered: ``duplicate``).  A kept letter is durable only
-        after the core's commit: the caller holds its OK.
+        kept too, and remembered: ``duplicate``; one a stream keeps, the stream
+        dedups).  A kept letter is durable only after the core's commit: the caller
+        holds its OK (and a commit that fails forgets its MSGID).
         """
-        out, outcome = self._send(to, frames, request_id, now, record, local_only, keep_again)
+        out, outcome = self._send(to, frames, request_id, now, record, local_only)
         if record is not None and Header.MSGID in record[2]:
-            self.letter_ids.remember(record[1], record[2][Header.MSGID], outcome, now)
+            sender, msgid = record[1], record[2][Header.MSGID]
+            if outcome == P.MAILBOX_DELIVERED or self.stored is None:
+                self.letter_ids.remember(sender, msgid, outcome, now)
+            if self.journal is not None and outcome == P.MAILBOX_STORED:
+                self._fresh_ids.append((sender, msgid))
         return out, outcome
 
     def _send(
@@ -369,9 +372,8 @@ class Mailboxes:
         now: float,
         record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None,
         local_only: bool,
-        keep_again: bool,
     ) -> tuple[list[Out], str]:
-        sessions = self._sessions.get(to) if not keep_again else None
+        sessions = self._sessions.get(to)
         if sessions and local_only:
             sessions = [p for p in sessions if not p.route]
         if sessions:
@@ -517,7 +519,10 @@ class Mailboxes:
                 still = [seq for seq in seqs if seq < end]
                 if still:
                     self._settled.setdefault(reason, [])[:0] = still
+            for sender, msgid in self._fresh_ids:  # (not kept: a re-send must be taken)
+                self.letter_ids.forget(sender, msgid)
         self._fresh.clear()
+        self._fresh_ids.clear()
         self._writing = {}
 
     def _set_floor(self, seq: int | None) -> None:

@@ -83,19 +83,18 @@ def put_to(rooms: Rooms, peer: Peer, command: Command, topic: str, now: float) -
     mailboxes = rooms.mailboxes
     msgid = command.headers.get(Header.MSGID)
     earlier = mailboxes.duplicate(peer.identity, msgid, now) if msgid is not None else None
-    stored = mailboxes.stored
-    if earlier is not None and not (earlier == P.MAILBOX_STORED and stored is not None):
+    if earlier is not None:
         return letter_duplicate(rooms, peer, command, earlier, now)
     user = P.user_header_frames(command.headers)
     body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
     frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
     record = (topic, peer.identity, command.headers, body)
-    # (a letter the stream was given: proposed again with its MSGID, which the stream answers DUPLICATE)
-    out, outcome = mailboxes.send(to, frames, command.id, now, record=record, keep_again=earlier is not None)
+    out, outcome = mailboxes.send(to, frames, command.id, now, record=record)
     if command.id is not None:
         peer.last_sent = now
         ok = P.ok_mailbox(command.id, outcome)
         keeper = mailboxes.journal
+        stored = mailboxes.stored
         if stored is not None and outcome == P.MAILBOX_STORED:  # stored = a quorum of the stream's replicas has it
             token = rooms.mailboxes.proposed
             rooms.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
