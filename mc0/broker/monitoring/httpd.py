@@ -379,8 +379,10 @@ class MonitorServer:
             refusal = self.hosts.refusal(request.headers.get_all("Host") or [], local, request.request_version)
             reply = one_line(*refusal) if refusal is not None else answer(request)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the client gets an answer
+            page = request.path.partition("?")[0].rstrip("/") or "/"
+            step = f"{request.command} {page if page in PAGES else 'another path'}"  # (not the query: one kind)
             with self._faults_lock:
-                self._faults.fault(f"{request.command} {request.path[:80]!r}", exc, time.monotonic())
+                self._faults.fault(step, exc, time.monotonic())
             reply = one_line(500, f"internal error ({type(exc).__name__}): the broker's log has the details")
         self._write(request, reply)
 
