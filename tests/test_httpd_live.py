@@ -431,3 +431,18 @@ def test_allowed_hosts_entries(entry: str, name: str | None) -> None:
             HostRule("127.0.0.1", [entry])
     else:
         assert name in HostRule("127.0.0.1", [entry]).names
+
+
+@pytest.mark.parametrize(
+    ("host", "status"), [("evil.example", 421), ("localhost", 400)]
+)  # refused before its body is read: not ours; larger than an action's body may be
+def test_a_request_refused_before_its_body_is_read_still_gets_its_answer(broker: int, host: str, status: int) -> None:
+    """The listener closed with the body unread: the close was a reset, the client's send failed and the
+    answer could be lost.  Now it reads what still comes (bounded) before it closes."""
+    body = b"x" * (8 << 20)
+    head = (
+        f"POST /admin/conn.close HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    answer = raw(broker, head.encode() + body)
+    assert answer.status == status and answer.error

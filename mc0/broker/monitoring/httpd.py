@@ -74,6 +74,10 @@ ACCEPT_BACKLOG = 1024  # connections the kernel queues before they are accepted 
 # A connection that sends nothing (or not the body its Content-Length promised) for this long is closed:
 # each one holds a thread (http.server's default: never).
 REQUEST_TIMEOUT_S = 10.0
+# After an answer, what a client still sends is read and dropped (so that the close does not reset the
+# connection and lose the answer) for at most this long and this much.
+LINGER_S = 1.0
+LINGER_BYTES = 16 << 20
 SERVED = ("GET", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
 OTHER_METHODS = ("HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
 Reply = tuple[int, dict[str, str], bytes]  # (status, headers, body)
@@ -97,6 +101,25 @@ class _EveryFault:
 class _HttpServer(ThreadingHTTPServer):
     request_queue_size = ACCEPT_BACKLOG
     daemon_threads = True
+
+    def shutdown_request(self, request: Any) -> None:
+        """Close after the answer without losing it: a body the client is still sending (refused before
+        it was read: 421, 415, 400 for one too large) would make the close a reset, which can discard
+        the answer at the client; so the sending side is shut first and what comes in is read and
+        dropped, for at most ``LINGER_S`` and ``LINGER_BYTES``, until the client closes."""
+        try:
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER_S
+            left = LINGER_BYTES
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                request.settimeout(wait)
+                chunk = request.recv(min(1 << 16, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # (a reset, a timeout: nothing more to save)
+            pass
+        self.close_request(request)
 
 
 class _HttpServer6(_HttpServer):
