@@ -446,3 +446,24 @@ def test_a_request_refused_before_its_body_is_read_still_gets_its_answer(broker:
     )
     answer = raw(broker, head.encode() + body)
     assert answer.status == status and answer.error
+
+
+def test_a_refused_host_is_named_in_the_log_a_bounded_number_of_times(caplog: pytest.LogCaptureFixture) -> None:
+    """A scraper or a proxy that asks under a DNS name gets 421 until the name is listed: the log says
+    so, naming the host, for the first 16 names (a page trying names cannot fill the log)."""
+    from mc0.broker.monitoring.httpd import MISDIRECTED_LOGGED
+
+    loop = PublishesBrokenSnapshots()
+    server = MonitorServer("127.0.0.1:0", wake=loop.wake)
+    loop.server = server
+    server.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mc0.broker.http"):
+            for i in range(MISDIRECTED_LOGGED + 10):
+                assert get(server.port, "/healthz", f"broker{i}.example").status == 421
+            assert get(server.port, "/healthz", "broker0.example").status == 421  # (named once)
+        named = [r.getMessage() for r in caplog.records if "allowed_hosts" in r.getMessage()]
+        assert len(named) == MISDIRECTED_LOGGED and "'broker0.example'" in named[0]
+        assert server.misdirected == MISDIRECTED_LOGGED + 11
+    finally:
+        server.close()

@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
 from . import actions
-from .hosts import HostRule
+from .hosts import MISDIRECTED, HostRule
 from .queries import PAGES, BadQuery, Value, parse_query
 from .snapshot import Snapshot, connz
 
@@ -78,6 +78,7 @@ REQUEST_TIMEOUT_S = 10.0
 # connection and lose the answer) for at most this long and this much.
 LINGER_S = 1.0
 LINGER_BYTES = 16 << 20
+MISDIRECTED_LOGGED = 16  # distinct Host values answered 421 that the log names (the rest are counted)
 SERVED = ("GET", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
 OTHER_METHODS = ("HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
 Reply = tuple[int, dict[str, str], bytes]  # (status, headers, body)
@@ -282,6 +283,8 @@ class MonitorServer:
         self.hosts = HostRule(self.host, allowed_hosts)
         self._faults: FaultSink = faults if faults is not None else _EveryFault()
         self._faults_lock = threading.Lock()
+        self.misdirected = 0  # requests answered 421 (a Host not ours)
+        self._misdirected_named: set[str] = set()  # the Host values logged (at most MISDIRECTED_LOGGED)
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
@@ -399,7 +402,10 @@ class MonitorServer:
         closed without an answer."""
         try:
             local = str(request.connection.getsockname()[0])
-            refusal = self.hosts.refusal(request.headers.get_all("Host") or [], local, request.request_version)
+            hosts = request.headers.get_all("Host") or []
+            refusal = self.hosts.refusal(hosts, local, request.request_version)
+            if refusal is not None and refusal[0] == MISDIRECTED:
+                self._misdirected(hosts[0])
             reply = one_line(*refusal) if refusal is not None else answer(request)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the client gets an answer
             page = request.path.partition("?")[0].rstrip("/") or "/"
@@ -408,6 +414,21 @@ class MonitorServer:
                 self._faults.fault(step, exc, time.monotonic())
             reply = one_line(500, f"internal error ({type(exc).__name__}): the broker's log has the details")
         self._write(request, reply)
+
+    def _misdirected(self, host: str) -> None:
+        """A request for a name that is not ours: the first few names are logged (a scraper or proxy that
+        uses a DNS name gets 421 until it is listed: the operator should see why), the rest counted."""
+        with self._faults_lock:
+            self.misdirected += 1
+            if len(self._misdirected_named) >= MISDIRECTED_LOGGED or host in self._misdirected_named:
+                return
+            self._misdirected_named.add(host)
+        log.warning(
+            "monitoring: refused a request for the host %r (421): if it names this broker, list it in "
+            "[http] allowed_hosts (at most %d such names are logged)",
+            host[:80],
+            MISDIRECTED_LOGGED,
+        )
 
     @staticmethod
     def _write(request: BaseHTTPRequestHandler, reply: Reply) -> None:
