@@ -79,8 +79,8 @@ REQUEST_TIMEOUT_S = 10.0
 LINGER_S = 1.0
 LINGER_BYTES = 16 << 20
 MISDIRECTED_LOGGED = 16  # distinct Host values answered 421 that the log names (the rest are counted)
-SERVED = ("GET", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
-OTHER_METHODS = ("HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
+SERVED = ("GET", "HEAD", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
+OTHER_METHODS = ("PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
 Reply = tuple[int, dict[str, str], bytes]  # (status, headers, body)
 
 
@@ -358,6 +358,9 @@ class MonitorServer:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 server._serve(self, server._post)
 
+            def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+                server._serve(self, server._handle)  # (a GET's headers: _write sends no body)
+
             def not_allowed(self) -> None:
                 server._serve(self, server._not_allowed)
 
@@ -446,7 +449,9 @@ class MonitorServer:
             request.close_connection = True
 
     def _not_allowed(self, request: BaseHTTPRequestHandler) -> Reply:
-        status, headers, body = one_line(405, f"{request.command} is not served here: GET a page, POST an action")
+        status, headers, body = one_line(
+            405, f"{request.command} is not served here: GET (or HEAD) a page, POST an action"
+        )
         return status, {**headers, "Allow": ", ".join(SERVED)}, body
 
     def _post(self, request: BaseHTTPRequestHandler) -> Reply:
