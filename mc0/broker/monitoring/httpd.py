@@ -19,12 +19,22 @@ socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
 
-GET handling is in plain functions of the path (``_get``): the console's
+Every request goes through ``_serve``: a ``Host`` that is not the listener's
+own (:mod:`.hosts`) is 421 before anything else; GET (and HEAD, its headers)
+reads a page, POST does an action, any other method is 405; an unexpected
+exception is a 500 of one line, written to the ``faults`` sink (once per
+page and method and kind); every refusal is one line of JSON, http.server's
+own (a bad request line, 414, 431) included; a connection that sends nothing
+for ``REQUEST_TIMEOUT_S`` is closed, and after an answer what a client still
+sends is drained (bounded) so that the close does not lose the answer.
+
+GET handling is in plain functions of the path (``_get``): the query is
+parsed by the page's table (:mod:`.queries`: 400 naming the parameter for
+anything not as documented) before a snapshot is asked for; the console's
 files come from the installed package (``mc0/broker/monitoring/console``,
 package data) with a Content-Security-Policy that lets the page load and
-fetch from this origin only; ``/connz`` takes ``state``, ``sort``, ``limit``,
-``offset`` and ``subs`` (a query it cannot answer is 400, naming why).  Each
-page is rendered once per snapshot and query (at most ``RENDERS_KEPT`` kept).
+fetch from this origin only.  Each page is rendered once per snapshot and
+parsed query (at most ``RENDERS_KEPT`` kept).
 """
 
 from __future__ import annotations
