@@ -117,11 +117,14 @@ class ClientSession:
         # Patterns subscribed FROM a seq: (journal, next seq to ask for) so that
         # healing resumes the replay where delivery stopped instead of going live only.
         self._resume: dict[str, tuple[str | None, int]] = {}
+        self._replayer: dict[str, str] = {}  # such a pattern -> the ID of the SUB FROM that asked (its history's key)
         self._pattern_table = PatternTable()  # the local subscriptions a received MESSAGE is for
-        # SUB FROM ids awaiting their OK (-> their patterns), then per journal where that replay's history
-        # ends (its OK's SEQ: the records before it went out live already), its ID and patterns: a record
-        # of its history is for the replaying subscription alone (``replay_key``), not for the others.
-        self._replay_oks: dict[str, tuple[str, ...]] = {}
+        # SUB FROM ids awaiting their OK (-> their patterns, the ID of the subscription's first SUB FROM: a
+        # resumed one after a reconnect has an ID of its own), then per journal where that replay's history
+        # ends (its OK's SEQ: the records before it went out live already), its first ID and patterns: a
+        # record of its history is for the replaying subscription alone (``replay_key``), not for the others.
+        self._replay_oks: dict[str, tuple[tuple[str, ...], str]] = {}
+        self._resumed: set[str] = set()  # the IDs of resumed SUB FROMs (no call waits for their answers)
         self._histories: dict[str, tuple[int, str, tuple[str, ...]]] = {}
         self.malformed = 0
         self._requests: set[str] = set()  # REQUEST ids sent and not yet answered with a terminal
@@ -304,17 +307,25 @@ class ClientSession:
         for pattern in patterns:
             self.add_pattern(pattern)
             self._resume[pattern] = (journal, from_seq)
-        self._replay_oks[request_id] = tuple(patterns)
+            self._replayer[pattern] = request_id
+        self._replay_oks[request_id] = (tuple(patterns), request_id)
         return self._sub_from(patterns, journal, from_seq, request_id)
+
+    def end_replay(self, key: str) -> None:
+        """The subscription whose history goes to ``key`` (its ``replay_key``) ended: its patterns are
+        no longer resumed FROM a seq (another subscription holding one is re-subscribed live)."""
+        for pattern in [p for p, rid in self._replayer.items() if replay_key(rid) == key]:
+            del self._replayer[pattern]
+            self._resume.pop(pattern, None)
 
     def _history_begins(self, request_id: str, command: Command) -> None:
         """The answer to a SUB FROM: an ``OK JOURNAL j SEQ n`` (a broker from before says neither) names
         the journal replayed and where its history ends."""
-        patterns = self._replay_oks.pop(request_id)
+        patterns, first_id = self._replay_oks.pop(request_id)
         journal = command.headers.get(Header.JOURNAL)
         end = P.decimal(command.headers.get(Header.SEQ, ""))
         if command.verb is Verb.OK and journal is not None and end is not None:
-            self._histories[journal] = (end, request_id, patterns)
+            self._histories[journal] = (end, first_id, patterns)
 
     def _history_keys(self, journal: str, seq: int, keys: tuple[str, ...]) -> tuple[str, ...]:
         """The local keys of a record of a journal being replayed: before where its history ends, only the
@@ -348,6 +359,7 @@ class ClientSession:
             return None
         del self._pattern_refs[key]
         self._resume.pop(key, None)
+        self._replayer.pop(key, None)
         tokens = split_pattern(pattern, max_bytes=1 << 30, max_tokens=1 << 30)
         self._pattern_table.remove(tokens, key, group)
         return self._sub(group, [pattern.encode()], verb=Verb.UNSUB)
@@ -456,6 +468,10 @@ class ClientSession:
                         self.drop_pattern(*split_key(withdrawn))  # the broker already forgot it: no UNSUB
                 return [Fault(error, withdrawn)], []
         if request_id is not None and self._replay_oks and request_id in self._replay_oks:
+            if request_id in self._resumed:
+                self._resumed.discard(request_id)
+                if verb is Verb.ERROR:  # no call waits: the replaying subscription ends with the reason
+                    return self._resume_refused(request_id, command)
             self._history_begins(request_id, command)  # (in order: before any record of its replay)
         if verb is Verb.DISCONNECT:
             if self.failover:
@@ -475,7 +491,8 @@ class ClientSession:
         healed = self.ever_connected
         self.connected = self.ever_connected = True
         self._replay_oks.clear()
-        self._histories.clear()  # (the broker forgot them; what a resumed replay sends is everyone's)
+        self._resumed.clear()
+        self._histories.clear()  # (the broker forgot them; each resumed replay's OK says where its history ends)
         by_group: dict[str | None, list[bytes]] = {}
         for key in self._pattern_refs:
             if key not in self._resume:
@@ -486,15 +503,31 @@ class ClientSession:
             for group, patterns in by_group.items()
             for i in range(0, len(patterns), RESUBSCRIBE_CHUNK)
         ]
-        resumed: dict[tuple[str | None, int], list[str]] = {}
-        for pattern, position in self._resume.items():
-            resumed.setdefault(position, []).append(pattern)
-        for (journal, next_seq), replayed in resumed.items():
-            resubscribe.append(self._sub_from(replayed, journal, next_seq, None))
+        # Each replaying subscription resumes with an ID of its own: its OK says where this history ends,
+        # and the history goes to that subscription alone (by its first ID's key), as the first one did.
+        resumed: dict[tuple[str | None, int, str], list[str]] = {}
+        for pattern, (journal, next_seq) in self._resume.items():
+            resumed.setdefault((journal, next_seq, self._replayer.get(pattern, "")), []).append(pattern)
+        for (journal, next_seq, first_id), replayed in resumed.items():
+            request_id = self.new_id()
+            self._replay_oks[request_id] = (tuple(replayed), first_id or request_id)
+            self._resumed.add(request_id)
+            resubscribe.append(self._sub_from(replayed, journal, next_seq, request_id))
         ready = self._ready()
         if ready is not None:
             resubscribe.append(ready)
         return [Connected(ttl_ms, healed)], resubscribe
+
+    def _resume_refused(self, request_id: str, command: Command) -> tuple[list[Event], list[Frames]]:
+        """A resumed SUB FROM was refused (410: retention passed where it stood): the broker subscribed
+        nothing, so its patterns are subscribed live again (for the other subscriptions that hold them;
+        the replaying one's release UNSUBs those no other holds) and the replaying subscription ends with
+        the reason, as when a replay ends."""
+        patterns, first_id = self._replay_oks.pop(request_id)
+        journal = self._resume.get(patterns[0], (None, 0))[0]
+        frames = [self._sub(None, [p.encode() for p in patterns])]
+        ended = ReplayEnded(answer_error(command), journal or "", patterns[0], replay_key(first_id))
+        return [ended], frames
 
     def _work(self, command: Command, now: float) -> Request:
         """A REQUEST given to us as a worker: the Request its handler gets, due TIMEOUT after ``now``."""

@@ -160,6 +160,9 @@ class HttpConfig:
     # A file (mode 0600) holding the bearer token of the admin actions (POST /admin/OP: close a
     # session, remove a consumer, purge a journal); "" = no actions over HTTP (every POST is 403).
     admin_token_file: str = field(default="", metadata={"empty": True})
+    # Host names a request's Host header may give besides the listener's own address and localhost
+    # (e.g. the name a reverse proxy forwards under); any other Host is answered 421 (DNS rebinding).
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata={"empty": True})
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,22 @@ def require(module: str) -> ModuleType:
         ) from exc
 
 
+def promtool() -> str:
+    """Prometheus's promtool (``./run test`` takes it from Debian's prometheus package into the venv),
+    or fail loudly saying how to get it (never a skip)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "promtool"  # (the venv's bin, not necessarily on PATH)
+    found = str(beside) if beside.exists() else shutil.which("promtool")
+    if found is None:
+        raise FileNotFoundError(
+            "promtool is missing: the alert and metrics tests need it; `./run test` takes it from Debian's "
+            "prometheus package (apt-get download prometheus) into .venv/bin"
+        )
+    return found
+
+
 # ------------------------------------------------------------ spread over workers (pytest-xdist)
 # Files whose tests run one after another on one worker, named by the unit they join: several of their
 # functions share something costly (a module- or session-scoped fixture), or they load the machine on
@@ -68,6 +84,7 @@ ONE_WORKER = {
     "tests/test_jetstream_live.py": "tests/test_jetstream_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_link_live.py": "tests/test_link_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_packaging.py": "tests/test_packaging.py",  # a module-scoped wheel, compiled from the sdist
+    "tests/test_httpd_live.py": "tests/test_httpd_live.py",  # a module-scoped broker
 }
 
 

@@ -195,6 +195,28 @@ def test_consumer_rm_and_journal_purge_over_the_bus(operator: Operator) -> None:
         assert [r.body for r in bob.fetch("main", from_seq=6).records] == [b"after"]
 
 
+def test_a_purge_settles_its_consumers_unacked_records_at_once(operator: Operator) -> None:
+    """After a purge, /consumerz (and /metrics, and consumer.ls) counted the purged un-acked records
+    until the consumer's next pull: the purge settles them when it is done."""
+    with operator.client("bob") as bob, operator.client("root") as root:
+        for i in range(8):
+            bob.publish("jobs.x", str(i).encode(), confirm=True)
+        consumer = bob.consume("main", "invoicing", topics=["jobs.>"], ack_wait=600)
+        assert len(consumer.fetch(5, wait=2)) == 5  # handed, never acked
+        (row,) = get(operator.base, "/consumerz")["consumers"]
+        assert (row["num_ack_pending"], row["num_pending"]) == (5, 3)
+        assert admin(root, "journal.purge", journal="main")["purged"] == 8
+        (row,) = get(operator.base, "/consumerz")["consumers"]  # no pull in between
+        assert (row["num_ack_pending"], row["num_pending"]) == (0, 0)
+        metrics = urllib.request.urlopen(f"{operator.base}/metrics", timeout=10).read().decode()
+        assert 'mc0_consumer_ack_pending{consumer="invoicing",journal="main"} 0.0' in metrics
+        rows = admin(root, "consumer.ls")["consumers"]
+        assert [(r["name"], r["num_ack_pending"]) for r in rows] == [("invoicing", 0)]
+        bob.publish("jobs.x", b"after", confirm=True)
+        (after,) = consumer.fetch(5, wait=2)  # the consumer goes on from the new first seq
+        assert (after.seq, after.body) == (9, b"after")
+
+
 # ---------------------------------------------------------------- over HTTP
 def test_over_http_refused_without_a_token_file_a_token_or_from_elsewhere_and_done_with_the_right_token(
     operator: Operator, tmp_path: Path

@@ -117,6 +117,8 @@ PURE_MODULES = (
     "mc0.broker.storage.memstore",
     "mc0.broker.monitoring.snapshot",
     "mc0.broker.jetstream.copystate",
+    "mc0.broker.monitoring.queries",
+    "mc0.broker.monitoring.hosts",
 )
 IMPURE_MODULES = {"zmq", "socket", "time", "os", "pathlib", "io", "select", "selectors", "asyncio", "threading"}
 

@@ -255,3 +255,180 @@ def test_console_files_ship_in_the_package() -> None:
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text, name
     assert "innerHTML" not in folder.joinpath("console.js").read_text()  # names go in as text only
     assert shutil.which("chromium") or Path(CHROMIUM).exists()
+
+
+# ---------------------------------------------------------------- a failed request counted once; idle charts
+LONG_IDENTITY = "payments-reconciliation-worker-eu-west-1"  # a name as long as real ones get
+AXIS_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def curve_peer(context: zmq.Context[Any], setup: CurveSetup, identity: str, endpoint: str) -> zmq.Socket[bytes]:
+    """A raw mc0 1.0 peer under CURVE as ``identity``, connected (its OK read)."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    configure_client(sock, keys.load_secret(setup.secret(identity)), keys.load_public(setup.broker_key).public)
+    sock.connect(endpoint)
+    sock.send_multipart(P.encode(P.Verb.CONNECT, {P.Header.VERSION: "1.0", P.Header.TTL: "60000", P.Header.ID: "c"}))
+    assert sock.poll(10_000) and sock.recv_multipart()[0] == b"OK"
+    return sock
+
+
+def axis_value(label: str) -> float:
+    """A chart's y label ("512 B/s", "1.5 KiB/s", "0.3/s", "1,024 B") as the number it says."""
+    match = re.fullmatch(r"([\d,]+(?:\.\d+)?)\s*(B|KiB|MiB|GiB)?(?:/s)?", label)
+    assert match, label
+    return float(match.group(1).replace(",", "")) * AXIS_UNITS[match.group(2) or ""]
+
+
+def dashboard_failed_expression() -> str:
+    """The Grafana dashboard's "failed" RPC expression, for every instance."""
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "etc" / "grafana" / "mc0.json").read_text())
+    (expr,) = [
+        t["expr"] for p in dashboard["panels"] for t in p["targets"] if t.get("legendFormat") == "{{service}} failed"
+    ]
+    return str(expr).replace("$instance", ".*")
+
+
+def promtool_evaluates(tmp_path: Path, series: dict[str, str], expr: str, expected: dict[str, float]) -> None:
+    """``expr`` over ``series`` (name{labels} -> promtool's values notation, a sample a minute), at 1m,
+    is ``expected`` (labels -> value): promtool's own PromQL engine, as Prometheus evaluates it."""
+    from .conftest import promtool
+
+    yaml = require("yaml")
+    case = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "1m",
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in expected.items()],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "dashboard-test.yml"
+    path.write_text(yaml.safe_dump(case))
+    import subprocess
+
+    tested = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_three_timeouts_are_three_failed_requests_on_every_page_the_dashboard_and_the_console(tmp_path: Path) -> None:
+    """Three requests answered 504 are 3 failed requests (errors + timeouts) on /varz, /servicez,
+    /metrics, the dashboard's expression and the console (it counted each 504 as an error and a
+    timeout: 6).  The same idle broker's console, at 1,400 px with its actions on: every chart's y axis
+    reads distinct, exact, evenly spaced figures (an idle bytes axis read "1 B/s, 1 B/s, 1 B/s, 0 B/s,
+    0 B/s"), and the Connections table shows its Close column whole."""
+    sync_api = require("playwright.sync_api")
+    http_port = ports.free_port()
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("s3cret-token-for-the-console-test\n")
+    token_file.chmod(0o600)
+    http = f'[http]\nlisten = "127.0.0.1:{http_port}"\nadmin_token_file = "{token_file}"\n'
+    setup = CurveSetup(tmp_path, identities=("alice", LONG_IDENTITY))
+    setup.config.write_text(setup.config.read_text().replace("[broker]\n", http + "[broker]\n"))
+    base = f"http://127.0.0.1:{http_port}"
+    with setup.start() as broker, ExitStack() as stack:
+        context: zmq.Context[Any] = zmq.Context()
+        stack.callback(context.term)
+        worker = curve_peer(context, setup, LONG_IDENTITY, broker.endpoint)  # takes requests, answers none
+        stack.callback(worker.close, 0)
+        worker.send_multipart(P.encode(P.Verb.READY, {P.Header.ID: "r"}, [b"slow"]))
+        assert worker.poll(10_000) and worker.recv_multipart()[0] == b"OK"
+        client = curve_peer(context, setup, "alice", broker.endpoint)
+        stack.callback(client.close, 0)
+        for i in range(3):
+            head = {P.Header.SERVICE: "slow", P.Header.ID: f"q{i}", P.Header.TIMEOUT: "200"}
+            client.send_multipart(P.encode(P.Verb.REQUEST, head, [b"x"]))
+        answers = []
+        for _ in range(20):  # (bounded) the three 504s, NOOPs aside
+            if len(answers) == 3 or not client.poll(10_000):
+                break
+            frames = client.recv_multipart()
+            if frames[0] == b"ERROR":
+                answers.append(frames)
+        assert len(answers) == 3 and all(b"504" in frames for frames in answers), answers
+
+        varz = get_json(base + "/varz")
+        assert (varz["rpc_requests"], varz["rpc_errors"]) == (3, 3)
+        slow = get_json(base + "/servicez")["slow"]
+        assert (slow["requests"], slow["served"], slow["errors"], slow["timeouts"]) == (3, 0, 0, 3)
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
+            metrics = response.read().decode()
+        figures = {
+            name: float(re.search(rf'^{name}{{service="slow"}} (\S+)$', metrics, re.MULTILINE).group(1))  # type: ignore[union-attr]
+            for name in ("mc0_service_requests_total", "mc0_service_errors_total", "mc0_service_timeouts_total")
+        }
+        assert figures["mc0_service_errors_total"] + figures["mc0_service_timeouts_total"] == 3, figures
+        # The dashboard's "failed" series over a scrape before (0) and one after (these figures), 1 minute apart:
+        # 3 failed requests a minute, as promtool evaluates the dashboard's own expression.
+        labels = f'{{instance="127.0.0.1:{http_port}",job="mc0",service="slow"}}'
+        series = {f"{name}{labels}": f"0 {value:g}" for name, value in figures.items()}
+        promtool_evaluates(tmp_path, series, dashboard_failed_expression(), {'{service="slow"}': 3 / 60})
+
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+                page.goto(base + "/#overview")
+                rpc_card = "() => [...document.querySelectorAll('.card .sub')].some(s => s.textContent.includes('RPC'))"
+                page.wait_for_function(rpc_card, timeout=15_000)
+                subs = page.eval_on_selector_all(".card .sub", "nodes => nodes.map(n => n.textContent)")
+                assert "0 refused, 3 RPC failed" in subs, subs
+                page.wait_for_timeout(4500)  # a few polls: the rates' history
+                for chart in ("chart-messages", "chart-rpc", "chart-bytes", "chart-memory"):
+                    labels_ = page.eval_on_selector_all(
+                        f"#{chart} text.axis-label", "nodes => nodes.map(n => n.textContent)"
+                    )
+                    ys = [label for label in labels_ if "min" not in label and label != "now"]
+                    values = [axis_value(label) for label in ys]
+                    assert len(set(ys)) == len(ys) == 5, (chart, ys)  # no two alike
+                    step = values[1] - values[0]
+                    assert values[0] == 0 and step > 0, (chart, ys)
+                    assert all(abs(v - i * step) <= 1e-9 * max(1.0, step) for i, v in enumerate(values)), (chart, ys)
+                page.screenshot(path=str(SCREENSHOTS / "overview-idle-1400.png"), full_page=True)
+
+                page.click("a[data-view=services]")
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('#svc-table td.name')].some(td => td.textContent === 'slow')",
+                    timeout=5000,
+                )
+                headers = page.eval_on_selector_all("#svc-table th", "ths => ths.map(th => th.textContent)")
+                row = page.eval_on_selector_all(
+                    "#svc-table tbody tr",
+                    "trs => trs.map(tr => [...tr.children].map(td => td.textContent)).find(c => c[0] === 'slow')",
+                )
+                assert (row[headers.index("Errors")], row[headers.index("Timeouts")]) == ("0", "3"), (headers, row)
+                page.screenshot(path=str(SCREENSHOTS / "services-1400.png"), full_page=True)
+
+                page.click("a[data-view=connections]")
+                page.wait_for_selector("#conn-table td.actions-cell button", timeout=5000)
+                page.wait_for_timeout(2500)  # rates need two readings (their columns' widths)
+                page.screenshot(path=str(SCREENSHOTS / "connections-1400.png"), full_page=True)
+                clipped = page.evaluate(
+                    """() => {
+                      const wrap = document.querySelector('#conn-table').closest('.table-wrap').getBoundingClientRect();
+                      const cells = [...document.querySelectorAll('#conn-table th, #conn-table td')];
+                      return cells.filter(c => c.getBoundingClientRect().right > wrap.right + 0.5
+                                            || c.getBoundingClientRect().right > window.innerWidth)
+                                  .map(c => c.textContent);
+                    }"""
+                )
+                assert clipped == [], f"cut off at 1,400 px: {clipped}"
+                buttons = page.eval_on_selector_all(
+                    "#conn-table td.actions-cell button", "bs => bs.map(b => b.textContent)"
+                )
+                assert buttons and set(buttons) == {"Close"}
+                assert errors == [], errors
+            finally:
+                browser.close()

@@ -1,10 +1,12 @@
 """etc/grafana/mc0.json and etc/prometheus/mc0-alerts.yml: every metric their queries name exists in the
-/metrics of a real broker (with a journal and a durable consumer, so that every family has samples)."""
+/metrics of a real broker (with a journal and a durable consumer, so that every family has samples), and
+that /metrics passes ``promtool check metrics``."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import urllib.request
 from pathlib import Path
@@ -16,7 +18,7 @@ import mc0
 from mc0 import ports
 from mc0.process import BrokerProcess
 
-from .conftest import require, write_config
+from .conftest import promtool, require, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "etc" / "grafana" / "mc0.json"
@@ -75,6 +77,11 @@ def test_every_metric_they_name_is_in_a_real_brokers_metrics(tmp_path: Path) -> 
                 text = response.read().decode()
             worker.stop()
             serving.join(10)
+    # promtool's lint of the exposition: names, units, _total suffixes, HELP text (no output when clean).
+    linted = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert linted.returncode == 0 and not linted.stdout.strip() and not linted.stderr.strip(), (
+        linted.stdout + linted.stderr
+    )
     exposed = set()
     for family in text_string_to_metric_families(text):
         exposed |= {sample.name for sample in family.samples}

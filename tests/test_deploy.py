@@ -85,6 +85,8 @@ def test_check_config_reports_and_fails_in_one_line(tmp_path: Path) -> None:
     assert line.startswith("mc0: error: ") and "bad.key" in line
     for broken, needle in (
         ('[http]\nlisten = "http://x:1"\n', "http.listen"),
+        ('[http]\nlisten = "127.0.0.1:1"\nallowed_hosts = ["http://mc0.example.org"]\n', "http.allowed_hosts"),
+        ('[http]\nlisten = "127.0.0.1:1"\nallowed_hosts = ["mc0.example.org:8222"]\n', "http.allowed_hosts"),
         ('[broker]\nbind = ["127.0.0.1:1"]\n', "broker.bind"),
         ("[broker]\nnope = 1\n", "broker.nope: unknown key"),
     ):

@@ -229,14 +229,18 @@ def test_letters_kept_in_jetstream_at_one_broker_are_delivered_at_another_in_ord
         bus.wait_joined()
         with bus.client(0, "alice") as alice:
             outcomes = [alice.send_to("carol", "note.x", f"letter {i}".encode(), confirm=True) for i in range(20)]
+        # A letter sent again after a failover, with its MSGID, at another broker: the stream takes it once.
+        with bus.client(0, "alice") as alice, bus.client(1, "alice") as alice_elsewhere:
+            outcomes.append(alice.send_to("carol", "note.x", b"once", confirm=True, msgid="note-once"))
+            outcomes.append(alice_elsewhere.send_to("carol", "note.x", b"once", confirm=True, msgid="note-once"))
         assert set(outcomes) == {"stored"}
         with bus.client(2, "carol") as carol:
             got = []
             for _ in range(50):
                 got += carol.mailbox.next_batch(100, timeout=2)
-                if len(got) >= 20:
+                if len(got) >= 21:
                     break
-            assert [m.body for m in got] == [f"letter {i}".encode() for i in range(20)]
+            assert [m.body for m in got] == [f"letter {i}".encode() for i in range(20)] + [b"once"]
             assert {(m.sender, m.topic) for m in got} == {("alice", "note.x")}
             until(lambda: not bus.cluster_report(2).get("pending"), 5, "delivered")  # (queues emptied)
             time.sleep(0.3)

@@ -675,3 +675,22 @@ def test_disconnect_records_at_shutdown_carry_the_shutdown_time(tmp_path: Path) 
     core.commit()
     events = [json.loads(r.body) for r in j.read(1)[0] if json.loads(r.body)["event"] == "disconnect"]
     assert len(events) == 2 and all(e["ts"] == 1005.0 and e["reason"] == "broker_shutdown" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (
+            FileNotFoundError(2, "No such file or directory", "/var/lib/mc0/journal/main/01.seg"),
+            "No such file or directory",
+        ),
+        (OSError(28, "No space left on device"), "No space left on device"),
+        (PermissionError(13, "Permission denied", "/etc/mc0/x", None, "/etc/mc0/y"), "Permission denied"),
+        (OSError("journal main: 01.seg is shorter than its index"), "an I/O error (the broker's log has the details)"),
+        (OSError(), "an I/O error (the broker's log has the details)"),
+    ],
+)
+def test_a_storage_fault_on_the_wire_is_the_oss_words_never_a_file(fault: OSError, said: str) -> None:
+    from mc0.broker.storage.port import storage_fault
+
+    assert storage_fault(fault) == said

@@ -325,3 +325,88 @@ async def test_a_replays_history_goes_to_its_subscription_alone(api: Any, jbus: 
 
 def inner(client: Any) -> Any:
     return getattr(client, "_inner", client)
+
+
+@pytest.mark.timeout(60)
+def test_a_507_names_the_journal_never_a_file(tmp_path: Path) -> None:
+    """A segment that cannot be read: the fetch and the replay are answered 507 naming the journal and
+    what the OS said, never the segment's path (it was on the wire: the broker's folders for any
+    reader); the path goes to the broker's log."""
+    import zmq
+
+    from .conftest import RawPeer, headers_of
+
+    with BrokerProcess(config=journal_config(tmp_path, segment=4096), insecure=True) as broker:
+        with mc0.Client(broker.endpoint) as client:
+            for i in range(60):
+                client.publish("orders.x", str(i).encode() * 100, confirm=i % 10 == 9)
+            folder = tmp_path / "var" / "journal" / "main"
+            segments = sorted(folder.glob("*.seg"))
+            assert len(segments) >= 3, segments
+            segments[0].unlink()  # (the file journal opens a segment for each read)
+            with pytest.raises(mc0.StorageFailed) as fetched:
+                client.fetch("main", from_seq=1)
+        context: zmq.Context[Any] = zmq.Context()
+        peer = RawPeer(broker.endpoint, context)
+        try:
+            assert peer.connect()[0] == b"OK"
+            peer.send("SUB", "FROM", "1", "ID", "s", "", "orders.>")
+            ended = None
+            for _ in range(10):  # the OK, then the replay's end (NOOPs aside)
+                frames = peer.recv_skipping_noop(10)
+                if frames[0] == b"ERROR":
+                    ended = headers_of(frames)
+                    break
+            assert ended is not None and ended["CODE"] == "507" and ended["JOURNAL"] == "main", ended
+        finally:
+            peer.close()
+            context.term()
+        for reason in (str(fetched.value), ended["MESSAGE"]):
+            assert str(tmp_path) not in reason and ".seg" not in reason and "/" not in reason, reason
+            assert "journal main could not be read" in reason, reason
+        deadline = time.monotonic() + 10
+        while segments[0].name not in broker.stderr_text():  # the log names the file (bounded wait)
+            assert time.monotonic() < deadline, broker.stderr_text()[-2000:]
+            time.sleep(0.05)
+
+
+@pytest.mark.timeout(90)
+def test_a_resumed_replay_has_its_own_id_and_its_history_reaches_that_subscription_alone(tmp_path: Path) -> None:
+    """After a reconnect, the library re-sent ``SUB FROM n`` without an ID: no OK said where that
+    replay's history ended, so the records published while it was away reached every subscription of
+    its pattern, a plain one too (which never asked for history).  Now the resumed SUB FROM has an ID
+    of its own; its history goes to the replaying subscription alone, and what is new after it to both."""
+    from mc0.broker.storage.filestore import Journal, JournalSettings
+
+    config = journal_config(tmp_path)
+    first = BrokerProcess(config=config, insecure=True).start()
+    endpoint = first.endpoint
+    try:
+        with mc0.Client(endpoint) as client:
+            replaying = client.subscribe("orders.>", from_seq=1)
+            plain = client.subscribe("orders.>")
+            before = [f"before {i}".encode() for i in range(3)]
+            for body in before:
+                client.publish("orders.x", body, confirm=True)
+            assert [replaying.next(timeout=10).body for _ in range(3)] == before
+            assert [plain.next(timeout=10).body for _ in range(3)] == before
+            first.stop()
+            # While the broker is down, two records are kept (written to its journal as it would):
+            # the replaying subscription's history when it resumes FROM 4.
+            settings = JournalSettings(
+                topics=("orders.>", "mc0.sys.>"), folder=str(tmp_path / "var" / "journal" / "main")
+            )
+            journal = Journal("main", settings).open()
+            away = [journal.append("orders.x", "anonymous", {}, [f"while away {i}".encode()]) for i in range(2)]
+            journal.commit()
+            journal.close()
+            with BrokerProcess(config=config, insecure=True, bind=(endpoint,)):
+                history = [replaying.next(timeout=30) for _ in range(2)]  # (the client heals by itself)
+                assert [(m.seq, m.body) for m in history] == [(away[0], b"while away 0"), (away[1], b"while away 1")]
+                after = client.publish("orders.x", b"after", confirm=True)
+                assert after is not None and after.seq is not None and after.seq > away[1]
+                assert replaying.next(timeout=10).body == b"after"
+                got = plain.next(timeout=10)
+                assert (got.seq, got.body) == (after.seq, b"after"), "the plain subscription got the replay's history"
+    finally:
+        first.kill()

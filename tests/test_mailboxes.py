@@ -27,7 +27,7 @@ def connect(core: BrokerCore, rid: bytes, who: str, now: float = 0.0, version: s
     return core.handle(rid, f("CONNECT", "VERSION", version, "TTL", "60000", *extra, "ID", "c"), now, who)
 
 
-WHO = {b"a": "alice", b"b": "bob", b"b1": "bob", b"b2": "bob", b"e": "eve"}
+WHO = {b"a": "alice", b"b": "bob", b"b1": "bob", b"b2": "bob", b"e": "eve", b"c": "carol"}
 
 
 def h(core: BrokerCore, rid: bytes, frames: list[bytes], now: float = 0.0) -> list:
@@ -54,10 +54,10 @@ PUT_TO_CASES = [
     ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "bob b", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
     ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
     ("1.0", f("PUT", "TOPIC", "cmd.run", "TO", "b" * 256, "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
-    (
+    (  # a letter's MSGID: as a journaled PUT's (it was a 400)
         "1.0",
         f("PUT", "TOPIC", "cmd.run", "TO", "bob", "MSGID", "m", "ID", "1", "", "x"),
-        f("ERROR", "ID", "1", "CODE", "400"),
+        f("OK", "ID", "1", "MAILBOX", "stored"),
     ),
     ("1.0", f("PUT", "TOPIC", "bad..topic", "TO", "bob", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "400")),
     ("1.0", f("PUT", "TOPIC", "mc0.sys.x", "TO", "bob", "ID", "1", "", "x"), f("ERROR", "ID", "1", "CODE", "403")),
@@ -73,6 +73,49 @@ def test_put_to_table(version: str, put: list[bytes], answer: list[bytes]) -> No
     assert rid == b"a" and frames[: len(answer)] == answer
     if answer[0] == b"ERROR":
         assert core.mailboxes.report() == {}  # refused: nothing kept
+
+
+def letter(msgid: str, rid: str, body: str = "x") -> list[bytes]:
+    return f("PUT", "TOPIC", "cmd.run", "TO", "bob", "MSGID", msgid, "ID", rid, "", body)
+
+
+def test_a_letter_sent_again_with_its_msgid_is_taken_once_within_the_window() -> None:
+    """Per sender and MSGID, as a journaled PUT: the repeat is answered as the first was, DUPLICATE 1,
+    and nothing is kept or delivered again; another sender's MSGID is its own; past the window (a
+    journal's default dedup_window_s without a mailbox journal) it is a new letter."""
+    core = small_core()
+    connect(core, b"a", "alice")
+    connect(core, b"c", "carol")
+    assert h(core, b"a", letter("m1", "1"), 0.0) == [(b"a", f("OK", "ID", "1", "MAILBOX", "stored"))]
+    again = h(core, b"a", letter("m1", "2"), 1.0)
+    assert again == [(b"a", f("OK", "ID", "2", "MAILBOX", "stored", "DUPLICATE", "1"))]
+    assert core.mailboxes.report()["bob"]["messages"] == 1 and core.counters["letter_duplicates"] == 1
+    connect(core, b"b", "bob", 2.0)  # (its kept letter goes to it)
+    delivered = h(core, b"a", letter("m2", "3", "now"), 3.0)
+    assert [frames[0] for rid, frames in delivered] == [b"MESSAGE", b"OK"]
+    assert h(core, b"a", letter("m2", "4", "now"), 4.0) == [
+        (b"a", f("OK", "ID", "4", "MAILBOX", "delivered", "DUPLICATE", "1"))
+    ]
+    carols = h(core, b"c", letter("m2", "5", "hers"), 5.0)
+    assert [frames[0] for rid, frames in carols] == [b"MESSAGE", b"OK"]  # carol's own MSGID space
+    window = core.mailboxes.letter_ids.window_s
+    later = h(core, b"a", letter("m2", "6", "later"), 3.0 + window + 1)
+    assert [frames[0] for rid, frames in later] == [b"MESSAGE", b"OK"]  # past the window: a new letter
+    assert core.counters["letter_duplicates"] == 2
+
+
+def test_the_letter_ids_remembered_are_bounded() -> None:
+    from mc0.broker.core.letterids import LetterIds
+
+    ids = LetterIds(window_s=60, max_ids=3)
+    for i in range(10):
+        ids.remember("alice", f"m{i}", "stored", float(i))
+    assert len(ids) == 3 and ids.outcome_of("alice", "m0", 10.0) is None
+    assert ids.outcome_of("alice", "m9", 10.0) == "stored" and ids.outcome_of("bob", "m9", 10.0) is None
+    assert ids.outcome_of("alice", "m9", 70.0) is None  # past the window
+    none = LetterIds(window_s=0, max_ids=3)
+    none.remember("alice", "m", "stored", 0.0)
+    assert len(none) == 0
 
 
 def test_online_identity_gets_it_now_and_nobody_else_does() -> None:
@@ -252,3 +295,66 @@ def test_cli_pub_to_says_whether_it_was_delivered_or_stored(broker: Any) -> None
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "bob: stored"
+
+
+@pytest.mark.timeout(60)
+def test_a_confirmed_letter_gets_an_automatic_msgid_and_a_broker_from_before_gets_it_without() -> None:
+    """The library gives a confirmed letter without a MSGID one of its own (its prefix and the request's
+    id), as a confirmed publish; a broker from before letters took MSGIDs answered 400 naming that: the
+    letter is sent again without one.  A bare ROUTER plays that broker."""
+    import threading
+
+    import zmq
+
+    from mc0 import ports
+
+    context: zmq.Context[Any] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = ports.free_port()
+    router.bind(f"tcp://127.0.0.1:{port}")
+    puts: list[dict[str, str]] = []
+
+    def old_broker() -> None:
+        for _ in range(200):  # bounded: a CONNECT, two PUTs, heartbeats
+            if not router.poll(10_000):
+                return
+            rid, *frames = router.recv_multipart()
+            command = P.decode(frames, sender=P.Side.PEER)
+            if command.verb is P.Verb.CONNECT:
+                router.send_multipart([rid, *f("OK", "ID", command.headers["ID"], "TTL", "60000")])
+            elif command.verb is P.Verb.PUT:
+                puts.append(dict(command.headers))
+                rid_ = command.headers["ID"]
+                if "MSGID" in command.headers:
+                    old = f("ERROR", "ID", rid_, "CODE", "400", "MESSAGE", "MSGID is for journaled topics, not for TO")
+                    router.send_multipart([rid, *old])
+                else:
+                    router.send_multipart([rid, *f("OK", "ID", rid_, "MAILBOX", "stored")])
+                    return
+
+    serving = threading.Thread(target=old_broker, daemon=True)
+    serving.start()
+    try:
+        with mc0.Client(f"tcp://127.0.0.1:{port}", timeout=10) as client:
+            assert client.send_to("bob", "cmd.run", b"x", confirm=True) == "stored"
+            prefix = client._inner.auto_msgid_prefix
+        serving.join(10)
+        first, second = puts
+        assert first["MSGID"] == prefix + first["ID"] and first["TO"] == "bob"
+        assert "MSGID" not in second and second["TO"] == "bob"
+    finally:
+        router.close(0)
+        context.term()
+
+
+def test_the_letter_ids_are_bounded_in_bytes_too() -> None:
+    """A MSGID has no length bound of its own: the memory counts what it keeps."""
+    from mc0.broker.core.letterids import LetterIds
+
+    ids = LetterIds(window_s=60, max_ids=1000, max_bytes=10_000)
+    for i in range(50):
+        ids.remember("alice", f"{i:04d}" + "x" * 996, "stored", float(i))
+    assert ids.bytes <= 10_000 and len(ids) == 9
+    ids.forget("alice", "0049" + "x" * 996)
+    assert len(ids) == 8 and ids.outcome_of("alice", "0049" + "x" * 996, 50.0) is None

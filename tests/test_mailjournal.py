@@ -154,6 +154,29 @@ def test_a_failed_commit_is_507_and_keeps_nothing() -> None:
     assert [r.seq for r in bus.store.records] == [1]  # the failed record's seq was reused
 
 
+def test_a_letter_whose_commit_failed_is_taken_when_sent_again_with_its_msgid() -> None:
+    """Its MSGID is forgotten with its record (a 507: nothing kept), so the re-send is kept, not
+    answered DUPLICATE for a letter that does not exist; once committed, a repeat is a duplicate, also
+    for a new core on the same journal (a restart: the journal's own dedup memory)."""
+    bus = Bus()
+    bus.connect(b"a")
+    letter = f("PUT", "TOPIC", "cmd.run", "TO", "bob", "MSGID", "m-1", "ID", "1", "", "pay")
+    bus.h(b"a", letter)
+    bus.store.fail_writes = True
+    ((_, frames),) = bus.commit()
+    assert frames[:5] == f("ERROR", "ID", "1", "CODE", "507")
+    bus.store.fail_writes = False
+    bus.h(b"a", letter)
+    assert bus.commit() == [(b"a", P.ok_mailbox("1", "stored"))]
+    bus.h(b"a", letter)
+    assert bus.commit() == [(b"a", P.ok_mailbox("1", "stored", duplicate=True))]
+    restarted = Bus(store=bus.store)
+    restarted.connect(b"a")
+    restarted.h(b"a", letter)
+    assert restarted.commit() == [(b"a", P.ok_mailbox("1", "stored", duplicate=True))]
+    assert restarted.core.mailboxes.report()["bob"]["messages"] == 1
+
+
 # ------------------------------------------------------------------ restart
 
 

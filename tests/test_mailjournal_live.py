@@ -162,3 +162,41 @@ def test_check_config_says_where_kept_letters_live(tmp_path: Path) -> None:
         result = check()
         assert result.returncode == 1 and needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_letter_sent_again_with_its_msgid_is_taken_once_across_a_kill_9(tmp_path: Path) -> None:
+    """A confirmed letter re-sent with the same MSGID (its OK lost: a restart, a failover) was kept
+    twice (PUT TO took no MSGID: 400).  Now it is taken once, answered as the first was: from the
+    broker's memory while it runs, from the mailbox journal's dedup memory after a kill -9; a letter
+    delivered at once is taken once too.  Another identity's letter with the same MSGID is its own."""
+    setup = CurveSetup(tmp_path)
+    broker_config(setup, ttl_ms=600_000)
+    first = setup.start()
+    endpoint = first.endpoint
+    try:
+        with mc0.Client(endpoint, **setup.client_options("alice")) as alice:
+            assert alice.send_to("bob", "cmd.pay", b"pay 1", confirm=True, msgid="pay-1") == "stored"
+            assert alice.send_to("bob", "cmd.pay", b"pay 1", confirm=True, msgid="pay-1") == "stored"  # again
+            assert stats(alice)["counters"]["letter_duplicates"] == 1
+    finally:
+        first.kill()  # kill -9: the memory is gone, the journal keeps the letter and its MSGID
+    second = BrokerProcess(config=str(setup.config), bind=(endpoint,)).start()
+    try:
+        with (
+            mc0.Client(endpoint, **setup.client_options("alice")) as alice,
+            mc0.Client(endpoint, **setup.client_options("carol")) as carol,
+        ):
+            assert alice.send_to("bob", "cmd.pay", b"pay 1", confirm=True, msgid="pay-1") == "stored"
+            assert carol.send_to("bob", "cmd.pay", b"carol's", confirm=True, msgid="pay-1") == "stored"  # her own
+            assert stats(alice)["counters"]["letter_duplicates"] == 1
+            with mc0.Client(endpoint, **setup.client_options("bob")) as bob:
+                got = [bob.mailbox.next(timeout=10) for _ in range(2)]
+                assert [(m.sender, m.body) for m in got] == [("alice", b"pay 1"), ("carol", b"carol's")]
+                # delivered at once, then sent again: delivered once
+                assert alice.send_to("bob", "cmd.now", b"now", confirm=True, msgid="now-1") == "delivered"
+                assert alice.send_to("bob", "cmd.now", b"now", confirm=True, msgid="now-1") == "delivered"
+                assert alice.send_to("bob", "live", b"marker", confirm=True) == "delivered"
+                assert [bob.mailbox.next(timeout=10).body for _ in range(2)] == [b"now", b"marker"]
+            assert stats(alice)["counters"]["letter_duplicates"] == 2  # (this run: pay-1 and now-1)
+    finally:
+        second.kill()

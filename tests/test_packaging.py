@@ -40,7 +40,13 @@ from mc0 import config, native
 pytestmark = [pytest.mark.long, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "pyspark_mc0.py", "mc0", "etc")
-SAMPLES = ("mc0/etc/mc0.toml", "mc0/etc/journal.toml", "mc0/etc/mc0.service")
+SAMPLES = (
+    "mc0/etc/mc0.toml",
+    "mc0/etc/journal.toml",
+    "mc0/etc/mc0.service",
+    "mc0/etc/grafana/mc0.json",
+    "mc0/etc/prometheus/mc0-alerts.yml",
+)
 BUILD_TIMEOUT = 1200  # compiling under a loaded suite (6 workers on 2 cores) took minutes, not seconds
 COMPILED = f"(compiled: {len(native.HOT_MODULES)} of {len(native.HOT_MODULES)} hot modules, mypyc)"
 
@@ -189,7 +195,7 @@ def test_the_wheel_holds_the_license_the_samples_and_the_metadata(installed: tup
         samples = {name: archive.read(name).decode() for name in SAMPLES}
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
     assert "END OF TERMS AND CONDITIONS" in license_text  # the full text, not a pointer to it
-    assert samples == {name: (ROOT / "etc" / Path(name).name).read_text() for name in SAMPLES}
+    assert samples == {name: (ROOT / Path(name).relative_to("mc0")).read_text() for name in SAMPLES}
     assert "mc0/py.typed" in names and "pyspark_mc0.py" in names
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/"))]
     assert "License-Expression: Apache-2.0" in metadata
@@ -217,6 +223,17 @@ def test_installed_without_the_repository_the_commands_work(
     assert wrote.returncode == 0 and "journals" in tomllib.loads((tmp_path / "journal.toml").read_text())
     unit = run(mc0, "config", "sample", "mc0.service", cwd=tmp_path, env=env)
     assert unit.returncode == 0 and "ExecStart=" in unit.stdout
+    # The operator's monitoring files: the Grafana dashboard and the alert rules, as the checkout has them.
+    dashboard = run(mc0, "config", "sample", "grafana", "-o", "mc0.json", cwd=tmp_path, env=env)
+    assert dashboard.returncode == 0, dashboard.stderr
+    assert (tmp_path / "mc0.json").read_text() == (ROOT / "etc" / "grafana" / "mc0.json").read_text()
+    assert json.loads((tmp_path / "mc0.json").read_text())["panels"]
+    alerts = run(mc0, "config", "sample", "alerts", cwd=tmp_path, env=env)
+    assert alerts.returncode == 0 and alerts.stdout == (ROOT / "etc" / "prometheus" / "mc0-alerts.yml").read_text()
+    again = run(mc0, "config", "sample", "grafana", "-o", "mc0.json", cwd=tmp_path, env=env)
+    assert again.returncode == 1 and again.stderr.strip().splitlines() == [
+        "mc0: error: mc0.json exists: give --force to overwrite it"
+    ]
 
     bare = run(mc0, "bench", cwd=tmp_path, env=env)
     assert bare.returncode == 0 and "mc0 bench --endpoint URL" in bare.stdout, bare.stderr

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.peers import CLOSED_KEPT, close_reason
 from mc0.broker.core.traffic import OTHER, TopicTraffic
-from mc0.broker.monitoring.snapshot import BadQuery, connz, snapshot
+from mc0.broker.monitoring.queries import BadQuery, parse_query
+from mc0.broker.monitoring.snapshot import connz, snapshot
 from mc0.broker.outbox import Outbox
 from mc0.protocol import batch
 
@@ -138,34 +139,35 @@ def test_connz_sorts_pages_and_shows_closed_connections() -> None:
     core.handle(b"gone", f("DISCONNECT"), 4.0, "dan")
     snap = _snap(core)
     names = lambda page: [c["name"].split("#")[0] for c in page["connections"]]  # noqa: E731
-    assert names(connz(snap, {})) == ["alice", "bob", "carol"]  # type: ignore[arg-type]
-    assert names(connz(snap, {"sort": "msgs_in"}))[0] == "alice"  # type: ignore[arg-type]
-    assert names(connz(snap, {"sort": "connected_at"})) == ["carol", "alice", "bob"]  # type: ignore[arg-type]
-    page = connz(snap, {"sort": "name", "limit": "1", "offset": "1"})  # type: ignore[arg-type]
+    ask = lambda query: connz(snap, parse_query("/connz", query))  # noqa: E731
+    assert names(ask("")) == ["alice", "bob", "carol"]
+    assert names(ask("sort=msgs_in"))[0] == "alice"
+    assert names(ask("sort=connected_at")) == ["carol", "alice", "bob"]
+    page = ask("sort=name&limit=1&offset=1")
     assert (names(page), page["count"], page["num_connections"]) == (["bob"], 3, 1)
-    subs = {c["name"].split("#")[0]: c["subscriptions"] for c in connz(snap, {"subs": "1"})["connections"]}  # type: ignore[arg-type, index]
+    subs = {c["name"].split("#")[0]: c["subscriptions"] for c in ask("subs=1")["connections"]}  # type: ignore[attr-defined]
     assert subs == {"alice": [], "bob": ["x.>"], "carol": []}
-    closed = connz(snap, {"state": "closed"})  # type: ignore[arg-type]
+    closed = ask("state=closed")
     (row,) = closed["connections"]  # type: ignore[misc]
     assert (row["reason"], row["closed_at"], row["connected_at"]) == (
         "disconnected", "2023-11-14T22:13:24.000Z", "2023-11-14T22:13:20.000Z"
     )  # fmt: skip
-    assert connz(snap, {"state": "all"})["count"] == 4  # type: ignore[arg-type]
+    assert ask("state=all")["count"] == 4
 
 
 @pytest.mark.parametrize(
     ("query", "complaint"),
     [
-        ({"sort": "routing_id"}, "sort must be one of"),
-        ({"state": "gone"}, "state must be one of"),
-        ({"limit": "-1"}, "limit must be a whole number"),
-        ({"limit": "99999999"}, "limit must be a whole number"),
-        ({"offset": "x"}, "offset must be a whole number"),
+        ("sort=routing_id", "sort must be one of"),
+        ("state=gone", "state must be one of"),
+        ("limit=-1", "limit must be a whole number"),
+        ("limit=99999999", "limit must be a whole number"),
+        ("offset=x", "offset must be a whole number"),
     ],
 )
-def test_connz_refuses_a_query_it_cannot_answer(query: dict[str, str], complaint: str) -> None:
+def test_connz_refuses_a_query_it_cannot_answer(query: str, complaint: str) -> None:
     with pytest.raises(BadQuery, match=complaint):
-        connz(_snap(BrokerCore()), query)  # type: ignore[arg-type]
+        parse_query("/connz", query)
 
 
 def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answered() -> None:
@@ -199,51 +201,70 @@ def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answere
 @pytest.mark.parametrize(
     ("path", "query", "complaint"),
     [
-        ("/connz", {"limit": "١٢"}, "limit must be a whole number"),  # Arabic-Indic digits: not ASCII
-        ("/connz", {"limit": "²"}, "limit must be a whole number"),
-        ("/connz", {"limit": "1e3"}, "limit must be a whole number"),
-        ("/connz", {"limit": " 10"}, "limit must be a whole number"),
-        ("/connz", {"offset": "9" * 13}, "offset must be a whole number"),
-        ("/connz", {"order": "up"}, "order must be one of asc, desc"),
-        ("/connz", {"filter": "x" * 201}, "filter must be at most 200 printable"),
-        ("/connz", {"filter": "a\nb"}, "filter must be at most 200 printable"),
-        ("/subsz", {"sort": "topic"}, "sort must be one of pattern, subscribers"),
-        ("/subsz", {"limit": "10001"}, "limit must be a whole number 0-10000"),
-        ("/consumerz", {"sort": "lag"}, "sort must be one of"),
-        ("/consumerz", {"offset": "-1"}, "offset must be a whole number"),
-        ("/varz", {"max_age_ms": "10001"}, "max_age_ms must be a whole number 0-10000"),
+        ("/connz", "limit=١٢", "limit must be a whole number"),  # Arabic-Indic digits: not ASCII
+        ("/connz", "limit=²", "limit must be a whole number"),
+        ("/connz", "limit=1e3", "limit must be a whole number"),
+        ("/connz", "limit=%2010", "limit must be a whole number"),
+        ("/connz", "offset=" + "9" * 13, "offset must be a whole number"),
+        ("/connz", "order=up", "order must be one of asc, desc"),
+        ("/connz", "filter=" + "x" * 201, "filter must be at most 200 printable"),
+        ("/connz", "filter=a%0Ab", "filter must be at most 200 printable"),
+        ("/connz", "limit=5000&subs=1", "limit must be a whole number 0-1000 with subs=1"),
+        ("/subsz", "sort=topic", "sort must be one of pattern, subscribers"),
+        ("/subsz", "limit=10001", "limit must be a whole number 0-10000"),
+        ("/consumerz", "sort=lag", "sort must be one of"),
+        ("/consumerz", "offset=-1", "offset must be a whole number"),
+        ("/varz", "max_age_ms=10001", "max_age_ms must be a whole number 0-10000"),
     ],
 )
-def test_every_paged_parameter_is_checked_by_its_table(path: str, query: dict[str, str], complaint: str) -> None:
-    from mc0.broker.monitoring.snapshot import parameters
-
+def test_every_paged_parameter_is_checked_by_the_one_table(path: str, query: str, complaint: str) -> None:
     with pytest.raises(BadQuery, match=complaint) as caught:
-        parameters(path, query)
-    assert "\n" not in str(caught.value) and str(caught.value).startswith(next(iter(query)))  # one line, naming it
+        parse_query(path, query)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(query.split("=")[0])  # one line, naming it
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "settled"),
+    [
+        ("/connz", "", {"limit": 1024, "offset": 0, "order": "", "filter": "", "subs": False, "max_age_ms": 0}),
+        ("/connz", "subs=1", {"limit": 1000, "subs": True}),  # (each row with every pattern: fewer)
+        ("/connz", "subs=1&limit=7", {"limit": 7}),
+        ("/connz", "limit=0&offset=000012", {"limit": 0, "offset": 12}),
+        ("/subsz", "", {"sort": "pattern", "limit": 1024, "filter": ""}),
+        ("/consumerz", "sort=owner&order=desc", {"sort": "owner", "order": "desc", "limit": 1024}),
+        ("/varz", "max_age_ms=250", {"max_age_ms": 250}),
+    ],
+)
+def test_a_paged_query_comes_back_settled(path: str, query: str, settled: dict[str, object]) -> None:
+    parsed = parse_query(path, query)
+    assert {k: parsed[k] for k in settled} == settled
+    assert None not in parsed.values()
 
 
 def test_subsz_and_consumerz_are_paged_sorted_and_filtered() -> None:
     from mc0.broker.monitoring.snapshot import consumerz, subsz
 
+    ask_subsz = lambda snap, query: subsz(snap, parse_query("/subsz", query))  # noqa: E731
+    ask_consumerz = lambda snap, query: consumerz(snap, parse_query("/consumerz", query))  # noqa: E731
     core = BrokerCore()
     connect(core, b"a", who="alice")
     connect(core, b"b", who="bob")
     core.handle(b"a", f("SUB", "", "orders.>", "prices.eu", "prices.us"), 1.0, "alice")
     core.handle(b"b", f("SUB", "", "orders.>", "prices.eu"), 1.0, "bob")
     snap = _snap(core)
-    page = subsz(snap, {})  # type: ignore[arg-type]
+    page = ask_subsz(snap, "")
     assert page["patterns"] == {"orders.>": 2, "prices.eu": 2, "prices.us": 1} and page["num_patterns"] == 3
-    page = subsz(snap, {"filter": "PRICES", "sort": "subscribers", "limit": "1", "offset": "1"})  # type: ignore[arg-type]
+    page = ask_subsz(snap, "filter=PRICES&sort=subscribers&limit=1&offset=1")
     assert page["patterns"] == {"prices.us": 1} and page["num_patterns"] == 2
-    assert list(subsz(snap, {"order": "desc"})["patterns"]) == ["prices.us", "prices.eu", "orders.>"]  # type: ignore[arg-type]
+    assert list(ask_subsz(snap, "order=desc")["patterns"]) == ["prices.us", "prices.eu", "orders.>"]  # type: ignore[call-overload]
     rows = [
         {"journal": "j", "name": n, "owner": o, "num_pending": p}
         for n, o, p in (("billing", "alice", 5), ("shipping", "bob", 9), ("audit", "alice", 1))
     ]
     snap = type(snap)(**{**{k: getattr(snap, k) for k in snap.__slots__}, "consumerz": {"consumers": rows}})  # type: ignore[attr-defined]
-    page = consumerz(snap, {"sort": "num_pending"})  # type: ignore[arg-type]
+    page = ask_consumerz(snap, "sort=num_pending")
     assert [r["name"] for r in page["consumers"]] == ["shipping", "billing", "audit"]  # type: ignore[index]
-    page = consumerz(snap, {"filter": "alice", "sort": "name", "order": "desc", "limit": "1"})  # type: ignore[arg-type]
+    page = ask_consumerz(snap, "filter=alice&sort=name&order=desc&limit=1")
     assert [r["name"] for r in page["consumers"]] == ["billing"] and page["count"] == 2  # type: ignore[index]
 
 
@@ -252,11 +273,9 @@ def test_connz_filters_and_orders_on_the_server() -> None:
     for i, who in enumerate(("carol", "alice", "bob", "alex")):
         connect(core, who.encode(), now=float(i), who=who)
     snap = _snap(core)
-    page = connz(snap, {"filter": "AL", "sort": "name", "order": "desc"})  # type: ignore[arg-type]
+    page = connz(snap, parse_query("/connz", "filter=AL&sort=name&order=desc"))
     assert [c["identity"] for c in page["connections"]] == ["alice", "alex"]  # type: ignore[index]
     assert (page["count"], page["total"]) == (2, 4)
-    with pytest.raises(BadQuery, match="limit must be a whole number 0-1000 with this query"):
-        connz(snap, {"subs": "1", "limit": "5000"})  # type: ignore[arg-type]
 
 
 PATTERNS = ["a.b", "a.*", "a.>", "b", "*.b"]

@@ -145,6 +145,58 @@ def test_a_replays_history_is_routed_to_the_replaying_subscription_alone(
     assert [event.keys for event in got if isinstance(event, Received)] == routes
 
 
+def heal(session: ClientSession) -> list[list[bytes]]:
+    """A 401, then the broker's OK to the new CONNECT: what the session sends to resubscribe."""
+    _, replies = session.receive(f("ERROR", "CODE", "401", "MESSAGE", "who?"), 1.0)
+    _, replies = session.receive(f("OK", "ID", replies[0][-1].decode(), "TTL", "1000"), 1.1)
+    return replies
+
+
+def test_a_resumed_replay_has_an_id_of_its_own_and_its_history_still_goes_to_its_subscription() -> None:
+    """After a reconnect the SUB FROM that resumes a replay has a new ID (it had none: no OK said where
+    its history ended, and the history reached every subscription of the pattern); the history its OK
+    names goes to the subscription that first asked, by that first ID's key."""
+    session = connected()
+    session.add_pattern("a.>")  # a live subscription, then a replay of the same pattern
+    session.replay_patterns(["a.>"], 1, "main", "7")
+    session.receive(f("OK", "ID", "7", "JOURNAL", "main", "SEQ", "3"), 1.0)
+    session.receive(journaled("a.b", 4), 1.0)  # live, past the history: it resumes FROM 5
+    (resumed,) = heal(session)
+    assert resumed[:7] == f("SUB", "FROM", "5", "ID", resumed[4].decode(), "JOURNAL", "main")
+    new_id = resumed[4].decode()
+    assert new_id != "7" and resumed[-2:] == f("", "a.>")
+    (answer,), _ = session.receive(f("OK", "ID", new_id, "JOURNAL", "main", "SEQ", "7"), 1.2)
+    assert isinstance(answer, Answer)  # (no call waits for it: dropped by the shell)
+    got = [session.receive(journaled("a.b", seq), 1.3)[0][0] for seq in (5, 6, 7)]
+    assert [event.keys for event in got if isinstance(event, Received)] == [(" replay 7",), (" replay 7",), ("a.>",)]
+
+
+def test_a_resumed_replay_refused_ends_its_subscription_and_the_pattern_stays_live() -> None:
+    """A resumed SUB FROM answered 410 (retention passed where it stood): the broker subscribed nothing,
+    so the pattern is subscribed live again and the replaying subscription ends with the reason."""
+    session = connected()
+    session.add_pattern("a.>")
+    session.replay_patterns(["a.>"], 1, "main", "7")
+    session.receive(f("OK", "ID", "7", "JOURNAL", "main", "SEQ", "1"), 1.0)
+    (resumed,) = heal(session)
+    refused = f("ERROR", "ID", resumed[4].decode(), "CODE", "410", "MESSAGE", "journal main: seq 1 was trimmed")
+    (ended,), replies = session.receive(refused, 1.2)
+    assert type(ended) is ReplayEnded and ended.key == " replay 7" and ended.pattern == "a.>"
+    assert isinstance(ended.error, errors.Gone)
+    assert replies == [f("SUB", "", "a.>")]
+
+
+def test_a_replaying_subscription_ended_is_not_resumed_at_the_next_heal() -> None:
+    """Its pattern, still held by another subscription, is subscribed live (it was resumed FROM a seq
+    nobody wanted any more)."""
+    session = connected()
+    session.add_pattern("a.>")
+    session.replay_patterns(["a.>"], 1, "main", "7")
+    session.end_replay(" replay 7")
+    session.drop_pattern("a.>")  # (the ended subscription's hold; the other one stays)
+    assert heal(session) == [f("SUB", "", "a.>")]
+
+
 @pytest.mark.parametrize(
     ("ok", "routes"),
     [

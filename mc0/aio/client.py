@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from .. import protocol as P
-from ..errors import ClosedError, ProtocolError, Timeout
+from ..errors import BadRequest, ClosedError, ProtocolError, Timeout
 from ..message import Ack, FetchResult, Record, Reply
 from ..protocol import JOURNAL_SERVICE, Command, Header, Status, parse_journal_page
 from ..session import MAILBOX_KEY, group_key, replay_key
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+# What a broker from before letters took a MSGID answered one (400): the automatic MSGID is dropped there.
+OLD_BROKER_TO_MSGID = "MSGID is for journaled topics, not for TO"
 # How fetch() asks for its pages: columns, as large as the broker builds them.
 FETCH_PAGES = {"page": P.PAGE_COLUMNS, "page_records": 4000, "page_bytes": 4 << 20}
 
@@ -103,21 +105,37 @@ class Client(Connection):
         *,
         headers: Mapping[str, str] | None = None,
         confirm: bool = False,
+        msgid: str | None = None,
         timeout: float | None = None,
     ) -> str | None:
         """A direct message to one authenticated identity (``PUT TO``): delivered to its newest
         session, or kept by the broker until one connects (bounded; 429 when full).  With
-        ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``."""
+        ``confirm`` returns the broker's word: ``"delivered"`` or ``"stored"``.  ``msgid`` makes a
+        retry safe, as for ``publish``: a repeat within the dedup window is taken once (answered
+        with the first one's word); a confirmed letter without one gets one of its own, so the copy
+        a failover sends again is taken once."""
+        given = msgid
+        request_id = self.session.new_id() if confirm else None
+        if request_id is not None and msgid is None:
+            msgid = self.auto_msgid_prefix + request_id
         span = None
         if self.tracing is not None:
-            span, headers = self.tracing.publish(topic, headers, msgid=None, sender=self.identity, to=identity)
+            span, headers = self.tracing.publish(topic, headers, msgid=msgid, sender=self.identity, to=identity)
         try:
-            if not confirm:
-                self._send(self.session.publish(topic, body, headers, to=identity))
+            if request_id is None:
+                self._send(self.session.publish(topic, body, headers, msgid=msgid, to=identity))
                 return None
-            request_id = self.session.new_id()
-            frames = self.session.publish(topic, body, headers, request_id, to=identity)
-            answer = await self._call(request_id, frames, timeout, f"send to {identity!r}")
+            frames = self.session.publish(topic, body, headers, request_id, msgid, to=identity)
+            what = f"send to {identity!r}"
+            try:
+                answer = await self._call(request_id, frames, timeout, what)
+            except BadRequest as exc:
+                if given is not None or OLD_BROKER_TO_MSGID not in exc.reason:
+                    raise
+                # A broker from before letters took MSGIDs refuses ours (it dedups no letter): without it.
+                request_id = self.session.new_id()
+                frames = self.session.publish(topic, body, headers, request_id, to=identity)
+                answer = await self._call(request_id, frames, timeout, what)
             return answer.headers.get(Header.MAILBOX)
         except BaseException as exc:
             if span is not None:

@@ -521,6 +521,7 @@ class Connection:
         sub._end()
         if sub.replay_key is not None:
             self._subscriptions.pop(sub.replay_key, None)
+            self.session.end_replay(sub.replay_key)  # (a heal no longer resumes its replay)
         for pattern in patterns:
             key = group_key(pattern, sub.group)
             holders = self._subscriptions.get(key, [])

@@ -23,6 +23,7 @@ from ..endpoints import check_endpoint
 from ..errors import ConfigError
 from .cluster.link import redacted
 from .monitoring.actions import read_token
+from .monitoring.hosts import HostRule
 from .monitoring.httpd import parse_listen
 from .nngbridge import check_listen, require_modules
 
@@ -67,7 +68,8 @@ def check_config(config: Config) -> list[str]:
     lines.append(f"bind: {' '.join(config.broker.bind)}")
     if config.http.listen:
         host, port = parse_listen(config.http.listen)
-        lines.append(f"http: monitoring on {host}:{port}")
+        hosts = HostRule(host, config.http.allowed_hosts)  # ConfigError naming http.allowed_hosts
+        lines.append(f"http: monitoring on {host}:{port} (serving the hosts {', '.join(sorted(hosts.names))})")
         if config.http.admin_token_file:
             read_token(config.http.admin_token_file)  # ConfigError naming http.admin_token_file (never the token)
             lines.append(f"http: admin actions on (POST /admin/OP; the token in {config.http.admin_token_file})")

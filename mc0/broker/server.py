@@ -199,9 +199,18 @@ class Broker:
         self.public_key: bytes | None = None
         self.endpoints: list[str] = []
         # Monitoring ([http] / --http): served by its own thread from snapshots this loop publishes.
-        listen = self.config.http.listen
-        token_file = self.config.http.admin_token_file
-        self.http = MonitorServer(listen, wake=self._wake, admin_token_file=token_file) if listen else None
+        http = self.config.http
+        self.http = (
+            MonitorServer(
+                http.listen,
+                wake=self._wake,
+                admin_token_file=http.admin_token_file,
+                allowed_hosts=http.allowed_hosts,
+                faults=FaultLog("the monitoring listener"),
+            )
+            if http.listen
+            else None
+        )
         self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
         self._next_snapshot = 0.0  # the loop takes no capture before this (SNAPSHOT_INTERVAL) ...
         self._next_rows = 0.0  # ... and none that copies rows before this (the budget)

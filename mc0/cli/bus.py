@@ -26,7 +26,9 @@ from .base import Connection, cli, connection_options, one_line_errors, parse_he
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-KEY=VALUE", help="User header (repeatable).")
 @click.option("--confirm", is_flag=True, help="Wait for the broker's OK for each message.")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish the body N times.")
-@click.option("--msgid", default=None, help="Message id: a journal stores a repeat within its dedup window once.")
+@click.option(
+    "--msgid", default=None, help="Message id: a repeat within the dedup window is stored (or, --to, taken) once."
+)
 @click.option(
     "--to", "to", default=None, metavar="IDENTITY", help="A direct message to this identity (kept while it is offline)."
 )
@@ -52,8 +54,6 @@ def pub(
     never saw (a misspelt name looks just like one that is offline)."""
     data = sys.stdin.buffer.read() if body in (None, "-") else body.encode()
     headers = parse_headers(header_pairs)
-    if to is not None and msgid is not None:
-        raise click.UsageError("--msgid is for journaled topics, not for --to")
     warned = False
     refusals = _Refusals()  # an unconfirmed PUT's ERROR comes back unasked: the command fails on it
     client_log = logging.getLogger("mc0.client")
@@ -62,7 +62,7 @@ def pub(
         with conn.client() as client:
             for _ in range(count):
                 if to is not None:  # always confirmed: where a letter went is what the command tells
-                    outcome = client.send_to(to, topic, data, headers=headers, confirm=True)
+                    outcome = client.send_to(to, topic, data, headers=headers, confirm=True, msgid=msgid)
                     letter = {"to": to, "topic": topic, "outcome": outcome}
                     click.echo(json.dumps(letter) if as_json else f"{to}: {outcome}")
                     if outcome == MAILBOX_STORED and not warned:

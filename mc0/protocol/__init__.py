@@ -25,7 +25,7 @@ Peer -> broker::
     PING       ID x                                -> PONG ID x        (1.0)
     SUB        [ID id] [FROM seq [JOURNAL j] | GROUP g] "" pattern...   (FROM: replay, then live; GROUP: queue group)
     UNSUB      [ID id] [GROUP g] "" pattern...
-    PUT        TOPIC t [ID id] [MSGID m | TO identity] [X-...] "" body...   (TO: a direct message, a mailbox)
+    PUT        TOPIC t [ID id] [MSGID m] [TO identity] [X-...] "" body...   (TO: a direct message, a mailbox)
     READY      [ID id] [CAPACITY n] "" service...  (1.0, a worker)
     REQUEST    SERVICE s ID rid [TIMEOUT ms] [ALL 1] [X-...] ["" body...]
     CANCEL     ID rid

@@ -46,9 +46,13 @@ def ok_journaled(request_id: str, journal: str, seq: int, *, duplicate: bool = F
     return frames
 
 
-def ok_mailbox(request_id: str, outcome: str) -> list[bytes]:
-    """The OK to a ``PUT TO``: ``delivered`` (to a session now) or ``stored`` (until the identity connects)."""
-    return [b"OK", b"ID", request_id.encode(), b"MAILBOX", outcome.encode()]
+def ok_mailbox(request_id: str, outcome: str, *, duplicate: bool = False) -> list[bytes]:
+    """The OK to a ``PUT TO``: ``delivered`` (to a session now) or ``stored`` (until the identity connects);
+    ``DUPLICATE 1``: a repeat of an earlier letter's MSGID, taken then (its outcome), not again."""
+    frames = [b"OK", b"ID", request_id.encode(), b"MAILBOX", outcome.encode()]
+    if duplicate:
+        frames += (b"DUPLICATE", b"1")
+    return frames
 
 
 def user_header_frames(headers: Mapping[str, str]) -> list[bytes]:

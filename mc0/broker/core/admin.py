@@ -39,6 +39,7 @@ from ...protocol import Status
 from ...protocol import admin as A
 from ...protocol.peernames import parse_peer_name, peer_name
 from ..jetstream.storecalls import failure
+from ..storage.port import storage_fault
 from .admindesk import BID_PREFIX, AdminDesk, Asker, Gather, Part
 from .consumerstate import NAME
 from .peers import Out, Peer
@@ -292,11 +293,13 @@ def here(
         return _keeps_mailboxes(journal.name), []
     try:
         dropped = journal.purge(first_seq)
-    except OSError as exc:
-        return {"status": Status.STORAGE_FAILED, "error": f"journal {journal.name}: {exc}"}, []
+    except OSError as exc:  # (the file is named in the log, never in the answer)
+        log.error("admin: journal %s: purge failed: %s", journal.name, exc)
+        return {"status": Status.STORAGE_FAILED, "error": f"journal {journal.name}: {storage_fault(exc)}"}, []
     log.warning("admin: %s purged journal %s here: %d records dropped", who, journal.name, dropped)
     rooms.counters["journals_purged"] += 1
-    return {"status": 200, "purged": dropped, "first_seq": journal.first_seq}, []
+    settled = rooms.consumers.purged(journal.name, now)  # (its consumers' purged un-acked records: settled now)
+    return {"status": 200, "purged": dropped, "first_seq": journal.first_seq}, settled
 
 
 def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, list[Out]]:

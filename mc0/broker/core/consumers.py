@@ -39,7 +39,7 @@ from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storeconsumers import StoreConsumers
-from ..storage.port import JournalStore, StateUnreadable, Trimmed
+from ..storage.port import JournalStore, StateUnreadable, Trimmed, storage_fault
 from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
     TRANSITIONS,
@@ -188,7 +188,11 @@ class Consumers:
             return [answer for _, _, answer in answers]
         # Which consumer each held answer reports on is not kept: every held answer fails
         # when any save failed (a disk error is rare, and the client's retry is safe).
-        reason = "consumer state could not be saved: " + "; ".join(f"{k[1]}: {e}" for k, e in failed.items())
+        for (journal, name), fault in failed.items():  # (the file is named here, never on the wire)
+            log.error("journal %s: consumer %s: state not saved: %s", journal, name, fault)
+        reason = "consumer state could not be saved: " + "; ".join(
+            f"{k[1]}: {storage_fault(e)}" for k, e in failed.items()
+        )
         return [
             (client.routing_id, client.dialect.error(rid, CONSUMER_SERVICE, Status.STORAGE_FAILED, reason))
             for client, rid, _ in answers
@@ -435,6 +439,29 @@ class Consumers:
     @staticmethod
     def _settle_seq(consumer: Consumer, seq: int) -> None:
         del consumer.held[seq]  # below the cursor and not held: settled
+
+    def purged(self, journal: str, now: float) -> list[Out]:
+        """``journal`` was purged: each of its consumers settles at once what it held before the new first
+        seq (handed and not acked: nothing is left to deliver, ``num_ack_pending`` drops now, not at its
+        next pull; saved at the commit) and moves its cursor there; a waiting pull is served from there.
+        Walks the consumers once (an operator's action, not a turn's)."""
+        out: list[Out] = []
+        for (of, _), consumer in list(self.consumers.items()):
+            if of != journal:
+                continue
+            first = consumer.journal.first_seq
+            gone = [seq for seq in consumer.held if seq < first]
+            for seq in gone:
+                self._settle_seq(consumer, seq)
+                consumer.settled_unsaved.append(seq)
+            consumer.stats["purged"] += len(gone)
+            if gone:
+                self._settled.add(consumer.key)
+            if consumer.cursor < first:
+                consumer.cursor = first
+                self._dirty.add(consumer.key)
+            out += self._serve_waiting(consumer, now)
+        return out
 
     # ------------------------------------------------------------ pulls
     def _pull(

@@ -40,7 +40,7 @@ from ...protocol import JOURNAL_SERVICE, SYS_DEAD_PREFIX, Command, Header, Statu
 from ...protocol import jetstream as jsw
 from ...topics import pattern_covers, pattern_matches, split_pattern
 from ...trie import TopicTrie
-from ..storage.port import JournalStore, Trimmed, replicated
+from ..storage.port import JournalStore, Trimmed, replicated, storage_fault
 from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
@@ -132,6 +132,9 @@ class PageShape(NamedTuple):
 
 
 JSON_PAGES = PageShape()  # what a fetch gets unless it asks otherwise
+
+
+READ_FAULT_LOG_S = 60.0  # a journal whose reads fail says so in the log at most this often (counted)
 
 
 class Fetch:
@@ -270,6 +273,7 @@ class Journaling:
         self._fetches: dict[Peer, dict[str, Fetch]] = {}  # request id -> fetch still sending pages
         self._next_retention = 0.0
         self.failed: set[str] = set()  # the journals whose last commit failed
+        self._read_faults_written: dict[str, float] = {}  # journal -> when a read fault of it was last logged
 
     # ------------------------------------------------------------ appends
     def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
@@ -367,7 +371,7 @@ class Journaling:
         for name, held in list(self._pending_acks.items()):
             failure = failed.get(name)
             if failure is not None:
-                reason = f"journal {name} could not write: {failure.strerror or failure}"
+                reason = f"journal {name} could not write: {storage_fault(failure)}"
                 out += [(rid, P.error(Status.STORAGE_FAILED, reason, request_id)) for _, rid, request_id, _ in held]
                 held.clear()
             else:
@@ -589,7 +593,8 @@ class Journaling:
             self._replay_ended(peer, name, replay)
             code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
             pattern = ".".join(replay.patterns[0])
-            return [PageOut(rid, P.replay_ended(code, str(exc), name, pattern), "error", name, 0, 0)]
+            reason = str(exc) if isinstance(exc, Trimmed) else self._read_failed(journal, exc, now)
+            return [PageOut(rid, P.replay_ended(code, reason, name, pattern), "error", name, 0, 0)]
         out = []
         for record in records:
             if record.seq < replay.floor:
@@ -630,6 +635,15 @@ class Journaling:
         pattern = ".".join(replay.patterns[0])
         ended = P.replay_ended(Status.DEADLINE, reason, name, pattern)  # (the SUB stays: live from here)
         return out + [PageOut(peer.routing_id, ended, "error", name, 0, 0)]
+
+    def _read_failed(self, journal: JournalStore, exc: OSError, now: float) -> str:
+        """A read of ``journal`` failed: its log line names the file (at most one a minute per journal,
+        the rest counted); the wire reason it returns names the journal, never the disk."""
+        self.counters["journal_read_failed"] += 1
+        if now - self._read_faults_written.get(journal.name, -READ_FAULT_LOG_S) >= READ_FAULT_LOG_S:
+            self._read_faults_written[journal.name] = now
+            log.error("journal %s: read failed: %s", journal.name, exc)
+        return f"journal {journal.name} could not be read: {storage_fault(exc)}"
 
     def _fetch_page(self, peer: Peer, fetch: Fetch, now: float) -> list[PageOut]:
         journal = fetch.journal
@@ -673,7 +687,8 @@ class Journaling:
             except (Trimmed, OSError) as exc:  # retention overtook a slow fetch, or a segment unreadable
                 self.cancel_fetch(peer, fetch.rid)
                 code = Status.GONE if isinstance(exc, Trimmed) else Status.STORAGE_FAILED
-                failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, str(exc))
+                reason = str(exc) if isinstance(exc, Trimmed) else self._read_failed(journal, exc, now)
+                failed = dialect.error(fetch.rid, JOURNAL_SERVICE, code, reason)
                 return [PageOut(rid, failed, "error", fetch.rid, 0, 0)]
             spent = spent or 1  # a page that matched nothing still costs
             fetch.records_left -= count or 1

@@ -47,11 +47,12 @@ from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError, quoted
 from ...message import Record
 from ...protocol import Command, Header, Status, batch
-from ...settings import CoreSettings
+from ...settings import CoreSettings, JournalSettings
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
 from ..jetstream.storedletters import StoredLetters
-from ..storage.port import JournalStore, Trimmed, replicated
+from ..storage.port import JournalStore, Trimmed, replicated, storage_fault
+from .letterids import LetterIds
 from .peers import Out, Peer
 
 log = logging.getLogger("mc0.broker")
@@ -187,6 +188,7 @@ class Mailboxes:
         # Journaled only: letters appended since the last commit (withdrawn if it fails), letters
         # handed to a session and not yet recorded delivered, and settlements to record.
         self._fresh: list[tuple[str, Letter]] = []
+        self._fresh_ids: list[tuple[str, str]] = []  # their (sender, MSGID), forgotten if the commit fails
         self._handed: list[tuple[Peer, Letter]] = []
         self._settled: dict[str, list[int]] = {}
         self._writing: dict[str, list[int]] = {}  # settlements in the record being committed
@@ -207,6 +209,10 @@ class Mailboxes:
                 wall_offset=wall_offset,
             )
         self.proposed = 0
+        # The MSGIDs of the letters taken: a re-sent letter (after a failover, a lost OK) is taken once,
+        # within the mailbox journal's dedup window and bound (a journal's defaults without one).
+        dedup = keeper.settings if keeper is not None else JournalSettings()
+        self.letter_ids = LetterIds(dedup.dedup_window_s, dedup.dedup_max_ids)
 
     # ------------------------------------------------------------ sessions
     def online(self, peer: Peer, now: float, identity: str | None = None) -> list[Out]:
@@ -317,11 +323,18 @@ class Mailboxes:
         if not P.valid_group(to):
             reason = f"TO {quoted(to, 64)}: an identity is 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace"
             raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
-        if Header.MSGID in command.headers:
-            raise ProtocolError(Status.BAD_REQUEST, "MSGID is for journaled topics, not for TO", command.id)
         if not peer.grants.may_send_to(identity_tokens(to)):
             raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not send to {to}", command.id)
         return to
+
+    def duplicate(self, sender: str, msgid: str, now: float) -> str | None:
+        """The outcome of an earlier letter ``sender`` sent with ``msgid`` inside the dedup window
+        (``delivered`` or ``stored``), None for a new one: remembered this run, or kept by the mailbox
+        journal (its dedup memory is rebuilt on restart).  A JetStream journal's stream dedups itself."""
+        earlier = self.letter_ids.outcome_of(sender, msgid, now)
+        if earlier is None and self.journal is not None and self.journal.duplicate_of(sender, msgid) is not None:
+            earlier = P.MAILBOX_STORED
+        return earlier
 
     def send(
         self,
@@ -337,9 +350,29 @@ class Mailboxes:
         ``local_only``: a letter another broker sent here: this broker's own sessions or its mailbox.
 
         ``record`` is (topic, sender identity, headers, body): what a mailbox
-        journal keeps of a letter (needed only when there is one).  A kept
-        letter is durable only after the core's commit: the caller holds its OK.
+        journal keeps of a letter (needed only when there is one; its ``MSGID`` is
+        kept too, and remembered: ``duplicate``; one a stream keeps, the stream
+        dedups).  A kept letter is durable only after the core's commit: the caller
+        holds its OK (and a commit that fails forgets its MSGID).
         """
+        out, outcome = self._send(to, frames, request_id, now, record, local_only)
+        if record is not None and Header.MSGID in record[2]:
+            sender, msgid = record[1], record[2][Header.MSGID]
+            if outcome == P.MAILBOX_DELIVERED or self.stored is None:
+                self.letter_ids.remember(sender, msgid, outcome, now)
+            if self.journal is not None and outcome == P.MAILBOX_STORED:
+                self._fresh_ids.append((sender, msgid))
+        return out, outcome
+
+    def _send(
+        self,
+        to: str,
+        frames: list[bytes],
+        request_id: str | None,
+        now: float,
+        record: tuple[str, str, Mapping[str, str], Sequence[bytes]] | None,
+        local_only: bool,
+    ) -> tuple[list[Out], str]:
         sessions = self._sessions.get(to)
         if sessions and local_only:
             sessions = [p for p in sessions if not p.route]
@@ -409,15 +442,15 @@ class Mailboxes:
     ) -> int:
         assert self.journal is not None
         topic, sender, headers, body = record
-        kept = {k: v for k, v in headers.items() if P.carried(k)}
+        kept = {k: v for k, v in headers.items() if P.carried(k) or k == Header.MSGID}
         expires_ms = round((letter.expires + self.wall_offset) * 1000.0)
         kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
         try:
-            seq = self.journal.append(P.SYS_MAILBOX_LETTER, sender, kept, body)
+            seq = self.journal.append(P.SYS_MAILBOX_LETTER, sender, kept, body)  # (its MSGID: the journal's dedup)
         except OSError as exc:  # a disk error must not take the broker down; the sender learns it
             self.counters["journal_write_failed"] += 1
             log.error("journal %s: mailbox letter not written: %s", self.journal.name, exc)
-            reason = f"journal {self.journal.name} could not keep the letter: {exc.strerror or exc}"
+            reason = f"journal {self.journal.name} could not keep the letter: {storage_fault(exc)}"
             raise ProtocolError(Status.STORAGE_FAILED, reason, rid) from None
         if self._floor is None:  # retention must keep it from now on (a roll may trim before the next tick)
             self._set_floor(seq)
@@ -486,7 +519,10 @@ class Mailboxes:
                 still = [seq for seq in seqs if seq < end]
                 if still:
                     self._settled.setdefault(reason, [])[:0] = still
+            for sender, msgid in self._fresh_ids:  # (not kept: a re-send must be taken)
+                self.letter_ids.forget(sender, msgid)
         self._fresh.clear()
+        self._fresh_ids.clear()
         self._writing = {}
 
     def _set_floor(self, seq: int | None) -> None:

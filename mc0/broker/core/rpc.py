@@ -512,10 +512,11 @@ class Rpc:
             self._forget_request(client, job.rid)
         self._deadlines.discard(job)
         service = self.services.get(job.service)
-        if service is not None:
-            service.errors += 1
+        if service is not None:  # each failed request counts once: a 504 as a timeout, anything else an error
             if code == Status.DEADLINE:
                 service.timeouts += 1
+            else:
+                service.errors += 1
         self.counters[f"requests_failed_{code}"] += 1
         self._finished(job.service, client, job.worker, job.created, code, job.size, job.bytes_out, now)
         if not self._is_current(client) or job.quiet:

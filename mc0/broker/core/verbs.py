@@ -80,16 +80,21 @@ def put_to(rooms: Rooms, peer: Peer, command: Command, topic: str, now: float) -
     subscriber sees it; only a journal that keeps mailboxes does); the OK says which, and
     ``stored`` waits for the commit when a journal keeps the letter."""
     to = rooms.mailboxes.check(peer, command)
+    mailboxes = rooms.mailboxes
+    msgid = command.headers.get(Header.MSGID)
+    earlier = mailboxes.duplicate(peer.identity, msgid, now) if msgid is not None else None
+    if earlier is not None:
+        return letter_duplicate(rooms, peer, command, earlier, now)
     user = P.user_header_frames(command.headers)
     body = [bytes(part) for part in command.payload]  # a kept letter must not pin the receive buffer
     frames = P.message(topic.encode(), peer.sender, user, body, to=to.encode())
     record = (topic, peer.identity, command.headers, body)
-    out, outcome = rooms.mailboxes.send(to, frames, command.id, now, record=record)
+    out, outcome = mailboxes.send(to, frames, command.id, now, record=record)
     if command.id is not None:
         peer.last_sent = now
         ok = P.ok_mailbox(command.id, outcome)
-        keeper = rooms.mailboxes.journal
-        stored = rooms.mailboxes.stored
+        keeper = mailboxes.journal
+        stored = mailboxes.stored
         if stored is not None and outcome == P.MAILBOX_STORED:  # stored = a quorum of the stream's replicas has it
             token = rooms.mailboxes.proposed
             rooms.replication.hold(stored.journal.name, token, peer.routing_id, command.id, letter=True)
@@ -98,6 +103,21 @@ def put_to(rooms: Rooms, peer: Peer, command: Command, topic: str, now: float) -
         else:
             out.append((peer.routing_id, ok))
     return out
+
+
+def letter_duplicate(rooms: Rooms, peer: Peer, command: Command, earlier: str, now: float) -> list[Out]:
+    """A letter whose MSGID its sender used in the dedup window: taken once, answered as the first
+    was (``OK MAILBOX outcome DUPLICATE 1``; ``stored`` in a journal once its record is committed)."""
+    rooms.counters["letter_duplicates"] += 1
+    if command.id is None:
+        return []
+    peer.last_sent = now
+    ok = P.ok_mailbox(command.id, earlier, duplicate=True)
+    keeper = rooms.mailboxes.journal
+    if keeper is not None and earlier == P.MAILBOX_STORED:
+        rooms.journaling.hold_ok(keeper, peer.routing_id, command.id, ok)
+        return []
+    return [(peer.routing_id, ok)]
 
 
 def put_journaled(

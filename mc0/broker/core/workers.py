@@ -135,6 +135,8 @@ class Service:
         self.queue = FairQueue()  # QUEUED jobs, and DONE ones not yet swept out; fair between clients
         self.queued = 0  # the QUEUED jobs in ``queue``: what the queue limit counts
         self.dead = 0  # the DONE jobs still in ``queue`` (ended while waiting)
+        # Each request taken ends once as one of: served (a FINAL), an error (the worker's ERROR, 502 and
+        # the like) or a timeout (504): errors + timeouts are the failed requests, none counted twice.
         self.requests = 0
         self.served = 0
         self.errors = 0

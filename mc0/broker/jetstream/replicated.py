@@ -210,11 +210,21 @@ class ReplicatedJournal:
         if size is not None:
             self._waiting_bytes -= size
 
-    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
-        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes): on its own subject."""
+    def letter(
+        self,
+        identity: str,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None = None,
+    ) -> int:
+        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes): on its own subject
+        (``msgid``: its Nats-Msg-Id, the stream's dedup)."""
         token = next(self._tokens)
         payload = encode_payload(topic, sender, headers, parts)
-        self._proposals.append(Proposal(token, jsw.letter_subject(self.name, identity), "", "", payload))
+        self._proposals.append(Proposal(token, jsw.letter_subject(self.name, identity), msgid or "", "", payload))
         self._wait(token, len(payload))
         return token
 

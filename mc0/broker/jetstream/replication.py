@@ -77,7 +77,7 @@ class Replication:
         if held is None:
             return []
         if held.letter:
-            return [(held.routing_id, P.ok_mailbox(held.request_id, P.MAILBOX_STORED))]
+            return [(held.routing_id, P.ok_mailbox(held.request_id, P.MAILBOX_STORED, duplicate=duplicate))]
         return [(held.routing_id, P.ok_journaled(held.request_id, journal, seq, duplicate=duplicate))]
 
     def failed(self, journal: str, token: int, code: int, reason: str) -> list[Out]:

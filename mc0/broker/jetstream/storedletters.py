@@ -37,6 +37,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...message import Record
 from ...protocol import Header, Status
+from ...protocol import jetstream as jsw
 from ..core.peers import Out, Peer
 from ..storage.port import ReplicatedStore
 from .storecalls import StoreCalls, failure
@@ -89,7 +90,9 @@ class StoredLetters:
         expires_ms = round((expires + self.wall_offset) * 1000.0)
         kept.update({Header.TO: to, Header.TOPIC: topic, P.MAILBOX_EXPIRES: str(expires_ms)})
         self.counters["mailbox_stored"] += 1
-        return self.journal.letter(to, P.SYS_MAILBOX_LETTER, sender, kept, body)
+        msgid = headers.get(Header.MSGID)  # (the stream's duplicate window dedups it, cluster-wide)
+        store_id = jsw.msg_id(sender, msgid) if msgid is not None and self.journal.settings.dedup_window_s else None
+        return self.journal.letter(to, P.SYS_MAILBOX_LETTER, sender, kept, body, msgid=store_id)
 
     def online(self, identity: str, now: float) -> None:
         """``identity`` has its first session at this broker: its letters are read from the stream, unless

@@ -6,8 +6,9 @@ not hold one token of at least ``MIN_TOKEN_CHARS`` visible ASCII characters); th
 never logged nor put in an error.  ``respond(door, ...)`` is a POST's whole answer, decided in this
 order: no token file (``door`` None): 403; an ``Origin`` header that is not the listener's own: 403;
 a missing or wrong ``Authorization: Bearer TOKEN`` (compared in constant time): 401; an unknown OP:
-404; a body that is not a JSON object of at most ``MAX_BODY_BYTES``: 400; else the action, handed
-to the broker loop through the door and answered with its status and JSON.
+404; a ``Content-Type`` that is not ``application/json``: 415; a body that is not a JSON object of
+at most ``MAX_BODY_BYTES`` (a ``Content-Length`` of ASCII digits): 400; else the action, handed to
+the broker loop through the door and answered with its status and JSON.
 
 :class:`AdminDoor` is where the HTTP threads and the loop meet: ``submit`` (an HTTP thread) queues
 an action and wakes the loop, then waits at most ``ACTION_WAIT_S`` for its answer (504 after);
@@ -41,6 +42,7 @@ MAX_BODY_BYTES = 64 * 1024
 ACTION_WAIT_S = 30.0  # an action waits this long for the loop's answer (the core answers within ~10 s)
 MAX_IN_FLIGHT = 32
 PREFIX = "/admin/"
+JSON_TYPE = "application/json"
 Action = tuple[int, str, dict[str, Any], str]  # (ticket, op, arguments, who asked)
 
 
@@ -69,6 +71,12 @@ def read_token(path: str) -> str:
             WHERE, f"{path} must hold one token of at least {MIN_TOKEN_CHARS} visible ASCII characters (e.g. {example})"
         )
     return token
+
+
+def is_json(content_type: str | None) -> bool:
+    """``Content-Type`` names JSON: ``application/json``, any case, parameters (``; charset=utf-8``) allowed."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    return media == JSON_TYPE
 
 
 def own_origins(host: str, port: int, host_header: str | None) -> set[str]:
@@ -163,10 +171,10 @@ def respond(
     op = path[len(PREFIX) :] if path.startswith(PREFIX) else ""
     if op not in ACTIONS:
         return 404, {"error": f"actions: {', '.join(PREFIX + a for a in ACTIONS)}"}
-    try:
-        length = int(header("Content-Length") or 0)
-    except ValueError:
-        length = -1
+    if not is_json(header("Content-Type")):  # (a form a foreign page may post without asking first is not JSON)
+        return 415, {"error": f"the body must be sent as {JSON_TYPE} (Content-Type: {JSON_TYPE})"}
+    given = (header("Content-Length") or "0").strip()
+    length = int(given) if given.isascii() and given.isdigit() and len(given) <= 12 else -1  # ('+5', '1_0': no)
     if not 0 <= length <= MAX_BODY_BYTES:
         return 400, {"error": f"the body must be a JSON object of at most {MAX_BODY_BYTES} bytes"}
     try:

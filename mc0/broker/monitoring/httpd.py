@@ -23,12 +23,22 @@ socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
 
-GET handling is in plain functions of the path (``_get``): the console's
+Every request goes through ``_serve``: a ``Host`` that is not the listener's
+own (:mod:`.hosts`) is 421 before anything else; GET (and HEAD, its headers)
+reads a page, POST does an action, any other method is 405; an unexpected
+exception is a 500 of one line, written to the ``faults`` sink (once per
+page and method and kind); every refusal is one line of JSON, http.server's
+own (a bad request line, 414, 431) included; a connection that sends nothing
+for ``REQUEST_TIMEOUT_S`` is closed, and after an answer what a client still
+sends is drained (bounded) so that the close does not lose the answer.
+
+GET handling is in plain functions of the path (``_get``): the query is
+parsed by the page's table (:mod:`.queries`: 400 naming the parameter for
+anything not as documented) before a snapshot is asked for; the console's
 files come from the installed package (``mc0/broker/monitoring/console``,
 package data) with a Content-Security-Policy that lets the page load and
-fetch from this origin only; ``/connz`` takes ``state``, ``sort``, ``limit``,
-``offset`` and ``subs`` (a query it cannot answer is 400, naming why).  Each
-page is rendered once per snapshot and query (at most ``RENDERS_KEPT`` kept).
+fetch from this origin only.  Each page is rendered once per snapshot and
+parsed query (at most ``RENDERS_KEPT`` kept).
 """
 
 from __future__ import annotations
@@ -37,14 +47,14 @@ import importlib.metadata
 import json
 import logging
 import resource
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from ipaddress import ip_address
-from typing import Any
-from urllib.parse import parse_qs
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -54,7 +64,9 @@ from prometheus_client.registry import Collector
 from ...errors import ConfigError
 from ...protocol.jetstream import COPY_BROKEN, COPY_STATES, COPY_STUCK
 from . import actions
-from .snapshot import PAGE_PARTS, SUBS, BadQuery, Capture, Snapshot, build, connz, consumerz, parameters, subsz
+from .hosts import MISDIRECTED, HostRule
+from .queries import PAGES, BadQuery, Value, parse_query
+from .snapshot import PAGE_PARTS, SUBS, Capture, Snapshot, build, connz, consumerz, subsz
 
 log = logging.getLogger("mc0.broker.http")
 
@@ -74,11 +86,60 @@ CONSOLE_POLICY = (
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 ACCEPT_BACKLOG = 1024  # connections the kernel queues before they are accepted (http.server's default: 5)
+# A connection that sends nothing (or not the body its Content-Length promised) for this long is closed:
+# each one holds a thread (http.server's default: never).
+REQUEST_TIMEOUT_S = 10.0
+# After an answer, what a client still sends is read and dropped (so that the close does not reset the
+# connection and lose the answer) for at most this long and this much.
+LINGER_S = 1.0
+LINGER_BYTES = 16 << 20
+MISDIRECTED_LOGGED = 16  # distinct Host values answered 421 that the log names (the rest are counted)
+SERVED = ("GET", "HEAD", "POST")  # the methods answered; any other is 405 (after the Host check, as every request)
+OTHER_METHODS = ("PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
+Reply = tuple[int, dict[str, str], bytes]  # (status, headers, body)
+
+
+class FaultSink(Protocol):
+    """Where an unexpected exception in a request's handling is written (``mc0.broker.faultlog.FaultLog``:
+    the first of a kind with its traceback, the same again a line a minute); called under a lock."""
+
+    def fault(self, step: str, exc: BaseException, now: float) -> bool: ...
+
+
+class _EveryFault:
+    """The sink without a FaultLog given: each fault, with its traceback."""
+
+    def fault(self, step: str, exc: BaseException, now: float) -> bool:
+        log.error("internal error in the monitoring listener (%s)", step, exc_info=exc)
+        return True
 
 
 class _HttpServer(ThreadingHTTPServer):
     request_queue_size = ACCEPT_BACKLOG
     daemon_threads = True
+
+    def shutdown_request(self, request: Any) -> None:
+        """Close after the answer without losing it: a body the client is still sending (refused before
+        it was read: 421, 415, 400 for one too large) would make the close a reset, which can discard
+        the answer at the client; so the sending side is shut first and what comes in is read and
+        dropped, for at most ``LINGER_S`` and ``LINGER_BYTES``, until the client closes."""
+        try:
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER_S
+            left = LINGER_BYTES
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                request.settimeout(wait)
+                chunk = request.recv(min(1 << 16, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # (a reset, a timeout: nothing more to save)
+            pass
+        self.close_request(request)
+
+
+class _HttpServer6(_HttpServer):
+    address_family = socket.AF_INET6  # (http.server's is AF_INET: an IPv6 address would not bind)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -107,6 +168,11 @@ def _json(data: object) -> bytes:
     # Compact: json's C encoder serves only calls without ``indent`` (with it, a /connz page of 1,000
     # rows took the pure-Python encoder ~10x as long, holding the interpreter the loop needs).
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def one_line(status: int, error: str) -> Reply:
+    """A refusal or a failure: ``{"error": ...}`` on one line (json escapes any newline in ``error``)."""
+    return status, {"Content-Type": "application/json"}, json.dumps({"error": error}).encode() + b"\n"
 
 
 def process_figures() -> dict[str, float]:
@@ -240,9 +306,25 @@ def stuck_copies(snap: Snapshot) -> list[str]:
 
 
 class MonitorServer:
-    def __init__(self, listen: str, *, wake: Callable[[], None], admin_token_file: str = "") -> None:
-        """``admin_token_file``: the token of the admin actions ("" = none: every POST is 403)."""
+    def __init__(
+        self,
+        listen: str,
+        *,
+        wake: Callable[[], None],
+        admin_token_file: str = "",
+        allowed_hosts: tuple[str, ...] = (),
+        faults: FaultSink | None = None,
+    ) -> None:
+        """``admin_token_file``: the token of the admin actions ("" = none: every POST is 403);
+        ``allowed_hosts``: names a request's Host may give besides the listener's address and
+        localhost (ConfigError naming ``http.allowed_hosts`` for one that is no name); ``faults``:
+        where an unexpected exception in a request is written."""
         self.host, self.port = parse_listen(listen)
+        self.hosts = HostRule(self.host, allowed_hosts)
+        self._faults: FaultSink = faults if faults is not None else _EveryFault()
+        self._faults_lock = threading.Lock()
+        self.misdirected = 0  # requests answered 421 (a Host not ours)
+        self._misdirected_named: set[str] = set()  # the Host values logged (at most MISDIRECTED_LOGGED)
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
@@ -330,17 +412,37 @@ class MonitorServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                server._handle(self)
+                server._serve(self, server._handle)
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                server._post(self)
+                server._serve(self, server._post)
+
+            def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+                server._serve(self, server._handle)  # (a GET's headers: _write sends no body)
+
+            def not_allowed(self) -> None:
+                server._serve(self, server._not_allowed)
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """http.server's own refusals (a bad request line, 414, 431) as one line of JSON, with a
+                status line (a line it could not read leaves the version at HTTP/0.9: the body alone)."""
+                self.close_connection = True
+                if self.request_version == "HTTP/0.9":
+                    self.request_version = "HTTP/1.0"
+                server._write(self, one_line(code, message or self.responses.get(code, ("error",))[0]))
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("http %s", format % args)
 
+        for method in OTHER_METHODS:
+            setattr(Handler, f"do_{method}", Handler.not_allowed)
+
         try:
-            self._httpd = _HttpServer((self.host, self.port), Handler)
+            kind = _HttpServer6 if ":" in self.host else _HttpServer
+            self._httpd = kind((self.host, self.port), Handler)
         except OSError as exc:
             raise ConfigError(
                 "http.listen", f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
@@ -359,7 +461,62 @@ class MonitorServer:
             log.info("admin actions on %s/admin/OP (the token in %s)", self.url, self._token_file)
         return self.url
 
-    def _post(self, request: BaseHTTPRequestHandler) -> None:
+    def _serve(self, request: BaseHTTPRequestHandler, answer: Callable[[BaseHTTPRequestHandler], Reply]) -> None:
+        """Every request: refused unless its Host is ours (:mod:`.hosts`), else ``answer``ed; an
+        unexpected exception is a 500 of one line (written to the faults once), never a connection
+        closed without an answer."""
+        try:
+            local = str(request.connection.getsockname()[0])
+            hosts = request.headers.get_all("Host") or []
+            refusal = self.hosts.refusal(hosts, local, request.request_version)
+            if refusal is not None and refusal[0] == MISDIRECTED:
+                self._misdirected(hosts[0])
+            reply = one_line(*refusal) if refusal is not None else answer(request)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the client gets an answer
+            page = request.path.partition("?")[0].rstrip("/") or "/"
+            step = f"{request.command} {page if page in PAGES else 'another path'}"  # (not the query: one kind)
+            with self._faults_lock:
+                self._faults.fault(step, exc, time.monotonic())
+            reply = one_line(500, f"internal error ({type(exc).__name__}): the broker's log has the details")
+        self._write(request, reply)
+
+    def _misdirected(self, host: str) -> None:
+        """A request for a name that is not ours: the first few names are logged (a scraper or proxy that
+        uses a DNS name gets 421 until it is listed: the operator should see why), the rest counted."""
+        with self._faults_lock:
+            self.misdirected += 1
+            if len(self._misdirected_named) >= MISDIRECTED_LOGGED or host in self._misdirected_named:
+                return
+            self._misdirected_named.add(host)
+        log.warning(
+            "monitoring: refused a request for the host %r (421): if it names this broker, list it in "
+            "[http] allowed_hosts (at most %d such names are logged)",
+            host[:80],
+            MISDIRECTED_LOGGED,
+        )
+
+    @staticmethod
+    def _write(request: BaseHTTPRequestHandler, reply: Reply) -> None:
+        status, headers, body = reply
+        try:
+            request.send_response(status)
+            for name, value in headers.items():
+                request.send_header(name, value)
+            request.send_header("Content-Length", str(len(body)))
+            request.send_header("X-Content-Type-Options", "nosniff")
+            request.end_headers()
+            if request.command != "HEAD":
+                request.wfile.write(body)
+        except OSError:  # the client went away: nothing to answer
+            request.close_connection = True
+
+    def _not_allowed(self, request: BaseHTTPRequestHandler) -> Reply:
+        status, headers, body = one_line(
+            405, f"{request.command} is not served here: GET (or HEAD) a page, POST an action"
+        )
+        return status, {**headers, "Allow": ", ".join(SERVED)}, body
+
+    def _post(self, request: BaseHTTPRequestHandler) -> Reply:
         """An admin action (:mod:`.actions`): refused, or handed to the loop and answered with its outcome."""
         path = request.path.split("?", 1)[0]
         origins = actions.own_origins(self.host, self.port, request.headers.get("Host"))
@@ -367,47 +524,37 @@ class MonitorServer:
         status, data = actions.respond(
             self.admin, path, request.headers.get, request.rfile.read, (str(client[0]), int(client[1])), origins
         )
-        body = _json(data)
-        request.send_response(status)
-        request.send_header("Content-Type", "application/json")
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        request.wfile.write(body)
+        if status >= 400 and set(data) == {"error"}:
+            return one_line(status, str(data["error"]))
+        return status, {"Content-Type": "application/json"}, _json(data)
 
-    def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        status, headers, body = self._get(request.path, request.headers.get("Accept", ""))
-        request.send_response(status)
-        for name, value in headers.items():
-            request.send_header(name, value)
-        request.send_header("Content-Length", str(len(body)))
-        request.send_header("X-Content-Type-Options", "nosniff")
-        request.end_headers()
-        request.wfile.write(body)
+    def _handle(self, request: BaseHTTPRequestHandler) -> Reply:
+        return self._get(request.path, request.headers.get("Accept", ""))
 
-    def _get(self, target: str, accept: str = "") -> tuple[int, dict[str, str], bytes]:
+    def _get(self, target: str, accept: str = "") -> Reply:
         """GET ``target`` (path and query) -> (status, headers, body)."""
         raw_path, _, raw_query = target.partition("?")
         path = raw_path.rstrip("/") or "/"
+        if path not in PAGES:
+            return one_line(404, f"pages: /, {', '.join(PATHS)}")
+        try:
+            query = parse_query(path, raw_query)
+        except BadQuery as exc:
+            return one_line(400, str(exc))
         if path == "/" and "application/json" in accept and "text/html" not in accept:
             return 200, {"Content-Type": "application/json"}, _json({"endpoints": list(PATHS), "console": "/"})
         if path in CONSOLE_FILES:
             return self._console_file(path)
-        if path not in PATHS:
-            return 404, {"Content-Type": "application/json"}, _json({"error": f"pages: /, {', '.join(PATHS)}"})
-        query = {k: v[-1] for k, v in parse_qs(raw_query, keep_blank_values=True).items()}
-        try:
-            read = parameters(path, query)  # (a bad query is answered before the loop is asked anything)
-        except BadQuery as exc:
-            return 400, {"Content-Type": "application/json"}, _json({"error": str(exc)})
         parts = PAGE_PARTS.get(path, frozenset())
-        if path == "/connz" and query.get("subs", "") in ("1", "true", "detail"):
+        if query.get("subs"):
             parts = parts | {SUBS}
-        snap = self.current(parts, int(read.get("max_age_ms", 0)) / 1000.0)  # requests waiting at once share one
+        max_age = int(query.get("max_age_ms", 0)) / 1000.0
+        snap = self.current(parts, max_age)  # requests waiting at once share one
         if snap is None:
             reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
             return 503, {"Content-Type": "application/json"}, _json({"status": "stalled", "reason": reason})
-        paged = path in ("/connz", "/subsz", "/consumerz")
-        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items())) if paged else path
+        # (parsed: one key per meaning; max_age_ms changes which snapshot, never what a page of it is)
+        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items()) if k != "max_age_ms")
         with self._render_lock:  # one render at a time, each page once per snapshot and query
             if snap is not self._rendered_for:
                 self._rendered_for, self._rendered = snap, {}
@@ -415,17 +562,14 @@ class MonitorServer:
             if rendered is None:
                 self.rendering = snap
                 started = time.perf_counter()
-                try:
-                    rendered = (200, *self._render(path, snap, query))
-                except BadQuery as exc:
-                    rendered = (400, "application/json", _json({"error": str(exc)}))
+                rendered = (200, *self._render(path, snap, query))
                 self.spent += time.perf_counter() - started
                 if len(self._rendered) < RENDERS_KEPT:
                     self._rendered[key] = rendered
         status, content_type, body = rendered
         return status, {"Content-Type": content_type, "Cache-Control": "no-store"}, body
 
-    def _console_file(self, path: str) -> tuple[int, dict[str, str], bytes]:
+    def _console_file(self, path: str) -> Reply:
         name, content_type = CONSOLE_FILES[path]
         body = self._console.get(name)
         if body is None:
@@ -433,7 +577,7 @@ class MonitorServer:
         headers = {"Content-Type": content_type, "Content-Security-Policy": CONSOLE_POLICY, "Cache-Control": "no-cache"}
         return 200, headers, body
 
-    def _render(self, path: str, snap: Snapshot, query: dict[str, str]) -> tuple[str, bytes]:
+    def _render(self, path: str, snap: Snapshot, query: dict[str, Value]) -> tuple[str, bytes]:
         if path == "/metrics":
             return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
         data: object

@@ -18,18 +18,16 @@ reports.  Pure: the clock is passed in, no I/O, changes nothing.  Peers are
 named as ``Peer.name`` (``identity#n``), never by routing id.
 
 The big pages are paged, sorted and filtered here, over the snapshot's rows
-(:func:`connz`, :func:`subsz`, :func:`consumerz`): each takes ``sort``,
-``limit`` (default ``PAGE_DEFAULT_LIMIT``, at most ``PAGE_MAX_LIMIT``;
-``/connz?subs=1`` at most ``SUBS_MAX_LIMIT``), ``offset`` and ``filter`` (a
-case-insensitive substring of the row's names, at most ``FILTER_MAX``
-characters).  Every parameter is checked against its page's table
-(``PAGE_PARAMETERS``): a number is ASCII digits only; anything else is
-:class:`BadQuery`, one line naming the parameter.
+(:func:`connz`, :func:`subsz`, :func:`consumerz`): each takes its query as
+parsed by :func:`.queries.parse_query` (the one table of every parameter of
+every page, which refuses what the docs do not promise): ``sort``, ``order``,
+``limit`` (settled there), ``offset`` and ``filter`` (a case-insensitive
+substring of the row's names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -37,24 +35,7 @@ from typing import Any, Protocol
 
 from ..core.dispatch import BrokerCore
 from ..core.peers import Closed
-
-# /connz rows' fields a ``sort`` may name: numbers sort descending (the busiest first), text and
-# ``connected_at`` ascending (``closed_at`` descending: the newest close first), as nats-server's.
-CONNZ_NUMBERS = (
-    "num_subscriptions", "pending_bytes", "idle_s", "delivered", "dropped", "in_flight",
-    "msgs_in", "bytes_in", "msgs_out", "bytes_out", "uptime_s",
-)  # fmt: skip
-CONNZ_TEXTS = ("name", "identity", "dialect", "protocol", "address", "connected_at", "reason")
-CONNZ_STATES = ("open", "closed", "all")
-PAGE_DEFAULT_LIMIT = 1024  # rows of a paged page when ``limit`` is not given (nats-server's /connz default)
-PAGE_MAX_LIMIT = 10_000  # rows of a paged page at most
-SUBS_MAX_LIMIT = 1_000  # /connz?subs=1: connections at most (each with every pattern it holds)
-CONNZ_DEFAULT_LIMIT, CONNZ_MAX_LIMIT = PAGE_DEFAULT_LIMIT, PAGE_MAX_LIMIT  # (the names /connz had)
-FILTER_MAX = 200  # characters of a ``filter``
-NUMBER_DIGITS = 12  # digits a number parameter may have
-SUBSZ_SORTS = ("pattern", "subscribers")
-CONSUMERZ_NUMBERS = ("num_pending", "num_ack_pending", "ack_floor", "redelivered", "dead_lettered", "delivered")
-CONSUMERZ_TEXTS = ("name", "journal", "owner", "store")
+from .queries import CONNZ_NUMBERS, CONSUMERZ_NUMBERS, Value
 
 # What a capture copies for each page (``parts``): /varz, /healthz, /servicez and /journalz need only
 # what every capture has (counters, services, journals: few).
@@ -285,7 +266,7 @@ def build(cap: Capture) -> Snapshot:
         "dropped": counters.get("dropped", 0),
         "slow_consumers": counters.get("forgotten_too_slow", 0),
         "pending_bytes": queued_bytes,
-        # RPC over every service: requests taken, and those that failed (an ERROR answer or a timeout).
+        # RPC over every service: requests taken, and those that failed (an ERROR answer or a 504: each once).
         "rpc_requests": sum(int(s["requests"]) for s in services.values()),  # type: ignore[call-overload]
         "rpc_errors": sum(int(s["errors"]) + int(s["timeouts"]) for s in services.values()),  # type: ignore[call-overload]
         # Messages refused (every 4xx/5xx answered to a peer) and internal errors.
@@ -412,83 +393,7 @@ def _journalz(infos: dict[str, dict[str, object]], stores: dict[str, str]) -> di
     }
 
 
-# ============================================================== paged pages and their parameters
-
-
-class BadQuery(ValueError):
-    """A query a page cannot answer (the HTTP side answers 400 with its text: one line naming the parameter)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Parameter:
-    """One query parameter of a page: a number (ASCII digits, at most ``most``), one of ``choices``,
-    or free text (at most ``FILTER_MAX`` printable characters)."""
-
-    kind: str  # "number" | "choice" | "text"
-    most: int = 0
-    choices: tuple[str, ...] = ()
-
-    def read(self, name: str, text: str) -> int | str:
-        if self.kind == "number":
-            if not (text.isascii() and text.isdigit() and len(text) <= NUMBER_DIGITS) or int(text) > self.most:
-                raise BadQuery(f"{name} must be a whole number 0-{self.most} (ASCII digits), got {text[:20]!r}")
-            return int(text)
-        if self.kind == "choice":
-            if text not in self.choices:
-                raise BadQuery(f"{name} must be one of {', '.join(self.choices)}, got {text[:20]!r}")
-            return text
-        if len(text) > FILTER_MAX or not text.isprintable():
-            raise BadQuery(f"{name} must be at most {FILTER_MAX} printable characters")
-        return text
-
-
-_LIMIT = Parameter("number", most=PAGE_MAX_LIMIT)
-_OFFSET = Parameter("number", most=10**NUMBER_DIGITS - 1)
-_FILTER = Parameter("text")
-_FLAG = Parameter("choice", choices=("", "0", "1", "true", "false", "detail"))
-_ORDER = Parameter("choice", choices=("asc", "desc"))
-MAX_AGE_MOST = 10_000  # ms: the oldest snapshot ``max_age_ms`` may accept
-# Every page takes ``max_age_ms``: a snapshot taken at most that long before the request will do (default 0:
-# one taken after the request arrived).  The console asks so for a sort, a page or a filter of what it shows.
-COMMON_PARAMETERS: dict[str, Parameter] = {"max_age_ms": Parameter("number", most=MAX_AGE_MOST)}
-# Each paged page's parameters (a parameter not named here is left to the HTTP side's rules).
-PAGE_PARAMETERS: dict[str, dict[str, Parameter]] = {
-    "/connz": {
-        "state": Parameter("choice", choices=CONNZ_STATES),
-        "sort": Parameter("choice", choices=(*CONNZ_NUMBERS, *CONNZ_TEXTS, "closed_at", "subscriptions")),
-        "limit": _LIMIT,
-        "offset": _OFFSET,
-        "subs": _FLAG,
-        "filter": _FILTER,
-        "order": _ORDER,
-    },
-    "/subsz": {
-        "sort": Parameter("choice", choices=SUBSZ_SORTS),
-        "limit": _LIMIT,
-        "offset": _OFFSET,
-        "filter": _FILTER,
-        "order": _ORDER,
-    },
-    "/consumerz": {
-        "sort": Parameter("choice", choices=(*CONSUMERZ_NUMBERS, *CONSUMERZ_TEXTS)),
-        "limit": _LIMIT,
-        "offset": _OFFSET,
-        "filter": _FILTER,
-        "order": _ORDER,
-    },
-}
-
-
-def parameters(path: str, query: dict[str, str]) -> dict[str, int | str]:
-    """``query``'s parameters of ``path`` read by its table (an empty value: not given); BadQuery
-    naming the first one that is wrong."""
-    table = {**COMMON_PARAMETERS, **PAGE_PARAMETERS.get(path, {})}
-    read: dict[str, int | str] = {}
-    for name, spec in table.items():
-        text = query.get(name)
-        if text:
-            read[name] = spec.read(name, text)
-    return read
+# ============================================================== paged pages (their queries: .queries)
 
 
 def _matching(rows: list[dict[str, object]], needle: str, keys: tuple[str, ...]) -> list[dict[str, object]]:
@@ -504,7 +409,7 @@ def _ordered(
     sort: str,
     numbers: tuple[str, ...],
     name: Callable[[dict[str, object]], str],
-    order: str | None = None,
+    order: str,
 ) -> list[dict[str, object]]:
     """Numbers descending (the busiest first), text ascending, unless ``order`` says; ties by name."""
     if sort in numbers:
@@ -514,30 +419,21 @@ def _ordered(
     return ordered[::-1] if order == "desc" else ordered
 
 
-def _page_of(read: dict[str, int | str], most: int = PAGE_MAX_LIMIT) -> tuple[int, int]:
-    limit = int(read["limit"]) if "limit" in read else min(PAGE_DEFAULT_LIMIT, most)
-    if limit > most:
-        raise BadQuery(f"limit must be a whole number 0-{most} with this query, got {limit}")
-    return limit, int(read.get("offset", 0))
-
-
 CONNZ_FILTERED = ("name", "identity", "address", "dialect", "protocol", "reason")
 
 
-def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``order``, ``limit``,
-    ``offset``, ``filter`` (a substring of a connection's name, identity, address, dialect, protocol
-    or close reason), ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not
-    their count, which ``num_subscriptions`` always has); BadQuery otherwise.  Open connections are
-    filtered and sorted as their figures, and only the page's rows are built."""
-    read = parameters("/connz", query)
-    state = str(read.get("state", "open"))
-    sort = str(read.get("sort", "closed_at" if state == "closed" else "name"))
+def connz(snap: Snapshot, query: Mapping[str, Value]) -> dict[str, object]:
+    """/connz for ``query``, parsed by :func:`.queries.parse_query` (``state`` open|closed|all,
+    ``sort`` a field, ``order``, ``limit``, ``offset``, ``filter`` (a substring of a connection's
+    name, identity, address, dialect, protocol or close reason), ``subs``: each open connection's
+    ``subscriptions`` are its patterns, not their count, which ``num_subscriptions`` always has).
+    Open connections are filtered and sorted as their figures, and only the page's rows are built."""
+    state = str(query["state"])
+    sort = str(query["sort"]) or ("closed_at" if state == "closed" else "name")
     sort = "num_subscriptions" if sort == "subscriptions" else sort
-    subs = read.get("subs", "") in ("1", "true", "detail")
-    limit, offset = _page_of(read, SUBS_MAX_LIMIT if subs else PAGE_MAX_LIMIT)
-    order = str(read["order"]) if "order" in read else None
-    needle = str(read.get("filter", "")).casefold()
+    limit, offset, subs = int(query["limit"]), int(query["offset"]), bool(query["subs"])
+    order = str(query["order"])
+    needle = str(query["filter"]).casefold()
     if state == "open":
         peers = snap.peers
         if needle:
@@ -576,19 +472,18 @@ def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
 _OPEN_FILTERED = (NAME, IDENTITY, ADDRESS, DIALECT, VERSION)
 
 
-def subsz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/subsz for ``query``: ``patterns`` (subscribers per pattern) is a page, sorted by ``sort``
-    (pattern, or subscribers: the most first), ``filter`` a substring of the pattern;
-    ``num_patterns`` counts those that matched the filter."""
-    read = parameters("/subsz", query)
-    limit, offset = _page_of(read)
-    sort = str(read.get("sort", "pattern"))
+def subsz(snap: Snapshot, query: Mapping[str, Value]) -> dict[str, object]:
+    """/subsz for ``query`` (parsed by :func:`.queries.parse_query`): ``patterns`` (subscribers per
+    pattern) is a page, sorted by ``sort`` (pattern, or subscribers: the most first), ``filter`` a
+    substring of the pattern; ``num_patterns`` counts those that matched the filter."""
+    limit, offset = int(query["limit"]), int(query["offset"])
+    sort = str(query["sort"])
     patterns: dict[str, int] = snap.subsz.get("patterns", {})  # type: ignore[assignment]
-    needle = str(read.get("filter", "")).casefold()
+    needle = str(query["filter"]).casefold()
     items = [(p, n) for p, n in patterns.items() if needle in p.casefold()] if needle else list(patterns.items())
     if sort == "subscribers":
         items.sort(key=lambda pn: (-pn[1], pn[0]))  # (patterns is sorted by pattern already)
-    if read.get("order") == ("asc" if sort == "subscribers" else "desc"):
+    if query["order"] == ("asc" if sort == "subscribers" else "desc"):
         items.reverse()
     return {
         **snap.subsz,
@@ -603,19 +498,16 @@ def subsz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
 CONSUMERZ_FILTERED = ("name", "journal", "owner")
 
 
-def consumerz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/consumerz for ``query``: a page of the consumers sorted by ``sort`` (journal then name by
-    default), ``filter`` a substring of a consumer's name, journal or owner; ``count`` counts those
-    that matched."""
-    read = parameters("/consumerz", query)
-    limit, offset = _page_of(read)
+def consumerz(snap: Snapshot, query: Mapping[str, Value]) -> dict[str, object]:
+    """/consumerz for ``query`` (parsed by :func:`.queries.parse_query`): a page of the consumers
+    sorted by ``sort`` (journal then name when ""), ``filter`` a substring of a consumer's name,
+    journal or owner; ``count`` counts those that matched."""
+    limit, offset = int(query["limit"]), int(query["offset"])
     rows: list[dict[str, object]] = snap.consumerz.get("consumers", [])  # type: ignore[assignment]
-    rows = _matching(rows, str(read.get("filter", "")), CONSUMERZ_FILTERED)
-    sort = read.get("sort")
-    order = read.get("order")
-    if sort is not None:
-        key = CONSUMERZ_NUMBERS
-        rows = _ordered(rows, str(sort), key, lambda r: f"{r['journal']}\0{r['name']}", str(order) if order else None)
+    rows = _matching(rows, str(query["filter"]), CONSUMERZ_FILTERED)
+    sort, order = str(query["sort"]), str(query["order"])
+    if sort:
+        rows = _ordered(rows, sort, CONSUMERZ_NUMBERS, lambda r: f"{r['journal']}\0{r['name']}", order)
     elif order == "desc":
         rows = rows[::-1]
     return {"count": len(rows), "offset": offset, "limit": limit, "consumers": rows[offset : offset + limit]}

@@ -11,7 +11,8 @@ size/age, never a record at or after the seq last given to ``retain_from``
 (the mailboxes' oldest kept letter); ``purge`` drops what an operator asks
 to (``mc0.admin journal.purge``).  Disk errors surface as ``OSError`` from
 ``append``/``commit``/``read``; the core turns them into ERROR 507, never
-into a crash.
+into a crash, whose reason names the journal and, of the fault, only what
+``storage_fault`` says (the OS's words, never a file: the log has the path).
 
 The real store is :class:`mc0.broker.storage.filestore.Journal` (segment files, CRC
 recovery, fsync policies), opened and closed by the shell; the core only
@@ -37,6 +38,14 @@ from ...errors import Error
 from ...message import Record
 from ...protocol import PageColumns
 from ...settings import JournalSettings
+
+
+def storage_fault(exc: BaseException) -> str:
+    """What a wire reason may say of a store's fault: the OS's own words for it (``No space left on
+    device``), never the file or folder it was about (an OSError's ``str`` names it; only the broker's
+    log may).  A fault without such words (a segment shorter than its index) is an I/O error."""
+    words = exc.strerror if isinstance(exc, OSError) else None
+    return words if isinstance(words, str) and words else "an I/O error (the broker's log has the details)"
 
 
 class Trimmed(Error, LookupError):
@@ -187,8 +196,18 @@ class ReplicatedStore(JournalStore, Protocol):
         published it (``mc0.protocol.jetstream.origin``)."""
         ...
 
-    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
-        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token."""
+    def letter(
+        self,
+        identity: str,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None = None,
+    ) -> int:
+        """Propose a kept letter for ``identity`` (the journal that keeps mailboxes); its token
+        (``msgid``: the store's dedup id for it)."""
         ...
 
     @property

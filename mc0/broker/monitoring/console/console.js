@@ -135,7 +135,7 @@ function tableState(table, id, columns, showActions) {
     t.ths.push([col, th]);
     head.append(th);
   }
-  if (showActions) head.append(el("th", { text: "" }));
+  if (showActions) head.append(el("th", { class: "actions-cell", text: "" }));
   t.head.append(head);
   table.append(t.head, t.body);
   state.tables[id] = t;
@@ -335,15 +335,21 @@ function svg(tag, attrs) {
   return node;
 }
 
-function niceMax(v, binary) {
-  if (v <= 0) return 1;
-  if (binary) { // bytes: a round number of KiB, MiB, ...
-    const unit = 1024 ** Math.max(0, Math.floor(Math.log(v) / Math.log(1024)));
-    return niceMax(v / unit, false) * unit;
+// The step between a chart's five grid lines (0 to 4 steps): a round number in the unit its labels show, so
+// that every label is exact and no two read alike (an idle chart: 0 to 4 B/s, not "1 B/s" four times).
+// Counts per second step by 1, 2 or 5 times a power of ten, at least 0.1 (labels show one decimal); bytes by
+// 1, 2, 5 ... 200 or 256 of the unit the top is shown in, or a quarter or half of it (256 KiB, 512 KiB).
+const BYTE_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 256];
+function tickStep(peak, binary) {
+  const quarter = Math.max(peak, 0) / 4;
+  if (binary) {
+    const unit = 1024 ** Math.max(0, Math.floor(Math.log(Math.max(peak, 1)) / Math.log(1024)));
+    for (const m of unit === 1 ? BYTE_STEPS : [0.25, 0.5, ...BYTE_STEPS]) if (m * unit >= quarter) return m * unit;
+    return 256 * unit;
   }
-  const p = 10 ** Math.floor(Math.log10(v));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
-  return 10 * p;
+  const power = 10 ** Math.floor(Math.log10(Math.max(quarter, 0.1)));
+  for (const m of [1, 2, 5]) if (m * power >= quarter) return m * power;
+  return 10 * power;
 }
 
 function drawChart(container, series, format, binary) {
@@ -354,11 +360,12 @@ function drawChart(container, series, format, binary) {
   const x = (t) => left + ((t - (now - HISTORY_S)) / HISTORY_S) * (width - left - right);
   let peak = 0;
   for (const s of series) for (const [, v] of s.points) if (v !== null && v > peak) peak = v;
-  const top_ = niceMax(peak, binary);
+  const step = tickStep(peak, binary);
+  const top_ = 4 * step;
   const y = (v) => top + (1 - v / top_) * (height - top - bottom);
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img" });
   for (let i = 0; i <= 4; i += 1) {
-    const v = (top_ * i) / 4;
+    const v = step * i;
     root.append(svg("line", { class: "grid-line", x1: left, x2: width - right, y1: y(v), y2: y(v) }));
     const label = svg("text", { class: "axis-label", x: left - 6, y: y(v) + 4, "text-anchor": "end" });
     label.textContent = format(v);
