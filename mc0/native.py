@@ -7,7 +7,9 @@ imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``groups``, ``peers``, ``histogram``, ``traffic``) and what both sides share
 (batch records, builders, the topic trie, deadlines), and the client's
 per-message path (the session, its pattern table, the topic grammar, the
-general decode).  Not the shell's outbox and sender:
+general decode).  ``CYTHON_MODULES`` names those written in Cython, each a
+``.pyx`` beside its ``.py`` (the reference and the fallback, same contract):
+the broker loop's socket work (``mc0.broker.routerio``).  Not the shell's outbox and sender:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same
@@ -56,6 +58,9 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.pattern_table",
     "mc0.session",
 )
+# Written in Cython (a ``.pyx`` beside the ``.py`` fallback, which is the reference): the broker loop's
+# socket work against libzmq through pyzmq's Cython API (setup.py: libzmq's zmq.h needed to build it).
+CYTHON_MODULES: tuple[str, ...] = ("mc0.broker.routerio",)
 PURE_ENV = "MC0_PURE_PYTHON"
 GROUP = "mc0_native"  # mypyc's group name (setup.py): the compiled modules' shared code is GROUP + "__mypyc"
 
@@ -97,14 +102,16 @@ def stale(folder: str | None = None, library: str = GROUP + "__mypyc") -> list[s
             stem = file.split(".", 1)[0]
             relative = os.path.relpath(os.path.join(directory, stem), here)
             name = ".".join(("mc0", *relative.split(os.sep)))
+            sources = [os.path.join(directory, stem + ".py")]
+            if name in CYTHON_MODULES:
+                sources.append(os.path.join(directory, stem + ".pyx"))  # (the .py beside it is the fallback)
             try:
-                newer = os.path.getmtime(os.path.join(directory, stem + ".py")) > os.path.getmtime(
-                    os.path.join(directory, file)
-                )
+                built_at = os.path.getmtime(os.path.join(directory, file))
+                newer = any(os.path.getmtime(source) > built_at for source in sources)
             except OSError:
                 continue  # no source beside it: not one of ours
             built.append(name)
-            if newer or name not in HOT_MODULES:
+            if newer or name not in HOT_MODULES + CYTHON_MODULES:
                 out.append(name)
     if built and not out and importlib.util.find_spec(library) is None:
         return sorted(built)
@@ -134,9 +141,9 @@ def install() -> None:
 
 
 def compiled() -> dict[str, bool]:
-    """Each hot module (importing it) -> whether it was loaded from a compiled extension."""
+    """Each hot module, mypyc's and Cython's (importing it) -> whether it was loaded from a compiled extension."""
     loaded = {}
-    for name in HOT_MODULES:
+    for name in HOT_MODULES + CYTHON_MODULES:
         module = importlib.import_module(name)
         loaded[name] = not (getattr(module, "__file__", "") or "").endswith(".py")
     return loaded
