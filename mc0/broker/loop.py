@@ -21,10 +21,11 @@ the routing id a peer chooses.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -74,8 +75,8 @@ def router_io(
     """The RouterIO over the loop's items, in SocketLoop's order."""
     others: list[Any] = [wake.fileno(), monitor]
     for listener in listeners:
-        assert listener.socket is not None  # (started by bind)
-        others.append(listener.socket)
+        if listener.socket is not None:  # (none: a listener on the broker's own asyncio loop, never polled)
+            others.append(listener.socket)
     if zap is not None:
         assert zap.zap_socket is not None
         others.append(zap.zap_socket)
@@ -101,9 +102,24 @@ class SocketLoop:
         self.monitor = monitor
         self.listeners = tuple(listeners)
         self.zap = zap
-        self.listener_bits = [1 << (FIRST_LISTENER + i) for i in range(len(self.listeners))]
-        self.zap_bit = 1 << (FIRST_LISTENER + len(self.listeners)) if zap is not None else 0
+        polled = [listener for listener in self.listeners if listener.socket is not None]  # (router_io's order)
+        self.listener_bits = [
+            1 << (FIRST_LISTENER + polled.index(listener)) if listener in polled else 0 for listener in self.listeners
+        ]
+        self.zap_bit = 1 << (FIRST_LISTENER + len(polled)) if zap is not None else 0
         self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
+
+    def fds(self) -> list[int]:
+        """The file descriptors an asyncio loop watches for these sockets (a zmq socket's ``ZMQ_FD``)."""
+        items: list[Any] = [self.io.router, self.wake.fileno(), self.monitor]
+        items += [listener.socket for listener in self.listeners if listener.socket is not None]
+        if self.zap is not None and self.zap.zap_socket is not None:
+            items.append(self.zap.zap_socket)
+        return [item if isinstance(item, int) else int(item.getsockopt(zmq.FD)) for item in items]
+
+    def listeners_behind(self) -> bool:
+        """Some listener has received work left for the next turn (route traffic walked in part)."""
+        return any(listener.unfinished for listener in self.listeners)
 
     def wait(self, timeout_ms: int, held: bool) -> int:
         """One poll of at most ``timeout_ms`` (without the ROUTER while ``held``); what was ready (RouterIO's
@@ -227,3 +243,129 @@ class SocketLoop:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.connection_closed(int(event["value"]), now)
                 told += 1
+
+
+REST = 8  # runs of the asyncio loop between two turns while route traffic waits (nats-py's reads)
+
+
+class AsyncTurns:
+    """The broker's turns as callbacks of the running asyncio loop: a broker of a cluster, whose link runs
+    nats-py on the same loop and thread (no thread crossed per message).
+
+    Each turn (``turn(ready, held)``: the broker's read, timers and flush) runs when a socket's fd is
+    readable, the link posted (``wake``), its deadline came (``timeout(start, held)`` ms: 0 at once),
+    or a look at the sockets found them ready after the last turn: ``ZMQ_FD`` is edge-triggered, and a
+    send or receive of the turn may have taken the signal of what is ready, so every turn ends with a
+    poll that does not wait (the next turn starts from what it found).  Between turns asyncio runs
+    whatever else is ready (nats-py's reads, the link's tasks), each step of it bounded; while route
+    traffic waits for the next turn (a listener ``unfinished``), the loop first runs ``REST`` more
+    times: nats-py reads its socket at most 256 KiB per run of the loop, and the server's PONGs wait
+    behind what it has not read (two late ones and nats-py leaves the server).  ``run()``
+    returns once ``stopping()`` says so; a turn that raises ends it with that error (as in the poll loop).
+    """
+
+    def __init__(
+        self,
+        sockets: SocketLoop,
+        turn: Callable[[int, bool], None],
+        *,
+        holding: Callable[[float], bool],
+        timeout: Callable[[float, bool], int],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.sockets = sockets
+        self.turn = turn
+        self.holding = holding
+        self.timeout = timeout
+        self.stopping = stopping
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._carried = 0  # what the poll at the end of the last turn found ready (attended already)
+        self._resting = 0  # runs of the loop left before the next turn (due at once) after a long one
+        self._due = False  # a turn is due whatever the sockets say (a post, a deadline, more left to do)
+        self.turns = 0
+
+    async def run(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        fds = self.sockets.fds()
+        for fd in fds:
+            loop.add_reader(fd, self._look)
+        try:
+            self.wake()
+            await self._done
+        finally:
+            for fd in fds:
+                loop.remove_reader(fd)
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def wake(self) -> None:
+        """A turn at the loop's next step (once, however many ask before it runs; after a rest under way)."""
+        self._due = True
+        self._look()
+
+    def _look(self) -> None:
+        """An fd is readable: a look at the sockets at the loop's next step, and a turn if one is ready.
+        (A zmq socket's fd also signals what is no input: a send's acknowledgement, a peer's pipe
+        freed.  zmq_poll looks past those in C; here such a wake-up costs a look, not a turn.)"""
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._step)
+
+    def _again(self) -> None:
+        """The next turn at once; after a rest for the link's reads while route traffic waits for it."""
+        assert self._loop is not None
+        self._scheduled = self._due = True  # (a wake meanwhile changes nothing: this turn comes first)
+        self._resting = REST if self.sockets.listeners_behind() else 0
+        self._loop.call_soon(self._rest)
+
+    def _rest(self) -> None:
+        if self._resting > 0:
+            self._resting -= 1
+            assert self._loop is not None
+            self._loop.call_soon(self._rest)
+        else:
+            self._step()
+
+    def _step(self) -> None:
+        self._scheduled = False
+        done = self._done
+        if done is None or done.done():
+            return
+        try:
+            if self.stopping():
+                done.set_result(None)
+                return
+            sockets = self.sockets
+            start = time.monotonic()
+            held = self.holding(start)
+            if held:  # (its messages wait; its commands are taken, so that its fd does not wake each step)
+                sockets.io.router.getsockopt(zmq.EVENTS)
+            # (what the last turn's closing look found ready, or a look now: woken by an fd, a post, a timer)
+            ready = self._carried or sockets.wait(0, held)
+            self._carried = 0
+            due, self._due = self._due, False
+            if not ready and not due:
+                return  # (an fd's signal of no input: the deadline's timer stays as it was)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.turn(ready, held)
+            self.turns += 1
+            now = time.monotonic()
+            held = self.holding(now)
+            wait_ms = self.timeout(now, held)
+            if self.stopping() or wait_ms <= 0:
+                self._again()
+                return
+            self._carried = sockets.wait(0, held)  # (what a send or receive of this turn may have hidden)
+            if self._carried:
+                self._again()
+            else:
+                assert self._loop is not None
+                self._timer = self._loop.call_later(wait_ms / 1000.0, self.wake)
+        except BaseException as exc:  # (the poll loop would raise out of run(): so does this one)
+            done.set_exception(exc)

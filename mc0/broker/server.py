@@ -18,6 +18,7 @@ the batch's appends once (group commit) and only then returns their OKs.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import signal
@@ -37,6 +38,7 @@ from ..protocol import ANONYMOUS
 from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
+from .cluster.link import ClusterLink
 from .core import admin
 from .core.dispatch import BrokerCore, Out
 from .dialects import recognise as recognise_dialect
@@ -44,7 +46,7 @@ from .dialects.memodb import with_memodb_identity
 from .faultlog import FaultLog
 from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
-from .loop import SocketLoop, router_io
+from .loop import AsyncTurns, SocketLoop, router_io
 from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import snapshot
@@ -272,7 +274,8 @@ class Broker:
 
     # ------------------------------------------------------------ loop
     def run(self, *, install_signals: bool = True) -> None:
-        """Serve until stopped; then DISCONNECT peers and close."""
+        """Serve until stopped; then DISCONNECT peers and close.  A broker of a cluster serves on an asyncio
+        loop that runs its cluster link too (``AsyncTurns``); any other polls its sockets (``_serve``)."""
         self.bind()
         sock = self._socket
         assert sock is not None and self._wake_r is not None and self._monitor is not None
@@ -285,8 +288,11 @@ class Broker:
             )
             self._loop = loop
             self._next_reload = time.monotonic() + self.config.security.reload_ms / 1000.0
-            self._serve(loop)
-            self._finish(loop)
+            if self.cluster is not None:
+                asyncio.run(self._serve_hosting(loop, self.cluster.link))
+            else:
+                self._serve(loop)
+                self._finish(loop)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -305,6 +311,23 @@ class Broker:
             start = time.monotonic()
             held = holding_input(start)
             self._turn(loop, loop.wait(self._poll_timeout(start, held), held), held)
+
+    async def _serve_hosting(self, loop: SocketLoop, link: ClusterLink) -> None:
+        """The turns as callbacks of this thread's asyncio loop, which runs the cluster link's nats-py
+        too; once stopped, the last turn's output and the link's flushed (bounded), in that order."""
+        turns = AsyncTurns(
+            loop,
+            lambda ready, held: self._turn(loop, ready, held),
+            holding=self.sender.holding_input,
+            timeout=self._poll_timeout,
+            stopping=lambda: self._stopping,
+        )
+        link.host(turns.wake)
+        try:
+            await turns.run()
+            self._finish(loop)
+        finally:
+            await link.stop_hosted()
 
     def _finish(self, loop: SocketLoop) -> None:
         """Stopped: every peer told (DISCONNECT), the last appends committed, all of it sent."""
