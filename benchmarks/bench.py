@@ -45,9 +45,9 @@ import zmq
 
 from mc0.process import BrokerProcess
 
-from .common import CTX, Options, Row, make_keys, security_toml
+from .common import CTX, Options, Row, build, make_keys, security_toml
 from .frames import BASELINES, SCENARIOS, TUNED, run_scenario
-from .library import PREFIX, run_library
+from .library import PREFIX, PURE, run_library
 from .loop_turn import turn_rows
 from .wire import CONNECT, ID, NOOP, READY, TTL, VERSION, dealer
 
@@ -199,6 +199,8 @@ VARIANTS = (
     ("mc0-aio+curve", "mc0-aio"),
     ("mc0-sync", "mc0-aio"),
     ("mc0-aio+5 consoles", "mc0-aio+http"),  # what five open web consoles cost the broker
+    ("mc0-aio+batch", "mc0-aio"),  # a batch service's worker against the per-request one
+    ("mc0-sync+batch", "mc0-sync"),
 )
 ALONE = (("mc0-aio", "mc0"), ("mc0-aio+curve", "mc0+curve"), ("mc0-sync", "mc0"))  # library row -> broker-alone row
 
@@ -235,6 +237,9 @@ def ratios(rows: list[Row]) -> list[dict[str, Any]]:
             base = system.partition("@")[0]
             if base != system and base in measured:
                 out.append(_ratio(scenario, measured[base], row))
+            compiled = system.removesuffix(PURE)  # --pure: the compiled build against the pure one
+            if compiled != system and compiled in measured:
+                out.append(_ratio(scenario, measured[compiled], row))
         if scenario.startswith(PREFIX):
             alone = {r.system: r for r in by_scenario.get(scenario[len(PREFIX) :], []) if r.values and r.median}
             for system, raw in ALONE:
@@ -261,7 +266,7 @@ def measured_mc0() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         describe = ""
     hot = "compiled" if all(compiled.values()) else "pure Python" if not any(compiled.values()) else "partly compiled"
-    return {"path": str(folder), "git": describe or None, "hot_path": hot}
+    return {"path": str(folder), "git": describe or None, "hot_path": hot, "build": build()}
 
 
 def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -303,6 +308,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:
             "latency_seconds": options.latency_seconds,
             "consumer_count": options.consumer_count,
             "client_trees": dict(options.client_trees),
+            "pure": options.pure,
         },
         "rows": [r.as_dict() for r in rows],
         "ratios": ratios(rows),
@@ -408,7 +414,9 @@ def provenance(report: dict[str, Any]) -> str:
     """One line: the command that made the report, the commit it measured, when, and the box's load."""
     mc0 = report.get("mc0", {})
     load = report.get("load_average") or []
-    where = f"mc0 {mc0.get('git') or '(no git)'}, hot path {mc0.get('hot_path', 'pure Python')}"
+    built = f"build: {mc0['build']}" if mc0.get("build") else f"hot path {mc0.get('hot_path', 'pure Python')}"
+    pure = ", +pure rows: MC0_PURE_PYTHON=1" if report.get("options", {}).get("pure") else ""
+    where = f"mc0 {mc0.get('git') or '(no git)'}, {built}{pure}"
     loads = f", load average {load[0]} -> {load[1]} on {report['machine']['cpus']} cores" if len(load) == 2 else ""
     command = report.get("command", "python scripts/bench.py (command not recorded)")
     return f"`{command}` ({where}; {report.get('started', '')}, {report.get('duration_s', 0):.0f} s{loads})"
@@ -480,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         "checkout at PATH (systems mc0-aio@NAME, mc0-sync@NAME; the broker stays this checkout's), every "
         "system of a row interleaved run by run (repeatable)",
     )
+    parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="library rows: also run each mc0 system on the pure build (system +pure: MC0_PURE_PYTHON=1 for its "
+        "broker and load processes), interleaved run by run with the compiled one",
+    )
     parser.add_argument("--json", dest="json_path", help="write the report here")
     parser.add_argument("--markdown", dest="markdown_path", help="write the tables as Markdown here")
     parser.add_argument("--from-json", dest="from_json", help="print/convert an earlier report instead of running")
@@ -504,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_seconds=max(0.1, args.latency_seconds),
         consumer_count=max(1, args.consumer_count),
         client_trees=tuple(trees),
+        pure=args.pure,
     )
     if args.from_json:
         report = json.loads(Path(args.from_json).read_text())

@@ -380,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
                 got_one = instructions_one(path, scenario, args)
                 print(f"  {scenario:<9} {name:<8} {got_one['instructions']:10,.0f}  [{got_one['mc0']}]")
         return 0
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.runs} runs, interleaved; CPU us per message / call")
+    from .common import build  # (here: a --tree child imports this module before its mc0 is chosen)
+
+    print(f"mc0 build: {build()}; load average {os.getloadavg()[0]:.1f}; {args.runs} runs, interleaved;"
+          " CPU us per message / call")  # fmt: skip
     for scenario in [s for s in args.only.split(",") if s]:
         got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for run in range(args.runs):

@@ -46,7 +46,7 @@ from typing import Any
 from mc0.natsproc import NatsCluster
 from mc0.process import BrokerProcess
 
-from .common import BODY, WINDOW, Options, Row, cpu_seconds
+from .common import BODY, WINDOW, Options, Row, build, cpu_seconds
 from .library import MAINS, Crew, errors_of
 from .library_load import QUIET, TOPIC, percentile
 
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_cluster(options)
     took = time.monotonic() - started
     print(f"\nacross brokers (3 brokers over 3 NATS nodes), median of {options.runs} runs, {took:.0f} s")
-    print(f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"(mc0 build: {build()}; load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(f"{'scenario':<36} {'vs one broker':>14} {'vs NATS cluster':>16}")
     failed = False
     for name, vs_single, vs_nats, failing in ratios(rows):

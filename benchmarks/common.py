@@ -110,12 +110,28 @@ class Options:
     # Library rows: (name, path) of other checkouts whose mc0 the load processes of ``mc0-aio@name`` and
     # ``mc0-sync@name`` import (the broker stays this one's), run interleaved with this checkout's.
     client_trees: tuple[tuple[str, str], ...] = ()
+    # Library rows: each mc0 system also on the pure build (``+pure``: MC0_PURE_PYTHON=1), interleaved.
+    pure: bool = False
 
     def wants(self, scenario: str) -> bool:
         return not self.only or any(o in scenario for o in self.only)
 
     def wants_system(self, system: str) -> bool:
         return not self.systems or system in self.systems
+
+
+def build() -> str:
+    """The mc0 build these measurements run (each harness prints it in its header): ``compiled: 19 of
+    19 hot modules, mypyc``, ``pure Python`` ... (``mc0 --version`` says the same), or what an older
+    checkout's mc0 (PYTHONPATH=...) allows saying."""
+    try:
+        from mc0 import native
+    except ImportError:  # a checkout from before the compiled hot path
+        return "pure Python"
+    if hasattr(native, "describe"):
+        return str(native.describe())
+    loaded = native.compiled()
+    return "compiled" if all(loaded.values()) else "pure Python" if not any(loaded.values()) else "partly compiled"
 
 
 def free_port() -> int:

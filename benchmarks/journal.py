@@ -27,6 +27,8 @@ from typing import Any
 
 from mc0.process import BrokerProcess
 
+from .common import build
+
 POLICIES = ("always", "batch", "never")
 
 
@@ -177,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         pair = {"spark read": scans["spark read"], **{k: scans[k] for k in filtered}}
         rows += summarize(pair, "spark read", "rows/s", failed)[1:]
     load = os.getloadavg()[0]
-    table = Table(title=f"journal benchmark (median of {args.runs}; ratios within this run; load average {load:.1f})")
+    table = Table(
+        title=f"journal benchmark (median of {args.runs}; ratios within this run; mc0 build: {build()};"
+        f" load average {load:.1f})"
+    )
     for column in ("", "median", "min", "max", "ratio", "failed runs"):
         table.add_column(column, justify="right" if column else "left")
     for row in rows:

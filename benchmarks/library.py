@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import queue
 import statistics
 import sys
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mc0 import native
 from mc0.process import BrokerProcess
 
 from . import library_load, library_mc0, library_nats, library_queues
@@ -69,6 +71,12 @@ from .library_load import QUIET, Link, percentile
 
 PUBSUB_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
 RPC_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats", "majortomo"]
+# Requests in flight: the batch services too (Worker.batch_service), rows of their own beside the per-request ones.
+BATCH = "+batch"
+INFLIGHT_SYSTEMS = ["mc0-aio", f"mc0-aio{BATCH}", "mc0-aio+curve", "mc0-sync", f"mc0-sync{BATCH}", "nats", "majortomo"]
+# --pure: each mc0 system again with every hot module from its source (MC0_PURE_PYTHON=1 in the broker's and
+# the load processes' environment): the pure build beside the compiled one, interleaved run by run.
+PURE = "+pure"
 SCATTER_SYSTEMS = ["mc0-aio", "mc0-aio+curve", "mc0-sync", "nats"]
 GROUP_SYSTEMS = ["mc0-aio", "nats"]
 CONSUMER_SYSTEMS = ["mc0-aio", "jetstream"]  # jetstream: nats-server -js (file store) + nats-py
@@ -108,6 +116,8 @@ MAINS = {
     "mc0-sync": Mains(
         library_mc0.sync_subscriber, library_mc0.sync_publisher, library_mc0.sync_worker, library_mc0.sync_rpc_client
     ),
+    f"mc0-aio{BATCH}": Mains(None, None, library_mc0.aio_batch_worker, library_mc0.aio_rpc_client),
+    f"mc0-sync{BATCH}": Mains(None, None, library_mc0.sync_batch_worker, library_mc0.sync_rpc_client),
     "nats": Mains(
         library_nats.nats_subscriber,
         library_nats.nats_publisher,
@@ -127,6 +137,7 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
     seconds = 0.3 if quick else options.seconds
     pubsub = {"kind": "pubsub", "unit": "deliveries/s", "systems": PUBSUB_SYSTEMS, "rate": 0}
     rpc = {"kind": "rpc", "unit": "calls/s", "systems": RPC_SYSTEMS, "seconds": seconds, "scatter": 0}
+    inflight = {**rpc, "window": WINDOW, "systems": INFLIGHT_SYSTEMS}
     group = {"kind": "group", "family": "groups", "unit": "deliveries/s", "systems": GROUP_SYSTEMS, "size": BODY}
     durable = {"kind": "consumer", "family": "consumers", "unit": "msgs/s", "systems": CONSUMER_SYSTEMS, "size": BODY,
                "count": 300 if quick else options.consumer_count, "clients": 1}  # fmt: skip
@@ -143,8 +154,8 @@ def scenarios(options: Options) -> list[dict[str, Any]]:
         {**pubsub, "name": f"lib pub/sub latency at {rate}/s", "subs": 1, "size": BODY, "count": int(rate * paced),
          "rate": rate, "unit": "ms (p50)", "latency": True},
         {**rpc, "name": "lib RPC sequential", "workers": 1, "window": 1},
-        {**rpc, "name": "lib RPC 100 in flight, 1 worker", "workers": 1, "window": WINDOW},
-        {**rpc, "name": "lib RPC 100 in flight, 4 workers", "workers": 4, "window": WINDOW},
+        {**inflight, "name": "lib RPC 100 in flight, 1 worker", "workers": 1},
+        {**inflight, "name": "lib RPC 100 in flight, 4 workers", "workers": 4},
         {**rpc, "name": "lib scatter-gather to 10 workers", "workers": 10, "window": 1, "scatter": 10,
          "unit": "gathers/s", "systems": SCATTER_SYSTEMS},
         {**group, "name": f"lib queue group 1->{GROUP_MEMBERS}", "members": GROUP_MEMBERS, "count": count},
@@ -490,11 +501,31 @@ def consumer_once(system: str, where: Target, spec: dict[str, Any]) -> dict[str,
 # ============================================================== rows
 
 
+@contextlib.contextmanager
+def pure_python(pure: bool) -> Iterator[None]:
+    """With ``pure``: the processes started inside (the broker, the load) load every hot module from its
+    source (``MC0_PURE_PYTHON=1``, which a spawned process reads from the environment it inherits)."""
+    if not pure:
+        yield
+        return
+    before = os.environ.get(native.PURE_ENV)
+    os.environ[native.PURE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(native.PURE_ENV, None)
+        else:
+            os.environ[native.PURE_ENV] = before
+
+
 def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve: dict[str, Any]) -> Row:
-    """``system_name``: a system, or ``system@tree`` (its load processes import that client tree's mc0)."""
+    """``system_name``: a system, or ``system@tree`` (its load processes import that client tree's mc0),
+    ``+pure`` at the end: on the pure build (:func:`pure_python`)."""
     latency = bool(spec.get("latency"))
     row = Row(spec["name"], system_name, spec["unit"], suite="library", lower_is_better=latency)
-    system, tree_name = split_system(system_name)
+    system, tree_name = split_system(system_name.removesuffix(PURE))
+    pure = system_name.endswith(PURE)
     tree = dict(options.client_trees)[tree_name] if tree_name else None
     reason = None if system.startswith("mc0") else available(system)
     if reason:
@@ -503,7 +534,7 @@ def measure_row(spec: dict[str, Any], system_name: str, options: Options, curve:
     problems: list[str] = []
     try:
         for _ in range(1 if options.quick else options.runs):
-            with target(system, curve, journal=spec["kind"] == "consumer") as where:
+            with pure_python(pure), target(system, curve, journal=spec["kind"] == "consumer") as where:
                 if spec["kind"] == "group":
                     got = group_once(system, where, spec, options, tree)
                     row.add_counts(
@@ -596,7 +627,8 @@ def measure_pair(
 
 
 def systems_of(spec: dict[str, Any], options: Options) -> list[str]:
-    """The spec's systems that were asked for, each mc0 one followed by its ``@tree`` variants."""
+    """The spec's systems that were asked for, each mc0 one followed by its ``@tree`` variants and,
+    with ``--pure``, its pure-build variant."""
     out = []
     for system in spec["systems"]:
         if not options.wants_system(system):
@@ -604,6 +636,8 @@ def systems_of(spec: dict[str, Any], options: Options) -> list[str]:
         out.append(system)
         if system in TREE_SYSTEMS and spec["kind"] != "consumer":
             out += [f"{system}@{name}" for name, _ in options.client_trees]
+        if options.pure and system.startswith("mc0") and system not in CONSOLE_SYSTEMS:
+            out.append(system + PURE)
     return out
 
 
@@ -613,7 +647,8 @@ def run_library(options: Options, curve: dict[str, Any], say: Callable[[str], No
         if not options.wants(spec["name"]) or options.suite not in ("all", "library", family(spec)):
             continue
         systems = systems_of(spec, options)
-        interleaved = spec["systems"] is CONSOLE_SYSTEMS or (options.client_trees and len(systems) > 1)
+        paired_runs = bool(options.client_trees or options.pure) and len(systems) > 1
+        interleaved = spec["systems"] is CONSOLE_SYSTEMS or paired_runs
         paired = measure_pair(spec, options, curve, systems) if interleaved else {}
         for system in systems:
             started = time.monotonic()

@@ -138,6 +138,25 @@ async def _aio_worker(child: Child, endpoint: str, options: dict[str, Any]) -> N
     await worker.run()  # until the harness kills this process
 
 
+def aio_batch_worker(endpoint: str, options: dict[str, Any], scatter: int, link: Link) -> None:
+    """The echo service as a batch service (``Worker.batch_service``): the requests that wait, in one call."""
+    guarded("worker", link, lambda c: asyncio.run(_aio_batch_worker(c, endpoint, options)), report=False)
+
+
+async def _aio_batch_worker(child: Child, endpoint: str, options: dict[str, Any]) -> None:
+    import mc0.aio
+
+    worker = mc0.aio.Worker(endpoint, capacity=WORKER_CAPACITY, **options)
+
+    @worker.batch_service(SERVICE, max=WORKER_CAPACITY)
+    async def echo(requests: list[Any]) -> list[bytes]:
+        return [bytes(request.body) for request in requests]
+
+    await worker.connect()
+    child.ready()
+    await worker.run()
+
+
 def aio_rpc_client(
     endpoint: str, options: dict[str, Any], window: int, seconds: float, scatter: int, link: Link
 ) -> None:
@@ -294,6 +313,25 @@ def _sync_worker(child: Child, endpoint: str, options: dict[str, Any]) -> None:
     worker.connect()  # returns once the broker confirmed the service
     child.ready()
     worker.run()  # until the harness kills this process
+
+
+def sync_batch_worker(endpoint: str, options: dict[str, Any], scatter: int, link: Link) -> None:
+    """The sync twin of :func:`aio_batch_worker`: a plain function, called in the worker's thread pool."""
+    guarded("worker", link, lambda c: _sync_batch_worker(c, endpoint, options), report=False)
+
+
+def _sync_batch_worker(child: Child, endpoint: str, options: dict[str, Any]) -> None:
+    import mc0
+
+    worker = mc0.Worker(endpoint, capacity=WORKER_CAPACITY, **options)
+
+    @worker.batch_service(SERVICE, max=WORKER_CAPACITY)
+    def echo(requests: list[Any]) -> list[bytes]:
+        return [bytes(request.body) for request in requests]
+
+    worker.connect()
+    child.ready()
+    worker.run()
 
 
 def sync_rpc_client(

@@ -55,7 +55,7 @@ import zmq
 from mc0.process import BrokerProcess
 from mc0.protocol import batch
 
-from .common import CTX, Options, Row, free_port
+from .common import CTX, Options, Row, build, free_port
 from .wire import CONNECT, ID, OK, READY, SUB, dealer, mc0_connect
 
 TOPIC = b"turn.echo"
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         floor=not args.no_floor,
     )
     print(f"\nbroker CPU per loop turn carrying one message (median of {args.runs} runs of {args.seconds:g} s;"
-          f" load average {load:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
+          f" mc0 build: {build()}; load average {load:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
     print("\n".join(table(rows)))
     return 1 if any(row.failed for row in rows) else 0
 

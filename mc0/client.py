@@ -476,6 +476,12 @@ class Worker(Client):
     def add_service(self, name: str, handler: aio.Handler) -> None:
         self._worker.add_service(name, handler)
 
+    def batch_service(self, name: str, *, max: int = aio.DEFAULT_BATCH_MAX) -> Callable[[H], H]:
+        return self._worker.batch_service(name, max=max)
+
+    def add_batch_service(self, name: str, handler: aio.BatchHandler, *, max: int = aio.DEFAULT_BATCH_MAX) -> None:
+        self._worker.add_batch_service(name, handler, max=max)
+
     def connect(self) -> Worker:
         run(self._worker.connect())
         return self

@@ -29,6 +29,33 @@ class ProtocolError(Error, ValueError):
         self.request_id = request_id
 
 
+def wire_text(value: bytes | str, limit: int = 40) -> str:
+    """What a peer sent, as an error text (an ``ERROR``'s ``MESSAGE``) shows it: never a Python repr.
+
+    Printable UTF-8 characters as they are; a backslash as two; any other byte (a control
+    character, a byte that is not UTF-8) as ``\\xNN``, NN its hex value.  Cut after ``limit``
+    characters, with ``...``.  So ``unknown header FOO``, ``unknown verb \\x00ab``.
+    """
+    if isinstance(value, str):
+        value = value[: limit + 1].encode("utf-8", "surrogateescape")
+    text = bytes(value[: 4 * limit + 4]).decode("utf-8", "surrogateescape")  # (a character is at most 4 bytes)
+    cut = len(text) > limit
+    shown: list[str] = []
+    for char in text[:limit]:
+        if char == "\\":
+            shown.append("\\\\")
+        elif char.isprintable() and not "\udc80" <= char <= "\udcff":
+            shown.append(char)
+        else:
+            shown.append("".join(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape")))
+    return "".join(shown) + ("..." if cut else "")
+
+
+def quoted(value: bytes | str, limit: int = 40) -> str:
+    """``wire_text`` between single quotes: how an error text shows a value the peer sent (``'1e3'``)."""
+    return f"'{wire_text(value, limit)}'"
+
+
 def _one_line(text: str) -> str:
     """``text`` with control characters (a config key or value may hold any) shown as escapes."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -173,8 +200,7 @@ class InvalidTopic(Error, ValueError):
     """
 
     def __init__(self, topic: str, reason: str, *, oversize: bool = False) -> None:
-        shown = topic if len(topic) <= 80 else topic[:77] + "..."
-        super().__init__(f"invalid topic {shown!r}: {reason}")
+        super().__init__(f"invalid topic {quoted(topic, 80)}: {reason}")
         self.topic = topic
         self.reason = reason
         self.oversize = oversize

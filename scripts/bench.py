@@ -6,6 +6,8 @@ python scripts/bench.py --quick      # a smoke run (seconds)
 python scripts/bench.py --only RPC --runs 5 --json out.json
 python scripts/bench.py --suite library --runs 3 --json lib.json --markdown lib.md   # the client libraries
 PYTHONPATH=/path/to/other/checkout python scripts/bench.py ...   # this harness, that checkout's mc0
+python scripts/bench.py --suite library --pure --runs 3   # each mc0 row also on the pure build (+pure), interleaved
+pip install --target /tmp/site dist/mc0-*.whl && PYTHONPATH=/tmp/site python scripts/bench.py ...   # an installed wheel
 """
 
 import os

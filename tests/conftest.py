@@ -63,9 +63,11 @@ ONE_WORKER = {
     "tests/test_mc0d_peers_live.py": "tests/test_mc0d_peers_live.py",  # a module-scoped broker
     "tests/test_docs.py": "tests/test_docs.py",  # a module-scoped broker (README's quick start)
     "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
+    "tests/test_conformance.py": "tests/test_conformance.py",  # module-scoped brokers (plain and CURVE)
     "tests/test_cluster_live.py": "tests/test_cluster_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_jetstream_live.py": "tests/test_jetstream_live.py",  # a module-scoped three-node NATS cluster
     "tests/test_link_live.py": "tests/test_link_live.py",  # a module-scoped three-node NATS cluster
+    "tests/test_packaging.py": "tests/test_packaging.py",  # a module-scoped wheel, compiled from the sdist
 }
 
 

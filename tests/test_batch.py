@@ -144,6 +144,8 @@ def connect_batched(core: BrokerCore, rid: bytes, who: str = "anonymous") -> lis
 def test_batch_is_granted_at_connect_only_for_1_0_and_refused_before() -> None:
     core = BrokerCore()
     assert connect_batched(core, b"a") == f("OK", "ID", "c", "TTL", "1000", "BATCH", "1")
+    ((_, ok),) = core.handle(b"a", f("CONNECT", "VERSION", "1.0", "BATCH", "1", "ID", "again"), 0.0)
+    assert isinstance(ok, P.Unbatched)  # the OK that grants batches is never one of their records
     ((_, answer),) = core.handle(b"old", f("CONNECT", "VERSION", "0.3", "TTL", "1000", "BATCH", "1", "ID", "c"), 0.0)
     assert answer[:5] == f("ERROR", "ID", "c", "CODE", "400")
     core.handle(b"plain", f("CONNECT", "VERSION", "1.0", "TTL", "1000"), 0.0)

@@ -415,3 +415,27 @@ def test_the_pending_count_kept_between_pages_equals_a_count_from_scratch(bus: B
         assert kept is not None or row["num_pending"] == 0
         counted += 1
     assert counted == 40
+
+
+def test_idle_consumers_cost_the_loops_turns_nothing(bus: Bus) -> None:
+    """The per-turn questions (has_work, next_deadline, tick) walk only consumers an op reached and
+    that still hold timers or waiting pulls, never every consumer."""
+    bus.core.consumers.max_consumers = bus.core.consumers.max_per_identity = 3_000
+    bus.publish(5)
+    for i in range(2_000):
+        bus.answer(b"a", {"op": "create", "name": f"c{i}", "ack_wait_ms": 1000})
+    consumers = bus.core.consumers
+    assert len(consumers.consumers) == 2_000 and consumers.watched == 0
+    assert page(bus.answer(b"a", {"op": "pull", "name": "c7", "max": 2}, 0.0))[0][0] == 1
+    assert consumers.watched == 1 and consumers.next_deadline(99.0) == 1.0  # c7's ack_wait
+    bus.answer(b"a", {"op": "pull", "name": "c8", "max": 1, "wait_ms": 0}, 0.1)
+    bus.answer(b"a", {"op": "ack", "name": "c7", "seqs": [1, 2]}, 0.2)
+    assert consumers.watched == 2
+    bus.core.tick(1.5)  # the timers' time passed: c7 holds nothing, c8's message is due again
+    bus.core.tick(1.55)  # (a consumer found idle leaves at the next walk)
+    assert consumers.watched == 0  # c8's message is due again, but nothing waits on a clock: the next pull has it
+    assert page(bus.answer(b"b", {"op": "pull", "name": "c8", "max": 1}, 1.6)) == [(1, b"0", 2)]
+    bus.answer(b"b", {"op": "ack", "name": "c8", "seqs": [1]}, 1.7)
+    bus.core.tick(3.0)
+    bus.core.tick(3.05)
+    assert consumers.watched == 0

@@ -12,6 +12,7 @@ reports), plus the core's and the client session's tests again with
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -45,15 +46,19 @@ def test_the_suite_runs_the_compiled_hot_path_when_built() -> None:
 
 
 @pytest.mark.parametrize(
-    ("extension_age", "library", "expected"),
+    ("extension_age", "library", "checkout", "expected"),
     [
-        (+10, "json", []),  # built after its source, shared library found: runs compiled
-        (-10, "json", ["mc0.trie"]),  # the source changed after the build
-        (+10, "mc0_no_such_library", ["mc0.trie"]),  # a plain install since dropped the shared library
+        (+10, "json", True, []),  # built after its source, shared library found: runs compiled
+        (-10, "json", True, ["mc0.trie"]),  # the source changed after the build
+        (+10, "mc0_no_such_library", True, ["mc0.trie"]),  # a plain install since dropped the shared library
+        # An installed wheel: the installer wrote the source after the extension (both have the
+        # install's time), which says nothing about an edit.
+        (-10, "json", False, []),
+        (+10, "mc0_no_such_library", False, ["mc0.trie"]),
     ],
 )
 def test_an_extension_that_cannot_run_as_built_is_stale(
-    tmp_path: Path, extension_age: int, library: str, expected: list[str]
+    tmp_path: Path, extension_age: int, library: str, checkout: bool, expected: list[str]
 ) -> None:
     source = tmp_path / "trie.py"
     source.write_text("")
@@ -61,7 +66,29 @@ def test_an_extension_that_cannot_run_as_built_is_stale(
     extension.write_bytes(b"")
     os.utime(extension, (source.stat().st_mtime + extension_age,) * 2)
     (tmp_path / "notes.txt").write_text("")  # neither source nor extension: ignored
-    assert native.stale(str(tmp_path), library) == expected
+    assert native.stale(str(tmp_path), library, checkout=checkout) == expected
+
+
+def test_a_cython_extension_that_cannot_load_runs_its_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Built against another pyzmq's libzmq, say: the broker still starts, on the .py, and says so once."""
+    extension = tmp_path / ("mc0_fake" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    extension.write_bytes(b"not an ELF file")
+    (tmp_path / "mc0_fake.py").write_text("ANSWER = 42\n")
+    loader = native.ExtensionOrSource("mc0_fake", str(extension))
+    spec = importlib.util.spec_from_file_location("mc0_fake", extension, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    assert module.ANSWER == 42 and module.__file__ == str(tmp_path / "mc0_fake.py")
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith("mc0: the compiled mc0_fake cannot load ("), said
+
+
+def test_this_mc0_is_a_checkouts() -> None:
+    """The suite runs a checkout (an editable install linking to it): its edits are looked for."""
+    assert native.in_checkout()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -73,6 +100,24 @@ def test_each_mode_loads_what_it_says(mode: str) -> None:
         assert compiled == []
     elif os.environ.get("MC0_EXPECT_COMPILED"):
         assert compiled == sorted(native.HOT_MODULES + native.CYTHON_MODULES)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mc0_version_names_the_build_that_runs(mode: str) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "mc0", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **MODES[mode]},
+    )
+    assert got.returncode == 0 and got.stdout.startswith("mc0 0.1.0 ("), got.stdout + got.stderr
+    build = got.stdout.strip().removeprefix("mc0 0.1.0 ")
+    if mode == "pure":
+        assert build == "(pure Python: MC0_PURE_PYTHON=1)"
+    elif os.environ.get("MC0_EXPECT_COMPILED"):
+        n = len(native.HOT_MODULES)
+        assert build == f"(compiled: {n} of {n} hot modules, mypyc; socket loop native)"
 
 
 SCENARIO = """

@@ -88,6 +88,19 @@ def test_an_outbox_queue_follows_its_peers_framing_whatever_order_the_modes_come
     assert outbox.backlog(b"p") == 0 and outbox.queued_bytes == 0
 
 
+def test_the_ok_that_grants_batches_leaves_alone_before_any_batch_and_what_follows_is_batched() -> None:
+    """A batched peer reads the OK to its CONNECT ... BATCH 1 as a message of its own (docs/PROTOCOL.md,
+    "Batched framing"); frames queued behind it become records of one BATCH, in order."""
+    outbox = Outbox(max_bytes=1 << 20, max_messages=100, batch_bytes=1 << 16)
+    ok = P.Unbatched(f("OK", "ID", "c", "TTL", "1000", "BATCH", "1"))
+    for payload in (ok, OK_FRAMES, RECORDS):
+        assert outbox.put(b"p", payload, batched=True, known=True, now=0.0)
+    sent = drain(outbox, b"p")
+    assert sent[0] == list(ok) and not batch.is_batch(sent[0])
+    assert len(sent) == 2 and batch.is_batch(sent[1])
+    assert expand(sent[1]) == [OK_FRAMES, *PUT_FRAMES]
+
+
 def test_an_orphan_queue_adopted_by_a_connected_peer_no_longer_expires() -> None:
     outbox = Outbox(max_bytes=1 << 20, max_messages=100, batch_bytes=1 << 16, orphan_ttl=1.0)
     outbox.put(b"p", ERROR_401, batched=False, known=False, now=0.0)

@@ -5,6 +5,8 @@ its address and connected time, the ring of closed connections with their reason
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.peers import CLOSED_KEPT, close_reason
@@ -192,3 +194,96 @@ def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answere
     ((token, _),) = calls.drain()
     calls.answer(token, {"error": {"code": 503, "description": "no answer"}}, [], REPORT_INTERVAL + 0.2)
     assert store.reported == [{**row, "dead_lettered": 2}]  # a failed call keeps the last figures
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "complaint"),
+    [
+        ("/connz", {"limit": "١٢"}, "limit must be a whole number"),  # Arabic-Indic digits: not ASCII
+        ("/connz", {"limit": "²"}, "limit must be a whole number"),
+        ("/connz", {"limit": "1e3"}, "limit must be a whole number"),
+        ("/connz", {"limit": " 10"}, "limit must be a whole number"),
+        ("/connz", {"offset": "9" * 13}, "offset must be a whole number"),
+        ("/connz", {"order": "up"}, "order must be one of asc, desc"),
+        ("/connz", {"filter": "x" * 201}, "filter must be at most 200 printable"),
+        ("/connz", {"filter": "a\nb"}, "filter must be at most 200 printable"),
+        ("/subsz", {"sort": "topic"}, "sort must be one of pattern, subscribers"),
+        ("/subsz", {"limit": "10001"}, "limit must be a whole number 0-10000"),
+        ("/consumerz", {"sort": "lag"}, "sort must be one of"),
+        ("/consumerz", {"offset": "-1"}, "offset must be a whole number"),
+        ("/varz", {"max_age_ms": "10001"}, "max_age_ms must be a whole number 0-10000"),
+    ],
+)
+def test_every_paged_parameter_is_checked_by_its_table(path: str, query: dict[str, str], complaint: str) -> None:
+    from mc0.broker.monitoring.snapshot import parameters
+
+    with pytest.raises(BadQuery, match=complaint) as caught:
+        parameters(path, query)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(next(iter(query)))  # one line, naming it
+
+
+def test_subsz_and_consumerz_are_paged_sorted_and_filtered() -> None:
+    from mc0.broker.monitoring.snapshot import consumerz, subsz
+
+    core = BrokerCore()
+    connect(core, b"a", who="alice")
+    connect(core, b"b", who="bob")
+    core.handle(b"a", f("SUB", "", "orders.>", "prices.eu", "prices.us"), 1.0, "alice")
+    core.handle(b"b", f("SUB", "", "orders.>", "prices.eu"), 1.0, "bob")
+    snap = _snap(core)
+    page = subsz(snap, {})  # type: ignore[arg-type]
+    assert page["patterns"] == {"orders.>": 2, "prices.eu": 2, "prices.us": 1} and page["num_patterns"] == 3
+    page = subsz(snap, {"filter": "PRICES", "sort": "subscribers", "limit": "1", "offset": "1"})  # type: ignore[arg-type]
+    assert page["patterns"] == {"prices.us": 1} and page["num_patterns"] == 2
+    assert list(subsz(snap, {"order": "desc"})["patterns"]) == ["prices.us", "prices.eu", "orders.>"]  # type: ignore[arg-type]
+    rows = [
+        {"journal": "j", "name": n, "owner": o, "num_pending": p}
+        for n, o, p in (("billing", "alice", 5), ("shipping", "bob", 9), ("audit", "alice", 1))
+    ]
+    snap = type(snap)(**{**{k: getattr(snap, k) for k in snap.__slots__}, "consumerz": {"consumers": rows}})  # type: ignore[attr-defined]
+    page = consumerz(snap, {"sort": "num_pending"})  # type: ignore[arg-type]
+    assert [r["name"] for r in page["consumers"]] == ["shipping", "billing", "audit"]  # type: ignore[index]
+    page = consumerz(snap, {"filter": "alice", "sort": "name", "order": "desc", "limit": "1"})  # type: ignore[arg-type]
+    assert [r["name"] for r in page["consumers"]] == ["billing"] and page["count"] == 2  # type: ignore[index]
+
+
+def test_connz_filters_and_orders_on_the_server() -> None:
+    core = BrokerCore()
+    for i, who in enumerate(("carol", "alice", "bob", "alex")):
+        connect(core, who.encode(), now=float(i), who=who)
+    snap = _snap(core)
+    page = connz(snap, {"filter": "AL", "sort": "name", "order": "desc"})  # type: ignore[arg-type]
+    assert [c["identity"] for c in page["connections"]] == ["alice", "alex"]  # type: ignore[index]
+    assert (page["count"], page["total"]) == (2, 4)
+    with pytest.raises(BadQuery, match="limit must be a whole number 0-1000 with this query"):
+        connz(snap, {"subs": "1", "limit": "5000"})  # type: ignore[arg-type]
+
+
+PATTERNS = ["a.b", "a.*", "a.>", "b", "*.b"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["sub", "unsub", "drop", "group"]), st.integers(0, 2), st.sampled_from(PATTERNS))
+    )
+)
+def test_subscribers_per_pattern_kept_as_they_change_equal_a_walk_over_the_trie(
+    steps: list[tuple[str, int, str]],
+) -> None:
+    core = BrokerCore()
+    for i in range(3):
+        connect(core, b"p%d" % i)
+    for what, who, pattern in steps:
+        rid = b"p%d" % who
+        if rid not in core.sessions:
+            connect(core, rid)
+        if what == "sub":
+            core.handle(rid, f("SUB", "", pattern), 1.0)
+        elif what == "unsub":
+            core.handle(rid, f("UNSUB", "", pattern), 1.0)
+        elif what == "group":
+            core.handle(rid, f("SUB", "GROUP", "g", "", pattern), 1.0)
+        else:
+            core.handle(rid, f("DISCONNECT"), 1.0)
+        assert core.pubsub.report() == core.pubsub.walked_report()

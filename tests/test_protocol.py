@@ -73,6 +73,55 @@ def test_decode_rejects_malformed_with_code_and_id(frames: B, code: int, request
     assert info.value.request_id == request_id
 
 
+# An error text names what was on the wire, never a Python repr (issue 41): verbs and keys bare, values
+# quoted, printable UTF-8 as it is, any other byte as \xNN, a backslash doubled.
+ERROR_TEXTS = [
+    (f("NOOP", "FOO", "1"), "unknown header FOO"),
+    (f("NOOP", "x-trace", "1"), "unknown header x-trace"),
+    (f("NOOP", b"X-\xff", "1"), "unknown header X-\\xff"),
+    (f("connect", "ID", "c"), "unknown verb connect"),
+    (f(b"\x00ab"), "unknown verb \\x00ab"),
+    (f("NOOP", "ID", "1", "TOPIC"), "header TOPIC has no value"),
+    (f("NOOP", "ID", "1", b"K\\"), "header K\\\\ has no value"),
+    (f("PUT", "TOPIC", "t", "SENDER", "me", "", "x"), "PUT does not take header SENDER"),
+    (f("NOOP", "ID", "1", "ID", "2"), "header ID repeated"),
+    (f("PUT", "TOPIC", b"\xff", "", "x"), "header TOPIC is not UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("frames", "reason"), ERROR_TEXTS)
+def test_decode_error_texts_show_the_wire_bytes(frames: B, reason: str) -> None:
+    with pytest.raises(errors.ProtocolError) as info:
+        P.decode(frames, sender=Side.PEER)
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (b"FOO", "FOO"),
+        ("é☃", "é☃"),
+        (b"\xe2\x98", "\\xe2\\x98"),  # not UTF-8 (a character cut short)
+        (b"a\tb\x00", "a\\x09b\\x00"),
+        ("\u2028", "\\xe2\\x80\\xa8"),  # printable nowhere: its UTF-8 bytes
+        (b"back\\slash", "back\\\\slash"),
+        ("it's", "it's"),
+        ("x" * 41, "x" * 40 + "..."),
+        (b"", ""),
+    ],
+)
+def test_wire_text_shows_bytes_as_text_never_a_repr(value: bytes | str, shown: str) -> None:
+    assert P.wire_text(value) == shown
+    assert P.quoted(value) == f"'{shown}'"
+
+
+def test_a_number_that_is_not_one_is_quoted_as_sent() -> None:
+    command = P.decode(f("CONNECT", "TTL", "1e3", "ID", "c"), sender=Side.PEER)
+    with pytest.raises(errors.ProtocolError) as info:
+        P.parse_int(command, Header.TTL)
+    assert info.value.reason == "TTL must be a decimal integer, got '1e3'"
+
+
 @pytest.mark.parametrize(
     ("limits", "frames", "code"),
     [

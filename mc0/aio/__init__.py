@@ -9,9 +9,10 @@ from .consumer import ConsumedMessage, Consumer
 from .pages import PageStream
 from .replies import ReplyStream
 from .subscription import DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_BYTES, Subscription
-from .worker import Handler, Worker
+from .worker import DEFAULT_BATCH_MAX, BatchHandler, Handler, Worker
 
 __all__ = [
+    "DEFAULT_BATCH_MAX",
     "DEFAULT_MAX_OUTGOING",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_MAX_PENDING_BYTES",
@@ -19,6 +20,7 @@ __all__ = [
     "Client",
     "ConsumedMessage",
     "Consumer",
+    "BatchHandler",
     "Handler",
     "PageStream",
     "ReplyStream",

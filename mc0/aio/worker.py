@@ -3,7 +3,11 @@
 Contract: handlers are registered before ``connect()``; each REQUEST runs
 its handler (coroutine, async generator, or a plain function / generator in
 a thread pool of ``capacity``) and ends in exactly one FINAL or ERROR; a
-CANCEL or the deadline cancels the handler where the runtime allows.
+CANCEL or the deadline cancels the handler where the runtime allows.  A
+batch service's handler (``batch_service``) is called with every request
+that waits, up to its ``max``, one call at a time, and its replies leave as
+one batch; each request still ends in exactly one FINAL or ERROR (its state:
+:mod:`mc0.aio.batchwork`).
 """
 
 from __future__ import annotations
@@ -15,15 +19,16 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..deadlines import Deadlines
-from ..errors import ClosedError, Timeout
+from ..errors import ClosedError, Error, Timeout
 from ..message import Reply, Request
 from ..protocol import Status, Verb, batch
-from ..session import CancelWork, Event
+from ..session import CancelWork, Event, Frames
+from .batchwork import RequestBatches
 from .client import Client
 
 log = logging.getLogger("mc0.client")
@@ -32,6 +37,9 @@ HANDLER_THREAD_PREFIX = "mc0-handler"  # names the threads that run sync handler
 
 
 Handler = Callable[[Request], Any]
+# A batch service's handler: the requests of one call in, one result per request out, in their order.
+BatchHandler = Callable[[list[Request]], Any]
+DEFAULT_BATCH_MAX = 100  # requests per call of a batch handler (the broker sends at most ``capacity`` at once)
 
 
 class Worker(Client):
@@ -46,6 +54,10 @@ class Worker(Client):
     the deadline, or when the client CANCELs, is cancelled where the runtime
     allows (async handlers at their next await; sync generators between
     chunks; a plain sync function runs on but its result is dropped).
+
+    A batch service (``@worker.batch_service("name", max=100)``) takes its
+    requests in batches, as ``Subscription.batches`` hands a subscriber its
+    messages: see :meth:`add_batch_service`.
     """
 
     def __init__(self, endpoint: str | None = None, *, capacity: int = 1, **options: Any) -> None:
@@ -63,6 +75,10 @@ class Worker(Client):
         self._stop: asyncio.Event | None = None
         self._signals = 0  # SIGINT/SIGTERM seen by run(): the first drains, a second closes
         self._stopping: list[asyncio.Task[None]] = []
+        self._batches: dict[str, RequestBatches] = {}  # batch service -> its requests
+        self._batched: dict[str, RequestBatches] = {}  # a batch service's request (bid) -> its service's
+        self._batch_runs: dict[str, asyncio.Task[None]] = {}  # batch service -> the task taking its calls
+        self._batch_calls: dict[str, asyncio.Future[Any]] = {}  # batch service -> its handler's running call
 
     def service(self, name: str) -> Callable[[H], H]:
         """Decorator: serve ``name`` with the decorated handler (register before ``connect``)."""
@@ -74,11 +90,46 @@ class Worker(Client):
         return register
 
     def add_service(self, name: str, handler: Handler) -> None:
+        self._register(name, handler, _kind(handler))  # the kind once: inspect is slow, and per request it showed
+
+    def _register(self, name: str, handler: Callable[..., Any], kind: str) -> None:
         if self._out is not None:
             raise RuntimeError("register services before connect()")
         self.session.serve([*self._handlers, name], self.capacity)  # validates the name
         self._handlers[name] = handler
-        self._kinds[name] = _kind(handler)  # once: inspect is slow, and per request it showed
+        self._kinds[name] = kind
+
+    def batch_service(self, name: str, *, max: int = DEFAULT_BATCH_MAX) -> Callable[[H], H]:
+        """Decorator: serve ``name`` with the decorated batch handler (see :meth:`add_batch_service`)."""
+
+        def register(handler: H) -> H:
+            self.add_batch_service(name, handler, max=max)
+            return handler
+
+        return register
+
+    def add_batch_service(self, name: str, handler: BatchHandler, *, max: int = DEFAULT_BATCH_MAX) -> None:
+        """Serve ``name`` with a handler that takes its requests in batches (register before ``connect``).
+
+        The handler is called with a list of every request that waits, up to ``max`` of them, in
+        arrival order (the broker sends a worker at most ``capacity`` requests at once: a batch
+        holds at most that many), one call at a time; requests that arrive during a call make the
+        next one.  It returns one result per request, in the same order, each what a per-request
+        handler returns (bytes, str, a sequence of frames, None, a :class:`mc0.Reply`) or an
+        exception, which answers that request alone with ERROR 500; the replies leave in one batch.
+        A handler that raises, or returns a wrong count, answers each request of its call ERROR 500.
+        A coroutine function runs on the event loop, a plain function in the worker's thread pool;
+        generators are refused (a batch's replies are FINALs).  A request CANCELed or past its
+        deadline before its call is never handed to the handler; one whose call is running gets no
+        reply from here (the broker answered it already), and a call left with no request to answer
+        is cancelled (an async handler at its next await; a sync one runs on, its result dropped).
+        """
+        kind = _kind(handler)
+        if kind is ASYNC_GEN or kind is GENERATOR:
+            raise ValueError("a batch handler returns one result per request: it cannot be a generator")
+        batches = RequestBatches(name, max)  # validates max
+        self._register(name, handler, kind)
+        self._batches[name] = batches
 
     async def connect(self) -> Worker:
         if not self._handlers:
@@ -162,9 +213,9 @@ class Worker(Client):
                 frames = self.session.withdraw(request_id)  # also: a reconnect re-registers nothing
                 if self.session.connected:
                     await self._call(request_id, frames, None, "withdraw services")
-                await self._until_idle(lambda: bool(self._work))
+                await self._until_idle(lambda: bool(self._work) or any(b.busy for b in self._batches.values()))
         except TimeoutError:
-            left = f"{len(self._work)} handlers still running"
+            left = f"{len(self._work) + len(self._batched)} handlers still running"
             await self.close()
             raise Timeout(f"drain ({left})", wait) from None
         await super().drain(timeout=max(0.0, wait - (time.monotonic() - started)))
@@ -175,8 +226,11 @@ class Worker(Client):
         self._stop.set()
 
     async def close(self) -> None:
-        for task in list(self._work.values()):
+        for task in [*self._work.values(), *self._batch_runs.values()]:
             task.cancel()
+        for batches in self._batches.values():
+            for bid in batches.clear():
+                self._batched.pop(bid, None)
         await super().close()
         if self._stop is not None:
             self._stop.set()
@@ -185,6 +239,10 @@ class Worker(Client):
 
     def _on_event(self, event: Event) -> None:
         if type(event) is Request:
+            batches = self._batches.get(event.service)
+            if batches is not None:
+                self._queue_batched(batches, event)
+                return
             task = asyncio.get_running_loop().create_task(self._serve(event))
             self._work[event.id] = task
             self._work_deadlines.add(event.deadline, event.id)
@@ -194,6 +252,8 @@ class Worker(Client):
             self._work_deadlines.discard(event.bid)
             if running is not None:
                 running.cancel()
+            else:
+                self._drop_batched(event.bid)
         else:
             super()._on_event(event)
 
@@ -209,6 +269,117 @@ class Worker(Client):
             running = self._work.pop(bid, None)
             if running is not None and not running.done():
                 running.cancel()
+            elif running is None:
+                self._drop_batched(bid)
+
+    # ------------------------------------------------------------ batch services
+    def _queue_batched(self, batches: RequestBatches, request: Request) -> None:
+        """A request for a batch service waits for its handler's next call; the task that makes
+        the calls starts on the next loop turn, so every request of this read joins the first call."""
+        batches.add(request)
+        self._batched[request.id] = batches
+        self._work_deadlines.add(request.deadline, request.id)
+        self._arm_timer(request.deadline)
+        if batches.service not in self._batch_runs:
+            runner = asyncio.get_running_loop().create_task(self._serve_batches(batches))
+            self._batch_runs[batches.service] = runner
+
+    def _drop_batched(self, bid: str) -> None:
+        """The broker answered ``bid`` (CANCEL, deadline): it is not handed on, nor answered here."""
+        batches = self._batched.pop(bid, None)
+        if batches is not None and batches.drop(bid):
+            call = self._batch_calls.get(batches.service)
+            if call is not None:
+                call.cancel()  # nothing of it is left to answer
+
+    async def _serve_batches(self, batches: RequestBatches) -> None:
+        """One call of the handler after another while requests wait (ends when none does)."""
+        try:
+            while requests := batches.take():
+                results = await self._call_batch(batches.service, requests)
+                owed = batches.finish()
+                for bid in owed:
+                    self._batched.pop(bid, None)
+                    self._work_deadlines.discard(bid)
+                if results is not None and owed:
+                    self._answer_batch(batches.service, requests, results, owed)
+        finally:
+            self._batch_runs.pop(batches.service, None)
+
+    async def _call_batch(self, service: str, requests: list[Request]) -> object:
+        """The handler's result for ``requests`` (an exception it raised, as a value), or None when
+        the call was cancelled because none of them was left to answer."""
+        handler: BatchHandler = self._handlers[service]  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        if self._kinds[service] is COROUTINE:
+            call: asyncio.Future[Any] = loop.create_task(handler(requests))
+        else:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.capacity, thread_name_prefix=HANDLER_THREAD_PREFIX)
+            call = asyncio.ensure_future(loop.run_in_executor(self._executor, handler, requests))
+        self._batch_calls[service] = call
+        try:
+            result = await call
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if call.cancelled() and (current is None or not current.cancelling()):
+                return None  # dropped: every request of it was answered by the broker
+            raise  # the worker is closing
+        except Exception as exc:  # answered below, request by request
+            log.debug("batch handler for %s failed", service, exc_info=True)
+            return exc
+        finally:
+            self._batch_calls.pop(service, None)
+
+    def _answer_batch(self, service: str, requests: list[Request], results: object, owed: dict[str, Request]) -> None:
+        """Each owed request's FINAL or ERROR, all in one batch (one BATCH message on a batched session)."""
+        if isinstance(results, Exception):
+            outcomes: Sequence[object] = [results] * len(requests)
+        elif not isinstance(results, Sequence) or isinstance(results, str | bytes) or len(results) != len(requests):
+            count = len(results) if isinstance(results, Sequence) else type(results).__name__
+            wrong = ValueError(f"the batch handler for {service} returned {count} results for {len(requests)} requests")
+            outcomes = [wrong] * len(requests)
+        else:
+            outcomes = results
+        session = self.session
+        records: list[bytes] = []  # a batched session's replies, sent as one BATCH
+        replies: list[Frames] = []  # else each its own message
+
+        def put(frames: Frames) -> None:
+            if session.batched:
+                records.append(batch.record_of(frames))
+            else:
+                replies.append(frames)
+
+        for request, outcome in zip(requests, outcomes, strict=True):
+            bid = request.id
+            if bid not in owed:
+                continue  # the broker answered it (CANCEL, deadline) while the call ran
+            if not isinstance(outcome, BaseException):
+                try:
+                    if type(outcome) is bytes and session.batched:  # the common case, straight to a record
+                        records.append(batch.reply_record(True, bid.encode(), outcome))
+                    elif isinstance(outcome, Reply):
+                        put(session.reply(Verb.FINAL, bid, outcome.parts, outcome.headers or None))
+                    else:
+                        put(session.reply(Verb.FINAL, bid, outcome))  # type: ignore[arg-type]
+                    self.handled += 1
+                    continue
+                except (Error, TypeError, ValueError) as exc:  # not a reply (a bad header, an int ...)
+                    outcome = exc
+            self.failed += 1
+            put(session.fail(bid, Status.HANDLER_FAILED, f"{type(outcome).__name__}: {outcome}"))
+        try:
+            link = self._outgoing()
+        except ClosedError:
+            return  # closed while the call ran: the broker re-dispatches or answers 504
+        if records:
+            link.send_record(b"".join(records))
+        for reply in replies:
+            link.send(reply)
 
     async def _serve(self, request: Request) -> None:
         service = request.service
@@ -270,7 +441,7 @@ class Worker(Client):
 ASYNC_GEN, COROUTINE, GENERATOR, FUNCTION = "async generator", "coroutine", "generator", "function"
 
 
-def _kind(handler: Handler) -> str:
+def _kind(handler: Callable[..., Any]) -> str:
     if inspect.isasyncgenfunction(handler):
         return ASYNC_GEN
     if inspect.iscoroutinefunction(handler):

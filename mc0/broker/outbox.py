@@ -17,7 +17,9 @@ may be answered before it connects (an unbatched 401) and then connect with
 queued in, and ``next_message`` renders it for the peer as it is now: batch
 records go out as a ``BATCH`` to a batched peer and as their commands'
 frames to an unbatched one; frames go out as they are (a batched peer
-takes unbatched messages too).  No item can be sent in a shape its peer
+takes unbatched messages too).  Frames queued for a batched peer become a
+record of its next batch, except ``Unbatched`` frames (the OK to its
+``CONNECT ... BATCH 1``), which leave as a message of their own, in order.  No item can be sent in a shape its peer
 did not negotiate, whatever order the modes came in.
 
 The broker counts these bytes itself, so it knows a peer is over budget
@@ -52,7 +54,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from ..errors import ProtocolError
-from ..protocol import batch
+from ..protocol import Unbatched, batch
 
 Payload = Sequence[bytes] | bytes  # frames, or a batch record
 
@@ -163,7 +165,7 @@ class Outbox:
             if known and queue.expires is not None:  # an orphan's queue now belongs to a peer
                 queue.expires = None
                 self._orphans.pop(routing_id, None)
-        if queue.batched and not isinstance(payload, bytes):
+        if queue.batched and not isinstance(payload, (bytes, Unbatched)):
             if payload is not self._last_frames:
                 self._last_frames, self._last_record = payload, batch.record_of(payload)
             payload = self._last_record
@@ -200,6 +202,10 @@ class Outbox:
         """Bytes ``routing_id`` may still be sent before its budget is reached."""
         queue = self.queues.get(routing_id)
         return self.max_bytes - (queue.bytes if queue is not None else 0)
+
+    def backlogs(self) -> dict[bytes, int]:
+        """Bytes queued per peer, for the peers with any (a monitoring capture's)."""
+        return {routing_id: queue.bytes for routing_id, queue in self.queues.items() if queue.bytes}
 
     def backlog(self, routing_id: bytes) -> int:
         queue = self.queues.get(routing_id)

@@ -49,7 +49,7 @@ from .listeners import ClusterListener, NngListener
 from .loop import AsyncTurns, SocketLoop, router_io
 from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
-from .monitoring.snapshot import snapshot
+from .monitoring.snapshot import capture
 from .outbox import GROUP_SKIP_BYTES, HOLD_LIMIT, Outbox
 from .sender import Sender
 from .storage.filestore import Journal
@@ -59,8 +59,16 @@ log = logging.getLogger("mc0.broker")
 RECV_HWM = 128  # messages libzmq holds per peer before the broker reads them
 # While the input is held (back-pressure), how often the loop looks whether it still is.
 HOLD_RECHECK = 0.01
-# The loop builds at most one monitoring snapshot per this many seconds (a scrape storm's cost).
+# The loop copies at most one monitoring capture per this many seconds (a scrape storm's cost) ...
 SNAPSHOT_INTERVAL = 0.02
+# ... and, after one, waits this many times what monitoring cost since (its copy on the loop, and the
+# HTTP side's building and rendering, which hold the same interpreter): monitoring takes at most about
+# 1 / (1 + SNAPSHOT_COST_RATIO) of the broker's time whatever the number of scrapers or rows ...
+SNAPSHOT_COST_RATIO = 19
+# ... but never longer than this (a request waits at most SNAPSHOT_WAIT for its capture).  The budget is
+# for captures that copy rows (peers, patterns, consumers, mailboxes); one that copies none (/varz,
+# /healthz, /servicez, /journalz: counters, services and journals) is taken at SNAPSHOT_INTERVAL.
+SNAPSHOT_MAX_INTERVAL = 0.4
 LINGER_MS = 500
 # A batch sent to a peer holds at most this (more waiting goes in the next one).
 BATCH_OUT_BYTES = 256 * 1024
@@ -144,7 +152,8 @@ class Broker:
         self.http = MonitorServer(listen, wake=self._wake, admin_token_file=token_file) if listen else None
         self._loop: SocketLoop | None = None  # the loop's sockets, once run() bound them
         self._next_reload = 0.0  # when the allowed folder is looked at next (run() sets it)
-        self._next_snapshot = 0.0  # the loop builds no snapshot before this (SNAPSHOT_INTERVAL)
+        self._next_snapshot = 0.0  # the loop takes no capture before this (SNAPSHOT_INTERVAL) ...
+        self._next_rows = 0.0  # ... and none that copies rows before this (the budget)
         # core.next_deadline() as the last turn's timers read it, with sender.applied then: the next
         # turn reuses it while nothing was applied since (asking costs ~11k instructions, 6% of a turn).
         self._deadline: tuple[float, int] | None = None
@@ -353,7 +362,7 @@ class Broker:
         if outbox.discarded_bytes >= trimmer.worth_from and trimmer.maybe_trim(outbox.discarded_bytes, now):
             self.core.counters["heap_trims"] += 1
         http = self.http
-        if http is not None and http.wanted and now >= self._next_snapshot:
+        if http is not None and http.wanted and now >= self._next_capture(http):
             self._deadline = None  # (monitoring asks the core things: its deadline is asked again)
             self._publish_snapshot(http)
 
@@ -379,7 +388,7 @@ class Broker:
         if any(listener.unfinished for listener in self.listeners):  # (route traffic left for this turn)
             return 0
         if self.http is not None and self.http.wanted:
-            deadline = min(deadline, self._next_snapshot)
+            deadline = min(deadline, self._next_capture(self.http))
         wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
         return int(min(wait_ms, 1000.0)) + 1
 
@@ -444,14 +453,24 @@ class Broker:
             if not self._timer_faults.fault(getattr(work, "__name__", "a step"), exc, now):
                 self.core.counters["log_lines_left_out"] += 1
 
+    def _next_capture(self, http: MonitorServer) -> float:
+        """When the next capture may be taken: one that copies rows within the budget, at once
+        (SNAPSHOT_INTERVAL) for the pages that need none."""
+        return max(self._next_snapshot, self._next_rows) if http.wanted_parts else self._next_snapshot
+
     def _publish_snapshot(self, http: MonitorServer) -> None:
+        """Copy what the waiting requests' pages need (a ``Capture``: the HTTP side builds the pages),
+        and set when the next may be taken: monitoring's cost since the last, times
+        ``SNAPSHOT_COST_RATIO``, within ``SNAPSHOT_INTERVAL`` .. ``SNAPSHOT_MAX_INTERVAL``."""
+        started = time.perf_counter()
         now = time.monotonic()
-        self._next_snapshot = now + SNAPSHOT_INTERVAL
+        parts = http.wanted_parts
         self.core.monitoring(now)  # (JetStream's consumer figures, asked now and then, show in a later one)
         try:
-            snap = snapshot(
+            copied = capture(
                 self.core,
                 self.outbox,
+                parts,
                 now=now,
                 started=self._started,
                 wall=time.time(),
@@ -460,9 +479,14 @@ class Broker:
             )
         except Exception:
             self.core.counters["internal_errors"] += 1
-            log.exception("internal error building the monitoring snapshot")
+            log.exception("internal error copying the monitoring capture")
+            self._next_snapshot = now + SNAPSHOT_INTERVAL
             return
-        http.publish(snap)
+        http.publish(copied)
+        self._next_snapshot = now + SNAPSHOT_INTERVAL
+        if parts:  # (what the HTTP side spent building and rendering counts in the budget of the next)
+            spent, http.spent = time.perf_counter() - started + http.spent, 0.0
+            self._next_rows = now + min(SNAPSHOT_MAX_INTERVAL, max(SNAPSHOT_INTERVAL, spent * SNAPSHOT_COST_RATIO))
 
     def _reload(self, now: float) -> None:
         """Re-read the allowed folder (and the config's permissions); apply the difference.

@@ -16,7 +16,8 @@ non-``X-`` key are malformed (400).  ``X-`` headers pass through untouched.
 Peer -> broker::
 
     CONNECT    [VERSION v] [TTL ms] [ID id] [BATCH 1] [ECHO 0]  -> OK ID id TTL ms [BATCH 1]
-               (no VERSION: 0.1; no TTL: DEFAULT_TTL_MS, and no expiry for silence)
+               (no VERSION: 0.1; no TTL: DEFAULT_TTL_MS, and no expiry for silence; no ID: no OK;
+               the OK is a message of its own, never inside a BATCH)
     DISCONNECT [ID id]
     NOOP       [ID id]                             (heartbeat)
     PING       ID x                                -> PONG ID x        (1.0)
@@ -70,7 +71,7 @@ is the one place to import from.
 
 from __future__ import annotations
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, quoted, wire_text
 from ..message import Record
 from . import batch
 from .admin import ADMIN_SERVICE
@@ -164,6 +165,7 @@ from .model import (
     Payload,
     Side,
     Status,
+    Unbatched,
     Verb,
     is_user_header,
     remote_error,
@@ -231,6 +233,7 @@ __all__ = [
     "Side",
     "Status",
     "USER_HEADER_PREFIX",
+    "Unbatched",
     "VERSIONS",
     "Verb",
     "WORKER_CODES",
@@ -254,6 +257,8 @@ __all__ = [
     "ok_mailbox",
     "replay_ended",
     "parse_int",
+    "quoted",
+    "wire_text",
     "page_columns",
     "parse_columns_page",
     "parse_journal_page",

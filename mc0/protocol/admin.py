@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, quoted
 from .model import Status
 from .peernames import parse_peer_name
 
@@ -49,7 +49,7 @@ def parse_request(query: object, rid: str | None) -> tuple[str, dict[str, str]]:
         raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
     op = query.get("op")
     if op not in OPS:
-        raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {', '.join(OPS)}", rid)
+        raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: {', '.join(OPS)}", rid)
     return op, parse_arguments(op, {k: v for k, v in query.items() if k != "op"}, rid)
 
 
@@ -59,7 +59,9 @@ def parse_arguments(op: str, args: Mapping[str, Any], rid: str | None) -> dict[s
     unknown = sorted(set(args) - set(required) - set(optional))
     if unknown:
         known = ", ".join((*required, *optional)) or "none"
-        raise ProtocolError(Status.BAD_REQUEST, f"{op}: unknown argument {unknown[0][:40]!r} (arguments: {known})", rid)
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"{op}: unknown argument {quoted(unknown[0])} (arguments: {known})", rid
+        )
     checked: dict[str, str] = {}
     for key in (*required, *optional):
         value = args.get(key)
@@ -71,6 +73,6 @@ def parse_arguments(op: str, args: Mapping[str, Any], rid: str | None) -> dict[s
             )
         checked[key] = value
     if op == CONN_CLOSE and parse_peer_name(checked["id"]) is None:
-        reason = f"{op}: id {checked['id'][:80]!r} is not a session's name (identity#n, or identity#n@BROKER)"
+        reason = f"{op}: id {quoted(checked['id'], 80)} is not a session's name (identity#n, or identity#n@BROKER)"
         raise ProtocolError(Status.BAD_REQUEST, reason, rid)
     return checked

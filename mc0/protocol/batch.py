@@ -1,8 +1,9 @@
 """Batched framing: many commands in one ZeroMQ message.
 
 Negotiated at CONNECT: a 1.0 peer that sends ``BATCH 1`` and is answered
-``OK ... BATCH 1`` may then send, and will receive, messages of three frames
-``BATCH "" blob`` (unbatched messages stay valid both ways).  ``blob`` is
+``OK ... BATCH 1`` (a plain message, never inside a batch) may then send, and
+will receive, messages of three frames ``BATCH "" blob`` (unbatched messages
+stay valid both ways).  ``blob`` is
 records back to back (little endian)::
 
     record  = size:u32  code:u8  body          size counts code and body

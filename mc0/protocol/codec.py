@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, quoted, wire_text
 from .model import (
     DEFAULT_LIMITS,
     GRAMMAR,
@@ -44,10 +44,6 @@ class Command(NamedTuple):
     def user_headers(self) -> dict[str, str]:
         """The ``X-`` headers (the one place they are told apart from reserved ones)."""
         return {k: v for k, v in self.headers.items() if k.startswith(USER_HEADER_PREFIX)}
-
-
-def _snippet(frame: bytes, limit: int = 40) -> str:
-    return repr(frame[:limit]) + ("..." if len(frame) > limit else "")
 
 
 def find_id(frames: Sequence[bytes], max_headers: int) -> str | None:
@@ -105,7 +101,7 @@ def _decode(frames: Sequence[bytes], sender: Side, limits: Limits) -> Command:
     verb = _VERBS.get(bytes(frames[0]))
     if verb is None:
         raise ProtocolError(
-            Status.BAD_REQUEST, f"unknown verb {_snippet(frames[0])}", find_id(frames, limits.max_headers)
+            Status.BAD_REQUEST, f"unknown verb {wire_text(frames[0])}", find_id(frames, limits.max_headers)
         )
     grammar = GRAMMAR[sender].get(verb)
     if grammar is None:
@@ -120,7 +116,7 @@ def _decode(frames: Sequence[bytes], sender: Side, limits: Limits) -> Command:
             i += 1
             break
         if i + 1 >= n:
-            raise ProtocolError(Status.BAD_REQUEST, f"header {_snippet(key_frame)} has no value", request_id)
+            raise ProtocolError(Status.BAD_REQUEST, f"header {wire_text(key_frame)} has no value", request_id)
         if len(headers) >= limits.max_headers:
             raise ProtocolError(Status.TOO_LARGE, f"more than {limits.max_headers} headers", request_id)
         key_bytes = bytes(key_frame)
@@ -134,7 +130,7 @@ def _decode(frames: Sequence[bytes], sender: Side, limits: Limits) -> Command:
                 raise ProtocolError(Status.BAD_REQUEST, f"{verb} does not take user headers", request_id)
             key = key_bytes.decode("ascii")
         else:
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown header {_snippet(key_frame)}", request_id)
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown header {wire_text(key_frame)}", request_id)
         if key in headers:
             raise ProtocolError(Status.BAD_REQUEST, f"header {key} repeated", request_id)
         try:
@@ -179,7 +175,9 @@ def parse_int(command: Command, header: Header, *, minimum: int = 0) -> int:
     text = command.headers[header]
     parsed = decimal(text)
     if parsed is None:
-        raise ProtocolError(Status.BAD_REQUEST, f"{header} must be a decimal integer, got {text[:20]!r}", command.id)
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"{header} must be a decimal integer, got {quoted(text, 20)}", command.id
+        )
     value = parsed
     if value < minimum:
         raise ProtocolError(Status.BAD_REQUEST, f"{header} must be at least {minimum}, got {value}", command.id)
@@ -220,4 +218,4 @@ def worker_error(code_text: str, reason: str) -> tuple[int, str]:
     code = decimal(code_text, 3)
     if code in WORKER_CODES:
         return code, reason
-    return Status.HANDLER_FAILED, f"[worker sent code {code_text[:8]!r}] {reason}"
+    return Status.HANDLER_FAILED, f"[worker sent code {quoted(code_text, 8)}] {reason}"

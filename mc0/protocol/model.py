@@ -134,6 +134,15 @@ HEARTBEAT_FRACTION = 0.5
 # send ["", VERB, ...]): its session puts this frame in front of everything sent to it.
 ENVELOPE = b""
 
+
+class Unbatched(list[bytes]):
+    """Frames that go to a batched peer as a message of their own, never as a record inside a
+    ``BATCH``: the OK to ``CONNECT ... BATCH 1``, which a peer reads before it reads any batch
+    (docs/PROTOCOL.md, "Batched framing": the start-up)."""
+
+    __slots__ = ()
+
+
 ANONYMOUS = "anonymous"  # SENDER when the peer has no authenticated identity
 BROKER_SERVICE = "mc0.broker"  # built-in: stats / services / topics / peers reports
 MMI_SERVICE = "mmi.service"  # built-in: Majordomo's MMI (is a service served? 200 / 404)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import protocol as P
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...protocol import Status
 from ...protocol import admin as A
 from ...protocol.peernames import parse_peer_name, peer_name
@@ -75,7 +75,7 @@ def http_call(rooms: Rooms, ticket: int, op: str, args: dict[str, Any], who: str
     asker = Asker(who, ticket=ticket)
     try:
         if op not in A.ACTIONS:
-            raise ProtocolError(Status.NOT_FOUND, f"no action {op[:40]!r}; actions: {', '.join(A.ACTIONS)}")
+            raise ProtocolError(Status.NOT_FOUND, f"no action {quoted(op)}; actions: {', '.join(A.ACTIONS)}")
         checked = A.parse_arguments(op, args, None)
     except ProtocolError as exc:
         return desk.answer(asker, exc.code, {"error": exc.reason})
@@ -281,7 +281,7 @@ def here(
         return _list_here(rooms, args.get("journal")), []
     journal = rooms.journaling.journals.get(args["journal"])
     if journal is None:
-        return {"status": Status.NOT_FOUND, "error": f"no journal {args['journal'][:64]!r}"}, []
+        return {"status": Status.NOT_FOUND, "error": f"no journal {quoted(args['journal'], 64)}"}, []
     if journal.settings.replicated != jetstream:
         kept = "JetStream" if journal.settings.replicated else "a file journal"
         error = f"journal {journal.name} is {kept} here, not at the broker that was asked: configure it alike"
@@ -302,14 +302,14 @@ def here(
 def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, list[Out]]:
     peer_id = parse_peer_name(text)
     if peer_id is None:
-        return {"status": Status.BAD_REQUEST, "error": f"{text[:80]!r} is not a session's name"}, []
+        return {"status": Status.BAD_REQUEST, "error": f"{quoted(text, 80)} is not a session's name"}, []
     here_name = rooms.routes.name
     local = peer_name(peer_id.identity, peer_id.serial)
     names = {text, local, peer_name(peer_id.identity, peer_id.serial, here_name) if here_name else local}
     peer = next((p for p in rooms.peers.by_id.values() if p.name in names and not p.route), None)
     if peer is None:
         where = f" at broker {here_name}" if here_name else ""
-        return {"status": Status.NOT_FOUND, "error": f"no session {text[:80]!r}{where}"}, []
+        return {"status": Status.NOT_FOUND, "error": f"no session {quoted(text, 80)}{where}"}, []
     reason = f"closed by {who}"
     log.warning("admin: session %s (identity %s) %s", peer.name, peer.identity, reason)
     out = rooms.forget(peer, "closed_by_admin", now, reason=reason)
@@ -388,4 +388,4 @@ def _keeps_mailboxes(journal: str) -> Part:
 
 
 def _no_consumer(args: dict[str, str]) -> str:
-    return f"no consumer {args['name'][:64]!r} on journal {args['journal'][:64]!r}"
+    return f"no consumer {quoted(args['name'], 64)} on journal {quoted(args['journal'], 64)}"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...permissions import ALLOW_ALL, Grants
 from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
@@ -148,7 +148,7 @@ class Builtins:
             return [(client.routing_id, dialect.error(rid, name, Status.FORBIDDEN, reason))]
         report = self.report(op)
         if report is None:
-            reason = f"unknown op {op[:40]!r}; ops: {', '.join(REPORT_OPS)}, {P.IDENTITY_OP}"
+            reason = f"unknown op {quoted(op)}; ops: {', '.join(REPORT_OPS)}, {P.IDENTITY_OP}"
             return [(client.routing_id, dialect.error(rid, name, Status.BAD_REQUEST, reason))]
         data = json.dumps(report, sort_keys=True).encode()
         return [(client.routing_id, dialect.final(rid, name, {}, user, [data]))]
@@ -202,12 +202,12 @@ class Builtins:
             final = client.dialect.final(rid, JOURNAL_SERVICE, {}, user, [json.dumps(data).encode()])
             return [(client.routing_id, final)]
         if op != "fetch":
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: info, fetch", rid)
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: info, fetch", rid)
         journal = journals.get(str(query.get("journal", "")))
         if journal is None:
             known = ", ".join(journals) or "none configured"
             raise ProtocolError(
-                Status.BAD_REQUEST, f"unknown journal {str(query.get('journal'))[:40]!r} ({known})", rid
+                Status.BAD_REQUEST, f"unknown journal {quoted(str(query.get('journal')))} ({known})", rid
             )
         private(journal, rid)
         fetch = _fetch_query(query, rid)

@@ -31,7 +31,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
@@ -106,6 +106,11 @@ class Consumers:
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
         self.consumers: dict[tuple[str, str], Consumer] = {}
+        # The consumers that may have timers or waiting pulls: every consumer an op reached (or restored
+        # with held messages), until a walk over these finds it with neither.  The loop's per-turn
+        # questions (has_work, next_deadline, tick) walk these, never every consumer: 10,000 idle
+        # consumers cost a turn nothing.
+        self._busy: dict[tuple[str, str], Consumer] = {}
         self._owned: Counter[str] = Counter()  # consumers per owner identity (the quota)
         self._dirty: set[tuple[str, str]] = set()  # to save whole
         self._settled: set[tuple[str, str]] = set()  # only acked or termed since the last save
@@ -149,6 +154,8 @@ class Consumers:
             ) from None
         self.consumers[journal.name, name] = consumer
         self._owned[consumer.owner] += 1
+        if consumer.timers:
+            self._busy[consumer.key] = consumer
 
     @property
     def uncommitted(self) -> bool:
@@ -221,7 +228,7 @@ class Consumers:
             return self._delete(client, rid, user, consumer, now)
         if op not in ("info", "pull", "ack", "nak", "term"):
             ops = "create, pull, ack, nak, term, info, delete, list"
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
+            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: {ops}", rid)
         self._check_grants(client, consumer, rid)
 
         if op == "info":
@@ -253,6 +260,7 @@ class Consumers:
         """The consumer goes (its state removed at the next commit) and frees its owner's quota."""
         key = consumer.key
         del self.consumers[key]
+        self._busy.pop(key, None)
         self._owned[consumer.owner] -= 1
         if not self._owned[consumer.owner]:
             del self._owned[consumer.owner]
@@ -284,8 +292,9 @@ class Consumers:
         key = (str(query.get("journal", "")), str(query.get("name", "")))
         consumer = self.consumers.get(key)
         if consumer is None:
-            reason = f"no consumer {key[1][:64]!r} on journal {key[0][:64]!r}"
+            reason = f"no consumer {quoted(key[1], 64)} on journal {quoted(key[0], 64)}"
             raise ProtocolError(Status.NOT_FOUND, reason, rid)
+        self._busy[key] = consumer  # (an op may give it timers or a waiting pull)
         return consumer
 
     @staticmethod
@@ -343,7 +352,7 @@ class Consumers:
         journal = self.journals.get(str(query.get("journal", "")))
         if journal is None:
             known = ", ".join(self.journals) or "none configured"
-            reason = f"unknown journal {str(query.get('journal'))[:40]!r} ({known})"
+            reason = f"unknown journal {quoted(str(query.get('journal')))} ({known})"
             raise ProtocolError(Status.NOT_FOUND, reason, rid)
         if journal.settings.mailboxes:
             reason = f"journal {journal.name} keeps mailboxes: its letters are private"
@@ -643,7 +652,7 @@ class Consumers:
     def cancel(self, peer: Peer, rid: str) -> bool:
         if self.store is not None and self.store.cancel(peer, rid):
             return True
-        for consumer in self.consumers.values():
+        for consumer in self._busy.values():
             for waiting in consumer.waiting:
                 if waiting.peer is peer and waiting.rid == rid:
                     consumer.waiting.remove(waiting)
@@ -653,19 +662,33 @@ class Consumers:
     def waiting_for(self, peer: Peer, rid: str) -> bool:
         if self.store is not None and self.store.waiting_for(peer, rid):
             return True
-        return any(w.peer is peer and w.rid == rid for c in self.consumers.values() for w in c.waiting)
+        return any(w.peer is peer and w.rid == rid for c in self._busy.values() for w in c.waiting)
 
     # ------------------------------------------------------------ time
+    def _still_busy(self) -> list[Consumer]:
+        """The consumers with timers or waiting pulls (those found with neither leave ``_busy``):
+        what the per-turn walks look at."""
+        busy = self._busy
+        idle = [key for key, c in busy.items() if not c.timers and not c.waiting]
+        for key in idle:
+            del busy[key]
+        return list(busy.values())
+
+    @property
+    def watched(self) -> int:
+        """Consumers the per-turn walks look at (those an op reached and not yet found idle)."""
+        return len(self._busy)
+
     def has_work(self) -> bool:
         """A waiting pull could be answered now (new records, room under max_ack_pending)."""
-        for consumer in self.consumers.values():
+        for consumer in self._busy.values():
             if consumer.waiting and consumer.cursor < consumer.journal.next_seq:
                 if self._pending_count(consumer) < consumer.config.max_ack_pending:
                     return True
         return False
 
     def next_deadline(self, earliest: float) -> float:
-        for consumer in self.consumers.values():
+        for consumer in self._busy.values():
             if consumer.timers:
                 earliest = min(earliest, consumer.timers[0][0])
             for waiting in consumer.waiting:
@@ -675,7 +698,7 @@ class Consumers:
     def tick(self, now: float) -> list[Out]:
         """Expire timers (dead letters collect in ``dead_letters``) and answer waiting pulls that can be."""
         out: list[Out] = []
-        for consumer in self.consumers.values():
+        for consumer in self._still_busy():
             self._expire(consumer, now)
             if consumer.waiting:
                 out += self._serve_waiting(consumer, now)
@@ -685,7 +708,7 @@ class Consumers:
         """Its waiting pulls go; what it was delivered stays PENDING until ack_wait (then others get it)."""
         if self.store is not None:
             self.store.drop_peer(peer)
-        for consumer in self.consumers.values():
+        for consumer in self._busy.values():
             if consumer.waiting:
                 consumer.waiting = [w for w in consumer.waiting if w.peer is not peer]
 
@@ -694,7 +717,7 @@ class Consumers:
         longer use its consumer is answered 403 and dropped.  The consumer stays, with its state;
         its owner's pulls are refused while the policy says so, and resume when it allows again."""
         out: list[Out] = []
-        for consumer in self.consumers.values():
+        for consumer in list(self._busy.values()):
             if not consumer.waiting:
                 continue
             still: list[Waiting] = []
@@ -740,7 +763,8 @@ class Consumers:
 
         Cost: the first count looks at the whole backlog through the journal's topic index; later
         ones only at what the cursor passed and what was appended since the last (every monitoring
-        snapshot asks, for every consumer).  Counted again whole after retention or a purge."""
+        snapshot asks, for every consumer), and nothing at all when neither moved.  Counted again
+        whole after retention or a purge."""
         stored = consumer.journal
         from_seq, end = max(consumer.cursor, stored.first_seq), stored.next_seq
         upper = max(0, end - from_seq)
@@ -754,6 +778,8 @@ class Consumers:
 
         last = consumer.pending_counted
         counted: int | None
+        if last is not None and last[0] == from_seq and last[1] == end:
+            return last[2], True  # nothing passed or appended since: the count kept (no call into the store)
         if last is not None and stored.first_seq <= last[0] <= from_seq <= last[1] <= end:
             passed, added = count(last[0], from_seq), count(last[1], end)
             counted = None if passed is None or added is None else last[2] - passed + added

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ... import protocol as P
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...message import Record
 from ...protocol import JOURNAL_SERVICE, SYS_DEAD_PREFIX, Command, Header, Status
 from ...protocol import jetstream as jsw
@@ -381,7 +381,7 @@ class Journaling:
         if name is not None:
             journal = self.journals.get(name)
             if journal is None:
-                raise ProtocolError(Status.BAD_REQUEST, f"no journal named {name[:40]!r}", command.id)
+                raise ProtocolError(Status.BAD_REQUEST, f"no journal named {quoted(name)}", command.id)
             private(journal, command.id)
             return journal
         candidates = [

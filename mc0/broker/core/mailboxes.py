@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...message import Record
 from ...protocol import Command, Header, Status, batch
 from ...settings import CoreSettings
@@ -315,7 +315,7 @@ class Mailboxes:
         if peer.legacy:
             raise ProtocolError(Status.BAD_REQUEST, f"direct messages need protocol {P.FULL_VERSION}", command.id)
         if not P.valid_group(to):
-            reason = f"TO {to[:64]!r}: an identity is 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace"
+            reason = f"TO {quoted(to, 64)}: an identity is 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace"
             raise ProtocolError(Status.BAD_REQUEST, reason, command.id)
         if Header.MSGID in command.headers:
             raise ProtocolError(Status.BAD_REQUEST, "MSGID is for journaled topics, not for TO", command.id)

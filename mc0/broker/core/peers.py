@@ -6,15 +6,25 @@ version, dialect, liveness clocks, delivery and drop counters) and
 (:mod:`mc0.protocol.peernames`: ``identity#n``, ``identity#n@BROKER`` in a
 cluster), the connection-fd bindings that let a reported close find its peer,
 closes waiting for the socket to read empty, revoked identities, the
-heartbeat/expiry sweep and the slow-consumer episode rule).  It decides;
+heartbeat/expiry sweep from deadlines and the slow-consumer episode rule).  It decides;
 the rooms (:mod:`mc0.broker.core.rooms`) carry the decisions out across
 the other rooms.  Subscriptions, services, requests, replays and fetches are kept
 by their own rooms, keyed by :class:`Peer`.  No sockets, no clock: ``now``
 is passed in.
+
+Liveness costs what is due, never a walk: each peer has one *look* (its next
+heartbeat or its expiry, whichever comes first) in a heap keyed by its time.
+Sending to a peer or hearing from it only moves ``last_sent`` /
+``last_recv`` (a bare assignment where it happens); its look is not moved
+then but taken when it comes (lazily): a peer that is not due after all is
+put back at its real time, and a forgotten peer's look is skipped.  So a turn
+with nothing due costs O(1) whatever the number of peers, and each peer
+costs one look (O(log peers)) per heartbeat interval.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Container, Sequence
@@ -30,9 +40,12 @@ from ...protocol.peernames import peer_name
 # for a peer granted batched framing (bytes: the shell appends it to that peer's next batch).
 Out = tuple[bytes, Sequence[bytes] | bytes]
 
-# The sweep for heartbeats/expiry runs at the earliest deadline found by the
-# previous sweep, but never more often than this (it is O(peers)).
+# Peers' looks (a heartbeat or an expiry due) are taken at their time, but at most once per this many
+# seconds (the looks due within it are taken together: a loop wake-up each, at most 20 a second).
 MIN_SWEEP_INTERVAL = 0.05
+# The looks heap is rebuilt from the live ones when it holds this many more than twice their number
+# (a forgotten peer's look stays until its time or the next rebuild: a connect storm's churn is bounded).
+LOOKS_SLACK = 1024
 # Drops to a peer separated by less than this belong to one "queue stays full" episode.
 DROP_EPISODE_GAP = 1.0
 # A closed connection's peer waits for the shell to read its socket empty,
@@ -219,7 +232,14 @@ class PeerTable:
         # a peer takes its connection's when it is added.
         self._addresses: dict[int, str] = {}
         self.closed: deque[Closed] = deque(maxlen=CLOSED_KEPT)  # the last closed connections, oldest first
-        self.next_sweep = 0.0
+        # Each peer's next look: never later than its heartbeat or expiry (both only move later as it
+        # sends and is sent things, so a look that comes early puts the peer back at its real time).
+        # The heap holds (time, serial, peer); ``_look_of`` the live one's serial per peer (others: stale).
+        self._looks: list[tuple[float, int, Peer]] = []
+        self._look_of: dict[Peer, int] = {}
+        self._look_serials = itertools.count()
+        self._swept = -1e18  # when the last sweep ran
+        self.looks_taken = 0  # looks taken since the start (what liveness cost: a benchmark reads it)
         # Everything peers sent before this was read (the shell says so: BrokerCore.caught_up);
         # silence is measured up to here.  None: the shell does not say (silence is up to now).
         self.heard_until: float | None = None
@@ -243,7 +263,7 @@ class PeerTable:
             peer.address = self._addresses.get(peer.fd, peer.address)
             if peer.routing_id not in self._closing:
                 self._by_fd[peer.fd] = peer.routing_id
-        self.next_sweep = min(self.next_sweep, now + peer.beat)  # its first heartbeat (beat <= ttl)
+        self._look(peer, now + peer.beat)  # its first heartbeat (beat <= ttl: before any expiry)
 
     def remove(self, peer: Peer, reason: str | None = None, now: float = 0.0) -> bool:
         """Forget ``peer`` if it is still the current one; True if it was.  ``reason``: why its
@@ -251,6 +271,7 @@ class PeerTable:
         if self.by_id.get(peer.routing_id) is not peer:
             return False
         del self.by_id[peer.routing_id]
+        self._look_of.pop(peer, None)  # (its look in the heap is stale now: skipped)
         if peer.fd is not None and self._by_fd.get(peer.fd) == peer.routing_id:
             del self._by_fd[peer.fd]
         if reason is not None:
@@ -322,33 +343,62 @@ class PeerTable:
         return gone
 
     # ------------------------------------------------------------ liveness
-    def expired(self, now: float, liveness: int, busy: Callable[[Peer], bool]) -> list[Peer]:
-        """Peers not heard from for ``liveness`` x TTL; call when ``now >= next_sweep``.
+    def _look(self, peer: Peer, when: float) -> None:
+        serial = next(self._look_serials)
+        self._look_of[peer] = serial
+        looks = self._looks
+        heapq.heappush(looks, (when, serial, peer))
+        if len(looks) > 2 * len(self._look_of) + LOOKS_SLACK:  # mostly stale: keep the live ones
+            live = self._look_of
+            self._looks = [entry for entry in looks if live.get(entry[2]) == entry[1]]
+            heapq.heapify(self._looks)
 
-        A peer whose dialect takes no heartbeats (an MDP client) is kept
-        past its liveness while ``busy(peer)`` (it waits for replies); one
-        that named no TTL (``expires`` False) is never expired for silence.
+    @property
+    def next_sweep(self) -> float:
+        """When a peer's heartbeat or expiry may next be due, at least ``MIN_SWEEP_INTERVAL`` after
+        the last sweep (inf: no peer)."""
+        looks, live = self._looks, self._look_of
+        while looks and live.get(looks[0][2]) != looks[0][1]:
+            heapq.heappop(looks)  # (a forgotten peer's, or one put back since)
+        return max(looks[0][0], self._swept + MIN_SWEEP_INTERVAL) if looks else float("inf")
+
+    @property
+    def watched(self) -> int:
+        """Peers with a look to come (every known peer: the test of the bookkeeping)."""
+        return len(self._look_of)
+
+    def sweep(self, now: float, liveness: int, busy: Callable[[Peer], bool]) -> tuple[list[Peer], list[Out]]:
+        """The peers whose look is due: those not heard from for ``liveness`` x TTL (expired: the
+        caller forgets them), and the heartbeats due to the others (a peer's is due ``beat`` after
+        the broker last sent it anything).  Costs the peers due, not the peers known.
+
+        A peer whose dialect takes no heartbeats (an MDP client) is kept past its liveness while
+        ``busy(peer)`` (it waits for replies), looked at again a TTL later; one that named no TTL
+        (``expires`` False) is never expired for silence.  Silence is measured up to
+        ``heard_until``.
         """
         heard = now if self.heard_until is None else min(now, self.heard_until)
-        return [
-            peer
-            for peer in self.by_id.values()
-            if peer.expires
-            and heard >= peer.last_recv + peer.ttl * liveness
-            and (peer.dialect.heartbeats or not busy(peer))
-        ]
-
-    def heartbeats(self, now: float, liveness: int) -> list[Out]:
-        """Heartbeats due to the remaining peers (a peer's is due ``beat`` after the broker last
-        sent it anything); sets ``next_sweep`` to the earliest next deadline."""
+        self._swept = now
+        expired: list[Peer] = []
         beats: list[Out] = []
-        earliest = now + 1.0
-        for peer in self.by_id.values():
+        looks, live = self._looks, self._look_of
+        due: list[Peer] = []
+        while looks and looks[0][0] <= now:
+            _, serial, peer = heapq.heappop(looks)
+            if live.get(peer) == serial:
+                due.append(peer)
+        self.looks_taken += len(due)
+        for peer in due:
+            next_look = float("inf")
             if peer.expires:
                 expires = peer.last_recv + peer.ttl * liveness
+                if heard >= expires and (peer.dialect.heartbeats or not busy(peer)):
+                    expired.append(peer)
+                    del live[peer]  # (the caller forgets it)
+                    continue
                 if now >= expires:
-                    expires = now + peer.ttl  # kept while busy (see expired)
-                earliest = min(earliest, expires)
+                    expires = now + peer.ttl  # kept while busy (or not yet heard up to it): looked at again
+                next_look = expires
             beat = peer.last_sent + peer.beat
             if now >= beat:
                 frames = peer.dialect.heartbeat()
@@ -356,9 +406,8 @@ class PeerTable:
                     beats.append((peer.routing_id, frames))
                 peer.last_sent = now
                 beat = now + peer.beat
-            earliest = min(earliest, beat)
-        self.next_sweep = max(earliest, now + MIN_SWEEP_INTERVAL)
-        return beats
+            self._look(peer, min(next_look, beat))
+        return expired, beats
 
     @staticmethod
     def dropped(peer: Peer, now: float, slow_consumer_ms: int) -> bool:

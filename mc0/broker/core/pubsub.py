@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ... import protocol as P
-from ...errors import InvalidTopic, ProtocolError
+from ...errors import InvalidTopic, ProtocolError, quoted
 from ...permissions import Grants
 from ...protocol import Command, Header, Limits, Status, batch
 from ...topics import seed_topic, split_pattern, split_topic
@@ -121,6 +121,9 @@ class PubSub:
         self._record_topics: dict[bytes, tuple[str, tuple[str, ...]]] = {}  # a PUT record's topic -> (text, tokens)
         self._seed_topics: dict[str, tuple[str, ...]] = {}  # a 0.x PUT's topic -> tokens, () when opaque
         self._opaque: dict[str, dict[Peer, None]] = {}  # an opaque 0.x topic -> its (0.x) subscribers
+        # Subscribers per pattern text (plain and opaque alike), kept as subscriptions come and go: what
+        # /subsz shows, copied by a monitoring capture in C (never a walk over the trie per scrape).
+        self.subscribers_per_pattern: dict[str, int] = {}
         self.version = 0  # bumped whenever a subscription is added or removed (for cached interest checks)
         self.groups: TopicTrie[Member] = TopicTrie()
         self._group_patterns: dict[Member, dict[str, tuple[str, ...]]] = {}
@@ -212,7 +215,7 @@ class PubSub:
         if not P.valid_group(group):
             raise ProtocolError(
                 Status.BAD_REQUEST,
-                f"group {group[:64]!r}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace",
+                f"group {quoted(group, 64)}: 1 to {P.MAX_GROUP_BYTES} UTF-8 bytes without whitespace",
                 command.id,
             )
         return group
@@ -251,7 +254,7 @@ class PubSub:
         if total > limit:
             raise ProtocolError(
                 Status.OVER_LIMIT,
-                f"{total} subscriptions, the limit per peer is {limit}",
+                f"{total} subscriptions, the limit per peer is {limit} (broker.limits.max_subscriptions)",
                 request_id,
             )
         return new
@@ -271,7 +274,10 @@ class PubSub:
             self.version += 1
             return
         held = self._patterns.setdefault(peer, {})
+        counts = self.subscribers_per_pattern
         for pattern, tokens in new.items():
+            if pattern not in held:
+                counts[pattern] = counts.get(pattern, 0) + 1
             held[pattern] = tokens
             if tokens:
                 self.subscriptions.insert(tokens, peer)
@@ -285,6 +291,14 @@ class PubSub:
         interest = self.interest
         if interest is not None and not peer.route:
             (interest.subscribed if held else interest.unsubscribed)(group, pattern, not tokens)
+
+    def _uncount(self, pattern: str) -> None:
+        counts = self.subscribers_per_pattern
+        left = counts.get(pattern, 0) - 1
+        if left > 0:
+            counts[pattern] = left
+        else:
+            counts.pop(pattern, None)
 
     def _remove_opaque(self, topic: str, peer: Peer) -> None:
         subscribers = self._opaque.get(topic)
@@ -324,6 +338,8 @@ class PubSub:
             return removed
         for pattern, _ in patterns:
             tokens = held.pop(pattern, None)
+            if tokens is not None:
+                self._uncount(pattern)
             if tokens:
                 self.subscriptions.remove(tokens, peer)
                 removed.append(tokens)
@@ -338,6 +354,7 @@ class PubSub:
 
     def drop_peer(self, peer: Peer) -> None:
         for pattern, tokens in self._patterns.pop(peer, {}).items():
+            self._uncount(pattern)
             if tokens:
                 self.subscriptions.remove(tokens, peer)
             else:
@@ -354,6 +371,7 @@ class PubSub:
         for pattern, tokens in list(held.items()):
             if not (grants.may_subscribe(tokens) if tokens else grants.may_use_opaque("subscribe")):
                 del held[pattern]
+                self._uncount(pattern)
                 if tokens:
                     self.subscriptions.remove(tokens, peer)
                 else:
@@ -584,6 +602,14 @@ class PubSub:
     def count_of(self, peer: Peer) -> int:
         return len(self._patterns.get(peer, ()))
 
+    def subscription_counts(self) -> dict[Peer, int]:
+        """Each subscribed peer's number of patterns (a monitoring capture's: one pass over those peers)."""
+        return {peer: len(held) for peer, held in self._patterns.items()}
+
+    def grouped_peers(self) -> dict[Peer, tuple[str, ...]]:
+        """Each queue-group member's groups, sorted (peers in no group are not here)."""
+        return {peer: tuple(sorted(groups)) for peer, groups in self._groups_of.items()}
+
     def patterns_of(self, peer: Peer) -> list[str]:
         return list(self._patterns.get(peer, ()))
 
@@ -602,11 +628,16 @@ class PubSub:
         return dict(sorted(report.items()))
 
     def report(self) -> dict[str, int]:
-        """Subscribers per pattern (and per opaque 0.x topic)."""
+        """Subscribers per pattern (and per opaque 0.x topic), sorted by pattern (the counts kept as
+        subscriptions change: no walk over the trie)."""
+        return dict(sorted(self.subscribers_per_pattern.items()))
+
+    def walked_report(self) -> dict[str, int]:
+        """``report`` as a walk over the trie finds it (what the kept counts are tested against)."""
         report = {
             ".".join(pattern): len(values)
             for pattern, values in sorted(self.subscriptions.patterns(), key=lambda pv: pv[0])
         }
         for topic, subscribers in sorted(self._opaque.items()):
             report[topic] = report.get(topic, 0) + len(subscribers)  # "a.*" may be both
-        return report
+        return dict(sorted(report.items()))

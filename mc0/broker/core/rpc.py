@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ...deadlines import Deadlines
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...permissions import Grants
 from ...protocol import Header, Status, Verb, decimal, request_to_worker
 from ...settings import CoreSettings
@@ -177,14 +177,15 @@ class Rpc:
         """
         held = self.requests.get(client)
         if busy or (held is not None and rid in held):
-            raise ProtocolError(Status.CONFLICT, f"request id {rid[:40]!r} is already outstanding", rid)
+            raise ProtocolError(Status.CONFLICT, f"request id {quoted(rid)} is already outstanding", rid)
         tokens = self.pool.service_tokens(name, rid)
         if not client.grants.may_call(tokens):
             raise ProtocolError(Status.FORBIDDEN, f"{client.identity} may not call {name}", rid)
         outstanding = len(held) if held is not None else 0
         # (A route carries many clients' requests: their own brokers bounded them.)
         if outstanding >= self.settings.max_requests and not client.route:
-            raise ProtocolError(Status.OVER_LIMIT, f"{outstanding} requests outstanding, the limit", rid)
+            reason = f"{outstanding} requests outstanding, the limit (broker.max_requests)"
+            raise ProtocolError(Status.OVER_LIMIT, reason, rid)
         return now + min(timeout_ms, self.settings.max_request_timeout_ms) / 1000.0
 
     def submit(
@@ -219,7 +220,7 @@ class Rpc:
             return self._scatter(client, service, rid, user, body, now, deadline, caller)
         max_queue = self.settings.max_queue
         if service.queued >= max_queue and not service.ready:
-            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({max_queue})", rid)
+            raise ProtocolError(Status.OVER_LIMIT, f"queue for {name} is full ({max_queue}: broker.max_queue)", rid)
         service.requests += 1
         bid = str(next(self._seq))
         job = Job(bid, client, rid, name, user, body, now, deadline, quiet=quiet, caller=caller)

@@ -3,7 +3,8 @@
 Contract: plain functions of the rooms (:class:`~mc0.broker.core.rooms.Rooms`), as the
 verbs are: ``connect`` checks the whole CONNECT before anything changes
 (routing id rule, VERSION, TTL, BATCH/ECHO), then opens the peer in every room
-and answers OK with the TTL in force, followed by the letters kept for its
+and answers OK with the TTL in force (a message of its own, never a record
+in a ``BATCH``: ``P.Unbatched``), followed by the letters kept for its
 identity.  Pure: no sockets, no clock.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from ... import protocol as P
-from ...errors import ProtocolError
+from ...errors import ProtocolError, quoted
 from ...protocol import Command, Header, Status
 from .peers import Out, Peer, connect_flag, generated_routing_id
 from .rooms import Rooms
@@ -47,7 +48,7 @@ def connect(
     if version not in P.VERSIONS:
         raise ProtocolError(
             Status.UNSUPPORTED_VERSION,
-            f"version {version[:16]!r} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
+            f"version {quoted(version, 16)} unsupported; this broker speaks {', '.join(sorted(P.VERSIONS))}",
             command.id,
         )
     named_ttl = Header.TTL in command.headers
@@ -72,8 +73,8 @@ def connect(
         ttl_ms,
         ", enveloped" if enveloped else "",
     )
-    if command.id is not None:
-        out.append((routing_id, P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched)))
+    if command.id is not None:  # (never inside a BATCH: the peer switches to batches once it has read it)
+        out.append((routing_id, P.Unbatched(P.ok(command.id, ttl_ms=ttl_ms, batch=peer.batched))))
     return out + rooms.mailboxes.online(peer, now)  # letters kept for it, after the OK
 
 

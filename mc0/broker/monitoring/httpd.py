@@ -5,14 +5,17 @@
 Contract: ``MonitorServer(listen, wake=...)`` does no I/O; ``start()`` binds
 (``host:port``; port 0 picks one) and serves from one daemon thread;
 ``close()`` is idempotent.  The HTTP side never touches the broker's rooms
-and never blocks the loop: each request raises a flag and wakes the loop
-(``wake``), the loop builds a :class:`Snapshot` at the end of its turn
-(``wanted`` / ``publish``) and the request waits for it at most
-``SNAPSHOT_WAIT`` seconds.  Every answer reflects the broker after its
-request arrived (a snapshot taken before is never served to it); requests
-waiting at once share the next snapshot, and the loop builds at most one
-per ``SNAPSHOT_INTERVAL`` (mc0.broker.server), so a scraper hammering the
-port costs the loop a bounded share.  ``/healthz`` is 200 while the loop
+and never blocks the loop: each request raises a flag naming the parts of
+the broker its page needs (``wanted_parts``) and wakes the loop (``wake``);
+the loop copies them at the end of its turn (a :class:`Capture`:
+``publish``) and the request waits for it at most ``SNAPSHOT_WAIT`` seconds.
+The pages are built (``snapshot.build``, once per capture), rendered and
+serialised here, on this side.  Every answer reflects the broker after its
+request arrived (a capture taken before is never served to it); requests
+waiting at once share the next capture, and the loop takes at most one per
+``SNAPSHOT_INTERVAL``, and fewer as they cost more (the loop's copy and this
+side's work are both counted: ``spent``; mc0.broker.server), so any number
+of scrapers costs the broker a bounded share.  ``/healthz`` is 200 while the loop
 answers within ``SNAPSHOT_WAIT`` (``degraded`` when a clustered broker lost
 NATS, or heard another broker under its own name), 503 when it is stalled.  The listening
 socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
@@ -49,7 +52,7 @@ from prometheus_client.registry import Collector
 
 from ...errors import ConfigError
 from . import actions
-from .snapshot import BadQuery, Snapshot, connz
+from .snapshot import PAGE_PARTS, SUBS, BadQuery, Capture, Snapshot, build, connz, consumerz, parameters, subsz
 
 log = logging.getLogger("mc0.broker.http")
 
@@ -99,7 +102,9 @@ def is_loopback(host: str) -> bool:
 
 
 def _json(data: object) -> bytes:
-    return json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+    # Compact: json's C encoder serves only calls without ``indent`` (with it, a /connz page of 1,000
+    # rows took the pure-Python encoder ~10x as long, holding the interpreter the loop needs).
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
 def process_figures() -> dict[str, float]:
@@ -217,8 +222,11 @@ class MonitorServer:
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
         self.actions = False  # /varz "actions": the admin actions are on (a console shows them)
-        self._latest: Snapshot | None = None
+        self._latest: Capture | None = None
         self._wanted = False
+        self.wanted_parts: frozenset[str] = frozenset()  # what the waiting requests' pages need copied
+        self.spent = 0.0  # seconds this side spent building and rendering (the loop reads it: its budget)
+        self._built: Snapshot | None = None  # the latest capture built (once per capture)
         self._fresh = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -238,30 +246,49 @@ class MonitorServer:
         """True when a request waits for a snapshot (read by the loop each turn: one attribute)."""
         return self._wanted
 
-    def publish(self, snap: Snapshot) -> None:
+    def publish(self, capture: Capture) -> None:
         with self._fresh:
-            self._latest = snap
+            self._latest = capture
             self._wanted = False
+            self.wanted_parts = frozenset()
             self._fresh.notify_all()
 
     # ------------------------------------------------------------ HTTP side
-    def current(self) -> Snapshot | None:
-        """A snapshot the loop took after this call began (waits <= SNAPSHOT_WAIT for it);
-        None when the loop did not answer in time."""
+    def current(self, parts: frozenset[str] = frozenset(), max_age: float = 0.0) -> Snapshot | None:
+        """A snapshot of a capture the loop took after this call began (or at most ``max_age``
+        seconds before), with ``parts`` copied (waits <= SNAPSHOT_WAIT for it); None when the loop
+        did not answer in time."""
+        # (The building happens after this lock is let go: ``publish``, on the loop, takes it.)
         with self._fresh:
-            asked = time.monotonic()  # (the loop's clock too: a snapshot's ``taken``)
-            self._wanted = True
-            self._wake()
-            deadline = asked + SNAPSHOT_WAIT
-            while self._latest is None or self._latest.taken < asked:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                if not self._wanted:  # a snapshot taken too early was published meanwhile: ask again
-                    self._wanted = True
-                    self._wake()
-                self._fresh.wait(left)
-            return self._latest
+            asked = time.monotonic() - max_age  # (the loop's clock too: a capture's ``taken``)
+            latest = self._latest
+            if not (max_age and latest is not None and latest.taken >= asked and parts <= latest.parts):
+                self._ask(parts)
+                deadline = asked + max_age + SNAPSHOT_WAIT
+                while self._latest is None or self._latest.taken < asked or not parts <= self._latest.parts:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    if not self._wanted:  # one taken too early, or without these parts, came: ask again
+                        self._ask(parts)
+                    self._fresh.wait(left)
+                latest = self._latest
+        return self._snapshot_of(latest)
+
+    def _ask(self, parts: frozenset[str]) -> None:
+        self.wanted_parts = self.wanted_parts | parts
+        self._wanted = True
+        self._wake()
+
+    def _snapshot_of(self, capture: Capture) -> Snapshot:
+        """The capture built into pages' data, once (the requests that share it wait for one build)."""
+        with self._render_lock:
+            built = self._built
+            if built is None or built.taken != capture.taken or built.parts != capture.parts:
+                started = time.perf_counter()
+                built = self._built = build(capture)
+                self.spent += time.perf_counter() - started
+            return built
 
     def start(self) -> str:
         if self._httpd is not None:
@@ -343,21 +370,31 @@ class MonitorServer:
         if path not in PATHS:
             return 404, {"Content-Type": "application/json"}, _json({"error": f"pages: /, {', '.join(PATHS)}"})
         query = {k: v[-1] for k, v in parse_qs(raw_query, keep_blank_values=True).items()}
-        snap = self.current()  # requests waiting at once share one
+        try:
+            read = parameters(path, query)  # (a bad query is answered before the loop is asked anything)
+        except BadQuery as exc:
+            return 400, {"Content-Type": "application/json"}, _json({"error": str(exc)})
+        parts = PAGE_PARTS.get(path, frozenset())
+        if path == "/connz" and query.get("subs", "") in ("1", "true", "detail"):
+            parts = parts | {SUBS}
+        snap = self.current(parts, int(read.get("max_age_ms", 0)) / 1000.0)  # requests waiting at once share one
         if snap is None:
             reason = f"the broker loop did not answer in {SNAPSHOT_WAIT}s"
             return 503, {"Content-Type": "application/json"}, _json({"status": "stalled", "reason": reason})
-        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items())) if path == "/connz" else path
+        paged = path in ("/connz", "/subsz", "/consumerz")
+        key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted(query.items())) if paged else path
         with self._render_lock:  # one render at a time, each page once per snapshot and query
             if snap is not self._rendered_for:
                 self._rendered_for, self._rendered = snap, {}
             rendered = self._rendered.get(key)
             if rendered is None:
                 self.rendering = snap
+                started = time.perf_counter()
                 try:
                     rendered = (200, *self._render(path, snap, query))
                 except BadQuery as exc:
                     rendered = (400, "application/json", _json({"error": str(exc)}))
+                self.spent += time.perf_counter() - started
                 if len(self._rendered) < RENDERS_KEPT:
                     self._rendered[key] = rendered
         status, content_type, body = rendered
@@ -392,6 +429,10 @@ class MonitorServer:
             data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
         elif path == "/connz":
             data = connz(snap, query)
+        elif path == "/subsz":
+            data = subsz(snap, query)
+        elif path == "/consumerz":
+            data = consumerz(snap, query)
         else:
             data = getattr(snap, path[1:])
         return "application/json", _json(data)

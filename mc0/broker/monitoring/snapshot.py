@@ -1,24 +1,39 @@
 """Monitoring snapshots: what ``/varz``, ``/connz``, ``/subsz``, ``/servicez``, ``/consumerz``, ``/journalz``,
 ``/mailboxz`` and ``/metrics`` show.
 
-Contract: ``snapshot(core, outbox, now=..., started=..., wall=...)`` reads
-the broker's rooms and returns one self-contained, JSON-ready ``Snapshot``
-(plain dicts, lists and numbers, histogram counts copied), so the HTTP
-thread can serve it while the loop goes on changing the rooms.  It is built
-on the broker loop, only when the HTTP side asked for one (so an idle
-monitor costs nothing); the cost is one walk over peers, subscription
-patterns, services, consumers and journals.  Pure: the clock is passed in,
-no I/O, changes nothing.  Peers are named as ``Peer.name`` (``identity#n``),
-never by routing id.  Times people read are RFC 3339 UTC (``rfc3339``);
-``/connz``'s sorting and paging are the HTTP side's (:func:`connz`), over
-every row the snapshot holds.
+Contract: the loop *captures* (``capture(core, outbox, parts, now=..., ...)``)
+and the HTTP side *builds* (``build(capture)``), so that what the loop pays
+is a copy, never the pages.  A :class:`Capture` holds only immutable or
+freshly copied values: per peer one tuple of its figures read in C
+(``operator.attrgetter``), the closed connections (frozen records),
+subscribers per pattern (a dict the pub/sub room keeps as subscriptions
+change, copied in C), the consumers' rows (their figures kept as they
+change), counters, services and journals; and only the ``parts`` some
+waiting request needs (an idle /varz poll copies no peer).  ``build`` turns
+it into one self-contained, JSON-ready :class:`Snapshot` (plain dicts,
+lists and numbers, RFC 3339 times, rows sorted) on the HTTP thread, once
+per capture whatever the number of requests that share it.
+``snapshot(core, outbox, ...)`` is both at once (every part), for tests and
+reports.  Pure: the clock is passed in, no I/O, changes nothing.  Peers are
+named as ``Peer.name`` (``identity#n``), never by routing id.
+
+The big pages are paged, sorted and filtered here, over the snapshot's rows
+(:func:`connz`, :func:`subsz`, :func:`consumerz`): each takes ``sort``,
+``limit`` (default ``PAGE_DEFAULT_LIMIT``, at most ``PAGE_MAX_LIMIT``;
+``/connz?subs=1`` at most ``SUBS_MAX_LIMIT``), ``offset`` and ``filter`` (a
+case-insensitive substring of the row's names, at most ``FILTER_MAX``
+characters).  Every parameter is checked against its page's table
+(``PAGE_PARAMETERS``): a number is ASCII digits only; anything else is
+:class:`BadQuery`, one line naming the parameter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from operator import attrgetter
+from typing import Any, Protocol
 
 from ..core.dispatch import BrokerCore
 from ..core.peers import Closed
@@ -30,9 +45,28 @@ CONNZ_NUMBERS = (
     "msgs_in", "bytes_in", "msgs_out", "bytes_out", "uptime_s",
 )  # fmt: skip
 CONNZ_TEXTS = ("name", "identity", "dialect", "protocol", "address", "connected_at", "reason")
-CONNZ_DEFAULT_LIMIT = 1024  # as nats-server's /connz
-CONNZ_MAX_LIMIT = 10_000
 CONNZ_STATES = ("open", "closed", "all")
+PAGE_DEFAULT_LIMIT = 1024  # rows of a paged page when ``limit`` is not given (nats-server's /connz default)
+PAGE_MAX_LIMIT = 10_000  # rows of a paged page at most
+SUBS_MAX_LIMIT = 1_000  # /connz?subs=1: connections at most (each with every pattern it holds)
+CONNZ_DEFAULT_LIMIT, CONNZ_MAX_LIMIT = PAGE_DEFAULT_LIMIT, PAGE_MAX_LIMIT  # (the names /connz had)
+FILTER_MAX = 200  # characters of a ``filter``
+NUMBER_DIGITS = 12  # digits a number parameter may have
+SUBSZ_SORTS = ("pattern", "subscribers")
+CONSUMERZ_NUMBERS = ("num_pending", "num_ack_pending", "ack_floor", "redelivered", "dead_lettered", "delivered")
+CONSUMERZ_TEXTS = ("name", "journal", "owner", "store")
+
+# What a capture copies for each page (``parts``): /varz, /healthz, /servicez and /journalz need only
+# what every capture has (counters, services, journals: few).
+CONNZ, CLOSED, SUBS, SUBSZ, CONSUMERZ, MAILBOXZ = "connz", "closed", "subs", "subsz", "consumerz", "mailboxz"
+ALL_PARTS = frozenset((CONNZ, CLOSED, SUBS, SUBSZ, CONSUMERZ, MAILBOXZ))
+PAGE_PARTS: dict[str, frozenset[str]] = {
+    "/connz": frozenset((CONNZ, CLOSED)),
+    "/subsz": frozenset((SUBSZ,)),
+    "/consumerz": frozenset((CONSUMERZ,)),
+    "/mailboxz": frozenset((MAILBOXZ,)),
+    "/metrics": frozenset((CONSUMERZ,)),
+}
 
 
 class QueueFigures(Protocol):
@@ -44,12 +78,67 @@ class QueueFigures(Protocol):
 
     def backlog(self, routing_id: bytes) -> int: ...
 
+    def backlogs(self) -> dict[bytes, int]: ...
+
+
+# A peer's figures, read in one C call per peer: the order of ``_PEER_FIELDS`` is the tuple's.
+_PEER_FIELDS = (
+    "name", "identity", "dialect.name", "version", "address", "connected", "last_recv",
+    "msgs_in", "bytes_in", "msgs_out", "bytes_out", "delivered", "drops", "routing_id",
+)  # fmt: skip
+_peer_figures = attrgetter(*_PEER_FIELDS)
+PeerFigures = tuple[Any, ...]  # (str x5, float x2, int x6, bytes): the fields above, in order
+NAME, IDENTITY, DIALECT, VERSION, ADDRESS, CONNECTED, LAST_RECV = range(7)
+# (the counters' places in a PeerFigures, by /connz field)
+_COUNTER_AT = {"msgs_in": 7, "bytes_in": 8, "msgs_out": 9, "bytes_out": 10, "delivered": 11, "dropped": 12}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerExtras:
+    """What other rooms keep of the peers, only for the peers that have any (by name; queued bytes by
+    routing id)."""
+
+    subscriptions: dict[str, int]
+    groups: dict[str, tuple[str, ...]]
+    pending: dict[bytes, int]
+    workers: dict[str, tuple[tuple[str, ...], int]]  # services, requests in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """What the loop hands the HTTP side: copies, never the rooms (see the module's contract)."""
+
+    taken: float  # the loop's monotonic clock
+    wall: float
+    started: float
+    in_bytes: int
+    parts: frozenset[str]
+    counters: dict[str, int]
+    sent: tuple[int, int, int]  # the outbox's sent messages, sent bytes, queued bytes
+    num_peers: int
+    num_subscriptions: int
+    services: dict[str, dict[str, object]]
+    latency: dict[str, tuple[list[tuple[float, int]], float]]
+    journal_infos: dict[str, dict[str, object]]
+    journal_stores: dict[str, str]
+    cluster: dict[str, object] | None
+    # (parts)
+    peers: list[PeerFigures] = field(default_factory=list)
+    extras: PeerExtras | None = None
+    patterns_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    closed: tuple[Closed, ...] = ()
+    patterns: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, dict[str, int]] = field(default_factory=dict)
+    topics: list[dict[str, object]] = field(default_factory=list)
+    consumers: list[dict[str, object]] = field(default_factory=list)
+    mailboxz: dict[str, object] = field(default_factory=dict)
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    taken: float  # the loop's monotonic clock when built
+    taken: float  # the loop's monotonic clock when captured
     varz: dict[str, object]
-    connections: list[dict[str, object]]  # every open connection (as /connz shows it, without subscriptions)
+    peers: list[PeerFigures]  # every open connection's figures (/connz sorts, filters and pages these)
     subsz: dict[str, object]
     servicez: dict[str, dict[str, object]]
     closed: list[dict[str, object]] = field(default_factory=list)  # the last closed connections, newest first
@@ -60,6 +149,14 @@ class Snapshot:
     # service -> (cumulative bucket counts as (upper bound, count) ending with +Inf, sum of seconds)
     latency: dict[str, tuple[list[tuple[float, int]], float]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    parts: frozenset[str] = ALL_PARTS  # what its capture copied
+    extras: PeerExtras | None = None
+    wall_of: float = 0.0  # add to the loop's clock for wall-clock seconds
+
+    @property
+    def connections(self) -> list[dict[str, object]]:
+        """Every open connection as /connz shows it (without subscriptions), by name."""
+        return [_connection_row(self, figures) for figures in sorted(self.peers)]
 
 
 def rfc3339(wall: float) -> str:
@@ -88,6 +185,141 @@ def _closed_row(entry: Closed, wall_of: float) -> dict[str, object]:
     }
 
 
+# ============================================================== the loop's side
+
+
+def capture(
+    core: BrokerCore,
+    outbox: QueueFigures,
+    parts: Collection[str] = ALL_PARTS,
+    *,
+    now: float,
+    started: float,
+    wall: float,
+    in_bytes: int,
+    cluster: dict[str, object] | None = None,
+) -> Capture:
+    """What the pages of ``parts`` need, copied as of ``now`` (``started``: the loop's clock at
+    start; ``wall``: wall-clock seconds now; ``in_bytes``: the message bytes the shell has
+    received; ``cluster``: the cluster link's state, if any).  Costs O(peers) only for ``connz``
+    (one C call and four lookups per peer), O(patterns held) only for ``subs``, O(consumers) for
+    ``consumerz``; the rest is O(services + journals)."""
+    rpc = core.rpc
+    pubsub = core.pubsub
+    parts = frozenset(parts)
+    services = {name: core.builtins.service_report(service) for name, service in rpc.services.items()}
+    peers: list[PeerFigures] = []
+    extras = None
+    patterns_of: dict[str, tuple[str, ...]] = {}
+    if CONNZ in parts:
+        known = list(core.peers.by_id.values())
+        peers = list(map(_peer_figures, known))
+        extras = _peer_extras(core, outbox)
+        if SUBS in parts:
+            patterns_of = {peer.name: tuple(pubsub.patterns_of(peer)) for peer in known}
+    return Capture(
+        taken=now,
+        wall=wall,
+        started=started,
+        in_bytes=in_bytes,
+        parts=parts,
+        counters=dict(core.counters),
+        sent=(outbox.sent_messages, outbox.sent_bytes, outbox.queued_bytes),
+        num_peers=len(core.peers.by_id),
+        num_subscriptions=len(pubsub.subscriptions),
+        services=services,
+        latency={name: (s.latency.cumulative(), s.latency.sum) for name, s in rpc.services.items()},
+        journal_infos={name: journal.info() for name, journal in core.journaling.journals.items()},
+        journal_stores={name: journal.settings.store for name, journal in core.journaling.journals.items()},
+        cluster=cluster,
+        peers=peers,
+        extras=extras,
+        patterns_of=patterns_of,
+        closed=tuple(core.peers.closed) if CLOSED in parts else (),
+        patterns=dict(pubsub.subscribers_per_pattern) if SUBSZ in parts else {},
+        groups=pubsub.group_report() if SUBSZ in parts else {},
+        topics=core.traffic.report() if SUBSZ in parts else [],
+        consumers=core.consumers.monitor_rows() if CONSUMERZ in parts else [],
+        mailboxz=(
+            {"summary": core.mailboxes.summary(), "mailboxes": core.mailboxes.report()} if MAILBOXZ in parts else {}
+        ),
+    )
+
+
+def _peer_extras(core: BrokerCore, outbox: QueueFigures) -> PeerExtras:
+    """What the other rooms keep of the peers, from each room's own table (one pass over the peers
+    that hold subscriptions; the rest over the few in groups, serving, or with bytes queued)."""
+    return PeerExtras(
+        subscriptions={peer.name: n for peer, n in core.pubsub.subscription_counts().items()},
+        groups={peer.name: groups for peer, groups in core.pubsub.grouped_peers().items()},
+        pending=outbox.backlogs(),
+        workers={peer.name: (tuple(state.services), len(state.jobs)) for peer, state in core.rpc.workers.items()},
+    )
+
+
+# ============================================================== the HTTP side
+
+
+def build(cap: Capture) -> Snapshot:
+    """The pages' data from a capture (the HTTP thread's work: rows, times, sorting)."""
+    now = cap.taken
+    wall_of = cap.wall - now
+    counters = dict(sorted(cap.counters.items()))
+    services = dict(sorted(cap.services.items()))
+    closed = [_closed_row(entry, wall_of) for entry in reversed(cap.closed)]
+    sent_messages, sent_bytes, queued_bytes = cap.sent
+    varz: dict[str, object] = {
+        "now": rfc3339(cap.wall),
+        "now_s": round(cap.wall, 3),
+        "start": rfc3339(cap.started + wall_of),
+        "uptime_s": round(now - cap.started, 3),
+        "connections": cap.num_peers,
+        "subscriptions": cap.num_subscriptions,
+        "services": len(services),
+        "in_msgs": counters.get("received", 0),
+        "in_bytes": cap.in_bytes,
+        "out_msgs": sent_messages,
+        "out_bytes": sent_bytes,
+        "published": counters.get("published", 0),
+        "delivered": counters.get("delivered", 0),
+        "dropped": counters.get("dropped", 0),
+        "slow_consumers": counters.get("forgotten_too_slow", 0),
+        "pending_bytes": queued_bytes,
+        # RPC over every service: requests taken, and those that failed (an ERROR answer or a timeout).
+        "rpc_requests": sum(int(s["requests"]) for s in services.values()),  # type: ignore[call-overload]
+        "rpc_errors": sum(int(s["errors"]) + int(s["timeouts"]) for s in services.values()),  # type: ignore[call-overload]
+        # Messages refused (every 4xx/5xx answered to a peer) and internal errors.
+        "errors": sum(n for k, n in counters.items() if k.startswith("rejected_")) + counters.get("internal_errors", 0),
+        "closed_connections": len(cap.closed),
+        "journals": cap.journal_infos,
+        "counters": counters,
+        "cluster": cap.cluster if cap.cluster is not None else {"name": "", "nats_connected": False, "brokers": []},
+    }
+    subsz: dict[str, object] = {
+        "subscriptions": cap.num_subscriptions,
+        "patterns": dict(sorted(cap.patterns.items())),
+        "groups": cap.groups,
+        "topics": cap.topics,  # the busiest topics published to since the start (messages, bytes)
+    }
+    return Snapshot(
+        taken=now,
+        varz=varz,
+        peers=cap.peers,
+        subsz=subsz,
+        servicez=services,
+        closed=closed,
+        subscriptions_of={name: sorted(patterns) for name, patterns in cap.patterns_of.items()},
+        consumerz={"consumers": cap.consumers},
+        journalz=_journalz(cap.journal_infos, cap.journal_stores),
+        mailboxz=cap.mailboxz,
+        latency=cap.latency,
+        counters=counters,
+        parts=cap.parts,
+        extras=cap.extras,
+        wall_of=wall_of,
+    )
+
+
 def snapshot(
     core: BrokerCore,
     outbox: QueueFigures,
@@ -98,112 +330,80 @@ def snapshot(
     in_bytes: int,
     cluster: dict[str, object] | None = None,
 ) -> Snapshot:
-    """Everything the monitor serves, as of ``now`` (``started``: the loop's clock at start;
-    ``wall``: wall-clock seconds now, for the timestamps people read; ``in_bytes``: the
-    message bytes the shell has received; ``cluster``: the cluster link's state, if any)."""
-    wall_of = wall - now
-    rpc = core.rpc
-    pubsub = core.pubsub
-    counters = dict(sorted(core.counters.items()))
-    services = {name: core.builtins.service_report(rpc.services[name]) for name in sorted(rpc.services)}
-    journal_infos = {name: journal.info() for name, journal in core.journaling.journals.items()}
-    rows, subscriptions_of = _connections(core, outbox, now, wall_of)
-    closed = [_closed_row(entry, wall_of) for entry in reversed(core.peers.closed)]
-    varz: dict[str, object] = {
-        "now": rfc3339(wall),
-        "now_s": round(wall, 3),
-        "start": rfc3339(started + wall_of),
-        "uptime_s": round(now - started, 3),
-        "connections": len(rows),
-        "subscriptions": len(pubsub.subscriptions),
-        "services": len(rpc.services),
-        "in_msgs": counters.get("received", 0),
-        "in_bytes": in_bytes,
-        "out_msgs": outbox.sent_messages,
-        "out_bytes": outbox.sent_bytes,
-        "published": counters.get("published", 0),
-        "delivered": counters.get("delivered", 0),
-        "dropped": counters.get("dropped", 0),
-        "slow_consumers": counters.get("forgotten_too_slow", 0),
-        "pending_bytes": outbox.queued_bytes,
-        # RPC over every service: requests taken, and those that failed (an ERROR answer or a timeout).
-        "rpc_requests": sum(int(s["requests"]) for s in services.values()),  # type: ignore[call-overload]
-        "rpc_errors": sum(int(s["errors"]) + int(s["timeouts"]) for s in services.values()),  # type: ignore[call-overload]
-        # Messages refused (every 4xx/5xx answered to a peer) and internal errors.
-        "errors": sum(n for k, n in counters.items() if k.startswith("rejected_")) + counters.get("internal_errors", 0),
-        "closed_connections": len(closed),
-        "journals": journal_infos,
-        "counters": counters,
-        "cluster": cluster if cluster is not None else {"name": "", "nats_connected": False, "brokers": []},
-    }
-    subsz: dict[str, object] = {
-        "subscriptions": len(pubsub.subscriptions),
-        "patterns": pubsub.report(),
-        "groups": pubsub.group_report(),
-        "topics": core.traffic.report(),  # the busiest topics published to since the start (messages, bytes)
-    }
-    return Snapshot(
-        taken=now,
-        varz=varz,
-        connections=rows,
-        subsz=subsz,
-        servicez=services,
-        closed=closed,
-        subscriptions_of=subscriptions_of,
-        consumerz={"consumers": core.consumers.monitor_rows()},
-        journalz=_journalz(core, journal_infos),
-        mailboxz={"summary": core.mailboxes.summary(), "mailboxes": core.mailboxes.report()},
-        latency={name: (s.latency.cumulative(), s.latency.sum) for name, s in rpc.services.items()},
-        counters=counters,
+    """Every page's data as of ``now``: ``build(capture(...))`` with every part."""
+    return build(
+        capture(core, outbox, ALL_PARTS, now=now, started=started, wall=wall, in_bytes=in_bytes, cluster=cluster)
     )
 
 
-def _connections(
-    core: BrokerCore, outbox: QueueFigures, now: float, wall_of: float
-) -> tuple[list[dict[str, object]], dict[str, list[str]]]:
-    """/connz's open connections, by name, and each one's subscription patterns (for ``?subs=1``)."""
-    pubsub = core.pubsub
-    rows: list[dict[str, object]] = []
-    subscriptions_of: dict[str, list[str]] = {}
-    for peer in core.peers.by_id.values():
-        state = core.rpc.worker_state(peer)
-        rows.append(
-            {
-                "name": peer.name,
-                "identity": peer.identity,
-                "dialect": peer.dialect.name,
-                "protocol": peer.version,
-                "address": peer.address,
-                "connected_at": rfc3339(peer.connected + wall_of),
-                "uptime_s": round(max(0.0, now - peer.connected), 3),
-                "subscriptions": pubsub.count_of(peer),  # (with ?subs=1: the patterns themselves)
-                "num_subscriptions": pubsub.count_of(peer),
-                "groups": sorted(pubsub.groups_of(peer)),
-                "pending_bytes": outbox.backlog(peer.routing_id),
-                "idle_s": round(max(0.0, now - peer.last_recv), 3),
-                "msgs_in": peer.msgs_in,
-                "bytes_in": peer.bytes_in,
-                "msgs_out": peer.msgs_out,
-                "bytes_out": peer.bytes_out,
-                "delivered": peer.delivered,
-                "dropped": peer.drops,
-                "services": list(state.services) if state else [],
-                "in_flight": len(state.jobs) if state else 0,
-            }
-        )
-        subscriptions_of[peer.name] = sorted(pubsub.patterns_of(peer))
-    rows.sort(key=lambda r: str(r["name"]))
-    return rows, subscriptions_of
+_NO_EXTRAS = PeerExtras({}, {}, {}, {})
 
 
-def _journalz(core: BrokerCore, infos: dict[str, dict[str, object]]) -> dict[str, object]:
+def _connection_row(snap: Snapshot, figures: PeerFigures) -> dict[str, object]:
+    """One open connection as /connz shows it (built for the rows of a page only)."""
+    now = snap.taken
+    extras = snap.extras or _NO_EXTRAS
+    name, identity, dialect, version, address, connected, last_recv = figures[:7]
+    msgs_in, bytes_in, msgs_out, bytes_out, delivered, drops, routing_id = figures[7:]
+    subscriptions = extras.subscriptions.get(name, 0)
+    services, in_flight = extras.workers.get(name, ((), 0))
+    return {
+        "name": name,
+        "identity": identity,
+        "dialect": dialect,
+        "protocol": version,
+        "address": address,
+        "connected_at": rfc3339(connected + snap.wall_of),
+        "uptime_s": round(max(0.0, now - connected), 3),
+        "subscriptions": subscriptions,  # (with ?subs=1: the patterns themselves)
+        "num_subscriptions": subscriptions,
+        "groups": list(extras.groups.get(name, ())),
+        "pending_bytes": extras.pending.get(routing_id, 0),
+        "idle_s": round(max(0.0, now - last_recv), 3),
+        "msgs_in": msgs_in,
+        "bytes_in": bytes_in,
+        "msgs_out": msgs_out,
+        "bytes_out": bytes_out,
+        "delivered": delivered,
+        "dropped": drops,
+        "services": list(services),
+        "in_flight": in_flight,
+    }
+
+
+def _open_sort_key(snap: Snapshot, sort: str) -> Callable[[PeerFigures], tuple[Any, ...]]:
+    """How /connz sorts open connections by ``sort``, over their figures (numbers negated: descending)."""
+    now = snap.taken
+    extras = snap.extras or _NO_EXTRAS
+    counter = _COUNTER_AT.get(sort)
+    if counter is not None:
+        place = counter
+        return lambda t: (-float(t[place]), t[NAME])
+    if sort in ("uptime_s", "connected_at"):
+        sign = -1.0 if sort == "uptime_s" else 1.0
+        return lambda t: (sign * (now - t[CONNECTED]), t[NAME])
+    if sort == "idle_s":
+        return lambda t: (-(now - t[LAST_RECV]), t[NAME])
+    if sort == "num_subscriptions":
+        return lambda t: (-float(extras.subscriptions.get(t[NAME], 0)), t[NAME])
+    if sort == "pending_bytes":
+        return lambda t: (-float(extras.pending.get(t[-1], 0)), t[NAME])
+    if sort == "in_flight":
+        return lambda t: (-float(extras.workers.get(t[NAME], ((), 0))[1]), t[NAME])
+    text = {"name": NAME, "identity": IDENTITY, "dialect": DIALECT, "protocol": VERSION, "address": ADDRESS}.get(sort)
+    if text is not None:
+        field_at = text
+        return lambda t: (str(t[field_at]), t[NAME])
+    return lambda t: ("", t[NAME])  # (a closed connection's field: "reason", "closed_at")
+
+
+def _journalz(infos: dict[str, dict[str, object]], stores: dict[str, str]) -> dict[str, object]:
     """/journalz: each journal's store, first and last seq, and the rest of its info."""
-    journals = core.journaling.journals
     return {
         "journals": [
             {
                 "name": name,
-                "store": journals[name].settings.store,
+                "store": stores[name],
                 "first_seq": info.get("first_seq", 0),
                 "last_seq": int(info.get("next_seq", 1)) - 1,  # type: ignore[call-overload]
                 **{k: v for k, v in info.items() if k not in ("first_seq",)},
@@ -213,42 +413,149 @@ def _journalz(core: BrokerCore, infos: dict[str, dict[str, object]]) -> dict[str
     }
 
 
+# ============================================================== paged pages and their parameters
+
+
 class BadQuery(ValueError):
-    """A /connz query the page cannot answer (the HTTP side answers 400 with its text)."""
+    """A query a page cannot answer (the HTTP side answers 400 with its text: one line naming the parameter)."""
 
 
-def _number(query: dict[str, str], key: str, default: int, most: int) -> int:
-    text = query.get(key)
-    if text is None or text == "":
-        return default
-    if not text.isdigit() or int(text) > most:
-        raise BadQuery(f"{key} must be a whole number 0-{most}, got {text[:20]!r}")
-    return int(text)
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One query parameter of a page: a number (ASCII digits, at most ``most``), one of ``choices``,
+    or free text (at most ``FILTER_MAX`` printable characters)."""
+
+    kind: str  # "number" | "choice" | "text"
+    most: int = 0
+    choices: tuple[str, ...] = ()
+
+    def read(self, name: str, text: str) -> int | str:
+        if self.kind == "number":
+            if not (text.isascii() and text.isdigit() and len(text) <= NUMBER_DIGITS) or int(text) > self.most:
+                raise BadQuery(f"{name} must be a whole number 0-{self.most} (ASCII digits), got {text[:20]!r}")
+            return int(text)
+        if self.kind == "choice":
+            if text not in self.choices:
+                raise BadQuery(f"{name} must be one of {', '.join(self.choices)}, got {text[:20]!r}")
+            return text
+        if len(text) > FILTER_MAX or not text.isprintable():
+            raise BadQuery(f"{name} must be at most {FILTER_MAX} printable characters")
+        return text
+
+
+_LIMIT = Parameter("number", most=PAGE_MAX_LIMIT)
+_OFFSET = Parameter("number", most=10**NUMBER_DIGITS - 1)
+_FILTER = Parameter("text")
+_FLAG = Parameter("choice", choices=("", "0", "1", "true", "false", "detail"))
+_ORDER = Parameter("choice", choices=("asc", "desc"))
+MAX_AGE_MOST = 10_000  # ms: the oldest snapshot ``max_age_ms`` may accept
+# Every page takes ``max_age_ms``: a snapshot taken at most that long before the request will do (default 0:
+# one taken after the request arrived).  The console asks so for a sort, a page or a filter of what it shows.
+COMMON_PARAMETERS: dict[str, Parameter] = {"max_age_ms": Parameter("number", most=MAX_AGE_MOST)}
+# Each paged page's parameters (a parameter not named here is left to the HTTP side's rules).
+PAGE_PARAMETERS: dict[str, dict[str, Parameter]] = {
+    "/connz": {
+        "state": Parameter("choice", choices=CONNZ_STATES),
+        "sort": Parameter("choice", choices=(*CONNZ_NUMBERS, *CONNZ_TEXTS, "closed_at", "subscriptions")),
+        "limit": _LIMIT,
+        "offset": _OFFSET,
+        "subs": _FLAG,
+        "filter": _FILTER,
+        "order": _ORDER,
+    },
+    "/subsz": {
+        "sort": Parameter("choice", choices=SUBSZ_SORTS),
+        "limit": _LIMIT,
+        "offset": _OFFSET,
+        "filter": _FILTER,
+        "order": _ORDER,
+    },
+    "/consumerz": {
+        "sort": Parameter("choice", choices=(*CONSUMERZ_NUMBERS, *CONSUMERZ_TEXTS)),
+        "limit": _LIMIT,
+        "offset": _OFFSET,
+        "filter": _FILTER,
+        "order": _ORDER,
+    },
+}
+
+
+def parameters(path: str, query: dict[str, str]) -> dict[str, int | str]:
+    """``query``'s parameters of ``path`` read by its table (an empty value: not given); BadQuery
+    naming the first one that is wrong."""
+    table = {**COMMON_PARAMETERS, **PAGE_PARAMETERS.get(path, {})}
+    read: dict[str, int | str] = {}
+    for name, spec in table.items():
+        text = query.get(name)
+        if text:
+            read[name] = spec.read(name, text)
+    return read
+
+
+def _matching(rows: list[dict[str, object]], needle: str, keys: tuple[str, ...]) -> list[dict[str, object]]:
+    """The rows one of whose ``keys`` holds ``needle`` (case-insensitive)."""
+    if not needle:
+        return rows
+    needle = needle.casefold()
+    return [r for r in rows if any(needle in str(r.get(k, "")).casefold() for k in keys)]
+
+
+def _ordered(
+    rows: list[dict[str, object]],
+    sort: str,
+    numbers: tuple[str, ...],
+    name: Callable[[dict[str, object]], str],
+    order: str | None = None,
+) -> list[dict[str, object]]:
+    """Numbers descending (the busiest first), text ascending, unless ``order`` says; ties by name."""
+    if sort in numbers:
+        ordered = sorted(rows, key=lambda r: (-float(r.get(sort, 0)), name(r)))  # type: ignore[arg-type]
+        return ordered[::-1] if order == "asc" else ordered
+    ordered = sorted(rows, key=lambda r: (str(r.get(sort, "")), name(r)))
+    return ordered[::-1] if order == "desc" else ordered
+
+
+def _page_of(read: dict[str, int | str], most: int = PAGE_MAX_LIMIT) -> tuple[int, int]:
+    limit = int(read["limit"]) if "limit" in read else min(PAGE_DEFAULT_LIMIT, most)
+    if limit > most:
+        raise BadQuery(f"limit must be a whole number 0-{most} with this query, got {limit}")
+    return limit, int(read.get("offset", 0))
+
+
+CONNZ_FILTERED = ("name", "identity", "address", "dialect", "protocol", "reason")
 
 
 def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
-    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``limit``, ``offset``,
-        ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not their count, which
-    ``num_subscriptions`` always has); BadQuery otherwise."""
-    state = query.get("state") or "open"
-    if state not in CONNZ_STATES:
-        raise BadQuery(f"state must be one of {', '.join(CONNZ_STATES)}, got {state[:20]!r}")
-    sort = query.get("sort") or ("closed_at" if state == "closed" else "name")
+    """/connz for ``query`` (``state`` open|closed|all, ``sort`` a field, ``order``, ``limit``,
+    ``offset``, ``filter`` (a substring of a connection's name, identity, address, dialect, protocol
+    or close reason), ``subs`` 1: each open connection's ``subscriptions`` are its patterns, not
+    their count, which ``num_subscriptions`` always has); BadQuery otherwise.  Open connections are
+    filtered and sorted as their figures, and only the page's rows are built."""
+    read = parameters("/connz", query)
+    state = str(read.get("state", "open"))
+    sort = str(read.get("sort", "closed_at" if state == "closed" else "name"))
     sort = "num_subscriptions" if sort == "subscriptions" else sort
-    sortable = (*CONNZ_NUMBERS, *CONNZ_TEXTS, "closed_at")
-    if sort not in sortable:
-        raise BadQuery(f"sort must be one of {', '.join(sortable)}, got {sort[:20]!r}")
-    limit = _number(query, "limit", CONNZ_DEFAULT_LIMIT, CONNZ_MAX_LIMIT)
-    offset = _number(query, "offset", 0, 1 << 40)
-    subs = query.get("subs", "") in ("1", "true", "detail")
-    rows = (snap.connections if state != "closed" else []) + (snap.closed if state != "open" else [])
-    if sort in CONNZ_NUMBERS:
-        ordered = sorted(rows, key=lambda r: (-float(r.get(sort, 0)), str(r["name"])))  # type: ignore[arg-type]
-    elif sort == "closed_at":
-        ordered = sorted(rows, key=lambda r: str(r.get("closed_at", "")), reverse=True)
+    subs = read.get("subs", "") in ("1", "true", "detail")
+    limit, offset = _page_of(read, SUBS_MAX_LIMIT if subs else PAGE_MAX_LIMIT)
+    order = str(read["order"]) if "order" in read else None
+    needle = str(read.get("filter", "")).casefold()
+    if state == "open":
+        peers = snap.peers
+        if needle:
+            peers = [t for t in peers if any(needle in str(t[i]).casefold() for i in _OPEN_FILTERED)]
+        reverse = order == ("asc" if sort in CONNZ_NUMBERS else "desc")
+        chosen = sorted(peers, key=_open_sort_key(snap, sort), reverse=reverse)
+        count, total = len(chosen), len(snap.peers)
+        page = [_connection_row(snap, t) for t in chosen[offset : offset + limit]]
     else:
-        ordered = sorted(rows, key=lambda r: (str(r.get(sort, "")), str(r["name"])))
-    page = ordered[offset : offset + limit]
+        rows = (snap.connections if state == "all" else []) + snap.closed
+        rows = _matching(rows, needle, CONNZ_FILTERED)
+        if sort == "closed_at":
+            ordered = sorted(rows, key=lambda r: str(r.get("closed_at", "")), reverse=order != "asc")
+        else:
+            ordered = _ordered(rows, sort, CONNZ_NUMBERS, lambda r: str(r["name"]), order)
+        count, total = len(rows), len(snap.closed) + (len(snap.peers) if state == "all" else 0)
+        page = ordered[offset : offset + limit]
     if subs:
         page = [
             {**r, "subscriptions": snap.subscriptions_of.get(str(r["name"]), [])} if "closed_at" not in r else r
@@ -258,9 +565,58 @@ def connz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
         "now": snap.varz["now"],
         "state": state,
         "sort": sort,
-        "count": len(rows),
+        "count": count,
+        "total": total,
         "offset": offset,
         "limit": limit,
         "num_connections": len(page),
         "connections": page,
     }
+
+
+_OPEN_FILTERED = (NAME, IDENTITY, ADDRESS, DIALECT, VERSION)
+
+
+def subsz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
+    """/subsz for ``query``: ``patterns`` (subscribers per pattern) is a page, sorted by ``sort``
+    (pattern, or subscribers: the most first), ``filter`` a substring of the pattern;
+    ``num_patterns`` counts those that matched the filter."""
+    read = parameters("/subsz", query)
+    limit, offset = _page_of(read)
+    sort = str(read.get("sort", "pattern"))
+    patterns: dict[str, int] = snap.subsz.get("patterns", {})  # type: ignore[assignment]
+    needle = str(read.get("filter", "")).casefold()
+    items = [(p, n) for p, n in patterns.items() if needle in p.casefold()] if needle else list(patterns.items())
+    if sort == "subscribers":
+        items.sort(key=lambda pn: (-pn[1], pn[0]))  # (patterns is sorted by pattern already)
+    if read.get("order") == ("asc" if sort == "subscribers" else "desc"):
+        items.reverse()
+    return {
+        **snap.subsz,
+        "sort": sort,
+        "num_patterns": len(items),
+        "offset": offset,
+        "limit": limit,
+        "patterns": dict(items[offset : offset + limit]),
+    }
+
+
+CONSUMERZ_FILTERED = ("name", "journal", "owner")
+
+
+def consumerz(snap: Snapshot, query: dict[str, str]) -> dict[str, object]:
+    """/consumerz for ``query``: a page of the consumers sorted by ``sort`` (journal then name by
+    default), ``filter`` a substring of a consumer's name, journal or owner; ``count`` counts those
+    that matched."""
+    read = parameters("/consumerz", query)
+    limit, offset = _page_of(read)
+    rows: list[dict[str, object]] = snap.consumerz.get("consumers", [])  # type: ignore[assignment]
+    rows = _matching(rows, str(read.get("filter", "")), CONSUMERZ_FILTERED)
+    sort = read.get("sort")
+    order = read.get("order")
+    if sort is not None:
+        key = CONSUMERZ_NUMBERS
+        rows = _ordered(rows, str(sort), key, lambda r: f"{r['journal']}\0{r['name']}", str(order) if order else None)
+    elif order == "desc":
+        rows = rows[::-1]
+    return {"count": len(rows), "offset": offset, "limit": limit, "consumers": rows[offset : offset + limit]}

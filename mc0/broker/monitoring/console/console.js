@@ -1,6 +1,10 @@
 // mc0 console: one page over the broker's own JSON pages (/varz, /connz, /subsz, /servicez, /consumerz,
 // /journalz, /mailboxz). Plain JS and SVG, nothing fetched from elsewhere. Every name (identity, topic,
 // service, journal, consumer) is put in the page as text (textContent), never as markup.
+// At scale: the big tables (connections, subscriptions, consumers) are paged, sorted and filtered by the
+// broker (/connz, /subsz, /consumerz's limit, offset, sort, order, filter): the page holds PAGE_ROWS rows
+// of each, and every table is updated in place (a row kept by its key, a cell written only when its text
+// changed), never rebuilt whole at each poll.
 "use strict";
 
 // Every 2 s, /varz (the header, the overview and its charts) and the open view's pages are asked together,
@@ -8,6 +12,8 @@
 const EVERY_MS = 2000;
 const HISTORY_S = 300; // charts: the last 5 minutes
 const VIEWS = ["overview", "connections", "topics", "services", "journals", "mailboxes", "cluster"];
+const PAGE_ROWS = 100; // rows of a server-paged table on screen
+const RE_VIEW_MS = 5000; // a sort, a page or a filter of what is shown: a snapshot this recent will do
 
 // Action buttons (POST /admin/OP, shown only when /varz says "actions": true): per view, what each does.
 const ACTIONS = {
@@ -24,6 +30,9 @@ const state = {
   history: [], // {t, published, delivered, rpc, rpcErrors, bytesIn, bytesOut, rss}
   previous: {}, // per table: name -> {t, figures} for per-row rates
   sorts: {},
+  offsets: {}, // server-paged tables: the first row shown
+  reView: {}, // server-paged tables: the next fetch re-sorts, pages or filters what is shown
+  tables: {}, // per table: what is on screen (head, rows by key)
   actions: false,
   failures: 0,
 };
@@ -98,9 +107,45 @@ async function getJSON(path) {
 // ------------------------------------------------------------ tables
 // columns: {key, label, kind: "text" | "name" | "num" | "bytes" | "rate" | "byterate" | "ms" | "badge" | "since",
 //           value(row) (optional), sort: false}
-function renderTable(table, id, columns, rows, emptyText, actions) {
+// opts: {key(row): the row's identity (kept across polls), paged: sorted by the broker (no local sort)}
+function textual(col) {
+  return col.kind === "text" || col.kind === "name" || col.kind === "badge" || col.kind === "since";
+}
+
+function tableState(table, id, columns, showActions) {
+  const signature = columns.map((c) => c.key).join("|") + (showActions ? "|+" : "");
+  let t = state.tables[id];
+  if (t && t.table === table && t.signature === signature) return t;
+  clear(table);
+  t = { table, signature, head: el("thead"), body: el("tbody"), rows: new Map(), empty: null, ths: [] };
+  const head = el("tr");
+  for (const col of columns) {
+    const th = el("th", { class: textual(col) ? "text" : "", text: col.label });
+    if (col.sort !== false) {
+      th.classList.add("sortable");
+      th.addEventListener("click", () => {
+        const sort = state.sorts[id] || { key: null, asc: false };
+        const asc = sort.key === col.key ? !sort.asc : textual(col);
+        state.sorts[id] = { key: col.key, asc };
+        state.offsets[id] = 0;
+        state.reView[id] = true;
+        refreshView();
+      });
+    }
+    t.ths.push([col, th]);
+    head.append(th);
+  }
+  if (showActions) head.append(el("th", { text: "" }));
+  t.head.append(head);
+  table.append(t.head, t.body);
+  state.tables[id] = t;
+  return t;
+}
+
+function renderTable(table, id, columns, rows, emptyText, actions, opts) {
+  const options = opts || {};
   const sort = state.sorts[id] || { key: null, asc: false };
-  if (sort.key) {
+  if (sort.key && !options.paged) {
     const col = columns.find((c) => c.key === sort.key);
     const value = (r) => (col && col.value ? col.value(r) : r[sort.key]);
     rows = rows.slice().sort((a, b) => {
@@ -109,64 +154,122 @@ function renderTable(table, id, columns, rows, emptyText, actions) {
       return sort.asc ? order : -order;
     });
   }
-  clear(table);
-  const head = el("tr");
-  for (const col of columns) {
-    const textual = col.kind === "text" || col.kind === "name" || col.kind === "badge" || col.kind === "since";
-    const th = el("th", { class: textual ? "text" : "", text: col.label });
-    if (col.sort !== false) {
-      th.classList.add("sortable");
-      if (sort.key === col.key) th.classList.add("sorted", sort.asc ? "asc" : "desc");
-      th.addEventListener("click", () => {
-        const asc = sort.key === col.key ? !sort.asc : textual;
-        state.sorts[id] = { key: col.key, asc };
-        refreshView();
-      });
-    }
-    head.append(th);
+  const showActions = Boolean(state.actions && actions && actions.length);
+  const t = tableState(table, id, columns, showActions);
+  for (const [col, th] of t.ths) {
+    const on = sort.key === col.key;
+    th.classList.toggle("sorted", on);
+    th.classList.toggle("asc", on && sort.asc);
+    th.classList.toggle("desc", on && !sort.asc);
   }
-  const showActions = state.actions && actions && actions.length;
-  if (showActions) head.append(el("th", { text: "" }));
-  table.append(el("thead", {}, head));
-  const body = el("tbody");
+  const keyOf = options.key || ((r, i) => String(i));
+  const seen = new Set();
+  let previous = null;
+  rows.forEach((row, i) => {
+    const key = keyOf(row, i);
+    seen.add(key);
+    let entry = t.rows.get(key);
+    if (!entry) {
+      const tr = el("tr");
+      const tds = columns.map(() => el("td"));
+      tr.append(...tds);
+      entry = { tr, tds, sigs: columns.map(() => null), row };
+      if (showActions) tr.append(actionCell(actions, () => entry.row));
+      t.rows.set(key, entry);
+    }
+    entry.row = row;
+    columns.forEach((col, c) => fill(entry, c, col, col.value ? col.value(row) : row[col.key], row));
+    const want = previous ? previous.nextSibling : t.body.firstChild;
+    if (want !== entry.tr) t.body.insertBefore(entry.tr, want);
+    previous = entry.tr;
+  });
+  for (const [key, entry] of t.rows) {
+    if (!seen.has(key)) {
+      entry.tr.remove();
+      t.rows.delete(key);
+    }
+  }
   if (!rows.length) {
-    body.append(el("tr", {}, el("td", { class: "empty", colspan: String(columns.length + (showActions ? 1 : 0)), text: emptyText })));
+    if (!t.empty) t.empty = el("tr", {}, el("td", { class: "empty", colspan: String(columns.length + (showActions ? 1 : 0)) }));
+    t.empty.firstChild.textContent = emptyText;
+    if (t.empty.parentNode !== t.body) t.body.append(t.empty);
+  } else if (t.empty && t.empty.parentNode) {
+    t.empty.remove();
   }
-  for (const row of rows) {
-    const tr = el("tr");
-    for (const col of columns) {
-      const v = col.value ? col.value(row) : row[col.key];
-      tr.append(cell(col, v, row));
-    }
-    if (showActions) tr.append(actionCell(actions, row));
-    body.append(tr);
-  }
-  table.append(body);
 }
 
-function cell(col, v, row) {
-  const td = el("td");
+// A cell's text, class and title from its value; the cell is written only when they changed.
+function fill(entry, c, col, v, row) {
+  let text, cls = "", title = "";
   switch (col.kind) {
-    case "name": td.className = "text name"; td.textContent = v === "" ? "(empty)" : String(v ?? ""); td.title = String(v ?? ""); break;
-    case "text": td.className = "text"; td.textContent = String(v ?? ""); break;
-    case "badge": {
-      td.className = "text";
-      const [label, tone] = v;
-      td.append(el("span", { class: `badge ${tone || ""}`, text: label }));
-      break;
-    }
-    case "since": td.className = "text"; td.textContent = since(v); td.title = String(v ?? ""); break;
-    case "bytes": td.textContent = bytes(v); break;
-    case "rate": td.textContent = rate(v); break;
-    case "byterate": td.textContent = byteRate(v); break;
-    case "ms": td.textContent = ms(v); break;
-    case "duration": td.textContent = duration(v); break;
-    default: td.textContent = num(v);
+    case "name": cls = "text name"; text = v === "" ? "(empty)" : String(v ?? ""); title = String(v ?? ""); break;
+    case "text": cls = "text"; text = String(v ?? ""); break;
+    case "badge": cls = `text badge-cell ${v[1] || ""}`; text = v[0]; break;
+    case "since": cls = "text"; text = since(v); title = String(v ?? ""); break;
+    case "bytes": text = bytes(v); break;
+    case "rate": text = rate(v); break;
+    case "byterate": text = byteRate(v); break;
+    case "ms": text = ms(v); break;
+    case "duration": text = duration(v); break;
+    default: text = num(v);
   }
-  if (typeof v === "number" && v === 0 && col.kind !== "text") td.classList.add("zero");
+  if (typeof v === "number" && v === 0 && col.kind !== "text") cls += " zero";
   const extra = col.cls ? col.cls(row) : "";
-  if (extra) td.classList.add(extra); // (classList.add("") throws: no class is no call)
-  return td;
+  if (extra) cls += ` ${extra}`;
+  const sig = `${cls}\u0000${title}\u0000${text}`;
+  if (entry.sigs[c] === sig) return;
+  entry.sigs[c] = sig;
+  const td = entry.tds[c];
+  td.className = cls.trim();
+  td.title = title;
+  if (col.kind === "badge") {
+    clear(td).append(el("span", { class: `badge ${v[1] || ""}`, text }));
+  } else {
+    td.textContent = text;
+  }
+}
+
+// A server-paged table's query: its sort, order, page and filter (and, for a re-view, a recent snapshot).
+function pageQuery(id, filterId, serverSorts) {
+  const sort = state.sorts[id];
+  const params = new URLSearchParams({ limit: String(PAGE_ROWS), offset: String(state.offsets[id] || 0) });
+  if (sort && sort.key && serverSorts[sort.key]) {
+    const [field, defaultAsc] = serverSorts[sort.key];
+    params.set("sort", field);
+    if (sort.asc !== defaultAsc) params.set("order", sort.asc ? "asc" : "desc");
+  }
+  const needle = filterId ? $(filterId).value.trim() : "";
+  if (needle) params.set("filter", needle.slice(0, 200));
+  if (state.reView[id]) params.set("max_age_ms", String(RE_VIEW_MS));
+  state.reView[id] = false;
+  return params.toString();
+}
+
+// Its pager: "1–100 of 10,000" with the previous and next pages.
+function renderPager(table, id, shown, count) {
+  const wrap = table.closest(".table-wrap");
+  let pager = wrap.nextElementSibling;
+  if (!pager || !pager.classList.contains("pager")) {
+    pager = el("div", { class: "pager" }, el("button", { type: "button", text: "‹ Previous" }), el("span", { class: "hint" }),
+      el("button", { type: "button", text: "Next ›" }));
+    const [prev, , next] = pager.children;
+    prev.addEventListener("click", () => turnPage(id, -PAGE_ROWS));
+    next.addEventListener("click", () => turnPage(id, PAGE_ROWS));
+    wrap.after(pager);
+  }
+  const offset = state.offsets[id] || 0;
+  const [prev, label, next] = pager.children;
+  const text = count ? `${num(offset + 1)}–${num(offset + shown)} of ${num(count)}` : "none";
+  if (label.textContent !== text) label.textContent = text;
+  prev.disabled = offset <= 0;
+  next.disabled = offset + shown >= count;
+  pager.state = { count };
+}
+
+function turnPage(id, by) {
+  state.offsets[id] = Math.max(0, (state.offsets[id] || 0) + by);
+  state.reView[id] = true;
+  refreshView();
 }
 
 // Per-row rates: the difference of a counter between two readings of the same page.
@@ -188,11 +291,11 @@ function withRates(id, rows, keyOf, fields) {
 }
 
 // ------------------------------------------------------------ actions (when the broker has them enabled)
-function actionCell(actions, row) {
+function actionCell(actions, rowOf) {
   const td = el("td", { class: "actions-cell" });
   for (const action of actions) {
     const button = el("button", { type: "button", text: action.label });
-    button.addEventListener("click", () => runAction(action, row));
+    button.addEventListener("click", () => runAction(action, rowOf()));
     td.append(button);
   }
   return td;
@@ -377,15 +480,28 @@ async function pollVarz() {
 }
 
 // ------------------------------------------------------------ views
+// The columns the broker sorts a server-paged table by: column key -> [its field, ascending by default].
+const CONN_SORTS = {
+  name: ["name", true], address: ["address", true], dialect: ["dialect", true], uptime_s: ["uptime_s", false],
+  num_subscriptions: ["num_subscriptions", false], msgs_in: ["msgs_in", false], msgs_out: ["msgs_out", false],
+  pending_bytes: ["pending_bytes", false], dropped: ["dropped", false], idle_s: ["idle_s", false],
+};
+const PATTERN_SORTS = { pattern: ["pattern", true], subscribers: ["subscribers", false] };
+const CONSUMER_SORTS = {
+  name: ["name", true], journal: ["journal", true], owner: ["owner", true], num_pending: ["num_pending", false],
+  num_ack_pending: ["num_ack_pending", false], ack_floor: ["ack_floor", false], redelivered: ["redelivered", false],
+  dead_lettered: ["dead_lettered", false], store: ["store", true],
+};
+const sortable = (columns, sorts) => columns.map((c) => (c.key in sorts ? c : { ...c, sort: false }));
+
 async function renderConnections() {
-  const [open, closed] = await Promise.all([getJSON("connz?limit=10000"), getJSON("connz?state=closed&limit=256")]);
+  const again = state.reView.conn ? `&max_age_ms=${RE_VIEW_MS}` : ""; // (a re-view: both from the same snapshot)
+  const query = pageQuery("conn", "conn-filter", CONN_SORTS);
+  const [open, closed] = await Promise.all([getJSON(`connz?${query}`), getJSON(`connz?state=closed&limit=256${again}`)]);
   const rows = withRates("conn", open.connections, (r) => r.name, ["msgs_in", "msgs_out", "bytes_in", "bytes_out"]);
-  const needle = $("conn-filter").value.trim().toLowerCase();
-  const shown = needle
-    ? rows.filter((r) => [r.name, r.identity, r.address, r.dialect, r.protocol].some((f) => String(f).toLowerCase().includes(needle)))
-    : rows;
-  $("conn-count").textContent = needle ? `${num(shown.length)} of ${num(open.count)}` : num(open.count);
-  renderTable($("conn-table"), "conn", [
+  const needle = $("conn-filter").value.trim();
+  $("conn-count").textContent = needle ? `${num(open.count)} of ${num(open.total)}` : num(open.total);
+  renderTable($("conn-table"), "conn", sortable([
     { key: "name", label: "Peer", kind: "name" },
     { key: "address", label: "Address", kind: "text" },
     { key: "dialect", label: "Dialect", kind: "text", value: (r) => `${r.dialect} ${r.protocol}` },
@@ -400,7 +516,9 @@ async function renderConnections() {
     { key: "pending_bytes", label: "Queued", kind: "bytes" },
     { key: "dropped", label: "Dropped" },
     { key: "idle_s", label: "Idle", kind: "duration" },
-  ], shown, needle ? "No connection matches the filter." : "No peer is connected.", ACTIONS.connections);
+  ], CONN_SORTS), rows, needle ? "No connection matches the filter." : "No peer is connected.", ACTIONS.connections,
+  { key: (r) => r.name, paged: true });
+  renderPager($("conn-table"), "conn", rows.length, open.count);
   $("closed-count").textContent = num(closed.count);
   renderTable($("closed-table"), "closed", [
     { key: "name", label: "Peer", kind: "name" },
@@ -411,11 +529,12 @@ async function renderConnections() {
     { key: "msgs_in", label: "Msgs in" },
     { key: "msgs_out", label: "Msgs out" },
     { key: "dropped", label: "Dropped" },
-  ], closed.connections, "No connection has closed since the broker started.");
+  ], closed.connections, "No connection has closed since the broker started.", null,
+  { key: (r) => `${r.name} ${r.closed_at}` });
 }
 
 async function renderTopics() {
-  const subsz = await getJSON("subsz");
+  const subsz = await getJSON(`subsz?${pageQuery("patterns", "pattern-filter", PATTERN_SORTS)}`);
   const topics = withRates("topics", subsz.topics.map((t) => ({ ...t, key: t.other ? "\u0000other" : t.topic })), (r) => r.key, ["msgs", "bytes"]);
   const needle = $("topic-filter").value.trim().toLowerCase();
   const shown = needle ? topics.filter((t) => t.topic.toLowerCase().includes(needle)) : topics;
@@ -425,13 +544,15 @@ async function renderTopics() {
     { key: "bytes_rate", label: "Bytes/s", kind: "byterate" },
     { key: "msgs", label: "Messages" },
     { key: "bytes", label: "Bytes", kind: "bytes" },
-  ], shown, "Nothing published yet.");
+  ], shown, "Nothing published yet.", null, { key: (r) => r.key });
   const patterns = Object.entries(subsz.patterns).map(([pattern, subscribers]) => ({ pattern, subscribers }));
   $("sub-count").textContent = num(subsz.subscriptions);
   renderTable($("pattern-table"), "patterns", [
     { key: "pattern", label: "Pattern", kind: "name" },
     { key: "subscribers", label: "Subscribers" },
-  ], patterns, "No subscription.");
+  ], patterns, $("pattern-filter").value.trim() ? "No pattern matches the filter." : "No subscription.", null,
+  { key: (r) => r.pattern, paged: true });
+  renderPager($("pattern-table"), "patterns", patterns.length, subsz.num_patterns);
   const groups = [];
   for (const [group, byPattern] of Object.entries(subsz.groups)) {
     for (const [pattern, members] of Object.entries(byPattern)) groups.push({ group, pattern, members });
@@ -440,7 +561,7 @@ async function renderTopics() {
     { key: "group", label: "Group", kind: "name" },
     { key: "pattern", label: "Pattern", kind: "name" },
     { key: "members", label: "Members" },
-  ], groups, "No queue group.");
+  ], groups, "No queue group.", null, { key: (r) => `${r.group}\u0000${r.pattern}` });
 }
 
 async function renderServices() {
@@ -464,7 +585,9 @@ async function renderServices() {
 }
 
 async function renderJournals() {
-  const [journalz, consumerz] = await Promise.all([getJSON("journalz"), getJSON("consumerz")]);
+  const again = state.reView.consumers ? `?max_age_ms=${RE_VIEW_MS}` : "";
+  const query = pageQuery("consumers", "consumer-filter", CONSUMER_SORTS);
+  const [journalz, consumerz] = await Promise.all([getJSON(`journalz${again}`), getJSON(`consumerz?${query}`)]);
   renderTable($("journal-table"), "journals", [
     { key: "name", label: "Journal", kind: "name" },
     { key: "store", label: "Store", kind: "text" },
@@ -473,10 +596,10 @@ async function renderJournals() {
     { key: "first_seq", label: "First seq" },
     { key: "last_seq", label: "Last seq" },
     { key: "topics", label: "Topics", kind: "name", value: (r) => (r.topics || []).join(", ") },
-  ], journalz.journals, "No journal is configured ([journals.NAME]).", ACTIONS.journals);
+  ], journalz.journals, "No journal is configured ([journals.NAME]).", ACTIONS.journals, { key: (r) => r.name });
   const rows = consumerz.consumers;
-  $("consumer-count").textContent = num(rows.length);
-  renderTable($("consumer-table"), "consumers", [
+  $("consumer-count").textContent = num(consumerz.count);
+  renderTable($("consumer-table"), "consumers", sortable([
     { key: "name", label: "Consumer", kind: "name" },
     { key: "journal", label: "Journal", kind: "name" },
     { key: "owner", label: "Owner", kind: "name" },
@@ -486,7 +609,9 @@ async function renderJournals() {
     { key: "redelivered", label: "Redelivered" },
     { key: "dead_lettered", label: "Dead-lettered" },
     { key: "store", label: "Store", kind: "text" },
-  ], rows, "No durable consumer.", ACTIONS.consumers);
+  ], CONSUMER_SORTS), rows, $("consumer-filter").value.trim() ? "No consumer matches the filter." : "No durable consumer.",
+  ACTIONS.consumers, { key: (r) => `${r.journal}\u0000${r.name}`, paged: true });
+  renderPager($("consumer-table"), "consumers", rows.length, consumerz.count);
 }
 
 async function renderMailboxes() {
@@ -551,7 +676,19 @@ function show(view) {
 
 function start() {
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
-  for (const id of ["conn-filter", "topic-filter"]) $(id).addEventListener("input", () => refreshView());
+  // A filter typed: the broker filters (a server-paged table), once the typing pauses.
+  const tableOf = { "conn-filter": "conn", "pattern-filter": "patterns", "consumer-filter": "consumers" };
+  let typing = null;
+  for (const id of ["conn-filter", "topic-filter", "pattern-filter", "consumer-filter"]) {
+    $(id).addEventListener("input", () => {
+      if (tableOf[id]) {
+        state.offsets[tableOf[id]] = 0;
+        state.reView[tableOf[id]] = true;
+      }
+      clearTimeout(typing);
+      typing = setTimeout(refreshView, 200);
+    });
+  }
   window.addEventListener("resize", () => state.view === "overview" && drawCharts());
   show(location.hash.slice(1) || "overview");
   const tick = () => Promise.all([pollVarz(), ["overview", "cluster"].includes(state.view) ? null : refreshView()]);
