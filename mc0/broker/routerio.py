@@ -41,6 +41,7 @@ NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SRCFD = int(zmq.SRCFD)
 POLLIN = int(zmq.POLLIN)
+EVENTS = int(zmq.EVENTS)
 # Sharing zmq.Frames across a fan-out beats copying from a few KiB up (4x at 64 KiB, 10 subscribers)
 # and loses below (measured with pyzmq; the native build copies in C, where a copy is cheaper).
 SHARE_FRAMES_FROM = 4096
@@ -96,7 +97,13 @@ class RouterIO:
         out: list[Received] = []
         received = 0
         self.read_empty = False
-        for _ in range(limit):
+        for i in range(limit):
+            # zmq.Again ends the batch: one exception per wake-up is cheaper than asking ZMQ_EVENTS
+            # per message, except when a wake-up brings one message (light load): so ask once, at
+            # the second (docs/PERFORMANCE.md, Round 5 §2: the fallback's echo turn).
+            if i == 1 and not sock.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
+                self.read_empty = True
+                break
             try:
                 first = recv(NOBLOCK, copy=False)
             except zmq.Again:
