@@ -1,10 +1,11 @@
 """A package people can install without the repository (issues 27, 36): ``python -m build`` of a copy
 of the sources (the sdist first, then the wheel from the sdist, as ``pip install mc0`` from an index
 builds it), installed into a fresh virtualenv, run from a folder that is not the checkout: its hot
-path compiled by default (mypyc, from pyproject's ``[build-system] requires``), and pure Python when
+path compiled by default (mypyc, and the broker's socket loop with Cython, from pyproject's
+``[build-system] requires``; the socket loop needs libzmq's ``zmq.h``, which ``./run`` installs), and pure Python when
 asked for (``MC0_PURE_BUILD=1``) or when no C compiler works, said in one line, never a failed build.
 
-The wheel is built with build isolation: setuptools and mypy come from the package index into a
+The wheel is built with build isolation: setuptools, mypy, Cython and pyzmq come from the package index into a
 throwaway environment, as for any user (pip's cache keeps them after the first time).  What it
 costs: mypyc's type check and code generation for the hot modules, then the C compiler, with
 ``MYPYC_OPT_LEVEL=0`` (the C compiler's ``-O0``, the one thing that differs from a user's build,
