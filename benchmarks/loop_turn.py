@@ -18,7 +18,11 @@ broker loop turn carries one message in and one out.  Two shapes:
 
 Beside them, ``pyzmq-loop`` (echo only): a minimal pyzmq ROUTER loop that answers
 every message with one prebuilt MESSAGE (a blocking poll, a receive, a send: no
-protocol), the floor a Python broker on libzmq pays per turn on this machine.
+protocol), the floor a Python broker on libzmq pays per turn on this machine; and
+``native-loop`` (echo only, the compiled build): the same loop through the broker's
+own native socket work (``mc0.broker.routerio``: one C call each to poll, receive the
+batch and send it), what libzmq, the kernel and a few Python calls cost per turn
+without any protocol, the floor of any loop on libzmq here.
 
 Figures per turn (per message the broker received): the broker's CPU time
 (user + system, psutil) on its main thread and on its other threads
@@ -230,6 +234,37 @@ def measure(
 
 
 FLOOR = "pyzmq-loop"
+NATIVE_FLOOR = "native-loop"
+FLOORS = (FLOOR, NATIVE_FLOOR)
+
+
+class _Known:
+    """Every routing id is known (the native floor reads no connection's address)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+def native_floor_main(port: int, bound: Any = None) -> None:
+    """The native floor: ``floor_main``'s answers through ``mc0.broker.routerio``'s compiled RouterIO (one
+    C call each to poll, to receive every ready message and to send the answers).  The compiled build only."""
+    from mc0 import native
+    from mc0.broker.routerio import RouterIO
+
+    if not native.compiled()["mc0.broker.routerio"]:
+        raise SystemExit("the native-loop floor needs the compiled build (./run test or ./run bench builds it)")
+    context: zmq.Context[Any] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    if bound is not None:
+        bound.set()
+    io = RouterIO(router, [], curve=False)
+    answer = [*batch.BATCH_MARK, batch.message_record(TOPIC, b"anonymous#1", BODY)]
+    ok = [OK, ID, b"c"]
+    known = _Known()
+    while True:
+        if io.poll(1000, False):
+            io.send([(m[0], ok if m[1][0] in (CONNECT, SUB) else answer) for m in io.receive(512, 1 << 18, known)])
 
 
 def floor_main(port: int, bound: Any = None) -> None:
@@ -267,14 +302,15 @@ def floor_main(port: int, bound: Any = None) -> None:
 def broker(system: str, path: str | None) -> Iterator[tuple[str, int]]:
     """(endpoint, pid) of a fresh broker at its defaults; ``path``: a checkout whose mc0 it runs (None:
     this one); the ``pyzmq-loop`` floor is a child process of this one."""
-    if system == FLOOR:
+    if system in FLOORS:
         port = free_port()
         bound = CTX.Event()
-        process = CTX.Process(target=floor_main, args=(port, bound), daemon=True)
+        main = floor_main if system == FLOOR else native_floor_main
+        process = CTX.Process(target=main, args=(port, bound), daemon=True)
         process.start()
         try:
             if not bound.wait(FLOOR_START_LIMIT):
-                raise RuntimeError(f"the pyzmq-loop floor did not listen within {FLOOR_START_LIMIT:g} s")
+                raise RuntimeError(f"the {system} floor did not listen within {FLOOR_START_LIMIT:g} s")
             assert process.pid is not None
             yield f"tcp://127.0.0.1:{port}", process.pid
         finally:
@@ -302,13 +338,13 @@ def run(
     rotated every run (a box whose load drifts favours none)."""
     systems: list[tuple[str, str | None]] = [("mc0", None), *compare.items()]
     if floor:
-        systems.append((FLOOR, None))
+        systems += [(FLOOR, None), (NATIVE_FLOOR, None)]
     rows = {(shape, name): TurnRow(shape, name) for shape in shapes for name, _ in systems}
     for run_index in range(runs):
         order = systems[run_index % len(systems) :] + systems[: run_index % len(systems)]
         for shape in shapes:
             for name, path in order:
-                if name == FLOOR and shape != "echo":
+                if name in FLOORS and shape != "echo":
                     continue
                 row = rows[(shape, name)]
                 try:
@@ -383,7 +419,7 @@ def turn_rows(options: Options, say: Callable[[str], None] = print) -> list[Row]
     mc0 and the pyzmq-loop floor, the broker's CPU per turn (lower is better; main thread, other threads,
     switches and wall time beside it)."""
     shapes = tuple(s for s in SHAPES if options.wants(f"{TURN_SCENARIO} ({s})"))
-    systems = [s for s in ("mc0", FLOOR) if options.wants_system(s)]
+    systems = [s for s in ("mc0", *FLOORS) if options.wants_system(s)]
     if not shapes or not systems:
         return []
     seconds = 0.3 if options.quick else options.seconds
@@ -392,7 +428,7 @@ def turn_rows(options: Options, say: Callable[[str], None] = print) -> list[Row]
         runs=1 if options.quick else options.runs,
         shapes=shapes,
         compare={},
-        floor=FLOOR in systems,
+        floor=any(f in systems for f in FLOORS),
         say=say,
     )
     out = []
@@ -425,8 +461,9 @@ def instructions(system: str, path: str | None, shape: str, turns: int) -> float
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "callgrind.out"
         server = ["-m", "mc0", "broker", "--insecure", "--bind", f"tcp://127.0.0.1:{port}"]
-        if system == FLOOR:
-            server = ["-c", f"from benchmarks.loop_turn import floor_main; floor_main({port})"]
+        if system in FLOORS:
+            main = "floor_main" if system == FLOOR else "native_floor_main"
+            server = ["-c", f"from benchmarks.loop_turn import {main}; {main}({port})"]
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent.parent), path or "") if p)
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
         process = subprocess.Popen(
@@ -523,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         systems: list[tuple[str, str | None]] = [("mc0", None), *compare.items()]
         print("| shape | system | instructions per turn (user space, callgrind) |\n|---|---|---:|")
         for shape in shapes:
-            for name, path in systems + ([] if args.no_floor or shape != "echo" else [(FLOOR, None)]):
+            floors: list[tuple[str, str | None]] = [(f, None) for f in FLOORS]
+            for name, path in systems + ([] if args.no_floor or shape != "echo" else floors):
                 counted = instructions(name, path, shape, args.callgrind)
                 print(f"| {shape} | {name} | {counted / 1000:,.1f} k |", flush=True)
         return 0

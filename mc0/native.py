@@ -8,7 +8,9 @@ imports nothing of mc0): the broker's RPC and fan-out path (core rooms
 ``groups``, ``peers``, ``histogram``, ``traffic``) and what both sides share
 (batch records, builders, the topic trie, deadlines), and the client's
 per-message path (the session, its pattern table, the topic grammar, the
-general decode).  Not the shell's outbox and sender:
+general decode).  ``CYTHON_MODULES`` names those written in Cython, each a
+``.pyx`` beside its ``.py`` (the reference and the fallback, same contract):
+the broker loop's socket work (``mc0.broker.routerio``).  Not the shell's outbox and sender:
 a compiled class's methods cannot be replaced on an instance, and a test
 injects a sending fault that way.
 Each compiled module is an extension beside its ``.py`` source, the same
@@ -65,6 +67,9 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.pattern_table",
     "mc0.session",
 )
+# Written in Cython (a ``.pyx`` beside the ``.py`` fallback, which is the reference): the broker loop's
+# socket work against libzmq through pyzmq's Cython API (setup.py: libzmq's zmq.h needed to build it).
+CYTHON_MODULES: tuple[str, ...] = ("mc0.broker.routerio",)
 PURE_ENV = "MC0_PURE_PYTHON"
 PURE_BUILD_ENV = "MC0_PURE_BUILD"  # read by setup.py at build time: build pure Python on purpose
 GROUP = "mc0_native"  # mypyc's group name (setup.py): the compiled modules' shared code is GROUP + "__mypyc"
@@ -88,6 +93,48 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
             if os.path.isfile(source):
                 return importlib.util.spec_from_file_location(fullname, source)
         return None
+
+
+class ExtensionOrSource(importlib.machinery.ExtensionFileLoader):
+    """Loads a Cython module's extension (CYTHON_MODULES) once pyzmq is imported, the extension being
+    linked to the libzmq pyzmq loads, found by its name among the libraries already loaded; or, when
+    the extension cannot load (built against another pyzmq's libzmq, say), its ``.py`` beside it (the
+    same contract), with one line on stderr: a broker never fails to start for want of it."""
+
+    _source: importlib.machinery.SourceFileLoader | None = None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        import zmq  # noqa: F401  (loads the libzmq the extension needs)
+
+        try:
+            return super().create_module(spec)
+        except ImportError as exc:
+            source = os.path.join(os.path.dirname(self.path), spec.name.rpartition(".")[2] + ".py")
+            print(f"mc0: the compiled {spec.name} cannot load ({exc}): running {source}", file=sys.stderr)
+            self._source = importlib.machinery.SourceFileLoader(spec.name, source)
+            return ModuleType(spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        if self._source is None:
+            super().exec_module(module)
+            return
+        module.__file__ = self._source.path
+        self._source.exec_module(module)
+
+
+class _NativeOrSource(importlib.abc.MetaPathFinder):
+    """Finds each of CYTHON_MODULES where the path finder does, to load its extension through
+    :class:`ExtensionOrSource`."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in CYTHON_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            spec.loader = ExtensionOrSource(fullname, spec.loader.path)
+        return spec
 
 
 def in_checkout() -> bool:
@@ -117,14 +164,16 @@ def stale(folder: str | None = None, library: str = GROUP + "__mypyc", *, checko
             stem = file.split(".", 1)[0]
             relative = os.path.relpath(os.path.join(directory, stem), here)
             name = ".".join(("mc0", *relative.split(os.sep)))
+            sources = [os.path.join(directory, stem + ".py")]
+            if name in CYTHON_MODULES:
+                sources.append(os.path.join(directory, stem + ".pyx"))  # (the .py beside it is the fallback)
             try:
-                newer = os.path.getmtime(os.path.join(directory, stem + ".py")) > os.path.getmtime(
-                    os.path.join(directory, file)
-                )
+                built_at = os.path.getmtime(os.path.join(directory, file))
+                newer = any(os.path.getmtime(source) > built_at for source in sources)
             except OSError:
                 continue  # no source beside it: not one of ours
             built.append(name)
-            if (newer and edited) or name not in HOT_MODULES:
+            if (newer and edited) or name not in HOT_MODULES + CYTHON_MODULES:
                 out.append(name)
     if built and not out and importlib.util.find_spec(library) is None:
         return sorted(built)
@@ -138,8 +187,9 @@ def install() -> None:
     since the last build: a stale extension would run old code, and compiled modules call
     each other directly, so it is all or nothing)."""
     global _from_sources
-    if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+    if any(isinstance(f, (_SourceFirst, _NativeOrSource)) for f in sys.meta_path):
         return
+    sys.meta_path.insert(0, _NativeOrSource())  # (a _SourceFirst put before it wins)
     if pure_requested():
         _from_sources = f"{PURE_ENV}=1"
         sys.meta_path.insert(0, _SourceFirst())
@@ -160,23 +210,27 @@ _from_sources: str | None = None  # why install() made the hot path load from it
 
 
 def compiled() -> dict[str, bool]:
-    """Each hot module (importing it) -> whether it was loaded from a compiled extension."""
+    """Each hot module, mypyc's and Cython's (importing it) -> whether it was loaded from a compiled extension."""
     loaded = {}
-    for name in HOT_MODULES:
+    for name in HOT_MODULES + CYTHON_MODULES:
         module = importlib.import_module(name)
         loaded[name] = not (getattr(module, "__file__", "") or "").endswith(".py")
     return loaded
 
 
 def describe() -> str:
-    """The build that runs, in a few words: ``compiled: 19 of 19 hot modules, mypyc``, ``pure
+    """The build that runs, in a few words: ``compiled: 19 of 19 hot modules, mypyc; socket loop
+    native``, ``compiled: ...; socket loop pure Python`` (built without libzmq's header), ``pure
     Python`` (as built), ``pure Python: MC0_PURE_PYTHON=1`` (a compiled build, not used)."""
     loaded = compiled()
-    count = sum(loaded.values())
-    if count == len(loaded):
-        return f"compiled: {count} of {count} hot modules, mypyc"
-    if count:
-        return f"partly compiled: {count} of {len(loaded)} hot modules, mypyc"
+    mypyc = [loaded[name] for name in HOT_MODULES]
+    native = all(loaded[name] for name in CYTHON_MODULES)
+    loop = "socket loop native" if native else "socket loop pure Python"
+    count = sum(mypyc)
+    if count == len(mypyc):
+        return f"compiled: {count} of {count} hot modules, mypyc; {loop}"
+    if count or native:
+        return f"partly compiled: {count} of {len(mypyc)} hot modules, mypyc; {loop}"
     return "pure Python" if _from_sources is None else f"pure Python: {_from_sources}"
 
 

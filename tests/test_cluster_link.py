@@ -109,3 +109,44 @@ def test_items_taken_one_at_a_time_in_a_turn_read_the_wake_ups_once_and_leave_no
     assert link.receive(1, look=False) == [] and not readable(link, 0.05)
     link.poster(hello(3))  # (posted after the turn's look: it wakes the loop itself)
     assert readable(link) and link.receive(1) == [Hello("b3", 3)]
+
+
+def test_a_hosted_link_posts_with_a_call_once_per_look_and_stops_within_its_bound() -> None:
+    """Hosted (the broker's own asyncio loop and thread): no socket pair, no thread; a post calls the
+    broker's wake once until the loop looks again (``receive``), posts come in order, and a link that
+    never reached NATS stops at once when asked (``stop_hosted``)."""
+    import asyncio
+
+    context: zmq.Context[Any] = zmq.Context()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    link = ClusterLink(ClusterConfig(nats=(f"nats://127.0.0.1:{port}",), hello_ms=1000))
+    woken: list[int] = []
+
+    async def run() -> None:
+        link.start(context, "b1", hosted=True)
+        assert link.socket is None and link._thread is None
+        task = link.host(lambda: woken.append(1))
+        for _ in range(100):  # (bounded) the link's run builds its poster on the loop
+            if link.poster is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert link.poster is not None
+        for n in range(3):
+            link.poster(hello(n))
+        assert len(woken) == 1 and link.waiting  # one call for three posts
+        assert link.receive(2) == [Hello("b0", 0), Hello("b1", 1)]
+        assert len(woken) == 2  # (one left: the loop is told again)
+        assert link.receive(1, look=False) == [Hello("b2", 2)] and not link.waiting
+        link.poster(hello(3))  # (the loop looked: this post calls it)
+        assert len(woken) == 3 and link.receive() == [Hello("b3", 3)]
+        started = asyncio.get_running_loop().time()
+        await link.stop_hosted()
+        assert task.done() and asyncio.get_running_loop().time() - started < 5.0
+
+    try:
+        asyncio.run(run())
+    finally:
+        link.close()
+        context.term()

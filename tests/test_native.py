@@ -12,6 +12,7 @@ reports), plus the core's and the client session's tests again with
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.
 
 def test_the_suite_runs_the_compiled_hot_path_when_built() -> None:
     loaded = native.compiled()
-    assert set(loaded) == set(native.HOT_MODULES)
+    assert set(loaded) == set(native.HOT_MODULES + native.CYTHON_MODULES)
     if os.environ.get("MC0_EXPECT_COMPILED"):  # ./run test built it: nothing may fall back silently
         assert not native.stale() and all(loaded.values()), loaded
     elif native.pure_requested():
@@ -68,6 +69,23 @@ def test_an_extension_that_cannot_run_as_built_is_stale(
     assert native.stale(str(tmp_path), library, checkout=checkout) == expected
 
 
+def test_a_cython_extension_that_cannot_load_runs_its_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Built against another pyzmq's libzmq, say: the broker still starts, on the .py, and says so once."""
+    extension = tmp_path / ("mc0_fake" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    extension.write_bytes(b"not an ELF file")
+    (tmp_path / "mc0_fake.py").write_text("ANSWER = 42\n")
+    loader = native.ExtensionOrSource("mc0_fake", str(extension))
+    spec = importlib.util.spec_from_file_location("mc0_fake", extension, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    assert module.ANSWER == 42 and module.__file__ == str(tmp_path / "mc0_fake.py")
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith("mc0: the compiled mc0_fake cannot load ("), said
+
+
 def test_this_mc0_is_a_checkouts() -> None:
     """The suite runs a checkout (an editable install linking to it): its edits are looked for."""
     assert native.in_checkout()
@@ -81,7 +99,7 @@ def test_each_mode_loads_what_it_says(mode: str) -> None:
     if mode == "pure":
         assert compiled == []
     elif os.environ.get("MC0_EXPECT_COMPILED"):
-        assert compiled == sorted(native.HOT_MODULES)
+        assert compiled == sorted(native.HOT_MODULES + native.CYTHON_MODULES)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -99,7 +117,7 @@ def test_mc0_version_names_the_build_that_runs(mode: str) -> None:
         assert build == "(pure Python: MC0_PURE_PYTHON=1)"
     elif os.environ.get("MC0_EXPECT_COMPILED"):
         n = len(native.HOT_MODULES)
-        assert build == f"(compiled: {n} of {n} hot modules, mypyc)"
+        assert build == f"(compiled: {n} of {n} hot modules, mypyc; socket loop native)"
 
 
 SCENARIO = """
@@ -243,6 +261,113 @@ def test_the_compiled_and_the_pure_client_session_send_and_deliver_the_same() ->
         assert run.returncode == 0, f"{mode}: {run.stderr[-2000:]}"
     assert runs["compiled"].stdout == runs["pure"].stdout
     assert int(runs["pure"].stdout.split()[0]) > 40  # (the scenario did plenty)
+
+
+BROKER_SESSION = """
+import dataclasses, hashlib, sys, tempfile
+from pathlib import Path
+import zmq
+from mc0 import keys, native
+from mc0.broker import server
+from mc0.broker.embedded import BrokerThread
+from mc0.config import Config
+from mc0.protocol import batch
+from mc0.security import configure_client
+
+server.first_serial = lambda now: 1000  # (peer names from a fixed serial: the same bytes every run)
+folder = Path(tempfile.mkdtemp())
+for name in ("broker", "alice", "bob", "carol"):
+    keys.create(folder, name)
+(folder / "allowed").mkdir()
+for name in ("alice", "bob", "carol"):
+    (folder / "allowed" / f"{name}.key").write_bytes((folder / f"{name}.key").read_bytes())
+config = Config()
+config = dataclasses.replace(
+    config,
+    broker=dataclasses.replace(config.broker, bind=("tcp://127.0.0.1:*",)),
+    security=dataclasses.replace(config.security, keys_dir=str(folder), allowed_dir=str(folder / "allowed")),
+)
+context = zmq.Context()
+log = []
+with BrokerThread(config) as broker:
+    endpoint = broker.broker.endpoints[0]
+    broker_public = keys.load_public(folder / "broker.key").public
+    peers = {}
+    for name, who in (("pub", "alice"), ("sub", "bob"), ("old", "bob"), ("worker", "carol"), ("client", "alice")):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, name.encode())
+        configure_client(sock, keys.load_secret(folder / f"{who}.key_secret"), broker_public)
+        sock.connect(endpoint)
+        peers[name] = sock
+    serial = [0]
+
+    def settled(actor):
+        # The actor's PING answer comes once its message was handled and the turn's output sent; each
+        # other peer's PING answer then comes after whatever that sent it.
+        for name in [actor] + [n for n in peers if n != actor]:
+            serial[0] += 1
+            ping = b"p%d" % serial[0]
+            peers[name].send_multipart([b"PING", b"ID", ping])
+            while True:
+                if not peers[name].poll(10_000):
+                    sys.exit(f"{name}: no answer to its PING")
+                frames = peers[name].recv_multipart()
+                if frames[0] == b"BATCH":  # record by record: how a turn's records were grouped is timing's
+                    log.extend((name, frames[2][s - 5 : e]) for c, s, e in batch.records(frames[2]))
+                else:
+                    log.append((name, frames))
+                if ping in frames or (frames[0] == b"BATCH" and ping in frames[2]):
+                    break
+
+    def step(actor, frames):
+        peers[actor].send_multipart(frames)
+        settled(actor)
+
+    for name in peers:
+        batched = [b"BATCH", b"1"] if name != "old" else []
+        version = b"1.0" if name != "old" else b"0.3"
+        step(name, [b"CONNECT", b"VERSION", version, b"TTL", b"60000", *batched, b"ID", b"c"])
+    step("sub", [b"SUB", b"ID", b"s1", b"", b"t.>"])
+    step("old", [b"SUB", b"ID", b"s2", b"", b"t.a"])
+    step("worker", [b"READY", b"CAPACITY", b"4", b"ID", b"r", b"", b"svc"])
+    puts = b"".join(batch.put_record(b"t.a" if i % 2 else b"t.b", b"m%d" % i) for i in range(12))
+    puts += batch.put_record(b"bad topic", b"x")
+    step("pub", batch.batch_frames(puts))
+    step("pub", [b"PUT", b"ID", b"big", b"TOPIC", b"t.a", b"", b"x" * 70_000, b"y" * 5000, b"z"])
+    step("pub", [b"PUT", b"TOPIC", b"t.a"])  # (malformed: no body)
+    calls = b"".join(batch.call_record(b"svc", b"%d" % i, 30_000, b"q%d" % i) for i in range(3))
+    step("client", batch.batch_frames(calls))
+    works = [r for name, r in log if name == "worker" and isinstance(r, bytes)]
+    bids = [batch.work_fields(r, s, e)[1] for r in works for c, s, e in batch.records(r) if c == batch.WORK]
+    step("worker", batch.batch_frames(b"".join(batch.reply_record(True, b.encode(), b"a" + b.encode()) for b in bids)))
+    step("client", [b"REQUEST", b"SERVICE", b"mc0.broker", b"ID", b"who", b"", b"whoami"])
+    step("sub", [b"NOSUCH", b"ID", b"n"])
+    step("sub", [b"UNSUB", b"ID", b"u", b"", b"t.>"])
+    step("pub", batch.batch_frames(batch.put_record(b"t.a", b"after")))
+    for sock in peers.values():
+        sock.close()
+context.term()
+loaded = native.compiled()["mc0.broker.routerio"]
+print(len(log), hashlib.sha256(repr(log).encode()).hexdigest(), "native" if loaded else "pure")
+"""
+
+
+def test_the_native_and_the_pure_broker_loop_send_the_same_bytes_over_the_sockets() -> None:
+    """One scripted broker session over real sockets (CURVE: User-Id and SRCFD read from each message),
+    the broker's loop with the native socket work and with the pure-Python fallback: every peer gets
+    byte for byte the same messages, a BATCH's records one by one (which records one BATCH groups
+    depends on what a turn happened to read together: timing, not the loop), through batched and
+    unbatched peers, a fan-out of a large multi-frame message, RPC, refusals and a built-in service."""
+    runs = {mode: _python(BROKER_SESSION, env) for mode, env in MODES.items()}
+    for mode, run in runs.items():
+        assert run.returncode == 0, f"{mode}: {run.stderr[-2000:]}"
+    count, digest, loop = runs["compiled"].stdout.split()
+    assert (count, digest) == tuple(runs["pure"].stdout.split()[:2])
+    assert runs["pure"].stdout.split()[2] == "pure"
+    if os.environ.get("MC0_EXPECT_COMPILED"):
+        assert loop == "native"
+    assert int(count) > 40  # (the scenario did plenty)
 
 
 @pytest.mark.timeout(300)

@@ -1,10 +1,11 @@
 """A package people can install without the repository (issues 27, 36): ``python -m build`` of a copy
 of the sources (the sdist first, then the wheel from the sdist, as ``pip install mc0`` from an index
 builds it), installed into a fresh virtualenv, run from a folder that is not the checkout: its hot
-path compiled by default (mypyc, from pyproject's ``[build-system] requires``), and pure Python when
+path compiled by default (mypyc, and the broker's socket loop with Cython, from pyproject's
+``[build-system] requires``; the socket loop needs libzmq's ``zmq.h``, which ``./run`` installs), and pure Python when
 asked for (``MC0_PURE_BUILD=1``) or when no C compiler works, said in one line, never a failed build.
 
-The wheel is built with build isolation: setuptools and mypy come from the package index into a
+The wheel is built with build isolation: setuptools, mypy, Cython and pyzmq come from the package index into a
 throwaway environment, as for any user (pip's cache keeps them after the first time).  What it
 costs: mypyc's type check and code generation for the hot modules, then the C compiler, with
 ``MYPYC_OPT_LEVEL=0`` (the C compiler's ``-O0``, the one thing that differs from a user's build,
@@ -48,7 +49,7 @@ SAMPLES = (
     "mc0/etc/prometheus/mc0-alerts.yml",
 )
 BUILD_TIMEOUT = 1200  # compiling under a loaded suite (6 workers on 2 cores) took minutes, not seconds
-COMPILED = f"(compiled: {len(native.HOT_MODULES)} of {len(native.HOT_MODULES)} hot modules, mypyc)"
+COMPILED = f"(compiled: {len(native.HOT_MODULES)} of {len(native.HOT_MODULES)} hot modules, mypyc; socket loop native)"
 
 
 def run(
@@ -65,7 +66,9 @@ def copy_sources(folder: Path) -> Path:
     for name in SOURCES:
         path = ROOT / name
         if path.is_dir():
-            shutil.copytree(path, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+            # (not what a build of the checkout left: extensions, and the C Cython writes beside a .pyx)
+            ignored = shutil.ignore_patterns("__pycache__", "*.so", "*.c")
+            shutil.copytree(path, source / name, symlinks=True, ignore=ignored)
         else:
             shutil.copy2(path, source / name)
     return source
@@ -129,13 +132,17 @@ def test_the_wheel_from_the_sdist_is_compiled_and_says_so_once(
     with tarfile.open(sdist) as archive:
         names = archive.getnames()
     assert any(n.endswith("/setup.py") for n in names) and any(n.endswith("/mc0/native.py") for n in names)
-    assert not [n for n in names if n.endswith(".so")]  # sources only: the wheel's build compiles them
+    assert not [n for n in names if n.endswith((".so", ".c"))]  # sources only: the wheel's build compiles them
+    assert [n.split("/", 1)[1] for n in names if n.endswith(".pyx")] == ["mc0/broker/routerio.pyx"]
     assert wheel.name.startswith("mc0-0.1.0-cp3") and "none-any" not in wheel.name, wheel.name  # a platform wheel
     with zipfile.ZipFile(wheel) as archive:
         extensions = [n for n in archive.namelist() if n.endswith(".so")]
-    assert len(extensions) == len(native.HOT_MODULES) + 1, extensions  # each hot module, and their shared library
+    # Each hot module, their shared library, and the broker's socket loop (Cython)
+    assert len(extensions) == len(native.HOT_MODULES) + 1 + len(native.CYTHON_MODULES), extensions
+    assert [n for n in extensions if n.startswith("mc0/broker/routerio.")], extensions
     assert mc0_lines(said) == [
-        f"mc0: compiling {len(native.HOT_MODULES)} hot modules with mypyc (set MC0_PURE_BUILD=1 for pure Python)"
+        f"mc0: compiling {len(native.HOT_MODULES)} hot modules with mypyc and the broker's socket loop with Cython"
+        " (set MC0_PURE_BUILD=1 for pure Python)"
     ], said[-3000:]
 
     _, venv, env = installed
@@ -149,8 +156,9 @@ def test_the_wheel_from_the_sdist_is_compiled_and_says_so_once(
     )
     loaded = run(venv / "bin" / "python", "-c", code, cwd=tmp_path, env=env)
     assert loaded.returncode == 0, loaded.stderr
-    # Every hot module loaded compiled, from the fresh venv (not the checkout).
-    assert loaded.stdout.split() == ["True", str(len(native.HOT_MODULES)), "{True}"], loaded.stdout
+    # Every hot module loaded compiled, the socket loop too, from the fresh venv (not the checkout).
+    modules = len(native.HOT_MODULES) + len(native.CYTHON_MODULES)
+    assert loaded.stdout.split() == ["True", str(modules), "{True}"], loaded.stdout
     assert not version.stderr  # nothing found stale (the installer writes sources and extensions in any order)
     pure = run(venv / "bin" / "mc0", "--version", cwd=tmp_path, env={**env, native.PURE_ENV: "1"})
     assert pure.stdout.strip() == "mc0 0.1.0 (pure Python: MC0_PURE_PYTHON=1)", pure.stdout + pure.stderr

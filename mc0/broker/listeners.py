@@ -61,6 +61,9 @@ log = logging.getLogger("mc0.broker")
 # Seconds of a loop turn spent on what the cluster link received (as server.WALK_BUDGET for a client's
 # batches): the rest waits in the link's queue, bounded by its credit (cluster/credit.py), for the next turn.
 ROUTE_WALK_BUDGET = 0.01
+# ... on the broker's own asyncio loop (the link hosted there): a turn then comes between two of nats-py's reads
+# of the socket, so a shorter budget keeps NATS read (its PONGs, the traffic behind it) while a burst is walked.
+HOSTED_WALK_BUDGET = 0.002
 ROUTE_SLICE = 512  # route records walked between looks at the clock
 
 
@@ -158,11 +161,12 @@ class ClusterListener:
         self._routes_told = -1  # the routes' generation the link was last told of
         self._walk: RouteWalk | None = None  # a route message walked in part (its order kept: nothing after it yet)
         self._behind = False  # the last receive left what the link received unread
+        self.walk_budget = HOSTED_WALK_BUDGET  # (seconds of a turn: the link runs on the broker's loop)
 
     @property
     def unfinished(self) -> bool:
         """Received route traffic is left for the next turn (a message in part, or the link's queue not read empty)."""
-        return self._walk is not None or self._behind
+        return self._walk is not None or self._behind or (self.link.hosted and self.link.waiting)
 
     @property
     def socket(self) -> int | None:
@@ -181,12 +185,12 @@ class ClusterListener:
         routeinput.join(core.rooms, self.broker_name, route_ttl=ttl, max_patterns=self.config.max_route_patterns)
         self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
         positions = {name: journal.position() for name, journal in self.replicated.items()}
-        self.link.start(context, self.broker_name, positions)
+        self.link.start(context, self.broker_name, positions, hosted=True)  # (run on the broker's loop: host)
 
     def receive(self, core: BrokerCore, now: float) -> list[Out]:
         """What the link received, in order, for at most ``ROUTE_WALK_BUDGET`` of this turn (at least one
         slice): a message left in part goes on first next turn, and what follows it waits in the link's queue."""
-        stop = time.monotonic() + ROUTE_WALK_BUDGET
+        stop = time.monotonic() + self.walk_budget
         out: list[Out] = []
         read_empty = False
         if self._walk is not None:

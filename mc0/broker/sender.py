@@ -2,8 +2,9 @@
 
 Contract: ``apply(out, now)`` queues what the core returned (a message over
 a peer's budget is reported to the core as a drop, and the core's answer to
-that, an eviction, is queued in turn); ``flush(sock, now)`` sends each
-peer what it accumulated, under a per-peer guard (one peer's fault costs
+that, an eviction, is queued in turn); ``flush(io, now)`` sends each
+peer what it accumulated through the loop's :class:`~mc0.broker.routerio.RouterIO`
+(every peer's next message in one call), under a per-peer guard (one peer's fault costs
 that peer only: its queue is dropped, its session closed, and everyone else
 is served); ``queue_pages`` queues replay and fetch pages only while their
 peer's backlog is small.  ``holding_input(now)`` is the back-pressure rule
@@ -16,42 +17,22 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 
 from .core.dispatch import BrokerCore, Out
 from .core.journaling import PageOut
 from .outbox import Outbox
+from .routerio import RouterIO
 
 if TYPE_CHECKING:
     from .listeners import Listener
 
 MAX_FOLLOW_UP_ROUNDS = 64
-# Measured here: sharing zmq.Frames across a fan-out beats copying from a few KiB up
-# (4x at 64 KiB, 10 subscribers) and loses below.
-SHARE_FRAMES_FROM = 4096
+MAX_FLUSH_ROUNDS = 1 << 20  # (a bound that is never reached: each round is a message some queue held)
 # A replay or fetch queues its next page only while its peer's backlog is below this.
 PAGE_WINDOW = 1 << 20
-# pyzmq's constants are enum.Flag members: combining them per send builds enum
-# objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
-NOBLOCK = int(zmq.NOBLOCK)
-MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-
-
-# pyzmq's own send (its compiled backend's), without the pure-Python wrapper zmq.Socket puts around it
-# (routing_id / group arguments this broker never uses): a Python frame less per frame sent.
-_send = zmq.backend.Socket.send
-
-
-def send_frames(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[Any], copy: bool = True) -> None:
-    """Send one routed message. pyzmq's send_multipart computes ``zmq.SNDMORE | flags``
-    per frame, on enum.Flag members: measured at 13% of the broker's time."""
-    send = _send
-    send(sock, routing_id, MORE_NOBLOCK)  # raises here (EAGAIN / EHOSTUNREACH), before any body frame
-    for frame in frames[:-1]:
-        send(sock, frame, MORE_NOBLOCK, copy)
-    send(sock, frames[-1], NOBLOCK, copy)
 
 
 class Sender:
@@ -113,50 +94,81 @@ class Sender:
                 return
             pending = follow_up
 
-    def flush(self, sock: zmq.Socket[bytes], now: float) -> None:
-        """Send what is queued: per peer, everything it accumulated (batched peers: in as few
-        BATCH messages as fit); a peer whose pipe is full keeps the rest for a retry."""
+    def flush(self, io: RouterIO, now: float) -> None:
+        """Send what is queued: per peer, everything it accumulated (batched peers: in as few BATCH
+        messages as fit), every peer's next message handed to ``io`` in one call, round after round
+        while peers have more; a peer whose pipe is full keeps the rest for a retry, one gone is
+        forgotten, and one whose sending fails otherwise costs itself only (the per-peer guard)."""
         outbox = self.outbox
         if not outbox.pending:
             return
-        shared: dict[int, list[zmq.Frame]] = {}  # fan-out's frames as zmq.Frames, once per flush
         core = self.core
+        batch: list[tuple[bytes, list[bytes]]] = []
         for routing_id in outbox.ready(now):
             if core.closing and core.peers.is_closing(routing_id):  # another key may hold the routing id by now
                 continue
             try:
-                self._flush_peer(sock, routing_id, shared, now)
+                message = self._first(routing_id, now)
             except Exception as exc:  # the per-peer guard: one peer's fault costs that peer only
-                outbox.discard(routing_id)
-                self.apply(self.core.peer_fault(routing_id, "sending to", exc, now), now)
+                self._fault(routing_id, exc, now)
+                continue
+            if message is not None:
+                batch.append((routing_id, message))
+        for _ in range(MAX_FLUSH_ROUNDS):  # (each round is a message more for some peer: bounded by its queue)
+            if not batch:
+                return
+            batch = self._send_round(io, batch, now)
 
-    def _flush_peer(
-        self, sock: zmq.Socket[bytes], routing_id: bytes, shared: dict[int, list[zmq.Frame]], now: float
-    ) -> None:
-        outbox = self.outbox
+    def _first(self, routing_id: bytes, now: float) -> list[bytes] | None:
+        """The peer's next message for the ROUTER; a listener's own peer is sent what is queued by it."""
         for listener in self.listeners:
             if listener.owns(routing_id):  # not a ROUTER peer: its listener sends it what is queued
-                self.apply(listener.flush(self.core, outbox, routing_id, now), now)
-                return
-        while (message := outbox.next_message(routing_id)) is not None:
-            try:
-                if len(message) > 3 and max(map(len, message)) >= SHARE_FRAMES_FROM:
-                    frames = shared.get(id(message))
-                    if frames is None:
-                        frames = shared[id(message)] = [zmq.Frame(f) for f in message]
-                    send_frames(sock, routing_id, frames, copy=False)
-                else:
-                    send_frames(sock, routing_id, message)
-            except zmq.Again:
+                self.apply(listener.flush(self.core, self.outbox, routing_id, now), now)
+                return None
+        return self.outbox.next_message(routing_id)
+
+    def _send_round(
+        self, io: RouterIO, batch: list[tuple[bytes, list[bytes]]], now: float
+    ) -> list[tuple[bytes, list[bytes]]]:
+        """One message for each peer of ``batch``, sent in one call (again past each one refused); the
+        peers that have another message next, with it."""
+        outbox = self.outbox
+        following: list[tuple[bytes, list[bytes]]] = []
+        start = 0
+        while start < len(batch):
+            refused, error = io.send(batch, start)
+            for index in range(start, refused):
+                routing_id = batch[index][0]
+                try:
+                    outbox.sent(routing_id, now)
+                    message = outbox.next_message(routing_id)
+                except Exception as exc:
+                    self._fault(routing_id, exc, now)
+                    continue
+                if message is not None:
+                    following.append((routing_id, message))
+            if refused >= len(batch):
+                break
+            routing_id = batch[refused][0]
+            start = refused + 1
+            if error == errno.EAGAIN:  # (its pipe is full: the rest of its queue waits for a retry)
                 outbox.blocked(routing_id, now)
-                return
-            except zmq.ZMQError as exc:
-                if exc.errno != errno.EHOSTUNREACH:
-                    raise
+                continue
+            try:
+                if error != errno.EHOSTUNREACH:
+                    raise zmq.ZMQError(error)
                 outbox.discard(routing_id)
                 self.apply(self.core.send_failed(routing_id, now, unreachable=True), now)
-                return
-            outbox.sent(routing_id, now)
+            except Exception as exc:
+                self._fault(routing_id, exc, now)
+            # A peer gone or failed: what the core did about it may have dropped later peers' queues
+            # (a peer forgotten), so only a message still at the head of its queue goes.
+            batch[start:] = [item for item in batch[start:] if outbox.next_message(item[0]) is item[1]]
+        return following
+
+    def _fault(self, routing_id: bytes, exc: Exception, now: float) -> None:
+        self.outbox.discard(routing_id)
+        self.apply(self.core.peer_fault(routing_id, "sending to", exc, now), now)
 
     def queue_pages(self, out: list[PageOut], now: float) -> None:
         """Replay and fetch pages: queued while the peer's backlog is small; otherwise the read

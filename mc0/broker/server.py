@@ -22,9 +22,9 @@ the OKs the fsync covers go at the next commit.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-import os
 import signal
 import socket
 import threading
@@ -34,7 +34,6 @@ from types import FrameType
 from typing import Any
 
 import zmq
-import zmq.utils.monitor
 
 from .. import keys as keyfiles
 from ..config import Config, check_stores, load
@@ -43,6 +42,7 @@ from ..protocol import ANONYMOUS
 from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
 from . import listeners as listening
+from .cluster.link import ClusterLink
 from .core import admin
 from .core.dispatch import BrokerCore, Out
 from .dialects import recognise as recognise_dialect
@@ -50,6 +50,7 @@ from .dialects.memodb import with_memodb_identity
 from .faultlog import FaultLog
 from .jetstream.replicated import ReplicatedJournal
 from .listeners import ClusterListener, NngListener
+from .loop import AsyncTurns, SocketLoop, router_io
 from .memtrim import Trimmer
 from .monitoring.httpd import MonitorServer
 from .monitoring.snapshot import capture
@@ -59,15 +60,7 @@ from .storage.filestore import Journal
 
 log = logging.getLogger("mc0.broker")
 
-# Messages handled per readiness event before timers get a look in: large
-# enough to amortise the poll, small enough that heartbeats stay on time.
-RECV_BATCH = 512
-# ... or this many bytes of batches: a turn then flushes what it produced (a 256 KiB batch is
-# ~2,000 commands; reading 512 of them before sending anything would stall every subscriber).
-RECV_BYTES = 256 * 1024
 RECV_HWM = 128  # messages libzmq holds per peer before the broker reads them
-# Seconds of a loop turn spent walking on through big batches (BrokerCore.resume), a slice at a time.
-WALK_BUDGET = 0.01
 # While the input is held (back-pressure), how often the loop looks whether it still is.
 HOLD_RECHECK = 0.01
 # The loop copies at most one monitoring capture per this many seconds (a scrape storm's cost) ...
@@ -83,44 +76,6 @@ SNAPSHOT_MAX_INTERVAL = 0.4
 LINGER_MS = 500
 # A batch sent to a peer holds at most this (more waiting goes in the next one).
 BATCH_OUT_BYTES = 256 * 1024
-# pyzmq's constants are enum.Flag members: combining them per send builds enum
-# objects (about a tenth of the broker's time under RPC load, by py-spy). Plain ints.
-NOBLOCK = int(zmq.NOBLOCK)
-SRCFD = int(zmq.SRCFD)
-EVENTS = int(zmq.EVENTS)
-POLLIN = int(zmq.POLLIN)
-
-
-def _recv_rest(sock: zmq.Socket[bytes]) -> list[bytes]:
-    """The remaining frames of the message being received (the first said ``more``).  Each is
-    received as a Frame, whose ``more`` tells whether another follows: asking ``RCVMORE`` costs
-    pyzmq an enum lookup per frame (measured: 4.7 -> 3.1 us per 4-frame message, see loop_turn)."""
-    rest = []
-    recv = sock.recv
-    while True:
-        frame = recv(NOBLOCK, copy=False)
-        rest.append(frame.bytes)
-        if not frame.more:
-            return rest
-
-
-def peer_address(frame: zmq.Frame, fd: int) -> str:
-    """Where connection ``fd`` comes from: libzmq's ``Peer-Address`` property of its message (the IP
-    over TCP), with the port the socket's peer name adds (``ip:port``, ``[ip6]:port``); "" when
-    neither says.  The peer name is read only when it agrees with libzmq's address (the number
-    ``fd`` names this connection still)."""
-    try:
-        host = str(frame.get("Peer-Address"))
-    except zmq.ZMQError:
-        host = ""
-    try:
-        with socket.socket(fileno=os.dup(fd)) as conn:  # a duplicate: closing it leaves libzmq's alone
-            name = conn.getpeername()
-    except OSError:
-        return host
-    if isinstance(name, tuple) and len(name) >= 2 and (not host or name[0] == host):
-        return f"[{name[0]}]:{name[1]}" if ":" in str(name[0]) else f"{name[0]}:{name[1]}"
-    return host
 
 
 def raise_fd_limit(wanted: int = 65_536) -> int:
@@ -211,7 +166,8 @@ class Broker:
             if http.listen
             else None
         )
-        self.bytes_in = 0  # message body bytes received (for /varz and /metrics)
+        self._loop: SocketLoop | None = None  # the loop's sockets, once run() bound them
+        self._next_reload = 0.0  # when the allowed folder is looked at next (run() sets it)
         self._next_snapshot = 0.0  # the loop takes no capture before this (SNAPSHOT_INTERVAL) ...
         self._next_rows = 0.0  # ... and none that copies rows before this (the budget)
         # core.next_deadline() as the last turn's timers read it, with sender.applied then: the next
@@ -343,89 +299,90 @@ class Broker:
 
     # ------------------------------------------------------------ loop
     def run(self, *, install_signals: bool = True) -> None:
-        """Serve until stopped; then DISCONNECT peers and close."""
+        """Serve until stopped; then DISCONNECT peers and close.  A broker of a cluster serves on an asyncio
+        loop that runs its cluster link too (``AsyncTurns``); any other polls its sockets (``_serve``)."""
         self.bind()
         sock = self._socket
-        assert sock is not None
+        assert sock is not None and self._wake_r is not None and self._monitor is not None
         previous = self._install_signals() if install_signals else {}
         try:
-            self._serve(sock, *self._pollers(sock))
-            now = time.monotonic()
-            self.sender.apply(self.core.shutdown(now), now)
-            if self.core.uncommitted:
-                self.sender.apply(self.core.commit(), time.monotonic())
-            self.sender.flush(sock, time.monotonic())
+            io = router_io(sock, self._wake_r, self._monitor, self.listeners, self.zap)
+            wake, monitor = self._wake_r, self._monitor
+            loop = SocketLoop(
+                self.core, self.sender, io, wake=wake, monitor=monitor, listeners=self.listeners, zap=self.zap
+            )
+            self._loop = loop
+            self._next_reload = time.monotonic() + self.config.security.reload_ms / 1000.0
+            if self.cluster is not None:
+                asyncio.run(self._serve_hosting(loop, self.cluster.link))
+            else:
+                self._serve(loop)
+                self._finish(loop)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.close()
             log.info("broker stopped")
 
-    def _pollers(self, sock: zmq.Socket[bytes]) -> tuple[zmq.Poller, zmq.Poller, int]:
-        """The loop's poller, the one it uses while the input is held (back-pressure: the same
-        sockets but the ROUTER), and the wake pipe's fd as they report it."""
-        assert self._wake_r is not None and self._monitor is not None
-        poller = zmq.Poller()
-        holding = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        # A plain socket is registered, and so reported by ``poll``, as its fd (an int): pyzmq
-        # answers a non-zmq entry with its fd, never the object, so the object would never be
-        # found ``in ready``, the pipe never drained, and the loop would spin on it for ever.
-        wake_fd = self._wake_r.fileno()
-        others: list[Any] = [wake_fd, self._monitor]
-        for listener in self.listeners:
-            assert listener.socket is not None  # (started by bind)
-            others.append(listener.socket)
-        if self.zap is not None:
-            assert self.zap.zap_socket is not None
-            others.append(self.zap.zap_socket)
-        for pollers in (poller, holding):
-            for other in others:
-                pollers.register(other, zmq.POLLIN)
-        return poller, holding, wake_fd
+    @property
+    def bytes_in(self) -> int:
+        """Message body bytes received (for /varz and /metrics)."""
+        return self._loop.bytes_in if self._loop is not None else 0
 
-    def _serve(self, sock: zmq.Socket[bytes], poller: zmq.Poller, holding: zmq.Poller, wake_fd: int) -> None:
-        """The loop, one turn at a time until stopped: wait for input or the next deadline, read what
-        is ready, do the timer work, send what is queued."""
-        core = self.core
-        http = self.http
-        sender = self.sender
-        monitor = self._monitor
-        zap = self.zap
-        outbox = self.outbox
-        trimmer = self.trimmer
-        slow_consumer_ms = self.config.broker.slow_consumer_ms
-        reload_every = self.config.security.reload_ms / 1000.0
-        next_reload = time.monotonic() + reload_every
+    def _serve(self, loop: SocketLoop) -> None:
+        """The loop, one turn at a time until stopped: wait for input or the next deadline, then the turn."""
+        holding_input = self.sender.holding_input
         while not self._stopping:
             start = time.monotonic()
-            held = sender.holding_input(start)
-            ready = dict((holding if held else poller).poll(self._poll_timeout(start, held, next_reload)))
-            if wake_fd in ready:
-                self._drain_wake()
-            if zap is not None and zap.zap_socket in ready:
-                zap.handle()
-            if monitor in ready:  # closes first: see _receive
-                assert monitor is not None
-                self._connections_closed(monitor, time.monotonic())
-            if not held:
-                self._read(sock, sock in ready)
-            self._read_listeners(ready)
-            now = time.monotonic()
-            if self._reload_asked or (self.allowed is not None and now >= next_reload):
-                self._guarded(self._reload, now)
-                next_reload = now + reload_every
-            self._guarded(self._timers, now)
-            if outbox.refusing:  # (gates read as attributes: the idle turn's fixed cost is its calls)
-                sender.evict_stuck(now, slow_consumer_ms)
-            sender.flush(sock, now)
-            if outbox.discarded_bytes >= trimmer.worth_from and trimmer.maybe_trim(outbox.discarded_bytes, now):
-                core.counters["heap_trims"] += 1
-            if http is not None and http.wanted and now >= self._next_capture(http):
-                self._deadline = None  # (monitoring asks the core things: its deadline is asked again)
-                self._publish_snapshot(http)
+            held = holding_input(start)
+            self._turn(loop, loop.wait(self._poll_timeout(start, held), held), held)
 
-    def _poll_timeout(self, start: float, held: bool, next_reload: float) -> int:
+    async def _serve_hosting(self, loop: SocketLoop, link: ClusterLink) -> None:
+        """The turns as callbacks of this thread's asyncio loop, which runs the cluster link's nats-py
+        too; once stopped, the last turn's output and the link's flushed (bounded), in that order."""
+        turns = AsyncTurns(
+            loop,
+            lambda ready, held: self._turn(loop, ready, held),
+            holding=self.sender.holding_input,
+            timeout=self._poll_timeout,
+            stopping=lambda: self._stopping,
+        )
+        link.host(turns.wake)
+        try:
+            await turns.run()
+            self._finish(loop)
+        finally:
+            await link.stop_hosted()
+
+    def _finish(self, loop: SocketLoop) -> None:
+        """Stopped: every peer told (DISCONNECT), the last appends committed, all of it sent."""
+        now = time.monotonic()
+        self.sender.apply(self.core.shutdown(now), now)
+        if self.core.uncommitted:
+            self.sender.apply(self.core.commit(), time.monotonic())
+        loop.flush(time.monotonic())
+
+    def _turn(self, loop: SocketLoop, ready: int, held: bool) -> None:
+        """One turn after the wait: read what is ready, do the timer work, send what is queued."""
+        loop.read(ready, held)
+        now = time.monotonic()
+        if self._reload_asked or (self.allowed is not None and now >= self._next_reload):
+            self._guarded(self._reload, now)
+            self._next_reload = now + self.config.security.reload_ms / 1000.0
+        self._guarded(self._timers, now)
+        outbox = self.outbox
+        if outbox.refusing:  # (gates read as attributes: the idle turn's fixed cost is its calls)
+            self.sender.evict_stuck(now, self.config.broker.slow_consumer_ms)
+        loop.flush(now)
+        trimmer = self.trimmer
+        if outbox.discarded_bytes >= trimmer.worth_from and trimmer.maybe_trim(outbox.discarded_bytes, now):
+            self.core.counters["heap_trims"] += 1
+        http = self.http
+        if http is not None and http.wanted and now >= self._next_capture(http):
+            self._deadline = None  # (monitoring asks the core things: its deadline is asked again)
+            self._publish_snapshot(http)
+
+    def _poll_timeout(self, start: float, held: bool) -> int:
         """How long this turn may wait for input (ms): until the core's next deadline, a reload, a
         retry of a send, the next look at held input or the next snapshot asked for; no wait at all
         while batches are left to walk on (only a look at the sockets), else at least 1 ms (never a
@@ -436,7 +393,7 @@ class Broker:
         known = self._deadline
         deadline = known[0] if known is not None and known[1] == self.sender.applied else core.next_deadline()
         if self.allowed is not None:
-            deadline = min(deadline, next_reload)
+            deadline = min(deadline, self._next_reload)
         retry = self.outbox.next_retry()
         if retry is not None:
             deadline = min(deadline, retry)
@@ -450,42 +407,6 @@ class Broker:
             deadline = min(deadline, self._next_capture(self.http))
         wait_ms = max(0.0, (deadline - time.monotonic()) * 1000.0)
         return int(min(wait_ms, 1000.0)) + 1
-
-    def _read(self, sock: zmq.Socket[bytes], readable: bool) -> None:
-        """The ROUTER's messages of this turn (when it is readable, or closes wait for it to read
-        empty), then a slice of the batches left to walk on."""
-        core = self.core
-        now = time.monotonic()
-        if readable or core.closing:
-            if self._receive(sock, now):
-                core.caught_up(now)  # read empty: every peer's silence up to now is real
-        else:
-            core.caught_up(now)  # polled empty
-        if core.unfinished:
-            self._walk_batches(time.monotonic())
-
-    def _read_listeners(self, ready: dict[Any, int]) -> None:
-        """What each ready listener received (MemoDB requests, other brokers' traffic)."""
-        for listener in self.listeners:
-            if listener.socket in ready or listener.unfinished:
-                now = time.monotonic()
-                try:
-                    news = listener.receive(self.core, now)
-                except Exception as exc:  # (each listener guards its items too: never fatal)
-                    self.core.listener_fault(listener.name, exc, now)
-                    continue
-                self.sender.apply(news, now)
-
-    def _walk_batches(self, now: float) -> None:
-        """Walk on through big batches, a slice at a time, for at most ``WALK_BUDGET`` seconds of
-        this turn (the next turn reads the socket first: other peers are served between slices)."""
-        core = self.core
-        sender = self.sender
-        stop = now + WALK_BUDGET
-        while core.unfinished:
-            sender.apply(core.resume(now, core.batched.batch_slice), now)
-            if time.monotonic() >= stop or sender.holding_input(now):
-                return
 
     def _timers(self, now: float) -> None:
         """The timer work of a loop turn, each step under its own guard: a step that raises (a bug)
@@ -582,89 +503,6 @@ class Broker:
         if parts:  # (what the HTTP side spent building and rendering counts in the budget of the next)
             spent, http.spent = time.perf_counter() - started + http.spent, 0.0
             self._next_rows = now + min(SNAPSHOT_MAX_INTERVAL, max(SNAPSHOT_INTERVAL, spent * SNAPSHOT_COST_RATIO))
-
-    def _drain_wake(self) -> None:
-        assert self._wake_r is not None
-        try:
-            while self._wake_r.recv(64):
-                pass
-        except OSError:
-            pass
-
-    def _receive(self, sock: zmq.Socket[bytes], now: float) -> bool:
-        """One turn's messages (bounded in count and bytes); True when the socket read empty."""
-        handle = self.core.handle
-        sessions = self.core.sessions
-        forgotten = self.core.forgotten
-        monitor = self._monitor
-        assert monitor is not None
-        curve = self.zap is not None
-        received = 0
-        recv = sock.recv
-        for i in range(RECV_BATCH):
-            # The routing id frame is received as a zmq.Frame to read, from the
-            # message itself, the connection it came on and (under CURVE) the
-            # authenticated identity: never trusted from the routing id, which
-            # a peer chooses.  zmq.Again ends the batch: one exception per
-            # wake-up is cheaper than asking ZMQ_EVENTS per message (measured),
-            # except when a wake-up brings one message (light load): so ask once.
-            try:
-                empty = i == 1 and not sock.getsockopt(EVENTS) & POLLIN  # type: ignore[operator]
-                first = None if empty else recv(NOBLOCK, copy=False)
-            except zmq.Again:
-                first = None
-            if first is None:
-                # Read empty: whatever a connection reported closed sent before it
-                # closed has been handled, so its session can go now.
-                if self.core.closing:
-                    self.sender.apply(self.core.forget_closed(now, drained=True), now)
-                self.bytes_in += received
-                return True
-            rest = _recv_rest(sock) if first.more else []
-            identity = ANONYMOUS
-            if curve:
-                try:
-                    identity = str(first.get("User-Id")) or ANONYMOUS
-                except zmq.ZMQError:
-                    pass
-            routing_id = first.bytes
-            fd = first.get(SRCFD)
-            if routing_id not in sessions:
-                # A new connection may reuse the fd number of one that just closed, and the
-                # monitor names closes by fd: read the closes already reported (libzmq reports
-                # a close before it frees the fd) so that they unbind the old connection
-                # before this one binds, or a late close would end the new session.
-                self._connections_closed(monitor, now)
-                if not self.core.peers.knows_address(fd):  # (once per connection: /connz shows it)
-                    self.core.connection_opened(fd, peer_address(first, fd))
-            try:
-                out = handle(routing_id, rest, now, identity, fd)
-            except Exception as exc:  # the per-message guard: one message's fault costs that message only
-                out = self.core.internal_error(routing_id, rest, exc, now=now)
-            if out or forgotten:
-                self.sender.apply(out, now)
-            if rest:
-                received += len(rest[-1])
-                if received >= RECV_BYTES:
-                    break
-        self.bytes_in += received
-        if self.core.closing:  # a full batch, not read empty: only overdue closes
-            self.sender.apply(self.core.forget_closed(now, drained=False), now)
-        return False
-
-    def _connections_closed(self, monitor: zmq.Socket[bytes], now: float) -> None:
-        """Report the closes the monitor has; the core forgets them once the socket reads empty.
-
-        libzmq queues a connection's last messages before it reports the close,
-        so reading the socket empty after this has handled all of them.
-        """
-        while True:
-            try:
-                event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.core.connection_closed(int(event["value"]), now)
 
     def _reload(self, now: float) -> None:
         """Re-read the allowed folder (and the config's permissions); apply the difference.

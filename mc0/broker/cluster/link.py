@@ -1,7 +1,12 @@
-"""The cluster link's shell: a thread running nats-py, bridged to the broker loop by two in-memory queues.
+"""The cluster link's shell: nats-py on the broker's own asyncio loop (or a thread), bridged by two in-memory queues.
 
-Contract: the constructor does no I/O.  ``start(context, name)`` starts the
-thread, which connects to the NATS servers of ``[cluster] nats`` (retrying every
+Contract: the constructor does no I/O.  ``start(context, name, hosted=True)``
+(a broker) prepares it, and ``host(wake)``, on the broker's running asyncio
+loop, runs it there as a task: nothing crosses a thread per message, a post
+calls ``wake`` (the broker's next turn) and the loop's work sets the link's
+``Event``; ``stop_hosted()`` ends it (bounded).  ``start(context, name)``
+alone starts a thread of its own instead (as the link's tests drive it), which
+connects to the NATS servers of ``[cluster] nats`` (retrying every
 ``RETRY_S`` while none answers: a broker cut off from NATS keeps serving its
 own peers), subscribes to the beacons and to this broker's inbox, and
 publishes a beacon every ``hello_ms``.  The broker loop polls :attr:`socket`
@@ -241,13 +246,33 @@ class ClusterLink:
         self.poster: Poster | None = None
         self._closed = False
         self._started = threading.Event()
+        # Hosted (``start(..., hosted=True)``, a broker of a cluster): the link runs on the broker's own
+        # asyncio loop, in its thread (``host``), and a post calls ``_on_post`` instead of writing a byte.
+        self.hosted = False
+        self._on_post: Callable[[], None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._open = False  # started (a thread, or hosted): it takes work
 
     # ------------------------------------------------------------ lifecycle (the broker's thread)
-    def start(self, context: zmq.Context[Any], name: str, positions: dict[str, tuple[int, str]] | None = None) -> None:
-        """``positions``: where each JetStream journal's local copy stands (its delivery starts there)."""
+    def start(
+        self,
+        context: zmq.Context[Any],
+        name: str,
+        positions: dict[str, tuple[int, str]] | None = None,
+        *,
+        hosted: bool = False,
+    ) -> None:
+        """``positions``: where each JetStream journal's local copy stands (its delivery starts there).
+        ``hosted``: no thread; the broker runs the link on its own asyncio loop (``host``), which takes
+        its posts without a wake-up byte (``waiting``)."""
         self.name = wire.check_name(name)
         self.positions = dict(positions or {})
         tls_context(self.config)  # a bad TLS file fails here, in one line, before anything runs
+        shown = ", ".join(redacted(u) for u in self.config.nats)
+        if hosted:
+            self.hosted = self._open = True
+            log.info("cluster: broker %s (epoch %016x) joining over NATS %s", self.name, self.epoch, shown)
+            return
         # No bound on either queue here: the loop hands over no more than the send budget (``backlog``),
         # and what the thread posts is bounded by NATS's pending limits (route traffic) and the feeds'
         # credit (records).
@@ -255,16 +280,55 @@ class ClusterLink:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.socket = self._wake_r.fileno()
+        self._open = True
         self._thread = threading.Thread(target=self._run, name="mc0-cluster", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
-        shown = ", ".join(redacted(u) for u in self.config.nats)
         log.info("cluster: broker %s (epoch %016x) joining over NATS %s", self.name, self.epoch, shown)
+
+    def host(self, wake: Callable[[], None]) -> asyncio.Task[None]:
+        """(hosted: on the broker's running asyncio loop) Run the link there from now on; ``wake`` is called
+        when it posts something while the loop was not told since it last looked (``receive``).  The
+        task ends once ``stop_hosted`` asked it to (what NATS still buffers flushed, bounded)."""
+        assert self.hosted and self._task is None
+        self._on_post = wake
+        self._task = asyncio.get_running_loop().create_task(self._main())
+        self._task.add_done_callback(self._ended)
+        return self._task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug: said, the broker carries on alone
+            log.error("cluster: the link failed; this broker now serves its own peers only", exc_info=task.exception())
+            self.connected = False
+
+    async def stop_hosted(self) -> None:
+        """(hosted, on the broker's loop) Stop the link: what NATS still buffers is flushed and the
+        connection closed, within ``CLOSE_FLUSH_S`` each (bounded)."""
+        task = self._task
+        if task is None or task.done():
+            return
+        self._hand((_STOP,))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 2 * CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
+        except Exception as exc:  # (a link that does not stop in time is left: the broker is closing)
+            log.warning("cluster: the link did not stop cleanly: %r", exc)
+            task.cancel()
+
+    @property
+    def waiting(self) -> bool:
+        """(hosted) The link posted something the loop has not taken yet."""
+        return bool(self._inbox)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._open = False
+        if self._task is not None and not self._task.done():
+            try:
+                self._task.cancel()  # (stop_hosted was not awaited: the loop is gone or going)
+            except RuntimeError:  # (its loop is closed)
+                pass
         if self._thread is not None:
             self._hand((_STOP,))
             self._thread.join(CLOSE_FLUSH_S + CONNECT_TIMEOUT_S + 1.0)
@@ -281,6 +345,12 @@ class ClusterLink:
         that looked: the wake-ups are left alone (that call made the socket readable if more was left),
         so taking items one at a time costs no system call each."""
         out: list[Inbound] = []
+        if self.hosted:  # (no wake-up bytes: the loop was called instead)
+            self._posted = False
+            self._take(limit, out)
+            if self._inbox:
+                self._post_wake()  # (more than ``limit``: the loop looks again at once)
+            return out
         wake = self._wake_r
         if wake is None:
             return out
@@ -322,6 +392,10 @@ class ClusterLink:
 
     def _post_wake(self) -> None:
         self._posted = True
+        if self.hosted:
+            if self._on_post is not None:
+                self._on_post()
+            return
         end = self._wake_w
         if end is not None:
             try:
@@ -354,7 +428,7 @@ class ClusterLink:
     def send(self, name: str, blob: bytes) -> None:
         """One route blob to broker ``name`` (published by the link thread, in order, in as many NATS
         messages as it takes).  The caller hands over no more while ``backlog`` is past ``send_budget``."""
-        if self.socket is not None:
+        if self._open:
             self._hand((name.encode(), blob))
             self.handed_bytes += len(blob)
             self.counters["sent"] += 1
@@ -366,12 +440,12 @@ class ClusterLink:
 
     def publish(self, journal: str, proposals: list[Any]) -> None:
         """A JetStream journal's proposals (``jetstream.replicated.Proposal``), to be published in order."""
-        if self.socket is not None:
+        if self._open:
             self._hand(tuple(proposals_frames(journal, proposals)))
 
     def call(self, token: int, request: dict[str, Any]) -> None:
         """A store call (consumers, mailboxes); its answer comes back as ``Answer``."""
-        if self.socket is not None:
+        if self._open:
             self._hand(tuple(call_frames(token, request)))
 
     def _finished(self, size: int) -> None:  # (the link thread)
@@ -454,7 +528,7 @@ class _LinkRun:
         def nudge() -> None:  # (the broker loop's thread)
             loop.call_soon_threadsafe(ready.set)
 
-        link._nudge = nudge
+        link._nudge = ready.set if link.hosted else nudge  # (hosted: the same thread, the same loop)
         link._started.set()
 
     async def main(self) -> None:
