@@ -248,7 +248,8 @@ def peer(plain: BrokerProcess, context: zmq.Context[Any]) -> Iterator[Callable[.
 
 # ------------------------------------------------------------ the tables against the model
 def header_cell(cell: str) -> tuple[set[str], set[str], bool]:
-    """A verb table's headers cell -> (required, optional, takes X- headers). ``[KEY v]`` is optional."""
+    """A verb table's headers cell -> (required, optional, takes user headers: ``X-...``, or the trace
+    context alone, which the model counts with them). ``[KEY v]`` is optional."""
     required: set[str] = set()
     optional: set[str] = set()
     depth = 0
@@ -259,7 +260,7 @@ def header_cell(cell: str) -> tuple[set[str], set[str], bool]:
             depth -= 1
         elif token in Header.__members__:
             (optional if depth else required).add(token)
-    return required, optional, "X-..." in cell
+    return required, optional, "X-..." in cell or "traceparent" in cell
 
 
 def positional_kind(cell: str) -> Payload:
