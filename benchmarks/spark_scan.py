@@ -61,19 +61,23 @@ AGGREGATE = [
 
 
 def arrow_schema() -> Any:
-    """The source's schema in Arrow (written out here, so this bench also runs against older checkouts)."""
+    """The source's schema in Arrow (written out here, so this bench also runs against older checkouts;
+    ``trace_id`` where this checkout's source has that column)."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("seq", pa.int64()),
-            ("ts", pa.timestamp("us", tz="UTC")),
-            ("topic", pa.string()),
-            ("sender", pa.string()),
-            ("headers", pa.map_(pa.string(), pa.string())),
-            ("body", pa.binary()),
-        ]
-    )
+    from mc0.spark.options import SCHEMA
+
+    fields = [
+        ("seq", pa.int64()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("topic", pa.string()),
+        ("sender", pa.string()),
+        ("headers", pa.map_(pa.string(), pa.string())),
+        ("body", pa.binary()),
+    ]
+    if "trace_id" in SCHEMA:
+        fields.append(("trace_id", pa.string()))
+    return pa.schema(fields)
 
 
 def _config(folder: Path) -> str:
@@ -142,20 +146,24 @@ def write_arrow_file(records: list[Any], path: Path) -> None:
     """The records in SCHEMA's Arrow layout, one IPC file (the plain source's input)."""
     import pyarrow as pa
 
-    table = pa.Table.from_pylist(
-        [
-            {
-                "seq": r.seq,
-                "ts": round(r.ts * 1_000_000),
-                "topic": r.topic,
-                "sender": r.sender,
-                "headers": list(r.headers.items()),
-                "body": r.body,
-            }
-            for r in records
-        ],
-        schema=arrow_schema(),
-    )
+    from mc0.protocol import trace_id
+
+    schema = arrow_schema()
+    rows = [
+        {
+            "seq": r.seq,
+            "ts": round(r.ts * 1_000_000),
+            "topic": r.topic,
+            "sender": r.sender,
+            "headers": list(r.headers.items()),
+            "body": r.body,
+        }
+        for r in records
+    ]
+    if "trace_id" in schema.names:
+        for row, r in zip(rows, records, strict=True):
+            row["trace_id"] = trace_id(r.headers)
+    table = pa.Table.from_pylist(rows, schema=schema)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=ROWS_PER_BATCH)
 

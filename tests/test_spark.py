@@ -349,6 +349,7 @@ def test_latest_start_is_fixed_by_the_first_batch_even_when_it_is_replayed(
     assert seqs_in(spark, output) == later
 
 
+@pytest.mark.timeout(600)  # two jobs, each its own JVM and Spark start: minutes on a loaded box
 def test_a_query_killed_mid_batch_then_restarted_yields_every_record_exactly_once(
     spark: Any, journaled: BrokerProcess, tmp_path: Path
 ) -> None:

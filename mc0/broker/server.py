@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,6 +42,7 @@ from ..errors import ConfigError
 from ..protocol import ANONYMOUS
 from ..protocol.peernames import first_serial
 from ..security import AllowedKeys, ZapHandler, configure_server
+from ..settings import BrokerConfig, HttpConfig
 from . import listeners as listening
 from .cluster.link import ClusterLink
 from .core import admin
@@ -48,7 +50,7 @@ from .core.dispatch import BrokerCore, Out
 from .dialects import recognise as recognise_dialect
 from .dialects.memodb import with_memodb_identity
 from .faultlog import FaultLog
-from .jetstream.replicated import ReplicatedJournal
+from .jetstream.replicated import Proposal, ReplicatedJournal
 from .listeners import ClusterListener, NngListener
 from .loop import AsyncTurns, SocketLoop, router_io
 from .memtrim import Trimmer
@@ -93,6 +95,42 @@ def raise_fd_limit(wanted: int = 65_536) -> int:
     return soft
 
 
+def open_journals(
+    config: Config, sink: Callable[[str, list[Proposal]], None] | None, wake: Callable[[], None]
+) -> list[Journal | ReplicatedJournal]:
+    """The configured journals, by name: a JetStream one proposes through ``sink`` (the cluster link);
+    a file journal's fsync (fsync = "batch") runs on its sync thread, which calls ``wake`` when done."""
+    return [
+        ReplicatedJournal(name, settings, sink=sink) if settings.replicated else Journal(name, settings, on_synced=wake)
+        for name, settings in sorted(config.journals.items())
+    ]
+
+
+def outbox_for(cfg: BrokerConfig) -> Outbox:
+    """The peers' outgoing queues by ``[broker]``'s budgets; a reader may hold the input
+    (back-pressure) for at most half the time a slow consumer is given."""
+    hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT
+    return Outbox(
+        max_bytes=cfg.max_queue_bytes,
+        max_messages=cfg.max_queue_messages,
+        batch_bytes=BATCH_OUT_BYTES,
+        hold_limit=hold_limit,
+    )
+
+
+def monitor_server(http: HttpConfig, wake: Callable[[], None]) -> MonitorServer | None:
+    """The monitoring listener ``[http]`` asks for (None: not listening); its thread starts in ``run``."""
+    if not http.listen:
+        return None
+    return MonitorServer(
+        http.listen,
+        wake=wake,
+        admin_token_file=http.admin_token_file,
+        allowed_hosts=http.allowed_hosts,
+        faults=FaultLog("the monitoring listener"),
+    )
+
+
 class Broker:
     def __init__(
         self,
@@ -110,22 +148,9 @@ class Broker:
         # A JetStream journal: the stream is the truth, this broker keeps a local copy to read from; what
         # the core proposes goes to JetStream through the cluster link at each commit.
         sink = self.cluster.link.publish if self.cluster is not None else None
-        # A file journal's fsync (fsync = "batch") runs on its sync thread, which wakes this loop when done.
-        self.journals: list[Journal | ReplicatedJournal] = [
-            ReplicatedJournal(name, settings, sink=sink)
-            if settings.replicated
-            else Journal(name, settings, on_synced=self._wake)
-            for name, settings in sorted(self.config.journals.items())
-        ]
+        self.journals = open_journals(self.config, sink, self._wake)
         cfg = self.config.broker
-        # A reader may hold the input (back-pressure) for at most half the time a slow consumer is given.
-        hold_limit = min(HOLD_LIMIT, max(1.0, cfg.slow_consumer_ms / 2000)) if cfg.slow_consumer_ms else HOLD_LIMIT
-        self.outbox = Outbox(
-            max_bytes=cfg.max_queue_bytes,
-            max_messages=cfg.max_queue_messages,
-            batch_bytes=BATCH_OUT_BYTES,
-            hold_limit=hold_limit,
-        )
+        self.outbox = outbox_for(cfg)
         self.core = BrokerCore(
             self.config.broker,
             with_memodb_identity(self.config.permissions, self.config.memodb.identity),
@@ -154,18 +179,7 @@ class Broker:
         self.public_key: bytes | None = None
         self.endpoints: list[str] = []
         # Monitoring ([http] / --http): served by its own thread from snapshots this loop publishes.
-        http = self.config.http
-        self.http = (
-            MonitorServer(
-                http.listen,
-                wake=self._wake,
-                admin_token_file=http.admin_token_file,
-                allowed_hosts=http.allowed_hosts,
-                faults=FaultLog("the monitoring listener"),
-            )
-            if http.listen
-            else None
-        )
+        self.http = monitor_server(self.config.http, self._wake)
         self._loop: SocketLoop | None = None  # the loop's sockets, once run() bound them
         self._next_reload = 0.0  # when the allowed folder is looked at next (run() sets it)
         self._next_snapshot = 0.0  # the loop takes no capture before this (SNAPSHOT_INTERVAL) ...

@@ -258,9 +258,20 @@ class MemoryReplicatedStore(MemoryStore):
         self.proposals.append((self._token, topic, sender, dict(headers), body, msgid, origin))
         return self._token
 
-    def letter(self, identity: str, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+    def letter(
+        self,
+        identity: str,
+        topic: str,
+        sender: str,
+        headers: Mapping[str, str],
+        parts: Sequence[bytes],
+        *,
+        msgid: str | None = None,
+    ) -> int:
+        """Propose a kept letter for ``identity`` (``msgid``: the store's dedup id for it, as JetStream's
+        duplicate window keeps it)."""
         self._token += 1
-        self.proposals.append((self._token, topic, sender, dict(headers), tuple(parts), None, identity))
+        self.proposals.append((self._token, topic, sender, dict(headers), tuple(parts), msgid, identity))
         return self._token
 
     def commit(self) -> None:
