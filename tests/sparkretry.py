@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 WORKER_LATE = "Python worker failed to connect back"
-ATTEMPTS = 3
+ATTEMPTS = 6  # (3 were not enough with a CPU hog per core beside the whole suite: each try costs ~10-20 s)
 
 T = TypeVar("T")
 

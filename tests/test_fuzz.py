@@ -45,11 +45,12 @@ def run_fuzzer(tmp_path: Path, *options: str, corpus: list[Path], timeout: float
 
 
 @pytest.mark.long
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_the_corpus_replays_without_a_crash(tmp_path: Path) -> None:
     inputs = sorted((HERE / "corpus").iterdir())
     assert len(inputs) > 50
-    result = run_fuzzer(tmp_path, "-runs=0", corpus=[HERE / "corpus"], timeout=100)
+    # (57 s in a quiet full run; over 100 s with a CPU hog per core beside the suite)
+    result = run_fuzzer(tmp_path, "-runs=0", corpus=[HERE / "corpus"], timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
