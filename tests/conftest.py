@@ -67,15 +67,23 @@ def promtool() -> str:
 
 
 # ------------------------------------------------------------ spread over workers (pytest-xdist)
-# Files whose tests run one after another on one worker, named by the unit they join: several of their
-# functions share something costly (a module- or session-scoped fixture), or they load the machine on
-# purpose and must not run beside each other.  Every other test function goes, with all its
-# parametrized variants (so a module-scoped fixture only it uses is made once), to whichever worker is
-# free.  (Not xdist_group marks: --dist loadgroup ignores them under pytest 9.2, pytest-xdist #1386.)
+# Tests that run one after another on one worker, named by the unit they join (keyed by file, or by one
+# test function where a file's tests go to different units): several of them share something costly (a
+# module- or session-scoped fixture), or they load the machine on purpose and must not run beside each
+# other.  Every other test function goes, with all its parametrized variants (so a module-scoped fixture
+# only it uses is made once), to whichever worker is free.  (Not xdist_group marks: --dist loadgroup
+# ignores them under pytest 9.2, pytest-xdist #1386.)
+# Spark: at most two JVM workloads at a time, on a 2-core box.  With every Spark test started at once
+# (six JVMs beside the wheel's compile) a CI run took 480 s over a standalone cluster pipeline that
+# takes 100 s alone, and a driver needed over 120 s to plan its third micro-batch.
+SPARK_JOBS = "spark jobs"  # each test its own driver JVM (a subprocess), or a standalone cluster's four
 ONE_WORKER = {
     "tests/test_spark.py": "spark",  # one Spark session (a JVM) for the module
-    "tests/test_fuzz.py": "cpu",  # the fuzzer keeps a core busy for its bounded time
-    "tests/test_scripts.py": "cpu",  # the benchmark smoke runs load the machine: not beside the fuzzer
+    "tests/test_spark_cluster.py": SPARK_JOBS,
+    "tests/test_pipeline.py": SPARK_JOBS,
+    "tests/test_scripts.py::test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source": SPARK_JOBS,
+    "tests/test_fuzz.py": "fuzz",  # the fuzzer keeps a core busy for its bounded time
+    "tests/test_scripts.py": "bench",  # the benchmark smoke runs load the machine: one at a time
     "tests/test_mc0d_peers_live.py": "tests/test_mc0d_peers_live.py",  # a module-scoped broker
     "tests/test_docs.py": "tests/test_docs.py",  # a module-scoped broker (README's quick start)
     "tests/test_dialects_curve.py": "tests/test_dialects_curve.py",  # a module-scoped broker and worker
@@ -88,6 +96,12 @@ ONE_WORKER = {
 }
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit a test runs in: its function's entry in ONE_WORKER, its file's, or its own function."""
+    function = nodeid.split("[", 1)[0]
+    return ONE_WORKER.get(function) or ONE_WORKER.get(function.split("::", 1)[0]) or function
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``--dist load`` (./run test): a test function (all its variants) or a ONE_WORKER unit
@@ -98,8 +112,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ByFunctionOrUnit(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return ONE_WORKER.get(path) or nodeid.split("[", 1)[0]
+            return unit_of(nodeid)
 
     config.option.loadscopereorder = False  # collection order, not the biggest units first
     return ByFunctionOrUnit(config, log)

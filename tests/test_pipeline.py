@@ -77,20 +77,68 @@ def generate(endpoint: str, setup: CurveSetup) -> None:
         worker.close()
 
 
+def journal_records(client: mc0.Client) -> list[mc0.Record]:
+    """Every record journal ``main`` holds now, page by page (a bounded walk)."""
+    records: list[mc0.Record] = []
+    seq = 0
+    for _ in range(50):
+        page = client.fetch("main", from_seq=seq)
+        records += page.records
+        if page.next_seq >= page.end_seq:
+            return records
+        seq = page.next_seq
+    raise AssertionError(f"journal main: more than 50 pages ({len(records)} records so far)")
+
+
+def assert_tables_equal_an_independent_computation(output: Path, records: list[mc0.Record]) -> None:
+    """The pipeline's tables under ``output`` hold, for ``generate``'s topics, senders and services, what a
+    plain Python computation over ``records`` (the journal the job read, its own rollups left out) gives."""
+    workload = [r for r in records if not r.topic.startswith("mc0.rollup.")]
+    topics: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    senders: dict[tuple[str, str], int] = defaultdict(int)
+    calls: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in workload:
+        key = minute_key(record.ts)
+        topics[key, record.topic][0] += 1
+        topics[key, record.topic][1] += len(record.body)
+        senders[key, record.sender] += 1
+        if record.topic == "mc0.sys.rpc":
+            calls[key, json.loads(record.body)["service"]].append(json.loads(record.body))
+
+    got_topics = {(r["minute_key"], r["topic"]): [r["messages"], r["bytes"]] for r in read_table(output / "topics")}
+    for name in ("orders.new", "audit.x", "mc0.sys.rpc"):
+        expected = {k: v for k, v in topics.items() if k[1] == name}
+        assert {k: v for k, v in got_topics.items() if k[1] == name} == expected
+    assert sum(v[0] for k, v in got_topics.items() if k[1] == "orders.new") == 50
+
+    got_senders = {(r["minute_key"], r["sender"]): r["messages"] for r in read_table(output / "senders")}
+    for who in ("alice", "bob"):
+        assert {k: v for k, v in got_senders.items() if k[1] == who} == {
+            k: v for k, v in senders.items() if k[1] == who
+        }
+
+    got_rpc = {(r["minute_key"], r["service"]): r for r in read_table(output / "rpc")}
+    assert set(got_rpc) == set(calls)
+    for minute_and_service, events in calls.items():
+        row = got_rpc[minute_and_service]
+        latencies = [e["latency_ms"] for e in events]
+        errors = sum(1 for e in events if e["status"] != 200)
+        assert (row["requests"], row["errors"]) == (len(events), errors)
+        assert row["error_rate"] == pytest.approx(errors / len(events))
+        for q, column in ((0.5, "latency_p50_ms"), (0.95, "latency_p95_ms"), (0.99, "latency_p99_ms")):
+            assert row[column] == pytest.approx(percentile(latencies, q)), column
+    assert sum(r["requests"] for k, r in got_rpc.items() if k[1] == "svc") == 40
+    assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "svc") == 10
+    assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "missing") == 5
+
+
 @pytest.mark.long
 def test_pipeline_rollups_equal_an_independent_computation_and_report_draws_them(tmp_path: Path) -> None:
     setup = CurveSetup(tmp_path, extra='[journals.main]\ntopics = [">", "mc0.sys.rpc"]\n')
     with setup.start() as broker:
         generate(broker.endpoint, setup)
         with mc0.Client(broker.endpoint, **setup.client_options("alice")) as client:
-            records = []
-            seq = 0
-            for _ in range(50):
-                page = client.fetch("main", from_seq=seq)
-                records += page.records
-                if page.next_seq >= page.end_seq:
-                    break
-                seq = page.next_seq
+            records = journal_records(client)
         output = tmp_path / "pipeline"
         options = setup.client_options("alice")
         command = [sys.executable, "-m", "mc0", "pipeline", "--once", "--master", "local[2]", "--output", str(output)]
@@ -101,44 +149,7 @@ def test_pipeline_rollups_equal_an_independent_computation_and_report_draws_them
         assert done.returncode == 0, done.stderr[-3000:]
         assert "pipeline:" in done.stdout
 
-        # Independent computation over the records the job read (everything up to the fetch above).
-        workload = [r for r in records if not r.topic.startswith("mc0.rollup.")]
-        topics: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        senders: dict[tuple[str, str], int] = defaultdict(int)
-        calls: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for record in workload:
-            key = minute_key(record.ts)
-            topics[key, record.topic][0] += 1
-            topics[key, record.topic][1] += len(record.body)
-            senders[key, record.sender] += 1
-            if record.topic == "mc0.sys.rpc":
-                calls[key, json.loads(record.body)["service"]].append(json.loads(record.body))
-
-        got_topics = {(r["minute_key"], r["topic"]): [r["messages"], r["bytes"]] for r in read_table(output / "topics")}
-        for name in ("orders.new", "audit.x", "mc0.sys.rpc"):
-            expected = {k: v for k, v in topics.items() if k[1] == name}
-            assert {k: v for k, v in got_topics.items() if k[1] == name} == expected
-        assert sum(v[0] for k, v in got_topics.items() if k[1] == "orders.new") == 50
-
-        got_senders = {(r["minute_key"], r["sender"]): r["messages"] for r in read_table(output / "senders")}
-        for who in ("alice", "bob"):
-            assert {k: v for k, v in got_senders.items() if k[1] == who} == {
-                k: v for k, v in senders.items() if k[1] == who
-            }
-
-        got_rpc = {(r["minute_key"], r["service"]): r for r in read_table(output / "rpc")}
-        assert set(got_rpc) == set(calls)
-        for key, events in calls.items():
-            row = got_rpc[key]
-            latencies = [e["latency_ms"] for e in events]
-            errors = sum(1 for e in events if e["status"] != 200)
-            assert (row["requests"], row["errors"]) == (len(events), errors)
-            assert row["error_rate"] == pytest.approx(errors / len(events))
-            for q, column in ((0.5, "latency_p50_ms"), (0.95, "latency_p95_ms"), (0.99, "latency_p99_ms")):
-                assert row[column] == pytest.approx(percentile(latencies, q)), column
-        assert sum(r["requests"] for k, r in got_rpc.items() if k[1] == "svc") == 40
-        assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "svc") == 10
-        assert sum(r["errors"] for k, r in got_rpc.items() if k[1] == "missing") == 5
+        assert_tables_equal_an_independent_computation(output, records)
 
         # The rollups went back onto the bus.
         with mc0.Client(broker.endpoint, **setup.client_options("bob")) as client:

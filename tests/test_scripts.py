@@ -15,7 +15,7 @@ SCRIPTS = Path(__file__).parent.parent / "scripts"
 # Bounds against a hang, not measures: a quick run takes ~30 s on an idle machine and was seen past
 # 110 s on two shared, loaded cores (CI's), where every child process starts slowly.
 # Benchmarks load the machine on purpose: under pytest-xdist these run one after another on one worker,
-# as does the fuzzer (conftest.ONE_WORKER).
+# the Spark scan's with the other Spark jobs (conftest.ONE_WORKER).
 pytestmark = pytest.mark.long
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require
+from .conftest import SPARK_JOBS, require, unit_of
 
 HERE = Path(__file__).parent
 
@@ -48,3 +48,24 @@ def test_a_missing_dependency_fails_with_the_install_hint() -> None:
     with pytest.raises(ImportError, match=r"mc0_no_such_module is not installed: .*`\./run test` installs"):
         require("mc0_no_such_module")
     assert require("zmq").__name__ == "zmq"
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "unit"),
+    [
+        ("tests/test_spark.py::test_source_and_sink_over_curve", "spark"),
+        ("tests/test_spark_cluster.py::test_a_bad_source_option_is_one_line_before_spark_starts", SPARK_JOBS),
+        ("tests/test_pipeline.py::test_report_without_tables_is_one_clear_error", SPARK_JOBS),
+        (
+            "tests/test_scripts.py::test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source",
+            SPARK_JOBS,
+        ),  # one function of a file whose other tests are another unit
+        ("tests/test_scripts.py::test_bench_harness_smoke_run_reports_rows_and_ratios", "bench"),
+        ("tests/test_fuzz.py::test_a_generated_config_loads_or_is_one_config_error", "fuzz"),
+        ("tests/test_conformance.py::test_x[a-b]", "tests/test_conformance.py"),
+        ("tests/test_topics.py::test_match[a.b-a.*]", "tests/test_topics.py::test_match"),  # variants together
+        ("tests/test_topics.py::test_plain", "tests/test_topics.py::test_plain"),
+    ],
+)
+def test_unit_of_puts_each_test_in_its_unit(nodeid: str, unit: str) -> None:
+    assert unit_of(nodeid) == unit
