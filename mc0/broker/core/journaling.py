@@ -275,6 +275,23 @@ class Journaling:
         self.failed: set[str] = set()  # the journals whose last commit failed
         self._read_faults_written: dict[str, float] = {}  # journal -> when a read fault of it was last logged
 
+    # ------------------------------------------------------------ the journals by name (what other rooms read)
+    def journal(self, name: str) -> JournalStore | None:
+        """The journal called ``name`` (None: no such journal is configured)."""
+        return self.journals.get(name)
+
+    def journal_names(self) -> list[str]:
+        """Every journal's name, sorted."""
+        return list(self.journals)
+
+    def every_journal(self) -> list[JournalStore]:
+        """Every journal, in the order of their names."""
+        return list(self.journals.values())
+
+    def journal_info(self) -> dict[str, dict[str, object]]:
+        """Each journal's ``info()``, by name (sorted)."""
+        return {name: journal.info() for name, journal in self.journals.items()}
+
     # ------------------------------------------------------------ appends
     def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
         """The journals that keep this topic (a cached trie lookup)."""

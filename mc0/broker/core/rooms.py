@@ -92,7 +92,7 @@ class Rooms:
         )
         self.rpc = Rpc(settings, counters, is_current=self.peers.is_current, wants_telemetry=self.sysbus.wants_rpc)
         self.consumers = Consumers(
-            self.journaling.journals,
+            self.journaling,
             counters,
             tokens_of=self.pubsub.tokens_of,
             is_current=self.peers.is_current,
@@ -153,14 +153,10 @@ class Rooms:
     # ================================================================ answers
     def with_finished(self, out: list[Out], now: float) -> list[Out]:
         """``out`` plus the mc0.sys.rpc records of the requests that just finished (and dead letters)."""
-        if self.consumers.dead_letters:
-            letters, self.consumers.dead_letters = self.consumers.dead_letters, []
-            for topic, letter, reason, deliveries in letters:
-                out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
-        if self.rpc.finished:
-            finished, self.rpc.finished = self.rpc.finished, []
-            for record in finished:
-                out += self.sysbus.publish(record, now)
+        for topic, letter, reason, deliveries in self.consumers.take_dead_letters():
+            out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
+        for record in self.rpc.take_finished():
+            out += self.sysbus.publish(record, now)
         return out
 
     def reject(

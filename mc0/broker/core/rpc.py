@@ -7,8 +7,9 @@ state goes through :mod:`mc0.broker.core.jobs` (one transition table), so each
 REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
 499/500/502/503/504.  Requests whose worker dies before anything was
 forwarded go back to the front of their queue, up to ``max_attempts``
-dispatches.  Finished requests are described as :class:`RpcDone` records in
-``finished`` (when ``wants_telemetry()``), which the rooms publish (``Rooms.with_finished``).
+dispatches.  Finished requests are described as :class:`RpcDone` records (when
+``wants_telemetry()``), handed over by ``take_finished`` to the rooms, which
+publish them (``Rooms.with_finished``).
 Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 """
 
@@ -62,7 +63,7 @@ class Rpc:
         self.services: dict[str, Service] = self.pool.services
         self.workers: dict[Peer, WorkerState] = self.pool.workers
         self.requests: dict[Peer, dict[str, Request]] = {}
-        self.finished: list[RpcDone] = []
+        self._done: list[RpcDone] = []  # mc0.sys.rpc records not yet taken (take_finished)
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
         self._deadlines: Deadlines[Request] = Deadlines()  # a finished request leaves at once
@@ -606,7 +607,15 @@ class Rpc:
             name = worker.name if worker is not None else None
             latency_ms = round((now - created) * 1000.0, 3)
             record = RpcDone(service, client.identity, name, latency_ms, status, bytes_in, bytes_out)
-            self.finished.append(record)
+            self._done.append(record)
+
+    def take_finished(self) -> list[RpcDone]:
+        """The mc0.sys.rpc records of the requests finished since the last call, handed over (oldest
+        first); the room starts a new list."""
+        done = self._done
+        if done:
+            self._done = []
+        return done
 
     def has_requests(self, peer: Peer) -> bool:
         return bool(self.requests.get(peer))
