@@ -668,6 +668,10 @@ class PubSub:
     def count_of(self, peer: Peer) -> int:
         return len(self._patterns.get(peer, ()))
 
+    def has_subscribers(self) -> bool:
+        """Some peer holds a subscription, plain or in a queue group."""
+        return bool(len(self.subscriptions) or len(self.groups))
+
     def subscription_counts(self) -> dict[Peer, int]:
         """Each subscribed peer's number of patterns (a monitoring capture's: one pass over those peers)."""
         return {peer: len(held) for peer, held in self._patterns.items()}
