@@ -17,7 +17,9 @@ termed since: ``consumerstate.save``), and the answers to ack/nak/term/create/de
 held until it is, so an acknowledged ack survives kill -9.  What a restart loses is only
 *who* holds a delivery: messages delivered and not settled are due again at once, with
 their delivery counts.  The consumers of a journal JetStream keeps are JetStream's:
-their ops go to :mod:`.storeconsumers`.  Pure: no sockets, no clock.
+their ops go to :mod:`.storeconsumers`.  The journals are read through a narrow
+protocol (``JournalShelf``: the journaling room); dead letters found are handed
+over by ``take_dead_letters``.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations

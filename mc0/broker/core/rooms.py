@@ -5,7 +5,12 @@ needs handed to its constructor: the journals (the one that keeps mailboxes,
 those JetStream keeps: their store calls, consumers and letters), the shell's
 figure of what waits in each peer's queue (``backlog``), and the cluster's
 routes, which the rooms that announce interest, identities and capacity tell
-(``Routes`` keeps it to itself while the broker is standalone).  The
+(``Routes`` keeps it to itself while the broker is standalone).  A room that
+reads a sibling is handed it typed as a narrow protocol of the reading room's
+own (``Builtins``, ``SysBus``, ``Replication``, ``Consumers``, ``Mailboxes``'
+``presence``): it asks through calls, and state crosses rooms only through
+calls that hand it over (``rpc.take_finished``, ``consumers.take_dead_letters``),
+never through a shared or swapped container.  The
 operations that cross rooms are here: ``open_peer``, ``forget`` (a peer and
 everything it held, in every room), ``with_finished`` (what just finished:
 dead letters and ``mc0.sys.rpc`` records, published), ``reject`` and
@@ -86,7 +91,7 @@ class Rooms:
         # What the core asks of JetStream (journals with store = "jetstream"), and their held OKs.
         self.calls = StoreCalls(counters)
         self.replication = Replication(self.journaling, self.pubsub, self.peers, counters, broker_name=routes.own_name)
-        keeper = next((j for j in self.journaling.journals.values() if j.settings.mailboxes), None)
+        keeper = next((j for j in self.journaling.every_journal() if j.settings.mailboxes), None)
         self.mailboxes = Mailboxes(
             settings, counters, keeper, wall_offset=wall_offset, presence=routes, backlog=backlog, calls=self.calls
         )
