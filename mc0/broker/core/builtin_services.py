@@ -35,7 +35,7 @@ from .journaling import (
     FETCH_MAX_RECORDS,
     FETCH_PAGE_BYTES,
     FETCH_PAGE_RECORDS,
-    JSON_PAGES,
+    FetchAsk,
     PageShape,
     private,
 )
@@ -52,11 +52,7 @@ REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers",
 class FetchQuery(NamedTuple):
     """An ``mc0.journal fetch``'s arguments, checked (see ``Builtins._journal``)."""
 
-    from_seq: int
-    to_seq: int | None
-    max_records: int
-    max_bytes: int
-    page: PageShape
+    asked: FetchAsk  # seqs, bounds and pages: what the journaling room runs
     wanted: list[tuple[str, ...]]  # the topics asked for (none: every topic)
 
 
@@ -96,7 +92,7 @@ def _fetch_query(query: dict[str, Any], rid: str) -> FetchQuery:
         wanted = [split_pattern(t) for t in raw_topics]
     except InvalidTopic as exc:
         raise topic_error(exc, rid) from None
-    return FetchQuery(from_seq, to_seq, max_records, max_bytes, page, wanted)
+    return FetchQuery(FetchAsk(from_seq, to_seq, max_records, max_bytes, page), wanted)
 
 
 class PeerRoll(Protocol):
@@ -159,12 +155,8 @@ class JournalDesk(Protocol):
         rid: str,
         user: dict[str, str],
         journal: JournalStore,
-        from_seq: int,
-        to_seq: int | None,
+        asked: FetchAsk,
         match: Callable[[str], bool] | None,
-        max_records: int,
-        max_bytes: int,
-        page: PageShape = JSON_PAGES,
     ) -> None: ...
 
 
@@ -315,18 +307,7 @@ class Builtins:
         private(journal, rid)
         fetch = _fetch_query(query, rid)
         match = self._readable(client.grants, fetch.wanted)
-        journals.start_fetch(
-            client,
-            rid,
-            user,
-            journal,
-            fetch.from_seq,
-            fetch.to_seq,
-            match,
-            fetch.max_records,
-            fetch.max_bytes,
-            fetch.page,
-        )
+        journals.start_fetch(client, rid, user, journal, fetch.asked, match)
         return []  # pages follow from pages(), one per loop turn
 
     def _readable(self, grants: Grants, wanted: list[tuple[str, ...]]) -> Callable[[str], bool] | None:
