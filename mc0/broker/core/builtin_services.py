@@ -7,22 +7,27 @@ as JSON, ``200``/``404`` for MMI, a journal's ``info``, or a ``fetch``
 started on the journaling room (its pages follow from ``Journaling.pages``).  A
 malformed body is an ERROR answer, never an exception.  Reads every room,
 changes none but the journaling room's fetches.  No sockets, no clock.
+
+Each room is read through a narrow protocol naming only what is asked of it
+(``PeerRoll``, ``ServiceBoard``, ``SubscriptionBook``, ``JournalDesk``,
+``MailboxBook``, ``RouteBook``, ``Reporter``): figures and copies, never a
+room's containers.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError, quoted
 from ...permissions import ALLOW_ALL, Grants
 from ...protocol import BROKER_SERVICE, JOURNAL_SERVICE, MMI_SERVICE, Status
 from ...topics import pattern_matches, split_pattern
+from ..storage.port import JournalStore
 from .admindesk import AdminDesk
-from .consumers import Consumers
 from .journaling import (
     COLUMNS_PAGE_BYTES,
     COLUMNS_PAGE_RECORDS,
@@ -30,16 +35,13 @@ from .journaling import (
     FETCH_MAX_RECORDS,
     FETCH_PAGE_BYTES,
     FETCH_PAGE_RECORDS,
-    Journaling,
+    FetchAsk,
     PageShape,
     private,
 )
-from .mailboxes import Mailboxes, identity_tokens
-from .peers import Out, Peer, PeerTable
-from .pubsub import TOPIC_CACHE_SIZE, PubSub, topic_error
-from .routes import Routes
-from .rpc import Rpc
-from .traffic import TopicTraffic
+from .mailboxes import identity_tokens
+from .peers import Out, Peer
+from .pubsub import TOPIC_CACHE_SIZE, topic_error
 from .workers import Service
 
 BUILTIN_SERVICES = frozenset({BROKER_SERVICE, MMI_SERVICE, JOURNAL_SERVICE, P.CONSUMER_SERVICE, P.ADMIN_SERVICE})
@@ -50,11 +52,7 @@ REPORT_OPS = ("stats", "services", "topics", "groups", "mailboxes", "consumers",
 class FetchQuery(NamedTuple):
     """An ``mc0.journal fetch``'s arguments, checked (see ``Builtins._journal``)."""
 
-    from_seq: int
-    to_seq: int | None
-    max_records: int
-    max_bytes: int
-    page: PageShape
+    asked: FetchAsk  # seqs, bounds and pages: what the journaling room runs
     wanted: list[tuple[str, ...]]  # the topics asked for (none: every topic)
 
 
@@ -94,30 +92,129 @@ def _fetch_query(query: dict[str, Any], rid: str) -> FetchQuery:
         wanted = [split_pattern(t) for t in raw_topics]
     except InvalidTopic as exc:
         raise topic_error(exc, rid) from None
-    return FetchQuery(from_seq, to_seq, max_records, max_bytes, page, wanted)
+    return FetchQuery(FetchAsk(from_seq, to_seq, max_records, max_bytes, page), wanted)
+
+
+class PeerRoll(Protocol):
+    """The peers known here, as the reports read them (the peer table: ``PeerTable``)."""
+
+    def __len__(self) -> int: ...
+
+    def all_peers(self) -> Iterator[Peer]: ...
+
+    def is_current(self, peer: Peer) -> bool: ...
+
+
+class ServiceBoard(Protocol):
+    """The services and their workers, as MMI and the reports read them (the RPC room: ``Rpc``)."""
+
+    def serves(self, service: str) -> bool: ...
+
+    def services_report(self) -> dict[str, dict[str, object]]: ...
+
+    def service_report(self, service: Service) -> dict[str, object]: ...
+
+    def service_totals(self) -> dict[str, int]: ...
+
+    def worker_figures(self, peer: Peer) -> dict[str, object]: ...
+
+    def route_capacity(self, route: Peer) -> dict[str, int]: ...
+
+
+class SubscriptionBook(Protocol):
+    """Subscriptions and queue groups, as a fetch's filter and the reports read them (the pub/sub
+    room: ``PubSub``)."""
+
+    def tokens_of(self, topic: str) -> tuple[str, ...] | None: ...
+
+    def report(self) -> dict[str, int]: ...
+
+    def group_report(self) -> dict[str, dict[str, int]]: ...
+
+    def subscription_count(self) -> int: ...
+
+    def count_of(self, peer: Peer) -> int: ...
+
+    def groups_of(self, peer: Peer) -> dict[str, list[str]]: ...
+
+    def interest_of(self, peer: Peer) -> tuple[list[str], list[str]]: ...
+
+
+class JournalDesk(Protocol):
+    """The journals by name, their figures, and a fetch started (the journaling room: ``Journaling``)."""
+
+    def journal(self, name: str) -> JournalStore | None: ...
+
+    def journal_names(self) -> list[str]: ...
+
+    def journal_info(self) -> dict[str, dict[str, object]]: ...
+
+    def start_fetch(
+        self,
+        peer: Peer,
+        rid: str,
+        user: dict[str, str],
+        journal: JournalStore,
+        asked: FetchAsk,
+        match: Callable[[str], bool] | None,
+    ) -> None: ...
+
+
+class MailboxBook(Protocol):
+    """Identities' sessions and mailboxes, as the reports read them (the mailboxes room: ``Mailboxes``)."""
+
+    def seen(self, identity: str) -> bool | None: ...
+
+    def connected(self, identity: str) -> bool: ...
+
+    def identities_of(self, route: Peer) -> list[str]: ...
+
+    def report(self) -> dict[str, dict[str, int]]: ...
+
+    def summary(self) -> dict[str, object]: ...
+
+
+class RouteBook(Protocol):
+    """The other brokers of the cluster, as the cluster report reads them (``Routes``)."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def own_name(self) -> str: ...
+
+    def routes_by_name(self) -> list[tuple[str, Peer]]: ...
+
+
+class Reporter(Protocol):
+    """A room's own report (the consumers', the traffic's)."""
+
+    def report(self) -> object: ...
 
 
 class Builtins:
     def __init__(
         self,
-        peers: PeerTable,
-        pubsub: PubSub,
-        rpc: Rpc,
-        journaling: Journaling,
+        peers: PeerRoll,
+        subscriptions: SubscriptionBook,
+        services: ServiceBoard,
+        journals: JournalDesk,
         counters: Counter[str],
-        mailboxes: Mailboxes,
-        consumers: Consumers,
-        routes: Routes | None = None,
-        traffic: TopicTraffic | None = None,
+        mailboxes: MailboxBook,
+        consumers: Reporter,
+        routes: RouteBook | None = None,
+        traffic: Reporter | None = None,
     ) -> None:
-        self.peers = peers
-        self.traffic = traffic
-        self.routes = routes
-        self.mailboxes = mailboxes
-        self.consumers = consumers
-        self.pubsub = pubsub
-        self.rpc = rpc
-        self.journaling = journaling
+        """Each room as the reports read it: ``peers`` (the peer table), ``subscriptions`` (pub/sub),
+        ``services`` (RPC), ``journals`` (journaling: fetches start there), ``mailboxes``, ``consumers``,
+        ``routes`` (the cluster's: None, or not enabled, standalone) and ``traffic`` (per topic)."""
+        self._peers = peers
+        self._traffic = traffic
+        self._routes = routes
+        self._mailboxes = mailboxes
+        self._consumers = consumers
+        self._subscriptions = subscriptions
+        self._services = services
+        self._journals = journals
         self.counters = counters
         self.admin = AdminDesk(counters, is_current=peers.is_current)  # mc0.admin's actions in flight
 
@@ -125,9 +222,7 @@ class Builtins:
         text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
         dialect = client.dialect
         if name == MMI_SERVICE:
-            service = self.rpc.services.get(text)
-            known = service is not None and bool(service.workers)
-            answer = b"200" if known or text in RESERVED_SERVICES else b"404"
+            answer = b"200" if self._services.serves(text) or text in RESERVED_SERVICES else b"404"
             return [(client.routing_id, dialect.final(rid, name, {}, user, [answer]))]
         if name == JOURNAL_SERVICE:
             try:
@@ -168,8 +263,8 @@ class Builtins:
         assert isinstance(name, str)
         report = {
             "identity": name,
-            "seen": self.mailboxes.seen(name),
-            "connected": bool(self.mailboxes.sessions_of(name)),
+            "seen": self._mailboxes.seen(name),
+            "connected": self._mailboxes.connected(name),
         }
         data = json.dumps(report, sort_keys=True).encode()
         return [(client.routing_id, client.dialect.final(rid, BROKER_SERVICE, {}, user, [data]))]
@@ -192,38 +287,27 @@ class Builtins:
         subscribe to the topic it died on too).  Deterministic; 410 when
         ``from_seq`` was trimmed.
         """
-        journals = self.journaling.journals
+        journals = self._journals
         query = P.json_body(text, rid) if text.startswith("{") else {"op": text}
         if not isinstance(query, dict):
             raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
         op = query.get("op")
         if op == "info":
-            data = {n: j.info() for n, j in journals.items()}
+            data = journals.journal_info()
             final = client.dialect.final(rid, JOURNAL_SERVICE, {}, user, [json.dumps(data).encode()])
             return [(client.routing_id, final)]
         if op != "fetch":
             raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: info, fetch", rid)
-        journal = journals.get(str(query.get("journal", "")))
+        journal = journals.journal(str(query.get("journal", "")))
         if journal is None:
-            known = ", ".join(journals) or "none configured"
+            known = ", ".join(journals.journal_names()) or "none configured"
             raise ProtocolError(
                 Status.BAD_REQUEST, f"unknown journal {quoted(str(query.get('journal')))} ({known})", rid
             )
         private(journal, rid)
         fetch = _fetch_query(query, rid)
         match = self._readable(client.grants, fetch.wanted)
-        self.journaling.start_fetch(
-            client,
-            rid,
-            user,
-            journal,
-            fetch.from_seq,
-            fetch.to_seq,
-            match,
-            fetch.max_records,
-            fetch.max_bytes,
-            fetch.page,
-        )
+        journals.start_fetch(client, rid, user, journal, fetch.asked, match)
         return []  # pages follow from pages(), one per loop turn
 
     def _readable(self, grants: Grants, wanted: list[tuple[str, ...]]) -> Callable[[str], bool] | None:
@@ -232,7 +316,7 @@ class Builtins:
         if not wanted and grants is ALLOW_ALL:
             return None
         verdicts: dict[str, bool] = {}
-        tokens_of = self.pubsub.tokens_of
+        tokens_of = self._subscriptions.tokens_of
 
         def match(topic: str) -> bool:
             verdict = verdicts.get(topic)
@@ -251,95 +335,74 @@ class Builtins:
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""
-        rpc = self.rpc
         if op == "services":
-            return {name: self.service_report(s) for name, s in sorted(rpc.services.items())}
+            return self._services.services_report()
         if op == "topics":
-            return self.pubsub.report()
+            return self._subscriptions.report()
         if op == "groups":
-            return self.pubsub.group_report()
+            return self._subscriptions.group_report()
         if op == "mailboxes":
-            return self.mailboxes.report()
+            return self._mailboxes.report()
         if op == "consumers":
-            return self.consumers.report()
+            return self._consumers.report()
         if op == "traffic":  # messages and bytes published per topic since the start, the busiest first
-            return self.traffic.report() if self.traffic is not None else []
+            return self._traffic.report() if self._traffic is not None else []
         if op == "peers":
-            rows = []
-            for peer in self.peers.by_id.values():
-                state = rpc.worker_state(peer)
-                rows.append(
-                    {
-                        "name": peer.name,
-                        "identity": peer.identity,
-                        "protocol": peer.version,
-                        "kind": peer.dialect.name,
-                        "ttl_ms": round(peer.ttl * 1000),
-                        "subscriptions": self.pubsub.count_of(peer),
-                        "groups": self.pubsub.groups_of(peer),
-                        "delivered": peer.delivered,
-                        "dropped": peer.drops,
-                        "address": peer.address,
-                        "msgs_in": peer.msgs_in,
-                        "bytes_in": peer.bytes_in,
-                        "msgs_out": peer.msgs_out,
-                        "bytes_out": peer.bytes_out,
-                        "services": list(state.services) if state else [],
-                        "capacity": state.capacity if state else 0,
-                        "in_flight": len(state.jobs) if state else 0,
-                        "served": state.served if state else 0,
-                        "requests_outstanding": len(rpc.requests.get(peer, ())),
-                    }
-                )
-            return rows
+            return [self._peer_row(peer) for peer in self._peers.all_peers()]
         if op == "stats":
             return {
-                "peers": len(self.peers),
-                "subscriptions": len(self.pubsub.subscriptions),
-                "services": len(rpc.services),
-                "queued": sum(s.queued for s in rpc.services.values()),
-                "in_flight": sum(len(w.jobs) for w in rpc.workers.values()),
+                "peers": len(self._peers),
+                "subscriptions": self._subscriptions.subscription_count(),
+                **self._services.service_totals(),  # services, queued, in_flight
                 "counters": dict(sorted(self.counters.items())),
-                "journals": {name: journal.info() for name, journal in self.journaling.journals.items()},
-                "mailboxes": self.mailboxes.summary(),
+                "journals": self._journals.journal_info(),
+                "mailboxes": self._mailboxes.summary(),
                 "cluster": self.cluster_report(),
             }
         return None
+
+    def _peer_row(self, peer: Peer) -> dict[str, object]:
+        """One row of the ``peers`` report: the peer's own figures, its subscriptions, and its figures as
+        a worker and a client (services, capacity, in_flight, served, requests_outstanding)."""
+        subscriptions = self._subscriptions
+        return {
+            "name": peer.name,
+            "identity": peer.identity,
+            "protocol": peer.version,
+            "kind": peer.dialect.name,
+            "ttl_ms": round(peer.ttl * 1000),
+            "subscriptions": subscriptions.count_of(peer),
+            "groups": subscriptions.groups_of(peer),
+            "delivered": peer.delivered,
+            "dropped": peer.drops,
+            "address": peer.address,
+            "msgs_in": peer.msgs_in,
+            "bytes_in": peer.bytes_in,
+            "msgs_out": peer.msgs_out,
+            "bytes_out": peer.bytes_out,
+            **self._services.worker_figures(peer),
+        }
 
     def cluster_report(self, limit: int = 1000) -> dict[str, object]:
         """This broker's name in its cluster ("" standalone), the brokers it has a route to and what
         each announced: its peers' patterns (plain, exact 0.x topics, per queue group), services with
         their capacity, identities with a session there (at most ``limit`` of each)."""
-        routes = self.routes
+        routes = self._routes
         if routes is None or not routes.enabled:
             return {"name": "", "brokers": [], "routes": {}}
         report: dict[str, object] = {}
-        for name, route in sorted(routes.by_name.items()):
-            held = self.pubsub.held(route, None)
-            state = self.rpc.worker_state(route)
+        by_name = routes.routes_by_name()
+        for name, route in by_name:
+            patterns, exact = self._subscriptions.interest_of(route)
             report[name] = {
-                "patterns": sorted(p for p, t in held.items() if t)[:limit],
-                "exact": sorted(p for p, t in held.items() if not t)[:limit],
-                "groups": {g: ps[:limit] for g, ps in self.pubsub.groups_of(route).items()},
-                "services": dict(state.per_service or {}) if state is not None else {},
-                "identities": self.mailboxes.identities_of(route)[:limit],
+                "patterns": sorted(patterns)[:limit],
+                "exact": sorted(exact)[:limit],
+                "groups": {g: ps[:limit] for g, ps in self._subscriptions.groups_of(route).items()},
+                "services": self._services.route_capacity(route),
+                "identities": self._mailboxes.identities_of(route)[:limit],
             }
-        return {"name": routes.name, "brokers": sorted(routes.by_name), "routes": report}
-
-    def _in_flight(self, service: Service) -> int:
-        workers = self.rpc.workers
-        return sum(1 for w in service.workers for j in workers[w].jobs.values() if j.service == service.name)
+        return {"name": routes.own_name(), "brokers": [name for name, _ in by_name], "routes": report}
 
     def service_report(self, service: Service) -> dict[str, object]:
-        return {
-            "workers": len(service.workers),
-            "idle": len(service.ready),
-            "queued": service.queued,
-            "in_flight": self._in_flight(service),
-            "requests": service.requests,
-            "served": service.served,
-            "errors": service.errors,
-            "timeouts": service.timeouts,
-            # From the latency histogram's buckets, as PromQL's histogram_quantile (one definition).
-            "latency_ms": service.latency.percentiles_ms(),
-        }
+        """One service's figures (the monitoring pages' ``services``): the RPC room's answer."""
+        return self._services.service_report(service)

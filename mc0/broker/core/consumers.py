@@ -17,7 +17,9 @@ termed since: ``consumerstate.save``), and the answers to ack/nak/term/create/de
 held until it is, so an acknowledged ack survives kill -9.  What a restart loses is only
 *who* holds a delivery: messages delivered and not settled are due again at once, with
 their delivery counts.  The consumers of a journal JetStream keeps are JetStream's:
-their ops go to :mod:`.storeconsumers`.  Pure: no sockets, no clock.
+their ops go to :mod:`.storeconsumers`.  The journals are read through a narrow
+protocol (``JournalShelf``: the journaling room); dead letters found are handed
+over by ``take_dead_letters``.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from ... import protocol as P
 from ...errors import InvalidTopic, ProtocolError, quoted
@@ -81,10 +83,20 @@ def _in_jetstream(journal: JournalStore) -> bool:
     return journal.settings.replicated and not journal.settings.mailboxes
 
 
+class JournalShelf(Protocol):
+    """The journals by name, as the consumers read them (the journaling room: ``Journaling``)."""
+
+    def journal(self, name: str) -> JournalStore | None: ...
+
+    def journal_names(self) -> list[str]: ...
+
+    def every_journal(self) -> list[JournalStore]: ...
+
+
 class Consumers:
     def __init__(
         self,
-        journals: dict[str, JournalStore],
+        journals: JournalShelf,
         counters: Counter[str],
         *,
         tokens_of: Callable[[str], tuple[str, ...] | None],
@@ -98,7 +110,7 @@ class Consumers:
         """``calls``: what the core asks of JetStream, when some ``journals`` are kept there (their
         consumers are then JetStream's: :class:`~mc0.broker.jetstream.storeconsumers.StoreConsumers`,
         which lets one client have at most ``max_store_calls`` of them in flight)."""
-        self.journals = journals
+        self._journals = journals
         self.counters = counters
         self._tokens_of = tokens_of
         self._is_current = is_current
@@ -117,10 +129,11 @@ class Consumers:
         self._deleted: set[tuple[str, str]] = set()
         # Answers released once the state they report is saved: (who asked, its request id, the answer).
         self._held_answers: list[tuple[Peer, str, Out]] = []
-        self.dead_letters: list[tuple[str, Record, str, int]] = []  # (topic, record, reason, deliveries)
+        # Dead letters not yet taken (take_dead_letters): (topic, record, reason, deliveries).
+        self._dead_letters: list[tuple[str, Record, str, int]] = []
         # The consumers of JetStream journals, JetStream's.
         self.store: StoreConsumers | None = None
-        if calls is not None and any(j.settings.replicated for j in journals.values()):
+        if calls is not None and any(j.settings.replicated for j in journals.every_journal()):
             self.store = StoreConsumers(
                 calls,
                 counters,
@@ -131,16 +144,31 @@ class Consumers:
                 max_per_identity=max_per_identity,
                 max_calls=max_store_calls,
             )
-        for journal in journals.values():
+        for journal in journals.every_journal():
             changes = journal.load_consumer_changes()
             for name, raw in journal.load_consumers().items():
                 self._restore(journal, name, raw, changes.get(name, ()))
 
     def _dead_letter(self, item: tuple[str, Record, str, int]) -> None:
-        """A dead letter the store's consumers found (published with what finished: ``dead_letters``)."""
-        self.dead_letters.append(item)
+        """A dead letter the store's consumers found (published with what finished: ``take_dead_letters``)."""
+        self._dead_letters.append(item)
+
+    def take_dead_letters(self) -> list[tuple[str, Record, str, int]]:
+        """The dead letters found since the last call, handed over (oldest first: ``(topic, record,
+        reason, deliveries)``); the room starts a new list."""
+        letters = self._dead_letters
+        if letters:
+            self._dead_letters = []
+        return letters
 
     # ------------------------------------------------------------ persistence
+    def _journal(self, name: str) -> JournalStore:
+        """The journal a consumer was kept in (always one configured: consumers are only of those)."""
+        journal = self._journals.journal(name)
+        if journal is None:
+            raise KeyError(name)
+        return journal
+
     def _restore(self, journal: JournalStore, name: str, raw: bytes, changes: Sequence[bytes]) -> None:
         """A saved consumer back (over today's quotas too: they bound creation, never drop state)."""
         try:
@@ -167,7 +195,7 @@ class Consumers:
         failed: dict[tuple[str, str], OSError] = {}
         for key in self._deleted:
             try:
-                self.journals[key[0]].save_consumer(key[1], None)
+                self._journal(key[0]).save_consumer(key[1], None)
             except OSError as exc:
                 failed[key] = exc
         for key in self._dirty | self._settled:
@@ -210,12 +238,12 @@ class Consumers:
         op = query.get("op")
         if op == "list":  # the caller's own
             names = sorted(f"{j}/{n}" for (j, n), c in self.consumers.items() if c.owner == client.identity)
-            kept = sorted(n for n, j in self.journals.items() if _in_jetstream(j))
+            kept = sorted(j.name for j in self._journals.every_journal() if _in_jetstream(j))
             if self.store is not None and kept:
                 return self.store.list_with(client, rid, user, names, kept)
             return [self._final(client, rid, user, names)]
 
-        journal = self.journals.get(str(query.get("journal", "")))
+        journal = self._journals.journal(str(query.get("journal", "")))
         if journal is not None and _in_jetstream(journal) and op in _STORE_OPS:
             if self.store is None:
                 reason = f"journal {journal.name} is kept by JetStream, which this broker cannot reach yet"
@@ -353,9 +381,9 @@ class Consumers:
         query: dict[str, Any],
         now: float,
     ) -> list[Out]:
-        journal = self.journals.get(str(query.get("journal", "")))
+        journal = self._journals.journal(str(query.get("journal", "")))
         if journal is None:
-            known = ", ".join(self.journals) or "none configured"
+            known = ", ".join(self._journals.journal_names()) or "none configured"
             reason = f"unknown journal {quoted(str(query.get('journal')))} ({known})"
             raise ProtocolError(Status.NOT_FOUND, reason, rid)
         if journal.settings.mailboxes:
@@ -624,7 +652,7 @@ class Consumers:
                     deliveries = held.deliveries
                     most = config.max_deliver
                     reason = f"not acknowledged after {deliveries} deliveries (max_deliver {most})"
-                    self.dead_letters.append((topic, record, reason, held.deliveries))
+                    self._dead_letters.append((topic, record, reason, held.deliveries))
                 self._settle_seq(consumer, seq)
                 consumer.stats["dead_lettered"] += 1
                 self._dirty.add(consumer.key)
@@ -723,7 +751,7 @@ class Consumers:
         return earliest
 
     def tick(self, now: float) -> list[Out]:
-        """Expire timers (dead letters collect in ``dead_letters``) and answer waiting pulls that can be."""
+        """Expire timers (dead letters collect for ``take_dead_letters``) and answer waiting pulls that can be."""
         out: list[Out] = []
         for consumer in self._still_busy():
             self._expire(consumer, now)

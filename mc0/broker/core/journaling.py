@@ -134,6 +134,17 @@ class PageShape(NamedTuple):
 JSON_PAGES = PageShape()  # what a fetch gets unless it asks otherwise
 
 
+class FetchAsk(NamedTuple):
+    """What an ``mc0.journal fetch`` asks for, checked: its seqs (``to_seq`` None: the journal's end),
+    the most records and body bytes in all, and its pages' shape."""
+
+    from_seq: int
+    to_seq: int | None
+    max_records: int
+    max_bytes: int
+    page: PageShape = JSON_PAGES
+
+
 READ_FAULT_LOG_S = 60.0  # a journal whose reads fail says so in the log at most this often (counted)
 
 
@@ -165,25 +176,25 @@ class Fetch:
         cursor: int,
         end: int,
         match: Callable[[str], bool] | None,
-        records_left: int,
-        bytes_left: int,
-        page: PageShape = JSON_PAGES,
-        to_seq: int | None = None,
+        asked: FetchAsk,
     ) -> None:
+        """``cursor``: the first seq to read (``asked.from_seq``, checked against the journal's
+        first); ``end``: where it stops for now."""
         self.rid = rid
         self.user = user
         self.journal = journal
         self.cursor = cursor
         self.end = end
         self.match = match
-        self.records_left = records_left
-        self.bytes_left = bytes_left
+        self.records_left = asked.max_records
+        self.bytes_left = asked.max_bytes
         self.count = 0
         self.resume_at = 0.0
         self.done = False  # FINAL handed to the shell; forgotten next turn unless that send failed
-        self.page = page
+        self.page = asked.page
         self.waited_since: float | None = None  # since when it waits for a local copy to catch up
-        self.to_seq = to_seq  # the end asked for (None: the journal's end, which a JetStream copy may learn later)
+        # The end asked for (None: the journal's end, which a JetStream copy may learn later).
+        self.to_seq = asked.to_seq
 
 
 class PageOut(NamedTuple):
@@ -274,6 +285,23 @@ class Journaling:
         self._next_retention = 0.0
         self.failed: set[str] = set()  # the journals whose last commit failed
         self._read_faults_written: dict[str, float] = {}  # journal -> when a read fault of it was last logged
+
+    # ------------------------------------------------------------ the journals by name (what other rooms read)
+    def journal(self, name: str) -> JournalStore | None:
+        """The journal called ``name`` (None: no such journal is configured)."""
+        return self.journals.get(name)
+
+    def journal_names(self) -> list[str]:
+        """Every journal's name, sorted."""
+        return list(self.journals)
+
+    def every_journal(self) -> list[JournalStore]:
+        """Every journal, in the order of their names."""
+        return list(self.journals.values())
+
+    def journal_info(self) -> dict[str, dict[str, object]]:
+        """Each journal's ``info()``, by name (sorted)."""
+        return {name: journal.info() for name, journal in self.journals.items()}
 
     # ------------------------------------------------------------ appends
     def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
@@ -521,23 +549,19 @@ class Journaling:
         rid: str,
         user: dict[str, str],
         journal: JournalStore,
-        from_seq: int,
-        to_seq: int | None,
+        asked: FetchAsk,
         match: Callable[[str], bool] | None,
-        max_records: int,
-        max_bytes: int,
-        page: PageShape = JSON_PAGES,
     ) -> None:
-        """Check and start a fetch; its pages follow from ``pages()``, one per loop turn."""
-        from_seq = start_seq(journal, from_seq, rid)
+        """Check and start a fetch of the records ``match`` passes (None: all); its pages follow from
+        ``pages()``, one per loop turn."""
+        from_seq = start_seq(journal, asked.from_seq, rid)
+        to_seq = asked.to_seq
         end = journal.stored_next_seq if to_seq is None else min(to_seq, journal.stored_next_seq)
         fetches = self._fetches.get(peer, {})
         running = sum(1 for f in fetches.values() if not f.done)
         if running >= MAX_FETCHES_PER_PEER:
             raise ProtocolError(Status.OVER_LIMIT, f"{running} fetches under way, the limit per peer", rid)
-        self._fetches.setdefault(peer, {})[rid] = Fetch(
-            rid, user, journal, from_seq, end, match, max_records, max_bytes, page, to_seq
-        )
+        self._fetches.setdefault(peer, {})[rid] = Fetch(rid, user, journal, from_seq, end, match, asked)
         self.counters["journal_fetches"] += 1
 
     def cancel_fetch(self, peer: Peer, rid: str) -> bool:

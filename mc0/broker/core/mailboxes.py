@@ -267,6 +267,10 @@ class Mailboxes:
         """``identity``'s sessions here and the routes that have some, newest last."""
         return self._sessions.get(identity, [])
 
+    def connected(self, identity: str) -> bool:
+        """``identity`` has a session here, or at another broker that announced it."""
+        return bool(self._sessions.get(identity))
+
     def identities_of(self, route: Peer) -> list[str]:
         """The identities a route (another broker) has sessions of, as it announced them."""
         return sorted(identity for identity, sessions in self._sessions.items() if route in sessions)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
 
 from ... import protocol as P
@@ -249,6 +249,10 @@ class PeerTable:
 
     def get(self, routing_id: bytes) -> Peer | None:
         return self.by_id.get(routing_id)
+
+    def all_peers(self) -> Iterator[Peer]:
+        """Every known peer, in the order they were added (a report's walk: O(peers))."""
+        return iter(self.by_id.values())
 
     def is_current(self, peer: Peer) -> bool:
         """``peer`` is still the one known under its routing id (not forgotten or replaced)."""

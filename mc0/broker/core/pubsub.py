@@ -668,6 +668,19 @@ class PubSub:
     def count_of(self, peer: Peer) -> int:
         return len(self._patterns.get(peer, ()))
 
+    def subscription_count(self) -> int:
+        """The plain subscriptions held: (pattern, peer) pairs (queue groups' and 0.x opaque topics' not counted)."""
+        return len(self.subscriptions)
+
+    def has_subscribers(self) -> bool:
+        """Some peer holds a subscription, plain or in a queue group."""
+        return bool(len(self.subscriptions) or len(self.groups))
+
+    def interest_of(self, peer: Peer) -> tuple[list[str], list[str]]:
+        """``peer``'s plain patterns and its exact (0.x, opaque) topics, each in the order it took them."""
+        held = self._patterns.get(peer, {})
+        return [p for p, tokens in held.items() if tokens], [p for p, tokens in held.items() if not tokens]
+
     def subscription_counts(self) -> dict[Peer, int]:
         """Each subscribed peer's number of patterns (a monitoring capture's: one pass over those peers)."""
         return {peer: len(held) for peer, held in self._patterns.items()}

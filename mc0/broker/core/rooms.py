@@ -5,7 +5,12 @@ needs handed to its constructor: the journals (the one that keeps mailboxes,
 those JetStream keeps: their store calls, consumers and letters), the shell's
 figure of what waits in each peer's queue (``backlog``), and the cluster's
 routes, which the rooms that announce interest, identities and capacity tell
-(``Routes`` keeps it to itself while the broker is standalone).  The
+(``Routes`` keeps it to itself while the broker is standalone).  A room that
+reads a sibling is handed it typed as a narrow protocol of the reading room's
+own (``Builtins``, ``SysBus``, ``Replication``, ``Consumers``, ``Mailboxes``'
+``presence``): it asks through calls, and state crosses rooms only through
+calls that hand it over (``rpc.take_finished``, ``consumers.take_dead_letters``),
+never through a shared or swapped container.  The
 operations that cross rooms are here: ``open_peer``, ``forget`` (a peer and
 everything it held, in every room), ``with_finished`` (what just finished:
 dead letters and ``mc0.sys.rpc`` records, published), ``reject`` and
@@ -86,13 +91,13 @@ class Rooms:
         # What the core asks of JetStream (journals with store = "jetstream"), and their held OKs.
         self.calls = StoreCalls(counters)
         self.replication = Replication(self.journaling, self.pubsub, self.peers, counters, broker_name=routes.own_name)
-        keeper = next((j for j in self.journaling.journals.values() if j.settings.mailboxes), None)
+        keeper = next((j for j in self.journaling.every_journal() if j.settings.mailboxes), None)
         self.mailboxes = Mailboxes(
             settings, counters, keeper, wall_offset=wall_offset, presence=routes, backlog=backlog, calls=self.calls
         )
         self.rpc = Rpc(settings, counters, is_current=self.peers.is_current, wants_telemetry=self.sysbus.wants_rpc)
         self.consumers = Consumers(
-            self.journaling.journals,
+            self.journaling,
             counters,
             tokens_of=self.pubsub.tokens_of,
             is_current=self.peers.is_current,
@@ -153,14 +158,10 @@ class Rooms:
     # ================================================================ answers
     def with_finished(self, out: list[Out], now: float) -> list[Out]:
         """``out`` plus the mc0.sys.rpc records of the requests that just finished (and dead letters)."""
-        if self.consumers.dead_letters:
-            letters, self.consumers.dead_letters = self.consumers.dead_letters, []
-            for topic, letter, reason, deliveries in letters:
-                out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
-        if self.rpc.finished:
-            finished, self.rpc.finished = self.rpc.finished, []
-            for record in finished:
-                out += self.sysbus.publish(record, now)
+        for topic, letter, reason, deliveries in self.consumers.take_dead_letters():
+            out += self.sysbus.publish_dead_letter(topic, letter, reason, deliveries, now)
+        for record in self.rpc.take_finished():
+            out += self.sysbus.publish(record, now)
         return out
 
     def reject(

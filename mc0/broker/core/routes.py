@@ -114,6 +114,10 @@ class Routes:
         """This broker's name in the cluster ("" while standalone): what the rooms that name this broker ask."""
         return self.name
 
+    def routes_by_name(self) -> list[tuple[str, Peer]]:
+        """The other brokers this one has a route to, sorted by name: (name, its route peer)."""
+        return sorted(self.by_name.items())
+
     # ------------------------------------------------------------ route peers
     def collided(self, epoch: int, now: float) -> bool:
         """A beacon under this broker's own name, of another broker (started under ``epoch``): two brokers

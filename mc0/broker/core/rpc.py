@@ -7,8 +7,11 @@ state goes through :mod:`mc0.broker.core.jobs` (one transition table), so each
 REQUEST ends in exactly one terminal message to its client: FINAL, or ERROR
 499/500/502/503/504.  Requests whose worker dies before anything was
 forwarded go back to the front of their queue, up to ``max_attempts``
-dispatches.  Finished requests are described as :class:`RpcDone` records in
-``finished`` (when ``wants_telemetry()``), which the rooms publish (``Rooms.with_finished``).
+dispatches.  Finished requests are described as :class:`RpcDone` records (when
+``wants_telemetry()``), handed over by ``take_finished`` to the rooms, which
+publish them (``Rooms.with_finished``).  The services' figures are read through
+calls (``serves``, ``services_report``, ``service_totals``, ``worker_figures``,
+``route_capacity``), never through the containers.
 Messages are rendered by each peer's dialect.  Pure: no sockets, no clock.
 """
 
@@ -62,7 +65,7 @@ class Rpc:
         self.services: dict[str, Service] = self.pool.services
         self.workers: dict[Peer, WorkerState] = self.pool.workers
         self.requests: dict[Peer, dict[str, Request]] = {}
-        self.finished: list[RpcDone] = []
+        self._done: list[RpcDone] = []  # mc0.sys.rpc records not yet taken (take_finished)
         self._is_current = is_current
         self._wants_telemetry = wants_telemetry
         self._deadlines: Deadlines[Request] = Deadlines()  # a finished request leaves at once
@@ -606,13 +609,74 @@ class Rpc:
             name = worker.name if worker is not None else None
             latency_ms = round((now - created) * 1000.0, 3)
             record = RpcDone(service, client.identity, name, latency_ms, status, bytes_in, bytes_out)
-            self.finished.append(record)
+            self._done.append(record)
+
+    def take_finished(self) -> list[RpcDone]:
+        """The mc0.sys.rpc records of the requests finished since the last call, handed over (oldest
+        first); the room starts a new list."""
+        done = self._done
+        if done:
+            self._done = []
+        return done
 
     def has_requests(self, peer: Peer) -> bool:
         return bool(self.requests.get(peer))
 
     def worker_state(self, peer: Peer) -> WorkerState | None:
         return self.workers.get(peer)
+
+    # What mc0.broker's reports and MMI read (builtin_services.ServiceBoard): figures, never the containers.
+    def serves(self, service: str) -> bool:
+        """``service`` has a worker (here or a route)."""
+        known = self.services.get(service)
+        return known is not None and bool(known.workers)
+
+    def services_report(self) -> dict[str, dict[str, object]]:
+        """Each service's figures (``service_report``), by name."""
+        return {name: self.service_report(s) for name, s in sorted(self.services.items())}
+
+    def service_report(self, service: Service) -> dict[str, object]:
+        return {
+            "workers": len(service.workers),
+            "idle": len(service.ready),
+            "queued": service.queued,
+            "in_flight": self._in_flight(service),
+            "requests": service.requests,
+            "served": service.served,
+            "errors": service.errors,
+            "timeouts": service.timeouts,
+            # From the latency histogram's buckets, as PromQL's histogram_quantile (one definition).
+            "latency_ms": service.latency.percentiles_ms(),
+        }
+
+    def _in_flight(self, service: Service) -> int:
+        workers = self.workers
+        return sum(1 for w in service.workers for j in workers[w].jobs.values() if j.service == service.name)
+
+    def service_totals(self) -> dict[str, int]:
+        """How many services, requests queued and requests held by workers, in all."""
+        return {
+            "services": len(self.services),
+            "queued": sum(s.queued for s in self.services.values()),
+            "in_flight": sum(len(w.jobs) for w in self.workers.values()),
+        }
+
+    def worker_figures(self, peer: Peer) -> dict[str, object]:
+        """``peer`` as a worker (what it serves, its capacity, requests held and served) and as a client
+        (its requests outstanding): zeros for a peer that is neither."""
+        state = self.workers.get(peer)
+        return {
+            "services": list(state.services) if state else [],
+            "capacity": state.capacity if state else 0,
+            "in_flight": len(state.jobs) if state else 0,
+            "served": state.served if state else 0,
+            "requests_outstanding": len(self.requests.get(peer, ())),
+        }
+
+    def route_capacity(self, route: Peer) -> dict[str, int]:
+        """A route's (another broker's) capacity per service, as it announced it (a copy)."""
+        state = self.workers.get(route)
+        return dict(state.per_service or {}) if state is not None else {}
 
 
 _REPLY_EVENTS = {

@@ -17,14 +17,16 @@ published through also hands its queue groups their one copy (a member here
 or, through the routes, at another broker), and skips its ``ECHO 0``
 publisher.  A record is fanned out only by the journal that speaks for its
 topic (``primary``), so a topic several journals keep is delivered once.
-Pure: no sockets, no clock.
+It reads its siblings through three narrow protocols: ``KeptTopics`` (the
+journaling room), ``Listeners`` (the pub/sub room) and ``PeerLookup`` (the
+peer table).  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ... import protocol as P
 from ...message import Record
@@ -32,9 +34,8 @@ from ...permissions import Grants
 from ...protocol import Header, Status
 from ...protocol import jetstream as jsw
 from ..core.access import dead_letter_origin, is_dead_letter
-from ..core.journaling import Journaling, primary
-from ..core.peers import Out, PeerTable
-from ..core.pubsub import PubSub
+from ..core.journaling import primary
+from ..core.peers import Out, Peer
 from ..storage.port import JournalStore
 
 
@@ -44,19 +45,83 @@ class Held(NamedTuple):
     letter: bool  # a kept letter's OK (MAILBOX stored), else a journaled PUT's (JOURNAL j SEQ n)
 
 
+class Listeners(Protocol):
+    """Who listens here, and a delivered record handed to them (the pub/sub room: ``PubSub``)."""
+
+    def has_subscribers(self) -> bool: ...
+
+    def tokens_of(self, topic: str) -> tuple[str, ...] | None: ...
+
+    def fan_out(
+        self,
+        topic: str,
+        tokens: tuple[str, ...],
+        sender: bytes,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        position: tuple[str, int] | None = None,
+        held_back: set[Peer] | None = None,
+        *,
+        publisher: Peer | None = None,
+        admits: Callable[[Grants], bool] | None = None,
+        from_route: tuple[str | None] | None = None,
+    ) -> list[Out]: ...
+
+    def fan_out_groups(
+        self,
+        topic: str,
+        tokens: tuple[str, ...],
+        sender: bytes,
+        headers: dict[str, str],
+        body: Sequence[bytes],
+        now: float,
+        publisher: Peer | None = None,
+        admits: Callable[[Grants], bool] | None = None,
+    ) -> list[Out]: ...
+
+
+class KeptTopics(Protocol):
+    """Which journal speaks for a topic, and the replays a delivered record must wait for or skip (the
+    journaling room: ``Journaling``)."""
+
+    def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]: ...
+
+    def held_back(self, appended: Sequence[JournalStore], tokens: tuple[str, ...]) -> set[Peer] | None: ...
+
+    @property
+    def floors(self) -> bool: ...
+
+    def below_floor(
+        self, journal: JournalStore, seq: int, tokens: tuple[str, ...], held: set[Peer] | None
+    ) -> set[Peer] | None: ...
+
+    @property
+    def paging(self) -> bool: ...
+
+
+class PeerLookup(Protocol):
+    """A peer by its routing id (the peer table: ``PeerTable``)."""
+
+    def get(self, routing_id: bytes) -> Peer | None: ...
+
+
 class Replication:
     def __init__(
         self,
-        journaling: Journaling,
-        pubsub: PubSub,
-        peers: PeerTable,
+        kept: KeptTopics,
+        listeners: Listeners,
+        peers: PeerLookup,
         counters: Counter[str],
         *,
         broker_name: Callable[[], str],
     ) -> None:
-        self.journaling = journaling
-        self.pubsub = pubsub
-        self.peers = peers
+        """``kept``: which journal speaks for a topic, and the replays under way (the journaling room);
+        ``listeners``: this broker's subscribers and queue groups (the pub/sub room); ``peers``: a record's
+        publisher, when it came through this broker (the peer table)."""
+        self._kept = kept
+        self._listeners = listeners
+        self._peers = peers
         self.counters = counters
         self._broker_name = broker_name
         self._held: dict[tuple[str, int], Held] = {}
@@ -95,34 +160,33 @@ class Replication:
     def listening(self) -> bool:
         """Anyone here may want what a stream delivers (a subscriber, a queue group, a replay): else the
         shell only fills the local copy and does not hand the records over."""
-        pubsub = self.pubsub
-        return bool(len(pubsub.subscriptions) or len(pubsub.groups) or self.journaling.paging)
+        return self._listeners.has_subscribers() or self._kept.paging
 
     def arrived(self, journal: JournalStore, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:
         """Records of ``journal`` the stream delivered (``(record, origin)``, in seq order, already in the
         local copy): to this broker's own subscribers; queue groups and echo at the origin broker."""
         out: list[Out] = []
-        journaling, pubsub = self.journaling, self.pubsub
+        kept, listeners = self._kept, self._listeners
         here = self._broker_name()
         for record, origin in records:
-            tokens = pubsub.tokens_of(record.topic)
+            tokens = listeners.tokens_of(record.topic)
             if tokens is None:
                 self.counters["replicated_unreadable"] += 1
                 continue
-            kept_by = journaling.journals_of(tokens)
+            kept_by = kept.journals_of(tokens)
             if not kept_by or primary(kept_by) is not journal:
                 continue  # another journal speaks for this topic here (it was delivered with that one's seq)
             parsed = jsw.parse_origin(origin)
             at_origin = parsed is not None and parsed[0] == here
-            publisher = self.peers.by_id.get(parsed[1]) if at_origin and parsed is not None and parsed[1] else None
+            publisher = self._peers.get(parsed[1]) if at_origin and parsed is not None and parsed[1] else None
             admits = _admits_dead_letter(record) if is_dead_letter(tokens) else None
             headers = {Header.TOPIC: record.topic, **record.headers}
             sender = record.sender.encode()
-            held = journaling.held_back((journal,), tokens)
-            if journaling.floors:  # (subscribers that asked FROM past this record: they had it elsewhere)
-                held = journaling.below_floor(journal, record.seq, tokens, held)
+            held = kept.held_back((journal,), tokens)
+            if kept.floors:  # (subscribers that asked FROM past this record: they had it elsewhere)
+                held = kept.below_floor(journal, record.seq, tokens, held)
             position = (journal.name, record.seq)
-            out += pubsub.fan_out(
+            out += listeners.fan_out(
                 record.topic,
                 tokens,
                 sender,
@@ -137,7 +201,7 @@ class Replication:
             )
             if at_origin:
                 parts = record.parts
-                out += pubsub.fan_out_groups(record.topic, tokens, sender, headers, parts, now, publisher, admits)
+                out += listeners.fan_out_groups(record.topic, tokens, sender, headers, parts, now, publisher, admits)
         self.counters["replicated_arrived"] += len(records)
         return out
 
