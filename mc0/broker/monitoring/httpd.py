@@ -410,7 +410,7 @@ class MonitorServer:
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
-        self.actions = False  # /varz "actions": the admin actions are on (a console shows them)
+        self.actions: bool = False  # /varz "actions": the admin actions are on (a console shows them)
         self._latest: Capture | None = None
         self._wanted = False
         self.wanted_parts: frozenset[str] = frozenset()  # what the waiting requests' pages need copied
@@ -426,7 +426,7 @@ class MonitorServer:
         self._rendered: dict[str, tuple[int, str, bytes]] = {}
         self.rendering: Snapshot | None = None  # the snapshot /metrics is rendered from (the collector reads it)
         self.url = ""
-        self.version = "unknown"
+        self.version: str = "unknown"  # (annotated: PAGE_TABLE's renderers, above the class, read it)
         self._console: dict[str, bytes] = {}  # the console's files, read from the package once
 
     # ------------------------------------------------------------ loop side
