@@ -107,6 +107,12 @@ def header(frames: list[bytes], name: str) -> str | None:
     return None
 
 
+def test_every_verb_a_route_may_send_has_one_handler() -> None:
+    """routeinput's verb table has a row for each verb of the route grammar and no other (a verb that
+    crosses between brokers needs both: docs/ARCHITECTURE.md, "Extending")."""
+    assert set(routeinput._VERBS) == set(P.GRAMMAR[P.Side.ROUTE])
+
+
 def test_each_broker_has_a_route_to_every_other_and_routes_are_not_peers_of_the_router() -> None:
     net = Net()
     for name, core in net.cores.items():

@@ -20,6 +20,13 @@ def connect(
     return core.handle(rid, f("CONNECT", "VERSION", version, "TTL", str(ttl), "ID", "c"), now, who)
 
 
+def test_every_verb_a_peer_may_send_has_one_handler() -> None:
+    """The verb table (verbs.VERBS and the dispatcher's CONNECT and DISCONNECT) has a row for each verb of
+    the peer grammar and no other: a verb added to protocol.model without its handler fails here, not as
+    a 500 at its first use (docs/ARCHITECTURE.md, "Extending": a new verb)."""
+    assert set(BrokerCore(CoreSettings()).verbs) == set(P.PEER_GRAMMAR)
+
+
 def test_connect_clamps_ttl_and_answers_with_it() -> None:
     core = BrokerCore(CoreSettings(min_ttl_ms=200, max_ttl_ms=2000))
     assert connect(core, b"a", ttl=1) == [(b"a", f("OK", "ID", "c", "TTL", "200"))]

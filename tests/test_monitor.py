@@ -86,6 +86,18 @@ def test_parse_listen(text: str, expected: tuple[str, int] | str) -> None:
             parse_listen(text)
 
 
+def test_every_page_has_a_renderer_a_row_of_parameters_and_only_its_own_parts() -> None:
+    """The page table (httpd.PAGE_TABLE, one line per path) and the two tables beside it name the same
+    pages: each path of queries.PAGES is rendered or is the console's; snapshot.PAGE_PARTS names only
+    pages of the table (a page without a row copies what every capture has)."""
+    from mc0.broker.monitoring import httpd, queries, snapshot
+
+    assert set(queries.PAGES) == {*httpd.PAGE_TABLE, *httpd.CONSOLE_FILES}
+    assert not set(httpd.PAGE_TABLE) & set(httpd.CONSOLE_FILES)
+    assert set(snapshot.PAGE_PARTS) <= set(httpd.PAGE_TABLE)
+    assert httpd.PATHS == tuple(httpd.PAGE_TABLE) and httpd.PATHS[0] == "/healthz"  # (the JSON index's order)
+
+
 # ------------------------------------------------------------ live
 
 
@@ -314,10 +326,10 @@ def test_each_copys_lag_and_state_are_gauges_and_healthz_is_degraded_while_one_i
             "delivered": 0, "dropped": 0, "slow_consumers": 0}  # fmt: skip
     server = httpd.MonitorServer("127.0.0.1:0", wake=lambda: None)
     snap = Snapshot(taken=0.0, varz=varz, peers=[], subsz={}, servicez={}, journalz={"journals": rows})
-    assert json.loads(server._render("/healthz", snap, {})[1]) == health
+    assert json.loads(httpd.PAGE_TABLE["/healthz"].body(server, snap, {})) == health
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in httpd._store_metrics(snap)  # (what /metrics renders of /journalz)
+        for family in httpd.store_metrics(snap)  # (what /metrics renders of /journalz)
         for s in family.samples
         if s.name.startswith("mc0_journal_copy")
     }

@@ -23,7 +23,7 @@ socket's accept backlog is ``ACCEPT_BACKLOG`` (a scrape storm is queued, not
 refused).  Process CPU and memory come from ``prometheus_client``'s process
 collector, read on this thread.
 
-Every request goes through ``_serve``: a ``Host`` that is not the listener's
+Every request goes through ``serve``: a ``Host`` that is not the listener's
 own (:mod:`.hosts`) is 421 before anything else; GET (and HEAD, its headers)
 reads a page, POST does an action, any other method is 405; an unexpected
 exception is a 500 of one line, written to the ``faults`` sink (once per
@@ -32,13 +32,15 @@ own (a bad request line, 414, 431) included; a connection that sends nothing
 for ``REQUEST_TIMEOUT_S`` is closed, and after an answer what a client still
 sends is drained (bounded) so that the close does not lose the answer.
 
-GET handling is in plain functions of the path (``_get``): the query is
-parsed by the page's table (:mod:`.queries`: 400 naming the parameter for
-anything not as documented) before a snapshot is asked for; the console's
-files come from the installed package (``mc0/broker/monitoring/console``,
-package data) with a Content-Security-Policy that lets the page load and
-fetch from this origin only.  Each page is rendered once per snapshot and
-parsed query (at most ``RENDERS_KEPT`` kept).
+``PAGE_TABLE`` names every page and what renders it, one line per path: a
+function of the listener, the snapshot and the query, which the page's row
+of :mod:`.queries` parsed (400 naming the parameter for anything not as
+documented) before a snapshot is asked for; the console's files
+(``CONSOLE_FILES``) come from the installed package
+(``mc0/broker/monitoring/console``, package data) with a
+Content-Security-Policy that lets the page load and fetch from this origin
+only.  Each page is rendered once per snapshot and parsed query (at most
+``RENDERS_KEPT`` kept).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ import resource
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from ipaddress import ip_address
@@ -72,7 +75,6 @@ log = logging.getLogger("mc0.broker.http")
 
 SNAPSHOT_WAIT = 1.0  # seconds a request waits for the loop before /healthz says stalled
 DEFAULT_PORT = 8222  # nats-server's monitoring port
-PATHS = ("/healthz", "/varz", "/connz", "/subsz", "/servicez", "/consumerz", "/journalz", "/mailboxz", "/metrics")
 RENDERS_KEPT = 32  # pages rendered per snapshot (one per path and query): kept, at most
 # The console: one page and its two files, shipped in the package (mc0/broker/monitoring/console/).
 CONSOLE_FILES = {
@@ -175,6 +177,22 @@ def one_line(status: int, error: str) -> Reply:
     return status, {"Content-Type": "application/json"}, json.dumps({"error": error}).encode() + b"\n"
 
 
+def write_reply(request: BaseHTTPRequestHandler, reply: Reply) -> None:
+    """``reply`` on ``request``'s connection (HEAD: its headers, no body); a client gone is not an error."""
+    status, headers, body = reply
+    try:
+        request.send_response(status)
+        for name, value in headers.items():
+            request.send_header(name, value)
+        request.send_header("Content-Length", str(len(body)))
+        request.send_header("X-Content-Type-Options", "nosniff")
+        request.end_headers()
+        if request.command != "HEAD":
+            request.wfile.write(body)
+    except OSError:  # the client went away: nothing to answer
+        request.close_connection = True
+
+
 def process_figures() -> dict[str, float]:
     """This process's CPU seconds and resident memory (read on the HTTP thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -252,7 +270,7 @@ class _Collector(Collector):
             end.add_metric([name], float(info.get("end_seq", info.get("next_seq", 0))))
         yield first
         yield end
-        yield from _store_metrics(snap)
+        yield from store_metrics(snap)
         cluster = snap.varz.get("cluster")
         cluster = cluster if isinstance(cluster, dict) else {}
         member = float(bool(cluster.get("name")))
@@ -265,7 +283,7 @@ class _Collector(Collector):
         yield GaugeMetricFamily("mc0_cluster_brokers", "Other brokers with a route here.", value=brokers)
 
 
-def _store_metrics(snap: Snapshot) -> Iterator[Metric]:
+def store_metrics(snap: Snapshot) -> Iterator[Metric]:
     """Durable consumers' backlogs and journals' sizes, labelled by name (from /consumerz, /journalz)."""
     by = ["journal", "consumer"]
     pending = GaugeMetricFamily("mc0_consumer_pending", "Stored records a consumer has yet to be handed.", labels=by)
@@ -305,6 +323,70 @@ def stuck_copies(snap: Snapshot) -> list[str]:
     ]
 
 
+# ------------------------------------------------------------ the pages
+Query = Mapping[str, Value]  # a page's query, parsed by its row of queries.PAGES
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """What renders one path from a snapshot: ``body(listener, snapshot, query)`` -> the body, served as
+    ``content_type`` (with ``Cache-Control: no-store``; rendered once per snapshot and query)."""
+
+    body: Callable[[MonitorServer, Snapshot, Query], bytes]
+    content_type: str = "application/json"
+
+
+def json_page(data: Callable[[MonitorServer, Snapshot, Query], object]) -> Page:
+    """A JSON page: what ``data`` returns (JSON-ready), serialised compact with its keys sorted."""
+    return Page(lambda server, snap, query: _json(data(server, snap, query)))
+
+
+def healthz(server: MonitorServer, snap: Snapshot, query: Query) -> dict[str, object]:
+    """``ok``; ``degraded`` (200: the broker serves its own peers) with the reason; 503 ``stalled`` is the
+    listener's, when no snapshot came in time."""
+    cluster = snap.varz.get("cluster")
+    cluster = cluster if isinstance(cluster, dict) else {}
+    namesake = cluster.get("name_collision")
+    # Cut off from NATS the broker still serves its own peers: degraded, not down (200).  So does a
+    # broker another one is named as, but the cluster loses traffic between them until one is renamed.
+    if cluster.get("name") and not cluster.get("nats_connected"):
+        return {"status": "degraded", "reason": "NATS unreachable"}
+    if isinstance(namesake, dict):
+        reason = f"another broker is also named {namesake['name']} (names must be unique in a cluster)"
+        return {"status": "degraded", "reason": reason, "name_collision": namesake}
+    if stuck := stuck_copies(snap):  # (replays and fetches there end with 504 at the copy's end)
+        return {"status": "degraded", "reason": "; ".join(stuck)}
+    return {"status": "ok"}
+
+
+def varz(server: MonitorServer, snap: Snapshot, query: Query) -> dict[str, object]:
+    """The snapshot's figures, and the listener's own: the version, whether actions are on, the process's."""
+    return {**snap.varz, "version": server.version, "actions": server.actions, **process_figures()}
+
+
+def metrics(server: MonitorServer, snap: Snapshot, query: Query) -> bytes:
+    """Prometheus text: the listener's registry, whose collector reads ``server.rendering`` (this snapshot)."""
+    return generate_latest(server.registry)
+
+
+# Every path the listener serves from a snapshot, one line each, and what renders it (as nats-server's
+# mux.HandleFunc list).  A path's query parameters are its row in queries.PAGES (every path there is one of
+# these or of CONSOLE_FILES); what the loop copies for it, its row in snapshot.PAGE_PARTS (none: what every
+# capture has); its figures, the Snapshot's fields (snapshot.build).  docs/ARCHITECTURE.md, "Extending".
+PAGE_TABLE: dict[str, Page] = {
+    "/healthz": json_page(healthz),
+    "/varz": json_page(varz),
+    "/connz": json_page(lambda server, snap, query: connz(snap, query)),
+    "/subsz": json_page(lambda server, snap, query: subsz(snap, query)),
+    "/servicez": json_page(lambda server, snap, query: snap.servicez),
+    "/consumerz": json_page(lambda server, snap, query: consumerz(snap, query)),
+    "/journalz": json_page(lambda server, snap, query: snap.journalz),
+    "/mailboxz": json_page(lambda server, snap, query: snap.mailboxz),
+    "/metrics": Page(metrics, CONTENT_TYPE_LATEST),
+}
+PATHS = tuple(PAGE_TABLE)  # (the index GET / gives a client that asks JSON; a 404 names them)
+
+
 class MonitorServer:
     def __init__(
         self,
@@ -328,7 +410,7 @@ class MonitorServer:
         self._wake = wake
         self._token_file = admin_token_file
         self.admin: actions.AdminDoor | None = None  # the actions' door to the loop (start() opens it)
-        self.actions = False  # /varz "actions": the admin actions are on (a console shows them)
+        self.actions: bool = False  # /varz "actions": the admin actions are on (a console shows them)
         self._latest: Capture | None = None
         self._wanted = False
         self.wanted_parts: frozenset[str] = frozenset()  # what the waiting requests' pages need copied
@@ -344,7 +426,7 @@ class MonitorServer:
         self._rendered: dict[str, tuple[int, str, bytes]] = {}
         self.rendering: Snapshot | None = None  # the snapshot /metrics is rendered from (the collector reads it)
         self.url = ""
-        self.version = "unknown"
+        self.version: str = "unknown"  # (annotated: PAGE_TABLE's renderers, above the class, read it)
         self._console: dict[str, bytes] = {}  # the console's files, read from the package once
 
     # ------------------------------------------------------------ loop side
@@ -414,17 +496,8 @@ class MonitorServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = REQUEST_TIMEOUT_S
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                server._serve(self, server._handle)
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                server._serve(self, server._post)
-
-            def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
-                server._serve(self, server._handle)  # (a GET's headers: _write sends no body)
-
-            def not_allowed(self) -> None:
-                server._serve(self, server._not_allowed)
+            def serve(self) -> None:  # (SERVED and OTHER_METHODS: the latter are 405)
+                server.serve(self)
 
             def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
                 """http.server's own refusals (a bad request line, 414, 431) as one line of JSON, with a
@@ -432,13 +505,13 @@ class MonitorServer:
                 self.close_connection = True
                 if self.request_version == "HTTP/0.9":
                     self.request_version = "HTTP/1.0"
-                server._write(self, one_line(code, message or self.responses.get(code, ("error",))[0]))
+                write_reply(self, one_line(code, message or self.responses.get(code, ("error",))[0]))
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("http %s", format % args)
 
-        for method in OTHER_METHODS:
-            setattr(Handler, f"do_{method}", Handler.not_allowed)
+        for method in (*SERVED, *OTHER_METHODS):
+            setattr(Handler, f"do_{method}", Handler.serve)
 
         try:
             kind = _HttpServer6 if ":" in self.host else _HttpServer
@@ -461,10 +534,12 @@ class MonitorServer:
             log.info("admin actions on %s/admin/OP (the token in %s)", self.url, self._token_file)
         return self.url
 
-    def _serve(self, request: BaseHTTPRequestHandler, answer: Callable[[BaseHTTPRequestHandler], Reply]) -> None:
-        """Every request: refused unless its Host is ours (:mod:`.hosts`), else ``answer``ed; an
-        unexpected exception is a 500 of one line (written to the faults once), never a connection
-        closed without an answer."""
+    def serve(self, request: BaseHTTPRequestHandler) -> None:
+        """Every request (on its handler's thread): refused unless its Host is ours (:mod:`.hosts`), else
+        answered by its method (GET and HEAD: a page, POST: an action, any other: 405); an unexpected
+        exception is a 500 of one line (written to the faults once), never a connection closed without
+        an answer."""
+        answer = {"GET": self._get, "HEAD": self._get, "POST": self._post}.get(request.command, self._not_allowed)
         try:
             local = str(request.connection.getsockname()[0])
             hosts = request.headers.get_all("Host") or []
@@ -478,7 +553,7 @@ class MonitorServer:
             with self._faults_lock:
                 self._faults.fault(step, exc, time.monotonic())
             reply = one_line(500, f"internal error ({type(exc).__name__}): the broker's log has the details")
-        self._write(request, reply)
+        write_reply(request, reply)
 
     def _misdirected(self, host: str) -> None:
         """A request for a name that is not ours: the first few names are logged (a scraper or proxy that
@@ -494,21 +569,6 @@ class MonitorServer:
             host[:80],
             MISDIRECTED_LOGGED,
         )
-
-    @staticmethod
-    def _write(request: BaseHTTPRequestHandler, reply: Reply) -> None:
-        status, headers, body = reply
-        try:
-            request.send_response(status)
-            for name, value in headers.items():
-                request.send_header(name, value)
-            request.send_header("Content-Length", str(len(body)))
-            request.send_header("X-Content-Type-Options", "nosniff")
-            request.end_headers()
-            if request.command != "HEAD":
-                request.wfile.write(body)
-        except OSError:  # the client went away: nothing to answer
-            request.close_connection = True
 
     def _not_allowed(self, request: BaseHTTPRequestHandler) -> Reply:
         status, headers, body = one_line(
@@ -528,11 +588,14 @@ class MonitorServer:
             return one_line(status, str(data["error"]))
         return status, {"Content-Type": "application/json"}, _json(data)
 
-    def _handle(self, request: BaseHTTPRequestHandler) -> Reply:
-        return self._get(request.path, request.headers.get("Accept", ""))
+    def _get(self, request: BaseHTTPRequestHandler) -> Reply:
+        """GET (or HEAD) ``request.path`` (path and query) -> (status, headers, body)."""
+        return self._page(request.path, request.headers.get("Accept", ""))
 
-    def _get(self, target: str, accept: str = "") -> Reply:
-        """GET ``target`` (path and query) -> (status, headers, body)."""
+    def _page(self, target: str, accept: str) -> Reply:
+        """GET ``target`` (path and query; ``accept``: the request's Accept) -> (status, headers, body): a
+        page of ``PAGE_TABLE``, a console file, or the index of pages; 404, 400 (a bad query), 503 (no
+        snapshot within ``SNAPSHOT_WAIT``) otherwise."""
         raw_path, _, raw_query = target.partition("?")
         path = raw_path.rstrip("/") or "/"
         if path not in PAGES:
@@ -562,7 +625,8 @@ class MonitorServer:
             if rendered is None:
                 self.rendering = snap
                 started = time.perf_counter()
-                rendered = (200, *self._render(path, snap, query))
+                page = PAGE_TABLE[path]
+                rendered = (200, page.content_type, page.body(self, snap, query))
                 self.spent += time.perf_counter() - started
                 if len(self._rendered) < RENDERS_KEPT:
                     self._rendered[key] = rendered
@@ -576,37 +640,6 @@ class MonitorServer:
             body = self._console[name] = resources.files(__package__).joinpath("console", name).read_bytes()
         headers = {"Content-Type": content_type, "Content-Security-Policy": CONSOLE_POLICY, "Cache-Control": "no-cache"}
         return 200, headers, body
-
-    def _render(self, path: str, snap: Snapshot, query: dict[str, Value]) -> tuple[str, bytes]:
-        if path == "/metrics":
-            return CONTENT_TYPE_LATEST, generate_latest(self.registry)  # the collector reads this snapshot
-        data: object
-        if path == "/healthz":
-            cluster = snap.varz.get("cluster")
-            cluster = cluster if isinstance(cluster, dict) else {}
-            namesake = cluster.get("name_collision")
-            # Cut off from NATS the broker still serves its own peers: degraded, not down (200).  So does a
-            # broker another one is named as, but the cluster loses traffic between them until one is renamed.
-            if cluster.get("name") and not cluster.get("nats_connected"):
-                data = {"status": "degraded", "reason": "NATS unreachable"}
-            elif isinstance(namesake, dict):
-                reason = f"another broker is also named {namesake['name']} (names must be unique in a cluster)"
-                data = {"status": "degraded", "reason": reason, "name_collision": namesake}
-            elif stuck := stuck_copies(snap):  # (replays and fetches there end with 504 at the copy's end)
-                data = {"status": "degraded", "reason": "; ".join(stuck)}
-            else:
-                data = {"status": "ok"}
-        elif path == "/varz":
-            data = {**snap.varz, "version": self.version, "actions": self.actions, **process_figures()}
-        elif path == "/connz":
-            data = connz(snap, query)
-        elif path == "/subsz":
-            data = subsz(snap, query)
-        elif path == "/consumerz":
-            data = consumerz(snap, query)
-        else:
-            data = getattr(snap, path[1:])
-        return "application/json", _json(data)
 
     def close(self) -> None:
         if self._closed:
