@@ -104,6 +104,7 @@ CLIENT_SIDE = FLOORS["client"]
 # The sans-I/O modules: no sockets, no clock, no disk (whole floors, and these modules of others).
 PURE_FLOORS = ("protocol", "core", "dialects")
 PURE_MODULES = (
+    "mc0.errors",
     "mc0.deadlines",
     "mc0.session",
     "mc0.pattern_table",
@@ -275,14 +276,106 @@ def _pure() -> list[str]:
     return sorted(m for m in modules() if floor_of(m) in PURE_FLOORS or m in PURE_MODULES)
 
 
+# Routes to a clock, randomness or I/O other than importing an impure module: each a dotted name as it
+# resolves through the module's imports and assignments (``from datetime import datetime as D; D.now()``
+# is ``datetime.datetime.now``; a bare builtin is ``builtins.NAME``; ``getattr(x, "now")`` is ``x.now``).
+IMPURE_NAMES = {
+    *(f"datetime.datetime.{m}" for m in ("now", "utcnow", "today")),
+    "datetime.date.today",
+    *(f"uuid.uuid{n}" for n in (1, 4)),  # (uuid3/uuid5 hash their input: pure)
+    "os.urandom",
+    "sys.modules",  # sys.modules["time"]: an import by another name
+    *(f"sys.{stream}" for stream in ("stdin", "stdout", "stderr")),
+    *(f"builtins.{f}" for f in ("open", "__import__", "input", "print", "breakpoint", "exec", "eval")),
+    "importlib.import_module",
+}
+# Modules whose every use is a clock, randomness, I/O or an import by name, in a pure module.
+IMPURE_ANYWHERE = IMPURE_MODULES | {
+    *("random", "secrets", "importlib", "subprocess", "shutil", "tempfile", "signal", "ssl", "mmap"),
+    *("http.client", "http.server", "urllib.request", "socketserver", "multiprocessing", "concurrent"),
+}
+
+
+def _in_impure_module(dotted: str) -> bool:
+    return any(dotted == m or dotted.startswith(m + ".") for m in IMPURE_ANYWHERE)
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> the dotted name it stands for, from every import and plain ``name = dotted`` in the file."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    found[alias.asname] = alias.name
+                else:
+                    found[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for _ in range(3):  # (assignments of assignments: a few rounds reach a fixed point in practice)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                dotted = _dotted(node.value, found)
+                if dotted is not None and node.targets[0].id != dotted:
+                    found[node.targets[0].id] = dotted
+    return found
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The dotted name an expression stands for (``a.b.c``, ``getattr(a.b, "c")``), resolved through
+    ``aliases``; a name nothing binds is a builtin's.  None when it is no such chain."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, f"builtins.{node.id}")
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        return None if base is None else f"{base}.{node.attr}"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        base = _dotted(node.args[0], aliases)
+        return None if base is None else f"{base}.{node.args[1].value}"
+    return None
+
+
+def impure_uses(name: str, source: str) -> set[str]:
+    """``module: what`` for each route to a clock, randomness or I/O in a module's source: an import of
+    an impure module (``import time``, ``from time import monotonic``, ``__import__("time")``,
+    ``importlib.import_module("time")``), or a use of an impure name however it was imported or renamed
+    (``datetime.datetime.now()``, ``date.today()``, ``uuid.uuid4()``, ``open(...)``, ``print(...)``)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {f"{name}: import {a.name}" for a in node.names if _in_impure_module(a.name)}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if _in_impure_module(node.module):
+                found.add(f"{name}: from {node.module} import ...")
+            found |= {
+                f"{name}: {node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in IMPURE_NAMES
+            }
+        elif isinstance(node, ast.Name | ast.Attribute | ast.Call):
+            dotted = _dotted(node, aliases)
+            if dotted is not None and (dotted in IMPURE_NAMES or _in_impure_module(dotted)):
+                found.add(f"{name}: {dotted}")
+        if isinstance(node, ast.Call) and _dotted(node.func, aliases) in (
+            "builtins.__import__",
+            "importlib.import_module",
+        ):
+            found |= {f"{name}: import {a.value}" for a in node.args[:1] if isinstance(a, ast.Constant)}
+    return found
+
+
 @pytest.mark.parametrize("name", _pure())
 def test_the_core_rooms_do_no_io(name: str) -> None:
-    path = modules()[name]
-    _, outer = imports(name, path, set(modules()))
-    assert sorted(outer & IMPURE_MODULES) == []
-    tree = ast.parse(path.read_text())
-    calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-    assert "open" not in calls
+    """No clock, randomness or I/O by any route (time is passed in)."""
+    assert sorted(impure_uses(name, modules()[name].read_text())) == []
 
 
 # ---------------------------------------------------------------- the seams
@@ -491,6 +584,50 @@ def test_batch_layouts_catches_a_planted_parse() -> None:
         "mc0.aio.planted: batch.WORK_FIELDS",
     }
     assert batch_layouts("mc0.protocol.planted", source) == set()
+
+
+def test_impure_uses_catches_a_planted_clock_randomness_and_io_by_every_route() -> None:
+    """Each route is one line of a room; what is pure (a timedelta, uuid5, urllib.parse, a local
+    called ``now``) passes."""
+    planted = {
+        "import time": "import time",
+        "import time as clock": "import time",
+        "from time import monotonic": "from time import ...",
+        'clock = __import__("time")': "import time",
+        'import importlib\nclock = importlib.import_module("time")': "import importlib",
+        "import datetime\nstamp = datetime.datetime.now()": "datetime.datetime.now",
+        "from datetime import datetime\nstamp = datetime.utcnow()": "datetime.datetime.utcnow",
+        "from datetime import datetime as D\nwhen = D\nstamp = when.today()": "datetime.datetime.today",
+        "from datetime import date\nday = date.today()": "datetime.date.today",
+        'import datetime\nstamp = getattr(datetime.datetime, "now")()': "datetime.datetime.now",
+        "import random\nn = random.random()": "import random",
+        "from secrets import token_bytes": "from secrets import ...",
+        "import uuid\nkey = uuid.uuid4()": "uuid.uuid4",
+        "from uuid import uuid1": "uuid.uuid1",
+        "import os\nnoise = os.urandom(8)": "import os",
+        'data = open("journal").read()': "builtins.open",
+        'import builtins\ndata = builtins.open("journal")': "builtins.open",
+        'print("hello")': "builtins.print",
+        'import sys\nclock = sys.modules["time"]': "sys.modules",
+        'exec("import time")': "builtins.exec",
+    }
+    for line, what in planted.items():
+        found = impure_uses("mc0.broker.core.planted", f"def turn(now: float) -> None:\n    pass\n\n{line}\n")
+        assert f"mc0.broker.core.planted: {what}" in found, line
+    pure = _src(
+        """
+        import datetime
+        import uuid
+        from urllib.parse import parse_qsl
+
+        def turn(now: float, rooms) -> float:
+            later = now + datetime.timedelta(seconds=1).total_seconds()
+            stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+            key = uuid.uuid5(uuid.NAMESPACE_URL, "mc0")
+            return rooms.now(later), stamp, key, parse_qsl("a=1")
+        """
+    )
+    assert impure_uses("mc0.broker.core.planted", pure) == set()
 
 
 def test_the_import_rules_catch_a_planted_type_only_arrow(tmp_path: Path) -> None:
