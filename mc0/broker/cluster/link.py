@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import secrets
 import socket
 import ssl
 import threading
@@ -72,6 +72,7 @@ import zmq
 
 from ...errors import ConfigError
 from ...protocol import routes as wire
+from ...protocol.linkframes import frame_number
 from ...settings import ClusterConfig
 from ..jetstream.linkpart import JetStreamPart
 from ..jetstream.streams import (
@@ -196,7 +197,7 @@ class ClusterLink:
         self.jetstream: JetStreamPart | None = None  # (the link thread's)
         # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
         # so a late message of the run before is told from the new one (ordered as the clocks are).
-        self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
+        self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | secrets.randbits(16)
         self.name = ""
         # Up: what the link thread posts (frames, oldest first), and the socket pair whose read end the
         # loop polls (``socket``); ``_posted``: a wake byte was written since the loop last looked.
@@ -625,7 +626,7 @@ class _LinkRun:
                     for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
                         await jetstream.publish(journal, token, subject, msgid, origin, payload)
                 elif op == OP_CALL and jetstream is not None:
-                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+                    jetstream.call(frame_number(frames[1]), json.loads(frames[2]))
                 elif op not in (OP_PUBLISH, OP_CALL):
                     await self.sender.send(op.decode(), frames[1])
             await self.work_ready.wait()
