@@ -49,6 +49,14 @@ def read_head(data: bytes | memoryview, pos: int) -> tuple[int, int, int, float]
     return length, crc, seq, ts
 
 
+def topic_stop(data: bytes, pos: int, end: int) -> int:
+    """Where the topic of the payload ``data[pos:end]`` ends (it starts ``PAYLOAD_HEAD_BYTES`` after
+    ``pos``); past ``end`` when the payload is too short for its head or its topic (a hole, or not an
+    mc0 record).  Its u16 length read from two bytes: the topic index's hot path, no struct call."""
+    start = pos + PAYLOAD_HEAD_BYTES
+    return start + (data[pos] | data[pos + 1] << 8) if start <= end else end + 1
+
+
 def record_crc(payload: bytes | memoryview, seq: int, ts: float) -> int:
     """The CRC a record's head holds: CRC-32 of its seq and time, continued over its payload."""
     return zlib.crc32(payload, zlib.crc32(SEQ_TS.pack(seq, ts)))
