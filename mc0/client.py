@@ -49,6 +49,12 @@ class Subscription(View[aio.Subscription]):
     """Sync view of :class:`mc0.aio.Subscription`: an iterator with ``next(timeout)``."""
 
     @property
+    def asyncio_twin(self) -> aio.Subscription:
+        """The :class:`mc0.aio.Subscription` this view reads (what the sync client hands its asyncio
+        client, e.g. to unsubscribe it)."""
+        return self._inner
+
+    @property
     def pattern(self) -> str:
         return self._inner.pattern
 
@@ -426,7 +432,7 @@ class Client(View[aio.Client]):
         return None
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
-        target = subscription if isinstance(subscription, str) else subscription._inner
+        target = subscription if isinstance(subscription, str) else subscription.asyncio_twin
         run(self._inner.unsubscribe(target))
 
     @property

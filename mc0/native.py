@@ -54,7 +54,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mc0.broker.core.journaling",
     # The journal's append path (issue 39): the record codec, the topic index, the file journal (its
     # appends, commits and reads; the sync thread, :mod:`mc0.broker.storage.syncer`, is not: it waits).
-    "mc0.broker.storage.records",
+    "mc0.protocol.journalrecords",
     "mc0.broker.storage.topicindex",
     "mc0.broker.storage.filestore",
     # The client's per-message path: the session's one decode of a received batch and what it

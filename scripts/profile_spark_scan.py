@@ -36,7 +36,7 @@ from mc0.process import BrokerProcess  # noqa: E402
 
 # (stage, substrings of a py-spy frame "function (file:line)"), first match from the leaf wins.
 STAGES = [
-    ("journal read (segment -> records or columns)", ("broker/storage/filestore.py", "broker/storage/records.py")),
+    ("journal read (segment -> records or columns)", ("broker/storage/filestore.py", "protocol/journalrecords.py")),
     ("page build / parse (protocol/bodies.py)", ("protocol/bodies.py",)),
     ("fetch pacing / fetch state", ("broker/core/journaling.py",)),
     ("batch framing", ("protocol/batch.py", "broker/core/batched.py", "broker/outbox.py")),

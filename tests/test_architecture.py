@@ -3,8 +3,10 @@ type-only arrow is an arrow), the client never loads the broker, the core's room
 never import the dispatcher or an input module (the machine on top, rooms below), and the seams
 hold: no function runs past ~80 lines without a named reason, no class annotates state it never
 assigns (a mixin borrowing another class's attributes), no module imports another's private names,
-and a batch record's layout is read only in ``mc0.protocol.batch``.  (Module sizes are not counted:
-a room is split at a seam, never squeezed to meet a number.)
+no object reaches into another's private names (``private_reaches``), the pure modules have no
+clock, randomness or I/O by any route (``impure_uses``), and record layouts are written and read
+only in ``mc0.protocol`` (``record_layouts``; ``batch_layouts`` for batch's own).  (Module sizes are
+not counted: a room is split at a seam, never squeezed to meet a number.)
 
 Each rule is a checker over a module's source, shown to catch a planted violation (the
 ``test_*_catches_*`` tests).
@@ -17,6 +19,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -104,6 +107,7 @@ CLIENT_SIDE = FLOORS["client"]
 # The sans-I/O modules: no sockets, no clock, no disk (whole floors, and these modules of others).
 PURE_FLOORS = ("protocol", "core", "dialects")
 PURE_MODULES = (
+    "mc0.errors",
     "mc0.deadlines",
     "mc0.session",
     "mc0.pattern_table",
@@ -275,14 +279,108 @@ def _pure() -> list[str]:
     return sorted(m for m in modules() if floor_of(m) in PURE_FLOORS or m in PURE_MODULES)
 
 
+# Routes to a clock, randomness or I/O other than importing an impure module: each a dotted name as it
+# resolves through the module's imports and assignments (``from datetime import datetime as D; D.now()``
+# is ``datetime.datetime.now``; a bare builtin is ``builtins.NAME``; ``getattr(x, "now")`` is ``x.now``).
+IMPURE_NAMES = {
+    *(f"datetime.datetime.{m}" for m in ("now", "utcnow", "today")),
+    "datetime.date.today",
+    *(f"uuid.uuid{n}" for n in (1, 4)),  # (uuid3/uuid5 hash their input: pure)
+    "os.urandom",
+    "sys.modules",  # sys.modules["time"]: an import by another name
+    *(f"sys.{stream}" for stream in ("stdin", "stdout", "stderr")),
+    *(f"builtins.{f}" for f in ("open", "__import__", "input", "print", "breakpoint", "exec", "eval")),
+    "importlib.import_module",
+}
+# Modules whose every use is a clock, randomness, I/O or an import by name, in a pure module.
+IMPURE_ANYWHERE = IMPURE_MODULES | {
+    *("random", "secrets", "importlib", "subprocess", "shutil", "tempfile", "signal", "ssl", "mmap"),
+    *("http.client", "http.server", "urllib.request", "socketserver", "multiprocessing", "concurrent"),
+}
+
+
+def _in_impure_module(dotted: str) -> bool:
+    return any(dotted == m or dotted.startswith(m + ".") for m in IMPURE_ANYWHERE)
+
+
+def _aliases(tree: ast.AST, name: str = "", *, is_package: bool = False) -> dict[str, str]:
+    """Local name -> the dotted name it stands for, from every import (relative ones resolved from
+    module ``name``) and plain ``name = dotted`` in the file."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    found[alias.asname] = alias.name
+                else:
+                    found[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            target = _target(name, is_package, node)
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{target}.{alias.name}"
+    for _ in range(3):  # (assignments of assignments: a few rounds reach a fixed point in practice)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                dotted = _dotted(node.value, found)
+                if dotted is not None and node.targets[0].id != dotted:
+                    found[node.targets[0].id] = dotted
+    return found
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The dotted name an expression stands for (``a.b.c``, ``getattr(a.b, "c")``), resolved through
+    ``aliases``; a name nothing binds is a builtin's.  None when it is no such chain."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, f"builtins.{node.id}")
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        return None if base is None else f"{base}.{node.attr}"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        base = _dotted(node.args[0], aliases)
+        return None if base is None else f"{base}.{node.args[1].value}"
+    return None
+
+
+def impure_uses(name: str, source: str) -> set[str]:
+    """``module: what`` for each route to a clock, randomness or I/O in a module's source: an import of
+    an impure module (``import time``, ``from time import monotonic``, ``__import__("time")``,
+    ``importlib.import_module("time")``), or a use of an impure name however it was imported or renamed
+    (``datetime.datetime.now()``, ``date.today()``, ``uuid.uuid4()``, ``open(...)``, ``print(...)``)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {f"{name}: import {a.name}" for a in node.names if _in_impure_module(a.name)}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if _in_impure_module(node.module):
+                found.add(f"{name}: from {node.module} import ...")
+            found |= {
+                f"{name}: {node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in IMPURE_NAMES
+            }
+        elif isinstance(node, ast.Name | ast.Attribute | ast.Call):
+            dotted = _dotted(node, aliases)
+            if dotted is not None and (dotted in IMPURE_NAMES or _in_impure_module(dotted)):
+                found.add(f"{name}: {dotted}")
+        if isinstance(node, ast.Call) and _dotted(node.func, aliases) in (
+            "builtins.__import__",
+            "importlib.import_module",
+        ):
+            found |= {f"{name}: import {a.value}" for a in node.args[:1] if isinstance(a, ast.Constant)}
+    return found
+
+
 @pytest.mark.parametrize("name", _pure())
 def test_the_core_rooms_do_no_io(name: str) -> None:
-    path = modules()[name]
-    _, outer = imports(name, path, set(modules()))
-    assert sorted(outer & IMPURE_MODULES) == []
-    tree = ast.parse(path.read_text())
-    calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-    assert "open" not in calls
+    """No clock, randomness or I/O by any route (time is passed in)."""
+    assert sorted(impure_uses(name, modules()[name].read_text())) == []
 
 
 # ---------------------------------------------------------------- the seams
@@ -369,6 +467,153 @@ def private_imports(name: str, source: str, *, is_package: bool = False) -> set[
     return found
 
 
+# Names with a leading underscore that Python documents as public: a namedtuple's own API, and
+# ``os._exit`` (leave at once, without cleanup).  Reading them reaches into nothing.
+DOCUMENTED_UNDERSCORE_NAMES = {"_fields", "_field_defaults", "_replace", "_asdict", "_make"}
+DOCUMENTED_UNDERSCORE_CALLS = {"os._exit"}
+
+
+def _private(attr: object) -> bool:
+    return isinstance(attr, str) and attr.startswith("_") and not attr.startswith("__")
+
+
+class _Reaches(ast.NodeVisitor):
+    """Walks a module keeping the enclosing classes and functions (see ``private_reaches``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.classes: list[str] = []
+        self.scopes: list[str] = []
+        self.same_class: list[set[str]] = [set()]  # per function: names known to hold this class's instances
+        self.found: list[str] = []
+
+    def _report(self, node: ast.AST) -> None:
+        where = ".".join(self.scopes) or "<module>"
+        self.found.append(f"{self.name}:{where}: {ast.unparse(node)}")
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.classes.append(node.name)
+        self.scopes.append(node.name)
+        self.generic_visit(node)
+        self.scopes.pop()
+        self.classes.pop()
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        own = self.classes[-1] if self.classes else None
+        names = set(self.same_class[-1])
+        if own is not None:
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            for arg in args:  # ``other: Own`` (or ``"Own"``, ``Own | None``)
+                text = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if own in text.replace('"', "").replace("'", "").replace(" ", "").split("|"):
+                    names.add(arg.arg)
+            for sub in ast.walk(node):  # ``isinstance(other, Own)``: narrowed to this class
+                if (
+                    isinstance(sub, ast.Call)
+                    and isinstance(sub.func, ast.Name)
+                    and sub.func.id == "isinstance"
+                    and len(sub.args) == 2
+                    and isinstance(sub.args[0], ast.Name)
+                    and isinstance(sub.args[1], ast.Name)
+                    and sub.args[1].id == own
+                ):
+                    names.add(sub.args[0].id)
+        self.scopes.append(node.name)
+        self.same_class.append(names)
+        self.generic_visit(node)
+        self.same_class.pop()
+        self.scopes.pop()
+
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function
+
+    def _own(self, value: ast.expr) -> bool:
+        """Whether ``value`` is this object, its class, or another instance of its class."""
+        if isinstance(value, ast.Name):
+            return value.id in ("self", "cls") or value.id in self.classes or value.id in self.same_class[-1]
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if value.func.id == "super":
+                return True
+            if value.func.id == "type" and len(value.args) == 1:  # type(self)._x
+                return isinstance(value.args[0], ast.Name) and value.args[0].id == "self"
+        return False
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if _private(node.attr) and node.attr not in DOCUMENTED_UNDERSCORE_NAMES and not self._own(node.value):
+            if ast.unparse(node) not in DOCUMENTED_UNDERSCORE_CALLS:
+                self._report(node)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        # getattr(x, "_name"), setattr(...), hasattr(...), delattr(...)
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and _private(node.args[1].value)
+            and not self._own(node.args[0])
+        ):
+            self._report(node)
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        # vars(x)["_name"], x.__dict__["_name"]
+        key = node.slice
+        owner = node.value
+        through = None
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "vars" and owner.args:
+            through = owner.args[0]
+        elif isinstance(owner, ast.Attribute) and owner.attr == "__dict__":
+            through = owner.value
+        if through is not None and isinstance(key, ast.Constant) and _private(key.value) and not self._own(through):
+            self._report(node)
+        self.generic_visit(node)
+
+
+def private_reaches(name: str, source: str) -> list[str]:
+    """``module:Class.function: expr`` for each reach into another object's private name: ``other._x``
+    and ``self.part._x`` (a read, a write or a call), ``getattr``/``setattr``/``hasattr``/``delattr`` of
+    ``"_x"``, ``vars(other)["_x"]`` / ``other.__dict__["_x"]``.  Dunders are not private, a module's own
+    module-level privates are names (never reached through an object), and these are one's own:
+    ``self``, ``cls``, ``super()``, ``type(self)``, the enclosing class by name, and another instance of
+    the same class where the code says so (a parameter annotated with the class, or a name checked with
+    ``isinstance(name, Class)`` in the function: what a type checker would narrow to it).  A list: a
+    reach written twice is counted twice."""
+    walker = _Reaches(name)
+    walker.visit(ast.parse(source))
+    return walker.found
+
+
+# TEMPORARY, removed by the lead after merging issue 37's other branches: the reaches found in modules
+# other helpers are rewriting at the same time (core/builtin_services, core/sysbus, core/rooms,
+# jetstream/replication, core/consumers, core/rpc, monitoring/httpd).  Each listed exactly, as
+# ``private_reaches`` writes it; counted, so a second reach of the same text is still caught.
+OWNED_ELSEWHERE: tuple[str, ...] = (
+    *(
+        f"mc0.broker.monitoring.httpd:MonitorServer.start.Handler.{method}: server.{name}"
+        for method, names in (
+            ("do_GET", ("_serve", "_handle")),
+            ("do_POST", ("_serve", "_post")),
+            ("do_HEAD", ("_serve", "_handle")),
+            ("not_allowed", ("_serve", "_not_allowed")),
+            ("send_error", ("_write",)),
+        )
+        for name in names
+    ),
+)
+
+
+def test_no_object_reaches_into_anothers_private_names() -> None:
+    """Over all of mc0 (less, for now, OWNED_ELSEWHERE: each entry still there, counted)."""
+    found: Counter[str] = Counter()
+    for name, path in modules().items():
+        found.update(private_reaches(name, path.read_text()))
+    owned = Counter(OWNED_ELSEWHERE)
+    assert sorted((found - owned).elements()) == []
+    assert sorted((owned - found).elements()) == [], "OWNED_ELSEWHERE lists reaches that are gone: drop them"
+
+
 def _batch_layouts() -> set[str]:
     from mc0.protocol import batch
 
@@ -394,8 +639,53 @@ def batch_layouts(name: str, source: str, *, is_package: bool = False) -> set[st
     return found
 
 
+def _protocol_layouts() -> set[str]:
+    """``mc0.protocol.M.NAME`` (and ``mc0.protocol.NAME`` when the package exports it) for every
+    ``struct.Struct`` a module of mc0.protocol defines."""
+    import importlib
+
+    found: set[str] = set()
+    for name in modules():
+        if name == "mc0.protocol" or name.startswith("mc0.protocol."):
+            for attr, value in vars(importlib.import_module(name)).items():
+                if isinstance(value, struct.Struct):
+                    found.add(f"{name}.{attr}")
+    return found
+
+
+def record_layouts(name: str, source: str, *, is_package: bool = False, layouts: set[str] | None = None) -> set[str]:
+    """``module: what`` for each record layout written or read outside ``mc0.protocol``: any use of
+    ``struct`` but its ``error`` however imported (``struct.Struct(...)``, ``pack``, ``unpack_from``,
+    ``calcsize``, ``from struct import Struct``), ``int.from_bytes`` (a number parsed out of bytes), and
+    any reach to a ``struct.Struct`` of mc0.protocol (``layouts``: ``_protocol_layouts()``): records are
+    built and read only through mc0.protocol's functions."""
+    if name == "mc0.protocol" or name.startswith("mc0.protocol."):
+        return set()
+    layouts = _protocol_layouts() if layouts is None else layouts
+    tree = ast.parse(source)
+    aliases = _aliases(tree, name, is_package=is_package)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            target = _target(name, is_package, node)
+            for alias in node.names:
+                dotted = f"{target}.{alias.name}"
+                if (target == "struct" and alias.name != "error") or dotted in layouts:
+                    found.add(f"{name}: {dotted}")
+        elif isinstance(node, ast.Name | ast.Attribute):
+            dotted = _dotted(node, aliases)
+            if dotted is None:
+                continue
+            if (dotted.startswith("struct.") and dotted != "struct.error") or dotted == "builtins.int.from_bytes":
+                found.add(f"{name}: {dotted}")
+            elif any(dotted == layout or dotted.startswith(layout + ".") for layout in layouts):
+                found.add(f"{name}: {dotted}")
+    return found
+
+
 def _found_in_the_tree(rule: str) -> set[object]:
     found: set[object] = set()
+    layouts = _protocol_layouts()
     for name, path in modules().items():
         source = path.read_text()
         if rule == "long_functions":
@@ -404,12 +694,17 @@ def _found_in_the_tree(rule: str) -> set[object]:
             found |= borrowed_state(name, source)
         elif rule == "private_imports":
             found |= private_imports(name, source, is_package=path.name == "__init__.py")
+        elif rule == "record_layouts":
+            found |= record_layouts(name, source, is_package=path.name == "__init__.py", layouts=layouts)
         else:
             found |= batch_layouts(name, source, is_package=path.name == "__init__.py")
     return found
 
 
-@pytest.mark.parametrize("rule", ["long_functions", "borrowed_state", "private_imports", "batch_layouts"])
+SEAM_RULES = ["long_functions", "borrowed_state", "private_imports", "batch_layouts", "record_layouts"]
+
+
+@pytest.mark.parametrize("rule", SEAM_RULES)
 def test_the_seams_hold(rule: str) -> None:
     """No rule finds anything in the tree (a long function needs its reason in LONG_FUNCTIONS)."""
     assert sorted(map(str, _found_in_the_tree(rule))) == [], rule
@@ -473,6 +768,60 @@ def test_private_imports_catches_a_planted_import() -> None:
     }
 
 
+def test_private_reaches_catches_planted_reaches_and_passes_what_is_ones_own() -> None:
+    source = _src(
+        """
+        import os
+        _LIMIT = 3
+
+        class Journaling:
+            def forget(self, peer: Peer) -> None:
+                self.pubsub._topics.clear()          # a call on a sibling's private state
+                self.pubsub._version += 1            # a write into it
+                peer._queue = []                     # a write into another object
+                seen = self.rpc._finished            # a read
+                getattr(self.workers, "_idle")       # by name
+                setattr(peer, "_ttl", 0)
+                vars(peer)["_closed"] = True
+                peer.__dict__["_closed"] = True
+                self._own.clear()                    # one's own: fine
+                self._count += _LIMIT                # a module-level private is a name: fine
+                type(self)._made += 1                # one's class: fine
+                Journaling._made += 1
+                super()._forget(peer)
+                peer.__class__, peer.name            # dunders and public names: fine
+                os._exit(1)                          # documented public: fine
+                return peer.fields._replace(n=1), peer.fields._fields
+
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, Journaling) and self._key == other._key   # the same class: fine
+
+            def merge(self, other: "Journaling | None", peer: Peer) -> None:
+                self._seen |= other._seen            # annotated with the class: fine
+                peer._seen                           # but not another class's
+
+            @classmethod
+            def make(cls) -> Journaling:
+                return cls._cache
+        """
+    )
+    where = "mc0.broker.core.planted:Journaling"
+    assert sorted(private_reaches("mc0.broker.core.planted", source)) == sorted(
+        [
+            f"{where}.forget: self.pubsub._topics",
+            f"{where}.forget: self.pubsub._version",
+            f"{where}.forget: peer._queue",
+            f"{where}.forget: self.rpc._finished",
+            f"{where}.forget: getattr(self.workers, '_idle')",
+            f"{where}.forget: setattr(peer, '_ttl', 0)",
+            f"{where}.forget: vars(peer)['_closed']",
+            f"{where}.forget: peer.__dict__['_closed']",
+            f"{where}.merge: peer._seen",
+        ]
+    )
+    assert private_reaches("mc0.planted", "def f(a, b):\n    return a._x, a._x\n") == ["mc0.planted:f: a._x"] * 2
+
+
 def test_batch_layouts_catches_a_planted_parse() -> None:
     source = _src(
         """
@@ -491,6 +840,91 @@ def test_batch_layouts_catches_a_planted_parse() -> None:
         "mc0.aio.planted: batch.WORK_FIELDS",
     }
     assert batch_layouts("mc0.protocol.planted", source) == set()
+
+
+def test_impure_uses_catches_a_planted_clock_randomness_and_io_by_every_route() -> None:
+    """Each route is one line of a room; what is pure (a timedelta, uuid5, urllib.parse, a local
+    called ``now``) passes."""
+    planted = {
+        "import time": "import time",
+        "import time as clock": "import time",
+        "from time import monotonic": "from time import ...",
+        'clock = __import__("time")': "import time",
+        'import importlib\nclock = importlib.import_module("time")': "import importlib",
+        "import datetime\nstamp = datetime.datetime.now()": "datetime.datetime.now",
+        "from datetime import datetime\nstamp = datetime.utcnow()": "datetime.datetime.utcnow",
+        "from datetime import datetime as D\nwhen = D\nstamp = when.today()": "datetime.datetime.today",
+        "from datetime import date\nday = date.today()": "datetime.date.today",
+        'import datetime\nstamp = getattr(datetime.datetime, "now")()': "datetime.datetime.now",
+        "import random\nn = random.random()": "import random",
+        "from secrets import token_bytes": "from secrets import ...",
+        "import uuid\nkey = uuid.uuid4()": "uuid.uuid4",
+        "from uuid import uuid1": "uuid.uuid1",
+        "import os\nnoise = os.urandom(8)": "import os",
+        'data = open("journal").read()': "builtins.open",
+        'import builtins\ndata = builtins.open("journal")': "builtins.open",
+        'print("hello")': "builtins.print",
+        'import sys\nclock = sys.modules["time"]': "sys.modules",
+        'exec("import time")': "builtins.exec",
+    }
+    for line, what in planted.items():
+        found = impure_uses("mc0.broker.core.planted", f"def turn(now: float) -> None:\n    pass\n\n{line}\n")
+        assert f"mc0.broker.core.planted: {what}" in found, line
+    pure = _src(
+        """
+        import datetime
+        import uuid
+        from urllib.parse import parse_qsl
+
+        def turn(now: float, rooms) -> float:
+            later = now + datetime.timedelta(seconds=1).total_seconds()
+            stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+            key = uuid.uuid5(uuid.NAMESPACE_URL, "mc0")
+            return rooms.now(later), stamp, key, parse_qsl("a=1")
+        """
+    )
+    assert impure_uses("mc0.broker.core.planted", pure) == set()
+
+
+def test_record_layouts_catches_a_planted_layout_by_every_route() -> None:
+    """A private ``struct.Struct`` parsing batch records in ``aio/link.py`` (the hole the batch rule
+    left), and each other way of writing or reading a layout outside mc0.protocol."""
+    link = _src(
+        """
+        import struct
+
+        _RECORD = struct.Struct("!HI")  # a private layout of batch records
+
+        def records(blob: bytes):
+            pos = 0
+            while pos < len(blob):
+                kind, size = _RECORD.unpack_from(blob, pos)
+                yield kind, blob[pos + 6 : pos + 6 + size]
+                pos += 6 + size
+        """
+    )
+    assert record_layouts("mc0.aio.link", link, layouts=set()) == {"mc0.aio.link: struct.Struct"}
+    layouts = {"mc0.protocol.batch.U16", "mc0.protocol.journalrecords.HEAD"}
+    planted = {
+        "import struct as s\nn = s.unpack('<H', b'xx')": "struct.unpack",
+        "from struct import unpack_from": "struct.unpack_from",
+        "from struct import Struct\nHEAD = Struct('<I')": "struct.Struct",
+        "import struct\nsize = struct.calcsize('<I')": "struct.calcsize",
+        "import struct\nblob = struct.pack('<I', 1)": "struct.pack",
+        "seq = int.from_bytes(frame, 'big')": "builtins.int.from_bytes",
+        "from mc0.protocol.journalrecords import HEAD": "mc0.protocol.journalrecords.HEAD",
+        "from ...protocol import journalrecords\nhead = journalrecords.HEAD.unpack_from(b'', 0)": (
+            "mc0.protocol.journalrecords.HEAD"
+        ),
+        "from mc0 import protocol as P\nn = P.batch.U16.unpack(b'xx')": "mc0.protocol.batch.U16",
+    }
+    for line, what in planted.items():
+        found = record_layouts("mc0.broker.storage.planted", line + "\n", layouts=layouts)
+        assert f"mc0.broker.storage.planted: {what}" in found, line
+    fine = "import struct\nfrom mc0.protocol import journalrecords\ntry:\n    pass\nexcept struct.error:\n    pass\n"
+    fine += "n = journalrecords.read_head(b'', 0)\nsize = journalrecords.HEAD_BYTES\nserial = (5).to_bytes(8, 'big')\n"
+    assert record_layouts("mc0.broker.storage.planted", fine, layouts=layouts) == set()
+    assert record_layouts("mc0.protocol.planted", link, layouts=layouts) == set()
 
 
 def test_the_import_rules_catch_a_planted_type_only_arrow(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mc0.broker.storage import consumerfiles
 from mc0.broker.storage.consumerfiles import ConsumerFiles
+from mc0.protocol import journalrecords
 
 
 def reopened(folder: Path) -> dict[str, bytes]:
@@ -252,7 +253,7 @@ def test_a_change_record_reads_as_a_torn_record_to_a_reader_without_changes(tmp_
     files.close()
     data = (tmp_path / "c.log").read_bytes()
     length = int.from_bytes(data[8 + 5 : 8 + 5 + 4], "little")
-    assert length == consumerfiles.CHANGE_FLAG | 2  # far past the file's end for a reader that ignores the flag
+    assert length == journalrecords.CHANGE_FLAG | 2  # far past the file's end for a reader that ignores the flag
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,8 +12,8 @@ import pytest
 
 from mc0.broker.jetstream.copystate import STUCK_AFTER_S, CopyState
 from mc0.broker.jetstream.replicated import ReplicatedJournal
-from mc0.broker.storage.records import encode_payload
 from mc0.protocol import jetstream as jsw
+from mc0.protocol.journalrecords import encode_payload
 from mc0.settings import JournalSettings
 
 S = STUCK_AFTER_S

@@ -593,8 +593,8 @@ def test_a_record_jetstream_can_never_store_gets_413_at_once_naming_the_limit(
     once, naming the limit, never "504 send it again"; so does one whose payload fits but not with
     its NATS headers (sent, the server would drop the broker's connection); one of exactly the limit
     is stored and served by the other broker."""
-    from mc0.broker.storage.records import encode_payload
     from mc0.protocol import jetstream as jsw
+    from mc0.protocol.journalrecords import encode_payload
 
     limit = 1024 * 1024
     extra = "jetstream_timeout_ms = 30000\n" + journal("big", '["big.>"]') + '[journals.files]\ntopics = ["files.>"]\n'

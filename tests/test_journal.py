@@ -127,7 +127,7 @@ def test_purge_within_the_active_segment_keeps_appending_there(tmp_path: Path) -
 
 def test_a_local_copy_purged_to_the_streams_first_seq_skips_what_arrives_before_it(tmp_path: Path) -> None:
     from mc0.broker.jetstream.replicated import ReplicatedJournal
-    from mc0.broker.storage.records import encode_payload
+    from mc0.protocol.journalrecords import encode_payload
 
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream")
     copy = ReplicatedJournal("main", settings).open()

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from mc0 import protocol as P
 from mc0.broker.core.dispatch import BrokerCore, CoreSettings
-from mc0.broker.storage import records
 from mc0.broker.storage.filestore import Journal
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
 from mc0.protocol import batch, builders
+from mc0.protocol import journalrecords as records
 from mc0.settings import JournalSettings
 
 from .test_batch import as_frames, unpack

@@ -21,11 +21,11 @@ from mc0.broker.jetstream import fromstore
 from mc0.broker.jetstream.replicated import ReplicatedJournal
 from mc0.broker.jetstream.storeconsumers import known_of
 from mc0.broker.storage.memstore import MemoryReplicatedStore
-from mc0.broker.storage.records import encode_payload
 from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
 from mc0.protocol import jetstream as jsw
+from mc0.protocol.journalrecords import encode_payload
 from mc0.settings import JournalSettings
 
 from .conftest import headers_of, payload_of

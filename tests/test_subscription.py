@@ -42,7 +42,7 @@ def test_a_run_is_offered_as_its_messages_one_by_one(
         counter += len(run)
         for message in messages:
             one_by_one._offer(message)
-        at_once._offer_run(messages)
+        at_once.offer_run(messages)
         for _ in range(min(taken[i] if i < len(taken) else 0, one_by_one.pending)):
             assert one_by_one._take() is at_once._take()
         state = [(list(s._items), s._bytes, s.dropped, s._dropping) for s in (one_by_one, at_once)]

@@ -45,6 +45,12 @@ ASYNC_ONLY: dict[str, dict[str, str]] = {
     "Subscription": {
         "next_threadsafe": "what the sync next() is (the subscription's buffer read from another thread)",
         "next_batch_threadsafe": "what the sync next_batch() is",
+        "offer_run": "called by the asyncio client's reader (messages received), in the loop's thread",
+        "mark_ended": "called by the asyncio client when it ends the subscription, in the loop's thread",
+    },
+    "ReplyStream": {
+        "deliver": "called by the asyncio client's reader (an answer received), in the loop's thread",
+        "finish": "the stream's own end, called by the asyncio client too when the request could not be sent",
     },
     "Consumer": {"messages": "an async iterator; the sync consumer loops over fetch()"},
     "ConsumedMessage": {"consumer": "the async Consumer it settles through; the sync view settles itself"},

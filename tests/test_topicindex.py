@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from mc0.broker.storage.filestore import Journal, JournalSettings
 from mc0.broker.storage.memstore import MemoryStore
-from mc0.broker.storage.records import HEAD, encode_payload, encode_record
 from mc0.broker.storage.topicindex import MAX_TOPICS, UNKNOWN, TopicIndex, select
+from mc0.protocol.journalrecords import HEAD, encode_payload, encode_record
 
 
 def payload(topic: str) -> bytes:

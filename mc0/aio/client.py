@@ -637,7 +637,7 @@ class Client(Connection):
         try:
             self._send(frames)
         except BaseException as exc:
-            stream._finish(exc)
+            stream.finish(exc)
             raise
         return stream
 

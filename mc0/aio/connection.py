@@ -242,7 +242,7 @@ class Connection:
             if not call.done():
                 call.set_exception(error)
         for request_id in [r for r in self._reply_streams if r not in unsent]:
-            self._reply_streams.pop(request_id)._feed(error)
+            self._reply_streams.pop(request_id).deliver(error)
         out.send_first(again)
 
     async def close(self) -> None:
@@ -281,7 +281,7 @@ class Connection:
         self._fail_pending(ClosedError("client closed"))
         for subs in self._subscriptions.values():
             for sub in subs:
-                sub._end()
+                sub.mark_ended()
         self._subscriptions.clear()
         self._dialer.close()
 
@@ -313,7 +313,7 @@ class Connection:
         self._calls.clear()
         self._call_deadlines.clear()
         for stream in list(self._reply_streams.values()):
-            stream._feed(error)
+            stream.deliver(error)
         self._reply_streams.clear()
 
     # ------------------------------------------------------------ plumbing
@@ -444,11 +444,11 @@ class Connection:
         """Received messages, in order, to every subscription held under their local keys (once each)."""
         if len(keys) == 1:
             for sub in self._subscriptions.get(keys[0], ()):
-                sub._offer_run(messages)
+                sub.offer_run(messages)
         elif keys:
             interested = {id(s): s for k in keys for s in self._subscriptions.get(k, ())}
             for sub in interested.values():
-                sub._offer_run(messages)
+                sub.offer_run(messages)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
@@ -466,7 +466,7 @@ class Connection:
                 return
             stream = self._reply_streams.get(request_id)
             if stream is not None:
-                stream._feed(event.command)
+                stream.deliver(event.command)
                 return
             future = self._pending.get(request_id)
             if future is not None and not future.done():
@@ -488,7 +488,7 @@ class Connection:
                 for sub in self._subscriptions.pop(event.withdrawn, []):
                     sub.patterns = tuple(p for p in sub.patterns if group_key(p, sub.group) != event.withdrawn)
                     if not sub.patterns:
-                        sub._end()
+                        sub.mark_ended()
         elif isinstance(event, ReplayEnded):
             self.report_fault(event.error)
             self._replay_ended(event)
@@ -513,12 +513,12 @@ class Connection:
             chosen = chosen or [s for s in replaying if s.journal is None]
         if chosen:
             sub = chosen[-1]
-            sub._end(event.error)
+            sub.mark_ended(event.error)
             self._release_now(sub, sub.patterns)
 
     def _release_now(self, sub: Subscription, patterns: Sequence[str], *, tell_broker: bool = True) -> None:
         """Stop feeding ``sub`` its ``patterns``; UNSUB (``tell_broker``) for each no other one holds."""
-        sub._end()
+        sub.mark_ended()
         if sub.replay_key is not None:
             self._subscriptions.pop(sub.replay_key, None)
             self.session.end_replay(sub.replay_key)  # (a heal no longer resumes its replay)

@@ -76,7 +76,9 @@ class ReplyStream:
         self._deadline = time.monotonic() + wait
         self._traced = traced
 
-    def _feed(self, item: Command | BaseException) -> None:
+    def deliver(self, item: Command | BaseException) -> None:
+        """(Called by the client's reader, not by applications.) The next answer to this request (a
+        PARTIAL, FINAL or ERROR command) or the error that ends it, read by the next ``__anext__``."""
         self._queue.put_nowait(item)
 
     @property
@@ -84,7 +86,10 @@ class ReplyStream:
         """Replies received and not yet taken (the next ``__anext__`` of each returns at once)."""
         return self._queue.qsize()
 
-    def _finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
+        """The stream is done (its final answer read, or ended by ``error``): the client forgets it and
+        its span is ended.  Called by the stream itself, and by the client when the request could not
+        even be sent."""
         self.done = True
         self.client.stream_ended(self.request_id)
         if self._traced is not None:
@@ -103,12 +108,12 @@ class ReplyStream:
         except TimeoutError:
             timeout = Timeout(f"request to {self.service!r}", self._wait)
             if not self.done:
-                self._finish(timeout)
+                self.finish(timeout)
                 if self.client.connected:
                     self.client.cancel_request(self.request_id)
             raise timeout from None
         if isinstance(item, BaseException):
-            self._finish(item)
+            self.finish(item)
             raise item
         headers = item.headers
         user = item.user_headers()
@@ -120,9 +125,9 @@ class ReplyStream:
             return Reply(parts, user, final=False, worker=headers.get(Header.WORKER), error=error)
         if item.verb is Verb.ERROR:
             error = answer_error(item)
-            self._finish(error)
+            self.finish(error)
             raise error
-        self._finish()
+        self.finish()
         self.final = Reply(parts, user, final=True)
         if self.scatter:
             self.count = P.decimal(headers.get(Header.COUNT, "0")) or 0
@@ -139,7 +144,7 @@ class ReplyStream:
         """CANCEL the request if it has not ended, and stop listening (idempotent)."""
         if self.done:
             return
-        self._finish(P.remote_error(Status.CANCELLED, "closed by the caller") if self._traced else None)
+        self.finish(P.remote_error(Status.CANCELLED, "closed by the caller") if self._traced else None)
         if self.client.connected:
             self.client.cancel_request(self.request_id)
 

@@ -115,9 +115,10 @@ class Subscription:
             with self._sync:
                 self._sync.notify_all()
 
-    def _offer_run(self, messages: list[Message]) -> None:
-        """``_offer`` each of ``messages``, in order: in one step (one append of them all, one
-        wake-up) when every one of them fits, as each would one by one."""
+    def offer_run(self, messages: list[Message]) -> None:
+        """(Called by the client's reader, not by applications.) Each of ``messages`` received, in
+        order, as one by one: in one step (one append of them all, one wake-up) when every one of
+        them fits, else each taken or dropped past ``max_pending`` as it comes."""
         items = self._items
         if len(items) + len(messages) > self.max_pending or self._bytes >= self.max_pending_bytes:
             for message in messages:
@@ -157,7 +158,10 @@ class Subscription:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _end(self, error: Exception | None = None) -> None:
+    def mark_ended(self, error: Exception | None = None) -> None:
+        """(Called by the client, not by applications.) This subscription has ended: closed by the
+        client, its replay done, or ended by the broker with ``error``; readers are woken and what
+        is buffered can still be read.  Idempotent: the first end's error stays."""
         self._release_held()
         if not self.closed:
             self.closed = True

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..message import Record
 from ..protocol import batch
 from ..protocol import routes as route_wire
+from ..protocol.journalrecords import decode_payload
 from ..settings import Config
 from .cluster.link import (
     RECORD_SLACK_BYTES,
@@ -54,7 +55,6 @@ from .jetstream.replicated import ReplicatedJournal
 from .jetstream.streams import Acks, Answer, Failed, FeedStatus, Records, StreamState, specs_of
 from .nngbridge import NngBridge
 from .outbox import Outbox
-from .storage.records import decode_payload
 
 log = logging.getLogger("mc0.broker")
 

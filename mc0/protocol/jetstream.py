@@ -4,7 +4,7 @@ Contract: pure names and small codecs, no I/O.  Journal ``NAME`` is the stream
 ``MC0_J_NAME`` over the subjects ``mc0.j.NAME.>``: a record on topic ``T`` is
 a message on ``mc0.j.NAME.T`` (a topic is a NATS subject already: the same
 tokens, the same wildcards), whose body is the record's payload as the file
-journal writes it (:mod:`mc0.broker.storage.records`) and whose seq and time
+journal writes it (:mod:`mc0.protocol.journalrecords`) and whose seq and time
 are the stream's, so every broker reads the same record at the same seq.  A
 durable consumer ``C`` is the JetStream durable pull consumer ``C`` of that
 stream, its mc0 owner, config and creation nonce in the consumer's metadata.  A kept letter

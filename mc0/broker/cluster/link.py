@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import secrets
 import socket
 import ssl
 import threading
@@ -72,6 +72,7 @@ import zmq
 
 from ...errors import ConfigError
 from ...protocol import routes as wire
+from ...protocol.linkframes import frame_number
 from ...settings import ClusterConfig
 from ..jetstream.linkpart import JetStreamPart
 from ..jetstream.streams import (
@@ -196,7 +197,7 @@ class ClusterLink:
         self.jetstream: JetStreamPart | None = None  # (the link thread's)
         # Milliseconds since the epoch, then 16 random bits: a broker's next start has a larger epoch,
         # so a late message of the run before is told from the new one (ordered as the clocks are).
-        self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | int.from_bytes(os.urandom(2))
+        self.epoch = epoch if epoch is not None else (time.time_ns() // 1_000_000) << 16 | secrets.randbits(16)
         self.name = ""
         # Up: what the link thread posts (frames, oldest first), and the socket pair whose read end the
         # loop polls (``socket``); ``_posted``: a wake byte was written since the loop last looked.
@@ -206,7 +207,7 @@ class ClusterLink:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         # Down: the loop's work for the thread, in order; ``_nudged``: its asyncio loop was woken since
-        # it last looked; ``_nudge`` (set by the thread) wakes it.
+        # it last looked; ``_nudge`` (given by the thread: ``attach``) wakes it.
         self._work: deque[tuple[bytes, ...]] = deque()
         self._nudged = False
         self._nudge: Callable[[], None] | None = None
@@ -384,7 +385,7 @@ class ClusterLink:
                 out.append(item)
         return out
 
-    def _post(self, frames: Sequence[bytes]) -> None:
+    def post(self, frames: Sequence[bytes]) -> None:
         """(the link thread) One post for the loop; the loop is woken if it was not since it last looked."""
         self._inbox.append(frames)
         if not self._posted:
@@ -415,6 +416,26 @@ class ClusterLink:
                     nudge()
                 except RuntimeError:  # its event loop has ended (closing)
                     pass
+
+    # ------------------------------------------------------------ the link thread's side of the hand-over
+    def attach(self, nudge: Callable[[], None]) -> None:
+        """(the link thread) Its run is wired: the loop's work now wakes it with ``nudge``, and ``start``
+        stops waiting."""
+        self._nudge = nudge
+        self._started.set()
+
+    def detach(self) -> None:
+        """(the link thread) Its run has ended: work handed from now on waits for the next run."""
+        self._nudge = None
+
+    def watch_work(self) -> None:
+        """(the link thread) About to look at the work: whatever is handed after this wakes it again."""
+        self._nudged = False
+
+    def next_work(self) -> tuple[bytes, ...] | None:
+        """(the link thread) The oldest work the loop handed over and the thread has not taken, or None."""
+        work = self._work
+        return work.popleft() if work else None
 
     @property
     def backlog(self) -> int:
@@ -448,7 +469,8 @@ class ClusterLink:
         if self._open:
             self._hand(tuple(call_frames(token, request)))
 
-    def _finished(self, size: int) -> None:  # (the link thread)
+    def count_finished(self, size: int) -> None:
+        """(the link thread) ``size`` bytes of route blobs it is done with, sent or given up (``backlog``)."""
         self.finished_bytes += size
 
     # ------------------------------------------------------------ the link thread
@@ -462,7 +484,8 @@ class ClusterLink:
     async def _main(self) -> None:
         await _LinkRun(self).main()  # (made on the thread's running loop: its parts need it)
 
-    def _options(self) -> dict[str, Any]:
+    def connect_options(self) -> dict[str, Any]:
+        """nats-py's ``connect`` options for this broker's link (its name, TLS, credentials, inbox prefix)."""
         return nats_options(self.config, f"mc0-broker-{self.name}", reply_prefix=wire.reply_prefix(self.name))
 
 
@@ -481,7 +504,7 @@ class _LinkRun:
         self.stopping = asyncio.Event()
         self.work_ready = asyncio.Event()  # the loop handed work (set through call_soon_threadsafe)
         loop = asyncio.get_running_loop()
-        self.post = link.poster = Poster(link._post, counted=frozenset({posts.ROUTE, RECORDS}))
+        self.post = link.poster = Poster(link.post, counted=frozenset({posts.ROUTE, RECORDS}))
         self.nc = Nats()
         self.resyncs = Resyncs(self.post, self.counters)
         budget = max(REASSEMBLY_BUDGET_BYTES, 2 * link.max_record_bytes)
@@ -495,7 +518,7 @@ class _LinkRun:
             link.epoch,
             self.counters,
             resync=self.resyncs.ask,
-            finished=link._finished,
+            finished=link.count_finished,
             stopping=self.stopping,
         )
         every = link.config.hello_ms / 1000.0
@@ -528,8 +551,7 @@ class _LinkRun:
         def nudge() -> None:  # (the broker loop's thread)
             loop.call_soon_threadsafe(ready.set)
 
-        link._nudge = ready.set if link.hosted else nudge  # (hosted: the same thread, the same loop)
-        link._started.set()
+        link.attach(ready.set if link.hosted else nudge)  # (hosted: the same thread, the same loop)
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -556,7 +578,7 @@ class _LinkRun:
             await self._close()
 
     async def _connect(self) -> bool:
-        options = self.link._options()
+        options = self.link.connect_options()
         options.update(
             disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected, error_cb=self._on_error
         )
@@ -592,11 +614,9 @@ class _LinkRun:
         """The loop's work, in order: route blobs, JetStream proposals and store calls, until STOP."""
         jetstream = self.jetstream
         link = self.link
-        work = link._work
         while True:
-            link._nudged = False  # (before looking: whatever is handed after this wakes it again)
-            while work:
-                frames = work.popleft()
+            link.watch_work()  # (before looking: whatever is handed after this wakes it again)
+            while (frames := link.next_work()) is not None:
                 op = frames[0]
                 if op == _STOP:
                     self.stopping.set()
@@ -606,7 +626,7 @@ class _LinkRun:
                     for token, subject, msgid, origin, payload in parse_proposals(frames[2], frames[3]):
                         await jetstream.publish(journal, token, subject, msgid, origin, payload)
                 elif op == OP_CALL and jetstream is not None:
-                    jetstream.call(int.from_bytes(frames[1], "big"), json.loads(frames[2]))
+                    jetstream.call(frame_number(frames[1]), json.loads(frames[2]))
                 elif op not in (OP_PUBLISH, OP_CALL):
                     await self.sender.send(op.decode(), frames[1])
             await self.work_ready.wait()
@@ -656,4 +676,4 @@ class _LinkRun:
             await asyncio.wait_for(nc.close(), CLOSE_FLUSH_S)
         except Exception:
             pass
-        self.link._nudge = None
+        self.link.detach()

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...protocol.linkframes import frame_number, number_frame
+
 HELLO, ROUTE, UP, DOWN, DROPPED, RESYNC = b"H", b"R", b"U", b"D", b"X", b"Y"
 KINDS = frozenset({HELLO, ROUTE, UP, DOWN, DROPPED, RESYNC})
 
@@ -60,15 +62,15 @@ RouteNews = Hello | RouteBlob | LinkChange | RoutesDropped | RouteResync
 
 
 def hello(name: str, epoch: int) -> tuple[bytes, ...]:
-    return (HELLO, name.encode(), epoch.to_bytes(8, "big"))
+    return (HELLO, name.encode(), number_frame(epoch))
 
 
 def route(name: str, epoch: int, blob: bytes) -> tuple[bytes, ...]:
-    return (ROUTE, name.encode(), epoch.to_bytes(8, "big"), blob)
+    return (ROUTE, name.encode(), number_frame(epoch), blob)
 
 
 def dropped(count: int) -> tuple[bytes, ...]:
-    return (DROPPED, count.to_bytes(8, "big"))
+    return (DROPPED, number_frame(count))
 
 
 def resync(name: str) -> tuple[bytes, ...]:
@@ -79,13 +81,13 @@ def parse(frames: Sequence[bytes]) -> RouteNews | None:
     """The item a post of one of these kinds is (None for any other kind)."""
     kind = frames[0]
     if kind == ROUTE:
-        return RouteBlob(frames[1].decode(), int.from_bytes(frames[2], "big"), frames[3])
+        return RouteBlob(frames[1].decode(), frame_number(frames[2]), frames[3])
     if kind == HELLO:
-        return Hello(frames[1].decode(), int.from_bytes(frames[2], "big"))
+        return Hello(frames[1].decode(), frame_number(frames[2]))
     if kind == UP or kind == DOWN:
         return LinkChange(kind == UP)
     if kind == DROPPED:
-        return RoutesDropped(int.from_bytes(frames[1], "big"))
+        return RoutesDropped(frame_number(frames[1]))
     if kind == RESYNC:
         return RouteResync(frames[1].decode())
     return None

@@ -58,8 +58,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...protocol import jetstream as jsw
+from ...protocol.linkframes import NS
 from ..cluster.credit import Poster
-from .streams import API_TIMEOUT_S, NS, StoreError, ack_tokens, api, feed_frames, records_frames, state_frames
+from .streams import API_TIMEOUT_S, StoreError, ack_tokens, api, feed_frames, records_frames, state_frames
 
 log = logging.getLogger("mc0.broker")
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from ...errors import ConfigError, Error
 from ...protocol import jetstream as jsw
+from ...protocol.journalrecords import encode_payload
 from ...settings import Config
 from ..cluster.link import nats_options
 from ..storage.filestore import Journal
-from ..storage.records import encode_payload
 from .linkpart import message_size, too_large
 from .streams import StoreError, api, spec_of
 

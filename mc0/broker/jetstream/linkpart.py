@@ -53,9 +53,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...protocol import jetstream as jsw
+from ...protocol import linkframes
 from .feed import StreamFeed
 from .storeops import StoreOps
-from .streams import ACK, ACKS, ANSWER, FAILED, FAILURE, StoreError, StreamSpec, api
+from .streams import ACKS, ANSWER, FAILED, StoreError, StreamSpec, api
 
 log = logging.getLogger("mc0.broker")
 
@@ -300,7 +301,7 @@ class JetStreamPart:
         self._retry.pop(serial, None)
         # A duplicate after this broker's own retry is its own first attempt, not the publisher's repeat.
         duplicate = bool(answer.get("duplicate")) and pending.attempts == 1
-        self._acks.setdefault(pending.journal, []).append(ACK.pack(pending.token, int(answer["seq"]), duplicate))
+        self._acks.setdefault(pending.journal, []).append(linkframes.ack(pending.token, int(answer["seq"]), duplicate))
         self.counters["acked"] += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -369,7 +370,7 @@ class JetStreamPart:
         self._pending.pop(serial, None)
         self._retry.pop(serial, None)
         self.counters["failed"] += 1
-        self.post((FAILED, pending.journal.encode(), FAILURE.pack(pending.token, code), reason.encode()))
+        self.post((FAILED, pending.journal.encode(), linkframes.failure(pending.token, code), reason.encode()))
 
     async def _sweep(self) -> None:
         """Proposals past their time fail 504; those due for another attempt are sent again."""
@@ -426,4 +427,4 @@ class JetStreamPart:
         except Exception as exc:  # a bug here must still answer
             log.exception("cluster: JetStream call %s failed", op)
             data = {"error": {"code": 503, "description": f"JetStream call failed: {type(exc).__name__}"}}
-        self.post((ANSWER, token.to_bytes(8, "big"), json.dumps(data).encode(), *payloads))
+        self.post((ANSWER, linkframes.number_frame(token), json.dumps(data).encode(), *payloads))

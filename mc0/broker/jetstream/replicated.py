@@ -47,10 +47,10 @@ from typing import NamedTuple
 from ...message import Record
 from ...protocol import PageColumns
 from ...protocol import jetstream as jsw
+from ...protocol.journalrecords import decode_payload, encode_payload
 from ...settings import JournalSettings
 from ..storage.filestore import Journal
 from ..storage.port import Trimmed
-from ..storage.records import decode_payload, encode_payload
 from .copystate import CopyState
 
 log = logging.getLogger("mc0.journal")

@@ -178,7 +178,10 @@ class StoreConsumers:
 
     @staticmethod
     def _error(client: Peer, rid: str, code: int, reason: str) -> list[Out]:
-        status = Status(code) if code in Status._value2member_map_ else Status.NO_WORKER
+        try:
+            status = Status(code)
+        except ValueError:  # a code mc0 has no status for
+            status = Status.NO_WORKER
         return [(client.routing_id, client.dialect.error(rid, CONSUMER_SERVICE, status, reason))]
 
     def _call(

@@ -17,23 +17,20 @@ payloads of the records it carries).
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...protocol import jetstream as jsw
+from ...protocol import linkframes
+from ...protocol.linkframes import NS
 from ...settings import Config, JournalSettings
 
 # Frames the loop sends the link thread (the first frame; route names never start with \x01).
 OP_PUBLISH, OP_CALL = b"\x01P", b"\x01C"
 # Frames the link thread posts to the loop.
 ACKS, FAILED, STATE, RECORDS, ANSWER, FEED = b"A", b"F", b"S", b"W", b"C", b"L"  # (none of cluster.posts.KINDS)
-ACK = struct.Struct("!QQB")  # token, seq, duplicate
-RECORD = struct.Struct("!QqHI")  # seq, ts (ns), origin length, payload length
-PROPOSAL = struct.Struct("!QHHHI")  # token, subject, msgid and origin lengths, payload length
-FAILURE = struct.Struct("!QH")  # token, mc0 status
-NS = 1_000_000_000
+# (Their frames' layouts: mc0.protocol.linkframes.)
 API_TIMEOUT_S = 5.0
 NOT_FOUND_ERRORS = {10014, 10059}  # JetStream's consumer / stream not found
 
@@ -185,9 +182,9 @@ def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
     """One post of the JetStream part (its frames), None if it is not one."""
     kind = frames[0]
     if kind == ACKS:
-        return Acks(frames[1].decode(), [(t, s, bool(d)) for t, s, d in ACK.iter_unpack(frames[2])])
+        return Acks(frames[1].decode(), linkframes.acks(frames[2]))
     if kind == FAILED:
-        token, code = FAILURE.unpack(frames[2])
+        token, code = linkframes.read_failure(frames[2])
         return Failed(frames[1].decode(), token, code, frames[3].decode(errors="replace"))
     if kind == STATE:
         state = json.loads(frames[2])
@@ -195,18 +192,9 @@ def parse_inbound(frames: Sequence[bytes]) -> StoreNews | None:
     if kind == FEED:
         return FeedStatus(frames[1].decode(), frames[2] == b"1", frames[3].decode(errors="replace"))
     if kind == RECORDS:
-        meta, blob, records = frames[2], frames[3], []
-        pos = start = 0
-        while pos < len(meta):
-            seq, ts, size, length = RECORD.unpack_from(meta, pos)
-            pos += RECORD.size
-            origin = meta[pos : pos + size].decode(errors="replace")
-            pos += size
-            records.append((seq, ts / NS, origin, blob[start : start + length]))
-            start += length
-        return Records(frames[1].decode(), records)
+        return Records(frames[1].decode(), linkframes.read_records(frames[2], frames[3]))
     if kind == ANSWER:
-        return Answer(int.from_bytes(frames[1], "big"), json.loads(frames[2]), list(frames[3:]))
+        return Answer(linkframes.frame_number(frames[1]), json.loads(frames[2]), list(frames[3:]))
     return None
 
 
@@ -221,36 +209,22 @@ def feed_frames(journal: str, following: bool, reason: str) -> tuple[bytes, ...]
 
 def records_frames(journal: str, items: list[tuple[int, int, str, bytes]]) -> tuple[bytes, ...]:
     """(seq, ts ns, origin, payload) each, in one message of four frames (a frame each costs a send)."""
-    meta = b"".join(RECORD.pack(s, t, len(o), len(p)) + o.encode() for s, t, o, p in items)
-    return (RECORDS, journal.encode(), meta, b"".join(p for *_, p in items))
+    return (RECORDS, journal.encode(), linkframes.records_meta(items), b"".join(p for *_, p in items))
 
 
 def proposals_frames(journal: str, proposals: Sequence[Any]) -> tuple[bytes, ...]:
     """A commit's proposals (``storage.replicated.Proposal``) to one journal, in one message of four frames."""
-    meta: list[bytes] = []
-    for p in proposals:
-        subject, msgid, origin = p.subject.encode(), p.msgid.encode(), p.origin.encode()
-        meta += (PROPOSAL.pack(p.token, len(subject), len(msgid), len(origin), len(p.payload)), subject, msgid, origin)
-    return (OP_PUBLISH, journal.encode(), b"".join(meta), b"".join(p.payload for p in proposals))
+    meta = b"".join(
+        linkframes.proposal_meta(p.token, p.subject.encode(), p.msgid.encode(), p.origin.encode(), len(p.payload))
+        for p in proposals
+    )
+    return (OP_PUBLISH, journal.encode(), meta, b"".join(p.payload for p in proposals))
 
 
 def parse_proposals(meta: bytes, blob: bytes) -> Iterator[tuple[int, str, str, str, bytes]]:
     """(token, subject, msgid, origin, payload) of each proposal of ``proposals_frames``, in order."""
-    pos = start = 0
-    while pos < len(meta):
-        token, subject, msgid, origin, length = PROPOSAL.unpack_from(meta, pos)
-        pos += PROPOSAL.size
-        texts = meta[pos : pos + subject + msgid + origin].decode()
-        pos += subject + msgid + origin
-        yield (
-            token,
-            texts[:subject],
-            texts[subject : subject + msgid],
-            texts[subject + msgid :],
-            blob[start : start + length],
-        )
-        start += length
+    return linkframes.read_proposals(meta, blob)
 
 
 def call_frames(token: int, request: dict[str, Any]) -> list[bytes]:
-    return [OP_CALL, token.to_bytes(8, "big"), json.dumps(request).encode()]
+    return [OP_CALL, linkframes.number_frame(token), json.dumps(request).encode()]

@@ -26,8 +26,8 @@ owned by :class:`mc0.broker.storage.filestore.Journal`; the core never sees file
   and those messages delivered again — at least once, never lost.
 * ``save(name, None)`` removes both files and closes the log.
 
-Record framing (little endian): ``u32 length, u32 crc32(state), state``; a
-change record's length has its top bit set (``CHANGE_FLAG``), so a broker that
+Record framing (little endian, :func:`mc0.protocol.journalrecords.state_frame`): ``u32 length,
+u32 crc32(state), state``; a change record's length has its top bit set (``CHANGE_FLAG``), so a broker that
 predates changes reads one as a torn record and starts from the state before it
 (its acks come again: at least once).
 """
@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
 from collections import OrderedDict
 from pathlib import Path
+
+from ...protocol.journalrecords import read_state_frame, state_frame
 
 log = logging.getLogger("mc0.journal")
 
@@ -48,8 +48,6 @@ LOG_SUFFIX = ".log"
 COMPACT_MIN_BYTES = 1 << 20  # a log this long (or COMPACT_RATIO states) becomes a snapshot
 COMPACT_RATIO = 64
 MAX_OPEN_LOGS = 32  # log descriptors kept open per journal (least recently saved closed first)
-_FRAME = struct.Struct("<II")
-CHANGE_FLAG = 1 << 31  # in a record's length: a change to the state before it, not a whole state
 
 
 class ConsumerFiles:
@@ -92,16 +90,19 @@ class ConsumerFiles:
         last: bytes | None = None
         changes: list[bytes] = []
         pos = 0
-        while pos + _FRAME.size <= len(data):
-            length, crc = _FRAME.unpack_from(data, pos)
-            end = pos + _FRAME.size + (length & ~CHANGE_FLAG)
-            if end > len(data) or zlib.crc32(data[pos + _FRAME.size : end]) != crc:
+        while True:
+            try:
+                frame = read_state_frame(data, pos)
+            except ValueError:
                 log.warning("consumer state log %s: torn or corrupt record at byte %d ignored", path, pos)
                 break
-            if length & CHANGE_FLAG:
-                changes.append(data[pos + _FRAME.size : end])
+            if frame is None:
+                break
+            body, change, end = frame
+            if change:
+                changes.append(body)
             else:
-                last, changes = data[pos + _FRAME.size : end], []
+                last, changes = body, []
             pos = end
         return last, changes, pos
 
@@ -114,15 +115,13 @@ class ConsumerFiles:
             if self.sync:
                 fsync_dir(self.folder)
             return
-        size = self._append(name, _FRAME.pack(len(state), zlib.crc32(state)) + state)
+        size = self._append(name, state_frame(state, change=False))
         if size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * len(state)):
             self._compact(name, state)
 
     def save_change(self, name: str, change: bytes) -> None:
         """Append a change to the state saved before it (one write; fsynced under ``always``)."""
-        if len(change) >= CHANGE_FLAG:
-            raise ValueError(f"a change of {len(change)} bytes")
-        self._append(name, _FRAME.pack(len(change) | CHANGE_FLAG, zlib.crc32(change)) + change)
+        self._append(name, state_frame(change, change=True))  # (ValueError, nothing written: too long)
 
     def _append(self, name: str, record: bytes) -> int:
         """Append one framed record to the log; the log's size after it."""

@@ -54,28 +54,29 @@ import logging
 import os
 import struct
 import time
-import zlib
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ...message import Record
 from ...protocol import Header, PageColumns, page_columns
-from ...settings import FSYNC_POLICIES, JournalSettings
-from .consumerfiles import ConsumerFiles, fsync_dir
-from .port import JournalError, Trimmed
-from .records import (
-    HEAD,
+from ...protocol.journalrecords import (
+    HEAD_BYTES,
     MAX_PAYLOAD,
-    PAYLOAD_HEAD,
-    SEQ_TS,
     decode_payload,
     encode_body_record,
     encode_payload,
     encode_record,
+    frame_payload,
     payload_columns,
     payload_prefix,
+    payload_topic,
+    read_head,
+    record_crc,
 )
+from ...settings import FSYNC_POLICIES, JournalSettings
+from .consumerfiles import ConsumerFiles, fsync_dir
+from .port import JournalError, Trimmed
 from .syncer import Syncer
 from .topicindex import TopicIndex, select
 
@@ -204,15 +205,15 @@ class Journal:
         pos = 0
         seq = segment.first_seq
         view = memoryview(data)
-        while pos + HEAD.size <= len(data):
-            length, crc, rec_seq, ts = HEAD.unpack_from(data, pos)
-            end = pos + HEAD.size + length
+        while pos + HEAD_BYTES <= len(data):
+            length, crc, rec_seq, ts = read_head(data, pos)
+            end = pos + HEAD_BYTES + length
             if length > MAX_PAYLOAD or end > len(data) or rec_seq != seq:
                 break
-            if zlib.crc32(view[pos + HEAD.size : end], zlib.crc32(SEQ_TS.pack(rec_seq, ts))) != crc:
+            if record_crc(view[pos + HEAD_BYTES : end], rec_seq, ts) != crc:
                 break
             segment.offsets.append(pos)
-            segment.topics.add_payload(data, pos + HEAD.size, end)
+            segment.topics.add_payload(data, pos + HEAD_BYTES, end)
             if segment.first_ts is None:
                 segment.first_ts = ts
             segment.last_ts = ts
@@ -344,8 +345,7 @@ class Journal:
             else:  # an empty segment: it starts where the records do
                 self._replace_empty(seq)
                 active = self._segments[-1]
-        seq_ts = SEQ_TS.pack(seq, ts)
-        data = HEAD.pack(len(payload), zlib.crc32(payload, zlib.crc32(seq_ts)), seq, ts) + payload
+        data = frame_payload(seq, ts, payload)
         if active.offsets and active.size + len(data) > self.settings.segment_bytes:
             active = self._roll(seq)
         active.offsets.append(active.size)
@@ -732,16 +732,14 @@ class Journal:
         pos = 0
         view = memoryview(data)
         while pos < len(data):
-            length, _crc, seq, ts = HEAD.unpack_from(data, pos)
-            body_start = pos + HEAD.size
+            length, _crc, seq, ts = read_head(data, pos)
+            body_start = pos + HEAD_BYTES
             pos = body_start + length
             if not length:
                 continue  # a hole
             try:
                 if match is not None:
-                    (topic_len,) = struct.unpack_from("<H", data, body_start)
-                    topic = bytes(view[body_start + PAYLOAD_HEAD.size : body_start + PAYLOAD_HEAD.size + topic_len])
-                    if not match(topic.decode()):
+                    if not match(payload_topic(view, body_start).decode()):
                         continue
                 out.append(decode_payload(seq, ts, view, body_start, pos))
             except (struct.error, ValueError) as exc:

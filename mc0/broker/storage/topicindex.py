@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from itertools import compress, repeat
 from operator import sub
 
+from ...protocol.journalrecords import PAYLOAD_HEAD_BYTES, topic_stop
+
 UNKNOWN = 255  # a topic the index did not name: its record is checked by the reader
 MAX_TOPICS = UNKNOWN  # ids 0 .. 254
-_PAYLOAD_HEAD = 8  # u16 topic_len, u16 sender_len, u16 n_headers, u16 n_parts (records.PAYLOAD_HEAD)
 _FAILS, _PASSES, _CHECK = 0, 1, 2  # a record's verdict in ``flags``
 
 
@@ -45,8 +46,8 @@ class TopicIndex:
 
     def add_payload(self, data: bytes, pos: int, end: int) -> None:
         """The next record's topic, from its payload ``data[pos:end]`` (UNKNOWN if it holds none)."""
-        start = pos + _PAYLOAD_HEAD
-        stop = start + (data[pos] | data[pos + 1] << 8) if start <= end else end + 1  # u16 topic_len
+        start = pos + PAYLOAD_HEAD_BYTES
+        stop = topic_stop(data, pos, end)
         if stop > end:  # a payload too short for its head or its topic (a hole, or not an mc0 record)
             self.ids.append(UNKNOWN)
             return

@@ -1,7 +1,12 @@
-"""The record codec of the file journal (and of a JetStream journal's messages).
+"""The layouts of a journal's records: a record in a file journal's segment, the body of a JetStream
+journal's message, and a frame of a consumer's state log.
 
-Contract: pure functions over bytes, no I/O.  A record on disk is ``head payload``
-(see :mod:`.filestore` for the format); ``encode_payload`` is the payload alone,
+Contract: pure functions over bytes, no I/O; every ``struct`` layout of the journals is here (the
+wire's are in :mod:`.batch`, :mod:`.bodies` and :mod:`.routes`), and the stores
+(:mod:`mc0.broker.storage.filestore`, :mod:`mc0.broker.storage.consumerfiles`,
+:mod:`mc0.broker.jetstream.replicated`) build and read records only through these functions.
+A record on disk is ``head payload`` (``HEAD``: payload length, CRC-32 of seq, time and payload,
+seq, time; see :mod:`mc0.broker.storage.filestore` for the segments); ``encode_payload`` is the payload alone,
 which is also the body of a JetStream journal's message (its seq and time are the
 stream's), so a record reads back the same from either store.  ``decode_payload``
 and ``payload_columns`` raise ``struct.error``/``ValueError`` on inconsistent bytes.
@@ -17,8 +22,8 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 
-from ...message import Record
-from ...protocol import PageColumns
+from ..message import Record
+from .bodies import PageColumns
 
 HEAD = struct.Struct("<IIQd")
 SEQ_TS = struct.Struct("<Qd")
@@ -26,17 +31,76 @@ PAYLOAD_HEAD = struct.Struct("<HHHH")
 _HEADER = struct.Struct("<HI")
 _PART = struct.Struct("<I")
 _RECORD_HEAD = struct.Struct("<IIQdHHHH")  # head then the payload's head: one unpack per record
+_TOPIC_LENGTH = struct.Struct("<H")  # the payload head's first field
 # A length field beyond this is corruption, not a record (the broker's frame limit is far below).
 MAX_PAYLOAD = 1 << 30
+HEAD_BYTES = HEAD.size
+PAYLOAD_HEAD_BYTES = PAYLOAD_HEAD.size
+# A consumer's state log: frames of ``length crc body``; a length with CHANGE_FLAG set is a change to
+# the state before it, not a whole state.
+_STATE_FRAME = struct.Struct("<II")
+CHANGE_FLAG = 1 << 31
+
+
+def read_head(data: bytes | memoryview, pos: int) -> tuple[int, int, int, float]:
+    """The head of the record at ``data[pos:]``: (payload length, CRC, seq, time); struct.error if
+    fewer than ``HEAD_BYTES`` are left."""
+    length, crc, seq, ts = HEAD.unpack_from(data, pos)
+    return length, crc, seq, ts
+
+
+def topic_stop(data: bytes, pos: int, end: int) -> int:
+    """Where the topic of the payload ``data[pos:end]`` ends (it starts ``PAYLOAD_HEAD_BYTES`` after
+    ``pos``); past ``end`` when the payload is too short for its head or its topic (a hole, or not an
+    mc0 record).  Its u16 length read from two bytes: the topic index's hot path, no struct call."""
+    start = pos + PAYLOAD_HEAD_BYTES
+    return start + (data[pos] | data[pos + 1] << 8) if start <= end else end + 1
+
+
+def record_crc(payload: bytes | memoryview, seq: int, ts: float) -> int:
+    """The CRC a record's head holds: CRC-32 of its seq and time, continued over its payload."""
+    return zlib.crc32(payload, zlib.crc32(SEQ_TS.pack(seq, ts)))
+
+
+def frame_payload(seq: int, ts: float, payload: bytes) -> bytes:
+    """The record on disk of a payload already encoded (``encode_payload``, or a JetStream message's)."""
+    return HEAD.pack(len(payload), record_crc(payload, seq, ts), seq, ts) + payload
+
+
+def payload_topic(data: bytes | memoryview, pos: int) -> bytes:
+    """The topic's bytes of the payload at ``data[pos:]`` (struct.error if too short for its head)."""
+    (length,) = _TOPIC_LENGTH.unpack_from(data, pos)
+    start = pos + PAYLOAD_HEAD.size
+    return bytes(data[start : start + length])
+
+
+def state_frame(body: bytes, *, change: bool) -> bytes:
+    """A frame of a consumer's state log: a whole state, or (``change``) a change to the one before it;
+    ValueError for a change too long for its length field."""
+    if change:
+        if len(body) >= CHANGE_FLAG:
+            raise ValueError(f"a change of {len(body)} bytes")
+        return _STATE_FRAME.pack(len(body) | CHANGE_FLAG, zlib.crc32(body)) + body
+    return _STATE_FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def read_state_frame(data: bytes, pos: int) -> tuple[bytes, bool, int] | None:
+    """The frame of a consumer's state log at ``data[pos:]``: (its body, whether it is a change, where
+    it ends); None when fewer bytes than a frame's head are left, ValueError when it is torn or corrupt."""
+    head = _STATE_FRAME.size
+    if pos + head > len(data):
+        return None
+    length, crc = _STATE_FRAME.unpack_from(data, pos)
+    end = pos + head + (length & ~CHANGE_FLAG)
+    if end > len(data) or zlib.crc32(data[pos + head : end]) != crc:
+        raise ValueError(f"a torn or corrupt frame at byte {pos}")
+    return data[pos + head : end], bool(length & CHANGE_FLAG), end
 
 
 def encode_record(
     seq: int, ts: float, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]
 ) -> bytes:
-    payload = encode_payload(topic, sender, headers, parts)
-    seq_ts = SEQ_TS.pack(seq, ts)
-    crc = zlib.crc32(payload, zlib.crc32(seq_ts))
-    return HEAD.pack(len(payload), crc, seq, ts) + payload
+    return frame_payload(seq, ts, encode_payload(topic, sender, headers, parts))
 
 
 def payload_prefix(topic: str, sender: str) -> bytes:
