@@ -25,6 +25,7 @@ from typing import Any
 
 from ...errors import InvalidTopic, ProtocolError
 from ...protocol import Status
+from ...protocol.consumerrequests import int_field
 from ...topics import pattern_matches, split_pattern
 from ..storage.port import JournalStore
 from .peers import Peer
@@ -197,13 +198,6 @@ def settled_body(op: str, done: int, ignored: int) -> bytes:
     if op < "ignored":
         return f'{{"{op}": {done}, "ignored": {ignored}}}'.encode()
     return f'{{"ignored": {ignored}, "{op}": {done}}}'.encode()
-
-
-def int_field(query: dict[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:
-    value = query.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
-    return value
 
 
 def parse_config(journal: str, query: dict[str, Any], rid: str) -> tuple[ConsumerConfig, tuple[tuple[str, ...], ...]]:
