@@ -1,7 +1,7 @@
 """mc0.protocol.consumerrequests: the mc0.consumer requests on one consumer, as a table of literal
 cases (each good one's typed request, each bad one's status and whole error text), the body's own
 refusals, and the op checked apart from its arguments (the broker's own consumers check grants
-between the two)."""
+between the two); any JSON object fuzzed in gives a request or a 400, never another exception."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0.errors import ProtocolError
 from mc0.protocol.consumerrequests import (
@@ -124,3 +126,28 @@ def test_consumer_query(body: list[bytes], expected: dict[str, Any] | tuple[int,
         assert (caught.value.code, caught.value.reason) == expected
     else:
         assert consumer_query(body, "r") == expected
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+INT_TEXTS = ("max must be", "wait_ms must be", "delay_ms must be")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["op", "journal", "name", "max", "wait_ms", "seqs", "delay_ms"]),
+        JSON | st.sampled_from(["info", "pull", "ack", "nak", "term", "delete"]) | st.lists(st.integers(), max_size=4),
+    )
+)
+def test_parse_consumer_request_takes_any_json_a_request_or_a_400(query: dict[str, Any]) -> None:
+    try:
+        request = parse_consumer_request(query, "r", max_wait_ms=30_000)
+    except ProtocolError as exc:
+        assert exc.code == 400 and exc.reason.startswith(("unknown op ", SEQS, *INT_TEXTS)), exc.reason
+    else:
+        assert isinstance(request, ConsumerInfo | ConsumerDelete | ConsumerPull | ConsumerSettle)
+        assert (request.journal, request.name) == (str(query.get("journal", "")), str(query.get("name", "")))

@@ -82,7 +82,8 @@ PULL_SCAN_RECORDS = 20_000
 PULL_SCAN_STEP = 1_000
 DEAD_LETTER_PREFIX = P.SYS_DEAD_PREFIX
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
-_STORE_OPS = frozenset({"create", "info", "pull", "ack", "nak", "term", "delete"})
+# A tuple: ``op in`` compares, never hashes (an op sent as a JSON list or object is unhashable).
+_STORE_OPS = ("create", "info", "pull", "ack", "nak", "term", "delete")
 
 
 def _in_jetstream(journal: JournalStore) -> bool:
