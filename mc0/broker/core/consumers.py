@@ -4,9 +4,10 @@ Contract: owns every consumer (its config, its ack floor, what it delivered
 and is waiting to hear about, and the pulls waiting for messages).  The
 ``mc0.consumer`` service's JSON ops arrive through ``handle``; a request is
 validated whole before it changes anything (400/403/404/409 as
-``ProtocolError``).  Each delivered message is in one :class:`HeldState`
-state, moved only by ``held_transition`` (one table, tested as one):
-``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
+``ProtocolError``; its op and arguments parsed by
+:mod:`mc0.protocol.consumerrequests`, the grants checked between the two).
+Each delivered message is in one :class:`HeldState` state, moved only by
+``held_transition`` (one table, tested as one): ``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
 ``ack_wait`` passing makes it due, and a due message that already had
 ``max_deliver`` deliveries is dead-lettered (published on
 ``mc0.sys.dead.<journal>.<consumer>`` with the reason) and settled.

@@ -4,9 +4,11 @@ Contract: the ``mc0.consumer`` ops on a journal with ``store = "jetstream"``
 (:class:`~mc0.broker.core.consumers.Consumers` hands them here) keep their
 meaning, but the consumer is a JetStream durable pull consumer of the
 journal's stream (R as the journal), so one created at broker A is pulled at
-B and an ack at B is seen everywhere.  Each request is validated whole first
-(400 as for a local consumer), then answered when the store answers (a store
-call; an answer that failed is the store's code, 503 when it did not answer).
+B and an ack at B is seen everywhere.  Each request is validated whole first,
+400 as for a local consumer (a ``create``'s config here, by ``parse_config``;
+every other op comes parsed by :mod:`mc0.protocol.consumerrequests`), then
+answered when the store answers (a store call; an answer that failed is the
+store's code, 503 when it did not answer).
 What stays the core's: the owner (kept in the consumer's metadata: only its
 identity uses it; checked against JetStream's own at every op, as below),
 the owner's grants at each pull (a record they may not be
