@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from mc0.errors import ProtocolError
 from mc0.protocol.consumerrequests import (
+    ConsumerConfig,
     ConsumerDelete,
     ConsumerInfo,
     ConsumerPull,
@@ -22,6 +23,7 @@ from mc0.protocol.consumerrequests import (
     consumer_op,
     consumer_query,
     consumer_request,
+    parse_config,
     parse_consumer_request,
 )
 
@@ -88,6 +90,48 @@ def test_parse_consumer_request(query: dict[str, Any], expected: ConsumerRequest
         assert (caught.value.code, caught.value.reason, caught.value.request_id) == (400, expected, "r")
     else:
         assert parse_consumer_request(query, "r", max_wait_ms=30_000) == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        # good: the config (the journal is the one the request named, found by the caller)
+        ({"name": "c"}, ConsumerConfig("main", "c")),
+        ({"name": "A-z_9", "topics": "jobs.*"}, ConsumerConfig("main", "A-z_9", ("jobs.*",))),
+        (
+            {"name": "c", "topics": ["a.>", "b"], "ack_wait_ms": 1, "max_deliver": 1_000_000, "deliver": "new"},
+            ConsumerConfig("main", "c", ("a.>", "b"), 1, 1_000_000, 1_000, "new"),
+        ),
+        (
+            {"name": "c", "max_ack_pending": 100_000, "ack_wait_ms": 86_400_000},
+            ConsumerConfig("main", "c", (">",), 86_400_000, 5, 100_000),
+        ),
+        ({"name": "x" * 64}, ConsumerConfig("main", "x" * 64)),
+        # bad: 400 and the whole text
+        ({}, "name must be 1-64 letters, digits, '-' or '_'"),
+        ({"name": ""}, "name must be 1-64 letters, digits, '-' or '_'"),
+        ({"name": "x" * 65}, "name must be 1-64 letters, digits, '-' or '_'"),
+        ({"name": "a.b"}, "name must be 1-64 letters, digits, '-' or '_'"),
+        ({"name": 7}, "name must be 1-64 letters, digits, '-' or '_'"),
+        ({"name": "c", "topics": []}, "topics must be a non-empty list of patterns"),
+        ({"name": "c", "topics": [1]}, "topics must be a non-empty list of patterns"),
+        ({"name": "c", "topics": None}, "topics must be a non-empty list of patterns"),
+        ({"name": "c", "topics": ["a..b"]}, "invalid topic 'a..b': empty token"),
+        ({"name": "c", "deliver": "sometimes"}, "deliver must be 'all' or 'new'"),
+        ({"name": "c", "ack_wait_ms": 0}, "ack_wait_ms must be an integer in [1, 86400000]"),
+        ({"name": "c", "max_deliver": 0}, "max_deliver must be an integer in [1, 1000000]"),
+        ({"name": "c", "max_ack_pending": 100_001}, "max_ack_pending must be an integer in [1, 100000]"),
+        ({"name": "bad name", "topics": []}, "name must be 1-64 letters, digits, '-' or '_'"),  # the first wrong field
+    ],
+)
+def test_parse_config(query: dict[str, Any], expected: ConsumerConfig | str) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(ProtocolError) as caught:
+            parse_config("main", query, "r")
+        assert (caught.value.code, caught.value.reason) == (400, expected)
+    else:
+        config, patterns = parse_config("main", query, "r")
+        assert config == expected and patterns == tuple(tuple(t.split(".")) for t in expected.topics)
 
 
 def test_a_pull_waits_at_most_the_brokers_max_wait_ms() -> None:

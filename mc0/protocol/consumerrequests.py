@@ -1,4 +1,4 @@
-"""The ``mc0.consumer`` service's requests on one consumer, parsed once into typed requests.
+"""The ``mc0.consumer`` service's requests, parsed once into typed ones; a consumer's config.
 
 Contract: pure, no I/O.  A request's body is a JSON object ``{"op": OP,
 "journal": J, "name": N, ...its arguments}`` (docs/PROTOCOL.md, Durable
@@ -14,17 +14,21 @@ JetStream's, ``jetstream/storeconsumers.py``), so a request means the same and
 is refused with the same words whichever keeps the consumer.  The op and its
 arguments are two steps because the broker's own consumers check the
 caller's grants between them (a request both refused and malformed is
-answered as it always was).  :func:`int_field` is the one check of an
-integer argument (``create``'s too).
+answered as it always was).  :func:`parse_config` checks a ``create``'s
+config whole into a :class:`ConsumerConfig` (what is saved with the consumer)
+and its topics' patterns.  :func:`int_field` is the one check of an integer
+argument.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import ProtocolError, quoted
+from ..errors import InvalidTopic, ProtocolError, quoted
+from ..topics import split_pattern
 from .bodies import json_body
 from .model import Status
 
@@ -36,6 +40,20 @@ MAX_PULL = 1_000  # messages per pull
 DEFAULT_PULL = 100
 MAX_ACKS = 10_000  # sequence numbers per ack/nak/term
 MAX_NAK_DELAY_MS = 86_400_000  # a day
+CONSUMER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """A ``create`` request's config (saved with the consumer; JetStream's keep it in their metadata)."""
+
+    journal: str
+    name: str
+    topics: tuple[str, ...] = (">",)
+    ack_wait_ms: int = 30_000
+    max_deliver: int = 5
+    max_ack_pending: int = 1_000
+    deliver: str = "all"  # "all": from the journal's first record; "new": from its end at creation
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +146,37 @@ def consumer_request(op: ConsumerOp, query: Mapping[str, Any], rid: str, *, max_
 def parse_consumer_request(query: Mapping[str, Any], rid: str, *, max_wait_ms: int) -> ConsumerRequest:
     """The op and its arguments at once (for a caller with nothing to check between them)."""
     return consumer_request(consumer_op(query, rid), query, rid, max_wait_ms=max_wait_ms)
+
+
+def parse_config(
+    journal: str, query: Mapping[str, Any], rid: str
+) -> tuple[ConsumerConfig, tuple[tuple[str, ...], ...]]:
+    """A ``create`` request's config and its topics' tokens, validated whole (400 otherwise)."""
+    name = query.get("name")
+    if not isinstance(name, str) or not CONSUMER_NAME.match(name):
+        raise ProtocolError(Status.BAD_REQUEST, "name must be 1-64 letters, digits, '-' or '_'", rid)
+    topics = query.get("topics", [">"])
+    if isinstance(topics, str):
+        topics = [topics]
+    if not isinstance(topics, list) or not topics or not all(isinstance(t, str) for t in topics):
+        raise ProtocolError(Status.BAD_REQUEST, "topics must be a non-empty list of patterns", rid)
+    try:
+        patterns = tuple(split_pattern(t) for t in topics)
+    except InvalidTopic as exc:
+        raise ProtocolError(Status.BAD_REQUEST, str(exc), rid) from None
+    deliver = query.get("deliver", "all")
+    if deliver not in ("all", "new"):
+        raise ProtocolError(Status.BAD_REQUEST, "deliver must be 'all' or 'new'", rid)
+    config = ConsumerConfig(
+        journal,
+        name,
+        tuple(topics),
+        int_field(query, "ack_wait_ms", 30_000, 1, 86_400_000, rid),
+        int_field(query, "max_deliver", 5, 1, 1_000_000, rid),
+        int_field(query, "max_ack_pending", 1_000, 1, 100_000, rid),
+        deliver,
+    )
+    return config, patterns
 
 
 def int_field(query: Mapping[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:

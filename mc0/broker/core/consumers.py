@@ -39,6 +39,7 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol.consumerrequests import (
+    ConsumerConfig,
     ConsumerInfo,
     ConsumerPull,
     ConsumerSettle,
@@ -46,6 +47,7 @@ from ...protocol.consumerrequests import (
     consumer_query,
     consumer_request,
     consumer_target,
+    parse_config,
     parse_consumer_request,
 )
 from ...protocol.jetstream import MAX_STORE_CALLS
@@ -57,14 +59,12 @@ from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
     TRANSITIONS,
     Consumer,
-    ConsumerConfig,
     Event,
     Held,
     HeldState,
     Waiting,
     consumer_of,
     held_transition,
-    parse_config,
     save,
     settled_body,
 )

@@ -54,11 +54,18 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol import jetstream as jsw
-from ...protocol.consumerrequests import ConsumerDelete, ConsumerInfo, ConsumerPull, ConsumerRequest, ConsumerSettle
+from ...protocol.consumerrequests import (
+    ConsumerConfig,
+    ConsumerDelete,
+    ConsumerInfo,
+    ConsumerPull,
+    ConsumerRequest,
+    ConsumerSettle,
+    parse_config,
+)
 from ...protocol.jetstream import MAX_STORE_CALLS, MAX_STORE_CALLS_TOTAL
 from ...topics import pattern_matches, split_pattern, split_topic
 from ..core.access import may_read
-from ..core.consumerstate import ConsumerConfig, parse_config
 from ..core.peers import Out, Peer
 from ..storage.port import JournalStore
 from .storecalls import StoreCalls, failure
