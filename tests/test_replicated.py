@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mc0 import protocol as P
 from mc0.broker.core import routeinput
@@ -20,7 +22,8 @@ from mc0.broker.core.journaling import CATCH_UP_S
 from mc0.broker.jetstream import fromstore
 from mc0.broker.jetstream.replicated import ReplicatedJournal
 from mc0.broker.jetstream.storeconsumers import known_of
-from mc0.broker.storage.memstore import MemoryReplicatedStore
+from mc0.broker.storage.memstore import MemoryReplicatedStore, MemoryStore
+from mc0.protocol.journalrecords import encode_payload
 from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
@@ -73,7 +76,7 @@ def test_a_jetstream_journal_loads_with_what_jetstream_honours() -> None:
 
 
 # ------------------------------------------------------------------ the core
-def core_with(*journals: MemoryReplicatedStore, backlog: Callable[[bytes], int] | None = None) -> BrokerCore:
+def core_with(*journals: MemoryStore, backlog: Callable[[bytes], int] | None = None) -> BrokerCore:
     core = BrokerCore(CoreSettings(), journals=list(journals), wall_offset=1000.0, backlog=backlog)
     routeinput.join(core.rooms, "b1", route_ttl=1.0)
     for rid in (b"pub", b"sub", b"other"):
@@ -323,6 +326,43 @@ def test_a_store_consumer_is_created_once_pulled_filtered_and_dead_lettered_by_t
     core.commit()  # the dead letter is proposed to the journal that keeps mc0.sys.dead.>
     (dead,) = [p for p in j.sent.values() if p[0].startswith("mc0.sys.dead.")]
     assert dead[0] == "mc0.sys.dead.main.c" and dead[2]["X-Dead-Seq"] == "2"
+
+
+@pytest.mark.parametrize("op", [["pull"], {"op": "pull"}])
+def test_an_op_that_is_no_string_on_a_jetstream_journal_is_answered_as_any_unknown_op(op: Any) -> None:
+    """It was unhashable in the test of store ops (a TypeError out of the core: the request went unanswered)."""
+    core = core_with(store())
+    ((to, refused),) = consumer_request(core, "bad", op=op)
+    ((_, fly),) = consumer_request(core, "bad", op="fly")
+    assert to == b"sub" and refused[:5] == f("ERROR", "ID", "bad", "CODE", "404") and refused == fly
+    assert not core.calls.queued  # nothing asked of the store
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["main", "loc"]),
+    st.dictionaries(
+        st.sampled_from(["op", "name", "max", "wait_ms", "seqs", "delay_ms", "topics"]),
+        JSON | st.sampled_from(["create", "info", "pull", "ack", "nak", "term", "delete", "list"]),
+    ),
+)
+def test_any_json_request_on_a_jetstream_or_a_local_journal_is_answered_or_asked_of_the_store(
+    journal: str, query: dict[str, Any]
+) -> None:
+    """Never an exception out of the core: an answer now, or a store call that will answer it (or a
+    local create's answer, held until the commit)."""
+    core = core_with(store(), MemoryStore("loc", JournalSettings(topics=("jobs.>",))))
+    body = json.dumps({"journal": journal, **query})
+    out = core.handle(b"sub", f("REQUEST", "SERVICE", "mc0.consumer", "ID", "q", "", body), 0.0, "sub")
+    out += core.commit()
+    assert out or core.calls.queued
 
 
 def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:

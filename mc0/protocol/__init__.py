@@ -68,7 +68,8 @@ The model lives in :mod:`.model` (verbs, headers, statuses, limits, the
 grammar table), the decoder in :mod:`.codec`, the senders' builders and the
 ``Dialect`` interface in :mod:`.builders`, the bodies the broker itself
 parses in :mod:`.bodies`, and batched framing in :mod:`.batch`; everything is re-exported here, so ``mc0.protocol``
-is the one place to import from.
+is the one place to import from.  The built-in services' own requests are parsed in their modules, imported from
+there: :mod:`.admin` (``mc0.admin``) and :mod:`.consumerrequests` (``mc0.consumer``'s ops on one consumer).
 """
 
 from __future__ import annotations

@@ -37,11 +37,11 @@ from ... import protocol as P
 from ...errors import ProtocolError, quoted
 from ...protocol import Status
 from ...protocol import admin as A
+from ...protocol.consumerrequests import CONSUMER_NAME
 from ...protocol.peernames import parse_peer_name, peer_name
 from ..jetstream.storecalls import failure
 from ..storage.port import storage_fault
 from .admindesk import BID_PREFIX, AdminDesk, Asker, Gather, Part
-from .consumerstate import NAME
 from .peers import Out, Peer
 from .rooms import Rooms
 from .routes import ROUTE_IDENTITY_PREFIX
@@ -179,7 +179,7 @@ def _conn_close(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> li
 def _in_jetstream(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out]:
     """consumer.rm / journal.purge of a journal JetStream keeps: once in JetStream, then every broker's view."""
     journal, op = gather.args["journal"], gather.op
-    if op == A.CONSUMER_RM and not NAME.match(gather.args["name"]):
+    if op == A.CONSUMER_RM and not CONSUMER_NAME.match(gather.args["name"]):
         gather.parts["jetstream"] = {"status": Status.NOT_FOUND, "error": _no_consumer(gather.args)}
         return desk.finish(gather)
     if op == A.JOURNAL_PURGE and rooms.journaling.journals[journal].settings.mailboxes:

@@ -4,9 +4,10 @@ Contract: owns every consumer (its config, its ack floor, what it delivered
 and is waiting to hear about, and the pulls waiting for messages).  The
 ``mc0.consumer`` service's JSON ops arrive through ``handle``; a request is
 validated whole before it changes anything (400/403/404/409 as
-``ProtocolError``).  Each delivered message is in one :class:`HeldState`
-state, moved only by ``held_transition`` (one table, tested as one):
-``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
+``ProtocolError``; its op and arguments parsed by
+:mod:`mc0.protocol.consumerrequests`, the grants checked between the two).
+Each delivered message is in one :class:`HeldState` state, moved only by
+``held_transition`` (one table, tested as one): ``ack``/``term`` settle it, ``nak`` makes it due again (after a delay),
 ``ack_wait`` passing makes it due, and a due message that already had
 ``max_deliver`` deliveries is dead-lettered (published on
 ``mc0.sys.dead.<journal>.<consumer>`` with the reason) and settled.
@@ -37,6 +38,18 @@ from ...errors import InvalidTopic, ProtocolError, quoted
 from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
+from ...protocol.consumerrequests import (
+    ConsumerConfig,
+    ConsumerInfo,
+    ConsumerPull,
+    ConsumerSettle,
+    consumer_op,
+    consumer_query,
+    consumer_request,
+    consumer_target,
+    parse_config,
+    parse_consumer_request,
+)
 from ...protocol.jetstream import MAX_STORE_CALLS
 from ...topics import split_topic
 from ..jetstream.storecalls import StoreCalls
@@ -46,15 +59,12 @@ from .access import is_dead_letter, origin_allowed
 from .consumerstate import (
     TRANSITIONS,
     Consumer,
-    ConsumerConfig,
     Event,
     Held,
     HeldState,
     Waiting,
     consumer_of,
     held_transition,
-    int_field,
-    parse_config,
     save,
     settled_body,
 )
@@ -67,15 +77,14 @@ log = logging.getLogger("mc0.broker")
 MAX_CONSUMERS = 1_000  # per broker (the default of [broker] max_consumers)
 MAX_CONSUMERS_PER_IDENTITY = 100  # the default of [broker] max_consumers_per_identity
 MAX_WAITING_PULLS = 512  # held pulls per consumer (429 beyond)
-MAX_PULL = 1_000  # messages per pull
 # Records a pull looks at past what its topics skip (its cost in a loop turn: a held pull goes on
 # at the next turn), read PULL_SCAN_STEP at a time at least.
 PULL_SCAN_RECORDS = 20_000
 PULL_SCAN_STEP = 1_000
-MAX_ACKS = 10_000  # sequence numbers per ack/nak/term
 DEAD_LETTER_PREFIX = P.SYS_DEAD_PREFIX
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
-_STORE_OPS = frozenset({"create", "info", "pull", "ack", "nak", "term", "delete"})
+# A tuple: ``op in`` compares, never hashes (an op sent as a JSON list or object is unhashable).
+_STORE_OPS = ("create", "info", "pull", "ack", "nak", "term", "delete")
 
 
 def _in_jetstream(journal: JournalStore) -> bool:
@@ -139,7 +148,6 @@ class Consumers:
                 counters,
                 tokens_of=tokens_of,
                 dead_letter=self._dead_letter,
-                max_wait_ms=max_wait_ms,
                 max_consumers=max_consumers,
                 max_per_identity=max_per_identity,
                 max_calls=max_store_calls,
@@ -231,10 +239,7 @@ class Consumers:
         self, client: Peer, rid: str, user: dict[str, str], body: Sequence[bytes], deadline: float, now: float
     ) -> list[Out]:
         """One ``mc0.consumer`` request: an answer now, a held answer, or a waiting pull."""
-        text = b"".join(bytes(b) for b in body).decode("utf-8", "replace").strip()
-        query = P.json_body(text, rid)
-        if not isinstance(query, dict):
-            raise ProtocolError(Status.BAD_REQUEST, "body must be a JSON object", rid)
+        query = consumer_query(body, rid)
         op = query.get("op")
         if op == "list":  # the caller's own
             names = sorted(f"{j}/{n}" for (j, n), c in self.consumers.items() if c.owner == client.identity)
@@ -250,26 +255,28 @@ class Consumers:
                 raise ProtocolError(Status.NO_WORKER, reason, rid)
             if op == "create":
                 return self.store.create(client, rid, user, journal, query)
-            return self.store.handle(client, rid, user, query, journal, deadline, now)
+            request = parse_consumer_request(query, rid, max_wait_ms=self._max_wait_ms)
+            return self.store.handle(client, rid, user, request, journal, deadline, now)
         if op == "create":
             return self._create(client, rid, user, query, now)
 
         consumer = self._find(query, rid)
         self._check_owner(client, consumer, rid)
-        if op == "delete":  # its owner may always delete it (and free its quota)
+        known_op = consumer_op(query, rid)
+        if known_op == "delete":  # its owner may always delete it (and free its quota)
             return self._delete(client, rid, user, consumer, now)
-        if op not in ("info", "pull", "ack", "nak", "term"):
-            ops = "create, pull, ack, nak, term, info, delete, list"
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {quoted(str(op))}; ops: {ops}", rid)
-        self._check_grants(client, consumer, rid)
+        self._check_grants(client, consumer, rid)  # (before the arguments are read, as it always was)
+        request = consumer_request(known_op, query, rid, max_wait_ms=self._max_wait_ms)
 
-        if op == "info":
+        if isinstance(request, ConsumerInfo):
             self._claim(client, consumer)
             return [self._final(client, rid, user, self.info(consumer))]
-        if op == "pull":
-            out = self._pull(client, rid, user, consumer, query, deadline, now)
-        else:
-            out = self._settle(client, rid, user, consumer, op, query, now)
+        if isinstance(request, ConsumerPull):
+            out = self._pull(client, rid, user, consumer, request, deadline, now)
+        elif isinstance(request, ConsumerSettle):
+            out = self._settle(client, rid, user, consumer, request, now)
+        else:  # (a delete was answered above)
+            raise AssertionError(request)
         self._claim(client, consumer)  # once the request was valid: a bad one changes nothing
         return out
 
@@ -321,7 +328,7 @@ class Consumers:
         return (client.routing_id, client.dialect.final(rid, CONSUMER_SERVICE, {}, user, [body]))
 
     def _find(self, query: dict[str, Any], rid: str) -> Consumer:
-        key = (str(query.get("journal", "")), str(query.get("name", "")))
+        key = consumer_target(query)
         consumer = self.consumers.get(key)
         if consumer is None:
             reason = f"no consumer {quoted(key[1], 64)} on journal {quoted(key[0], 64)}"
@@ -425,22 +432,14 @@ class Consumers:
         rid: str,
         user: dict[str, str],
         consumer: Consumer,
-        op: str,
-        query: dict[str, Any],
+        request: ConsumerSettle,
         now: float,
     ) -> list[Out]:
-        seqs = query.get("seqs")
-        if (
-            not isinstance(seqs, list)
-            or len(seqs) > MAX_ACKS
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
-        ):
-            reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
-            raise ProtocolError(Status.BAD_REQUEST, reason, rid)
-        delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) / 1000.0 if op == "nak" else 0.0
+        op = request.how
+        delay = request.delay_ms / 1000.0
         event = {"ack": Event.ACK, "nak": Event.NAK, "term": Event.TERM}[op]
         done = ignored = 0
-        for seq in seqs:
+        for seq in request.seqs:
             held = consumer.held.get(seq)
             nxt = held_transition(held.state, event) if held is not None else None
             if held is None or nxt is None:
@@ -498,12 +497,11 @@ class Consumers:
         rid: str,
         user: dict[str, str],
         consumer: Consumer,
-        query: dict[str, Any],
+        request: ConsumerPull,
         deadline: float,
         now: float,
     ) -> list[Out]:
-        count = int_field(query, "max", 100, 1, MAX_PULL, rid)
-        wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
+        count, wait_ms = request.batch, request.wait_ms
         taken = self._take(consumer, count, now, client.grants)
         # A pull that took nothing within its scan (a filtered consumer far behind its journal's end)
         # is held, even one that does not wait: it goes on looking at the next turns, answered once it

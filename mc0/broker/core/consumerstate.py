@@ -8,29 +8,26 @@ is dead-lettered and settled.  :class:`Consumer` holds one consumer (its
 config, its owner: the identity that created it, its cursor, what it
 delivered and has not heard about, its waiting pulls); ``state()`` is what is
 saved and ``consumer_of`` reads it back (ValueError/KeyError/TypeError/
-InvalidTopic when it cannot).  ``parse_config`` validates a ``create`` request
-whole (ProtocolError 400).  Pure: no sockets, no clock.
+InvalidTopic when it cannot).  A ``create`` request's config
+(:class:`~mc0.protocol.consumerrequests.ConsumerConfig`) is parsed by
+:mod:`mc0.protocol.consumerrequests`.  Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
 
-from ...errors import InvalidTopic, ProtocolError
-from ...protocol import Status
+from ...protocol.consumerrequests import ConsumerConfig
 from ...topics import pattern_matches, split_pattern
 from ..storage.port import JournalStore
 from .peers import Peer
 
 MAX_CHANGES = 64  # change records between whole saves (bounds the log a start replays)
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a consumer name is a topic token of its dead-letter topic
 
 
 class HeldState(Enum):
@@ -65,17 +62,6 @@ TRANSITIONS: dict[tuple[HeldState, Event], HeldState] = {
 def held_transition(state: HeldState, event: Event) -> HeldState | None:
     """The next state, or None when the event does not apply (nothing changes)."""
     return TRANSITIONS.get((state, event))
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerConfig:
-    journal: str
-    name: str
-    topics: tuple[str, ...] = (">",)
-    ack_wait_ms: int = 30_000
-    max_deliver: int = 5
-    max_ack_pending: int = 1_000
-    deliver: str = "all"  # "all": from the journal's first record; "new": from its end at creation
 
 
 @dataclass(slots=True)
@@ -197,39 +183,3 @@ def settled_body(op: str, done: int, ignored: int) -> bytes:
     if op < "ignored":
         return f'{{"{op}": {done}, "ignored": {ignored}}}'.encode()
     return f'{{"ignored": {ignored}, "{op}": {done}}}'.encode()
-
-
-def int_field(query: dict[str, Any], key: str, default: int, low: int, high: int, rid: str) -> int:
-    value = query.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ProtocolError(Status.BAD_REQUEST, f"{key} must be an integer in [{low}, {high}]", rid)
-    return value
-
-
-def parse_config(journal: str, query: dict[str, Any], rid: str) -> tuple[ConsumerConfig, tuple[tuple[str, ...], ...]]:
-    """A ``create`` request's config and its topics' tokens, validated whole (400 otherwise)."""
-    name = query.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ProtocolError(Status.BAD_REQUEST, "name must be 1-64 letters, digits, '-' or '_'", rid)
-    topics = query.get("topics", [">"])
-    if isinstance(topics, str):
-        topics = [topics]
-    if not isinstance(topics, list) or not topics or not all(isinstance(t, str) for t in topics):
-        raise ProtocolError(Status.BAD_REQUEST, "topics must be a non-empty list of patterns", rid)
-    try:
-        patterns = tuple(split_pattern(t) for t in topics)
-    except InvalidTopic as exc:
-        raise ProtocolError(Status.BAD_REQUEST, str(exc), rid) from None
-    deliver = query.get("deliver", "all")
-    if deliver not in ("all", "new"):
-        raise ProtocolError(Status.BAD_REQUEST, "deliver must be 'all' or 'new'", rid)
-    config = ConsumerConfig(
-        journal,
-        name,
-        tuple(topics),
-        int_field(query, "ack_wait_ms", 30_000, 1, 86_400_000, rid),
-        int_field(query, "max_deliver", 5, 1, 1_000_000, rid),
-        int_field(query, "max_ack_pending", 1_000, 1, 100_000, rid),
-        deliver,
-    )
-    return config, patterns

@@ -4,9 +4,11 @@ Contract: the ``mc0.consumer`` ops on a journal with ``store = "jetstream"``
 (:class:`~mc0.broker.core.consumers.Consumers` hands them here) keep their
 meaning, but the consumer is a JetStream durable pull consumer of the
 journal's stream (R as the journal), so one created at broker A is pulled at
-B and an ack at B is seen everywhere.  Each request is validated whole first
-(400 as for a local consumer), then answered when the store answers (a store
-call; an answer that failed is the store's code, 503 when it did not answer).
+B and an ack at B is seen everywhere.  Each request is validated whole first,
+400 as for a local consumer (a ``create``'s config here, by ``parse_config``;
+every other op comes parsed by :mod:`mc0.protocol.consumerrequests`), then
+answered when the store answers (a store call; an answer that failed is the
+store's code, 503 when it did not answer).
 What stays the core's: the owner (kept in the consumer's metadata: only its
 identity uses it; checked against JetStream's own at every op, as below),
 the owner's grants at each pull (a record they may not be
@@ -52,21 +54,27 @@ from ...message import Record
 from ...permissions import Grants
 from ...protocol import CONSUMER_SERVICE, Status
 from ...protocol import jetstream as jsw
+from ...protocol.consumerrequests import (
+    ConsumerConfig,
+    ConsumerDelete,
+    ConsumerInfo,
+    ConsumerPull,
+    ConsumerRequest,
+    ConsumerSettle,
+    parse_config,
+)
 from ...protocol.jetstream import MAX_STORE_CALLS, MAX_STORE_CALLS_TOTAL
 from ...topics import pattern_matches, split_pattern, split_topic
 from ..core.access import may_read
-from ..core.consumerstate import ConsumerConfig, int_field, parse_config
 from ..core.peers import Out, Peer
 from ..storage.port import JournalStore
 from .storecalls import StoreCalls, failure
 
 log = logging.getLogger("mc0.broker")
 
-MAX_PULL = 1_000
 # What was learnt of a consumer is used this long, then asked again.  Never trusted: every op names the
 # consumer it means (owner, creation nonce) and the store acts only if that one is there (else: changed).
 KNOWN_S = 10.0
-MAX_ACKS = 10_000
 REPORT_INTERVAL = 2.0  # seconds: how often the monitor asks JetStream for its consumers' figures, at most
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
 DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
@@ -119,7 +127,6 @@ class StoreConsumers:
         *,
         tokens_of: Callable[[str], tuple[str, ...] | None],
         dead_letter: Callable[[DeadLetter], None],
-        max_wait_ms: int,
         max_consumers: int,
         max_per_identity: int,
         max_calls: int = MAX_STORE_CALLS,
@@ -131,7 +138,6 @@ class StoreConsumers:
         self.counters = counters
         self._tokens_of = tokens_of
         self._dead_letter = dead_letter
-        self._max_wait_ms = max_wait_ms
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
         self.max_calls = max_calls
@@ -322,33 +328,30 @@ class StoreConsumers:
         client: Peer,
         rid: str,
         user: dict[str, str],
-        query: dict[str, Any],
+        asked: ConsumerRequest,
         journal: JournalStore,
         deadline: float,
         now: float,
     ) -> list[Out]:
-        """Every op but create and list, on a consumer of ``journal``."""
-        op = query.get("op")
-        if op not in ("info", "pull", "ack", "nak", "term", "delete"):
-            ops = "create, pull, ack, nak, term, info, delete, list"
-            raise ProtocolError(Status.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; ops: {ops}", rid)
-        name = str(query.get("name", ""))
-        request = self._store_request(op, query, journal.name, name, deadline - now, rid)
+        """Every op but create and list, on a consumer of ``journal`` (``asked``: the request, checked)."""
+        name = asked.name
+        request = self._store_request(asked, journal.name, deadline - now)
         self._admit(client, rid)
 
         key = (journal.name, name)
+        deleting = isinstance(asked, ConsumerDelete)
 
         def with_known(known: Known, again: bool = False) -> list[Out]:
             if known.owner and known.owner != client.identity:
                 reason = f"consumer {name} on journal {journal.name} belongs to another identity"
                 return self._error(client, rid, Status.FORBIDDEN, reason)
-            refused = refusal(client, known.patterns, known.config.topics) if op != "delete" else None
+            refused = refusal(client, known.patterns, known.config.topics) if not deleting else None
             if refused is not None:  # (its owner may always delete it)
                 return self._error(client, rid, Status.FORBIDDEN, refused)
 
             def done(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
                 if "changed" not in data:
-                    return self._done(client, rid, user, known, op, data, records, now)
+                    return self._done(client, rid, user, known, asked, data, records, now)
                 # Another consumer of that name than the one learnt here (deleted and made again,
                 # through another broker): the store did nothing; decided again on the one there now.
                 self.counters["consumer_changed"] += 1
@@ -384,30 +387,18 @@ class StoreConsumers:
 
         return self._call(client, rid, info, found, key)
 
-    def _store_request(
-        self, op: str, query: dict[str, Any], journal: str, name: str, time_left: float, rid: str
-    ) -> dict[str, Any]:
-        """What the store is asked for op ``op`` of the client's ``query`` (validated: 400 as a
-        ProtocolError); a pull's long poll ends before the request's deadline (``time_left`` s)."""
-        request: dict[str, Any] = {"journal": journal, "name": name}
-        if op == "pull":
-            batch = int_field(query, "max", 100, 1, MAX_PULL, rid)
-            wait_ms = int_field(query, "wait_ms", 0, 0, self._max_wait_ms, rid)
-            wait_ms = max(0, min(wait_ms, int(time_left * 1000) - 50))  # answered before the deadline
-            request.update(op="consumer_pull", batch=batch, wait_ms=wait_ms)
-        elif op in ("ack", "nak", "term"):
-            seqs = query.get("seqs")
-            if (
-                not isinstance(seqs, list)
-                or len(seqs) > MAX_ACKS
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs)
-            ):
-                reason = f"seqs must be a list of at most {MAX_ACKS} positive integers"
-                raise ProtocolError(Status.BAD_REQUEST, reason, rid)
-            delay = int_field(query, "delay_ms", 0, 0, 86_400_000, rid) if op == "nak" else 0
-            request.update(op="consumer_settle", how=op, seqs=seqs, delay_ms=delay)
+    @staticmethod
+    def _store_request(asked: ConsumerRequest, journal: str, time_left: float) -> dict[str, Any]:
+        """What the store is asked for the client's request ``asked``; a pull's long poll ends
+        before the request's deadline (``time_left`` s)."""
+        request: dict[str, Any] = {"journal": journal, "name": asked.name}
+        if isinstance(asked, ConsumerPull):
+            wait_ms = max(0, min(asked.wait_ms, int(time_left * 1000) - 50))  # answered before the deadline
+            request.update(op="consumer_pull", batch=asked.batch, wait_ms=wait_ms)
+        elif isinstance(asked, ConsumerSettle):
+            request.update(op="consumer_settle", how=asked.how, seqs=list(asked.seqs), delay_ms=asked.delay_ms)
         else:
-            request.update(op="consumer_info" if op == "info" else "consumer_delete")
+            request.update(op="consumer_info" if isinstance(asked, ConsumerInfo) else "consumer_delete")
         return request
 
     def _done(
@@ -416,18 +407,19 @@ class StoreConsumers:
         rid: str,
         user: dict[str, str],
         known: Known,
-        op: Any,
+        asked: ConsumerRequest,
         data: dict[str, Any],
         records: Sequence[Record],
         now: float,
     ) -> list[Out]:
         config = known.config
-        if op == "info":
+        if isinstance(asked, ConsumerInfo):
             return self._final(client, rid, user, self._info(known, data["info"]))
-        if op == "delete":
+        if isinstance(asked, ConsumerDelete):
             self.forget(config.journal, config.name)
             return self._final(client, rid, user, {"deleted": config.name})
-        if op != "pull":
+        if isinstance(asked, ConsumerSettle):
+            op = asked.how
             done = int(data.get("done", 0))
             self.counters[f"consumer_{op}ed"] += done
             return self._final(client, rid, user, {op: done, "ignored": int(data.get("ignored", 0))})
