@@ -79,7 +79,7 @@ class BrokerProcess:
         bind: Sequence[str] = ("tcp://127.0.0.1:*",),
         env: dict[str, str] | None = None,
         cwd: str | None = None,
-        start_timeout: float = 15.0,
+        start_timeout: float = 60.0,
     ) -> None:
         self.args = list(args)
         if config is not None:
@@ -90,6 +90,9 @@ class BrokerProcess:
         self.bind = list(bind)
         self.env = env
         self.cwd = cwd
+        # A hang guard: start() returns at the child's "listening on" line or its exit.  The child's
+        # imports and binds take about a second of CPU; on a loaded box (a test suite beside a CPU hog
+        # per core) that was seen past 15 s.
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[str] | None = None
         self._stderr: StderrKeeper | None = None

@@ -913,3 +913,90 @@ def test_the_import_rules_catch_a_planted_type_only_arrow(tmp_path: Path) -> Non
     path.write_text(source)
     known = {"mc0.broker.core.dispatch", "mc0.broker.core.planted"}
     assert imports("mc0.broker.core.planted", path, known)[0] == {"mc0.broker.core.dispatch"}
+
+
+def function_sizes(source: str) -> list[tuple[int, int, str]]:
+    """(lines, parameters, qualname) of every function, method and nested function in ``source``."""
+    sizes: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                qualname = prefix + child.name
+                a = child.args
+                named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+                parameters = len([p for p in named if p.arg not in ("self", "cls")]) + bool(a.vararg) + bool(a.kwarg)
+                sizes.append(((child.end_lineno or child.lineno) - child.lineno + 1, parameters, qualname))
+                walk(child, qualname + ".")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(source), "")
+    return sizes
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycles_finds_a_planted_circle() -> None:
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(planted) == [["a", "b", "c"]]
+
+
+def test_the_house_in_figures(graph: dict[str, set[str]]) -> None:
+    """The figures a review quotes, printed (``pytest -s tests/test_architecture.py -k figures``), and the
+    ones that must be zero held at zero: modules and import arrows; arrows up a floor; rooms calling up;
+    the longest functions and those taking 10 or more parameters."""
+    up_a_floor = [
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if floor_of(target) != floor_of(source)
+        and floor_of(target) not in MAY_IMPORT[floor_of(source)]
+        and not (floor_of(source) == "core" and target in CORE_MAY_ALSO_IMPORT)
+    ]
+    sizes = [
+        (lines, parameters, f"{name}:{qualname}")
+        for name, path in modules().items()
+        for lines, parameters, qualname in function_sizes(path.read_text())
+    ]
+    longest = sorted(sizes, reverse=True)[:5]
+    widest = sorted(((p, f"{q} ({n} lines)") for n, p, q in sizes if p >= 10), reverse=True)
+    print(f"\nmodules {len(graph)}, import arrows {sum(map(len, graph.values()))}, cycles {len(cycles(graph))},"
+          f" up a floor {len(up_a_floor)},"
+          f" rooms calling up {len(rooms_calling_up(graph))}, functions {len(sizes)}")  # fmt: skip
+    print("longest: " + "; ".join(f"{q} {n} lines" for n, _, q in longest))
+    print(f"10+ parameters ({len(widest)}): " + "; ".join(f"{q} {p}" for p, q in widest))
+    assert up_a_floor == [] and rooms_calling_up(graph) == [] and cycles(graph) == []
+    assert longest[0][0] <= MAX_FUNCTION_LINES or longest[0][2] in LONG_FUNCTIONS

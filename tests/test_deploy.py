@@ -62,6 +62,7 @@ def test_broker_started_elsewhere_uses_the_config_folder(tmp_path: Path) -> None
     assert list(elsewhere.iterdir()) == []  # nothing created where it was started
 
 
+@pytest.mark.timeout(240)  # (several CLI runs, each a Python start: 32 s in a quiet full run)
 def test_check_config_reports_and_fails_in_one_line(tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     keys.create(etc / "keys", "broker")

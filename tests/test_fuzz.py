@@ -75,6 +75,7 @@ def test_the_corpus_replays_and_fuzzing_from_it_finds_no_crash(tmp_path: Path) -
 
 
 # ---------------------------------------------------------------- configs, loaded and reloaded (SIGHUP)
+@pytest.mark.timeout(300)  # (400 examples: 47 s in a quiet full run, over 60 s beside a loaded suite)
 @settings(max_examples=int(os.environ.get("MC0_FUZZ_CONFIGS", "400")), deadline=None, database=None)
 @given(text=config_texts())
 def test_a_generated_config_loads_or_is_one_config_error(text: str) -> None:

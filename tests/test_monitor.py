@@ -211,7 +211,7 @@ def test_http_is_off_by_default_and_refuses_a_taken_port() -> None:
         taken.listen()
         busy = taken.getsockname()[1]
         with pytest.raises(mc0.Error, match=f"http.listen.*127.0.0.1:{busy}"):
-            BrokerProcess("--http", f"127.0.0.1:{busy}", insecure=True, start_timeout=5).start()
+            BrokerProcess("--http", f"127.0.0.1:{busy}", insecure=True).start()
 
 
 def test_a_stalled_loop_is_503_on_healthz_within_about_a_second() -> None:

@@ -23,7 +23,6 @@ from mc0.broker.jetstream import fromstore
 from mc0.broker.jetstream.replicated import ReplicatedJournal
 from mc0.broker.jetstream.storeconsumers import known_of
 from mc0.broker.storage.memstore import MemoryReplicatedStore, MemoryStore
-from mc0.protocol.journalrecords import encode_payload
 from mc0.config import check_stores, parse
 from mc0.errors import ConfigError
 from mc0.message import Record
