@@ -385,22 +385,7 @@ def test_the_core_rooms_do_no_io(name: str) -> None:
 # ---------------------------------------------------------------- the seams
 def long_functions(name: str, source: str) -> set[str]:
     """``module:qualname`` of every function (method, nested function) over MAX_FUNCTION_LINES lines."""
-    found: set[str] = set()
-
-    def walk(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                qualname = prefix + child.name
-                if (child.end_lineno or child.lineno) - child.lineno + 1 > MAX_FUNCTION_LINES:
-                    found.add(f"{name}:{qualname}")
-                walk(child, qualname + ".")
-            elif isinstance(child, ast.ClassDef):
-                walk(child, f"{prefix}{child.name}.")
-            else:
-                walk(child, prefix)
-
-    walk(ast.parse(source), "")
-    return found
+    return {f"{name}:{qualname}" for lines, _, qualname in function_sizes(source) if lines > MAX_FUNCTION_LINES}
 
 
 # Classes whose annotations declare fields something else assigns (their generated __init__, a
