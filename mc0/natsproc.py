@@ -83,7 +83,10 @@ class NatsCluster:
         broker_password: str = "broker-secret",
         outsider_password: str = "outsider-secret",
         open_password: str = "open-secret",
+        server_settings: str = "",
     ) -> None:
+        """``server_settings``: more top-level lines of every node's config (nats-server's own syntax),
+        e.g. ``write_deadline: "60s"``."""
         self.folder = Path(folder)
         self.size = nodes
         self.name = name
@@ -92,6 +95,7 @@ class NatsCluster:
         self.broker_password = broker_password
         self.outsider_password = outsider_password
         self.open_password = open_password
+        self.server_settings = server_settings.rstrip("\n") + "\n" if server_settings.strip() else ""
         ports = free_ports(3 * nodes)
         self.client_ports = ports[:nodes]
         self.route_ports = ports[nodes : 2 * nodes]
@@ -132,6 +136,7 @@ class NatsCluster:
             f"server_name: n{i + 1}\n"
             f"listen: 127.0.0.1:{self.client_ports[i]}\n"
             f"http: 127.0.0.1:{self.http_ports[i]}\n"
+            f"{self.server_settings}"
             f"{cluster}"
             f"{jetstream}"
             "authorization {\n  users = [\n"

@@ -207,9 +207,9 @@ class ClusterBus:
         self.stop()
 
 
-def nats_cluster(root: Path, nodes: int = 3) -> Iterator[NatsCluster]:
+def nats_cluster(root: Path, nodes: int = 3, server_settings: str = "") -> Iterator[NatsCluster]:
     """A started, ready NATS cluster (for a fixture)."""
-    cluster = NatsCluster(root, nodes)
+    cluster = NatsCluster(root, nodes, server_settings=server_settings)
     try:
         cluster.start()
         cluster.wait_ready()

@@ -32,5 +32,7 @@ def test_ten_scrapers_of_the_biggest_pages_cost_the_bus_round_trip_a_bounded_sha
     def median(scrapers: int, key: str) -> float:
         return statistics.median(r[key] for r in runs[scrapers])
 
-    assert median(10, "p50_ms") <= 3 * median(0, "p50_ms"), runs
-    assert median(10, "calls_per_s") >= median(0, "calls_per_s") / 3, runs
+    # Scrapes built on the loop cost 22-71x; off it, 0.8-1.5x on a calm box and 3.6x once beside the whole
+    # suite (load ~8 on 2 cores): 5x is room for a loaded box and still far below the old cost.
+    assert median(10, "p50_ms") <= 5 * median(0, "p50_ms"), runs
+    assert median(10, "calls_per_s") >= median(0, "calls_per_s") / 5, runs

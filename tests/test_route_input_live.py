@@ -23,7 +23,12 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    yield from nats_cluster(tmp_path_factory.mktemp("nats"), nodes=1)
+    # A starved reader is not cut off: the burst test's 60 MiB reach a broker whose loop (which reads NATS,
+    # the link being hosted on it) walks them a budget at a time; on a loaded box nats-server's defaults
+    # (a 10 s write deadline, 64 MB pending) cut that broker as a slow consumer and 15 of 60 were lost.
+    yield from nats_cluster(
+        tmp_path_factory.mktemp("nats"), nodes=1, server_settings='write_deadline: "60s"\nmax_pending: 268435456'
+    )
 
 
 def counters(bus: ClusterBus, i: int) -> dict[str, int]:
