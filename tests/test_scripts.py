@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,24 @@ import pytest
 from .conftest import require
 
 SCRIPTS = Path(__file__).parent.parent / "scripts"
+
+
+def run_script(command: list[str], *, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, with the script in a
+    session of its own that is killed whole when it is done or ``timeout`` (or the test's own timeout)
+    runs out: a bench script starts brokers, NATS nodes and load generators, which ``subprocess.run``'s
+    kill of its one child would leave running beside the rest of the suite."""
+    with subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # (whatever of its session is left; none after a clean exit)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 # Bounds against a hang, not measures: a quick run takes ~30 s on an idle machine and was seen past
 # 110 s on two shared, loaded cores (CI's), where every child process starts slowly.
 # Benchmarks load the machine on purpose: under pytest-xdist these run one after another on one worker,
@@ -19,16 +41,52 @@ SCRIPTS = Path(__file__).parent.parent / "scripts"
 pytestmark = pytest.mark.long
 
 
+def _gone(pid: int) -> bool:
+    """No process ``pid`` any more, or only its zombie (killed, not yet reaped by init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+SPAWNS_A_GRANDCHILD = (
+    "import subprocess, sys, time; "
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+    "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "print(child.pid, flush=True); time.sleep(float(sys.argv[1]))"
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("script_sleeps", "timeout"), [(0, 30), (60, 3)], ids=["exits", "times out"])
+def test_run_script_leaves_nothing_of_the_script_running(tmp_path: Path, script_sleeps: float, timeout: float) -> None:
+    """What a bench script started and left (its brokers: here a sleeping grandchild, which holds none
+    of the script's pipes) goes with it, whether the script exits or its bound runs out."""
+    command = [sys.executable, "-c", SPAWNS_A_GRANDCHILD, str(script_sleeps)]
+    if script_sleeps < timeout:
+        result = run_script(command, timeout=timeout)
+        grandchild = int(result.stdout.split()[0])
+    else:
+        with pytest.raises(subprocess.TimeoutExpired) as raised:
+            run_script(command, timeout=timeout)
+        said = raised.value.stdout
+        said = said.decode() if isinstance(said, bytes) else said or ""
+        assert said.strip(), "the script printed its child's pid before the bound ran out"
+        grandchild = int(said.split()[0])
+    deadline = time.monotonic() + 20
+    while not _gone(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(grandchild), f"the script's child {grandchild} still runs"
+
+
 @pytest.mark.timeout(480)  # (~60 s quiet, 156 s beside the suite and a CPU hog per core, 200+ at load 20)
 def test_bench_harness_smoke_run_reports_rows_and_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--only", "1->1", "--only", "RPC sequential",
          "--only", "RPC 100 in flight, 1", "--only", "trie", "--only", "loop turn",
          "--systems", "mc0,mc0-batched,mc0+curve,pyzmq-loop",
          "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=420,  # a hang guard with room for a loaded box, not a speed claim
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -79,11 +137,9 @@ def test_loop_turn_measure_says_why_when_the_broker_cpu_does_not_count() -> None
 @pytest.mark.timeout(240)
 def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_path: Path) -> None:
     out, md = tmp_path / "library.json", tmp_path / "library.md"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "library", "--only", "lib pub/sub 1KiB",
          "--only", "lib RPC sequential", "--systems", "mc0-aio,mc0-sync", "--json", str(out), "--markdown", str(md)],
-        capture_output=True,
-        text=True,
         timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -107,11 +163,9 @@ def test_bench_library_smoke_run_reports_delivery_counts_for_both_mc0_apis(tmp_p
 @pytest.mark.timeout(240)
 def test_bench_console_rows_measure_the_same_broker_without_and_with_five_consoles(tmp_path: Path) -> None:
     out = tmp_path / "consoles.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "library", "--only", "consoles",
          "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -120,10 +174,8 @@ def test_bench_console_rows_measure_the_same_broker_without_and_with_five_consol
     assert set(rows) == {"mc0-aio+http", "mc0-aio+5 consoles"}
     assert all(r["runs"] and not r["failing"] for r in rows.values()), rows
     assert any(r["system"] == "mc0-aio+5 consoles" and r["baseline"] == "mc0-aio+http" for r in report["ratios"])
-    cost = subprocess.run(
+    cost = run_script(
         [sys.executable, str(SCRIPTS / "bench_console_cost.py"), "--seconds", "1", "--rounds", "1", "--peers", "2"],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert cost.returncode == 0, cost.stderr[-2000:]
@@ -133,11 +185,9 @@ def test_bench_console_rows_measure_the_same_broker_without_and_with_five_consol
 @pytest.mark.timeout(240)
 def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path: Path) -> None:
     out = tmp_path / "journal.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--no-spark", "--runs", "1", "--count", "300",
          "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -149,11 +199,9 @@ def test_journal_bench_smoke_run_reports_every_policy_against_plain_put(tmp_path
 @pytest.mark.timeout(180)
 def test_jetstream_bench_smoke_run_puts_the_broker_beside_nats_py_into_r3_streams(tmp_path: Path) -> None:
     out = tmp_path / "js.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--jetstream-only", "--runs", "1", "--count", "300",
          "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -167,11 +215,9 @@ def test_jetstream_bench_smoke_run_puts_the_broker_beside_nats_py_into_r3_stream
 @pytest.mark.timeout(180)
 def test_file_vs_jetstream_bench_smoke_run_pairs_each_fsync_policy_with_a_one_node_stream(tmp_path: Path) -> None:
     out = tmp_path / "file-js.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--file-vs-jetstream", "--runs", "1", "--count", "300",
          "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -195,11 +241,9 @@ def test_file_vs_jetstream_bench_smoke_run_pairs_each_fsync_policy_with_a_one_no
 def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(tmp_path: Path) -> None:
     require("pyspark")
     out = tmp_path / "scan.json"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench_journal.py"), "--spark-only", "--runs", "1", "--spark-count", "3000",
          "--option", "maxRecordsPerPartition=1000", "--filter-broker", f"same={SCRIPTS.parent}", "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=280,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -218,18 +262,14 @@ def test_spark_scan_bench_smoke_run_reads_every_record_beside_the_plain_source(t
 def test_bench_groups_and_consumers_smoke_run_counts_every_message_beside_nats(tmp_path: Path) -> None:
     require("nats")  # the NATS/JetStream rows need the bench group: fail with the hint, never skip
     out, md = tmp_path / "queues.json", tmp_path / "queues.md"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "consumers", "--only", "ack-batch",
          "--json", str(out), "--markdown", str(md)],
-        capture_output=True,
-        text=True,
         timeout=100,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--suite", "groups", "--json", str(tmp_path / "g.json")],
-        capture_output=True,
-        text=True,
         timeout=100,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -256,10 +296,8 @@ def test_core_acks_bench_smoke_run_acks_every_message_one_by_one() -> None:
     """benchmarks/core_acks.py: the core over a file journal; its run asserts one answer per ack."""
     root = SCRIPTS.parent
     for page in ("100", "1000"):
-        result = subprocess.run(
+        result = run_script(
             [sys.executable, "-m", "benchmarks.core_acks", "--acks", "2000", "--page", page],
-            capture_output=True,
-            text=True,
             timeout=100,
             cwd=root,
         )
@@ -274,11 +312,9 @@ def test_cluster_bench_smoke_run_measures_every_system_and_a_compared_mc0(tmp_pa
     require("nats")
     out = tmp_path / "cluster.json"
     checkout = str(SCRIPTS.parent)
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(SCRIPTS / "bench_cluster.py"), "--quick", "--only", "RPC sequential",
          "--compare", f"again={checkout}", "--json", str(out)],
-        capture_output=True,
-        text=True,
         timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
