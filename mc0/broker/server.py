@@ -184,6 +184,7 @@ class Broker:
         self._next_reload = 0.0  # when the allowed folder is looked at next (run() sets it)
         self._next_snapshot = 0.0  # the loop takes no capture before this (SNAPSHOT_INTERVAL) ...
         self._next_rows = 0.0  # ... and none that copies rows before this (the budget)
+        self._http_spent_seen = 0.0  # the HTTP side's running ``spent`` at the last capture that copied rows
         # core.next_deadline() as the last turn's timers read it, with sender.applied then: the next
         # turn reuses it while nothing was applied since (asking costs ~11k instructions, 6% of a turn).
         self._deadline: tuple[float, int] | None = None
@@ -515,7 +516,9 @@ class Broker:
         http.publish(copied)
         self._next_snapshot = now + SNAPSHOT_INTERVAL
         if parts:  # (what the HTTP side spent building and rendering counts in the budget of the next)
-            spent, http.spent = time.perf_counter() - started + http.spent, 0.0
+            http_spent = http.spent  # (a running total: what it grew by since the last capture is the HTTP side's)
+            spent = time.perf_counter() - started + http_spent - self._http_spent_seen
+            self._http_spent_seen = http_spent
             self._next_rows = now + min(SNAPSHOT_MAX_INTERVAL, max(SNAPSHOT_INTERVAL, spent * SNAPSHOT_COST_RATIO))
 
     def _reload(self, now: float) -> None:

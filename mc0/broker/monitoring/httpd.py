@@ -414,7 +414,10 @@ class MonitorServer:
         self._latest: Capture | None = None
         self._wanted = False
         self.wanted_parts: frozenset[str] = frozenset()  # what the waiting requests' pages need copied
-        self.spent = 0.0  # seconds this side spent building and rendering (the loop reads it: its budget)
+        # Seconds this side spent building and rendering, in all (only grows; added to under the render
+        # lock): the loop reads it without a lock and counts what it grew by since its last read, so an
+        # addition between its read and a reset is never lost (there is no reset).
+        self.spent = 0.0
         self._built: Snapshot | None = None  # the latest capture built (once per capture)
         self._fresh = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
