@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core.consumers import Event, HeldState, held_transition
+from mc0.broker.core.consumerstate import Event, HeldState, held_transition
 from mc0.broker.core.dispatch import BrokerCore
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
@@ -363,7 +363,7 @@ def test_a_filtered_consumers_pending_count_is_exact_and_what_its_pulls_then_get
 def test_a_pull_past_its_scan_budget_goes_on_at_the_next_turns_and_is_never_an_empty_page_too_soon(
     bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mc0.broker.core import consumers
+    from mc0.broker.core import localconsumers as consumers
 
     monkeypatch.setattr(consumers, "PULL_SCAN_RECORDS", 100)  # (20,000 in the broker: the same rule, smaller)
     monkeypatch.setattr(consumers, "PULL_SCAN_STEP", 10)
@@ -420,7 +420,7 @@ def test_the_pending_count_kept_between_pages_equals_a_count_from_scratch(bus: B
 def test_idle_consumers_cost_the_loops_turns_nothing(bus: Bus) -> None:
     """The per-turn questions (has_work, next_deadline, tick) walk only consumers an op reached and
     that still hold timers or waiting pulls, never every consumer."""
-    bus.core.consumers.max_consumers = bus.core.consumers.max_per_identity = 3_000
+    bus.core.consumers.local.max_consumers = bus.core.consumers.local.max_per_identity = 3_000
     bus.publish(5)
     for i in range(2_000):
         bus.answer(b"a", {"op": "create", "name": f"c{i}", "ack_wait_ms": 1000})
