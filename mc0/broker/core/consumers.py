@@ -114,7 +114,7 @@ class Consumers:
             journal.name: next(b for b in self._backends if b.keeps(journal)) for journal in journals.every_journal()
         }
         # The backend a ``list`` asks last, handing it the caller's consumers here: one that keeps a journal.
-        self._store = store if store is not None and store in self._backend_of.values() else None
+        self._store = store if any(b is store for b in self._backend_of.values()) else None
 
     def backend_of(self, journal: str) -> ConsumerBackend:
         """The backend of the consumers of ``journal`` (this broker's own for a journal it does not know)."""
