@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mc0 import protocol as P
-from mc0.broker.core.consumers import Event, HeldState, held_transition
+from mc0.broker.core.consumerstate import Event, HeldState, held_transition
 from mc0.broker.core.dispatch import BrokerCore
 from mc0.broker.storage.memstore import MemoryStore
 from mc0.permissions import Permissions
@@ -363,7 +363,7 @@ def test_a_filtered_consumers_pending_count_is_exact_and_what_its_pulls_then_get
 def test_a_pull_past_its_scan_budget_goes_on_at_the_next_turns_and_is_never_an_empty_page_too_soon(
     bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mc0.broker.core import consumers
+    from mc0.broker.core import localconsumers as consumers
 
     monkeypatch.setattr(consumers, "PULL_SCAN_RECORDS", 100)  # (20,000 in the broker: the same rule, smaller)
     monkeypatch.setattr(consumers, "PULL_SCAN_STEP", 10)
@@ -420,7 +420,7 @@ def test_the_pending_count_kept_between_pages_equals_a_count_from_scratch(bus: B
 def test_idle_consumers_cost_the_loops_turns_nothing(bus: Bus) -> None:
     """The per-turn questions (has_work, next_deadline, tick) walk only consumers an op reached and
     that still hold timers or waiting pulls, never every consumer."""
-    bus.core.consumers.max_consumers = bus.core.consumers.max_per_identity = 3_000
+    bus.core.consumers.local.max_consumers = bus.core.consumers.local.max_per_identity = 3_000
     bus.publish(5)
     for i in range(2_000):
         bus.answer(b"a", {"op": "create", "name": f"c{i}", "ack_wait_ms": 1000})
@@ -439,3 +439,47 @@ def test_idle_consumers_cost_the_loops_turns_nothing(bus: Bus) -> None:
     bus.core.tick(3.0)
     bus.core.tick(3.05)
     assert consumers.watched == 0
+
+
+# ------------------------------------------------------------------ the front: each journal's backend
+@pytest.mark.parametrize(
+    ("journal", "kept_by", "op", "code"),
+    [
+        ("files", "local", "create", None),  # held until the commit saves it: answered FINAL there
+        ("kept", "store", "create", None),  # a store call (consumer_lookup) is queued; nothing answered yet
+        ("letters", "local", "create", 403),  # JetStream keeps it, but its letters: no consumer of it anywhere
+        ("nosuch", "local", "create", 404),  # no such journal (the local consumers name the ones there are)
+        ("kept", "store", "pull", None),  # a store call (consumer_info first: nothing learnt of it yet)
+        ("kept", "local", "bogus", 404),  # an op no backend knows: the local consumers' (no such consumer here)
+        ("files", "local", "bogus", 404),
+        ("kept", "store", "nak", 400),  # the store's own check of the arguments (seqs missing)
+    ],
+)
+def test_each_journal_has_one_consumer_backend_chosen_once_and_its_requests_go_there(
+    journal: str, kept_by: str, op: str, code: int | None
+) -> None:
+    from mc0.broker.core.dispatch import CoreSettings
+    from mc0.broker.storage.memstore import MemoryReplicatedStore
+
+    files = MemoryStore("files", JournalSettings(topics=("jobs.>",)))
+    kept = MemoryReplicatedStore("kept", JournalSettings(topics=("orders.>",), store="jetstream"))
+    letters = MemoryReplicatedStore("letters", JournalSettings(topics=(), store="jetstream", mailboxes=True))
+    core = BrokerCore(CoreSettings(), journals=[files, kept, letters])
+    core.handle(b"a", f("CONNECT", "VERSION", "1.0", "TTL", "60000", "ID", "c"), 0.0, "alice")
+    core.rooms.calls.drain()  # (its mailbox's letters asked of JetStream)
+    store, local = core.rooms.store_consumers, core.consumers.local
+    assert sorted(store.journals) == ["kept"]
+    backend = core.consumers.backend_of(journal)
+    assert backend is (store if journal == "kept" else local)  # who keeps a journal's consumers
+    body = json.dumps({"op": op, "journal": journal, "name": "c", "topics": [">"]})
+    out = core.handle(b"a", f("REQUEST", "SERVICE", P.CONSUMER_SERVICE, "ID", "r1", "", body), 0.0, "alice")
+    asked = [call["op"] for _, call in core.rooms.calls.drain()]
+    if code is not None:
+        ((to, frames),) = out
+        assert to == b"a" and error_code(frames) == code and asked == []
+    elif kept_by == "store":
+        assert out == [] and asked == ["consumer_lookup" if op == "create" else "consumer_info"]
+    else:
+        assert out == [] and asked == []
+        ((_, frames),) = core.commit()
+        assert body_of(frames)["config"]["journal"] == journal and local.consumers.keys() == {(journal, "c")}

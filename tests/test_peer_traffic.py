@@ -179,7 +179,7 @@ def test_jetstream_consumers_figures_are_asked_now_and_then_and_shown_as_answere
     counters: Counter[str] = Counter()
     calls = StoreCalls(counters)
     store = StoreConsumers(
-        calls, counters, tokens_of=lambda t: tuple(t.split(".")), dead_letter=lambda item: None,
+        calls, counters, journals=(), tokens_of=lambda t: tuple(t.split(".")), max_wait_ms=1000,
         max_consumers=10, max_per_identity=10,
     )  # fmt: skip
     store.monitor(["orders"], 0.0)

@@ -369,9 +369,8 @@ def test_a_pull_cancelled_or_whose_client_went_is_answered_by_nobody() -> None:
     core = core_with(j)
     config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
     config |= {"max_ack_pending": 1000, "deliver": "all"}
-    assert core.consumers.store is not None
     known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
-    core.consumers.store._learn("main", "c", known, 0.0)
+    core.rooms.store_consumers._learn("main", "c", known, 0.0)
     consumer_request(core, "p", op="pull", max=1, wait_ms=1000)
     assert core.calls._queued[0][1]["op"] == "consumer_pull"  # (known here: no info asked first)
     assert core.handle(b"sub", f("CANCEL", "ID", "p"), 0.0, "sub")[0][1][:5] == f("ERROR", "ID", "p", "CODE", "499")
@@ -383,9 +382,9 @@ def test_a_clients_store_calls_in_flight_are_bounded_429_beyond_a_cancel_frees_n
     core = core_with(j)
     config = {"journal": "main", "name": "c", "topics": [">"], "ack_wait_ms": 30000, "max_deliver": 5}
     config |= {"max_ack_pending": 1000, "deliver": "all"}
-    assert core.consumers.store is not None and core.consumers.store.max_calls == jsw.MAX_STORE_CALLS
+    assert core.rooms.store_consumers.max_calls == jsw.MAX_STORE_CALLS
     known = known_of({"metadata": {jsw.OWNER_KEY: "sub", jsw.CONFIG_KEY: json.dumps(config)}})
-    core.consumers.store._learn("main", "c", known, 0.0)
+    core.rooms.store_consumers._learn("main", "c", known, 0.0)
     seqs = list(range(1, 10_001))  # the most one ack may carry
     for i in range(jsw.MAX_STORE_CALLS - 1):
         assert consumer_request(core, f"a{i}", op="ack", seqs=seqs) == []
@@ -417,7 +416,7 @@ def test_a_clients_store_calls_are_bounded_by_max_requests_when_that_is_lower_th
     core = BrokerCore(CoreSettings(max_requests=2), journals=[store()], wall_offset=1000.0)
     routeinput.join(core.rooms, "b1", route_ttl=1.0)
     connect(core, b"sub", who="sub")
-    assert core.consumers.store is not None and core.consumers.store.max_calls == 2
+    assert core.rooms.store_consumers.max_calls == 2
     assert consumer_request(core, "1", op="info") == [] and consumer_request(core, "2", op="info") == []
     ((to, refused),) = consumer_request(core, "3", op="info")
     assert to == b"sub" and refused[:5] == f("ERROR", "ID", "3", "CODE", "429")
@@ -427,8 +426,8 @@ def test_a_clients_store_calls_are_bounded_by_max_requests_when_that_is_lower_th
 
 def test_all_clients_store_calls_together_are_bounded_many_connections_cannot_multiply_theirs() -> None:
     core = core_with(store())
-    consumers = core.consumers.store
-    assert consumers is not None and consumers.max_total == jsw.MAX_STORE_CALLS_TOTAL > jsw.MAX_STORE_CALLS
+    consumers = core.rooms.store_consumers
+    assert consumers.max_total == jsw.MAX_STORE_CALLS_TOTAL > jsw.MAX_STORE_CALLS
     consumers.max_total = 3
 
     def info(rid: bytes, request_id: str) -> list[Any]:
@@ -878,8 +877,7 @@ def test_an_op_on_a_store_consumer_names_the_one_it_means_and_one_made_again_is_
     nonce); a ``changed`` answer (the store did nothing) is decided again on the consumer there now,
     once; a 404 forgets what was learnt."""
     core = core_with(store())
-    consumers = core.consumers.store
-    assert consumers is not None
+    consumers = core.rooms.store_consumers
     config = {"journal": "main", "name": "c", "topics": ["orders.>"], "ack_wait_ms": 30000, "max_deliver": 5}
     config |= {"max_ack_pending": 1000, "deliver": "all"}
 

@@ -9,7 +9,7 @@ the op of a request on one consumer (``info``, ``pull``, ``ack``, ``nak``,
 request: :class:`ConsumerInfo`, :class:`ConsumerDelete`, :class:`ConsumerPull`,
 :class:`ConsumerSettle` (ack, nak and term).  Each refusal is a
 ``ProtocolError`` 400 naming the field; nothing is changed by one.  Both
-owners of consumers use these (the broker's own, ``core/consumers.py``, and
+consumer backends use these (the broker's own, ``core/localconsumers.py``, and
 JetStream's, ``jetstream/storeconsumers.py``), so a request means the same and
 is refused with the same words whichever keeps the consumer.  The op and its
 arguments are two steps because the broker's own consumers check the

@@ -227,7 +227,7 @@ def _list(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out
         if journal.settings.replicated and not journal.settings.mailboxes and wanted in (None, name)
     )
     carry = {"op": A.CONSUMER_LS, **gather.args}
-    if not kept or rooms.consumers.store is None:
+    if not kept:
         return _carry(rooms, desk, gather, carry, now)
 
     def listed(data: dict[str, Any], records: Any, now: float) -> list[Out]:
@@ -325,11 +325,9 @@ def _close_here(rooms: Rooms, text: str, who: str, now: float) -> tuple[Part, li
 
 
 def _remove_here(rooms: Rooms, journal: str, name: str, who: str, jetstream: bool) -> tuple[Part, list[Out]]:
-    consumers = rooms.consumers
     if jetstream:  # JetStream removed it: what this broker knew of it goes
-        forgot = consumers.store.forget(journal, name) if consumers.store is not None else False
-        return {"status": 200, "forgot": forgot}, []
-    out = consumers.remove(journal, name, f"removed by {who}")
+        return {"status": 200, "forgot": rooms.store_consumers.forget(journal, name)}, []
+    out = rooms.consumers.remove(journal, name, f"removed by {who}")
     if out is None:
         return {"status": Status.NOT_FOUND, "error": _no_consumer({"journal": journal, "name": name})}, []
     log.warning("admin: %s removed consumer %s of journal %s here", who, name, journal)

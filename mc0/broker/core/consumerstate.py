@@ -8,7 +8,8 @@ is dead-lettered and settled.  :class:`Consumer` holds one consumer (its
 config, its owner: the identity that created it, its cursor, what it
 delivered and has not heard about, its waiting pulls); ``state()`` is what is
 saved and ``consumer_of`` reads it back (ValueError/KeyError/TypeError/
-InvalidTopic when it cannot).  A ``create`` request's config
+InvalidTopic when it cannot).  A :data:`DeadLetter` is what a consumer gave
+up on, as either backend hands it over.  A ``create`` request's config
 (:class:`~mc0.protocol.consumerrequests.ConsumerConfig`) is parsed by
 :mod:`mc0.protocol.consumerrequests`.  Pure: no sockets, no clock.
 """
@@ -22,12 +23,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from ...message import Record
 from ...protocol.consumerrequests import ConsumerConfig
 from ...topics import pattern_matches, split_pattern
 from ..storage.port import JournalStore
 from .peers import Peer
 
 MAX_CHANGES = 64  # change records between whole saves (bounds the log a start replays)
+# A record a consumer gave up on: (its dead-letter topic, the record, the reason, its deliveries).
+DeadLetter = tuple[str, Record, str, int]
 
 
 class HeldState(Enum):

@@ -163,9 +163,8 @@ class BrokerCore:
     def monitoring(self, now: float) -> None:
         """The monitor is being read: refresh what it shows that the store keeps (JetStream's
         consumer figures, asked at most every few seconds; see ``StoreConsumers.monitor``)."""
-        store = self.consumers.store
-        if store is not None:
-            store.monitor([n for n, j in self.journaling.journals.items() if j.settings.replicated], now)
+        replicated = [n for n, j in self.journaling.journals.items() if j.settings.replicated]
+        self.rooms.store_consumers.monitor(replicated, now)
 
     def report(self, op: str) -> object | None:
         """The data behind ``mc0.broker`` ops (None for an unknown op)."""

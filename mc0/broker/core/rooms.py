@@ -39,6 +39,7 @@ from ...protocol.jetstream import MAX_STORE_CALLS
 from ...settings import CoreSettings
 from ..jetstream.replication import Replication
 from ..jetstream.storecalls import StoreCalls
+from ..jetstream.storeconsumers import StoreConsumers
 from ..storage.port import JournalStore
 from .builtin_services import Builtins
 from .consumers import Consumers
@@ -96,6 +97,20 @@ class Rooms:
             settings, counters, keeper, wall_offset=wall_offset, presence=routes, backlog=backlog, calls=self.calls
         )
         self.rpc = Rpc(settings, counters, is_current=self.peers.is_current, wants_telemetry=self.sysbus.wants_rpc)
+        # The durable consumers of the journals JetStream keeps (none: it keeps no journal's), and the
+        # front that hands each journal's requests to its consumers' backend: JetStream's or this broker's.
+        self.store_consumers = StoreConsumers(
+            self.calls,
+            counters,
+            journals=self.journaling.every_journal(),
+            tokens_of=self.pubsub.tokens_of,
+            max_wait_ms=settings.max_request_timeout_ms,
+            max_consumers=settings.max_consumers,
+            max_per_identity=settings.max_consumers_per_identity,
+            # A request on a JetStream consumer is one of the client's outstanding requests, held as a
+            # store call: max_requests bounds them too when it is the lower.
+            max_calls=min(settings.max_requests, MAX_STORE_CALLS),
+        )
         self.consumers = Consumers(
             self.journaling,
             counters,
@@ -104,10 +119,7 @@ class Rooms:
             max_wait_ms=settings.max_request_timeout_ms,
             max_consumers=settings.max_consumers,
             max_per_identity=settings.max_consumers_per_identity,
-            calls=self.calls,
-            # A request on a JetStream consumer is one of the client's outstanding requests, held as a
-            # store call: max_requests bounds them too when it is the lower.
-            max_store_calls=min(settings.max_requests, MAX_STORE_CALLS),
+            store=self.store_consumers,
         )
         self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
         self.builtins = Builtins(

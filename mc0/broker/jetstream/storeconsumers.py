@@ -1,7 +1,9 @@
 """StoreConsumers: durable consumers of a JetStream journal, kept by JetStream and shared cluster-wide.
 
 Contract: the ``mc0.consumer`` ops on a journal with ``store = "jetstream"``
-(:class:`~mc0.broker.core.consumers.Consumers` hands them here) keep their
+that keeps no mailboxes (``kept_by_jetstream``; this is the
+:class:`~mc0.broker.core.consumers.ConsumerBackend` of those journals:
+:class:`~mc0.broker.core.consumers.Consumers` hands their requests here) keep their
 meaning, but the consumer is a JetStream durable pull consumer of the
 journal's stream (R as the journal), so one created at broker A is pulled at
 B and an ack at B is seen everywhere.  Each request is validated whole first,
@@ -62,10 +64,12 @@ from ...protocol.consumerrequests import (
     ConsumerRequest,
     ConsumerSettle,
     parse_config,
+    parse_consumer_request,
 )
 from ...protocol.jetstream import MAX_STORE_CALLS, MAX_STORE_CALLS_TOTAL
 from ...topics import pattern_matches, split_pattern, split_topic
 from ..core.access import may_read
+from ..core.consumerstate import DeadLetter
 from ..core.peers import Out, Peer
 from ..storage.port import JournalStore
 from .storecalls import StoreCalls, failure
@@ -77,7 +81,11 @@ log = logging.getLogger("mc0.broker")
 KNOWN_S = 10.0
 REPORT_INTERVAL = 2.0  # seconds: how often the monitor asks JetStream for its consumers' figures, at most
 _SERVICE_TOKENS = split_topic(CONSUMER_SERVICE)
-DeadLetter = tuple[str, Record, str, int]  # (topic, record, reason, deliveries)
+
+
+def kept_by_jetstream(journal: JournalStore) -> bool:
+    """A journal JetStream keeps records in (not one that keeps mailboxes): its consumers are JetStream's."""
+    return journal.settings.replicated and not journal.settings.mailboxes
 
 
 class Known:
@@ -125,19 +133,23 @@ class StoreConsumers:
         calls: StoreCalls,
         counters: Counter[str],
         *,
+        journals: Sequence[JournalStore],
         tokens_of: Callable[[str], tuple[str, ...] | None],
-        dead_letter: Callable[[DeadLetter], None],
+        max_wait_ms: int,
         max_consumers: int,
         max_per_identity: int,
         max_calls: int = MAX_STORE_CALLS,
         max_total: int = MAX_STORE_CALLS_TOTAL,
     ) -> None:
-        """``max_calls``: store calls one client may have in flight, ``max_total``: all clients
-        together (429 beyond either)."""
+        """Keeps the consumers of those of ``journals`` JetStream keeps (``kept_by_jetstream``);
+        ``max_wait_ms``: a pull's longest wait; ``max_calls``: store calls one client may have in
+        flight, ``max_total``: all clients together (429 beyond either)."""
         self.calls = calls
         self.counters = counters
+        self.journals: dict[str, JournalStore] = {j.name: j for j in journals if kept_by_jetstream(j)}
         self._tokens_of = tokens_of
-        self._dead_letter = dead_letter
+        self._max_wait_ms = max_wait_ms
+        self._dead_letters: list[DeadLetter] = []  # not yet taken (take_dead_letters)
         self.max_consumers = max_consumers
         self.max_per_identity = max_per_identity
         self.max_calls = max_calls
@@ -155,7 +167,22 @@ class StoreConsumers:
         self._report_due = 0.0
         self._reporting = False
 
+    def keeps(self, journal: JournalStore) -> bool:
+        """``journal``'s consumers are JetStream's (it is one of those it was built with)."""
+        return self.journals.get(journal.name) is journal
+
+    def take_dead_letters(self) -> list[DeadLetter]:
+        """The dead letters pulls found since the last call, oldest first; a new list starts."""
+        letters = self._dead_letters
+        if letters:
+            self._dead_letters = []
+        return letters
+
     # ------------------------------------------------------------ monitoring
+    def monitor_rows(self) -> list[dict[str, object]]:
+        """/consumerz: the consumers of the JetStream journals as JetStream last said (``monitor``)."""
+        return list(self.reported)
+
     def monitor(self, journals: Sequence[str], now: float) -> None:
         """The monitor is read: ask JetStream for its consumers' figures (one call in flight, at
         most every ``REPORT_INTERVAL``); ``reported`` holds the last answer."""
@@ -256,22 +283,21 @@ class StoreConsumers:
         self.calls.forget(peer.routing_id)
 
     # ------------------------------------------------------------ requests
-    def list_with(
-        self, client: Peer, rid: str, user: dict[str, str], local: list[str], journals: list[str]
-    ) -> list[Out]:  # fmt: skip
-        """``list``: the caller's own, the local ones and the store's."""
+    def list_with(self, client: Peer, rid: str, user: dict[str, str], names: list[str]) -> list[Out]:
+        """``list``: the caller's own, ``names`` (this broker's) and the store's."""
         self._admit(client, rid)
-        request = {"op": "consumer_list", "journals": journals, "owner": client.identity}
+        request = {"op": "consumer_list", "journals": sorted(self.journals), "owner": client.identity}
 
         def listed(data: dict[str, Any], records: Sequence[Record], now: float) -> list[Out]:
-            names = [f"{j}/{n}" for j, n in data.get("consumers", [])]
-            return self._final(client, rid, user, sorted(local + names))
+            kept = [f"{j}/{n}" for j, n in data.get("consumers", [])]
+            return self._final(client, rid, user, sorted(names + kept))
 
         return self._call(client, rid, request, listed)
 
-    def create(
-        self, client: Peer, rid: str, user: dict[str, str], journal: JournalStore, query: dict[str, Any]
-    ) -> list[Out]:  # fmt: skip
+    def create(self, client: Peer, rid: str, user: dict[str, str], query: dict[str, Any], now: float) -> list[Out]:
+        """``create`` on a journal it keeps (``keeps``): the config checked here, then the store asked
+        (an existing consumer of that name answered if it is the caller's with this config)."""
+        journal = self.journals[str(query.get("journal", ""))]
         config, patterns = parse_config(journal.name, query, rid)
         reason = refusal(client, patterns, config.topics)
         if reason is not None:
@@ -324,16 +350,12 @@ class StoreConsumers:
         return self._call(client, rid, lookup, looked)
 
     def handle(
-        self,
-        client: Peer,
-        rid: str,
-        user: dict[str, str],
-        asked: ConsumerRequest,
-        journal: JournalStore,
-        deadline: float,
-        now: float,
+        self, client: Peer, rid: str, user: dict[str, str], query: dict[str, Any], deadline: float, now: float
     ) -> list[Out]:
-        """Every op but create and list, on a consumer of ``journal`` (``asked``: the request, checked)."""
+        """Every op but create and list, on a consumer of a journal it keeps (``keeps``): the request
+        checked whole first (:func:`~mc0.protocol.consumerrequests.parse_consumer_request`)."""
+        asked = parse_consumer_request(query, rid, max_wait_ms=self._max_wait_ms)
+        journal = self.journals[asked.journal]
         name = asked.name
         request = self._store_request(asked, journal.name, deadline - now)
         self._admit(client, rid)
@@ -448,7 +470,7 @@ class StoreConsumers:
             if count > config.max_deliver:
                 topic = f"{P.SYS_DEAD_PREFIX}{config.journal}.{config.name}"
                 reason = f"not acknowledged after {count - 1} deliveries (max_deliver {config.max_deliver})"
-                self._dead_letter((topic, record, reason, count - 1))
+                self._dead_letters.append((topic, record, reason, count - 1))
                 self.counters["consumer_dead_lettered"] += 1
                 self.dead_lettered[config.journal, config.name] += 1
                 ended.append(record.seq)
