@@ -273,9 +273,11 @@ class Journaling:
     ) -> None:
         self.counters = counters
         self.wall_offset = wall_offset
-        self.journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        self._journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        # Some journal is configured (a PUT may be journaled): the publish paths' test before a lookup.
+        self.has_journals = bool(self._journals)
         self._keepers: TopicTrie[JournalStore] = TopicTrie()
-        for journal in self.journals.values():
+        for journal in self._journals.values():
             for pattern in journal.settings.topics:
                 self._keepers.insert(split_pattern(pattern), journal)
         self._tokens_of = tokens_of
@@ -292,24 +294,24 @@ class Journaling:
     # ------------------------------------------------------------ the journals by name (what other rooms read)
     def journal(self, name: str) -> JournalStore | None:
         """The journal called ``name`` (None: no such journal is configured)."""
-        return self.journals.get(name)
+        return self._journals.get(name)
 
     def journal_names(self) -> list[str]:
         """Every journal's name, sorted."""
-        return list(self.journals)
+        return list(self._journals)
 
     def every_journal(self) -> list[JournalStore]:
         """Every journal, in the order of their names."""
-        return list(self.journals.values())
+        return list(self._journals.values())
 
     def journal_info(self) -> dict[str, dict[str, object]]:
         """Each journal's ``info()``, by name (sorted)."""
-        return {name: journal.info() for name, journal in self.journals.items()}
+        return {name: journal.info() for name, journal in self._journals.items()}
 
     # ------------------------------------------------------------ appends
     def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
         """The journals that keep this topic (a cached trie lookup)."""
-        return self._keepers.match(tokens) if self.journals else ()
+        return self._keepers.match(tokens) if self._journals else ()
 
     def append(
         self,
@@ -375,7 +377,7 @@ class Journaling:
     @property
     def uncommitted(self) -> bool:
         """``commit()`` has work: appends to write or OKs to release."""
-        return bool(self._pending_acks) or any(j.pending for j in self.journals.values())
+        return bool(self._pending_acks) or any(j.pending for j in self._journals.values())
 
     def commit(self) -> list[Out]:
         """Commit what was appended (through the port); returns the OKs now due.
@@ -385,7 +387,7 @@ class Journaling:
         (and may retry with MSGID).
         """
         failed: dict[str, OSError] = {}
-        for journal in self.journals.values():
+        for journal in self._journals.values():
             if journal.pending:
                 try:
                     journal.commit()
@@ -402,7 +404,7 @@ class Journaling:
                 out += [(rid, P.error(Status.STORAGE_FAILED, reason, request_id)) for _, rid, request_id, _ in held]
                 held.clear()
             else:
-                durable = self.journals[name].durable_mark
+                durable = self._journals[name].durable_mark
                 while held and held[0][0] <= durable:
                     _, routing_id, _, ok = held.popleft()
                     out.append((routing_id, ok))
@@ -412,9 +414,9 @@ class Journaling:
 
     def enforce_retention(self, now: float) -> None:
         """Age retention through the port, at most every ``RETENTION_INTERVAL``."""
-        if self.journals and now >= self._next_retention:
+        if self._journals and now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL
-            for journal in self.journals.values():
+            for journal in self._journals.values():
                 journal.enforce_retention(now + self.wall_offset)
 
     # ------------------------------------------------------------ replays
@@ -463,14 +465,14 @@ class Journaling:
     def _journal_for_sub(self, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> JournalStore:
         name = command.headers.get(Header.JOURNAL)
         if name is not None:
-            journal = self.journals.get(name)
+            journal = self._journals.get(name)
             if journal is None:
                 raise ProtocolError(Status.BAD_REQUEST, f"no journal named {quoted(name)}", command.id)
             private(journal, command.id)
             return journal
         candidates = [
             j
-            for j in self.journals.values()
+            for j in self._journals.values()
             if all(any(pattern_covers(split_pattern(jp), t) for jp in j.settings.topics) for _, t in patterns)
         ]
         if not candidates:
@@ -792,7 +794,7 @@ class Journaling:
 
     def next_deadline(self, earliest: float) -> float:
         """``earliest``, or sooner when retention or a paused read is due."""
-        if self.journals:
+        if self._journals:
             earliest = min(earliest, self._next_retention)
         for replays in self._replays.values():
             for replay in replays.values():

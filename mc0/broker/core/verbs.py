@@ -54,7 +54,7 @@ def put(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
     rooms.counters["published"] += 1
     rooms.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
-    journals = rooms.journaling.journals_of(tokens) if rooms.journaling.journals else ()
+    journals = rooms.journaling.journals_of(tokens) if rooms.journaling.has_journals else ()
     if journals:
         return put_journaled(rooms, peer, command, topic, tokens, journals, now)
     out = rooms.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
