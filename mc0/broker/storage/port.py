@@ -25,8 +25,13 @@ in the journal now, an ``append``, durable at the ``commit`` that follows)
 or a token (the replicated store: the seq comes later, with the store's
 answer).  The core acts on what it answered (a seq: fan the record out now
 and hold its OK to the commit; a token: hold its OK for the store's answer),
-never on which store it has.  A local store's ``append`` stays the publish
-hot path's (no result object per record).
+not on which store it has.  A local store's ``append`` stays the publish
+hot path's (no result object per record).  Three questions the answer
+cannot settle still read a journal's ``settings.replicated``, each saying
+why: whether the publish hot path may append (``Journaling.local``, once per
+topic), a PUT's budget check and origin before anything is kept
+(``verbs.put_journaled``), and a replay's ``FROM`` floor
+(``Journaling.plan_replay``).
 
 A journal whose settings say ``replicated`` (``store = "jetstream"``) is a
 :class:`ReplicatedStore`: ``keep`` proposes the record, which ``commit``
@@ -237,7 +242,8 @@ class JournalStore(Hashable, Protocol):
 
 
 class ReplicatedStore(JournalStore, Protocol):
-    """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""
+    """A journal kept by a replicated store (JetStream): its records are proposed (``keep`` answers their
+    tokens), and stored later; what it adds to the port is the mailboxes' journal's kept letter."""
 
     def letter(
         self,
@@ -255,5 +261,6 @@ class ReplicatedStore(JournalStore, Protocol):
 
 
 def replicated(journal: JournalStore) -> ReplicatedStore | None:
-    """``journal`` as a replicated store, or None when it is a local one."""
+    """``journal`` as a replicated store, or None when it is a local one (the mailboxes ask it: their
+    letters are kept in the stream, through ``letter``, or in the room and a local journal)."""
     return cast(ReplicatedStore, journal) if journal.settings.replicated else None
