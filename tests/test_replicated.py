@@ -582,6 +582,57 @@ def test_kept_letters_are_read_by_one_broker_of_an_identity_and_by_another_once_
     assert read == {"op": "letters_read", "journal": "box", "identity": "carol", "after": 0}
 
 
+# ------------------------------------------------------------------ the port's keep, store by store
+def test_keep_answers_a_local_stores_seq_and_a_replicated_stores_token(tmp_path: Path, monkeypatch: Any) -> None:
+    """``JournalStore.keep``: the file and memory stores append (``Kept(seq)``); the replicated stores (the
+    JetStream journal and the core tests' one) propose (``Kept(0, token)``), their dedup id made of MSGID
+    when the journal has a dedup window, the origin carried; past the budget, ``NOT_KEPT``."""
+    from mc0.broker.jetstream import replicated as replicated_module
+    from mc0.broker.storage.filestore import Journal
+    from mc0.broker.storage.port import NOT_KEPT, Kept
+
+    msgid = {"MSGID": "m1", "X-a": "b"}
+    files = Journal("files", JournalSettings(folder=str(tmp_path / "files"))).open()
+    memory = MemoryStore("memory")
+    for local in (files, memory):
+        assert local.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(1)
+        assert local.keep("orders.x", "alice", {}, [b"b"]) == Kept(2)
+        assert local.duplicate_of("alice", "m1") == 1  # (kept as an append keeps it)
+        assert (local.backlog, local.following, local.copy_reason, local.created) == ("", True, "", "")
+    files.close()
+
+    sent: list[Any] = []
+
+    def sink(name: str, proposals: list[Any]) -> None:
+        sent.extend(proposals)
+
+    copy = ReplicatedJournal("main", JournalSettings(folder=str(tmp_path / "copy"), store="jetstream"), sink=sink)
+    plain = JournalSettings(folder=str(tmp_path / "plain"), store="jetstream", dedup_window_s=0)
+    copy.open()
+    undeduped = ReplicatedJournal("plain", plain, sink=sink).open()
+    assert copy.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(0, 1)
+    assert copy.keep("orders.x", "alice", {}, [b"b"]) == Kept(0, 2)
+    assert undeduped.keep("orders.x", "alice", msgid, [b"a"]) == Kept(0, 1)
+    copy.commit()
+    undeduped.commit()
+    assert [(p.token, p.subject, p.msgid, p.origin) for p in sent] == [
+        (1, "mc0.j.main.orders.x", jsw.msg_id("alice", "m1"), "b1/00"),
+        (2, "mc0.j.main.orders.x", "", ""),
+        (1, "mc0.j.plain.orders.x", "", ""),  # (no dedup window: no Nats-Msg-Id)
+    ]
+    monkeypatch.setattr(replicated_module, "MAX_WAITING", 2)  # (two wait for JetStream's answer)
+    assert copy.backlog and copy.keep("orders.x", "alice", {}, [b"c"]) == NOT_KEPT
+    copy.close()
+    undeduped.close()
+
+    tested = store()
+    assert tested.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(0, 1)
+    assert tested.proposals[0][5:] == (jsw.msg_id("alice", "m1"), "b1/00")
+    assert tested.duplicate_of("alice", "m1") is None  # (the stream dedups)
+    tested.backlog = "full"
+    assert tested.keep("orders.x", "alice", {}, [b"b"]) == NOT_KEPT and len(tested.proposals) == 1
+
+
 # ------------------------------------------------------------------ the local copy on files
 def test_the_local_copy_takes_the_streams_seqs_gaps_and_a_new_stream(tmp_path: Path) -> None:
     settings = JournalSettings(folder=str(tmp_path / "copy"), store="jetstream", segment_bytes=4096)

@@ -183,7 +183,7 @@ class ClusterListener:
         gone_after = self.config.hello_ms / 1000.0 * self.config.route_liveness
         ttl = gone_after / core.settings.liveness
         routeinput.join(core.rooms, self.broker_name, route_ttl=ttl, max_patterns=self.config.max_route_patterns)
-        self.replicated = {n: j for n, j in core.journaling.journals.items() if isinstance(j, ReplicatedJournal)}
+        self.replicated = {j.name: j for j in core.journaling.every_journal() if isinstance(j, ReplicatedJournal)}
         positions = {name: journal.position() for name, journal in self.replicated.items()}
         self.link.start(context, self.broker_name, positions, hosted=True)  # (run on the broker's loop: host)
 

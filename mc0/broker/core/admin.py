@@ -182,7 +182,8 @@ def _in_jetstream(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> 
     if op == A.CONSUMER_RM and not CONSUMER_NAME.match(gather.args["name"]):
         gather.parts["jetstream"] = {"status": Status.NOT_FOUND, "error": _no_consumer(gather.args)}
         return desk.finish(gather)
-    if op == A.JOURNAL_PURGE and rooms.journaling.journals[journal].settings.mailboxes:
+    kept = rooms.journaling.journal(journal)  # (there is one: _kept_by_jetstream)
+    if op == A.JOURNAL_PURGE and kept is not None and kept.settings.mailboxes:
         gather.parts[rooms.routes.name] = _keeps_mailboxes(journal)
         return desk.finish(gather)
     if op == A.CONSUMER_RM:
@@ -222,9 +223,9 @@ def _list(rooms: Rooms, desk: AdminDesk, gather: Gather, now: float) -> list[Out
     gather.parts[rooms.routes.name] = part
     wanted = gather.args.get("journal")
     kept = sorted(
-        name
-        for name, journal in rooms.journaling.journals.items()
-        if journal.settings.replicated and not journal.settings.mailboxes and wanted in (None, name)
+        journal.name
+        for journal in rooms.journaling.every_journal()
+        if journal.settings.replicated and not journal.settings.mailboxes and wanted in (None, journal.name)
     )
     carry = {"op": A.CONSUMER_LS, **gather.args}
     if not kept:
@@ -280,7 +281,7 @@ def here(
         return _close_here(rooms, args["id"], who, now)
     if op == A.CONSUMER_LS:
         return _list_here(rooms, args.get("journal")), []
-    journal = rooms.journaling.journals.get(args["journal"])
+    journal = rooms.journaling.journal(args["journal"])
     if journal is None:
         return {"status": Status.NOT_FOUND, "error": f"no journal {quoted(args['journal'], 64)}"}, []
     if journal.settings.replicated != jetstream:
@@ -379,7 +380,7 @@ def _broker_of(route: Peer) -> str:
 
 
 def _kept_by_jetstream(rooms: Rooms, journal: str) -> bool:
-    kept = rooms.journaling.journals.get(journal)
+    kept = rooms.journaling.journal(journal)
     return kept is not None and kept.settings.replicated
 
 

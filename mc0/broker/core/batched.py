@@ -331,7 +331,7 @@ class BatchedInput:
                 return self._journaled_record(peer, kept, blob, start, end, data_at, now, out, sink)
             topic, tokens = self.pubsub.record_topic(topic_b)
             journaling = self.journaling
-            journals = journaling.journals_of(tokens) if journaling.journals else ()
+            journals = journaling.journals_of(tokens) if journaling.has_journals else ()
             if journals or topic.startswith(P.RESERVED_TOPIC_PREFIX):
                 kept = self._kept_by_files(topic_b, topic, tokens, journals)
                 if kept is not None:

@@ -163,7 +163,7 @@ class BrokerCore:
     def monitoring(self, now: float) -> None:
         """The monitor is being read: refresh what it shows that the store keeps (JetStream's
         consumer figures, asked at most every few seconds; see ``StoreConsumers.monitor``)."""
-        replicated = [n for n, j in self.journaling.journals.items() if j.settings.replicated]
+        replicated = [j.name for j in self.journaling.every_journal() if j.settings.replicated]
         self.rooms.store_consumers.monitor(replicated, now)
 
     def report(self, op: str) -> object | None:

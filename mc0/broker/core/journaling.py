@@ -11,12 +11,15 @@ that commit, or at a later one when the store syncs in the background (each
 journal's OKs in the order they were held).  Replays and fetches are
 *paced*: ``pages(now)`` returns one page of each, and the shell hands back
 what it could not queue (``page_blocked``), which rewinds that read, so
-a slow reader slows only its own reads and nothing is lost.  A journal
-JetStream keeps (``storage.port.replicated``) gets proposals in ``append``
-(the OK is held by :mod:`.replication`), and its replays and fetches read its
-local copy, waiting (paced) while the copy lags what the stream holds, or is
-at its end while its feed does not follow the stream (then 504 naming why,
-never an end as if the history were complete).  A
+a slow reader slows only its own reads and nothing is lost.  ``append``
+hands each journal the record through the port's ``keep`` and answers what
+the primary's store answered (``Kept``): a seq now, or, of a journal
+JetStream keeps, a proposal's token (the OK is then held by
+:mod:`.replication`).  Replays and fetches read a store up to
+``stored_next_seq``; a JetStream journal's reads are of its local copy,
+waiting (paced) while the copy lags what the stream holds, or is at its end
+while its feed does not follow the stream (the port's ``following``; then
+504 naming why, never an end as if the history were complete).  A
 replay of such a journal keeps its ``FROM`` as a *floor*: it sends nothing
 before it, and when it ends with the copy still short of it (a broker whose
 copy is behind, where a subscriber failing over resumes) the floor stays
@@ -40,7 +43,7 @@ from ...protocol import JOURNAL_SERVICE, SYS_DEAD_PREFIX, Command, Header, Statu
 from ...protocol import jetstream as jsw
 from ...topics import pattern_covers, pattern_matches, split_pattern
 from ...trie import TopicTrie
-from ..storage.port import JournalStore, Trimmed, replicated, storage_fault
+from ..storage.port import NOT_KEPT, JournalStore, Kept, Trimmed, storage_fault
 from .access import is_dead_letter, origin_allowed
 from .peers import Out, Peer
 
@@ -270,9 +273,11 @@ class Journaling:
     ) -> None:
         self.counters = counters
         self.wall_offset = wall_offset
-        self.journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        self._journals: dict[str, JournalStore] = {j.name: j for j in sorted(journals, key=lambda j: j.name)}
+        # Some journal is configured (a PUT may be journaled): the publish paths' test before a lookup.
+        self.has_journals = bool(self._journals)
         self._keepers: TopicTrie[JournalStore] = TopicTrie()
-        for journal in self.journals.values():
+        for journal in self._journals.values():
             for pattern in journal.settings.topics:
                 self._keepers.insert(split_pattern(pattern), journal)
         self._tokens_of = tokens_of
@@ -289,24 +294,24 @@ class Journaling:
     # ------------------------------------------------------------ the journals by name (what other rooms read)
     def journal(self, name: str) -> JournalStore | None:
         """The journal called ``name`` (None: no such journal is configured)."""
-        return self.journals.get(name)
+        return self._journals.get(name)
 
     def journal_names(self) -> list[str]:
         """Every journal's name, sorted."""
-        return list(self.journals)
+        return list(self._journals)
 
     def every_journal(self) -> list[JournalStore]:
         """Every journal, in the order of their names."""
-        return list(self.journals.values())
+        return list(self._journals.values())
 
     def journal_info(self) -> dict[str, dict[str, object]]:
         """Each journal's ``info()``, by name (sorted)."""
-        return {name: journal.info() for name, journal in self.journals.items()}
+        return {name: journal.info() for name, journal in self._journals.items()}
 
     # ------------------------------------------------------------ appends
     def journals_of(self, tokens: tuple[str, ...]) -> Sequence[JournalStore]:
         """The journals that keep this topic (a cached trie lookup)."""
-        return self._keepers.match(tokens) if self.journals else ()
+        return self._keepers.match(tokens) if self._journals else ()
 
     def append(
         self,
@@ -318,32 +323,25 @@ class Journaling:
         body: Sequence[bytes],
         *,
         origin: str = "",
-    ) -> int | None:
-        """Append to each journal; the primary's seq, or None if it could not write (fsync=always,
-        or a segment roll, write at once; a disk error must not take the broker down).  A journal
-        JetStream keeps gets a proposal instead: for the primary, its token (the seq comes later)."""
-        seq: int | None = None
+    ) -> Kept | None:
+        """Keep the record in each journal (``JournalStore.keep``); what the primary's store answered (its
+        seq now, or the token its seq comes later with), or None if it could not write (fsync=always, or a
+        segment roll, write at once; a disk error must not take the broker down).  A replicated store past
+        its budget keeps nothing (``NOT_KEPT``, counted: a PUT was refused 429 before, so what reaches here
+        is the broker's own)."""
+        primary_kept: Kept | None = None
         for journal in journals:
-            store = replicated(journal)
-            if store is not None:
-                if store.backlog:  # (a PUT was refused 429 before: what reaches here is the broker's own)
-                    self.counters["store_backlog_dropped"] += 1
-                    continue
-                msgid = headers.get(Header.MSGID)
-                store_id = jsw.msg_id(sender, msgid) if msgid is not None and journal.settings.dedup_window_s else None
-                token = store.propose(topic, sender, headers, body, msgid=store_id, origin=origin)
-                if journal is first:
-                    seq = token
-                continue
             try:
-                appended = journal.append(topic, sender, headers, body)
+                kept = journal.keep(topic, sender, headers, body, origin=origin)
             except OSError as exc:
                 self.counters["journal_write_failed"] += 1
                 log.error("journal %s: write failed: %s", journal.name, exc)
                 continue
+            if kept == NOT_KEPT:
+                self.counters["store_backlog_dropped"] += 1
             if journal is first:
-                seq = appended
-        return seq
+                primary_kept = kept
+        return primary_kept
 
     def append_local(
         self, journals: Sequence[JournalStore], first: JournalStore, topic: str, sender: str, body: bytes
@@ -363,8 +361,11 @@ class Journaling:
         return seq
 
     def local(self, journals: Sequence[JournalStore]) -> bool:
-        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to)."""
-        return all(replicated(journal) is None for journal in journals)
+        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to).  The one question
+        of which store a journal is that stays: the publish hot path appends (an int per record) where
+        ``keep`` would build a ``Kept`` per record, so it asks once per topic (cached) that every store
+        there answers at once."""
+        return not any(journal.settings.replicated for journal in journals)
 
     def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:
         """Send ``frames`` (an OK) once ``journal``'s appends so far are committed (stored at its level)."""
@@ -376,7 +377,7 @@ class Journaling:
     @property
     def uncommitted(self) -> bool:
         """``commit()`` has work: appends to write or OKs to release."""
-        return bool(self._pending_acks) or any(j.pending for j in self.journals.values())
+        return bool(self._pending_acks) or any(j.pending for j in self._journals.values())
 
     def commit(self) -> list[Out]:
         """Commit what was appended (through the port); returns the OKs now due.
@@ -386,7 +387,7 @@ class Journaling:
         (and may retry with MSGID).
         """
         failed: dict[str, OSError] = {}
-        for journal in self.journals.values():
+        for journal in self._journals.values():
             if journal.pending:
                 try:
                     journal.commit()
@@ -403,7 +404,7 @@ class Journaling:
                 out += [(rid, P.error(Status.STORAGE_FAILED, reason, request_id)) for _, rid, request_id, _ in held]
                 held.clear()
             else:
-                durable = self.journals[name].durable_mark
+                durable = self._journals[name].durable_mark
                 while held and held[0][0] <= durable:
                     _, routing_id, _, ok = held.popleft()
                     out.append((routing_id, ok))
@@ -413,9 +414,9 @@ class Journaling:
 
     def enforce_retention(self, now: float) -> None:
         """Age retention through the port, at most every ``RETENTION_INTERVAL``."""
-        if self.journals and now >= self._next_retention:
+        if self._journals and now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL
-            for journal in self.journals.values():
+            for journal in self._journals.values():
                 journal.enforce_retention(now + self.wall_offset)
 
     # ------------------------------------------------------------ replays
@@ -443,8 +444,7 @@ class Journaling:
         """``held`` plus the peers a live record of ``journal`` at ``seq`` is below the floor of (they
         asked FROM past it).  A record at or past a floor ends it (the stream's delivery passed it), and
         so does another stream of that name (its seqs start again)."""
-        store = replicated(journal)
-        created = store.created if store is not None else ""
+        created = journal.created
         for peer, floors in list(self._floors.items()):
             floor = floors.get(journal.name)
             if floor is None:
@@ -465,14 +465,14 @@ class Journaling:
     def _journal_for_sub(self, command: Command, patterns: list[tuple[str, tuple[str, ...]]]) -> JournalStore:
         name = command.headers.get(Header.JOURNAL)
         if name is not None:
-            journal = self.journals.get(name)
+            journal = self._journals.get(name)
             if journal is None:
                 raise ProtocolError(Status.BAD_REQUEST, f"no journal named {quoted(name)}", command.id)
             private(journal, command.id)
             return journal
         candidates = [
             j
-            for j in self.journals.values()
+            for j in self._journals.values()
             if all(any(pattern_covers(split_pattern(jp), t) for jp in j.settings.topics) for _, t in patterns)
         ]
         if not candidates:
@@ -496,7 +496,9 @@ class Journaling:
         from_seq = start_seq(journal, asked, command.id)
         # Of a JetStream journal, a FROM past what this broker knows of the stream is a floor: the
         # subscriber had the records before it (at another broker), this copy may just be behind.
-        floor = from_seq if replicated(journal) is not None else 0
+        # (This asks which store it is, as nothing else tells: a file journal's FROM past its end waits
+        # for nothing, and its live records from its end on are for the subscriber.)
+        floor = from_seq if journal.settings.replicated else 0
         cursor = min(from_seq, journal.stored_next_seq)
         return Replay(journal, [t for _, t in patterns], cursor, floor, oldest=asked == 0)
 
@@ -530,9 +532,9 @@ class Journaling:
         """The replay sent what it could: if its copy has not reached its floor yet, the floor stays
         for live delivery (the records before it come live from this copy's feed, and are not for it)."""
         self._end_replay(peer, name)
-        store = replicated(replay.journal)
-        if store is not None and replay.floor > store.next_seq:
-            self._floors.setdefault(peer, {})[name] = Floor(replay.floor, list(replay.patterns), store.created)
+        journal = replay.journal
+        if replay.floor > journal.next_seq:  # (a floor is 0 but of a JetStream journal: see plan_replay)
+            self._floors.setdefault(peer, {})[name] = Floor(replay.floor, list(replay.patterns), journal.created)
             self.counters["replay_floors"] += 1
 
     # ------------------------------------------------------------ fetches
@@ -640,9 +642,8 @@ class Journaling:
         # Ends only on a turn with nothing left, so a record whose send
         # failed in the last page is still resent (see page_blocked).  Of a JetStream journal, only at
         # the end of a copy whose feed follows the stream: what it knows of the stream's end is current.
-        store = replicated(journal)
         behind = next_seq < journal.stored_next_seq
-        if not behind and (store is None or store.following):
+        if not behind and journal.following:
             self._replay_ended(peer, name, replay)
             return out
         # A JetStream journal's copy is behind what the stream acknowledged, or its feed does not follow
@@ -766,8 +767,7 @@ class Journaling:
     def _unsure_end(fetch: Fetch, start: int) -> bool:
         """A fetch of a JetStream journal at its end as this broker knows it, with room for more, while
         the copy's feed does not follow the stream: the stream may hold more than is known here."""
-        store = replicated(fetch.journal)
-        if store is None or store.following or start < fetch.end or fetch.records_left <= 0 or fetch.bytes_left <= 0:
+        if fetch.journal.following or start < fetch.end or fetch.records_left <= 0 or fetch.bytes_left <= 0:
             return False
         return fetch.to_seq is None or start < fetch.to_seq
 
@@ -794,7 +794,7 @@ class Journaling:
 
     def next_deadline(self, earliest: float) -> float:
         """``earliest``, or sooner when retention or a paused read is due."""
-        if self.journals:
+        if self._journals:
             earliest = min(earliest, self._next_retention)
         for replays in self._replays.values():
             for replay in replays.values():
@@ -808,9 +808,8 @@ class Journaling:
 def copy_short(journal: JournalStore, reached: int) -> str:
     """Why a read of a JetStream journal's copy stopped at ``reached`` after CATCH_UP_S without progress: the
     copy did not reach what the stream acknowledged, or its feed did not follow the stream (then why)."""
-    store = replicated(journal)
     stream = jsw.stream_name(journal.name)
-    why = "" if store is None or store.following else f" (its feed: {store.copy_reason or 'not running'})"
+    why = "" if journal.following else f" (its feed: {journal.copy_reason or 'not running'})"
     if reached < journal.stored_next_seq:
         short = f"did not reach seq {journal.stored_next_seq} within {CATCH_UP_S:g} s"
     else:

@@ -23,7 +23,7 @@ from ...permissions import Grants
 from ...protocol import SYS_PEER_TOPIC, SYS_RPC_TOPIC
 from ...protocol import jetstream as jsw
 from ...topics import split_topic
-from ..storage.port import JournalStore
+from ..storage.port import JournalStore, Kept
 from . import telemetry
 from .access import dead_letter_origin
 from .journaling import primary
@@ -78,7 +78,7 @@ class TopicJournals(Protocol):
         body: Sequence[bytes],
         *,
         origin: str = "",
-    ) -> int | None: ...
+    ) -> Kept | None: ...
 
     def held_back(self, appended: Sequence[JournalStore], tokens: tuple[str, ...]) -> set[Peer] | None: ...
 
@@ -132,11 +132,11 @@ class SysBus:
         held = None
         if journals:
             first = primary(journals)
-            seq = self._journals.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
-            if first.settings.replicated:
+            kept = self._journals.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
+            if kept is not None and not kept.seq:  # its seq comes later (JetStream's), or never (its budget spent)
                 return []  # delivered when the stream hands it out, by every broker to its own subscribers
-            if seq is not None:
-                position = (first.name, seq)
+            if kept is not None:
+                position = (first.name, kept.seq)
                 held = self._journals.held_back(journals, tokens)
         return self._subscribers.fan_out(topic, tokens, _SENDER, {}, body, now, position, held)
 
@@ -160,11 +160,11 @@ class SysBus:
         if journals:
             first = primary(journals)
             parts = record.parts
-            seq = self._journals.append(journals, first, topic, BROKER_SENDER, headers, parts, origin=self.origin)
-            if first.settings.replicated:
+            kept = self._journals.append(journals, first, topic, BROKER_SENDER, headers, parts, origin=self.origin)
+            if kept is not None and not kept.seq:
                 return []  # (as in publish)
-            if seq is not None:
-                position = (first.name, seq)
+            if kept is not None:
+                position = (first.name, kept.seq)
                 held = self._journals.held_back(journals, tokens)
         origin = dead_letter_origin(headers)  # it reaches only those allowed the topic it died on
 

@@ -16,7 +16,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
 from ...protocol import jetstream as jsw
-from ..storage.port import JournalStore, replicated
+from ..storage.port import JournalStore
 from . import admin
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
@@ -54,7 +54,7 @@ def put(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:
         raise ProtocolError(Status.FORBIDDEN, f"{peer.identity} may not publish to {topic}", command.id)
     rooms.counters["published"] += 1
     rooms.traffic.add(topic, len(command.payload[-1]) if command.payload else 0)
-    journals = rooms.journaling.journals_of(tokens) if rooms.journaling.journals else ()
+    journals = rooms.journaling.journals_of(tokens) if rooms.journaling.has_journals else ()
     if journals:
         return put_journaled(rooms, peer, command, topic, tokens, journals, now)
     out = rooms.pubsub.fan_out(topic, tokens, peer.sender, headers, command.payload, now, publisher=peer)
@@ -129,19 +129,26 @@ def put_journaled(
     journals: Sequence[JournalStore],
     now: float,
 ) -> list[Out]:
-    """Append to every journal the topic belongs to, fan out, hold the OK until ``commit``.
+    """Keep the record in every journal the topic belongs to; then act on what the primary's store
+    answered (``JournalStore.keep``): a seq (the record is in the journal now) is fanned out now and
+    the OK held until ``commit``; a token (the record's seq comes later: a journal JetStream keeps) holds
+    the OK until the stream acknowledges (a quorum of its replicas holds it), with the stream's SEQ, and
+    nothing is delivered now: every broker delivers the record to its own subscribers when the stream
+    hands it out (``jetstream.fromstore.arrived``).
 
     The OK names the first journal (by name) and the record's SEQ there; a
     repeat of an earlier ``(sender, MSGID)`` in that journal's dedup window
-    is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere.
+    is acknowledged ``DUPLICATE 1`` with the first copy's SEQ and goes nowhere
+    (JetStream's duplicate window dedups the MSGID of a journal it keeps, cluster-wide).
     """
     headers = command.headers
     first = primary(journals)
-    if first.settings.replicated:
-        return put_replicated(rooms, peer, command, topic, journals, first, now)
+    # Before anything changes, a PUT whose OK waits for JetStream's answer is checked against the
+    # memory budget of what waits, and is given who published it: what keep needs before it answers.
+    origin = proposal_origin(rooms, peer, command, topic, journals) if first.settings.replicated else ""
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
-        earlier = first.duplicate_of(peer.identity, msgid)
+        earlier = first.duplicate_of(peer.identity, msgid)  # (None of JetStream's: the stream dedups)
         if earlier is not None:
             rooms.counters["duplicates"] += 1
             if command.id is not None:
@@ -149,10 +156,17 @@ def put_journaled(
                 rooms.journaling.hold_ok(first, peer.routing_id, command.id, ok)
             return []
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-    seq = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload)
-    if seq is None:
-        raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not write", command.id)
+    kept = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
+    if kept is None or not (kept.seq or kept.token):  # (past JetStream's budget: refused 429 above, never)
+        fault = "could not write" if kept is None else "could not take it"
+        raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} {fault}", command.id)
     rooms.counters["journaled"] += 1
+    if not kept.seq:  # its seq comes with the stream's answer: the OK waits for it, by the proposal's token
+        if command.id is not None:
+            peer.last_sent = now
+            rooms.replication.hold(first.name, kept.token, peer.routing_id, command.id)
+        return []
+    seq = kept.seq
     held = rooms.journaling.held_back(journals, tokens)
     out = rooms.pubsub.fan_out(
         topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
@@ -163,39 +177,19 @@ def put_journaled(
     return out
 
 
-def put_replicated(
-    rooms: Rooms,
-    peer: Peer,
-    command: Command,
-    topic: str,
-    journals: Sequence[JournalStore],
-    first: JournalStore,
-    now: float,
-) -> list[Out]:
-    """A PUT whose journal JetStream keeps: proposed to the stream at commit, its OK held until the
-    stream acknowledges (a quorum of its replicas holds it), with the stream's SEQ; JetStream's
-    duplicate window dedups the MSGID, cluster-wide.  Nothing is delivered now: every broker
-    delivers the record to its own subscribers when the stream hands it out (``jetstream.fromstore.arrived``)."""
-    for journal in journals:  # the memory budget of what waits for JetStream: refused before anything changes
-        store = replicated(journal)
-        backlog = store.backlog if store is not None else ""
+def proposal_origin(rooms: Rooms, peer: Peer, command: Command, topic: str, journals: Sequence[JournalStore]) -> str:
+    """A PUT whose journal JetStream keeps: 429 if what waits for a store's answer is over its budget in
+    any of ``journals`` (refused before anything changes); else its origin, which the record carries to
+    every broker (who published it matters only for its ECHO 0 and for the queue groups this broker
+    picks for; "" when neither applies)."""
+    for journal in journals:
+        backlog = journal.backlog  # ("" of a local store: nothing of it waits for an answer)
         if backlog:
             rooms.counters["store_backlog_refused"] += 1
             raise ProtocolError(Status.OVER_LIMIT, f"journal {journal.name}: {backlog}", command.id)
-    headers = command.headers
-    stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
-    # Who published it matters only for its ECHO 0 and for the queue groups this broker picks for.
     tokens = rooms.pubsub.tokens_of(topic)
     wanted = not peer.echo or (tokens is not None and bool(rooms.pubsub.groups.match(tokens)))
-    origin = jsw.origin(rooms.routes.name, peer.routing_id) if wanted else ""
-    token = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
-    if token is None:  # (a proposal is only queued: never; a local journal beside it failed, not this one)
-        raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} could not take it", command.id)
-    rooms.counters["journaled"] += 1
-    if command.id is not None:
-        peer.last_sent = now
-        rooms.replication.hold(first.name, token, peer.routing_id, command.id)
-    return []
+    return jsw.origin(rooms.routes.name, peer.routing_id) if wanted else ""
 
 
 def subscribe(rooms: Rooms, peer: Peer, command: Command, now: float) -> list[Out]:

@@ -45,7 +45,7 @@ def listening(rooms: Rooms) -> bool:
 
 
 def arrived(rooms: Rooms, journal: str, records: Sequence[tuple[Record, str]], now: float) -> list[Out]:
-    kept = rooms.journaling.journals.get(journal)
+    kept = rooms.journaling.journal(journal)
     if kept is None:
         rooms.counters["replicated_unknown_journal"] += len(records)
         return []

@@ -3,7 +3,7 @@
 Implements :class:`mc0.broker.storage.port.ReplicatedStore`.  Contract: the
 constructor does no I/O; ``open()`` opens the local copy (a file
 :class:`~mc0.broker.storage.filestore.Journal` in the journal's ``folder``, at the stream's own
-seqs).  The core ``propose``s records; ``commit`` hands what was proposed to
+seqs).  The core ``keep``s records (proposals); ``commit`` hands what was proposed to
 ``sink`` (the shell hands it in: the cluster link, which publishes to the stream)
 and the outcome of each comes back to the core by its token.  The shell fills
 the copy as the stream grows (``arrived`` in seq order, then ``flush``) and
@@ -45,12 +45,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from ...message import Record
-from ...protocol import PageColumns
+from ...protocol import Header, PageColumns
 from ...protocol import jetstream as jsw
 from ...protocol.journalrecords import decode_payload, encode_payload
 from ...settings import JournalSettings
 from ..storage.filestore import Journal
-from ..storage.port import Trimmed
+from ..storage.port import NOT_KEPT, Kept, Trimmed
 from .copystate import CopyState
 
 log = logging.getLogger("mc0.journal")
@@ -174,21 +174,22 @@ class ReplicatedJournal:
     def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
         raise TypeError(f"journal {self.name} is kept by JetStream: its records are proposed, not appended")
 
-    def propose(
-        self,
-        topic: str,
-        sender: str,
-        headers: Mapping[str, str],
-        parts: Sequence[bytes],
-        *,
-        msgid: str | None,
-        origin: str,
-    ) -> int:
+    def keep(
+        self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
+    ) -> Kept:
+        """Propose a record (sent at ``commit``): its token, which the outcome names (``NOT_KEPT`` past
+        the ``backlog``).  Its dedup id (Nats-Msg-Id) is made of its MSGID when the journal has a dedup
+        window (without one, it is never sent twice, so after a failover before its acknowledgement its
+        outcome is unknown: 504)."""
+        if self.backlog:
+            return NOT_KEPT
+        msgid = headers.get(Header.MSGID)
+        store_id = jsw.msg_id(sender, msgid) if msgid is not None and self.settings.dedup_window_s else ""
         token = next(self._tokens)
         payload = encode_payload(topic, sender, headers, parts)
-        self._proposals.append(Proposal(token, jsw.subject(self.name, topic), msgid or "", origin, payload))
+        self._proposals.append(Proposal(token, jsw.subject(self.name, topic), store_id, origin, payload))
         self._wait(token, len(payload))
-        return token
+        return Kept(0, token)
 
     def _wait(self, token: int, size: int) -> None:
         self._waiting[token] = size

@@ -76,7 +76,7 @@ from ...protocol.journalrecords import (
 )
 from ...settings import FSYNC_POLICIES, JournalSettings
 from .consumerfiles import ConsumerFiles, fsync_dir
-from .port import JournalError, Trimmed
+from .port import JournalError, Kept, Trimmed
 from .syncer import Syncer
 from .topicindex import TopicIndex, select
 
@@ -329,6 +329,28 @@ class Journal:
         if self.settings.fsync == "always":
             self.commit()
         return seq
+
+    def keep(
+        self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
+    ) -> Kept:
+        """``append``, answered as the port's ``keep`` (the seq now; ``origin`` is not kept here)."""
+        return Kept(self.append(topic, sender, headers, parts))
+
+    @property
+    def backlog(self) -> str:
+        return ""  # (nothing waits for an answer: a record is in the journal once appended)
+
+    @property
+    def following(self) -> bool:
+        return True  # (the journal is its own store: nothing is held past what it reads)
+
+    @property
+    def copy_reason(self) -> str:
+        return ""
+
+    @property
+    def created(self) -> str:
+        return ""  # (its seqs never start again)
 
     def append_at(self, seq: int, ts: float, payload: bytes) -> bool:
         """Add a record another store numbered (a JetStream journal's local copy): ``payload`` as

@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ...message import Record
 from ...protocol import Header, PageColumns, page_columns
+from ...protocol import jetstream as jsw
 from ...settings import JournalSettings
-from .port import Trimmed
+from .port import NOT_KEPT, Kept, Trimmed
 
 
 class MemoryStore:
@@ -40,6 +41,10 @@ class MemoryStore:
         self.consumers: dict[str, bytes] = {}
         self.consumer_changes: dict[str, list[bytes]] = {}  # saved after each one's state, in order
         self.floor: int | None = None  # retain_from
+        self.backlog = ""  # (a replicated one: set it to refuse proposals, as a full budget would)
+        self.following = True  # (a replicated one: set False, with a copy_reason: a copy whose feed does not follow)
+        self.copy_reason = ""
+        self.created = ""  # (a replicated one: its stream's creation time)
 
     @property
     def first_seq(self) -> int:
@@ -90,6 +95,11 @@ class MemoryStore:
         if self.settings.max_bytes and self._size > self.settings.max_bytes:
             self.enforce_retention(ts)  # as the file store does when a segment rolls
         return seq
+
+    def keep(
+        self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
+    ) -> Kept:
+        return Kept(self.append(topic, sender, headers, parts))
 
     def commit(self) -> None:
         if self.fail_writes and self._uncommitted:
@@ -216,8 +226,8 @@ class MemoryStore:
 
 
 class MemoryReplicatedStore(MemoryStore):
-    """A :class:`~mc0.broker.storage.port.ReplicatedStore` in a list, for the core's tests: ``propose``
-    queues; ``commit`` moves the queue to ``sent`` (what the shell would hand to JetStream);
+    """A :class:`~mc0.broker.storage.port.ReplicatedStore` in a list, for the core's tests: ``keep``
+    proposes; ``commit`` moves the queue to ``sent`` (what the shell would hand to JetStream);
     ``store(token)`` is JetStream storing one, returning its seq and record (what the stream then
     delivers back, which the test hands to the core with the stored outcome)."""
 
@@ -230,10 +240,7 @@ class MemoryReplicatedStore(MemoryStore):
         self.stored_seqs: dict[str, int] = {}  # msgid -> seq (the store's dedup)
         self._token = 0
         self.acknowledged = 0  # the highest seq the store acknowledged
-        self.backlog = ""  # (set it to refuse proposals, as a full budget would)
         self.created = "made-1"  # (set another to stand for a stream made anew)
-        self.following = True  # (set False, with a copy_reason, for a copy whose feed does not follow)
-        self.copy_reason = ""
 
     @property
     def stored_next_seq(self) -> int:
@@ -243,20 +250,24 @@ class MemoryReplicatedStore(MemoryStore):
     def pending(self) -> bool:
         return bool(self.proposals)
 
-    def propose(
-        self,
-        topic: str,
-        sender: str,
-        headers: Mapping[str, str],
-        parts: Sequence[bytes],
-        *,
-        msgid: str | None,
-        origin: str,
-    ) -> int:
+    def duplicate_of(self, sender: str, msgid: str) -> int | None:
+        return None  # the store dedups (JetStream's duplicate window: ``stored_seqs``)
+
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        raise TypeError(f"journal {self.name} is kept by JetStream: its records are proposed, not appended")
+
+    def keep(
+        self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
+    ) -> Kept:
+        """Propose (``NOT_KEPT`` past ``backlog``); its dedup id as ``ReplicatedJournal.keep`` makes it."""
+        if self.backlog:
+            return NOT_KEPT
+        msgid = headers.get(Header.MSGID)
+        store_id = jsw.msg_id(sender, msgid) if msgid is not None and self.settings.dedup_window_s else None
         self._token += 1
         body = tuple(bytes(p) for p in parts)
-        self.proposals.append((self._token, topic, sender, dict(headers), body, msgid, origin))
-        return self._token
+        self.proposals.append((self._token, topic, sender, dict(headers), body, store_id, origin))
+        return Kept(0, self._token)
 
     def letter(
         self,

@@ -19,20 +19,37 @@ recovery, fsync policies), opened and closed by the shell; the core only
 ever sees this protocol.  :class:`mc0.broker.storage.memstore.MemoryStore` keeps
 records in a list: the core's tests use it, so they touch no disk.
 
+``keep`` is how the core hands a store a record, whatever the store: it
+answers :class:`Kept`, either the record's seq (a local store: the record is
+in the journal now, an ``append``, durable at the ``commit`` that follows)
+or a token (the replicated store: the seq comes later, with the store's
+answer).  The core acts on what it answered (a seq: fan the record out now
+and hold its OK to the commit; a token: hold its OK for the store's answer),
+not on which store it has.  A local store's ``append`` stays the publish
+hot path's (no result object per record).  Three questions the answer
+cannot settle still read a journal's ``settings.replicated``, each saying
+why: whether the publish hot path may append (``Journaling.local``, once per
+topic), a PUT's budget check and origin before anything is kept
+(``verbs.put_journaled``), and a replay's ``FROM`` floor
+(``Journaling.plan_replay``).
+
 A journal whose settings say ``replicated`` (``store = "jetstream"``) is a
-:class:`ReplicatedStore`: the core does not ``append`` to it but ``propose``s
-records, which ``commit`` hands to the store; each outcome comes back later
-through the core's entry points (``BrokerCore.stored`` / ``store_failed``),
-with the seq known only then.  Its ``read`` serves the local copy the shell
-fills from the stream in seq order (the same seqs on every broker);
-``stored_next_seq`` says how far the store itself is known to reach, which
-the local copy may not have caught up with yet.
+:class:`ReplicatedStore`: ``keep`` proposes the record, which ``commit``
+hands to the store; each outcome comes back later through the core's entry
+points (``BrokerCore.stored`` / ``store_failed``), with the seq known only
+then; past its memory budget (``backlog``) it keeps nothing.  Its ``read``
+serves the local copy the shell fills from the stream in seq order (the
+same seqs on every broker); ``stored_next_seq`` says how far the store itself
+is known to reach, which the local copy may not have caught up with yet, and
+``following`` whether that is current.  A local store answers those as a
+store that is its own copy: ``backlog`` "", ``following`` true, ``created``
+"" (its seqs never start again).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from ...errors import Error
 from ...message import Record
@@ -66,6 +83,18 @@ class JournalError(Error, OSError):
 
 class StateUnreadable(Error, ValueError):
     """A durable consumer's saved state cannot be read (the broker refuses to start rather than guess)."""
+
+
+class Kept(NamedTuple):
+    """What ``JournalStore.keep`` answers: ``seq``, the record's seq in the journal now (a local store;
+    ``token`` 0), or 0 with ``token``, the proposal its seq comes later with (the replicated store: the
+    OK is held for that answer).  Both 0: nothing kept (a replicated store past its ``backlog``)."""
+
+    seq: int
+    token: int = 0
+
+
+NOT_KEPT = Kept(0)  # a replicated store past its memory budget: nothing kept, no answer to wait for
 
 
 class JournalStore(Hashable, Protocol):
@@ -104,7 +133,44 @@ class JournalStore(Hashable, Protocol):
 
     def duplicate_of(self, sender: str, msgid: str) -> int | None: ...
 
-    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int: ...
+    def append(self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes]) -> int:
+        """Add a record to a local store; its seq (the replicated store refuses: its records are kept)."""
+        ...
+
+    def keep(
+        self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
+    ) -> Kept:
+        """Hand the store a record: a local store appends it (``Kept(seq)``); the replicated store
+        proposes it (``Kept(0, token)``; ``NOT_KEPT`` past its ``backlog``), its dedup id made of the
+        ``MSGID`` header when the journal has a dedup window.  ``origin``: who published it
+        (``mc0.protocol.jetstream.origin``), carried by a store that hands its records back to every
+        broker to deliver (a local store keeps no origin).  OSError as ``append``."""
+        ...
+
+    @property
+    def backlog(self) -> str:
+        """Why no more may be kept now ("" when they may): of the replicated store, too many records, or
+        too many bytes, wait for its answer (the broker's memory budget for them); a local store: ""."""
+        ...
+
+    @property
+    def following(self) -> bool:
+        """``stored_next_seq`` is as far as the store is known to reach: a local store, always; the
+        replicated store while its copy here is filled by a feed that follows the store.  While it is
+        not (the feed restarting, or not started yet), the store may hold more than this broker knows
+        of: a reader at the copy's end waits."""
+        ...
+
+    @property
+    def copy_reason(self) -> str:
+        """Why this broker's copy does not follow the store now ("" when it does: a local store, always)."""
+        ...
+
+    @property
+    def created(self) -> str:
+        """Which numbering the seqs are of: the replicated store's stream's creation time (another
+        stream of that name numbers from the start again); a local store's never starts again: ""."""
+        ...
 
     def commit(self) -> None: ...
 
@@ -176,25 +242,8 @@ class JournalStore(Hashable, Protocol):
 
 
 class ReplicatedStore(JournalStore, Protocol):
-    """A journal kept by a replicated store (JetStream): records are proposed, and stored later."""
-
-    created: str  # which stream the seqs are of (its creation time): another one numbers from the start again
-
-    def propose(
-        self,
-        topic: str,
-        sender: str,
-        headers: Mapping[str, str],
-        parts: Sequence[bytes],
-        *,
-        msgid: str | None,
-        origin: str,
-    ) -> int:
-        """Queue a record for the store (sent at ``commit``); returns its token, which the outcome
-        names.  ``msgid``: the store's dedup id (None: none; such a record is never sent twice, so
-        after a failover before its acknowledgement its outcome is unknown: 504); ``origin``: who
-        published it (``mc0.protocol.jetstream.origin``)."""
-        ...
+    """A journal kept by a replicated store (JetStream): its records are proposed (``keep`` answers their
+    tokens), and stored later; what it adds to the port is the mailboxes' journal's kept letter."""
 
     def letter(
         self,
@@ -210,25 +259,8 @@ class ReplicatedStore(JournalStore, Protocol):
         (``msgid``: the store's dedup id for it)."""
         ...
 
-    @property
-    def following(self) -> bool:
-        """This broker's copy is filled by a feed that follows the store now: ``stored_next_seq`` is as far
-        as the store is known to reach.  While it is not (the feed restarting, or not started yet), the
-        store may hold more than this broker knows of: a reader at the copy's end waits."""
-        ...
-
-    @property
-    def copy_reason(self) -> str:
-        """Why the copy does not follow the store now ("" when it does)."""
-        ...
-
-    @property
-    def backlog(self) -> str:
-        """Why no more may be proposed now ("" when they may): too many records, or too many bytes,
-        are waiting for the store's answer (the broker's memory budget for them)."""
-        ...
-
 
 def replicated(journal: JournalStore) -> ReplicatedStore | None:
-    """``journal`` as a replicated store, or None when it is a local one."""
+    """``journal`` as a replicated store, or None when it is a local one (the mailboxes ask it: their
+    letters are kept in the stream, through ``letter``, or in the room and a local journal)."""
     return cast(ReplicatedStore, journal) if journal.settings.replicated else None
