@@ -1280,6 +1280,56 @@ def test_private_reaches_catches_planted_reaches_and_passes_what_is_ones_own() -
     assert private_reaches("mc0.planted", "def f(a, b):\n    return a._x, a._x\n") == ["mc0.planted:f: a._x"] * 2
 
 
+def test_private_reaches_catches_the_adversarial_pass() -> None:
+    """Each line, in a method ``J.f(self, peer, n)``, reached a private name past the rule before issue
+    37's pass closed it (what is reported, or "" where the line is one's own and passes)."""
+    planted = {
+        "return operator.attrgetter('_queue')(peer)": "operator.attrgetter('_queue')",
+        "return attrgetter('_queue')(peer)": "attrgetter('_queue')",
+        "return operator.methodcaller('_drain')(peer)": "operator.methodcaller('_drain')",
+        "return object.__getattribute__(peer, '_queue')": "object.__getattribute__(peer, '_queue')",
+        "object.__setattr__(peer, '_queue', [])": "object.__setattr__(peer, '_queue', [])",
+        "return peer.__getattribute__('_queue')": "peer.__getattribute__('_queue')",
+        "return inspect.getattr_static(peer, '_queue')": "inspect.getattr_static(peer, '_queue')",
+        "self = peer\n        return self._queue": "self._queue",
+        "return super(J, peer)._queue": "super(J, peer)._queue",
+        "return vars(peer).get('_queue')": "vars(peer).get('_queue')",
+        "peer.__dict__.update(_queue=[])": "peer.__dict__.update(_queue=[])",
+        "return getattr(peer, '_' + n)": "getattr(peer, '_' + n)",
+        "return getattr(peer, f'_{n}')": "getattr(peer, f'_{n}')",
+        "g = getattr\n        return g(peer, '_queue')": "g(peer, '_queue')",
+        "return builtins.getattr(peer, '_queue')": "builtins.getattr(peer, '_queue')",
+        "match peer:\n            case Peer(_queue=q):\n                return q": "Peer(_queue=q)",
+        "return dataclasses.replace(peer, _queue=[])": "dataclasses.replace(peer, _queue=[])",
+        "return peer.__queue": "peer.__queue",
+        "def inner(self):\n            return self._queue\n        return inner(peer)": "self._queue",
+        # one's own, and passes:
+        "object.__setattr__(self, '_queue', [])": "",
+        "return super(J, self)._queue, super()._queue": "",
+        "return [self._queue for _ in range(n)]": "",
+        "def inner():\n            return self._queue\n        return inner()": "",
+        "return dataclasses.replace(self, _queue=[]), vars(self).get('_queue')": "",
+        "match self:\n            case J(_queue=q):\n                return q": "",
+        "return operator.attrgetter('queue')(peer), self.__class__.__name__": "",
+    }
+    head = "import builtins, dataclasses, inspect, operator\nfrom operator import attrgetter\n\n"
+    for line, what in planted.items():
+        source = f"{head}class J:\n    def f(self, peer, n):\n        {line}\n"
+        found = [f.split(": ", 1)[1] for f in private_reaches("mc0.broker.core.planted", source)]
+        assert found == ([what] if what else []), line
+    functions = {
+        "def poke(self):\n    return self._queue": ["mc0.planted:poke: self._queue"],
+        "def poke(cls):\n    return cls._queue": ["mc0.planted:poke: cls._queue"],
+        "class J:\n    @staticmethod\n    def f(self):\n        return self._queue": ["mc0.planted:J.f: self._queue"],
+        "class J:\n    def f(self, peer: 'J | Peer'):\n        return peer._queue": ["mc0.planted:J.f: peer._queue"],
+        # a method made outside its class (sync_loop's ``blocking``): passes
+        "class View:\n    pass\n\ndef call(self: View, /):\n    return self._inner": [],
+        "class J:\n    def f(self, peer: 'J | None'):\n        return peer._queue": [],
+    }
+    for source, reaches in functions.items():
+        assert private_reaches("mc0.planted", source + "\n") == reaches, source
+
+
 def test_batch_layouts_catches_a_planted_parse() -> None:
     source = _src(
         """
@@ -1302,7 +1352,7 @@ def test_batch_layouts_catches_a_planted_parse() -> None:
 
 def test_impure_uses_catches_a_planted_clock_randomness_and_io_by_every_route() -> None:
     """Each route is one line of a room; what is pure (a timedelta, uuid5, urllib.parse, a local
-    called ``now``) passes."""
+    called ``now``, datetime's classes named, called, compared, annotated and aliased, a logger) passes."""
     planted = {
         "import time": "import time",
         "import time as clock": "import time",
@@ -1324,6 +1374,40 @@ def test_impure_uses_catches_a_planted_clock_randomness_and_io_by_every_route() 
         'print("hello")': "builtins.print",
         'import sys\nclock = sys.modules["time"]': "sys.modules",
         'exec("import time")': "builtins.exec",
+        # The adversarial pass (issue 37): each passed the rule before it was closed.
+        "from datetime import *\nstamp = datetime.now()": "from datetime import *",
+        "import datetime\nD: type = datetime.datetime\nstamp = D.now()": "datetime.datetime.now",
+        "import datetime\nstamp = (D := datetime.datetime).now()": "datetime.datetime.now",
+        "import datetime\nD, n = datetime.datetime, 1\nstamp = D.now()": "datetime.datetime passed on",
+        "import datetime\ndef f(d=datetime.datetime):\n    return d.now()": "datetime.datetime passed on",
+        "import datetime\nstamp = vars(datetime.datetime)['now']()": "datetime.datetime passed on",
+        "import datetime\nstamp = datetime.datetime.__dict__['now']()": "datetime.datetime passed on",
+        "import datetime, operator\nstamp = operator.attrgetter('now')(datetime.datetime)()": (
+            "datetime.datetime passed on"
+        ),
+        "import datetime\nstamp = object.__getattribute__(datetime.datetime, 'now')()": "datetime.datetime passed on",
+        "import datetime\nclass C:\n    clock = datetime.datetime\nstamp = C.clock.now()": (
+            "datetime.datetime passed on"
+        ),
+        "import datetime\nstamps = [d.now() for d in (datetime.datetime,)]": "datetime.datetime passed on",
+        "import datetime\nstamp = (lambda d: d.now())(datetime.datetime)": "datetime.datetime passed on",
+        "data = __builtins__['open']('journal')": "builtins.__builtins__",
+        "g = getattr\nsay = g(__builtins__, 'print')": "builtins.__builtins__",
+        "import builtins\nf = getattr(builtins, 'op' + 'en')": "builtins passed on",
+        "namespace = globals()['__builtins__']": "builtins.globals",
+        "import sys\nsys.__stdout__.write('x')": "sys.__stdout__",
+        "import uuid\nnode = uuid.getnode()": "uuid.getnode",
+        "import logging\nlogging.basicConfig(filename='broker.log')": "logging.basicConfig",
+        "from mc0.message import Request\nleft = Request('a', 'b', (), {}, 'c', 0.0).remaining": ".remaining",
+        **{
+            f"import {m}": f"import {m} (not a pure library)"
+            for m in ("_thread", "posix", "_io", "codecs", "glob", "traceback", "email.utils", "resource")
+        },
+        **{
+            f"import {m}": f"import {m} (not a pure library)"
+            for m in ("ctypes", "queue", "gzip", "nats", "click", "pprint", "warnings", "_random")
+        },
+        "from glob import glob": "from glob import ... (not a pure library)",
     }
     for line, what in planted.items():
         found = impure_uses("mc0.broker.core.planted", f"def turn(now: float) -> None:\n    pass\n\n{line}\n")
@@ -1331,14 +1415,27 @@ def test_impure_uses_catches_a_planted_clock_randomness_and_io_by_every_route() 
     pure = _src(
         """
         import datetime
+        import logging
+        import sys
         import uuid
+        from array import array
         from urllib.parse import parse_qsl
 
-        def turn(now: float, rooms) -> float:
+        log = logging.getLogger("mc0.broker")
+        LITTLE = sys.byteorder == "little"
+        When = datetime.datetime
+
+        def turn(now: float, rooms, value: object) -> float:
             later = now + datetime.timedelta(seconds=1).total_seconds()
             stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+            epoch = When(1970, 1, 1, tzinfo=datetime.UTC)
             key = uuid.uuid5(uuid.NAMESPACE_URL, "mc0")
-            return rooms.now(later), stamp, key, parse_qsl("a=1")
+            if isinstance(value, datetime.date) or type(value) is datetime.datetime:
+                log.debug("a date: %s", value)
+            return rooms.now(later), stamp, epoch, key, parse_qsl("a=1"), array("Q")
+
+        def parse(stamp: datetime.datetime, text: "datetime.date") -> datetime.datetime:
+            return getattr(datetime.datetime, "fromisoformat")(str(stamp) + str(text))
         """
     )
     assert impure_uses("mc0.broker.core.planted", pure) == set()
@@ -1375,12 +1472,35 @@ def test_record_layouts_catches_a_planted_layout_by_every_route() -> None:
             "mc0.protocol.journalrecords.HEAD"
         ),
         "from mc0 import protocol as P\nn = P.batch.U16.unpack(b'xx')": "mc0.protocol.batch.U16",
+        # The adversarial pass (issue 37): each passed the rule before it was closed.
+        "n = memoryview(blob).cast('I')[0]": "memoryview.cast",
+        "import array\nn = array.array('I', blob)": "array.array from bytes",
+        "from array import array\nitems = array('H')\nitems.frombytes(blob)": "builtins.items.frombytes",
+        "n = getattr(int, 'from_bytes')(blob, 'big')": "builtins.int.from_bytes",
+        "n = (0).from_bytes(blob, 'big')": "0 .from_bytes",
+        "n = bool.from_bytes(blob[:1], 'big')": "builtins.bool.from_bytes",
+        "s = __import__('struct')": "import struct",
+        "import importlib\ns = importlib.import_module('struct')": "import struct",
+        "import sys\ns = sys.modules['struct']": "import struct",
+        "import _struct\nn = _struct.unpack('<H', blob)": "_struct.unpack",
+        "import mc0.protocol.batch as b\nn = b.struct.unpack('<H', blob)": "mc0.protocol.batch.struct.unpack",
+        "import ctypes\nn = ctypes.c_uint16.from_buffer_copy(blob)": "ctypes.c_uint16.from_buffer_copy",
+        "from ctypes import Structure": "ctypes.Structure",
+        "n = int(blob.hex(), 16)": "int(bytes.hex(), 16)",
+        "n = blob[0] << 8 | blob[1]": "blob[0] << 8 (a byte shifted into a number)",
+        "import pickle\nrecord = pickle.loads(blob)": "pickle.loads",
+        "import marshal\nrecord = marshal.loads(blob)": "marshal.loads",
+        "import struct\ndef parse(blob, s=struct):\n    return s.unpack('<H', blob)": "struct",
+        "from mc0.protocol import batch\nn = getattr(batch, 'U16').unpack(blob)": "mc0.protocol.batch.U16",
     }
     for line, what in planted.items():
         found = record_layouts("mc0.broker.storage.planted", line + "\n", layouts=layouts)
         assert f"mc0.broker.storage.planted: {what}" in found, line
     fine = "import struct\nfrom mc0.protocol import journalrecords\ntry:\n    pass\nexcept struct.error:\n    pass\n"
     fine += "n = journalrecords.read_head(b'', 0)\nsize = journalrecords.HEAD_BYTES\nserial = (5).to_bytes(8, 'big')\n"
+    fine += "import ctypes, typing\nfrom array import array\nlibc = ctypes.CDLL('libc.so.6')\noffsets = array('Q')\n"
+    fine += "more = array('Q', [0] * 4)\nn = typing.cast(int, 1)\ncolumn = frame.cast('string')\nhigh = flags << 8\n"
+    fine += "word = blob[1:3]\ncopy = memoryview(blob).tobytes()\n"
     assert record_layouts("mc0.broker.storage.planted", fine, layouts=layouts) == set()
     assert record_layouts("mc0.protocol.planted", link, layouts=layouts) == set()
 
@@ -1393,6 +1513,82 @@ def test_the_import_rules_catch_a_planted_type_only_arrow(tmp_path: Path) -> Non
     path.write_text(source)
     known = {"mc0.broker.core.dispatch", "mc0.broker.core.planted"}
     assert imports("mc0.broker.core.planted", path, known)[0] == {"mc0.broker.core.dispatch"}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import importlib\ncore = importlib.import_module('mc0.broker.core.dispatch')",
+        "core = __import__('mc0.broker.core.dispatch')",
+        "import importlib\ncore = importlib.import_module('.dispatch', __package__)",
+        "from mc0.broker import core\nMachine = core.dispatch.BrokerCore",
+        "import mc0.broker.core\nMachine = mc0.broker.core.dispatch.BrokerCore",
+        "import sys\ncore = sys.modules['mc0.broker.core.dispatch']",
+        "import mc0\ndef f(core: 'mc0.broker.core.dispatch.BrokerCore') -> None: ...",
+        "from mc0.broker import core\ndef f(machine: 'list[core.dispatch.BrokerCore]') -> None: ...",
+    ],
+)
+def test_the_import_rules_catch_a_planted_hidden_arrow(tmp_path: Path, source: str) -> None:
+    """The adversarial pass (issue 37): arrows no ``import`` statement names (each passed before)."""
+    path = tmp_path / "planted.py"
+    path.write_text(source + "\n")
+    known = {"mc0", "mc0.broker", "mc0.broker.core", "mc0.broker.core.dispatch", "mc0.broker.core.planted"}
+    assert "mc0.broker.core.dispatch" in imports("mc0.broker.core.planted", path, known)[0]
+
+
+def test_the_import_rules_pass_what_names_no_module(tmp_path: Path) -> None:
+    source = "import importlib\nfrom mc0.broker import core\ncore.dispatch_count = 1\n"
+    source += "def f(name: str, text: 'not a name!') -> object:\n    return importlib.import_module(name)\n"
+    path = tmp_path / "planted.py"
+    path.write_text(source)
+    known = {"mc0.broker", "mc0.broker.core", "mc0.broker.core.dispatch", "mc0.broker.core.planted"}
+    assert imports("mc0.broker.core.planted", path, known)[0] == {"mc0.broker.core"}
+
+
+def test_borrowed_state_catches_the_adversarial_pass() -> None:
+    """A self-typed method and a Protocol with a body borrow state with no annotation (each passed)."""
+    planted = {
+        "class Mixin:\n    def send(self: 'Owner') -> None:\n        self.sock.send(b'')": {
+            "mc0.planted:Mixin.send(self: 'Owner')"
+        },
+        "from typing import Protocol\nclass Mixin(Protocol):\n    sock: object\n"
+        "    def send(self):\n        self.sock.send(b'')": {"mc0.planted:Mixin.send (a Protocol with a body)"},
+        "import typing\nclass Mixin(typing.Protocol):\n    def send(self):\n        return self.sock": {
+            "mc0.planted:Mixin.send (a Protocol with a body)"
+        },
+        # what passes: a Protocol's stubs, a static method's typed first parameter
+        "from typing import Protocol\nclass Port(Protocol):\n"
+        "    def send(self, b: bytes) -> None:\n        '''Send.'''\n        ...": set(),
+        "class Tool:\n    @staticmethod\n    def peer_of(peer: 'Peer') -> str:\n        return peer.name": set(),
+    }
+    for source, found in planted.items():
+        assert borrowed_state("mc0.planted", source + "\n") == found, source
+
+
+def test_private_imports_catches_a_planted_private_module() -> None:
+    """``import mc0.x._y`` (with or without ``as``) passed before issue 37's pass."""
+    source = "import mc0.broker._native\nimport mc0.cli._private as p\nimport mc0.cli.base\nimport os._x\n"
+    assert private_imports("mc0.aio.planted", source) == {
+        "mc0.aio.planted -> mc0.broker._native",
+        "mc0.aio.planted -> mc0.cli._private",
+    }
+
+
+def test_long_functions_catches_what_is_long_by_another_shape() -> None:
+    """Statements squeezed onto a line (under ``# fmt: off``), a long lambda and a long module-level block
+    passed before issue 37's pass; short ones pass."""
+    many = "; ".join(f"x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
+    entries = "\n".join(f"    'k{i}': {i}," for i in range(MAX_FUNCTION_LINES))
+    block = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    planted = {
+        f"# fmt: off\ndef squeezed():\n    {many}\n# fmt: on\n": {"mc0.planted:squeezed"},
+        f"table = lambda: {{\n{entries}\n}}\n": {"mc0.planted:<lambda>@1"},
+        f"if True:\n{block}\n": {"mc0.planted:<module>@1"},
+        f"TABLE = {{\n{entries}\n}}\n": set(),  # data, not code
+        "def short():\n    a = 1; b = 2\n    return a + b\n": set(),
+    }
+    for source, found in planted.items():
+        assert long_functions("mc0.planted", source) == found, source[:40]
 
 
 def function_sizes(source: str) -> list[tuple[int, int, str]]:
