@@ -1026,7 +1026,8 @@ def private_reaches(name: str, source: str) -> list[str]:
     narrow to it).  A list: a reach written twice is counted twice.
 
     Known limits: a name built at run time from something other than a leading ``"_"``
-    (``getattr(x, name)``) is not seen; the isinstance narrowing is taken for the whole function."""
+    (``getattr(x, name)``) is not seen, nor a namespace taken whole and indexed later (``d = vars(peer)``
+    then ``d["_x"]``); the isinstance narrowing is taken for the whole function."""
     tree = ast.parse(source)
     walker = _Reaches(name, _aliases(tree, name))
     walker.module_classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
