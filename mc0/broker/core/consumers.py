@@ -18,14 +18,13 @@ keeps its consumers' clocks and state itself.  Pure: no sockets, no clock.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ...protocol.consumerrequests import consumer_query
 from ..storage.port import JournalStore
 from .consumerstate import Consumer, DeadLetter
-from .localconsumers import MAX_CONSUMERS, MAX_CONSUMERS_PER_IDENTITY, JournalShelf, LocalConsumers
+from .localconsumers import JournalShelf, LocalConsumers
 from .peers import Out, Peer
 
 # The ops a backend answers (``create`` and the ops on one consumer).  A tuple: ``op in`` compares, never
@@ -83,29 +82,10 @@ class ConsumerBackend(Protocol):
 
 
 class Consumers:
-    def __init__(
-        self,
-        journals: JournalShelf,
-        counters: Counter[str],
-        *,
-        tokens_of: Callable[[str], tuple[str, ...] | None],
-        is_current: Callable[[Peer], bool],
-        max_wait_ms: int,
-        max_consumers: int = MAX_CONSUMERS,
-        max_per_identity: int = MAX_CONSUMERS_PER_IDENTITY,
-        store: ConsumerBackend | None = None,
-    ) -> None:
-        """``store``: the backend of the journals JetStream keeps (their consumers are JetStream's);
-        the other arguments are this broker's own consumers' (:class:`LocalConsumers`)."""
-        self.local = LocalConsumers(
-            journals,
-            counters,
-            tokens_of=tokens_of,
-            is_current=is_current,
-            max_wait_ms=max_wait_ms,
-            max_consumers=max_consumers,
-            max_per_identity=max_per_identity,
-        )
+    def __init__(self, journals: JournalShelf, local: LocalConsumers, *, store: ConsumerBackend | None = None) -> None:
+        """``local``: this broker's own consumers (:class:`LocalConsumers`, of ``journals``); ``store``: the
+        backend of the journals JetStream keeps (their consumers are JetStream's)."""
+        self.local = local
         # Every backend, in the order each is asked (who keeps a journal, a cancel, a peer's going):
         # this broker's own last, as it keeps whatever no other does.
         self._others: tuple[ConsumerBackend, ...] = () if store is None else (store,)

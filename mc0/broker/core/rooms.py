@@ -44,6 +44,7 @@ from ..storage.port import JournalStore
 from .builtin_services import Builtins
 from .consumers import Consumers
 from .journaling import Journaling
+from .localconsumers import LocalConsumers
 from .loglimit import LogLimiter
 from .mailboxes import Mailboxes
 from .peers import Out, Peer, PeerTable, close_reason
@@ -111,7 +112,7 @@ class Rooms:
             # store call: max_requests bounds them too when it is the lower.
             max_calls=min(settings.max_requests, MAX_STORE_CALLS),
         )
-        self.consumers = Consumers(
+        local_consumers = LocalConsumers(
             self.journaling,
             counters,
             tokens_of=self.pubsub.tokens_of,
@@ -119,8 +120,8 @@ class Rooms:
             max_wait_ms=settings.max_request_timeout_ms,
             max_consumers=settings.max_consumers,
             max_per_identity=settings.max_consumers_per_identity,
-            store=self.store_consumers,
         )
+        self.consumers = Consumers(self.journaling, local_consumers, store=self.store_consumers)
         self.traffic = TopicTraffic()  # messages and bytes published per topic (monitoring)
         self.builtins = Builtins(
             self.peers,
