@@ -16,7 +16,9 @@ Otherwise a :class:`Tracing` makes the spans, and each hook the clients call is 
   ``pull {journal}``, operation type receive), linking each record it brought;
 - ``request``: a CLIENT span named by the service (``rpc.method``), injected into the REQUEST; the
   worker's ``serving`` a SERVER span, the child of the caller's, current while its handler runs
-  (so the handler's own spans nest under it): one small helper a batch API can use per request.
+  (so the handler's own spans nest under it); a batch service's call, ``batch_spans``: a SERVER span
+  per request it serves (operation ``batch``, the call's size), none current, each ended by
+  ``batch_ended`` with its request's outcome.
 
 A span handed to the application (``consume``) is current in the task or thread that took the
 message until that task or thread takes the next one, or the subscription ends (``Held``).  Every
@@ -33,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -346,6 +348,32 @@ class Tracing:
         return self.tracer.start_span(
             request.service, context=self.extract(request.headers), kind=self._kind.SERVER, attributes=attributes
         )
+
+    def batch_spans(self, requests: Sequence[Request]) -> list[Span]:
+        """The SERVER span of each request one call of a batch handler serves (``messaging.operation.name``
+        ``batch``, the call's size as ``messaging.batch.message_count``), started and none current: the
+        call serves them all, so a handler's own spans nest under none of them.  ``batch_ended`` ends them."""
+        spans = [self.server_span(request, how="batch") for request in requests]
+        for span in spans:
+            span.set_attribute(BATCH_COUNT, len(requests))
+        return spans
+
+    def batch_ended(
+        self,
+        spans: Sequence[Span],
+        requests: Sequence[Request],
+        answered: Collection[str],
+        failures: Mapping[str, BaseException],
+    ) -> None:
+        """End each request's span: ``answered`` by this worker (a FINAL, or an ERROR for what ``failures``
+        names), else ``error.type`` ``cancelled`` (the broker answered it first: its CANCEL, its deadline,
+        the worker closing)."""
+        for request, span in zip(requests, spans, strict=True):
+            if request.id not in answered:
+                span.set_attribute(ERROR_TYPE, "cancelled")
+            elif (error := failures.get(request.id)) is not None:
+                self.failed(span, error)
+            span.end()
 
     @contextmanager
     def serving(self, request: Request) -> Iterator[Span]:

@@ -12,6 +12,7 @@ requests with ``opentelemetry-proto``.  The cluster's: tests/test_tracing_cluste
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -38,7 +39,7 @@ from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
+from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -383,6 +384,49 @@ async def test_client_worker_and_a_streamed_reply_are_one_trace_with_the_handler
         assert (server.attributes or {})["messaging.mc0.caller"] == "anonymous"
         assert (server.attributes or {})["messaging.operation.name"] == "handle"
     assert {(c.attributes or {})["messaging.operation.name"] for c in calls} == {"request"}
+
+
+@pytest.mark.asyncio
+async def test_a_batch_services_call_gives_each_request_its_server_span_with_its_outcome(broker: BrokerProcess) -> None:
+    """A batch handler serves several requests in one call: each request still gets a SERVER span, the child
+    of its caller's CLIENT span, named for the call (operation ``batch``, its size); the one the handler
+    failed says so; none is current in the handler (its own span nests under none of them)."""
+    caller_side, worker_side = Side("caller"), Side("worker")
+    started = asyncio.Event()
+
+    async def price(requests: list[mc0.Request]) -> list[object]:
+        with worker_side.tracer.start_as_current_span("price the call"):
+            started.set()
+            await asyncio.sleep(0.2)  # (the requests that come meanwhile wait for the next call)
+        return [ValueError("no price") if r.body == b"bad" else r.body.upper() for r in requests]
+
+    worker = mc0.aio.Worker(broker.endpoint, tracer_provider=worker_side.provider, capacity=4)
+    worker.batch_service("price", max=4)(price)
+    client = mc0.aio.Client(broker.endpoint, tracer_provider=caller_side.provider)
+    async with worker, client:
+        bodies = [b"a", b"b", b"bad", b"c"]
+        outcomes = await asyncio.gather(
+            *(client.request("price", body, timeout=10) for body in bodies), return_exceptions=True
+        )
+    assert [o.body for o in outcomes if isinstance(o, mc0.Reply)] == [b"A", b"B", b"C"]
+    failed = [o for o in outcomes if not isinstance(o, mc0.Reply)]
+    assert len(failed) == 1 and "no price" in str(failed[0])
+    calls = caller_side.spans("price")
+    servers = worker_side.wait("price", 4)
+    own = worker_side.spans("price the call")
+    assert len(calls) == 4 and len(servers) == 4 and own
+    for call in calls:
+        server = next(s for s in servers if s.context.trace_id == call.context.trace_id)
+        attributes = server.attributes or {}
+        assert server.kind is SpanKind.SERVER and child_of(server, call)
+        assert attributes["messaging.operation.name"] == "batch"
+        assert 1 <= attributes["messaging.batch.message_count"] <= 4  # (as the requests came: one call or more)
+        assert attributes["rpc.method"] == "price"
+    bad = [s for s in servers if "error.type" in (s.attributes or {})]
+    assert [(s.attributes or {})["error.type"] for s in bad] == ["ValueError"]
+    assert bad[0].status.status_code is StatusCode.ERROR
+    server_ids = {s.context.span_id for s in servers}
+    assert all(s.parent is None or s.parent.span_id not in server_ids for s in own)
 
 
 def test_the_sync_api_traces_in_the_callers_thread(broker: BrokerProcess) -> None:

@@ -301,13 +301,22 @@ class Worker(Client):
         """One call of the handler after another while requests wait (ends when none does)."""
         try:
             while requests := batches.take():
-                results = await self._call_batch(batches.service, requests)
-                owed = batches.finish()
-                for bid in owed:
-                    self._batched.pop(bid, None)
-                    self._work_deadlines.discard(bid)
-                if results is not None and owed:
-                    self._answer_batch(batches.service, requests, results, owed)
+                # Traced: each request's SERVER span, for the call that serves it (none current: one
+                # call serves them all); ended with what its request was answered, or "cancelled".
+                spans = self.tracing.batch_spans(requests) if self.tracing is not None else None
+                answered: dict[str, Request] = {}
+                failures: dict[str, BaseException] = {}
+                try:
+                    results = await self._call_batch(batches.service, requests)
+                    owed = batches.finish()
+                    for bid in owed:
+                        self._batched.pop(bid, None)
+                        self._work_deadlines.discard(bid)
+                    if results is not None and owed:
+                        answered, failures = owed, self._answer_batch(batches.service, requests, results, owed)
+                finally:
+                    if spans is not None and self.tracing is not None:
+                        self.tracing.batch_ended(spans, requests, answered, failures)
         finally:
             self._batch_runs.pop(batches.service, None)
 
@@ -339,8 +348,12 @@ class Worker(Client):
         finally:
             self._batch_calls.pop(service, None)
 
-    def _answer_batch(self, service: str, requests: list[Request], results: object, owed: dict[str, Request]) -> None:
-        """Each owed request's FINAL or ERROR, all in one batch (one BATCH message on a batched session)."""
+    def _answer_batch(
+        self, service: str, requests: list[Request], results: object, owed: dict[str, Request]
+    ) -> dict[str, BaseException]:
+        """Each owed request's FINAL or ERROR, all in one batch (one BATCH message on a batched session);
+        what each one answered with an ERROR failed with, by request id (what its span says)."""
+        failures: dict[str, BaseException] = {}
         if isinstance(results, Exception):
             outcomes: Sequence[object] = [results] * len(requests)
         elif not isinstance(results, Sequence) or isinstance(results, str | bytes) or len(results) != len(requests):
@@ -376,15 +389,17 @@ class Worker(Client):
                 except (Error, TypeError, ValueError) as exc:  # not a reply (a bad header, an int ...)
                     outcome = exc
             self.failed += 1
+            failures[bid] = outcome
             put(session.fail(bid, Status.HANDLER_FAILED, f"{type(outcome).__name__}: {outcome}"))
         try:
             link = self._outgoing()
-        except ClosedError:
-            return  # closed while the call ran: the broker re-dispatches or answers 504
+        except ClosedError as closed:  # closed while the call ran: the broker re-dispatches or answers 504
+            return {bid: failures.get(bid, closed) for bid in owed}
         if records:
             link.send_record(b"".join(records))
         for reply in replies:
             link.send(reply)
+        return failures
 
     async def _serve_traced(self, request: Request) -> None:
         """``_serve`` inside the request's SERVER span, current around the handler (its spans nest under it)."""
