@@ -16,7 +16,7 @@ from mc0.broker.core.dispatch import BrokerCore, CoreSettings
 from mc0.broker.core.journaling import holds_dead_letters
 from mc0.broker.storage.filestore import Journal, JournalSettings, Trimmed
 from mc0.broker.storage.memstore import MemoryStore
-from mc0.broker.storage.port import JournalStore
+from mc0.broker.storage.port import JournalError, JournalStore
 from mc0.config import parse
 from mc0.errors import ConfigError
 from mc0.permissions import Permissions
@@ -73,6 +73,17 @@ def test_read_filters_topics_and_bounds_each_page(tmp_path: Path) -> None:
     assert 1 <= len(records) <= 3 and next_seq == 1 + len(records)
     records, _ = j.read(1, max_bytes=1)
     assert len(records) == 1  # always at least one record
+
+
+def test_a_segment_at_seq_0_is_refused_naming_it(tmp_path: Path) -> None:
+    """Seqs start at 1 (the port's contract, which a seq-or-token answer relies on): a folder with a segment
+    numbered 0 (made by hand, or copied wrong) is refused at open, naming the file, and left as it was."""
+    folder = tmp_path / "j"
+    folder.mkdir()
+    (folder / f"{0:020d}.seg").write_bytes(b"")
+    with pytest.raises(JournalError, match=r"journal j: .*00000000000000000000\.seg starts at seq 0; seqs start at 1"):
+        Journal("j", JournalSettings(folder=str(folder))).open()
+    assert sorted(p.name for p in folder.iterdir()) == [f"{0:020d}.seg"]
 
 
 def test_segments_roll_and_reads_cross_them(tmp_path: Path) -> None:

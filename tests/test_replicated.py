@@ -584,19 +584,19 @@ def test_kept_letters_are_read_by_one_broker_of_an_identity_and_by_another_once_
 
 # ------------------------------------------------------------------ the port's keep, store by store
 def test_keep_answers_a_local_stores_seq_and_a_replicated_stores_token(tmp_path: Path, monkeypatch: Any) -> None:
-    """``JournalStore.keep``: the file and memory stores append (``Kept(seq)``); the replicated stores (the
-    JetStream journal and the core tests' one) propose (``Kept(0, token)``), their dedup id made of MSGID
+    """``JournalStore.keep``: the file and memory stores append (``(seq, 0)``); the replicated stores (the
+    JetStream journal and the core tests' one) propose (``(0, token)``), their dedup id made of MSGID
     when the journal has a dedup window, the origin carried; past the budget, ``NOT_KEPT``."""
     from mc0.broker.jetstream import replicated as replicated_module
     from mc0.broker.storage.filestore import Journal
-    from mc0.broker.storage.port import NOT_KEPT, Kept
+    from mc0.broker.storage.port import NOT_KEPT
 
     msgid = {"MSGID": "m1", "X-a": "b"}
     files = Journal("files", JournalSettings(folder=str(tmp_path / "files"))).open()
     memory = MemoryStore("memory")
     for local in (files, memory):
-        assert local.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(1)
-        assert local.keep("orders.x", "alice", {}, [b"b"]) == Kept(2)
+        assert local.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == (1, 0)
+        assert local.keep("orders.x", "alice", {}, [b"b"]) == (2, 0)
         assert local.duplicate_of("alice", "m1") == 1  # (kept as an append keeps it)
         assert (local.backlog, local.following, local.copy_reason, local.created) == ("", True, "", "")
     files.close()
@@ -610,9 +610,9 @@ def test_keep_answers_a_local_stores_seq_and_a_replicated_stores_token(tmp_path:
     plain = JournalSettings(folder=str(tmp_path / "plain"), store="jetstream", dedup_window_s=0)
     copy.open()
     undeduped = ReplicatedJournal("plain", plain, sink=sink).open()
-    assert copy.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(0, 1)
-    assert copy.keep("orders.x", "alice", {}, [b"b"]) == Kept(0, 2)
-    assert undeduped.keep("orders.x", "alice", msgid, [b"a"]) == Kept(0, 1)
+    assert copy.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == (0, 1)
+    assert copy.keep("orders.x", "alice", {}, [b"b"]) == (0, 2)
+    assert undeduped.keep("orders.x", "alice", msgid, [b"a"]) == (0, 1)
     copy.commit()
     undeduped.commit()
     assert [(p.token, p.subject, p.msgid, p.origin) for p in sent] == [
@@ -626,7 +626,7 @@ def test_keep_answers_a_local_stores_seq_and_a_replicated_stores_token(tmp_path:
     undeduped.close()
 
     tested = store()
-    assert tested.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == Kept(0, 1)
+    assert tested.keep("orders.x", "alice", msgid, [b"a"], origin="b1/00") == (0, 1)
     assert tested.proposals[0][5:] == (jsw.msg_id("alice", "m1"), "b1/00")
     assert tested.duplicate_of("alice", "m1") is None  # (the stream dedups)
     tested.backlog = "full"

@@ -10,7 +10,8 @@ broker's own last), never again per request.  ``handle`` reads an
 ``mc0.consumer`` request's JSON object (:mod:`mc0.protocol.consumerrequests`)
 and hands it to its journal's backend, the same call on either; ``list``
 gathers the caller's consumers at both; a peer's cancel, its going, the dead
-letters and the /consumerz rows are asked of every backend.  The turn's work
+letters and the /consumerz rows are asked of every backend that keeps a journal's
+consumers.  The turn's work
 (timers, waiting pulls, the commit that saves state and releases held
 answers) and the operator's actions are this broker's own consumers': JetStream
 keeps its consumers' clocks and state itself.  Pure: no sockets, no clock.
@@ -86,15 +87,19 @@ class Consumers:
         """``local``: this broker's own consumers (:class:`LocalConsumers`, of ``journals``); ``store``: the
         backend of the journals JetStream keeps (their consumers are JetStream's)."""
         self.local = local
-        # Every backend, in the order each is asked (who keeps a journal, a cancel, a peer's going):
-        # this broker's own last, as it keeps whatever no other does.
-        self._others: tuple[ConsumerBackend, ...] = () if store is None else (store,)
-        self._backends: tuple[ConsumerBackend, ...] = (*self._others, self.local)
+        # Who keeps each journal's consumers: each backend asked in turn, this broker's own last, as it
+        # keeps whatever no other does.
+        candidates: tuple[ConsumerBackend, ...] = () if store is None else (store,)
         self._backend_of: dict[str, ConsumerBackend] = {
-            journal.name: next(b for b in self._backends if b.keeps(journal)) for journal in journals.every_journal()
+            journal.name: next(b for b in (*candidates, local) if b.keeps(journal))
+            for journal in journals.every_journal()
         }
+        # The other backends that keep a journal's consumers (a store that keeps none has nothing to
+        # cancel, drop or hand over: it is never asked), then every backend in the order each is asked.
+        self._others = tuple(b for b in candidates if any(k is b for k in self._backend_of.values()))
+        self._backends: tuple[ConsumerBackend, ...] = (*self._others, local)
         # The backend a ``list`` asks last, handing it the caller's consumers here: one that keeps a journal.
-        self._store = store if any(b is store for b in self._backend_of.values()) else None
+        self._store = self._others[0] if self._others else None
 
     def backend_of(self, journal: str) -> ConsumerBackend:
         """The backend of the consumers of ``journal`` (this broker's own for a journal it does not know)."""
@@ -130,7 +135,12 @@ class Consumers:
     def take_dead_letters(self) -> list[DeadLetter]:
         """The dead letters found since the last call (``(topic, record, reason, deliveries)``), this
         broker's then the other backends'; each starts a new list."""
-        return [letter for backend in (self.local, *self._others) for letter in backend.take_dead_letters()]
+        letters = self.local.take_dead_letters()  # (once per command and turn: no list built when none)
+        for other in self._others:
+            more = other.take_dead_letters()
+            if more:
+                letters = letters + more if letters else more
+        return letters
 
     def monitor_rows(self) -> list[dict[str, object]]:
         """/consumerz: every consumer, this broker's then JetStream's (as JetStream last said)."""

@@ -337,7 +337,7 @@ class Journaling:
                 self.counters["journal_write_failed"] += 1
                 log.error("journal %s: write failed: %s", journal.name, exc)
                 continue
-            if kept == NOT_KEPT:
+            if kept == NOT_KEPT:  # (a tuple of two ints compared: no call)
                 self.counters["store_backlog_dropped"] += 1
             if journal is first:
                 primary_kept = kept
@@ -361,10 +361,11 @@ class Journaling:
         return seq
 
     def local(self, journals: Sequence[JournalStore]) -> bool:
-        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to).  The one question
-        of which store a journal is that stays: the publish hot path appends (an int per record) where
-        ``keep`` would build a ``Kept`` per record, so it asks once per topic (cached) that every store
-        there answers at once."""
+        """None of ``journals`` is kept by JetStream (what ``append_local`` appends to).  One of the three
+        questions of which store a journal is that stay: the publish hot path appends (an int per record, no
+        answer to read) where ``keep`` answers ``(seq, token)``, so it asks once per topic (cached) that
+        every store there answers at once.  (The other two that stay: ``verbs.put_journaled``'s budget check
+        and ``plan_replay``'s floor; storage.port names all three.)"""
         return not any(journal.settings.replicated for journal in journals)
 
     def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:

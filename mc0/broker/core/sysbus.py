@@ -133,10 +133,11 @@ class SysBus:
         if journals:
             first = primary(journals)
             kept = self._journals.append(journals, first, topic, BROKER_SENDER, {}, body, origin=self.origin)
-            if kept is not None and not kept.seq:  # its seq comes later (JetStream's), or never (its budget spent)
-                return []  # delivered when the stream hands it out, by every broker to its own subscribers
             if kept is not None:
-                position = (first.name, kept.seq)
+                seq, _ = kept
+                if not seq:  # its seq comes later (JetStream's: a token), or never (NOT_KEPT: its budget spent)
+                    return []  # delivered when the stream hands it out, by every broker to its own subscribers
+                position = (first.name, seq)
                 held = self._journals.held_back(journals, tokens)
         return self._subscribers.fan_out(topic, tokens, _SENDER, {}, body, now, position, held)
 
@@ -161,10 +162,11 @@ class SysBus:
             first = primary(journals)
             parts = record.parts
             kept = self._journals.append(journals, first, topic, BROKER_SENDER, headers, parts, origin=self.origin)
-            if kept is not None and not kept.seq:
-                return []  # (as in publish)
             if kept is not None:
-                position = (first.name, kept.seq)
+                seq, _ = kept
+                if not seq:
+                    return []  # (as in publish)
+                position = (first.name, seq)
                 held = self._journals.held_back(journals, tokens)
         origin = dead_letter_origin(headers)  # it reaches only those allowed the topic it died on
 

@@ -16,7 +16,7 @@ from ... import protocol as P
 from ...errors import ProtocolError
 from ...protocol import Command, Header, Status, Verb
 from ...protocol import jetstream as jsw
-from ..storage.port import JournalStore
+from ..storage.port import NOT_KEPT, JournalStore
 from . import admin
 from .builtin_services import BUILTIN_SERVICES, RESERVED_SERVICES
 from .journaling import primary
@@ -145,7 +145,7 @@ def put_journaled(
     first = primary(journals)
     # Before anything changes, a PUT whose OK waits for JetStream's answer is checked against the
     # memory budget of what waits, and is given who published it: what keep needs before it answers.
-    origin = proposal_origin(rooms, peer, command, topic, journals) if first.settings.replicated else ""
+    origin = admit_proposal(rooms, peer, command, topic, journals) if first.settings.replicated else ""
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
         earlier = first.duplicate_of(peer.identity, msgid)  # (None of JetStream's: the stream dedups)
@@ -157,16 +157,16 @@ def put_journaled(
             return []
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
     kept = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
-    if kept is None or not (kept.seq or kept.token):  # (past JetStream's budget: refused 429 above, never)
+    if kept is None or kept == NOT_KEPT:  # (past JetStream's budget: refused 429 above, never)
         fault = "could not write" if kept is None else "could not take it"
         raise ProtocolError(Status.STORAGE_FAILED, f"journal {first.name} {fault}", command.id)
+    seq, token = kept
     rooms.counters["journaled"] += 1
-    if not kept.seq:  # its seq comes with the stream's answer: the OK waits for it, by the proposal's token
+    if token:  # its seq comes with the stream's answer: the OK waits for it, by the proposal's token
         if command.id is not None:
             peer.last_sent = now
-            rooms.replication.hold(first.name, kept.token, peer.routing_id, command.id)
+            rooms.replication.hold(first.name, token, peer.routing_id, command.id)
         return []
-    seq = kept.seq
     held = rooms.journaling.held_back(journals, tokens)
     out = rooms.pubsub.fan_out(
         topic, tokens, peer.sender, headers, command.payload, now, (first.name, seq), held, publisher=peer
@@ -177,7 +177,7 @@ def put_journaled(
     return out
 
 
-def proposal_origin(rooms: Rooms, peer: Peer, command: Command, topic: str, journals: Sequence[JournalStore]) -> str:
+def admit_proposal(rooms: Rooms, peer: Peer, command: Command, topic: str, journals: Sequence[JournalStore]) -> str:
     """A PUT whose journal JetStream keeps: 429 if what waits for a store's answer is over its budget in
     any of ``journals`` (refused before anything changes); else its origin, which the record carries to
     every broker (who published it matters only for its ECHO 0 and for the queue groups this broker

@@ -189,7 +189,7 @@ class ReplicatedJournal:
         payload = encode_payload(topic, sender, headers, parts)
         self._proposals.append(Proposal(token, jsw.subject(self.name, topic), store_id, origin, payload))
         self._wait(token, len(payload))
-        return Kept(0, token)
+        return (0, token)
 
     def _wait(self, token: int, size: int) -> None:
         self._waiting[token] = size

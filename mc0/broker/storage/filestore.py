@@ -171,6 +171,8 @@ class Journal:
             if not stem.isdigit():
                 log.warning("journal %s: ignoring %s (not a segment name)", self.name, path)
                 continue
+            if int(stem) == 0:  # seqs start at 1 (the port's contract): a folder made by hand, or copied wrong
+                raise JournalError(f"journal {self.name}: {path} starts at seq 0; seqs start at 1: move it out")
             segment = _Segment(int(stem), path)
             if expected is not None and segment.first_seq != expected:
                 log.error("journal %s: gap before %s (expected seq %d)", self.name, path.name, expected)
@@ -334,7 +336,7 @@ class Journal:
         self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
     ) -> Kept:
         """``append``, answered as the port's ``keep`` (the seq now; ``origin`` is not kept here)."""
-        return Kept(self.append(topic, sender, headers, parts))
+        return (self.append(topic, sender, headers, parts), 0)
 
     @property
     def backlog(self) -> str:

@@ -99,7 +99,7 @@ class MemoryStore:
     def keep(
         self, topic: str, sender: str, headers: Mapping[str, str], parts: Sequence[bytes], *, origin: str = ""
     ) -> Kept:
-        return Kept(self.append(topic, sender, headers, parts))
+        return (self.append(topic, sender, headers, parts), 0)
 
     def commit(self) -> None:
         if self.fail_writes and self._uncommitted:
@@ -267,7 +267,7 @@ class MemoryReplicatedStore(MemoryStore):
         self._token += 1
         body = tuple(bytes(p) for p in parts)
         self.proposals.append((self._token, topic, sender, dict(headers), body, store_id, origin))
-        return Kept(0, self._token)
+        return (0, self._token)
 
     def letter(
         self,
