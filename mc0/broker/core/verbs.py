@@ -143,9 +143,11 @@ def put_journaled(
     """
     headers = command.headers
     first = primary(journals)
-    # Before anything changes, a PUT whose OK waits for JetStream's answer is checked against the
-    # memory budget of what waits, and is given who published it: what keep needs before it answers.
-    origin = admit_proposal(rooms, peer, command, topic, journals) if first.settings.replicated else ""
+    # Before anything changes, a PUT that any JetStream journal keeps is checked against the memory
+    # budget of what waits for JetStream, and is given who published it: what keep needs before it
+    # answers.  (Not only when JetStream keeps the primary: a record one of its journals could not take
+    # would be answered OK and be missing there.)
+    origin = "" if rooms.journaling.local(journals) else admit_proposal(rooms, peer, command, topic, journals)
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
         earlier = first.duplicate_of(peer.identity, msgid)  # (None of JetStream's: the stream dedups)
@@ -178,8 +180,8 @@ def put_journaled(
 
 
 def admit_proposal(rooms: Rooms, peer: Peer, command: Command, topic: str, journals: Sequence[JournalStore]) -> str:
-    """A PUT whose journal JetStream keeps: 429 if what waits for a store's answer is over its budget in
-    any of ``journals`` (refused before anything changes); else its origin, which the record carries to
+    """A PUT that a journal JetStream keeps is among ``journals``: 429 if what waits for a store's answer is
+    over its budget in any of them (refused before anything changes); else its origin, which the record carries to
     every broker (who published it matters only for its ECHO 0 and for the queue groups this broker
     picks for; "" when neither applies)."""
     for journal in journals:
