@@ -135,7 +135,9 @@ class Consumers:
     def take_dead_letters(self) -> list[DeadLetter]:
         """The dead letters found since the last call (``(topic, record, reason, deliveries)``), this
         broker's then the other backends'; each starts a new list."""
-        letters = self.local.take_dead_letters()  # (once per command and turn: no list built when none)
+        if not self._others:  # (once per command and per turn: the common case in one call)
+            return self.local.take_dead_letters()
+        letters = self.local.take_dead_letters()
         for other in self._others:
             more = other.take_dead_letters()
             if more:

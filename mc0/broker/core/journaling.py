@@ -366,7 +366,10 @@ class Journaling:
         answer to read) where ``keep`` answers ``(seq, token)``, so it asks once per topic (cached) that
         every store there answers at once.  (The other two that stay: ``verbs.put_journaled``'s budget check
         and ``plan_replay``'s floor; storage.port names all three.)"""
-        return not any(journal.settings.replicated for journal in journals)
+        for journal in journals:  # (asked per general-path PUT too: a loop, no generator, over one or two)
+            if journal.settings.replicated:
+                return False
+        return True
 
     def hold_ok(self, journal: JournalStore, routing_id: bytes, request_id: str, frames: list[bytes]) -> None:
         """Send ``frames`` (an OK) once ``journal``'s appends so far are committed (stored at its level)."""
