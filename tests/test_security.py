@@ -306,13 +306,16 @@ def test_a_refused_key_is_logged_by_its_name_and_fingerprint_and_revoked_apart_f
         _refused(broker, setup, tmp_path / "elsewhere" / "eve.key_secret")
         _refused(broker, setup, setup.secret("carol"))
         (setup.allowed_dir / "bob.key").rename(revoked / "bob.key")  # what `mc0 keys revoke bob` does
-        deadline = time.monotonic() + 10  # the broker re-reads the folder every reload_ms (100)
+        # The broker re-reads the folder every reload_ms (100); 30 s is a hang guard for a loaded box.
+        deadline = time.monotonic() + 30
         while True:
             try:
                 mc0.Client(broker.endpoint, timeout=5, **setup.client_options("bob")).connect().close()
             except mc0.AuthFailed:
                 break
-            assert time.monotonic() < deadline, "bob still admitted 10 s after his key left the allowed folder"
+            except mc0.Timeout:
+                pass  # a handshake made just before the reload: the revoked identity's CONNECT is dropped
+            assert time.monotonic() < deadline, "bob still admitted 30 s after his key left the allowed folder"
             time.sleep(0.1)
     finally:
         broker.stop()
