@@ -742,15 +742,19 @@ def test_a_put_while_too_much_waits_for_jetstream_is_refused_429_and_changes_not
 def test_a_put_a_file_journal_and_a_full_jetstream_journal_keep_is_refused_429_and_kept_by_neither() -> None:
     """The JetStream journal beside the primary (a file journal, named first) is over its budget: the PUT is
     refused, not answered OK and missing from that journal (what it did before the check covered all)."""
-    files, j = MemoryStore("aaa", JournalSettings(topics=("orders.>",))), store()
+    files, j = MemoryStore("aaa", JournalSettings(topics=("orders.>",), dedup_window_s=60)), store()
     core = core_with(files, j)
     j.backlog = "100000 records wait for JetStream's answer"
     out = put(core, b"pub", "TOPIC", "orders.1", "ID", "p", "", "x")
     assert out == [(b"pub", P.error(429, "journal main: 100000 records wait for JetStream's answer", "p"))]
     assert files.next_seq == 1 and not j.proposals and core.counters["store_backlog_refused"] == 1
     j.backlog = ""
-    assert put(core, b"pub", "TOPIC", "orders.1", "ID", "q", "", "x") == []  # (its OK held to the commit)
+    assert put(core, b"pub", "TOPIC", "orders.1", "ID", "q", "MSGID", "m1", "", "x") == []  # (OK held to the commit)
     assert files.next_seq == 2 and len(j.proposals) == 1 and core.counters["store_backlog_dropped"] == 0
+    j.backlog = "full again"  # a duplicate of it is answered as one (DUPLICATE 1), not refused: nothing to keep
+    assert put(core, b"pub", "TOPIC", "orders.1", "ID", "r", "MSGID", "m1", "", "x") == []
+    assert core.counters["duplicates"] == 1 and core.counters["store_backlog_refused"] == 1
+    assert files.next_seq == 2 and len(j.proposals) == 1
 
 
 def test_a_replay_whose_copy_never_catches_up_stops_with_504_where_it_stopped_and_waits_between_looks() -> None:

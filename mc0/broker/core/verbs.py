@@ -143,11 +143,6 @@ def put_journaled(
     """
     headers = command.headers
     first = primary(journals)
-    # Before anything changes, a PUT that any JetStream journal keeps is checked against the memory
-    # budget of what waits for JetStream, and is given who published it: what keep needs before it
-    # answers.  (Not only when JetStream keeps the primary: a record one of its journals could not take
-    # would be answered OK and be missing there.)
-    origin = "" if rooms.journaling.local(journals) else admit_proposal(rooms, peer, command, topic, journals)
     msgid = headers.get(Header.MSGID)
     if msgid is not None:
         earlier = first.duplicate_of(peer.identity, msgid)  # (None of JetStream's: the stream dedups)
@@ -157,6 +152,12 @@ def put_journaled(
                 ok = P.ok_journaled(command.id, first.name, earlier, duplicate=True)
                 rooms.journaling.hold_ok(first, peer.routing_id, command.id, ok)
             return []
+    # Before anything is kept, a PUT that any JetStream journal keeps is checked against the memory
+    # budget of what waits for JetStream, and is given who published it: what keep needs before it
+    # answers.  (Not only when JetStream keeps the primary: a record one of its journals could not take
+    # would be answered OK and be missing there.  After the duplicate check, which changes nothing and
+    # answers a file primary's duplicate as before; JetStream's own duplicate_of answers None.)
+    origin = "" if rooms.journaling.local(journals) else admit_proposal(rooms, peer, command, topic, journals)
     stored = {k: v for k, v in headers.items() if k != Header.TOPIC and k != Header.ID}
     kept = rooms.journaling.append(journals, first, topic, peer.identity, stored, command.payload, origin=origin)
     if kept is None or kept == NOT_KEPT:  # (past JetStream's budget: refused 429 above, never)
