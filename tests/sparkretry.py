@@ -11,7 +11,9 @@ tests check anyway (exactly once across restarts); any other failure is never re
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 WORKER_LATE = "Python worker failed to connect back"
@@ -41,3 +43,35 @@ def run_again_if_worker_late(
             break
         result = run()
     return result
+
+
+def run_spark_job(
+    command: Sequence[str], *, within: float, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A Spark job's process (``command``), run again while it failed with the worker race, every run
+    within ``within`` seconds in all (a run is given what is left).  A job that outlives it fails the test
+    with how long it ran and the end of what it printed (Spark's progress: where the time went), never
+    with a bare ``TimeoutExpired``."""
+    deadline = time.monotonic() + within
+
+    def attempt() -> subprocess.CompletedProcess[str]:
+        began = time.monotonic()
+        try:
+            return subprocess.run(
+                command, cwd=cwd, env=env, capture_output=True, text=True, timeout=max(1.0, deadline - began)
+            )
+        except subprocess.TimeoutExpired as exc:
+            printed = "\n".join(_text(part)[-4000:] for part in (exc.stdout, exc.stderr))
+            raise AssertionError(
+                f"the Spark job ran {time.monotonic() - began:.0f} s and was stopped ({within:.0f} s for all its "
+                f"runs): {' '.join(command[:6])} ...; the end of what it printed:\n{printed}"
+            ) from None
+
+    return run_again_if_worker_late(attempt)
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out process printed (``TimeoutExpired`` carries bytes even with ``text=True``)."""
+    if output is None:
+        return ""
+    return output if isinstance(output, str) else output.decode(errors="replace")

@@ -254,7 +254,9 @@ async def test_connect_error_names_every_endpoint_tried(api: Any) -> None:
     started = time.monotonic()
     with pytest.raises(mc0.Unreachable) as info:
         await api(client.connect())
-    assert info.value.verdict == "refused" and time.monotonic() - started < 2.5
+    # Told once every endpoint refused for REFUSED_AFTER (1 s), in rounds: about 1 s, far from the 5 s timeout
+    # (2.56 s once beside the whole suite: 4 s is room for a loaded box and still not the timeout).
+    assert info.value.verdict == "refused" and time.monotonic() - started < 4.0
     assert f"{first}: connection refused" in str(info.value) and f"{second}: connection refused" in str(info.value)
     with socket.socket() as silent:  # accepts TCP (the kernel's backlog), never speaks ZMTP
         silent.bind(("127.0.0.1", 0))
@@ -268,7 +270,7 @@ async def test_connect_error_names_every_endpoint_tried(api: Any) -> None:
     text = str(timed_out.value)
     assert text.startswith("connect to any of 2 endpoints: no answer within 1.5s"), text
     assert f"{quiet}: no answer within 0.75s (a connection was made" in text and f"{first}: connection refused" in text
-    assert took < 1.5 + 0.5  # the timeout covers the whole list
+    assert took < 1.5 + 1.0  # the timeout covers the whole list (not 1.5 s per endpoint: 3 s)
 
 
 # ---------------------------------------------------------------- failover, live

@@ -19,6 +19,7 @@ import mc0
 from mc0.cli import main as cli_main
 
 from .conftest import CurveSetup, require
+from .sparkretry import run_spark_job
 
 require("pyspark")
 # Spark's job: ~45 s on a quiet box, 110 s beside a CPU hog per core, 240 s beside the whole suite and
@@ -145,7 +146,7 @@ def test_pipeline_rollups_equal_an_independent_computation_and_report_draws_them
         command += ["--endpoint", broker.endpoint, "--key", options["key"], "--broker-key", options["broker_key"]]
         command += ["--max-records-per-trigger", "100"]  # several micro-batches, minutes recomputed across them
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+        done = run_spark_job(command, within=480, cwd=ROOT, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "pipeline:" in done.stdout
 

@@ -22,7 +22,7 @@ from mc0 import protocol as P
 from mc0.process import BrokerProcess
 
 from .conftest import CurveSetup, require, write_config
-from .sparkretry import again_if_worker_late, run_again_if_worker_late
+from .sparkretry import again_if_worker_late, run_spark_job
 
 require("pyspark")
 # One Spark session per run: under pytest-xdist the whole module goes to one worker (conftest.ONE_WORKER).
@@ -381,9 +381,7 @@ def test_a_query_killed_mid_batch_then_restarted_yields_every_record_exactly_onc
         f"{sorted(batches(checkpoint / 'commits'))}): " + (tmp_path / "job.log").read_text()[-2000:]
     )
     assert not (checkpoint / "commits" / str(killed_in)).exists()
-    restarted = run_again_if_worker_late(
-        lambda: subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    )
+    restarted = run_spark_job(command, within=240, cwd=ROOT)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert seqs_in(spark, output) == seqs  # each record once: none lost, none twice
 
