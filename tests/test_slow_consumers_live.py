@@ -70,8 +70,8 @@ def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
             seen: list[int] = []
             deadline = time.monotonic() + 150  # a loaded box (the whole suite beside it) is slow
             while (not seen or seen[-1] < total - 1) and time.monotonic() < deadline:
-                try:
-                    batch_ = await sub.next_batch(20, timeout=10)
+                try:  # (a lull of 10 s or more happens beside the whole suite: the publisher starved, not done)
+                    batch_ = await sub.next_batch(20, timeout=max(0.1, min(30.0, deadline - time.monotonic())))
                 except mc0.Timeout:
                     break
                 seen += [int(m.body[:8]) for m in batch_]
@@ -82,7 +82,10 @@ def _paced_reader(endpoint: str, total: int, ready: Any, done: Any) -> None:
             # This reader's row: the one subscriber that is not a stalled peer (those asked for a 60 s TTL).
             (mine,) = [p for p in peers if p["subscriptions"] == 1 and p["ttl_ms"] != 60_000]
             missed = total - len(seen)
-            report = f"got {len(seen)}, last {seen[-1:]}, gaps {gaps[:5]}, broker dropped {mine['dropped']}"
+            report = (
+                f"got {len(seen)}, last {seen[-1:]}, gaps {gaps[:5]} ({len(gaps)}), broker dropped {mine['dropped']}, "
+                f"read for {time.monotonic() - deadline + 150:.0f} s"
+            )
             done.put((once_in_order, missed, mine["dropped"], report, sub.dropped, [str(f) for f in client.faults]))
 
     asyncio.run(run())
