@@ -42,6 +42,37 @@ def test_commands_before_connect_get_401() -> None:
     assert core.handle(b"a", f("PUT", "TOPIC", "t", "", "x"), 0.0)[0][1][:3] == f("ERROR", "CODE", "401")
 
 
+REVOKED = P.error(401, "key revoked", "c")
+
+
+@pytest.mark.parametrize(
+    ("frames", "answer"),
+    [
+        (f("CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "c"), [REVOKED]),
+        (f("", "CONNECT", "VERSION", "1.0", "TTL", "1000", "ID", "c"), [P.enveloped(REVOKED)]),  # an mc0d-era DEALER
+        (f("CONNECT", "VERSION", "1.0"), [P.error(401, "key revoked")]),  # no ID: answered without one
+        (f("CONNECT", "TTL", "soon", "ID", "c"), [REVOKED]),  # (a bad TTL would be told after the key)
+        (f("CONNECT", "ID"), []),  # not a CONNECT after all: dropped
+        (f("CONNECT", "BOGUS", "1"), []),
+        (f("PUT", "TOPIC", "t", "", "x"), []),  # anything else: dropped, as before
+        (f("NOOP", "ID", "1"), []),
+        (f("BATCH", "", b"\x00" * 8), []),
+        (f(""), []),
+        ([], []),
+    ],
+)
+def test_a_revoked_identitys_connect_is_answered_key_revoked_and_the_rest_dropped(
+    frames: list[bytes], answer: list[list[bytes]]
+) -> None:
+    """A connection whose handshake passed just before its key was revoked: its CONNECT gets 401 "key
+    revoked" (its client says why instead of timing out); nothing else it sends is answered or kept."""
+    core = BrokerCore()
+    connect(core, b"old", who="bob")
+    core.revoke({"bob"}, 0.0)
+    assert core.handle(b"new", frames, 1.0, "bob") == [(b"new", a) for a in answer]
+    assert b"new" not in core.sessions and core.counters["revoked_dropped"] == 1
+
+
 def test_heartbeat_noop_after_ttl_and_expiry_removes_subscriptions() -> None:
     core = BrokerCore(CoreSettings(liveness=3))
     connect(core, b"a", now=0.0, ttl=1000)

@@ -52,6 +52,7 @@ log = logging.getLogger("mc0.broker")
 
 _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
+_CONNECT_VERB = Verb.CONNECT.encode()  # the first frame of a CONNECT
 _NOOP = P.NOOP_FRAMES[0]  # a bare heartbeat: [b"NOOP"]
 _MC0_NAME = P.MC0_DIALECT.name
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
@@ -202,7 +203,7 @@ class BrokerCore:
             return self.batched.defer(routing_id, frames, now, identity, fd)
         if identity in self.peers.revoked:
             self.counters["revoked_dropped"] += 1
-            return []
+            return self._revoked_connect(routing_id, frames)
         out: list[Out] = []
         peer = self.peers.by_id.get(routing_id)
         if peer is not None and (peer.identity != identity or (fd is not None and peer.fd != fd)):
@@ -225,6 +226,22 @@ class BrokerCore:
         else:
             answers = self._command(routing_id, peer, frames, now, identity, fd, False)
         return out + answers if out else answers
+
+    def _revoked_connect(self, routing_id: bytes, frames: Sequence[bytes]) -> list[Out]:
+        """A revoked identity's messages are dropped, but for an mc0 CONNECT: a connection whose handshake
+        passed just before the revocation took effect asks for a session, and is answered 401 "key
+        revoked" (with its ID, in its framing) so that its client says why instead of timing out.  Only
+        a CONNECT is decoded: what else such a connection sends costs a comparison."""
+        enveloped = len(frames) > 1 and not frames[0]
+        body = frames[1:] if enveloped else frames
+        if not body or body[0] != _CONNECT_VERB:
+            return []
+        try:
+            command = P.decode(body, sender=Side.PEER, limits=self.settings.limits)
+        except ProtocolError:
+            return []  # (not even a CONNECT: dropped, as everything else it sends)
+        answer = P.error(Status.NOT_CONNECTED, "key revoked", command.id)
+        return [(routing_id, P.enveloped(answer) if enveloped else answer)]
 
     def _command(
         self,
