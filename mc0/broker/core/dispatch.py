@@ -54,6 +54,8 @@ _BATCH = P.batch.BATCH
 _CONNECT = Verb.CONNECT
 _CONNECT_VERB = Verb.CONNECT.encode()  # the first frame of a CONNECT
 _NOOP = P.NOOP_FRAMES[0]  # a bare heartbeat: [b"NOOP"]
+# What a revoked identity is told: its sessions as they end, and a CONNECT it sends afterwards.
+_KEY_REVOKED = "key revoked"
 _MC0_NAME = P.MC0_DIALECT.name
 # A foreign dialect's handler: (core, peer or None, routing id, frames, now, identity, fd) -> what to send.
 ForeignHandler = Callable[
@@ -240,7 +242,7 @@ class BrokerCore:
             command = P.decode(body, sender=Side.PEER, limits=self.settings.limits)
         except ProtocolError:
             return []  # (not even a CONNECT: dropped, as everything else it sends)
-        answer = P.error(Status.NOT_CONNECTED, "key revoked", command.id)
+        answer = P.error(Status.NOT_CONNECTED, _KEY_REVOKED, command.id)
         return [(routing_id, P.enveloped(answer) if enveloped else answer)]
 
     def _command(
@@ -527,7 +529,7 @@ class BrokerCore:
         for peer in [p for p in self.peers.by_id.values() if p.identity in identities]:
             log.warning("identity %s revoked: dropping %s", peer.identity, peer.name)
             out += rooms.forget(peer, "revoked", now)
-            revoked = peer.dialect.error(None, "", Status.NOT_CONNECTED, "key revoked")
+            revoked = peer.dialect.error(None, "", Status.NOT_CONNECTED, _KEY_REVOKED)
             out.append((peer.routing_id, _last_words(peer, revoked)))
         return rooms.with_finished(out, now)
 
